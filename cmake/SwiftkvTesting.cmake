@@ -1,0 +1,18 @@
+# The one way tests are registered: swiftkv_add_test(NAME SOURCES ... LABELS ... [LIBS ...]).
+# Every test binary may exit 77 to say "skipped" (a GPU test without a device does).
+find_package(Threads REQUIRED)
+pkg_check_modules(CMOCKA REQUIRED IMPORTED_TARGET cmocka)
+
+function(swiftkv_add_test name)
+  cmake_parse_arguments(T "" "" "SOURCES;LABELS;LIBS" ${ARGN})
+  if(NOT T_LABELS)
+    message(FATAL_ERROR "swiftkv_add_test(${name}): give LABELS (unit, integration, gpu, bindings)")
+  endif()
+  add_executable(${name} ${T_SOURCES})
+  target_link_libraries(${name} PRIVATE swiftkv::swiftkv PkgConfig::CMOCKA Threads::Threads
+                                        ${T_LIBS})
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
+  target_compile_options(${name} PRIVATE -Wall -Wextra -Werror)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77 TIMEOUT 120)
+endfunction()

@@ -1,0 +1,248 @@
+/* The context: defaults, the versioned config (copy, defaults, refusal of unknown versions),
+ * validation of devices, NUMA node and disk tier with nothing created on failure, and
+ * concurrent creation. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_support.h"
+
+#define CTX_SENTINEL ((swiftkv_ctx *)(uintptr_t)0x5EED)
+
+static swiftkv_ctx *create_ok(const swiftkv_ctx_config *c) {
+  swiftkv_ctx *ctx = NULL;
+  assert_ok(swiftkv_ctx_create(&ctx, c));
+  assert_non_null(ctx);
+  return ctx;
+}
+
+static void create_refused(const swiftkv_ctx_config *c, swiftkv_status want, const char *needle) {
+  swiftkv_ctx *ctx = CTX_SENTINEL;
+  assert_status(swiftkv_ctx_create(&ctx, c), want);
+  assert_message_contains(needle);
+  assert_ptr_equal(ctx, CTX_SENTINEL);
+}
+
+static swiftkv_ctx_config effective(const swiftkv_ctx *ctx) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  assert_ok(swiftkv_ctx_get_config(&c, ctx));
+  return c;
+}
+
+static void defaults_are_host_only(void **state) {
+  (void)state;
+  swiftkv_ctx *ctx = create_ok(NULL);
+  swiftkv_ctx_config c = effective(ctx);
+  assert_int_equal(c.size, sizeof c);
+  assert_int_equal(c.version, SWIFTKV_CTX_CONFIG_VERSION);
+  assert_int_equal(c.device_mask, 0);
+  assert_int_equal(c.host_budget_bytes, 0);
+  assert_int_equal(c.host_numa_node, SWIFTKV_NUMA_NODE_AUTO);
+  assert_null(c.disk_path);
+  assert_int_equal(c.disk_budget_bytes, 0);
+  uint32_t n = 99;
+  assert_ok(swiftkv_ctx_device_count(&n, ctx));
+  assert_int_equal(n, 0);
+  swiftkv_ctx_destroy(ctx);
+  /* An explicit default config is the same as NULL. */
+  swiftkv_ctx_config init = SWIFTKV_CTX_CONFIG_INIT;
+  ctx = create_ok(&init);
+  c = effective(ctx);
+  assert_int_equal(c.device_mask, 0);
+  swiftkv_ctx_destroy(ctx);
+  swiftkv_ctx_destroy(NULL);
+}
+
+static void all_devices_means_the_usable_ones(void **state) {
+  (void)state;
+  uint32_t usable = 99;
+  assert_ok(swiftkv_device_count(&usable));
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = SWIFTKV_DEVICE_MASK_ALL;
+  swiftkv_ctx *ctx = create_ok(&c);
+  uint32_t n = 99;
+  assert_ok(swiftkv_ctx_device_count(&n, ctx));
+  assert_int_equal(n, usable);
+  swiftkv_ctx_destroy(ctx);
+}
+
+static void a_device_that_is_not_there(void **state) {
+  (void)state;
+  uint32_t usable = 0;
+  assert_ok(swiftkv_device_count(&usable));
+  if (usable >= 64) skip();
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = UINT64_C(1) << usable;
+  create_refused(&c, SWIFTKV_ENODEV, "config->device_mask names device");
+}
+
+static void host_budget_is_kept(void **state) {
+  (void)state;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = UINT64_C(3) << 30;
+  swiftkv_ctx *ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).host_budget_bytes, UINT64_C(3) << 30);
+  swiftkv_ctx_destroy(ctx);
+}
+
+static void numa_node(void **state) {
+  (void)state;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_numa_node = 0; /* every machine has node 0 */
+  swiftkv_ctx *ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).host_numa_node, 0);
+  swiftkv_ctx_destroy(ctx);
+  c.host_numa_node = -2;
+  create_refused(&c, SWIFTKV_EINVAL, "config->host_numa_node (-2)");
+  /* Node 4095 exists nowhere: refused as invalid with libnuma, as unsupported without NUMA. */
+  c.host_numa_node = 4095;
+  swiftkv_ctx *out = CTX_SENTINEL;
+  swiftkv_status st = swiftkv_ctx_create(&out, &c);
+  assert_true(st == SWIFTKV_EINVAL || st == SWIFTKV_EUNSUPPORTED);
+  assert_message_contains("config->host_numa_node is 4095");
+  assert_ptr_equal(out, CTX_SENTINEL);
+}
+
+static void disk_tier(void **state) {
+  (void)state;
+  char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[64];
+  snprintf(path, sizeof path, "%s", dir);
+
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = path;
+  c.disk_budget_bytes = UINT64_C(1) << 30;
+  swiftkv_ctx *ctx = create_ok(&c);
+  /* The context keeps its own copy: the caller's buffer may change or go. */
+  memset(path, 'x', sizeof path - 1);
+  swiftkv_ctx_config e = effective(ctx);
+  assert_string_equal(e.disk_path, dir);
+  assert_ptr_not_equal(e.disk_path, path);
+  assert_int_equal(e.disk_budget_bytes, UINT64_C(1) << 30);
+  swiftkv_ctx_destroy(ctx);
+
+  c.disk_path = dir;
+  c.disk_budget_bytes = 0;
+  create_refused(&c, SWIFTKV_EINVAL, "disk_budget_bytes is 0 but config->disk_path is set");
+  c.disk_path = NULL;
+  c.disk_budget_bytes = 4096;
+  create_refused(&c, SWIFTKV_EINVAL, "config->disk_path is NULL");
+  c.disk_path = "";
+  create_refused(&c, SWIFTKV_EINVAL, "config->disk_path is empty");
+  char missing[96];
+  snprintf(missing, sizeof missing, "%s/missing", dir);
+  c.disk_path = missing;
+  create_refused(&c, SWIFTKV_EINVAL, "No such file or directory");
+  char file[96];
+  snprintf(file, sizeof file, "%s/file", dir);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  c.disk_path = file;
+  create_refused(&c, SWIFTKV_EINVAL, "is not a directory");
+  assert_int_equal(unlink(file), 0);
+  assert_int_equal(rmdir(dir), 0);
+}
+
+static void config_size_and_version(void **state) {
+  (void)state;
+  swiftkv_ctx_config c;
+  memset(&c, 0, sizeof c);
+  create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
+  swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
+  n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 2");
+  n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  n.size = 8;
+  create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
+  n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  n.reserved0 = 1;
+  create_refused(&n, SWIFTKV_EINVAL, "config->reserved0");
+  swiftkv_ctx *out = CTX_SENTINEL;
+  assert_status(swiftkv_ctx_create(NULL, NULL), SWIFTKV_EINVAL);
+  assert_message_contains("out is NULL");
+  assert_ptr_equal(out, CTX_SENTINEL);
+}
+
+static void get_config_respects_the_callers_size(void **state) {
+  (void)state;
+  swiftkv_ctx *ctx = create_ok(NULL);
+  struct {
+    swiftkv_ctx_config c;
+    uint64_t canary;
+  } big;
+  big.c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  big.c.size = sizeof big;
+  big.canary = SENTINEL;
+  assert_ok(swiftkv_ctx_get_config(&big.c, ctx));
+  assert_int_equal(big.c.size, sizeof big); /* the caller's size is kept */
+  assert_true(big.canary == SENTINEL);
+  swiftkv_ctx_config bad;
+  memset(&bad, 0xab, sizeof bad);
+  bad.size = 0;
+  bad.version = 0;
+  swiftkv_ctx_config before = bad;
+  assert_status(swiftkv_ctx_get_config(&bad, ctx), SWIFTKV_EVERSION);
+  assert_memory_equal(&bad, &before, sizeof bad);
+  assert_status(swiftkv_ctx_get_config(NULL, ctx), SWIFTKV_EINVAL);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  assert_status(swiftkv_ctx_get_config(&c, NULL), SWIFTKV_EINVAL);
+  assert_message_contains("ctx is NULL");
+  uint32_t n = 7;
+  assert_status(swiftkv_ctx_device_count(&n, NULL), SWIFTKV_EINVAL);
+  assert_int_equal(n, 7);
+  assert_status(swiftkv_ctx_device_count(NULL, ctx), SWIFTKV_EINVAL);
+  assert_status(swiftkv_device_count(NULL), SWIFTKV_EINVAL);
+  swiftkv_ctx_destroy(ctx);
+}
+
+static void *create_many(void *arg) {
+  (void)arg;
+  for (int i = 0; i < 200; ++i) {
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    c.host_budget_bytes = (uint64_t)i;
+    c.disk_budget_bytes = (i % 2) ? 1 : 0; /* every other one fails: budget without a path */
+    swiftkv_ctx *ctx = NULL;
+    swiftkv_status st = swiftkv_ctx_create(&ctx, &c);
+    if ((i % 2) != 0) {
+      if (st != SWIFTKV_EINVAL || ctx != NULL) return (void *)1;
+      if (strstr(swiftkv_last_error_message(), "disk_budget_bytes is 1") == NULL) return (void *)1;
+    } else {
+      if (st != SWIFTKV_OK) return (void *)1;
+      swiftkv_ctx_config e = SWIFTKV_CTX_CONFIG_INIT;
+      if (swiftkv_ctx_get_config(&e, ctx) != SWIFTKV_OK || e.host_budget_bytes != (uint64_t)i)
+        return (void *)1;
+      swiftkv_ctx_destroy(ctx);
+    }
+  }
+  return NULL;
+}
+
+static void concurrent_create_and_destroy(void **state) {
+  (void)state;
+  pthread_t t[4];
+  for (int i = 0; i < 4; ++i) assert_int_equal(pthread_create(&t[i], NULL, create_many, NULL), 0);
+  for (int i = 0; i < 4; ++i) {
+    void *r = (void *)1;
+    assert_int_equal(pthread_join(t[i], &r), 0);
+    assert_null(r);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(defaults_are_host_only),
+      cmocka_unit_test(all_devices_means_the_usable_ones),
+      cmocka_unit_test(a_device_that_is_not_there),
+      cmocka_unit_test(host_budget_is_kept),
+      cmocka_unit_test(numa_node),
+      cmocka_unit_test(disk_tier),
+      cmocka_unit_test(config_size_and_version),
+      cmocka_unit_test(get_config_respects_the_callers_size),
+      cmocka_unit_test(concurrent_create_and_destroy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
