@@ -1,0 +1,68 @@
+/* Compiled twice, as C11 and as C++17, with -Wall -Wextra -pedantic -Werror: the public header
+ * must build cleanly in both, and its struct layouts (ABI for every binding) must not move.
+ * Runs without CMocka so that nothing but the header and the library is involved. */
+#include <stddef.h>
+#include <stdio.h>
+
+#include "swiftkv/swiftkv.h"
+
+#ifdef __cplusplus
+#define STATIC_CHECK(cond, msg) static_assert(cond, msg)
+#else
+#define STATIC_CHECK(cond, msg) _Static_assert(cond, msg)
+#endif
+
+/* LP64 layouts, pinned: a change here is an ABI break and needs a new soname. */
+STATIC_CHECK(sizeof(swiftkv_model_desc) == 48, "swiftkv_model_desc size");
+STATIC_CHECK(offsetof(swiftkv_model_desc, name) == 8, "swiftkv_model_desc.name");
+STATIC_CHECK(offsetof(swiftkv_model_desc, num_layers) == 16, "swiftkv_model_desc.num_layers");
+STATIC_CHECK(offsetof(swiftkv_model_desc, chunk_tokens) == 32, "swiftkv_model_desc.chunk_tokens");
+STATIC_CHECK(offsetof(swiftkv_model_desc, dtype) == 36, "swiftkv_model_desc.dtype");
+STATIC_CHECK(offsetof(swiftkv_model_desc, device) == 40, "swiftkv_model_desc.device");
+STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
+STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
+STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 48, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, host_numa_node) == 24, "config.host_numa_node");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_path) == 32, "config.disk_path");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk_budget_bytes");
+STATIC_CHECK(sizeof(swiftkv_status) == 4 && sizeof(swiftkv_dtype) == 4, "enum size");
+
+static int failures = 0;
+#define CHECK(cond)                                               \
+  do {                                                            \
+    if (!(cond)) {                                                \
+      fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                 \
+    }                                                             \
+  } while (0)
+
+int main(void) {
+  /* The init macros give the documented defaults in either language. */
+  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
+  CHECK(m.size == sizeof m && m.version == SWIFTKV_MODEL_DESC_VERSION);
+  CHECK(m.block_tokens == 16 && m.chunk_tokens == 256);
+  CHECK(m.dtype == SWIFTKV_DTYPE_F16 && m.device == SWIFTKV_DEVICE_HOST && m.name == NULL);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  CHECK(c.size == sizeof c && c.version == SWIFTKV_CTX_CONFIG_VERSION);
+  CHECK(c.device_mask == 0 && c.host_numa_node == SWIFTKV_NUMA_NODE_AUTO);
+  CHECK(c.disk_path == NULL && c.disk_budget_bytes == 0);
+  swiftkv_capacity_plan p = SWIFTKV_CAPACITY_PLAN_INIT;
+  CHECK(p.size == sizeof p && p.version == SWIFTKV_CAPACITY_PLAN_VERSION);
+
+  /* And the library linked with it answers. */
+  m.num_layers = 36;
+  m.num_kv_heads = 8;
+  m.head_dim = 128;
+  uint64_t bpt = 0;
+  CHECK(swiftkv_geometry_bytes_per_token(&m, &bpt) == SWIFTKV_OK && bpt == 147456);
+  CHECK(swiftkv_version() == SWIFTKV_VERSION_NUMBER);
+  if (failures == 0) printf("header_check (%s): all checks passed\n",
+#ifdef __cplusplus
+                            "C++"
+#else
+                            "C"
+#endif
+  );
+  return failures == 0 ? 0 : 1;
+}

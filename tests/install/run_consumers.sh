@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the build into a fresh staging prefix, then builds and runs a C consumer through
+# pkg-config and a C++ consumer through find_package(swiftkv), neither seeing the source tree.
+# Usage: run_consumers.sh BUILD_DIR SOURCE_DIR WORK_DIR CMAKE C_COMPILER CXX_COMPILER
+set -euo pipefail
+build=$1 src=$2 work=$3 cmake=$4 cc=$5 cxx=$6
+rm -rf "$work"
+stage=$work/stage
+"$cmake" --install "$build" --prefix "$stage" >/dev/null
+
+pc=$(find "$stage" -name swiftkv.pc -print -quit)
+[ -n "$pc" ] || { echo "swiftkv.pc was not installed"; exit 1; }
+libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir swiftkv)
+[ -e "$libdir/libswiftkv.so.0" ] || { echo "pkg-config libdir $libdir has no libswiftkv.so.0"; exit 1; }
+
+echo "== C consumer through pkg-config"
+# shellcheck disable=SC2046
+"$cc" -std=c11 -Wall -Wextra -pedantic -Werror "$src/tests/install/consumer.c" -o "$work/c_consumer" \
+  $(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs swiftkv) -Wl,-rpath,"$libdir"
+"$work/c_consumer"
+
+echo "== C++ consumer through find_package"
+"$cmake" -S "$src/tests/install/cxx_consumer" -B "$work/cxx" -DCMAKE_PREFIX_PATH="$stage" \
+  -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_BUILD_RPATH="$libdir" >/dev/null
+"$cmake" --build "$work/cxx" >/dev/null
+"$work/cxx/cxx_consumer"

@@ -1,0 +1,31 @@
+// Models the planner knows by name: SwiftCache Table 2's geometries with their fp16 weight
+// sizes, plus any the user defines on the command line.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <swiftkv/swiftkv.h>
+
+namespace swiftkv::bench {
+
+struct ModelSpec {
+  std::string name;
+  uint32_t num_layers;
+  uint32_t num_kv_heads;
+  uint32_t head_dim;
+  swiftkv_dtype dtype;
+  uint64_t weight_bytes;  // parameters * bytes per parameter
+};
+
+const std::vector<ModelSpec> &model_presets();
+
+// A preset by name, case-insensitive; nullopt when unknown.
+std::optional<ModelSpec> find_preset(const std::string &name);
+
+// The descriptor the library takes, with the planner's block size.
+swiftkv_model_desc to_desc(const ModelSpec &m, uint32_t block_tokens);
+
+}  // namespace swiftkv::bench
