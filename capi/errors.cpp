@@ -1,5 +1,7 @@
 // Status strings, the thread-local last-error message, and the mapping of exceptions to
 // statuses used by SWIFTKV_CATCH_ALL.
+#include <cstdint>
+#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
@@ -45,7 +47,10 @@ swiftkv_status translate_current_exception(const char *function) noexcept {
 extern "C" {
 
 SWIFTKV_API const char *swiftkv_status_string(swiftkv_status status) {
-  switch (status) {
+  // Switch on the raw int: callers (and bindings) may pass any number.
+  int32_t raw;
+  std::memcpy(&raw, &status, sizeof raw);
+  switch (raw) {
     case SWIFTKV_OK: return "SWIFTKV_OK: success";
     case SWIFTKV_IN_PROGRESS: return "SWIFTKV_IN_PROGRESS: accepted and still running";
     case SWIFTKV_EINVAL: return "SWIFTKV_EINVAL: invalid argument";

@@ -1,6 +1,7 @@
 // The planning entry points (SwiftCache Eq. 1-9 and Algorithm 1): pure functions that validate,
 // compute into locals, and write the caller's outputs only when everything succeeded.
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -34,7 +35,15 @@ CheckedModel read_model_desc(const swiftkv_model_desc *desc, const char *arg) {
   g.head_dim = d.head_dim;
   g.block_tokens = d.block_tokens;
   g.chunk_tokens = d.chunk_tokens;
-  g.dtype = d.dtype;
+  // The field is read as an int: a value outside the enum is a caller's mistake to report, and
+  // loading it through the C++ enum type would be undefined.
+  int32_t raw_dtype;
+  std::memcpy(&raw_dtype, &d.dtype, sizeof raw_dtype);
+  if (swiftkv::dtype_size(raw_dtype) == 0) {
+    fail_invalid(std::string(arg) + "->dtype (" + std::to_string(raw_dtype) +
+                 ") is not a swiftkv_dtype");
+  }
+  g.dtype = static_cast<swiftkv_dtype>(raw_dtype);
   g.device = d.device;
   return CheckedModel{g, geometry_sizes(g, arg)};
 }
@@ -45,7 +54,11 @@ using swiftkv::capi::read_model_desc;
 
 extern "C" {
 
-SWIFTKV_API uint32_t swiftkv_dtype_size(swiftkv_dtype dtype) { return swiftkv::dtype_size(dtype); }
+SWIFTKV_API uint32_t swiftkv_dtype_size(swiftkv_dtype dtype) {
+  int32_t raw;
+  std::memcpy(&raw, &dtype, sizeof raw);
+  return swiftkv::dtype_size(raw);
+}
 
 SWIFTKV_API swiftkv_status swiftkv_geometry_bytes_per_token(const swiftkv_model_desc *m,
                                                             uint64_t *out) {

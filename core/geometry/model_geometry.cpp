@@ -10,7 +10,7 @@
 
 namespace swiftkv {
 
-uint32_t dtype_size(swiftkv_dtype dtype) noexcept {
+uint32_t dtype_size(int32_t dtype) noexcept {
   switch (dtype) {
     case SWIFTKV_DTYPE_F16:
     case SWIFTKV_DTYPE_BF16:
@@ -46,10 +46,7 @@ GeometrySizes geometry_sizes(const ModelGeometry &g, std::string_view arg) {
   }
   GeometrySizes s{};
   s.dtype_bytes = dtype_size(g.dtype);
-  if (s.dtype_bytes == 0) {
-    fail_invalid(a + "->dtype (" + std::to_string(static_cast<int>(g.dtype)) +
-                 ") is not a swiftkv_dtype");
-  }
+  if (s.dtype_bytes == 0) fail_invalid(a + "->dtype is not a swiftkv_dtype");
   if (g.device < SWIFTKV_DEVICE_HOST) {
     fail_invalid(a + "->device (" + std::to_string(g.device) +
                  ") is neither a device ordinal nor SWIFTKV_DEVICE_HOST");

@@ -30,8 +30,9 @@ struct GeometrySizes {
   uint64_t full_chunk_bytes;   // all layers of one chunk
 };
 
-// Bytes of one element, 0 for a value that is not a swiftkv_dtype.
-uint32_t dtype_size(swiftkv_dtype dtype) noexcept;
+// Bytes of one element, 0 for a value that is not a swiftkv_dtype. Takes the raw integer: a C
+// caller may store any int in a dtype field, and C++ must not hold it in the enum unchecked.
+uint32_t dtype_size(int32_t dtype) noexcept;
 
 // Checks every rule of a valid geometry and returns its sizes; throws Error(SWIFTKV_EINVAL) with
 // a message that starts with `arg` (the caller's name for the descriptor) otherwise.

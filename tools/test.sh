@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Builds libswiftkv and runs the whole test suite. The README's test command.
+#   tools/test.sh                 default build in build/ (CUDA when nvcc is found), all tests
+#   tools/test.sh --asan          CPU build with ASan+UBSan in build-asan/, CPU tests
+#   tools/test.sh --tsan          CPU build with TSan in build-tsan/, CPU tests
+set -euo pipefail
+top=$(cd "$(dirname "$0")/.." && pwd)
+cd "$top"
+bash tools/deps.sh
+
+mode=${1:-}
+case "$mode" in
+  "")     dir=build;      flags=() ;;
+  --asan) dir=build-asan; flags=(-DSWIFTKV_ENABLE_ASAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
+  --tsan) dir=build-tsan; flags=(-DSWIFTKV_ENABLE_TSAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
+  *) echo "usage: tools/test.sh [--asan|--tsan]" >&2; exit 2 ;;
+esac
+
+cmake -S . -B "$dir" -G Ninja -DSWIFTKV_BUILD_TESTS=ON -DSWIFTKV_BUILD_BENCH=ON "${flags[@]}"
+cmake --build "$dir" -j "$(nproc)"
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"
