@@ -23,6 +23,16 @@ void require_out(const void *p, const char *arg) {
   if (p == nullptr) fail_invalid(std::string(arg) + " is NULL");
 }
 
+// Both Algorithm 1 entry points end here: outputs checked, then written together.
+swiftkv_status store_delta(const ScaleDelta &d, uint64_t *lender_delta_out,
+                           uint64_t *borrower_delta_out) {
+  require_out(lender_delta_out, "lender_delta_out");
+  require_out(borrower_delta_out, "borrower_delta_out");
+  *lender_delta_out = d.lender_blocks;
+  *borrower_delta_out = d.borrower_blocks;
+  return SWIFTKV_OK;
+}
+
 }  // namespace
 
 CheckedModel read_model_desc(const swiftkv_model_desc *desc, const char *arg) {
@@ -122,14 +132,9 @@ SWIFTKV_API swiftkv_status swiftkv_plan_scale_up(uint64_t owned_blocks, uint32_t
                                                  uint64_t *lender_delta_out,
                                                  uint64_t *borrower_delta_out) {
   try {
-    swiftkv::capi::require_out(lender_delta_out, "lender_delta_out");
-    swiftkv::capi::require_out(borrower_delta_out, "borrower_delta_out");
-    const swiftkv::ScaleDelta d = swiftkv::scale_up(
-        swiftkv::ScaleStep{owned_blocks, block_tokens, meu_lender, meu_borrower},
-        request_tokens);
-    *lender_delta_out = d.lender_blocks;
-    *borrower_delta_out = d.borrower_blocks;
-    return SWIFTKV_OK;
+    const swiftkv::ScaleStep step{owned_blocks, block_tokens, meu_lender, meu_borrower};
+    return swiftkv::capi::store_delta(swiftkv::scale_up(step, request_tokens), lender_delta_out,
+                                      borrower_delta_out);
   }
   SWIFTKV_CATCH_ALL
 }
@@ -140,14 +145,9 @@ SWIFTKV_API swiftkv_status swiftkv_plan_scale_down(uint64_t owned_blocks, uint32
                                                    uint64_t *lender_delta_out,
                                                    uint64_t *borrower_delta_out) {
   try {
-    swiftkv::capi::require_out(lender_delta_out, "lender_delta_out");
-    swiftkv::capi::require_out(borrower_delta_out, "borrower_delta_out");
-    const swiftkv::ScaleDelta d = swiftkv::scale_down(
-        swiftkv::ScaleStep{owned_blocks, block_tokens, meu_lender, meu_borrower},
-        max_tokens_in_window);
-    *lender_delta_out = d.lender_blocks;
-    *borrower_delta_out = d.borrower_blocks;
-    return SWIFTKV_OK;
+    const swiftkv::ScaleStep step{owned_blocks, block_tokens, meu_lender, meu_borrower};
+    return swiftkv::capi::store_delta(swiftkv::scale_down(step, max_tokens_in_window), lender_delta_out,
+                                      borrower_delta_out);
   }
   SWIFTKV_CATCH_ALL
 }
