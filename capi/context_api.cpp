@@ -9,7 +9,7 @@
 #include "core/context/context.hpp"
 #include "core/memory/device_query.hpp"
 
-// The opaque handle of the ABI is the core's Context plus what the C view of it needs.
+// The opaque handle of the ABI: the core's Context behind the C name.
 struct swiftkv_ctx {
   explicit swiftkv_ctx(swiftkv::ContextConfig c) : core(std::move(c)) {}
   swiftkv::Context core;
