@@ -1,12 +1,11 @@
 // Status strings, the thread-local last-error message, and the mapping of exceptions to
 // statuses used by SWIFTKV_CATCH_ALL.
-#include <cstdint>
-#include <cstring>
 #include <exception>
 #include <new>
 #include <string>
 
 #include "capi/capi_guard.hpp"
+#include "capi/raw_enum.hpp"
 #include "core/common/error.hpp"
 
 namespace {
@@ -47,10 +46,7 @@ swiftkv_status translate_current_exception(const char *function) noexcept {
 extern "C" {
 
 SWIFTKV_API const char *swiftkv_status_string(swiftkv_status status) {
-  // Switch on the raw int: callers (and bindings) may pass any number.
-  int32_t raw;
-  std::memcpy(&raw, &status, sizeof raw);
-  switch (raw) {
+  switch (swiftkv::capi::raw_enum_value(status)) {
     case SWIFTKV_OK: return "SWIFTKV_OK: success";
     case SWIFTKV_IN_PROGRESS: return "SWIFTKV_IN_PROGRESS: accepted and still running";
     case SWIFTKV_EINVAL: return "SWIFTKV_EINVAL: invalid argument";

@@ -1,12 +1,12 @@
 // The planning entry points (SwiftCache Eq. 1-9 and Algorithm 1): pure functions that validate,
 // compute into locals, and write the caller's outputs only when everything succeeded.
 #include <cstddef>
-#include <cstring>
 #include <span>
 #include <string>
 
 #include "capi/capi_guard.hpp"
 #include "capi/model_desc.hpp"
+#include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
 #include "core/geometry/capacity_plan.hpp"
 #include "core/geometry/elastic_scaling.hpp"
@@ -45,10 +45,7 @@ CheckedModel read_model_desc(const swiftkv_model_desc *desc, const char *arg) {
   g.head_dim = d.head_dim;
   g.block_tokens = d.block_tokens;
   g.chunk_tokens = d.chunk_tokens;
-  // The field is read as an int: a value outside the enum is a caller's mistake to report, and
-  // loading it through the C++ enum type would be undefined.
-  int32_t raw_dtype;
-  std::memcpy(&raw_dtype, &d.dtype, sizeof raw_dtype);
+  const int32_t raw_dtype = raw_enum_value(d.dtype);
   if (swiftkv::dtype_size(raw_dtype) == 0) {
     fail_invalid(std::string(arg) + "->dtype (" + std::to_string(raw_dtype) +
                  ") is not a swiftkv_dtype");
@@ -65,9 +62,7 @@ using swiftkv::capi::read_model_desc;
 extern "C" {
 
 SWIFTKV_API uint32_t swiftkv_dtype_size(swiftkv_dtype dtype) {
-  int32_t raw;
-  std::memcpy(&raw, &dtype, sizeof raw);
-  return swiftkv::dtype_size(raw);
+  return swiftkv::dtype_size(swiftkv::capi::raw_enum_value(dtype));
 }
 
 SWIFTKV_API swiftkv_status swiftkv_geometry_bytes_per_token(const swiftkv_model_desc *m,
@@ -146,8 +141,8 @@ SWIFTKV_API swiftkv_status swiftkv_plan_scale_down(uint64_t owned_blocks, uint32
                                                    uint64_t *borrower_delta_out) {
   try {
     const swiftkv::ScaleStep step{owned_blocks, block_tokens, meu_lender, meu_borrower};
-    return swiftkv::capi::store_delta(swiftkv::scale_down(step, max_tokens_in_window), lender_delta_out,
-                                      borrower_delta_out);
+    return swiftkv::capi::store_delta(swiftkv::scale_down(step, max_tokens_in_window),
+                                      lender_delta_out, borrower_delta_out);
   }
   SWIFTKV_CATCH_ALL
 }
