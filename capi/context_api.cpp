@@ -43,6 +43,10 @@ void require(const void *p, const char *arg) {
 
 }  // namespace
 
+namespace swiftkv::capi {
+Context &core_context(swiftkv_ctx *ctx) { return ctx->core; }
+}  // namespace swiftkv::capi
+
 extern "C" {
 
 SWIFTKV_API swiftkv_status swiftkv_device_count(uint32_t *out) {

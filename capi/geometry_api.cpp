@@ -93,6 +93,23 @@ SWIFTKV_API swiftkv_status swiftkv_geometry_meu(const swiftkv_model_desc *borrow
   SWIFTKV_CATCH_ALL
 }
 
+SWIFTKV_API swiftkv_status swiftkv_geometry_lend_unit(uint64_t *borrower_chunks_out,
+                                                      uint64_t *lender_blocks_out,
+                                                      const swiftkv_model_desc *borrower,
+                                                      const swiftkv_model_desc *lender) {
+  try {
+    swiftkv::capi::require_out(borrower_chunks_out, "borrower_chunks_out");
+    swiftkv::capi::require_out(lender_blocks_out, "lender_blocks_out");
+    const auto b = read_model_desc(borrower, "borrower");
+    const auto l = read_model_desc(lender, "lender");
+    const swiftkv::LendUnit u = swiftkv::lend_unit(b.sizes, l.sizes);
+    *borrower_chunks_out = u.borrower_chunks;
+    *lender_blocks_out = u.lender_blocks;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
 SWIFTKV_API swiftkv_status swiftkv_plan_borrower(const swiftkv_model_desc *borrower,
                                                  uint64_t borrower_kv_bytes,
                                                  const uint64_t *lender_kv_bytes, size_t n_lenders,

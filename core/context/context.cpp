@@ -11,6 +11,7 @@
 
 #include "core/common/error.hpp"
 #include "core/memory/device_query.hpp"
+#include "core/memory/host_memory.hpp"
 #include "core/memory/numa_nodes.hpp"
 #include "swiftkv/swiftkv.h"
 
@@ -86,6 +87,32 @@ Context::Context(ContextConfig config) : config_(std::move(config)) {
 
 uint32_t Context::device_count() const noexcept {
   return static_cast<uint32_t>(std::popcount(device_mask_));
+}
+
+bool Context::uses_device(int32_t device) const noexcept {
+  return device >= 0 && device < 64 && (device_mask_ >> device & 1) != 0;
+}
+
+int32_t Context::host_numa_node() const noexcept {
+  if (config_.host_numa_node != SWIFTKV_NUMA_NODE_AUTO) return config_.host_numa_node;
+  if (device_mask_ == 0) return -1;
+  return device_numa_node(std::countr_zero(device_mask_));
+}
+
+void Context::reserve_host(uint64_t bytes, const std::string &what) {
+  uint64_t used = host_reserved_.load(std::memory_order_relaxed);
+  do {
+    if (bytes > config_.host_budget_bytes || used > config_.host_budget_bytes - bytes) {
+      fail(SWIFTKV_ENOMEM, what + " needs " + std::to_string(bytes) +
+                               " bytes of host memory but the context's host_budget_bytes (" +
+                               std::to_string(config_.host_budget_bytes) + ") has " +
+                               std::to_string(config_.host_budget_bytes - used) + " left");
+    }
+  } while (!host_reserved_.compare_exchange_weak(used, used + bytes, std::memory_order_relaxed));
+}
+
+void Context::release_host(uint64_t bytes) noexcept {
+  host_reserved_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 }  // namespace swiftkv

@@ -1,8 +1,9 @@
-// The per-process context: the validated configuration and the devices it uses. Later pieces
-// (models, pools, tiers) hang off it. Immutable after construction, so safe to read from any
-// thread without a lock.
+// The per-process context: the validated configuration, the devices it uses and the host
+// memory budget. The configuration is immutable after construction; the budget is one atomic
+// counter. Both are safe from any thread without a lock.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -28,10 +29,22 @@ class Context {
   // The devices in use: the mask resolved against the usable devices.
   uint64_t effective_device_mask() const noexcept { return device_mask_; }
   uint32_t device_count() const noexcept;
+  // True when `device` is one of the context's devices.
+  bool uses_device(int32_t device) const noexcept;
+
+  // The NUMA node host memory goes to: the configured node, or with AUTO the node of the first
+  // device in use, or -1 (no binding).
+  int32_t host_numa_node() const noexcept;
+
+  // Takes `bytes` from host_budget_bytes for `what`; ENOMEM (nothing taken) when it would
+  // exceed the budget. Every successful reserve is matched by one release of the same bytes.
+  void reserve_host(uint64_t bytes, const std::string &what);
+  void release_host(uint64_t bytes) noexcept;
 
  private:
   ContextConfig config_;
   uint64_t device_mask_ = 0;
+  std::atomic<uint64_t> host_reserved_{0};
 };
 
 }  // namespace swiftkv

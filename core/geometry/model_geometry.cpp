@@ -77,4 +77,11 @@ Meu minimum_elastic_unit(const GeometrySizes &borrower, const GeometrySizes &len
   return Meu{bl / g, bm / g};
 }
 
+LendUnit lend_unit(const GeometrySizes &borrower, const GeometrySizes &lender) {
+  const uint64_t bc = borrower.full_chunk_bytes;
+  const uint64_t bl = lender.full_block_bytes;
+  const uint64_t g = std::gcd(bc, bl);
+  return LendUnit{bl / g, bc / g};
+}
+
 }  // namespace swiftkv

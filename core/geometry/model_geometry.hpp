@@ -47,4 +47,13 @@ struct Meu {
 };
 Meu minimum_elastic_unit(const GeometrySizes &borrower, const GeometrySizes &lender);
 
+// The lending unit: the MEU with the borrower's block replaced by its chunk (DESIGN "Layouts"),
+// so that lent memory holds whole borrower chunks and whole lender blocks. The lender gives
+// `lender_blocks` blocks exactly when the borrower gains `borrower_chunks` chunks.
+struct LendUnit {
+  uint64_t borrower_chunks;
+  uint64_t lender_blocks;
+};
+LendUnit lend_unit(const GeometrySizes &borrower, const GeometrySizes &lender);
+
 }  // namespace swiftkv

@@ -148,6 +148,15 @@ SWIFTKV_API swiftkv_status swiftkv_geometry_meu(const swiftkv_model_desc *borrow
                                                 uint64_t *borrower_blocks_out,
                                                 uint64_t *lender_blocks_out);
 
+/* The lending unit between a borrower and a lender: the MEU with the borrower's block replaced
+ * by its chunk, so that lent memory holds whole chunks of the borrower (DESIGN.md, Layouts).
+ * Whenever a lender lends *lender_blocks_out blocks, the borrower gains *borrower_chunks_out
+ * chunks of the same bytes. Elastic regions lend and resize in this unit. */
+SWIFTKV_API swiftkv_status swiftkv_geometry_lend_unit(uint64_t *borrower_chunks_out,
+                                                      uint64_t *lender_blocks_out,
+                                                      const swiftkv_model_desc *borrower,
+                                                      const swiftkv_model_desc *lender);
+
 #define SWIFTKV_CAPACITY_PLAN_VERSION 1
 
 /* How a borrower splits its own KV memory (SwiftCache §3.2). Counts are in the borrower's blocks.
@@ -253,6 +262,229 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
 
 /* The number of CUDA devices the context uses (bits set in its effective device mask). */
 SWIFTKV_API swiftkv_status swiftkv_ctx_device_count(uint32_t *out, const swiftkv_ctx *ctx);
+
+/* ---------------------------------------------------------------------------------------------
+ * Elastic region (the lender's side, SwiftCache §3.4-3.5).
+ *
+ * A lender keeps its KV cache in an elastic region: block-major memory (n_blocks, L, 2, B, H_kv,
+ * D) whose leading `owned` blocks are the lender's and whose tail is lent to one borrower. Both
+ * move in lending units (swiftkv_geometry_lend_unit), and a resize moves the boundary, never
+ * data: bytes in blocks the lender keeps are untouched by any resize.
+ *
+ * Memory: lender->device SWIFTKV_DEVICE_HOST puts the region in host memory from a memfd
+ * (shareable with another process, bound to the context's NUMA node, page-locked when the
+ * context uses a device; it counts against the context's host_budget_bytes). A device ordinal
+ * puts it on that CUDA device, which the context must use (else SWIFTKV_ENODEV). Memory that is
+ * neither owned nor lent is returned to the system (VMM granules unmapped, memfd pages punched
+ * out) unless SWIFTKV_ELASTIC_KEEP_COMMITTED is set; a cudaMalloc region is fixed at capacity.
+ *
+ * Lending is a protocol: lent units are held by a lease that the borrower renews before it
+ * expires. When the owned part must grow into lent units, their leases are asked back (see
+ * swiftkv_elastic_pending_reclaims) and the lender may use those blocks only once the borrower
+ * released the lease or it expired. A borrower never reads a lease after its expiry.
+ *
+ * An elastic region is thread-safe: every call may come from any thread. It must not outlive its
+ * context.
+ * ------------------------------------------------------------------------------------------- */
+typedef struct swiftkv_elastic swiftkv_elastic;
+
+/* Which memory backs a region. */
+typedef enum swiftkv_memory_kind {
+  SWIFTKV_MEMORY_HOST_MEMFD = 0, /* host pages of a memfd */
+  SWIFTKV_MEMORY_CUDA_VMM = 1,   /* device memory mapped in granules (cuMemCreate/cuMemMap),
+                                    shareable as POSIX file descriptors */
+  SWIFTKV_MEMORY_CUDA_IPC = 2    /* one cudaMalloc shared by a CUDA IPC handle; fixed size */
+} swiftkv_memory_kind;
+
+/* How device memory is allocated. */
+typedef enum swiftkv_cuda_alloc {
+  SWIFTKV_CUDA_ALLOC_AUTO = 0,  /* VMM where the device and driver support it, else cudaMalloc */
+  SWIFTKV_CUDA_ALLOC_VMM = 1,   /* VMM or SWIFTKV_EUNSUPPORTED */
+  SWIFTKV_CUDA_ALLOC_MALLOC = 2 /* cudaMalloc + IPC handle */
+} swiftkv_cuda_alloc;
+
+/* A monotonic clock in nanoseconds. Called on the thread of the elastic call that needs the
+ * time, with the region's lock held: it must not call into libswiftkv. */
+typedef uint64_t (*swiftkv_clock_fn)(void *user_data);
+
+/* flags: never return free memory to the system (resizes then never map or unmap). */
+#define SWIFTKV_ELASTIC_KEEP_COMMITTED (1u << 0)
+
+#define SWIFTKV_ELASTIC_CONFIG_VERSION 1
+
+typedef struct swiftkv_elastic_config {
+  uint32_t size;                      /* sizeof(swiftkv_elastic_config) as compiled */
+  uint32_t version;                   /* SWIFTKV_ELASTIC_CONFIG_VERSION as compiled */
+  const swiftkv_model_desc *lender;   /* the region's geometry and device (required) */
+  const swiftkv_model_desc *borrower; /* the model lent to, or NULL: nothing is lent and the
+                                         owned part moves in single blocks */
+  uint64_t capacity_blocks;           /* the region's blocks, a whole number of lending units */
+  uint64_t owned_blocks;              /* blocks owned at creation, a whole number of units */
+  uint64_t window_ms;                 /* ScaleDown window t (default 60000) */
+  uint64_t lease_ms;                  /* lifetime of a lease between renewals (default 10000) */
+  swiftkv_cuda_alloc cuda_alloc;      /* device regions only (default AUTO) */
+  uint32_t flags;                     /* SWIFTKV_ELASTIC_* flags (default 0) */
+  swiftkv_clock_fn clock;             /* NULL (default): CLOCK_MONOTONIC */
+  void *clock_user_data;              /* passed to clock */
+} swiftkv_elastic_config;
+
+#define SWIFTKV_ELASTIC_CONFIG_INIT                                                         \
+  {                                                                                         \
+    (uint32_t)sizeof(swiftkv_elastic_config), SWIFTKV_ELASTIC_CONFIG_VERSION, NULL, NULL, 0, \
+        0, 60000, 10000, SWIFTKV_CUDA_ALLOC_AUTO, 0, NULL, NULL                             \
+  }
+
+#define SWIFTKV_LAYER_VIEW_VERSION 1
+
+/* One layer of a block-major region seen as an ordinary paged KV cache: page p of the layer
+ * starts at (char *)base + p * page_stride; inside a page, K then V, each (B, H_kv, D). Strided
+ * kernels (FlashInfer-style page strides, cross-layer pages) use it as is. Only the region's
+ * ready blocks are the lender's to touch. An output struct: initialise with its INIT macro. */
+typedef struct swiftkv_layer_view {
+  uint32_t size;
+  uint32_t version;
+  void *base;            /* K of token 0, head 0 of block 0 in this layer; a device pointer
+                            for device regions */
+  uint64_t page_stride;  /* bytes from one block to the next: L * M_block */
+  uint64_t k_offset;     /* bytes from a page's start to its K: 0 */
+  uint64_t v_offset;     /* bytes from a page's start to its V: B * H_kv * D * dtype bytes */
+  uint64_t token_stride; /* H_kv * D * dtype bytes */
+  uint64_t head_stride;  /* D * dtype bytes */
+  uint64_t num_pages;    /* the region's capacity in blocks */
+  int32_t device;        /* CUDA device of base, or SWIFTKV_DEVICE_HOST */
+  uint32_t reserved0;
+} swiftkv_layer_view;
+
+#define SWIFTKV_LAYER_VIEW_INIT \
+  { (uint32_t)sizeof(swiftkv_layer_view), SWIFTKV_LAYER_VIEW_VERSION, NULL, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+#define SWIFTKV_LEASE_VERSION 1
+
+/* A lease on lent memory, seen from both sides. The borrower stores chunk c, layer l of its own
+ * geometry at byte offset + c * chunk_stride + l * layer_stride of the region: one contiguous
+ * piece of layer_stride bytes. An output struct: initialise with SWIFTKV_LEASE_INIT. */
+typedef struct swiftkv_lease {
+  uint32_t size;
+  uint32_t version;
+  uint64_t id;                /* never 0, never reused by the region */
+  uint64_t first_block;       /* the lender's first block in the lease */
+  uint64_t blocks;            /* lender blocks lent */
+  uint64_t chunks;            /* the same bytes in borrower chunks */
+  uint64_t offset;            /* byte offset of the lease in the region */
+  uint64_t bytes;             /* bytes lent */
+  void *data;                 /* the lease's first byte in this process (a device pointer for
+                                 device regions) */
+  uint64_t chunk_stride;      /* bytes of one borrower chunk, all layers */
+  uint64_t layer_stride;      /* bytes of one layer of one borrower chunk */
+  uint64_t expires_ns;        /* on the region's clock; renew before then */
+  uint32_t reclaim_requested; /* 1 when the lender asked for it back */
+  uint32_t reserved0;
+} swiftkv_lease;
+
+#define SWIFTKV_LEASE_INIT \
+  { (uint32_t)sizeof(swiftkv_lease), SWIFTKV_LEASE_VERSION, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0 }
+
+/* lease_id value for swiftkv_elastic_reclaim: every lease. */
+#define SWIFTKV_LEASE_ALL UINT64_MAX
+
+#define SWIFTKV_ELASTIC_STATS_VERSION 1
+
+/* owned_blocks + lent_blocks + free_blocks == capacity_blocks at every moment. */
+typedef struct swiftkv_elastic_stats {
+  uint32_t size;
+  uint32_t version;
+  uint64_t capacity_blocks;
+  uint64_t owned_blocks;        /* Algorithm 1's N_i: ready_blocks plus those being reclaimed */
+  uint64_t ready_blocks;        /* the leading blocks the lender may use now */
+  uint64_t reclaiming_blocks;   /* owned, but a borrower still holds them */
+  uint64_t lent_blocks;         /* held by leases beyond the owned part */
+  uint64_t free_blocks;         /* neither owned nor lent */
+  uint64_t unit_lender_blocks;  /* the lending unit in lender blocks */
+  uint64_t unit_borrower_chunks;/* the lending unit in borrower chunks (0 without a borrower) */
+  uint64_t leases;              /* leases held now */
+  uint64_t region_bytes;        /* address range of the region */
+  uint64_t committed_bytes;     /* physical memory behind it now */
+  uint64_t scale_ups;           /* resizes that grew the owned part */
+  uint64_t scale_downs;         /* resizes that shrank it */
+  uint64_t leases_granted;
+  uint64_t leases_expired;
+  uint64_t reclaims_requested;  /* leases asked back */
+  swiftkv_memory_kind memory_kind;
+  int32_t device;               /* CUDA device, or SWIFTKV_DEVICE_HOST */
+} swiftkv_elastic_stats;
+
+#define SWIFTKV_ELASTIC_STATS_INIT                                                           \
+  {                                                                                          \
+    (uint32_t)sizeof(swiftkv_elastic_stats), SWIFTKV_ELASTIC_STATS_VERSION, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SWIFTKV_MEMORY_HOST_MEMFD, 0                           \
+  }
+
+/* Creates a region and commits its owned part. On failure *out is unchanged and nothing is
+ * held. EINVAL: a bad config (a count not a whole number of lending units, owned > capacity,
+ * zero window or lease); ENOMEM: the host budget or the device cannot hold it; ENODEV: the
+ * lender's device is not one of the context's. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv_ctx *ctx,
+                                                  const swiftkv_elastic_config *config);
+
+/* Ends a region and every lease on it. Accepts NULL. No other call may use `e` during or after
+ * this one; the memory goes back to the system once no importer maps it either. */
+SWIFTKV_API void swiftkv_elastic_destroy(swiftkv_elastic *e);
+
+/* The per-layer view of `layer` (< the lender's num_layers). */
+SWIFTKV_API swiftkv_status swiftkv_elastic_layer_view(swiftkv_layer_view *out,
+                                                      const swiftkv_elastic *e, uint32_t layer);
+
+/* Algorithm 1 ScaleUp for a request of `request_tokens` tokens, applied: the owned part grows by
+ * *lender_blocks_out blocks (whole lending units; 0 when it is large enough) and the borrower
+ * loses *borrower_chunks_out chunks of lendable memory. The request is remembered for ScaleDown.
+ * Returns SWIFTKV_IN_PROGRESS when owned blocks are still held by leases being asked back (the
+ * lender may use ready_blocks now, the rest once released), SWIFTKV_OK when all are ready.
+ * SWIFTKV_ENOMEM (nothing changed) when capacity_blocks cannot hold the request. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_scale_for_request(uint64_t *lender_blocks_out,
+                                                             uint64_t *borrower_chunks_out,
+                                                             swiftkv_elastic *e,
+                                                             uint64_t request_tokens);
+
+/* The periodic step: expires leases, then Algorithm 1 ScaleDown over the longest request of the
+ * last window_ms, applied: the owned part shrinks by *lender_blocks_out blocks (the lendable
+ * tail grows by *borrower_chunks_out borrower chunks). It never shrinks below `in_use_blocks`,
+ * the engine's high-water mark (1 + the highest block holding live KV; EINVAL above capacity).
+ * Returns SWIFTKV_IN_PROGRESS while owned blocks are still being reclaimed, else SWIFTKV_OK. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_tick(uint64_t *lender_blocks_out,
+                                                uint64_t *borrower_chunks_out, swiftkv_elastic *e,
+                                                uint64_t in_use_blocks);
+
+/* Lends up to `max_units` lending units (>= 1) as one lease: the highest free units, which the
+ * owned part reaches last. Fewer units when fewer are free in one run; SWIFTKV_ENOMEM when none
+ * is free; SWIFTKV_ESTATE when the region has no borrower. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_lend(swiftkv_lease *out, swiftkv_elastic *e,
+                                                uint64_t max_units);
+
+/* The current state of a held lease (its expiry and reclaim flag change). ENOTFOUND otherwise. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_lease_get(swiftkv_lease *out, const swiftkv_elastic *e,
+                                                     uint64_t lease_id);
+
+/* Extends a lease to lease_ms from now. SWIFTKV_ETIMEDOUT when it already expired (its memory is
+ * gone), SWIFTKV_ENOTFOUND when it is not held. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_renew(swiftkv_elastic *e, uint64_t lease_id);
+
+/* The borrower gives a whole lease back; it must have stopped reading and writing it. Same
+ * statuses as renew. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_release(swiftkv_elastic *e, uint64_t lease_id);
+
+/* The lender asks a lease (or SWIFTKV_LEASE_ALL) back; the borrower answers by releasing it.
+ * ENOTFOUND for a lease that is not held. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_reclaim(swiftkv_elastic *e, uint64_t lease_id);
+
+/* The ids of leases asked back and not yet released, lowest first: min(count, ids_capacity) are
+ * written to ids_out (which may be NULL when ids_capacity is 0) and *count_out is the count. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_pending_reclaims(uint64_t *ids_out, size_t ids_capacity,
+                                                            size_t *count_out,
+                                                            const swiftkv_elastic *e);
+
+/* Counts and counters of the region, consistent with each other. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_stats_get(swiftkv_elastic_stats *out,
+                                                     const swiftkv_elastic *e);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,514 @@
+// The elastic region's bookkeeping: per-unit states, free runs, leases, the ScaleDown window and
+// per-granule reference counts that decide which physical memory stays committed.
+#include "core/elastic/elastic_region.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/common/checked_math.hpp"
+#include "core/common/error.hpp"
+#include "core/geometry/elastic_scaling.hpp"
+
+namespace swiftkv {
+
+namespace {
+
+constexpr size_t kExpiredIdsKept = 4096;
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+struct Unit {
+  uint64_t blocks;
+  uint64_t chunks;
+};
+
+Unit unit_of(const ElasticConfig &c) {
+  const GeometrySizes ls = geometry_sizes(c.lender, "config->lender");
+  if (!c.borrower) return Unit{1, 0};
+  const LendUnit u = lend_unit(geometry_sizes(*c.borrower, "config->borrower"), ls);
+  return Unit{u.lender_blocks, u.borrower_chunks};
+}
+
+std::string unit_text(const Unit &u) {
+  return std::to_string(u.blocks) + " lender blocks" +
+         (u.chunks ? " = " + std::to_string(u.chunks) + " borrower chunks" : std::string());
+}
+
+void require_units(uint64_t blocks, const Unit &u, const char *field) {
+  if (blocks % u.blocks != 0) {
+    const uint64_t below = blocks / u.blocks * u.blocks;
+    fail_invalid(std::string("config->") + field + " (" + std::to_string(blocks) +
+                 ") is not a whole number of lending units (" + unit_text(u) + "); " +
+                 std::to_string(below) + " or " + std::to_string(below + u.blocks) + " would be");
+  }
+}
+
+}  // namespace
+
+uint64_t ElasticRegion::required_bytes(const ElasticConfig &c) {
+  const GeometrySizes ls = geometry_sizes(c.lender, "config->lender");
+  const Unit u = unit_of(c);
+  if (c.capacity_blocks == 0) fail_invalid("config->capacity_blocks is 0");
+  require_units(c.capacity_blocks, u, "capacity_blocks");
+  require_units(c.owned_blocks, u, "owned_blocks");
+  if (c.owned_blocks > c.capacity_blocks) {
+    fail_invalid("config->owned_blocks (" + std::to_string(c.owned_blocks) +
+                 ") exceeds config->capacity_blocks (" + std::to_string(c.capacity_blocks) + ")");
+  }
+  if (c.window_ns == 0) fail_invalid("config->window_ms is 0; the ScaleDown window must be > 0");
+  if (c.lease_ns == 0) fail_invalid("config->lease_ms is 0; a lease must last > 0");
+  // A unit's bytes must fit too: lending computes offsets from them.
+  (void)checked_mul(u.blocks, ls.full_block_bytes, "bytes of one lending unit");
+  return checked_mul(c.capacity_blocks, ls.full_block_bytes, "region bytes (capacity_blocks * "
+                                                             "bytes of one full block)");
+}
+
+ElasticRegion::ElasticRegion(ElasticConfig config, std::shared_ptr<MemoryRegion> memory)
+    : lender_(config.lender),
+      lender_sizes_(geometry_sizes(config.lender, "config->lender")),
+      borrower_sizes_(config.borrower
+                          ? std::optional(geometry_sizes(*config.borrower, "config->borrower"))
+                          : std::nullopt),
+      unit_blocks_(unit_of(config).blocks),
+      unit_chunks_(unit_of(config).chunks),
+      unit_bytes_(unit_blocks_ * lender_sizes_.full_block_bytes),
+      capacity_units_(config.capacity_blocks / unit_blocks_),
+      window_ns_(config.window_ns),
+      lease_ns_(config.lease_ns),
+      keep_committed_(config.keep_committed),
+      clock_(config.clock ? std::move(config.clock) : std::function<uint64_t()>(monotonic_ns)),
+      memory_(std::move(memory)),
+      granule_(memory_ ? memory_->commit_granule() : 0) {
+  const uint64_t bytes = required_bytes(config);
+  if (!memory_ || memory_->size() < bytes) {
+    fail(SWIFTKV_EINTERNAL, "elastic region memory is smaller than its " + std::to_string(bytes) +
+                                " bytes");
+  }
+  std::lock_guard lock(mu_);
+  state_.assign(capacity_units_, UnitState::free);
+  unit_lease_.assign(capacity_units_, 0);
+  if (granule_ != 0) granule_refs_.assign(ceil_div(memory_->size(), granule_), 0);
+  free_units_ = capacity_units_;
+  add_free_locked(0, capacity_units_);
+  grow_locked(config.owned_blocks / unit_blocks_);
+  // Reclaim requests in the first grow are impossible: nothing was lent yet.
+}
+
+uint64_t ElasticRegion::now() const { return clock_(); }
+
+ElasticDelta ElasticRegion::delta(uint64_t units, bool waiting) const noexcept {
+  return ElasticDelta{units * unit_blocks_, units * unit_chunks_, waiting};
+}
+
+ElasticDelta ElasticRegion::scale_for_request(uint64_t request_tokens) {
+  std::lock_guard lock(mu_);
+  const uint64_t t = now();
+  expire_leases_locked(t);
+  const ScaleStep step{owned_units_ * unit_blocks_, lender_.block_tokens, unit_blocks_,
+                       std::max<uint64_t>(unit_chunks_, 1)};
+  const uint64_t units = scale_up(step, request_tokens).lender_blocks / unit_blocks_;
+  ElasticDelta d{};
+  if (units > 0) {
+    d = grow_locked(units);
+    ++counters_.scale_ups;
+  }
+  // Recorded only once the request fits, so a refused request leaves no trace.
+  while (!window_.empty() && window_.back().second <= request_tokens) window_.pop_back();
+  window_.emplace_back(t, request_tokens);
+  d.waiting = !reclaiming_.empty();
+  return d;
+}
+
+uint64_t ElasticRegion::max_request_in_window_locked(uint64_t t) {
+  const uint64_t horizon = t > window_ns_ ? t - window_ns_ : 0;
+  while (!window_.empty() && window_.front().first < horizon) window_.pop_front();
+  return window_.empty() ? 0 : window_.front().second;
+}
+
+ElasticDelta ElasticRegion::tick(uint64_t in_use_blocks) {
+  std::lock_guard lock(mu_);
+  if (in_use_blocks > capacity_units_ * unit_blocks_) {
+    fail_invalid("in_use_blocks (" + std::to_string(in_use_blocks) + ") exceeds the capacity of " +
+                 std::to_string(capacity_units_ * unit_blocks_) + " blocks");
+  }
+  const uint64_t t = now();
+  expire_leases_locked(t);
+  const ScaleStep step{owned_units_ * unit_blocks_, lender_.block_tokens, unit_blocks_,
+                       std::max<uint64_t>(unit_chunks_, 1)};
+  uint64_t units = scale_down(step, max_request_in_window_locked(t)).lender_blocks / unit_blocks_;
+  // Never take blocks the engine still holds live KV in, whatever the window says.
+  const uint64_t floor_units = ceil_div(in_use_blocks, unit_blocks_);
+  units = std::min(units, owned_units_ > floor_units ? owned_units_ - floor_units : 0);
+  ElasticDelta d{};
+  if (units > 0) {
+    d = shrink_locked(units);
+    ++counters_.scale_downs;
+  }
+  d.waiting = !reclaiming_.empty();
+  return d;
+}
+
+ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
+  if (units > capacity_units_ - owned_units_) {
+    fail(SWIFTKV_ENOMEM,
+         "the region would grow to " + std::to_string((owned_units_ + units) * unit_blocks_) +
+             " blocks but its capacity is " + std::to_string(capacity_units_ * unit_blocks_));
+  }
+  const uint64_t end = owned_units_ + units;
+  // Commit the memory of every free unit first; if that fails nothing has changed.
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  for (uint64_t u = owned_units_; u < end;) {
+    if (state_[u] != UnitState::free) {
+      ++u;
+      continue;
+    }
+    const uint64_t first = u;
+    while (u < end && state_[u] == UnitState::free) ++u;
+    runs.emplace_back(first, u - first);
+  }
+  size_t done = 0;
+  try {
+    for (; done < runs.size(); ++done) acquire_memory_locked(runs[done].first, runs[done].second);
+  } catch (...) {
+    for (size_t i = 0; i < done; ++i) release_memory_locked(runs[i].first, runs[i].second);
+    throw;
+  }
+  for (const auto &[first, n] : runs) {
+    remove_free_locked(first, n);
+    for (uint64_t u = first; u < first + n; ++u) state_[u] = UnitState::owned;
+    free_units_ -= n;
+  }
+  for (uint64_t u = owned_units_; u < end; ++u) {
+    if (state_[u] != UnitState::lent) continue;
+    state_[u] = UnitState::reclaiming;
+    reclaiming_.insert(u);
+    --lent_units_;
+    Lease &l = leases_.at(unit_lease_[u]);
+    if (!l.reclaim_requested) {
+      l.reclaim_requested = true;
+      ++counters_.reclaims_requested;
+    }
+  }
+  owned_units_ = end;
+  return delta(units, !reclaiming_.empty());
+}
+
+ElasticDelta ElasticRegion::shrink_locked(uint64_t units) {
+  const uint64_t first = owned_units_ - units;
+  for (uint64_t u = first; u < owned_units_;) {
+    if (state_[u] == UnitState::reclaiming) {
+      // The lender no longer needs it: the lease keeps it, still asked back.
+      state_[u] = UnitState::lent;
+      reclaiming_.erase(u);
+      ++lent_units_;
+      ++u;
+      continue;
+    }
+    const uint64_t run = u;
+    while (u < owned_units_ && state_[u] == UnitState::owned) state_[u++] = UnitState::free;
+    release_memory_locked(run, u - run);
+    add_free_locked(run, u - run);
+    free_units_ += u - run;
+  }
+  owned_units_ = first;
+  return delta(units, !reclaiming_.empty());
+}
+
+void ElasticRegion::acquire_memory_locked(uint64_t first_unit, uint64_t units) {
+  if (granule_ == 0 || units == 0) return;
+  const uint64_t begin = first_unit * unit_bytes_ / granule_;
+  const uint64_t end = ceil_div((first_unit + units) * unit_bytes_, granule_);
+  // Commit the granules nobody holds, in runs; undo them if a later run fails.
+  std::vector<std::pair<uint64_t, uint64_t>> committed;
+  try {
+    for (uint64_t g = begin; g < end;) {
+      if (granule_refs_[g] != 0) {
+        ++g;
+        continue;
+      }
+      const uint64_t run = g;
+      while (g < end && granule_refs_[g] == 0) ++g;
+      const uint64_t off = run * granule_;
+      const uint64_t len = std::min((g - run) * granule_, memory_->size() - off);
+      memory_->commit(off, len);
+      committed.emplace_back(off, len);
+    }
+  } catch (...) {
+    for (const auto &[off, len] : committed) memory_->decommit(off, len);
+    throw;
+  }
+  for (uint64_t u = first_unit; u < first_unit + units; ++u) {
+    const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
+    for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) ++granule_refs_[g];
+  }
+}
+
+void ElasticRegion::release_memory_locked(uint64_t first_unit, uint64_t units) noexcept {
+  if (granule_ == 0 || units == 0) return;
+  for (uint64_t u = first_unit; u < first_unit + units; ++u) {
+    const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
+    for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) --granule_refs_[g];
+  }
+  if (keep_committed_) return;
+  const uint64_t begin = first_unit * unit_bytes_ / granule_;
+  const uint64_t end = ceil_div((first_unit + units) * unit_bytes_, granule_);
+  for (uint64_t g = begin; g < end;) {
+    if (granule_refs_[g] != 0) {
+      ++g;
+      continue;
+    }
+    const uint64_t run = g;
+    while (g < end && granule_refs_[g] == 0) ++g;
+    const uint64_t off = run * granule_;
+    memory_->decommit(off, std::min((g - run) * granule_, memory_->size() - off));
+  }
+}
+
+void ElasticRegion::add_free_locked(uint64_t first, uint64_t n) {
+  if (n == 0) return;
+  auto next = free_runs_.lower_bound(first);
+  if (next != free_runs_.begin()) {
+    auto prev = std::prev(next);
+    if (prev->first + prev->second == first) {
+      first = prev->first;
+      n += prev->second;
+      free_runs_.erase(prev);
+    }
+  }
+  if (next != free_runs_.end() && first + n == next->first) {
+    n += next->second;
+    free_runs_.erase(next);
+  }
+  free_runs_.emplace(first, n);
+}
+
+void ElasticRegion::remove_free_locked(uint64_t first, uint64_t n) {
+  auto it = free_runs_.upper_bound(first);
+  if (it == free_runs_.begin()) fail(SWIFTKV_EINTERNAL, "free run missing for unit " +
+                                                            std::to_string(first));
+  --it;
+  const uint64_t run_first = it->first;
+  const uint64_t run_n = it->second;
+  if (first + n > run_first + run_n) {
+    fail(SWIFTKV_EINTERNAL, "units [" + std::to_string(first) + ", +" + std::to_string(n) +
+                                ") are not one free run");
+  }
+  free_runs_.erase(it);
+  if (first > run_first) free_runs_.emplace(run_first, first - run_first);
+  if (first + n < run_first + run_n) free_runs_.emplace(first + n, run_first + run_n - first - n);
+}
+
+Lease ElasticRegion::lend(uint64_t max_units) {
+  if (!borrower_sizes_) {
+    fail(SWIFTKV_ESTATE, "the region was created without a borrower; it lends nothing");
+  }
+  if (max_units == 0) fail_invalid("max_units is 0");
+  std::lock_guard lock(mu_);
+  const uint64_t t = now();
+  expire_leases_locked(t);
+  if (free_runs_.empty()) {
+    fail(SWIFTKV_ENOMEM, "no free lending unit: " +
+                             std::to_string(owned_units_ * unit_blocks_) + " blocks owned and " +
+                             std::to_string(lent_units_ * unit_blocks_) + " lent of " +
+                             std::to_string(capacity_units_ * unit_blocks_));
+  }
+  // The highest free units: growth of the owned part reaches them last.
+  const auto top = std::prev(free_runs_.end());
+  const uint64_t n = std::min(max_units, top->second);
+  const uint64_t first = top->first + top->second - n;
+  acquire_memory_locked(first, n);
+  remove_free_locked(first, n);
+  const uint64_t id = next_lease_id_++;
+  for (uint64_t u = first; u < first + n; ++u) {
+    state_[u] = UnitState::lent;
+    unit_lease_[u] = id;
+  }
+  free_units_ -= n;
+  lent_units_ += n;
+  const Lease l{id, first, n, t + lease_ns_, false};
+  leases_.emplace(id, l);
+  ++counters_.leases_granted;
+  return l;
+}
+
+std::map<uint64_t, Lease>::iterator ElasticRegion::find_lease_locked(uint64_t id,
+                                                                     const char *what) {
+  const auto it = leases_.find(id);
+  if (it != leases_.end()) return it;
+  if (std::find(expired_ids_.begin(), expired_ids_.end(), id) != expired_ids_.end()) {
+    fail(SWIFTKV_ETIMEDOUT, std::string(what) + ": lease " + std::to_string(id) +
+                                " expired; its memory went back to the lender");
+  }
+  fail(SWIFTKV_ENOTFOUND, std::string(what) + ": lease " + std::to_string(id) +
+                              " is not held (never lent, or already released)");
+}
+
+void ElasticRegion::renew(uint64_t lease_id) {
+  std::lock_guard lock(mu_);
+  const uint64_t t = now();
+  expire_leases_locked(t);
+  find_lease_locked(lease_id, "renew")->second.expires_ns = t + lease_ns_;
+}
+
+void ElasticRegion::release(uint64_t lease_id) {
+  std::lock_guard lock(mu_);
+  expire_leases_locked(now());
+  end_lease_locked(find_lease_locked(lease_id, "release"));
+}
+
+void ElasticRegion::reclaim(uint64_t lease_id) {
+  std::lock_guard lock(mu_);
+  expire_leases_locked(now());
+  auto ask = [&](Lease &l) {
+    if (!l.reclaim_requested) ++counters_.reclaims_requested;
+    l.reclaim_requested = true;
+  };
+  if (lease_id == kAllLeases) {
+    for (auto &[id, l] : leases_) ask(l);
+    return;
+  }
+  ask(find_lease_locked(lease_id, "reclaim")->second);
+}
+
+void ElasticRegion::end_lease_locked(std::map<uint64_t, Lease>::iterator it) {
+  const Lease l = it->second;
+  for (uint64_t u = l.first_unit; u < l.first_unit + l.units;) {
+    unit_lease_[u] = 0;
+    if (state_[u] == UnitState::reclaiming) {
+      state_[u] = UnitState::owned;  // committed already: it was lent
+      reclaiming_.erase(u);
+      ++u;
+      continue;
+    }
+    if (state_[u] != UnitState::lent) {
+      fail(SWIFTKV_EINTERNAL, "lease " + std::to_string(l.id) + " holds unit " +
+                                  std::to_string(u) + ", which is neither lent nor reclaiming");
+    }
+    const uint64_t run = u;
+    while (u < l.first_unit + l.units && state_[u] == UnitState::lent) {
+      unit_lease_[u] = 0;
+      state_[u++] = UnitState::free;
+    }
+    release_memory_locked(run, u - run);
+    add_free_locked(run, u - run);
+    lent_units_ -= u - run;
+    free_units_ += u - run;
+  }
+  leases_.erase(it);
+}
+
+void ElasticRegion::expire_leases_locked(uint64_t t) {
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    const auto next = std::next(it);
+    if (it->second.expires_ns <= t) {
+      expired_ids_.push_back(it->first);
+      if (expired_ids_.size() > kExpiredIdsKept) expired_ids_.pop_front();
+      ++counters_.leases_expired;
+      end_lease_locked(it);
+    }
+    it = next;
+  }
+}
+
+Lease ElasticRegion::lease(uint64_t lease_id) const {
+  std::lock_guard lock(mu_);
+  const auto it = leases_.find(lease_id);
+  if (it == leases_.end()) {
+    fail(SWIFTKV_ENOTFOUND, "lease " + std::to_string(lease_id) + " is not held");
+  }
+  return it->second;
+}
+
+std::vector<uint64_t> ElasticRegion::pending_reclaims() const {
+  std::lock_guard lock(mu_);
+  std::vector<uint64_t> ids;
+  for (const auto &[id, l] : leases_) {
+    if (l.reclaim_requested) ids.push_back(id);
+  }
+  return ids;
+}
+
+ElasticStats ElasticRegion::stats() const {
+  std::lock_guard lock(mu_);
+  ElasticStats s = counters_;
+  s.capacity_blocks = capacity_units_ * unit_blocks_;
+  s.owned_blocks = owned_units_ * unit_blocks_;
+  s.ready_blocks = (reclaiming_.empty() ? owned_units_ : *reclaiming_.begin()) * unit_blocks_;
+  s.reclaiming_blocks = reclaiming_.size() * unit_blocks_;
+  s.lent_blocks = lent_units_ * unit_blocks_;
+  s.free_blocks = free_units_ * unit_blocks_;
+  s.unit_lender_blocks = unit_blocks_;
+  s.unit_borrower_chunks = unit_chunks_;
+  s.leases = leases_.size();
+  s.region_bytes = memory_->size();
+  s.committed_bytes = memory_->committed_bytes();
+  return s;
+}
+
+void ElasticRegion::check_invariants() const {
+  std::lock_guard lock(mu_);
+  auto broken = [](const std::string &what) { fail(SWIFTKV_EINTERNAL, "invariant: " + what); };
+  uint64_t n_free = 0, n_lent = 0, n_owned = 0, n_reclaiming = 0;
+  std::vector<uint32_t> refs(granule_refs_.size(), 0);
+  for (uint64_t u = 0; u < capacity_units_; ++u) {
+    const UnitState s = state_[u];
+    const bool below = u < owned_units_;
+    if (below != (s == UnitState::owned || s == UnitState::reclaiming)) {
+      broken("unit " + std::to_string(u) + " is on the wrong side of the owned boundary");
+    }
+    const bool held = s == UnitState::lent || s == UnitState::reclaiming;
+    if (held != (unit_lease_[u] != 0)) broken("unit " + std::to_string(u) + " lease id");
+    if (held) {
+      const auto it = leases_.find(unit_lease_[u]);
+      if (it == leases_.end()) broken("unit " + std::to_string(u) + " names a missing lease");
+      const Lease &l = it->second;
+      if (u < l.first_unit || u >= l.first_unit + l.units) broken("unit outside its lease");
+      if (s == UnitState::reclaiming && !l.reclaim_requested) broken("reclaim flag not set");
+    }
+    n_free += s == UnitState::free;
+    n_lent += s == UnitState::lent;
+    n_owned += s == UnitState::owned;
+    n_reclaiming += s == UnitState::reclaiming;
+    if (granule_ != 0 && s != UnitState::free) {
+      const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
+      for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) ++refs[g];
+    }
+  }
+  if (n_free != free_units_ || n_lent != lent_units_ || n_reclaiming != reclaiming_.size()) {
+    broken("unit counts");
+  }
+  if (n_owned + n_reclaiming != owned_units_) broken("owned count");
+  if (n_free + n_lent + n_owned + n_reclaiming != capacity_units_) broken("units sum");
+  uint64_t in_runs = 0;
+  uint64_t prev_end = 0;
+  bool first_run = true;
+  for (const auto &[first, n] : free_runs_) {
+    if (n == 0) broken("empty free run");
+    if (!first_run && first <= prev_end) broken("free runs overlap or touch");
+    for (uint64_t u = first; u < first + n; ++u) {
+      if (state_[u] != UnitState::free) broken("free run holds a unit that is not free");
+    }
+    in_runs += n;
+    prev_end = first + n;
+    first_run = false;
+  }
+  if (in_runs != free_units_) broken("free runs miss free units");
+  uint64_t leased = 0;
+  for (const auto &[id, l] : leases_) {
+    if (id != l.id || l.units == 0) broken("lease record");
+    for (uint64_t u = l.first_unit; u < l.first_unit + l.units; ++u) {
+      if (unit_lease_[u] != id) broken("lease " + std::to_string(id) + " lost a unit");
+    }
+    leased += l.units;
+  }
+  if (leased != n_lent + n_reclaiming) broken("leased units");
+  if (refs != granule_refs_) broken("granule reference counts");
+}
+
+}  // namespace swiftkv

@@ -1,0 +1,488 @@
+// The CUDA backend. VMM regions reserve one address range and map one physical allocation per
+// granule, each exportable as a POSIX fd; the fallback is one cudaMalloc and a CUDA IPC handle.
+// The driver API is reached through the runtime's cudaGetDriverEntryPointByVersion, which opens
+// the driver at run time: the library has no link-time dependency on libcuda.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/common/checked_math.hpp"
+#include "core/common/error.hpp"
+#include "core/memory/cuda_region.hpp"
+#include "core/memory/device_query.hpp"
+#include "core/memory/region_registry.hpp"
+
+namespace swiftkv {
+
+namespace {
+
+// The driver entry points the VMM path needs, resolved once. `ok` is false when the driver is
+// missing or too old; the backend then falls back to cudaMalloc (or says EUNSUPPORTED).
+struct Driver {
+  bool ok = false;
+  PFN_cuDeviceGet_v2000 device_get = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
+  PFN_cuGetErrorName_v6000 get_error_name = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 address_free = nullptr;
+  PFN_cuMemCreate_v10020 create = nullptr;
+  PFN_cuMemRelease_v10020 release = nullptr;
+  PFN_cuMemMap_v10020 map = nullptr;
+  PFN_cuMemUnmap_v10020 unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 set_access = nullptr;
+  PFN_cuMemExportToShareableHandle_v10020 export_handle = nullptr;
+  PFN_cuMemImportFromShareableHandle_v10020 import_handle = nullptr;
+};
+
+template <class Fn>
+bool resolve(const char *symbol, Fn &out) {
+  void *p = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  // 12000: the ABI of each symbol as of CUDA 12.0, which every driver this library runs on has.
+  if (cudaGetDriverEntryPointByVersion(symbol, &p, 12000, cudaEnableDefault, &found) !=
+          cudaSuccess ||
+      found != cudaDriverEntryPointSuccess || p == nullptr) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  out = reinterpret_cast<Fn>(p);
+  return true;
+}
+
+const Driver &driver() {
+  static const Driver d = [] {
+    Driver r;
+    if (usable_cuda_devices() == 0) return r;
+    r.ok = resolve("cuDeviceGet", r.device_get) &&
+           resolve("cuDeviceGetAttribute", r.device_get_attribute) &&
+           resolve("cuGetErrorName", r.get_error_name) &&
+           resolve("cuMemGetAllocationGranularity", r.granularity) &&
+           resolve("cuMemAddressReserve", r.address_reserve) &&
+           resolve("cuMemAddressFree", r.address_free) && resolve("cuMemCreate", r.create) &&
+           resolve("cuMemRelease", r.release) && resolve("cuMemMap", r.map) &&
+           resolve("cuMemUnmap", r.unmap) && resolve("cuMemSetAccess", r.set_access) &&
+           resolve("cuMemExportToShareableHandle", r.export_handle) &&
+           resolve("cuMemImportFromShareableHandle", r.import_handle);
+    return r;
+  }();
+  return d;
+}
+
+[[noreturn]] void fail_cu(CUresult res, const std::string &what) {
+  const char *name = nullptr;
+  if (driver().get_error_name == nullptr || driver().get_error_name(res, &name) != CUDA_SUCCESS) {
+    name = "unknown CUresult";
+  }
+  fail(res == CUDA_ERROR_OUT_OF_MEMORY ? SWIFTKV_ENOMEM : SWIFTKV_ECUDA,
+       what + " failed: " + name + " (" + std::to_string(static_cast<int>(res)) + ")");
+}
+
+void check_cu(CUresult res, const std::string &what) {
+  if (res != CUDA_SUCCESS) fail_cu(res, what);
+}
+
+void check_cuda(cudaError_t err, const std::string &what) {
+  if (err == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(err == cudaErrorMemoryAllocation ? SWIFTKV_ENOMEM : SWIFTKV_ECUDA,
+       what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Makes `device` current (creating its primary context) for the guard's scope, then restores
+// the caller's device: the library never leaves a thread on another device than it found.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int32_t device) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    check_cuda(cudaFree(nullptr), "initialising the primary context of device " +
+                                      std::to_string(device));
+  }
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+  ~DeviceGuard() {
+    if (cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+ private:
+  int prev_ = 0;
+};
+
+void check_device(int32_t device) {
+  const uint32_t n = usable_cuda_devices();
+  if (device < 0 || static_cast<uint32_t>(device) >= n) {
+    fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) + " is not usable; this process "
+                         "can use " + std::to_string(n) + " device(s)");
+  }
+}
+
+CUmemAllocationProp vmm_prop(int32_t device) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = device;
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  return prop;
+}
+
+CUmemAccessDesc read_write_on(int32_t device) {
+  CUmemAccessDesc access{};
+  access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access.location.id = device;
+  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  return access;
+}
+
+std::string random_identity(const char *prefix) {
+  std::random_device rd;
+  std::string id(prefix);
+  for (int i = 0; i < 4; ++i) id += ":" + std::to_string(rd());
+  return id;
+}
+
+// One granule's physical allocation as mapped in some process.
+struct Granule {
+  CUmemGenericAllocationHandle handle = 0;  // 0: nothing mapped
+  uint64_t generation = 0;
+};
+
+// Unmaps and releases one mapped granule; used by owners and importers alike.
+void unmap_granule(CUdeviceptr base, uint64_t index, uint64_t granule, Granule &g) noexcept {
+  if (g.handle == 0) return;
+  // cuMemUnmap waits for nothing: callers unmap only memory no queued work still reads.
+  (void)driver().unmap(base + index * granule, granule);
+  (void)driver().release(g.handle);
+  g = Granule{};
+}
+
+void map_granule(CUdeviceptr base, uint64_t index, uint64_t granule, int32_t device,
+                 CUmemGenericAllocationHandle h) {
+  const CUdeviceptr at = base + index * granule;
+  check_cu(driver().map(at, granule, 0, h, 0), "cuMemMap");
+  const CUmemAccessDesc access = read_write_on(device);
+  const CUresult res = driver().set_access(at, granule, &access, 1);
+  if (res != CUDA_SUCCESS) {
+    (void)driver().unmap(at, granule);
+    fail_cu(res, "cuMemSetAccess");
+  }
+}
+
+// The owner of a VMM region. mu_ guards granules_ and committed_; the address range itself is
+// immutable, so data() needs no lock.
+class VmmRegion final : public MemoryRegion {
+ public:
+  VmmRegion(int32_t device, uint64_t size) : device_(device) {
+    DeviceGuard guard(device_);
+    const CUmemAllocationProp prop = vmm_prop(device_);
+    size_t g = 0;
+    check_cu(driver().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+             "cuMemGetAllocationGranularity");
+    granule_ = g;
+    size_ = checked_mul(ceil_div(size, granule_), granule_, "CUDA VMM region size");
+    check_cu(driver().address_reserve(&base_, size_, 0, 0, 0),
+             "cuMemAddressReserve of " + std::to_string(size_) + " bytes");
+    granules_.resize(size_ / granule_);
+    identity_ = random_identity("cuda_vmm");
+  }
+  ~VmmRegion() override {
+    for (uint64_t i = 0; i < granules_.size(); ++i) unmap_granule(base_, i, granule_, granules_[i]);
+    (void)driver().address_free(base_, size_);
+  }
+
+  const std::string &identity() const noexcept { return identity_; }
+  std::byte *data() const noexcept override { return reinterpret_cast<std::byte *>(base_); }
+  uint64_t size() const noexcept override { return size_; }
+  MemoryKind kind() const noexcept override { return MemoryKind::cuda_vmm; }
+  int32_t device() const noexcept override { return device_; }
+  void adopt(const RegionExport &) override {}
+  uint64_t commit_granule() const noexcept override { return granule_; }
+
+  void commit(uint64_t offset, uint64_t size) override {
+    std::lock_guard lock(mu_);
+    DeviceGuard guard(device_);
+    const CUmemAllocationProp prop = vmm_prop(device_);
+    for (uint64_t i = offset / granule_; i < ceil_div(offset + size, granule_); ++i) {
+      Granule &g = granules_.at(i);
+      if (g.handle != 0) continue;
+      CUmemGenericAllocationHandle h = 0;
+      check_cu(driver().create(&h, granule_, &prop, 0), "cuMemCreate of one granule");
+      try {
+        map_granule(base_, i, granule_, device_, h);
+      } catch (...) {
+        (void)driver().release(h);
+        throw;
+      }
+      g.handle = h;
+      g.generation = ++next_generation_;
+      committed_ += granule_;
+    }
+  }
+
+  void decommit(uint64_t offset, uint64_t size) noexcept override {
+    std::lock_guard lock(mu_);
+    for (uint64_t i = offset / granule_; i < ceil_div(offset + size, granule_); ++i) {
+      if (i >= granules_.size() || granules_[i].handle == 0) continue;
+      unmap_granule(base_, i, granule_, granules_[i]);
+      committed_ -= granule_;
+    }
+  }
+
+  uint64_t committed_bytes() const noexcept override {
+    std::lock_guard lock(mu_);
+    return committed_;
+  }
+
+  RegionExport export_range(uint64_t offset, uint64_t size) const override {
+    std::lock_guard lock(mu_);
+    RegionExport e;
+    e.kind = MemoryKind::cuda_vmm;
+    e.device = device_;
+    e.size = size_;
+    e.identity = identity_;
+    for (uint64_t i = offset / granule_; i < ceil_div(offset + size, granule_); ++i) {
+      const Granule &g = granules_.at(i);
+      if (g.handle == 0) continue;
+      int fd = -1;
+      check_cu(driver().export_handle(&fd, g.handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+               "cuMemExportToShareableHandle");
+      ExportedPiece p;
+      p.offset = i * granule_;
+      p.size = granule_;
+      p.generation = g.generation;
+      p.fd.reset(fd);
+      e.pieces.push_back(std::move(p));
+    }
+    return e;
+  }
+
+ private:
+  int32_t device_;
+  uint64_t granule_ = 0;
+  uint64_t size_ = 0;
+  CUdeviceptr base_ = 0;
+  std::string identity_;
+  mutable std::mutex mu_;
+  std::vector<Granule> granules_;  // guarded by mu_
+  uint64_t committed_ = 0;         // guarded by mu_
+  uint64_t next_generation_ = 0;   // guarded by mu_
+};
+
+// An importer's mapping of another process's VMM region, on the importer's current device.
+class ImportedVmmRegion final : public RegionMapping {
+ public:
+  explicit ImportedVmmRegion(const RegionExport &e) : size_(e.size) {
+    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+    DeviceGuard guard(device_);
+    if (e.pieces.empty()) fail_invalid("a CUDA VMM export carries no pieces");
+    granule_ = e.pieces.front().size;
+    if (granule_ == 0 || size_ % granule_ != 0) {
+      fail_invalid("a CUDA VMM export's pieces do not tile its size");
+    }
+    check_cu(driver().address_reserve(&base_, size_, 0, 0, 0), "cuMemAddressReserve (import)");
+    granules_.resize(size_ / granule_);
+    try {
+      adopt(e);
+    } catch (...) {
+      release_all();
+      throw;
+    }
+  }
+  ~ImportedVmmRegion() override { release_all(); }
+
+  std::byte *data() const noexcept override { return reinterpret_cast<std::byte *>(base_); }
+  uint64_t size() const noexcept override { return size_; }
+  MemoryKind kind() const noexcept override { return MemoryKind::cuda_vmm; }
+  int32_t device() const noexcept override { return device_; }
+
+  void adopt(const RegionExport &e) override {
+    std::lock_guard lock(mu_);
+    DeviceGuard guard(device_);
+    for (const ExportedPiece &p : e.pieces) {
+      if (p.size != granule_ || p.offset % granule_ != 0 || p.offset >= size_ || !p.fd) {
+        fail_invalid("a CUDA VMM export piece at offset " + std::to_string(p.offset) +
+                     " does not match the region's granules");
+      }
+      const uint64_t i = p.offset / granule_;
+      Granule &g = granules_[i];
+      if (g.handle != 0 && g.generation == p.generation) continue;
+      unmap_granule(base_, i, granule_, g);  // the owner replaced it: drop the old pages
+      CUmemGenericAllocationHandle h = 0;
+      check_cu(driver().import_handle(&h, reinterpret_cast<void *>(static_cast<intptr_t>(
+                                              p.fd.get())),
+                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+               "cuMemImportFromShareableHandle");
+      try {
+        map_granule(base_, i, granule_, device_, h);
+      } catch (...) {
+        (void)driver().release(h);
+        throw;
+      }
+      g.handle = h;
+      g.generation = p.generation;
+    }
+  }
+
+ private:
+  void release_all() noexcept {
+    for (uint64_t i = 0; i < granules_.size(); ++i) unmap_granule(base_, i, granule_, granules_[i]);
+    if (base_ != 0) (void)driver().address_free(base_, size_);
+    base_ = 0;
+  }
+
+  int device_ = 0;
+  uint64_t size_;
+  uint64_t granule_ = 0;
+  CUdeviceptr base_ = 0;
+  std::mutex mu_;
+  std::vector<Granule> granules_;  // guarded by mu_
+};
+
+// The fallback owner: one cudaMalloc, committed whole, shared by an IPC handle.
+class IpcRegion final : public MemoryRegion {
+ public:
+  IpcRegion(int32_t device, uint64_t size) : device_(device), size_(size) {
+    DeviceGuard guard(device_);
+    void *p = nullptr;
+    check_cuda(cudaMalloc(&p, size_), "cudaMalloc of " + std::to_string(size_) + " bytes");
+    data_ = static_cast<std::byte *>(p);
+    const cudaError_t err = cudaIpcGetMemHandle(&handle_, p);
+    if (err != cudaSuccess) {
+      (void)cudaFree(p);
+      check_cuda(err, "cudaIpcGetMemHandle");
+    }
+    static_assert(sizeof(handle_) == 64);
+    identity_ = "cuda_ipc:";
+    const auto *b = reinterpret_cast<const unsigned char *>(&handle_);
+    static const char hex[] = "0123456789abcdef";
+    for (size_t i = 0; i < sizeof handle_; ++i) {
+      identity_ += hex[b[i] >> 4];
+      identity_ += hex[b[i] & 15];
+    }
+  }
+  ~IpcRegion() override {
+    // cudaFree synchronises the device: the region ends only after work that used it.
+    if (cudaFree(data_) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+  const std::string &identity() const noexcept { return identity_; }
+  std::byte *data() const noexcept override { return data_; }
+  uint64_t size() const noexcept override { return size_; }
+  MemoryKind kind() const noexcept override { return MemoryKind::cuda_ipc; }
+  int32_t device() const noexcept override { return device_; }
+  void adopt(const RegionExport &) override {}
+  uint64_t commit_granule() const noexcept override { return 0; }
+  void commit(uint64_t, uint64_t) override {}
+  void decommit(uint64_t, uint64_t) noexcept override {}
+  uint64_t committed_bytes() const noexcept override { return size_; }
+
+  RegionExport export_range(uint64_t, uint64_t) const override {
+    RegionExport e;
+    e.kind = MemoryKind::cuda_ipc;
+    e.device = device_;
+    e.size = size_;
+    e.identity = identity_;
+    std::memcpy(e.ipc_handle.data(), &handle_, sizeof handle_);
+    return e;
+  }
+
+ private:
+  int32_t device_;
+  uint64_t size_;
+  std::byte *data_ = nullptr;
+  cudaIpcMemHandle_t handle_{};
+  std::string identity_;
+};
+
+class ImportedIpcRegion final : public RegionMapping {
+ public:
+  explicit ImportedIpcRegion(const RegionExport &e) : size_(e.size) {
+    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+    cudaIpcMemHandle_t h{};
+    std::memcpy(&h, e.ipc_handle.data(), sizeof h);
+    void *p = nullptr;
+    check_cuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
+               "cudaIpcOpenMemHandle");
+    data_ = static_cast<std::byte *>(p);
+  }
+  ~ImportedIpcRegion() override {
+    if (cudaIpcCloseMemHandle(data_) != cudaSuccess) (void)cudaGetLastError();
+  }
+  std::byte *data() const noexcept override { return data_; }
+  uint64_t size() const noexcept override { return size_; }
+  MemoryKind kind() const noexcept override { return MemoryKind::cuda_ipc; }
+  int32_t device() const noexcept override { return device_; }
+  void adopt(const RegionExport &) override {}
+
+ private:
+  int device_ = 0;
+  uint64_t size_;
+  std::byte *data_ = nullptr;
+};
+
+}  // namespace
+
+bool cuda_vmm_supported(int32_t device) {
+  check_device(device);
+  const Driver &d = driver();
+  if (!d.ok) return false;
+  CUdevice dev = 0;
+  if (d.device_get(&dev, device) != CUDA_SUCCESS) return false;
+  int vmm = 0;
+  int fd_handles = 0;
+  if (d.device_get_attribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, dev) !=
+          CUDA_SUCCESS ||
+      d.device_get_attribute(&fd_handles,
+                             CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                             dev) != CUDA_SUCCESS) {
+    return false;
+  }
+  return vmm != 0 && fd_handles != 0;
+}
+
+std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
+  check_device(o.device);
+  if (o.size == 0) fail_invalid("CUDA region size is 0");
+  bool use_vmm = false;
+  switch (o.allocation) {
+    case CudaAllocation::automatic: use_vmm = cuda_vmm_supported(o.device); break;
+    case CudaAllocation::vmm:
+      if (!cuda_vmm_supported(o.device)) {
+        fail(SWIFTKV_EUNSUPPORTED, "CUDA device " + std::to_string(o.device) +
+                                       " or its driver lacks VMM with POSIX fd handles");
+      }
+      use_vmm = true;
+      break;
+    case CudaAllocation::malloc: break;
+  }
+  if (use_vmm) {
+    auto r = std::make_shared<VmmRegion>(o.device, o.size);
+    register_region(r->identity(), r);
+    return r;
+  }
+  auto r = std::make_shared<IpcRegion>(o.device, o.size);
+  register_region(r->identity(), r);
+  return r;
+}
+
+std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e) {
+  if (usable_cuda_devices() == 0) {
+    fail(SWIFTKV_ENODEV, "opening CUDA device memory needs a usable CUDA device");
+  }
+  if (e.kind == MemoryKind::cuda_vmm) {
+    if (!driver().ok) fail(SWIFTKV_EUNSUPPORTED, "the CUDA driver lacks the VMM entry points");
+    auto m = find_or_open_region(e.identity, [&] { return std::make_shared<ImportedVmmRegion>(e); });
+    m->adopt(e);
+    return m;
+  }
+  return find_or_open_region(e.identity, [&] { return std::make_shared<ImportedIpcRegion>(e); });
+}
+
+}  // namespace swiftkv

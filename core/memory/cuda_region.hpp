@@ -1,0 +1,31 @@
+// The CUDA memory backend: device memory another process on the node can map. Two twins:
+// cuda_region.cu (CUDA builds) and cuda_region_host.cpp (without CUDA: every call is ENODEV).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/memory/memory_region.hpp"
+
+namespace swiftkv {
+
+enum class CudaAllocation : int32_t {
+  automatic = 0,  // VMM when the device and driver support POSIX-fd shareable VMM, else malloc
+  vmm = 1,        // cuMemCreate/cuMemMap granules; EUNSUPPORTED where VMM is unavailable
+  malloc = 2,     // one cudaMalloc exported with cudaIpcGetMemHandle; fixed for the region's life
+};
+
+struct CudaRegionOptions {
+  int32_t device = 0;
+  uint64_t size = 0;  // bytes; rounded up to the VMM granule
+  CudaAllocation allocation = CudaAllocation::automatic;
+};
+
+// Reserves the region's addresses; commits nothing under VMM (commit() maps granules), all of
+// it under malloc. Throws Error: ENODEV, EUNSUPPORTED, ENOMEM, ECUDA.
+std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o);
+
+// True when `device` can back regions with POSIX-fd shareable VMM memory.
+bool cuda_vmm_supported(int32_t device);
+
+}  // namespace swiftkv

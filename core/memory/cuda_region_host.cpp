@@ -1,0 +1,20 @@
+// The host twin of the CUDA backend for builds without CUDA: there is no device to allocate on,
+// which is SWIFTKV_ENODEV for every caller, as DESIGN.md asks of GPU-only calls.
+#include "core/common/error.hpp"
+#include "core/memory/cuda_region.hpp"
+#include "core/memory/region_registry.hpp"
+
+namespace swiftkv {
+
+std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
+  fail(SWIFTKV_ENODEV, "device memory on CUDA device " + std::to_string(o.device) +
+                           " needs a libswiftkv built with CUDA");
+}
+
+bool cuda_vmm_supported(int32_t) { return false; }
+
+std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &) {
+  fail(SWIFTKV_ENODEV, "opening CUDA device memory needs a libswiftkv built with CUDA");
+}
+
+}  // namespace swiftkv

@@ -1,0 +1,253 @@
+// Host regions: a memfd sized to the region, mapped shared. Commit allocates the file's pages
+// (fallocate), decommit punches them out, so physical memory follows what the region uses.
+#include "core/memory/host_region.hpp"
+
+#include <fcntl.h>
+#include <linux/falloc.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#if defined(SWIFTKV_HAVE_NUMA)
+#include <numa.h>
+#include <numaif.h>
+#endif
+
+#include "core/common/checked_math.hpp"
+#include "core/common/error.hpp"
+#include "core/memory/host_memory.hpp"
+#include "core/memory/region_registry.hpp"
+
+namespace swiftkv {
+
+namespace {
+
+uint64_t page_size() noexcept { return static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)); }
+
+[[noreturn]] void fail_errno(swiftkv_status status, const std::string &what) {
+  const int e = errno;
+  fail(status, what + ": " + std::strerror(e));
+}
+
+// The mapping of a memfd's whole file, shared. Both owners and importers hold one.
+class MemfdMapping {
+ public:
+  MemfdMapping(int fd, uint64_t size) : size_(size) {
+    void *p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) fail_errno(SWIFTKV_ENOMEM, "mmap of a " + std::to_string(size) +
+                                                        "-byte memfd region");
+    data_ = static_cast<std::byte *>(p);
+  }
+  MemfdMapping(const MemfdMapping &) = delete;
+  MemfdMapping &operator=(const MemfdMapping &) = delete;
+  ~MemfdMapping() { ::munmap(data_, size_); }
+
+  std::byte *data() const noexcept { return data_; }
+  uint64_t size() const noexcept { return size_; }
+
+ private:
+  std::byte *data_ = nullptr;
+  uint64_t size_;
+};
+
+// The owner. Locking: commit/decommit/export take mu_; data() and size() are immutable.
+// A page-locked region is never decommitted: the GPU's DMA mapping holds the physical pages,
+// and punching them out of the file would leave the GPU and the CPU on different pages.
+class HostRegion final : public MemoryRegion {
+ public:
+  explicit HostRegion(const HostRegionOptions &o) {
+    if (o.size == 0) fail_invalid("host region size is 0");
+    const uint64_t page = page_size();
+    const uint64_t size = checked_mul(ceil_div(o.size, page), page, "host region size");
+    fd_.reset(::memfd_create(o.name.c_str(), MFD_CLOEXEC));
+    if (!fd_) fail_errno(SWIFTKV_ENOMEM, "memfd_create");
+    if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0) {
+      fail_errno(SWIFTKV_ENOMEM, "ftruncate of the memfd to " + std::to_string(size) + " bytes");
+    }
+    map_ = std::make_unique<MemfdMapping>(fd_.get(), size);
+    bind_to_node(o.numa_node);
+    committed_.assign(size / page, 0);
+    if (o.page_lock) {
+      commit(0, size);  // cudaHostRegister faults every page in anyway; account for it
+      locked_ = page_lock(map_->data(), size);
+    }
+    identity_ = memfd_identity(fd_.get());
+  }
+
+  ~HostRegion() override {
+    if (locked_) page_unlock(map_->data());
+  }
+
+  const std::string &identity() const noexcept { return identity_; }
+
+  std::byte *data() const noexcept override { return map_->data(); }
+  uint64_t size() const noexcept override { return map_->size(); }
+  MemoryKind kind() const noexcept override { return MemoryKind::host_memfd; }
+  int32_t device() const noexcept override { return -1; }
+  void adopt(const RegionExport &) override {}
+
+  uint64_t commit_granule() const noexcept override { return locked_ ? 0 : page_size(); }
+
+  void commit(uint64_t offset, uint64_t size) override {
+    std::lock_guard lock(mu_);
+    for_each_run(offset, size, 0, [&](uint64_t first, uint64_t n) {
+      const uint64_t page = page_size();
+      // fallocate allocates the pages now, under the node binding, so running out of memory
+      // is an error here rather than a SIGBUS on first touch.
+      if (::fallocate(fd_.get(), 0, static_cast<off_t>(first * page),
+                      static_cast<off_t>(n * page)) != 0) {
+        fail_errno(SWIFTKV_ENOMEM, "allocating " + std::to_string(n * page) +
+                                       " bytes of host region memory");
+      }
+      mark(first, n, 1);
+    });
+  }
+
+  void decommit(uint64_t offset, uint64_t size) noexcept override {
+    if (locked_) return;
+    std::lock_guard lock(mu_);
+    for_each_run(offset, size, 1, [&](uint64_t first, uint64_t n) {
+      const uint64_t page = page_size();
+      // A failed punch only keeps memory that is no longer needed; the region stays correct.
+      if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                      static_cast<off_t>(first * page), static_cast<off_t>(n * page)) == 0) {
+        mark(first, n, 0);
+      }
+    });
+  }
+
+  uint64_t committed_bytes() const noexcept override {
+    std::lock_guard lock(mu_);
+    return committed_pages_ * page_size();
+  }
+
+  RegionExport export_range(uint64_t, uint64_t) const override {
+    RegionExport e;
+    e.kind = MemoryKind::host_memfd;
+    e.device = -1;
+    e.size = size();
+    e.identity = identity_;
+    ExportedPiece piece;
+    piece.offset = 0;
+    piece.size = size();
+    piece.fd.reset(::fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+    if (!piece.fd) fail_errno(SWIFTKV_ENOMEM, "duplicating the region's memfd");
+    e.pieces.push_back(std::move(piece));
+    return e;
+  }
+
+ private:
+  void bind_to_node(int32_t node) {
+    if (node < 0) return;
+#if defined(SWIFTKV_HAVE_NUMA)
+    if (numa_available() < 0) return;
+    // mbind on a shared mapping sets the memfd's own policy, so pages allocated through any
+    // mapping of it (an importer's too) come from `node`.
+    unsigned long mask = 0;
+    if (node >= static_cast<int32_t>(8 * sizeof mask)) {
+      fail(SWIFTKV_EUNSUPPORTED, "NUMA node " + std::to_string(node) + " is beyond node 63");
+    }
+    mask = 1UL << node;
+    if (::mbind(map_->data(), map_->size(), MPOL_BIND, &mask, 8 * sizeof mask, 0) != 0) {
+      fail_errno(SWIFTKV_EINVAL, "binding host region memory to NUMA node " +
+                                     std::to_string(node));
+    }
+#endif
+  }
+
+  // Calls fn(first_page, n_pages) for each maximal run of pages in the range whose committed
+  // flag equals `want`. The range must be page-aligned or end at the region's end.
+  template <class Fn>
+  void for_each_run(uint64_t offset, uint64_t size, uint8_t want, Fn fn) {
+    const uint64_t page = page_size();
+    if (offset % page != 0 || offset > map_->size() || size > map_->size() - offset) {
+      fail(SWIFTKV_EINTERNAL, "host region range [" + std::to_string(offset) + ", +" +
+                                  std::to_string(size) + ") is not page-aligned or inside");
+    }
+    const uint64_t first = offset / page;
+    const uint64_t end = ceil_div(offset + size, page);
+    uint64_t p = first;
+    while (p < end) {
+      while (p < end && committed_[p] != want) ++p;
+      const uint64_t run = p;
+      while (p < end && committed_[p] == want) ++p;
+      if (p > run) fn(run, p - run);
+    }
+  }
+
+  void mark(uint64_t first, uint64_t n, uint8_t v) {
+    for (uint64_t i = first; i < first + n; ++i) committed_[i] = v;
+    committed_pages_ = v ? committed_pages_ + n : committed_pages_ - n;
+  }
+
+  UniqueFd fd_;
+  std::unique_ptr<MemfdMapping> map_;
+  std::string identity_;
+  bool locked_ = false;
+  mutable std::mutex mu_;
+  std::vector<uint8_t> committed_;  // one flag per page; guarded by mu_
+  uint64_t committed_pages_ = 0;    // guarded by mu_
+};
+
+// An importer's view of another region's memfd.
+class ImportedHostRegion final : public RegionMapping {
+ public:
+  ImportedHostRegion(int fd, uint64_t size) : map_(fd, size) {}
+  std::byte *data() const noexcept override { return map_.data(); }
+  uint64_t size() const noexcept override { return map_.size(); }
+  MemoryKind kind() const noexcept override { return MemoryKind::host_memfd; }
+  int32_t device() const noexcept override { return -1; }
+  void adopt(const RegionExport &) override {}  // the whole file is mapped already
+
+ private:
+  MemfdMapping map_;
+};
+
+}  // namespace
+
+std::string memfd_identity(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail_errno(SWIFTKV_EINVAL, "fstat of an exported region's fd");
+  return "memfd:" + std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
+}
+
+std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o) {
+  auto r = std::make_shared<HostRegion>(o);
+  register_region(r->identity(), r);
+  return r;
+}
+
+std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e) {
+  if (e.pieces.size() != 1 || !e.pieces[0].fd) {
+    fail_invalid("a host region export must carry exactly one open memfd");
+  }
+  const int fd = e.pieces[0].fd.get();
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) fail_errno(SWIFTKV_EINVAL, "fstat of an exported region's fd");
+  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < e.size || e.size == 0) {
+    fail_invalid("the exported fd is not a memfd of at least " + std::to_string(e.size) +
+                 " bytes");
+  }
+  return find_or_open_region(memfd_identity(fd), [&] {
+    return std::make_shared<ImportedHostRegion>(fd, static_cast<uint64_t>(st.st_size));
+  });
+}
+
+int32_t numa_node_of(const void *p) noexcept {
+#if defined(SWIFTKV_HAVE_NUMA)
+  int node = -1;
+  if (::get_mempolicy(&node, nullptr, 0, const_cast<void *>(p), MPOL_F_NODE | MPOL_F_ADDR) == 0) {
+    return node;
+  }
+#else
+  (void)p;
+#endif
+  return -1;
+}
+
+}  // namespace swiftkv
