@@ -169,7 +169,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_layer_view(swiftkv_layer_view *out,
                                                       const swiftkv_elastic *e, uint32_t layer) {
   try {
     require(e, "e");
-    const swiftkv::ElasticRegion &r = *e->region;
+    swiftkv::ElasticRegion &r = *e->region;
     if (layer >= r.lender().num_layers) {
       swiftkv::fail_invalid("layer " + std::to_string(layer) + " is not below the lender's " +
                             std::to_string(r.lender().num_layers) + " layers");

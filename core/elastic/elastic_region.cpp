@@ -416,17 +416,15 @@ void ElasticRegion::expire_leases_locked(uint64_t t) {
   }
 }
 
-Lease ElasticRegion::lease(uint64_t lease_id) const {
+Lease ElasticRegion::lease(uint64_t lease_id) {
   std::lock_guard lock(mu_);
-  const auto it = leases_.find(lease_id);
-  if (it == leases_.end()) {
-    fail(SWIFTKV_ENOTFOUND, "lease " + std::to_string(lease_id) + " is not held");
-  }
-  return it->second;
+  expire_leases_locked(now());
+  return find_lease_locked(lease_id, "lease")->second;
 }
 
-std::vector<uint64_t> ElasticRegion::pending_reclaims() const {
+std::vector<uint64_t> ElasticRegion::pending_reclaims() {
   std::lock_guard lock(mu_);
+  expire_leases_locked(now());
   std::vector<uint64_t> ids;
   for (const auto &[id, l] : leases_) {
     if (l.reclaim_requested) ids.push_back(id);
@@ -434,8 +432,9 @@ std::vector<uint64_t> ElasticRegion::pending_reclaims() const {
   return ids;
 }
 
-ElasticStats ElasticRegion::stats() const {
+ElasticStats ElasticRegion::stats() {
   std::lock_guard lock(mu_);
+  expire_leases_locked(now());
   ElasticStats s = counters_;
   s.capacity_blocks = capacity_units_ * unit_blocks_;
   s.owned_blocks = owned_units_ * unit_blocks_;

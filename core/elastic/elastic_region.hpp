@@ -89,9 +89,10 @@ class ElasticRegion {
   void reclaim(uint64_t lease_id);
   static constexpr uint64_t kAllLeases = UINT64_MAX;
 
-  Lease lease(uint64_t lease_id) const;  // ENOTFOUND for a lease that is not held
-  std::vector<uint64_t> pending_reclaims() const;
-  ElasticStats stats() const;
+  // The queries expire leases first, so they never report a lease past its expiry.
+  Lease lease(uint64_t lease_id);  // ETIMEDOUT / ENOTFOUND for a lease that is not held
+  std::vector<uint64_t> pending_reclaims();
+  ElasticStats stats();
 
   const ModelGeometry &lender() const noexcept { return lender_; }
   const GeometrySizes &lender_sizes() const noexcept { return lender_sizes_; }
