@@ -1,0 +1,156 @@
+// The host backend across processes: one process exports a memfd region, a child it spawns maps
+// it and writes, and the first reads the bytes back. Also: opening a region twice in one process
+// reuses the mapping, decommit returns pages, and NUMA binding places them.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "core/common/error.hpp"
+#include "core/memory/host_region.hpp"
+#include "core/memory/numa_nodes.hpp"
+
+extern "C" {
+#include <cmocka.h>
+}
+
+extern char **environ;
+
+namespace {
+
+const char *g_self = nullptr;
+constexpr uint64_t kSize = 3 * 1024 * 1024 + 512;  // not a whole number of pages on purpose
+
+uint8_t pattern(uint64_t i, uint8_t salt) { return static_cast<uint8_t>((i * 131 + salt) % 251); }
+
+// The child: open the region named by an inherited fd, check the parent's bytes, write its own.
+int child_main(int fd, uint64_t size) {
+  swiftkv::RegionExport e;
+  e.kind = swiftkv::MemoryKind::host_memfd;
+  e.size = size;
+  swiftkv::ExportedPiece p;
+  p.size = size;
+  p.fd.reset(fd);
+  e.pieces.push_back(std::move(p));
+  try {
+    auto m = swiftkv::open_region(e);
+    auto *b = reinterpret_cast<uint8_t *>(m->data());
+    for (uint64_t i = 0; i < 4096; ++i) {
+      if (b[i] != pattern(i, 1)) return 3;  // the parent's bytes are visible
+    }
+    for (uint64_t i = 4096; i < size; ++i) b[i] = pattern(i, 2);
+  } catch (const swiftkv::Error &err) {
+    std::fprintf(stderr, "child: %s\n", err.what());
+    return 2;
+  }
+  return 0;
+}
+
+void test_two_processes(void **) {
+  swiftkv::HostRegionOptions o;
+  o.size = kSize;
+  auto region = swiftkv::create_host_region(o);
+  assert_true(region->size() >= kSize);
+  region->commit(0, region->size());
+  auto *b = reinterpret_cast<uint8_t *>(region->data());
+  for (uint64_t i = 0; i < 4096; ++i) b[i] = pattern(i, 1);
+  swiftkv::RegionExport e = region->export_range(0, region->size());
+  assert_int_equal(e.pieces.size(), 1);
+  // The exported fd is close-on-exec; the child gets its own copy as fd 3.
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, e.pieces[0].fd.get(), 3);
+  const std::string size = std::to_string(region->size());
+  char *argv[] = {const_cast<char *>(g_self), const_cast<char *>("--child"),
+                  const_cast<char *>("3"), const_cast<char *>(size.c_str()), nullptr};
+  pid_t pid = 0;
+  assert_int_equal(posix_spawn(&pid, g_self, &fa, nullptr, argv, environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  for (uint64_t i = 4096; i < region->size(); ++i) {
+    if (b[i] != pattern(i, 2)) fail_msg("byte %llu differs", static_cast<unsigned long long>(i));
+  }
+}
+
+void test_open_twice_reuses_mapping(void **) {
+  swiftkv::HostRegionOptions o;
+  o.size = 1 << 20;
+  auto region = swiftkv::create_host_region(o);
+  swiftkv::RegionExport e = region->export_range(0, region->size());
+  // Opened in its own process: the owner's mapping itself.
+  auto again = swiftkv::open_region(e);
+  assert_ptr_equal(again.get(), region.get());
+  // Opened twice by an importer after the owner's mapping is gone: one mapping.
+  swiftkv::RegionExport e2 = region->export_range(0, region->size());
+  const std::byte *owner_data = region->data();
+  region->data()[5] = std::byte{77};
+  again.reset();
+  region.reset();  // the fds in e and e2 keep the memfd alive
+  auto first = swiftkv::open_region(e);
+  auto second = swiftkv::open_region(e2);
+  assert_ptr_equal(first.get(), second.get());
+  assert_int_equal(static_cast<int>(first->data()[5]), 77);
+  (void)owner_data;
+}
+
+void test_decommit_returns_pages(void **) {
+  swiftkv::HostRegionOptions o;
+  o.size = 64 * 4096;
+  auto region = swiftkv::create_host_region(o);
+  assert_int_equal(region->committed_bytes(), 0);
+  region->commit(0, 64 * 4096);
+  assert_int_equal(region->committed_bytes(), 64 * 4096);
+  std::memset(region->data(), 0xAB, 64 * 4096);
+  region->decommit(16 * 4096, 32 * 4096);
+  assert_int_equal(region->committed_bytes(), 32 * 4096);
+  // Punched pages read back as zeros; the others keep their bytes.
+  assert_int_equal(static_cast<int>(region->data()[16 * 4096]), 0);
+  assert_int_equal(static_cast<int>(region->data()[48 * 4096 - 1]), 0);
+  assert_int_equal(static_cast<int>(region->data()[16 * 4096 - 1]), 0xAB);
+  assert_int_equal(static_cast<int>(region->data()[48 * 4096]), 0xAB);
+  region->commit(0, 64 * 4096);  // idempotent for the pages already there
+  assert_int_equal(region->committed_bytes(), 64 * 4096);
+  assert_int_equal(static_cast<int>(region->data()[48 * 4096]), 0xAB);
+}
+
+void test_numa_binding(void **) {
+  const swiftkv::NumaNodes nodes = swiftkv::numa_nodes();
+  if (!nodes.numa_supported) skip();
+  swiftkv::HostRegionOptions o;
+  o.size = 1 << 20;
+  o.numa_node = nodes.max_node;  // the highest node: on a one-node machine, node 0
+  auto region = swiftkv::create_host_region(o);
+  region->commit(0, region->size());
+  region->data()[0] = std::byte{1};
+  region->data()[region->size() - 1] = std::byte{1};
+  assert_int_equal(swiftkv::numa_node_of(region->data()), nodes.max_node);
+  assert_int_equal(swiftkv::numa_node_of(region->data() + region->size() - 1), nodes.max_node);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--child") == 0) {
+    return child_main(std::atoi(argv[2]), std::strtoull(argv[3], nullptr, 10));
+  }
+  g_self = argv[0];
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_two_processes),
+      cmocka_unit_test(test_open_twice_reuses_mapping),
+      cmocka_unit_test(test_decommit_returns_pages),
+      cmocka_unit_test(test_numa_binding),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
