@@ -27,6 +27,21 @@ STATIC_CHECK(offsetof(swiftkv_ctx_config, host_numa_node) == 24, "config.host_nu
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_path) == 32, "config.disk_path");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk_budget_bytes");
 STATIC_CHECK(sizeof(swiftkv_status) == 4 && sizeof(swiftkv_dtype) == 4, "enum size");
+STATIC_CHECK(sizeof(swiftkv_memory_kind) == 4 && sizeof(swiftkv_cuda_alloc) == 4, "enum size");
+STATIC_CHECK(sizeof(swiftkv_elastic_config) == 80, "swiftkv_elastic_config size");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, borrower) == 16, "elastic_config.borrower");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, lease_ms) == 48, "elastic_config.lease_ms");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, cuda_alloc) == 56, "elastic_config.cuda_alloc");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, clock) == 64, "elastic_config.clock");
+STATIC_CHECK(sizeof(swiftkv_layer_view) == 72, "swiftkv_layer_view size");
+STATIC_CHECK(offsetof(swiftkv_layer_view, num_pages) == 56, "layer_view.num_pages");
+STATIC_CHECK(offsetof(swiftkv_layer_view, device) == 64, "layer_view.device");
+STATIC_CHECK(sizeof(swiftkv_lease) == 96, "swiftkv_lease size");
+STATIC_CHECK(offsetof(swiftkv_lease, data) == 56, "lease.data");
+STATIC_CHECK(offsetof(swiftkv_lease, reclaim_requested) == 88, "lease.reclaim_requested");
+STATIC_CHECK(sizeof(swiftkv_elastic_stats) == 144, "swiftkv_elastic_stats size");
+STATIC_CHECK(offsetof(swiftkv_elastic_stats, reclaims_requested) == 128, "stats.reclaims_requested");
+STATIC_CHECK(offsetof(swiftkv_elastic_stats, memory_kind) == 136, "stats.memory_kind");
 
 static int failures = 0;
 #define CHECK(cond)                                               \
@@ -49,6 +64,16 @@ int main(void) {
   CHECK(c.disk_path == NULL && c.disk_budget_bytes == 0);
   swiftkv_capacity_plan p = SWIFTKV_CAPACITY_PLAN_INIT;
   CHECK(p.size == sizeof p && p.version == SWIFTKV_CAPACITY_PLAN_VERSION);
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  CHECK(ec.size == sizeof ec && ec.version == SWIFTKV_ELASTIC_CONFIG_VERSION);
+  CHECK(ec.window_ms == 60000 && ec.lease_ms == 10000 && ec.cuda_alloc == SWIFTKV_CUDA_ALLOC_AUTO);
+  CHECK(ec.lender == NULL && ec.borrower == NULL && ec.clock == NULL && ec.flags == 0);
+  swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
+  CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
+  swiftkv_lease ls = SWIFTKV_LEASE_INIT;
+  CHECK(ls.size == sizeof ls && ls.version == SWIFTKV_LEASE_VERSION && ls.data == NULL);
+  swiftkv_elastic_stats es = SWIFTKV_ELASTIC_STATS_INIT;
+  CHECK(es.size == sizeof es && es.version == SWIFTKV_ELASTIC_STATS_VERSION);
 
   /* And the library linked with it answers. */
   m.num_layers = 36;
