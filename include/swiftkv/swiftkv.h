@@ -460,7 +460,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_tick(uint64_t *lender_blocks_out,
 SWIFTKV_API swiftkv_status swiftkv_elastic_lend(swiftkv_lease *out, swiftkv_elastic *e,
                                                 uint64_t max_units);
 
-/* The current state of a held lease (its expiry and reclaim flag change). ENOTFOUND otherwise. */
+/* The current state of a held lease (its expiry and reclaim flag change). SWIFTKV_ETIMEDOUT when
+ * it expired, SWIFTKV_ENOTFOUND when it is not held. */
 SWIFTKV_API swiftkv_status swiftkv_elastic_lease_get(swiftkv_lease *out, const swiftkv_elastic *e,
                                                      uint64_t lease_id);
 
