@@ -48,10 +48,9 @@ void fill_block(std::byte *base, uint64_t b, uint8_t v) {
 }
 
 bool block_is(const std::byte *base, uint64_t b, uint8_t v) {
-  for (uint64_t i = 0; i < kBlock; ++i) {
-    if (base[b * kBlock + i] != std::byte{v}) return false;
-  }
-  return true;
+  std::byte want[kBlock];
+  std::memset(want, v, kBlock);
+  return std::memcmp(base + b * kBlock, want, kBlock) == 0;
 }
 
 // Runs `fn` and accepts only OK or one of the statuses the step may legitimately end in.
