@@ -220,42 +220,8 @@ ElasticDelta ElasticRegion::shrink_locked(uint64_t units) {
   return delta(units, !reclaiming_.empty());
 }
 
-void ElasticRegion::acquire_memory_locked(uint64_t first_unit, uint64_t units) {
-  if (granule_ == 0 || units == 0) return;
-  const uint64_t begin = first_unit * unit_bytes_ / granule_;
-  const uint64_t end = ceil_div((first_unit + units) * unit_bytes_, granule_);
-  // Commit the granules nobody holds, in runs; undo them if a later run fails.
-  std::vector<std::pair<uint64_t, uint64_t>> committed;
-  try {
-    for (uint64_t g = begin; g < end;) {
-      if (granule_refs_[g] != 0) {
-        ++g;
-        continue;
-      }
-      const uint64_t run = g;
-      while (g < end && granule_refs_[g] == 0) ++g;
-      const uint64_t off = run * granule_;
-      const uint64_t len = std::min((g - run) * granule_, memory_->size() - off);
-      memory_->commit(off, len);
-      committed.emplace_back(off, len);
-    }
-  } catch (...) {
-    for (const auto &[off, len] : committed) memory_->decommit(off, len);
-    throw;
-  }
-  for (uint64_t u = first_unit; u < first_unit + units; ++u) {
-    const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
-    for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) ++granule_refs_[g];
-  }
-}
-
-void ElasticRegion::release_memory_locked(uint64_t first_unit, uint64_t units) noexcept {
-  if (granule_ == 0 || units == 0) return;
-  for (uint64_t u = first_unit; u < first_unit + units; ++u) {
-    const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
-    for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) --granule_refs_[g];
-  }
-  if (keep_committed_) return;
+template <class Fn>
+void ElasticRegion::for_each_unheld_run_locked(uint64_t first_unit, uint64_t units, Fn fn) const {
   const uint64_t begin = first_unit * unit_bytes_ / granule_;
   const uint64_t end = ceil_div((first_unit + units) * unit_bytes_, granule_);
   for (uint64_t g = begin; g < end;) {
@@ -266,8 +232,41 @@ void ElasticRegion::release_memory_locked(uint64_t first_unit, uint64_t units) n
     const uint64_t run = g;
     while (g < end && granule_refs_[g] == 0) ++g;
     const uint64_t off = run * granule_;
-    memory_->decommit(off, std::min((g - run) * granule_, memory_->size() - off));
+    fn(off, std::min((g - run) * granule_, memory_->size() - off));
   }
+}
+
+void ElasticRegion::count_granules_locked(uint64_t first_unit, uint64_t units, int32_t delta) {
+  for (uint64_t u = first_unit; u < first_unit + units; ++u) {
+    const uint64_t g1 = ceil_div((u + 1) * unit_bytes_, granule_);
+    for (uint64_t g = u * unit_bytes_ / granule_; g < g1; ++g) {
+      granule_refs_[g] = static_cast<uint32_t>(static_cast<int64_t>(granule_refs_[g]) + delta);
+    }
+  }
+}
+
+void ElasticRegion::acquire_memory_locked(uint64_t first_unit, uint64_t units) {
+  if (granule_ == 0 || units == 0) return;
+  // Commit the granules nobody holds, in runs; undo them if a later run fails.
+  std::vector<std::pair<uint64_t, uint64_t>> committed;
+  try {
+    for_each_unheld_run_locked(first_unit, units, [&](uint64_t off, uint64_t len) {
+      memory_->commit(off, len);
+      committed.emplace_back(off, len);
+    });
+  } catch (...) {
+    for (const auto &[off, len] : committed) memory_->decommit(off, len);
+    throw;
+  }
+  count_granules_locked(first_unit, units, +1);
+}
+
+void ElasticRegion::release_memory_locked(uint64_t first_unit, uint64_t units) noexcept {
+  if (granule_ == 0 || units == 0) return;
+  count_granules_locked(first_unit, units, -1);
+  if (keep_committed_) return;
+  for_each_unheld_run_locked(first_unit, units,
+                             [&](uint64_t off, uint64_t len) { memory_->decommit(off, len); });
 }
 
 void ElasticRegion::add_free_locked(uint64_t first, uint64_t n) {

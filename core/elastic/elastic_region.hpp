@@ -116,6 +116,10 @@ class ElasticRegion {
   ElasticDelta shrink_locked(uint64_t units);
   void acquire_memory_locked(uint64_t first_unit, uint64_t units);
   void release_memory_locked(uint64_t first_unit, uint64_t units) noexcept;
+  // Calls fn(offset, size) for each run of granules under the units that no unit holds.
+  template <class Fn>
+  void for_each_unheld_run_locked(uint64_t first_unit, uint64_t units, Fn fn) const;
+  void count_granules_locked(uint64_t first_unit, uint64_t units, int32_t delta);
   void add_free_locked(uint64_t first, uint64_t n);
   void remove_free_locked(uint64_t first, uint64_t n);
   uint64_t max_request_in_window_locked(uint64_t now);

@@ -163,16 +163,24 @@ void unmap_granule(CUdeviceptr base, uint64_t index, uint64_t granule, Granule &
   g = Granule{};
 }
 
+// Maps `h` at granule `index` and records it in `g`; on failure releases `h`, leaving g empty.
 void map_granule(CUdeviceptr base, uint64_t index, uint64_t granule, int32_t device,
-                 CUmemGenericAllocationHandle h) {
+                 CUmemGenericAllocationHandle h, uint64_t generation, Granule &g) {
   const CUdeviceptr at = base + index * granule;
-  check_cu(driver().map(at, granule, 0, h, 0), "cuMemMap");
+  CUresult res = driver().map(at, granule, 0, h, 0);
+  if (res != CUDA_SUCCESS) {
+    (void)driver().release(h);
+    fail_cu(res, "cuMemMap");
+  }
   const CUmemAccessDesc access = read_write_on(device);
-  const CUresult res = driver().set_access(at, granule, &access, 1);
+  res = driver().set_access(at, granule, &access, 1);
   if (res != CUDA_SUCCESS) {
     (void)driver().unmap(at, granule);
+    (void)driver().release(h);
     fail_cu(res, "cuMemSetAccess");
   }
+  g.handle = h;
+  g.generation = generation;
 }
 
 // The owner of a VMM region. mu_ guards granules_ and committed_; the address range itself is
@@ -214,14 +222,8 @@ class VmmRegion final : public MemoryRegion {
       if (g.handle != 0) continue;
       CUmemGenericAllocationHandle h = 0;
       check_cu(driver().create(&h, granule_, &prop, 0), "cuMemCreate of one granule");
-      try {
-        map_granule(base_, i, granule_, device_, h);
-      } catch (...) {
-        (void)driver().release(h);
-        throw;
-      }
-      g.handle = h;
-      g.generation = ++next_generation_;
+      map_granule(base_, i, granule_, device_, h, next_generation_ + 1, g);
+      ++next_generation_;
       committed_ += granule_;
     }
   }
@@ -319,14 +321,7 @@ class ImportedVmmRegion final : public RegionMapping {
                                               p.fd.get())),
                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
                "cuMemImportFromShareableHandle");
-      try {
-        map_granule(base_, i, granule_, device_, h);
-      } catch (...) {
-        (void)driver().release(h);
-        throw;
-      }
-      g.handle = h;
-      g.generation = p.generation;
+      map_granule(base_, i, granule_, device_, h, p.generation, g);
     }
   }
 
