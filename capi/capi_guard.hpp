@@ -4,9 +4,15 @@
 
 #include <string>
 
+#include "core/common/error.hpp"
 #include "swiftkv/swiftkv.h"
 
 namespace swiftkv::capi {
+
+// The check every entry point makes of its pointer arguments: EINVAL naming `arg`.
+inline void require(const void *p, const char *arg) {
+  if (p == nullptr) fail_invalid(std::string(arg) + " is NULL");
+}
 
 // Records `message` as this thread's last error, prefixed with the failing function's name.
 swiftkv_status set_error(const char *function, swiftkv_status status, const std::string &message);

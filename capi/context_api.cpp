@@ -5,15 +5,11 @@
 #include <string>
 
 #include "capi/capi_guard.hpp"
+#include "capi/context_handle.hpp"
 #include "capi/versioned.hpp"
 #include "core/context/context.hpp"
 #include "core/memory/device_query.hpp"
 
-// The opaque handle of the ABI: the core's Context behind the C name.
-struct swiftkv_ctx {
-  explicit swiftkv_ctx(swiftkv::ContextConfig c) : core(std::move(c)) {}
-  swiftkv::Context core;
-};
 
 namespace {
 
@@ -37,15 +33,9 @@ swiftkv::ContextConfig read_config(const swiftkv_ctx_config *config) {
   return out;
 }
 
-void require(const void *p, const char *arg) {
-  if (p == nullptr) swiftkv::fail_invalid(std::string(arg) + " is NULL");
-}
-
 }  // namespace
 
-namespace swiftkv::capi {
-Context &core_context(swiftkv_ctx *ctx) { return ctx->core; }
-}  // namespace swiftkv::capi
+using swiftkv::capi::require;
 
 extern "C" {
 

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "capi/capi_guard.hpp"
+#include "capi/context_handle.hpp"
 #include "capi/model_desc.hpp"
 #include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
@@ -12,12 +13,6 @@
 #include "core/elastic/elastic_region.hpp"
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/host_region.hpp"
-
-// Defined in context_api.cpp; declared here so elastic regions can reach the core context.
-struct swiftkv_ctx;
-namespace swiftkv::capi {
-Context &core_context(swiftkv_ctx *ctx);
-}
 
 // The opaque handle: the region plus what it took from its context, given back at the end.
 struct swiftkv_elastic {
@@ -40,10 +35,6 @@ constexpr size_t kElasticConfigV1Size =
 constexpr size_t kLayerViewV1Size = offsetof(swiftkv_layer_view, reserved0) + sizeof(uint32_t);
 constexpr size_t kLeaseV1Size = offsetof(swiftkv_lease, reserved0) + sizeof(uint32_t);
 constexpr size_t kElasticStatsV1Size = offsetof(swiftkv_elastic_stats, device) + sizeof(int32_t);
-
-void require(const void *p, const char *arg) {
-  if (p == nullptr) fail_invalid(std::string(arg) + " is NULL");
-}
 
 struct ReadConfig {
   ElasticConfig core;
@@ -134,7 +125,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
     ReadConfig c = read_config(config);
     const uint64_t bytes = swiftkv::ElasticRegion::required_bytes(c.core);
     auto e = std::make_unique<swiftkv_elastic>();
-    e->ctx = &core_context(ctx);
+    e->ctx = &ctx->core;
     std::shared_ptr<swiftkv::MemoryRegion> memory;
     const int32_t device = c.core.lender.device;
     if (device == SWIFTKV_DEVICE_HOST) {
@@ -154,7 +145,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
       }
       memory = swiftkv::create_cuda_region({device, bytes, c.cuda_alloc});
     }
-    e->region = std::make_unique<swiftkv::ElasticRegion>(std::move(c.core), std::move(memory));
+    e->region = std::make_unique<swiftkv::ElasticRegion>(c.core, std::move(memory));
     *out = e.release();
     return SWIFTKV_OK;
   }
@@ -169,7 +160,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_layer_view(swiftkv_layer_view *out,
                                                       const swiftkv_elastic *e, uint32_t layer) {
   try {
     require(e, "e");
-    swiftkv::ElasticRegion &r = *e->region;
+    const swiftkv::ElasticRegion &r = *e->region;
     if (layer >= r.lender().num_layers) {
       swiftkv::fail_invalid("layer " + std::to_string(layer) + " is not below the lender's " +
                             std::to_string(r.lender().num_layers) + " layers");
@@ -182,7 +173,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_layer_view(swiftkv_layer_view *out,
     v.v_offset = lv.v_offset;
     v.token_stride = lv.token_stride;
     v.head_stride = lv.head_stride;
-    v.num_pages = r.stats().capacity_blocks;
+    v.num_pages = r.capacity_blocks();
     v.device = r.memory().device();
     write_versioned(out, v, SWIFTKV_LAYER_VIEW_VERSION, kLayerViewV1Size, "out",
                     "SWIFTKV_LAYER_VIEW_INIT");

@@ -19,15 +19,11 @@ constexpr size_t kModelDescV1Size = offsetof(swiftkv_model_desc, device) + sizeo
 constexpr size_t kCapacityPlanV1Size =
     offsetof(swiftkv_capacity_plan, lender_full_blocks) + sizeof(uint64_t);
 
-void require_out(const void *p, const char *arg) {
-  if (p == nullptr) fail_invalid(std::string(arg) + " is NULL");
-}
-
 // Both Algorithm 1 entry points end here: outputs checked, then written together.
 swiftkv_status store_delta(const ScaleDelta &d, uint64_t *lender_delta_out,
                            uint64_t *borrower_delta_out) {
-  require_out(lender_delta_out, "lender_delta_out");
-  require_out(borrower_delta_out, "borrower_delta_out");
+  require(lender_delta_out, "lender_delta_out");
+  require(borrower_delta_out, "borrower_delta_out");
   *lender_delta_out = d.lender_blocks;
   *borrower_delta_out = d.borrower_blocks;
   return SWIFTKV_OK;
@@ -68,7 +64,7 @@ SWIFTKV_API uint32_t swiftkv_dtype_size(swiftkv_dtype dtype) {
 SWIFTKV_API swiftkv_status swiftkv_geometry_bytes_per_token(const swiftkv_model_desc *m,
                                                             uint64_t *out) {
   try {
-    swiftkv::capi::require_out(out, "out");
+    swiftkv::capi::require(out, "out");
     const auto model = read_model_desc(m, "m");
     *out = model.sizes.bytes_per_token;
     return SWIFTKV_OK;
@@ -81,8 +77,8 @@ SWIFTKV_API swiftkv_status swiftkv_geometry_meu(const swiftkv_model_desc *borrow
                                                 uint64_t *borrower_blocks_out,
                                                 uint64_t *lender_blocks_out) {
   try {
-    swiftkv::capi::require_out(borrower_blocks_out, "borrower_blocks_out");
-    swiftkv::capi::require_out(lender_blocks_out, "lender_blocks_out");
+    swiftkv::capi::require(borrower_blocks_out, "borrower_blocks_out");
+    swiftkv::capi::require(lender_blocks_out, "lender_blocks_out");
     const auto b = read_model_desc(borrower, "borrower");
     const auto l = read_model_desc(lender, "lender");
     const swiftkv::Meu meu = swiftkv::minimum_elastic_unit(b.sizes, l.sizes);
@@ -98,8 +94,8 @@ SWIFTKV_API swiftkv_status swiftkv_geometry_lend_unit(uint64_t *borrower_chunks_
                                                       const swiftkv_model_desc *borrower,
                                                       const swiftkv_model_desc *lender) {
   try {
-    swiftkv::capi::require_out(borrower_chunks_out, "borrower_chunks_out");
-    swiftkv::capi::require_out(lender_blocks_out, "lender_blocks_out");
+    swiftkv::capi::require(borrower_chunks_out, "borrower_chunks_out");
+    swiftkv::capi::require(lender_blocks_out, "lender_blocks_out");
     const auto b = read_model_desc(borrower, "borrower");
     const auto l = read_model_desc(lender, "lender");
     const swiftkv::LendUnit u = swiftkv::lend_unit(b.sizes, l.sizes);
@@ -119,7 +115,7 @@ SWIFTKV_API swiftkv_status swiftkv_plan_borrower(const swiftkv_model_desc *borro
       swiftkv::fail_invalid("lender_kv_bytes is NULL but n_lenders is " +
                             std::to_string(n_lenders));
     }
-    swiftkv::capi::require_out(out, "out");
+    swiftkv::capi::require(out, "out");
     const auto b = read_model_desc(borrower, "borrower");
     const swiftkv::CapacityPlan p = swiftkv::plan_borrower(
         b.geometry, b.sizes, borrower_kv_bytes,

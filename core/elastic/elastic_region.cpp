@@ -9,7 +9,6 @@
 
 #include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
-#include "core/geometry/elastic_scaling.hpp"
 
 namespace swiftkv {
 
@@ -23,40 +22,38 @@ uint64_t monotonic_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-struct Unit {
-  uint64_t blocks;
-  uint64_t chunks;
-};
-
-Unit unit_of(const ElasticConfig &c) {
-  const GeometrySizes ls = geometry_sizes(c.lender, "config->lender");
-  if (!c.borrower) return Unit{1, 0};
-  const LendUnit u = lend_unit(geometry_sizes(*c.borrower, "config->borrower"), ls);
-  return Unit{u.lender_blocks, u.borrower_chunks};
+std::string unit_text(uint64_t blocks, uint64_t chunks) {
+  return std::to_string(blocks) + " lender blocks" +
+         (chunks ? " = " + std::to_string(chunks) + " borrower chunks" : std::string());
 }
 
-std::string unit_text(const Unit &u) {
-  return std::to_string(u.blocks) + " lender blocks" +
-         (u.chunks ? " = " + std::to_string(u.chunks) + " borrower chunks" : std::string());
-}
-
-void require_units(uint64_t blocks, const Unit &u, const char *field) {
-  if (blocks % u.blocks != 0) {
-    const uint64_t below = blocks / u.blocks * u.blocks;
+void require_units(uint64_t blocks, uint64_t unit_blocks, uint64_t unit_chunks,
+                   const char *field) {
+  if (blocks % unit_blocks != 0) {
+    const uint64_t below = blocks / unit_blocks * unit_blocks;
     fail_invalid(std::string("config->") + field + " (" + std::to_string(blocks) +
-                 ") is not a whole number of lending units (" + unit_text(u) + "); " +
-                 std::to_string(below) + " or " + std::to_string(below + u.blocks) + " would be");
+                 ") is not a whole number of lending units (" +
+                 unit_text(unit_blocks, unit_chunks) + "); " + std::to_string(below) + " or " +
+                 std::to_string(below + unit_blocks) + " would be");
   }
 }
 
 }  // namespace
 
-uint64_t ElasticRegion::required_bytes(const ElasticConfig &c) {
-  const GeometrySizes ls = geometry_sizes(c.lender, "config->lender");
-  const Unit u = unit_of(c);
+ElasticRegion::Layout ElasticRegion::checked_layout(const ElasticConfig &c) {
+  Layout l;
+  l.lender = geometry_sizes(c.lender, "config->lender");
+  l.unit_blocks = 1;
+  l.unit_chunks = 0;
+  if (c.borrower) {
+    l.borrower = geometry_sizes(*c.borrower, "config->borrower");
+    const LendUnit u = lend_unit(*l.borrower, l.lender);
+    l.unit_blocks = u.lender_blocks;
+    l.unit_chunks = u.borrower_chunks;
+  }
   if (c.capacity_blocks == 0) fail_invalid("config->capacity_blocks is 0");
-  require_units(c.capacity_blocks, u, "capacity_blocks");
-  require_units(c.owned_blocks, u, "owned_blocks");
+  require_units(c.capacity_blocks, l.unit_blocks, l.unit_chunks, "capacity_blocks");
+  require_units(c.owned_blocks, l.unit_blocks, l.unit_chunks, "owned_blocks");
   if (c.owned_blocks > c.capacity_blocks) {
     fail_invalid("config->owned_blocks (" + std::to_string(c.owned_blocks) +
                  ") exceeds config->capacity_blocks (" + std::to_string(c.capacity_blocks) + ")");
@@ -64,31 +61,35 @@ uint64_t ElasticRegion::required_bytes(const ElasticConfig &c) {
   if (c.window_ns == 0) fail_invalid("config->window_ms is 0; the ScaleDown window must be > 0");
   if (c.lease_ns == 0) fail_invalid("config->lease_ms is 0; a lease must last > 0");
   // A unit's bytes must fit too: lending computes offsets from them.
-  (void)checked_mul(u.blocks, ls.full_block_bytes, "bytes of one lending unit");
-  return checked_mul(c.capacity_blocks, ls.full_block_bytes, "region bytes (capacity_blocks * "
-                                                             "bytes of one full block)");
+  (void)checked_mul(l.unit_blocks, l.lender.full_block_bytes, "bytes of one lending unit");
+  l.bytes = checked_mul(c.capacity_blocks, l.lender.full_block_bytes,
+                        "region bytes (capacity_blocks * bytes of one full block)");
+  return l;
 }
 
-ElasticRegion::ElasticRegion(ElasticConfig config, std::shared_ptr<MemoryRegion> memory)
+uint64_t ElasticRegion::required_bytes(const ElasticConfig &c) { return checked_layout(c).bytes; }
+
+ElasticRegion::ElasticRegion(const ElasticConfig &config, std::shared_ptr<MemoryRegion> memory)
+    : ElasticRegion(config, checked_layout(config), std::move(memory)) {}
+
+ElasticRegion::ElasticRegion(const ElasticConfig &config, const Layout &layout,
+                             std::shared_ptr<MemoryRegion> memory)
     : lender_(config.lender),
-      lender_sizes_(geometry_sizes(config.lender, "config->lender")),
-      borrower_sizes_(config.borrower
-                          ? std::optional(geometry_sizes(*config.borrower, "config->borrower"))
-                          : std::nullopt),
-      unit_blocks_(unit_of(config).blocks),
-      unit_chunks_(unit_of(config).chunks),
+      lender_sizes_(layout.lender),
+      borrower_sizes_(layout.borrower),
+      unit_blocks_(layout.unit_blocks),
+      unit_chunks_(layout.unit_chunks),
       unit_bytes_(unit_blocks_ * lender_sizes_.full_block_bytes),
       capacity_units_(config.capacity_blocks / unit_blocks_),
       window_ns_(config.window_ns),
       lease_ns_(config.lease_ns),
       keep_committed_(config.keep_committed),
-      clock_(config.clock ? std::move(config.clock) : std::function<uint64_t()>(monotonic_ns)),
+      clock_(config.clock ? config.clock : std::function<uint64_t()>(monotonic_ns)),
       memory_(std::move(memory)),
       granule_(memory_ ? memory_->commit_granule() : 0) {
-  const uint64_t bytes = required_bytes(config);
-  if (!memory_ || memory_->size() < bytes) {
-    fail(SWIFTKV_EINTERNAL, "elastic region memory is smaller than its " + std::to_string(bytes) +
-                                " bytes");
+  if (!memory_ || memory_->size() < layout.bytes) {
+    fail(SWIFTKV_EINTERNAL, "elastic region memory is smaller than its " +
+                                std::to_string(layout.bytes) + " bytes");
   }
   std::lock_guard lock(mu_);
   state_.assign(capacity_units_, UnitState::free);
@@ -102,6 +103,12 @@ ElasticRegion::ElasticRegion(ElasticConfig config, std::shared_ptr<MemoryRegion>
 
 uint64_t ElasticRegion::now() const { return clock_(); }
 
+ScaleStep ElasticRegion::scale_step_locked() const noexcept {
+  // Without a borrower there are no chunks to report; Algorithm 1 still needs a non-zero MEU_m.
+  return ScaleStep{owned_units_ * unit_blocks_, lender_.block_tokens, unit_blocks_,
+                   std::max<uint64_t>(unit_chunks_, 1)};
+}
+
 ElasticDelta ElasticRegion::delta(uint64_t units, bool waiting) const noexcept {
   return ElasticDelta{units * unit_blocks_, units * unit_chunks_, waiting};
 }
@@ -110,9 +117,7 @@ ElasticDelta ElasticRegion::scale_for_request(uint64_t request_tokens) {
   std::lock_guard lock(mu_);
   const uint64_t t = now();
   expire_leases_locked(t);
-  const ScaleStep step{owned_units_ * unit_blocks_, lender_.block_tokens, unit_blocks_,
-                       std::max<uint64_t>(unit_chunks_, 1)};
-  const uint64_t units = scale_up(step, request_tokens).lender_blocks / unit_blocks_;
+  const uint64_t units = scale_up(scale_step_locked(), request_tokens).lender_blocks / unit_blocks_;
   ElasticDelta d{};
   if (units > 0) {
     d = grow_locked(units);
@@ -139,9 +144,7 @@ ElasticDelta ElasticRegion::tick(uint64_t in_use_blocks) {
   }
   const uint64_t t = now();
   expire_leases_locked(t);
-  const ScaleStep step{owned_units_ * unit_blocks_, lender_.block_tokens, unit_blocks_,
-                       std::max<uint64_t>(unit_chunks_, 1)};
-  uint64_t units = scale_down(step, max_request_in_window_locked(t)).lender_blocks / unit_blocks_;
+  uint64_t units = scale_down(scale_step_locked(), max_request_in_window_locked(t)).lender_blocks / unit_blocks_;
   // Never take blocks the engine still holds live KV in, whatever the window says.
   const uint64_t floor_units = ceil_div(in_use_blocks, unit_blocks_);
   units = std::min(units, owned_units_ > floor_units ? owned_units_ - floor_units : 0);

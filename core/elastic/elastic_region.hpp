@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/elastic/block_layout.hpp"
+#include "core/geometry/elastic_scaling.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/memory/memory_region.hpp"
 
@@ -70,7 +71,7 @@ class ElasticRegion {
   static uint64_t required_bytes(const ElasticConfig &config);
 
   // Validates the configuration (EINVAL naming the field) and commits the owned part.
-  ElasticRegion(ElasticConfig config, std::shared_ptr<MemoryRegion> memory);
+  ElasticRegion(const ElasticConfig &config, std::shared_ptr<MemoryRegion> memory);
   ElasticRegion(const ElasticRegion &) = delete;
   ElasticRegion &operator=(const ElasticRegion &) = delete;
 
@@ -95,6 +96,7 @@ class ElasticRegion {
   ElasticStats stats();
 
   const ModelGeometry &lender() const noexcept { return lender_; }
+  uint64_t capacity_blocks() const noexcept { return capacity_units_ * unit_blocks_; }
   const GeometrySizes &lender_sizes() const noexcept { return lender_sizes_; }
   const std::optional<GeometrySizes> &borrower_sizes() const noexcept { return borrower_sizes_; }
   uint64_t unit_blocks() const noexcept { return unit_blocks_; }
@@ -108,6 +110,19 @@ class ElasticRegion {
 
  private:
   enum class UnitState : uint8_t { free, owned, lent, reclaiming };
+
+  // What a configuration implies, derived and checked once.
+  struct Layout {
+    GeometrySizes lender;
+    std::optional<GeometrySizes> borrower;
+    uint64_t unit_blocks;
+    uint64_t unit_chunks;
+    uint64_t bytes;
+  };
+  static Layout checked_layout(const ElasticConfig &c);
+  ElasticRegion(const ElasticConfig &config, const Layout &layout,
+                std::shared_ptr<MemoryRegion> memory);
+  ScaleStep scale_step_locked() const noexcept;
 
   uint64_t now() const;
   void expire_leases_locked(uint64_t now);
