@@ -40,6 +40,8 @@ class Context {
   // exceed the budget. Every successful reserve is matched by one release of the same bytes.
   void reserve_host(uint64_t bytes, const std::string &what);
   void release_host(uint64_t bytes) noexcept;
+  // Host bytes reserved now, by every user of the budget.
+  uint64_t host_reserved() const noexcept { return host_reserved_.load(std::memory_order_relaxed); }
 
  private:
   ContextConfig config_;

@@ -2,6 +2,7 @@
 // host NUMA node from the runtime.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -34,6 +35,23 @@ int32_t device_numa_node(int32_t device) noexcept {
     return -1;
   }
   return node;
+}
+
+void copy_bytes(void *dst, int32_t dst_device, const void *src, int32_t src_device, size_t n) {
+  if (n == 0) return;
+  if (dst_device < 0 && src_device < 0) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  // Unified addressing tells the runtime where each side lives. cudaMemcpy synchronises with the
+  // legacy default stream: the bytes are at dst when it returns.
+  const cudaError_t err = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail(SWIFTKV_ECUDA, std::string("cudaMemcpy of ") + std::to_string(n) +
+                            " bytes failed: " + cudaGetErrorName(err) + ": " +
+                            cudaGetErrorString(err));
+  }
 }
 
 }  // namespace swiftkv

@@ -1,0 +1,138 @@
+// The chunk index: chunk key -> where the chunk lives (tier and slot), who uses it, its pins and
+// what the eviction policies need to know. It decides which copy of a chunk is the readable one,
+// so that a moving chunk is readable in exactly one place and never lost in between.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/index/chunk_key.hpp"
+
+namespace swiftkv {
+
+enum class Tier : uint8_t { peer = 0, host = 1, disk = 2 };
+inline constexpr size_t kTierCount = 3;
+const char *tier_name(Tier t) noexcept;
+
+// A place in a tier's store.
+struct SlotRef {
+  Tier tier = Tier::host;
+  uint64_t slot = 0;
+};
+
+// What the index keeps about a chunk besides its place.
+struct ChunkMeta {
+  ChunkKey model;          // the model's fingerprint
+  uint32_t position = 0;   // the chunk's number in its sequence (0: the first chunk)
+  uint32_t tokens = 0;     // tokens in the chunk
+  uint64_t bytes = 0;      // bytes of the chunk, all layers
+};
+
+// An entry handed to a reader or a mover: the place to read from and the chunk's meta.
+struct ChunkUse {
+  SlotRef where;
+  ChunkMeta meta;
+  uint32_t pins = 0;
+};
+
+// Everything the policies and the controller see of one entry.
+struct ChunkView {
+  ChunkKey key;
+  SlotRef where;
+  ChunkMeta meta;
+  uint32_t pins;
+  uint64_t last_active_ns;
+};
+
+// Thread-safe. The keys are spread over kShards shards; each has its own shared_mutex over its
+// map, and every call locks exactly one shard at a time (lookups shared, changes exclusive), so
+// no lookup takes a global lock. The per-tier counts are atomics.
+//
+// A chunk's life: insert() makes it resident. Readers bracket their reads with begin_read /
+// end_read; a mover with begin_move and then finish_move or abort_move. drop() removes a chunk;
+// when someone still uses it, it only becomes invisible (doomed) and the last user frees it.
+// Every call that ends a use returns the slots that nobody can reach any more in `to_free`: the
+// caller frees them in their stores after the call, outside the index's locks.
+class ChunkIndex {
+ public:
+  ChunkIndex();
+  ~ChunkIndex();
+
+  // The tier of a resident chunk, recording `now_ns` as its last activity; nullopt when the key
+  // is absent or dropped.
+  std::optional<Tier> touch(const ChunkKey &k, uint64_t now_ns);
+  std::optional<Tier> peek(const ChunkKey &k) const;
+  bool contains(const ChunkKey &k) const { return peek(k).has_value(); }
+
+  // Adds a resident chunk stored at `where`; false (nothing changed) when the key exists.
+  bool insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where, uint64_t now_ns);
+
+  std::optional<ChunkUse> begin_read(const ChunkKey &k);
+  void end_read(const ChunkKey &k, std::vector<SlotRef> &to_free);
+
+  // Starts moving a chunk that is in tier `from` and not being moved: nullopt when it is not
+  // there, already moving, or (with respect_pins) pinned.
+  std::optional<ChunkUse> begin_move(const ChunkKey &k, Tier from, bool respect_pins);
+  // Makes `dst` the readable copy: false (dst put in to_free) when the chunk was dropped in the
+  // meantime. The old copy is freed once its last reader is done.
+  bool finish_move(const ChunkKey &k, SlotRef dst, std::vector<SlotRef> &to_free);
+  void abort_move(const ChunkKey &k, std::vector<SlotRef> &to_free);
+
+  // Removes a chunk; false when absent, dropped, or (with respect_pins) pinned. With
+  // `only_from`, only a chunk in that tier.
+  bool drop(const ChunkKey &k, bool respect_pins, std::optional<Tier> only_from,
+            std::vector<SlotRef> &to_free);
+
+  // Counted pins. unpin: false when the chunk is absent or not pinned.
+  bool pin(const ChunkKey &k);
+  bool unpin(const ChunkKey &k);
+  uint32_t pins(const ChunkKey &k) const;
+
+  // Calls fn for every resident chunk, one shard at a time under its shared lock: fn must not
+  // call back into the index.
+  void for_each(const std::function<void(const ChunkView &)> &fn) const;
+
+  uint64_t chunks(Tier t) const noexcept { return chunks_[static_cast<size_t>(t)].load(); }
+  uint64_t bytes(Tier t) const noexcept { return bytes_[static_cast<size_t>(t)].load(); }
+
+ private:
+  struct Entry {
+    SlotRef where;
+    ChunkMeta meta;
+    uint32_t pins = 0;
+    uint32_t users = 0;     // readers plus the mover
+    bool moving = false;
+    bool doomed = false;    // dropped while in use: invisible, freed by the last user
+    std::vector<SlotRef> retired;  // old copies of a moved chunk that readers may still read
+    std::atomic<uint64_t> last_active_ns{0};
+  };
+  struct Shard {
+    mutable std::shared_mutex mu;
+    std::unordered_map<ChunkKey, Entry, ChunkKeyHash> map;
+  };
+  static constexpr size_t kShards = 256;
+
+  Shard &shard(const ChunkKey &k) noexcept { return shards_[(k.lo >> 56) & (kShards - 1)]; }
+  const Shard &shard(const ChunkKey &k) const noexcept {
+    return shards_[(k.lo >> 56) & (kShards - 1)];
+  }
+  void count(const SlotRef &where, uint64_t bytes, int sign) noexcept;
+  // Ends one use of `e`; erases it (and hands back its slots) when it was the last of a doomed
+  // entry. Returns true when the entry was erased.
+  bool end_use_locked(Shard &s, std::unordered_map<ChunkKey, Entry, ChunkKeyHash>::iterator it,
+                      std::vector<SlotRef> &to_free);
+
+  std::unique_ptr<Shard[]> shards_;
+  std::array<std::atomic<uint64_t>, kTierCount> chunks_{};
+  std::array<std::atomic<uint64_t>, kTierCount> bytes_{};
+};
+
+}  // namespace swiftkv

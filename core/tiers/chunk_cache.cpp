@@ -1,0 +1,505 @@
+// Placement, eviction, the demotion chain and the borrower's lease duties. A chunk moves by
+// copy, then switch in the index, then free of the old copy: at every moment exactly one copy is
+// the readable one (ChunkIndex), so nothing is readable twice nor lost in between.
+#include "core/tiers/chunk_cache.hpp"
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/common/error.hpp"
+#include "core/memory/host_memory.hpp"
+
+namespace swiftkv {
+
+namespace {
+
+uint64_t monotonic_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+size_t idx(Tier t) { return static_cast<size_t>(t); }
+
+}  // namespace
+
+ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
+    : ctx_(ctx), options_(std::move(options)) {
+  check_recompute_cost(options_.cost, "the recompute cost model:");
+  if (options_.demote_free_percent > 100) {
+    fail_invalid("demote_free_percent (" + std::to_string(options_.demote_free_percent) +
+                 ") is above 100");
+  }
+  peer_ = std::make_unique<PeerTier>();
+  host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes);
+  const ContextConfig &c = ctx_.config();
+  if (c.disk_path) {
+    disk_ = std::make_unique<DiskTier>(*c.disk_path, c.disk_budget_bytes);
+    // The files of an earlier context come back as they were written; their conversations are
+    // as idle as the file's age says, so they are the first a policy gives up.
+    const uint64_t now_ns = now();
+    timespec rt{};
+    clock_gettime(CLOCK_REALTIME, &rt);
+    const uint64_t real_ns =
+        static_cast<uint64_t>(rt.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(rt.tv_nsec);
+    std::vector<SlotRef> duplicates;
+    corrupt_removed_ = disk_->rebuild([&](const DiskTier::Found &f) {
+      const uint64_t age = real_ns > f.mtime_ns ? real_ns - f.mtime_ns : 0;
+      const uint64_t last = now_ns > age ? now_ns - age : 0;
+      if (!index_.insert(f.key, f.meta, SlotRef{Tier::disk, f.slot}, last)) {
+        duplicates.push_back(SlotRef{Tier::disk, f.slot});
+      }
+    });
+    free_slots(duplicates);
+  }
+  if (options_.maintenance_interval_ms != 0) thread_ = std::thread([this] { run_thread(); });
+}
+
+ChunkCache::~ChunkCache() {
+  if (thread_.joinable()) {
+    {
+      std::lock_guard lock(thread_mu_);
+      stop_ = true;
+    }
+    thread_cv_.notify_all();
+    thread_.join();
+  }
+  // Chunks in lent memory are lost with the cache; the peer tier gives the leases back.
+}
+
+uint64_t ChunkCache::now() const { return options_.clock ? options_.clock() : monotonic_ns(); }
+
+void ChunkCache::set_event_callback(ChunkEventFn fn) {
+  std::lock_guard lock(mu_);
+  on_event_ = std::move(fn);
+}
+
+void ChunkCache::emit(const ChunkEvent &e) {
+  ChunkEventFn fn;
+  {
+    std::lock_guard lock(mu_);
+    fn = on_event_;
+  }
+  if (fn) fn(e);
+}
+
+TierStore *ChunkCache::store_of(Tier t) const noexcept {
+  switch (t) {
+    case Tier::peer: return peer_.get();
+    case Tier::host: return host_.get();
+    case Tier::disk: return disk_.get();
+  }
+  return nullptr;
+}
+
+bool ChunkCache::configured(Tier t, const ChunkKey &model) const {
+  switch (t) {
+    case Tier::peer: return peer_->has_leases(model);
+    case Tier::host: return ctx_.config().host_budget_bytes != 0;
+    case Tier::disk: return disk_ != nullptr;
+  }
+  return false;
+}
+
+std::optional<Tier> ChunkCache::lower_tier(Tier t, const ChunkKey &model) const {
+  for (size_t i = idx(t) + 1; i < kTierCount; ++i) {
+    if (configured(static_cast<Tier>(i), model)) return static_cast<Tier>(i);
+  }
+  return std::nullopt;
+}
+
+void ChunkCache::free_slots(const std::vector<SlotRef> &slots) noexcept {
+  for (const SlotRef &s : slots) store_of(s.tier)->free(s.slot);
+}
+
+LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residency) {
+  LookupResult r;
+  r.chunks = keys.size();
+  const uint64_t t = now();
+  bool seen_resident = false, run_open = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::optional<Tier> tier = index_.touch(keys[i], t);
+    if (residency != nullptr) residency[i] = tier ? static_cast<uint8_t>(*tier) : kDropped;
+    if (tier) {
+      ++r.per_tier[idx(*tier)];
+      hits_[idx(*tier)].fetch_add(1, std::memory_order_relaxed);
+      if (!seen_resident) {
+        seen_resident = true;
+        r.dropped_head = i;
+      }
+      if (run_open) ++r.loadable;
+    } else {
+      misses_.fetch_add(1, std::memory_order_relaxed);
+      if (seen_resident) run_open = false;
+    }
+  }
+  return r;
+}
+
+std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
+                                                bool room) {
+  TierStore *s = store_of(t);
+  if (std::optional<uint64_t> slot = s->allocate(meta)) return slot;
+  if (!room) return std::nullopt;
+  make_room(t, meta.model, meta.bytes, key);
+  return s->allocate(meta);
+}
+
+std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &meta, Tier first) {
+  for (size_t i = idx(first); i < kTierCount; ++i) {
+    const auto t = static_cast<Tier>(i);
+    if (!configured(t, meta.model)) continue;
+    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
+  }
+  return std::nullopt;
+}
+
+void ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, const ChunkKey &except) {
+  const TierStore *s = store_of(t);
+  const uint64_t free_now = s->free_bytes(model);
+  if (free_now >= bytes) return;
+  std::vector<ChunkKey> keys;
+  std::vector<EvictionCandidate> cands;
+  index_.for_each([&](const ChunkView &v) {
+    if (v.where.tier != t || v.pins != 0 || v.key == except) return;
+    if (t == Tier::peer && v.meta.model != model) return;  // lent memory is per model
+    keys.push_back(v.key);
+    cands.push_back(EvictionCandidate{v.last_active_ns,
+                                      (uint64_t{v.meta.position} + 1) * v.meta.tokens,
+                                      v.meta.tokens, v.meta.bytes});
+  });
+  const std::vector<size_t> victims =
+      select_victims(cands, options_.policy, options_.cost, now(), bytes - free_now);
+  for (size_t v : victims) demote(keys[v], t, true, ChunkEventReason::policy);
+}
+
+bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason) {
+  std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
+  if (!use) return false;
+  const ChunkMeta meta = use->meta;
+  for (std::optional<Tier> to = lower_tier(from, meta.model); to; to = lower_tier(*to, meta.model)) {
+    const std::optional<uint64_t> slot = allocate_in(*to, key, meta, true);
+    if (!slot) continue;
+    const SlotRef dst{*to, *slot};
+    std::vector<SlotRef> to_free;
+    try {
+      transfer(key, meta, use->where, dst);
+    } catch (const Error &) {
+      // The source failed its check (a disk chunk gone bad) or the copy failed: give up on it.
+      store_of(dst.tier)->free(dst.slot);
+      index_.abort_move(key, to_free);
+      free_slots(to_free);
+      load_failures_.fetch_add(1, std::memory_order_relaxed);
+      drop_chunk(key, meta, from, ChunkEventReason::corrupt);
+      return true;
+    }
+    const bool moved = index_.finish_move(key, dst, to_free);
+    free_slots(to_free);
+    if (moved) {
+      demotions_.fetch_add(1, std::memory_order_relaxed);
+      if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
+      emit(ChunkEvent{meta.model, key, from, *to, reason});
+    }
+    return true;
+  }
+  // No lower tier has room: the chunk is dropped.
+  std::vector<SlotRef> to_free;
+  index_.abort_move(key, to_free);
+  free_slots(to_free);
+  drop_chunk(key, meta, from, reason);
+  return true;
+}
+
+void ChunkCache::drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from,
+                            ChunkEventReason reason) {
+  std::vector<SlotRef> to_free;
+  if (!index_.drop(key, false, from, to_free)) return;
+  free_slots(to_free);
+  if (reason == ChunkEventReason::policy) evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
+  emit(ChunkEvent{meta.model, key, from, std::nullopt, reason});
+}
+
+void ChunkCache::transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst) {
+  TierStore *s = store_of(src.tier);
+  TierStore *d = store_of(dst.tier);
+  int32_t sdev = -1, ddev = -1;
+  std::byte *sp = s->address(src.slot, &sdev);
+  std::byte *dp = d->address(dst.slot, &ddev);
+  if (sp != nullptr && dp != nullptr) {
+    copy_bytes(dp, ddev, sp, sdev, meta.bytes);
+  } else if (sp != nullptr && sdev < 0) {
+    d->write(dst.slot, key, meta, sp);
+  } else if (dp != nullptr && ddev < 0) {
+    s->read(src.slot, meta, dp);
+  } else {
+    // Device memory on one side and a file on the other: through host memory.
+    std::vector<std::byte> staging(meta.bytes);
+    s->read(src.slot, meta, staging.data());
+    d->write(dst.slot, key, meta, staging.data());
+  }
+}
+
+bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to, bool respect_pins,
+                            bool room) {
+  std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
+  if (!use) return false;
+  std::vector<SlotRef> to_free;
+  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, room);
+  if (!slot) {
+    index_.abort_move(key, to_free);
+    free_slots(to_free);
+    return false;
+  }
+  const SlotRef dst{to, *slot};
+  try {
+    transfer(key, use->meta, use->where, dst);
+  } catch (const Error &) {
+    store_of(to)->free(*slot);
+    index_.abort_move(key, to_free);
+    free_slots(to_free);
+    load_failures_.fetch_add(1, std::memory_order_relaxed);
+    drop_chunk(key, use->meta, from, ChunkEventReason::corrupt);
+    return false;
+  }
+  const bool moved = index_.finish_move(key, dst, to_free);
+  free_slots(to_free);
+  return moved;
+}
+
+uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys,
+                           uint32_t chunk_tokens, uint64_t chunk_bytes, const std::byte *src) {
+  const uint64_t t = now();
+  uint64_t leading = 0;
+  bool run_open = true;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    bool resident = index_.touch(keys[i], t).has_value();
+    if (!resident) {
+      const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
+      if (std::optional<SlotRef> where = place(keys[i], meta, Tier::peer)) {
+        try {
+          store_of(where->tier)->write(where->slot, keys[i], meta, src + i * chunk_bytes);
+        } catch (...) {
+          store_of(where->tier)->free(where->slot);
+          throw;
+        }
+        // Visible to lookup only now that the bytes are whole.
+        if (index_.insert(keys[i], meta, *where, t)) {
+          stores_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          store_of(where->tier)->free(where->slot);  // another thread stored it first
+        }
+        resident = true;
+      } else {
+        stores_rejected_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    if (!resident) run_open = false;
+    if (run_open) ++leading;
+  }
+  if (options_.demote_free_percent != 0) thread_cv_.notify_one();
+  return leading;
+}
+
+uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, uint64_t chunk_bytes,
+                              std::byte *dst) {
+  uint64_t n = 0;
+  const uint64_t t = now();
+  for (size_t i = start; i < keys.size(); ++i) {
+    std::optional<ChunkUse> use = index_.begin_read(keys[i]);
+    if (!use) break;
+    std::vector<SlotRef> to_free;
+    if (use->meta.bytes != chunk_bytes) {
+      index_.end_read(keys[i], to_free);
+      free_slots(to_free);
+      fail(SWIFTKV_EINTERNAL, "a chunk's size differs from its model's");
+    }
+    std::atomic<uint32_t> &loads = loads_active_[idx(use->where.tier)];
+    loads.fetch_add(1);
+    bool ok = true;
+    try {
+      store_of(use->where.tier)->read(use->where.slot, use->meta, dst + (i - start) * chunk_bytes);
+    } catch (const Error &) {
+      ok = false;
+    }
+    loads.fetch_sub(1);
+    index_.end_read(keys[i], to_free);
+    free_slots(to_free);
+    if (!ok) {
+      load_failures_.fetch_add(1, std::memory_order_relaxed);
+      drop_chunk(keys[i], use->meta, use->where.tier, ChunkEventReason::corrupt);
+      break;
+    }
+    index_.touch(keys[i], t);
+    ++n;
+  }
+  return n;
+}
+
+void ChunkCache::pin(std::span<const ChunkKey> keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.pin(keys[i])) {
+      for (size_t j = 0; j < i; ++j) index_.unpin(keys[j]);
+      fail(SWIFTKV_ENOTFOUND, "chunk " + std::to_string(i) + " (" + to_hex(keys[i]) +
+                                  ") is not cached; nothing was pinned");
+    }
+  }
+}
+
+void ChunkCache::unpin(std::span<const ChunkKey> keys) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.unpin(keys[i])) {
+      for (size_t j = 0; j < i; ++j) index_.pin(keys[j]);
+      fail(SWIFTKV_ENOTFOUND, "chunk " + std::to_string(i) + " (" + to_hex(keys[i]) +
+                                  ") is not cached or not pinned; nothing was unpinned");
+    }
+  }
+}
+
+uint64_t ChunkCache::move(std::span<const ChunkKey> keys, Tier to) {
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.contains(keys[i])) {
+      fail(SWIFTKV_ENOTFOUND, "chunk " + std::to_string(i) + " (" + to_hex(keys[i]) +
+                                  ") is not cached; nothing was moved");
+    }
+  }
+  uint64_t there = 0;
+  for (const ChunkKey &k : keys) {
+    const std::optional<Tier> from = index_.peek(k);
+    if (!from) continue;  // dropped meanwhile
+    if (*from != to && move_chunk(k, *from, to, false, true)) {
+      (idx(to) < idx(*from) ? promotions_ : demotions_).fetch_add(1, std::memory_order_relaxed);
+    }
+    if (index_.peek(k) == to) ++there;
+  }
+  return there;
+}
+
+uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
+                           std::optional<std::span<const ChunkKey>> keys) {
+  std::vector<ChunkKey> targets;
+  if (keys) {
+    targets.assign(keys->begin(), keys->end());
+  } else {
+    index_.for_each([&](const ChunkView &v) {
+      if (!model || v.meta.model == *model) targets.push_back(v.key);
+    });
+  }
+  uint64_t n = 0;
+  for (const ChunkKey &k : targets) {
+    const std::optional<Tier> t = index_.peek(k);
+    if (!t || (tier_mask & (1u << idx(*t))) == 0) continue;
+    std::vector<SlotRef> to_free;
+    if (index_.drop(k, true, *t, to_free)) ++n;
+    free_slots(to_free);
+  }
+  return n;
+}
+
+uint64_t ChunkCache::borrow(const ChunkKey &model, uint64_t chunk_bytes,
+                            std::shared_ptr<ElasticRegion> region, uint64_t max_units) {
+  return peer_->attach(model, chunk_bytes, std::move(region), max_units);
+}
+
+void ChunkCache::give_back(const ChunkKey &model) {
+  std::lock_guard lock(maint_mu_);
+  std::vector<ChunkKey> keys;
+  index_.for_each([&](const ChunkView &v) {
+    if (v.where.tier == Tier::peer && v.meta.model == model) keys.push_back(v.key);
+  });
+  // The leases stop taking chunks first, so nothing new lands in them while they empty.
+  for (uint64_t local : peer_->leases_of(model)) peer_->retire_later(local);
+  for (const ChunkKey &k : keys) demote(k, Tier::peer, false, ChunkEventReason::revoked);
+  for (uint64_t local : peer_->leases_of(model)) {
+    if (peer_->used_slots(local) == 0) peer_->retire(local);
+  }
+}
+
+void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
+  const TierStore *s = store_of(t);
+  const uint64_t cap = s->capacity_bytes(model);
+  const uint64_t want = cap / 100 * options_.demote_free_percent +
+                        cap % 100 * options_.demote_free_percent / 100;
+  const uint64_t free_now = s->free_bytes(model);
+  if (free_now >= want) return;
+  // Loads first: a pending load out of this tier uses the link this demotion would.
+  if (loads_active_[idx(t)].load() != 0) {
+    deferred_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  make_room(t, model, want, ChunkKey{});
+}
+
+void ChunkCache::maintain() {
+  std::lock_guard lock(maint_mu_);
+  // The lease protocol first: a reclaimed lease holds up its lender.
+  for (const PeerTier::LeaseStatus &l : peer_->refresh()) {
+    if (!l.lost && !l.reclaiming) continue;
+    std::vector<ChunkKey> keys;
+    index_.for_each([&](const ChunkView &v) {
+      if (v.where.tier == Tier::peer && (v.where.slot >> 32) == l.local_id) keys.push_back(v.key);
+    });
+    for (const ChunkKey &k : keys) {
+      if (l.lost) {
+        const std::optional<Tier> t = index_.peek(k);
+        if (t == Tier::peer) {
+          const ChunkMeta meta{l.model, 0, 0, 0};
+          drop_chunk(k, meta, Tier::peer, ChunkEventReason::revoked);
+        }
+      } else {
+        demote(k, Tier::peer, false, ChunkEventReason::revoked);
+      }
+    }
+    if (peer_->used_slots(l.local_id) == 0) peer_->retire(l.local_id);
+  }
+  if (options_.demote_free_percent == 0) return;
+  for (const ChunkKey &m : peer_->models()) demote_ahead(Tier::peer, m);
+  if (configured(Tier::host, ChunkKey{}) && lower_tier(Tier::host, ChunkKey{})) {
+    demote_ahead(Tier::host, ChunkKey{});
+  }
+}
+
+void ChunkCache::run_thread() {
+  const auto interval = std::chrono::milliseconds(options_.maintenance_interval_ms);
+  std::unique_lock lock(thread_mu_);
+  while (!stop_) {
+    thread_cv_.wait_for(lock, interval);
+    if (stop_) break;
+    lock.unlock();
+    try {
+      maintain();
+    } catch (...) {
+      // A failed pass (a lender's region refusing, memory short) is retried on the next one;
+      // what it could not do shows in the stats.
+    }
+    lock.lock();
+  }
+}
+
+CacheStats ChunkCache::stats() const {
+  CacheStats s;
+  for (size_t i = 0; i < kTierCount; ++i) {
+    const auto t = static_cast<Tier>(i);
+    s.chunks[i] = index_.chunks(t);
+    s.bytes[i] = index_.bytes(t);
+    s.hits[i] = hits_[i].load();
+  }
+  s.capacity_bytes[idx(Tier::peer)] = peer_->total_capacity_bytes();
+  s.capacity_bytes[idx(Tier::host)] = ctx_.config().host_budget_bytes;
+  s.capacity_bytes[idx(Tier::disk)] = disk_ ? disk_->capacity_bytes(ChunkKey{}) : 0;
+  s.misses = misses_.load();
+  s.stores = stores_.load();
+  s.stores_rejected = stores_rejected_.load();
+  s.evictions = evictions_.load();
+  s.demotions = demotions_.load();
+  s.promotions = promotions_.load();
+  s.load_failures = load_failures_.load();
+  s.revocations = revocations_.load();
+  s.corrupt_files_removed = corrupt_removed_.load();
+  s.demotions_deferred = deferred_.load();
+  return s;
+}
+
+}  // namespace swiftkv

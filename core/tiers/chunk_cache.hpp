@@ -1,0 +1,172 @@
+// The borrower's chunk cache: the index and the three tiers (peer, host, disk) under one set of
+// rules: where a new chunk goes, which chunk a full tier gives up (the eviction policy), how a
+// chunk moves down the chain peer -> host -> disk -> dropped, and the background thread that
+// demotes ahead of need and keeps the lease protocol with lenders.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <thread>
+#include <vector>
+
+#include "core/context/context.hpp"
+#include "core/index/chunk_index.hpp"
+#include "core/policy/eviction_policy.hpp"
+#include "core/tiers/disk_tier.hpp"
+#include "core/tiers/host_tier.hpp"
+#include "core/tiers/peer_tier.hpp"
+
+namespace swiftkv {
+
+struct CacheOptions {
+  EvictionPolicy policy = EvictionPolicy::retention;
+  RecomputeCost cost;
+  // The background thread demotes from the peer and host tiers while their free space is under
+  // this percentage of their capacity; 0: only when a store finds no room.
+  uint32_t demote_free_percent = 25;
+  uint64_t host_slab_bytes = uint64_t{64} << 20;
+  // How often the background thread runs; 0: no thread (the owner calls maintain()).
+  uint64_t maintenance_interval_ms = 10;
+  std::function<uint64_t()> clock;  // monotonic ns; empty: CLOCK_MONOTONIC
+};
+
+enum class ChunkEventReason : uint8_t { policy = 0, revoked = 1, corrupt = 2 };
+
+// A chunk left a tier without the caller asking: demoted (to set) or dropped (to empty).
+struct ChunkEvent {
+  ChunkKey model;
+  ChunkKey key;
+  Tier from;
+  std::optional<Tier> to;
+  ChunkEventReason reason;
+};
+using ChunkEventFn = std::function<void(const ChunkEvent &)>;
+
+struct CacheStats {
+  std::array<uint64_t, kTierCount> chunks{}, bytes{}, capacity_bytes{}, hits{};
+  uint64_t misses = 0;
+  uint64_t stores = 0;           // chunks stored
+  uint64_t stores_rejected = 0;  // chunks no tier had room for
+  uint64_t evictions = 0;        // chunks dropped to make room
+  uint64_t demotions = 0;        // chunks moved down a tier by the cache
+  uint64_t promotions = 0;       // chunks moved up a tier on request
+  uint64_t load_failures = 0;    // reads that failed their check or I/O
+  uint64_t revocations = 0;      // chunks that left lent memory because the lender asked or it expired
+  uint64_t corrupt_files_removed = 0;  // torn or corrupt files found by the disk rebuild
+  uint64_t demotions_deferred = 0;     // background passes that let a pending load go first
+};
+
+// Residency of a run of chunk keys, as lookup sees it.
+struct LookupResult {
+  uint64_t chunks = 0;          // keys looked at
+  uint64_t dropped_head = 0;    // leading chunks not resident, before the first resident one
+  uint64_t loadable = 0;        // resident chunks right after the dropped head
+  std::array<uint64_t, kTierCount> per_tier{};  // resident chunks in each tier, in all keys
+};
+
+// Thread-safe: the index and the stores guard themselves (see their comments); mu_ guards the
+// event callback; maint_mu_ serialises maintenance passes; the counters are atomics.
+class ChunkCache {
+ public:
+  ChunkCache(Context &ctx, CacheOptions options);
+  ~ChunkCache();
+  ChunkCache(const ChunkCache &) = delete;
+  ChunkCache &operator=(const ChunkCache &) = delete;
+
+  void set_event_callback(ChunkEventFn fn);
+
+  // Whether tier t can hold chunks of `model`: peer when the model borrows lent memory, host
+  // with a host budget, disk with a disk path.
+  bool configured(Tier t, const ChunkKey &model) const;
+
+  // Residency of each key (residency[i] = tier or kDropped when given), recording activity on
+  // the resident ones for the policies.
+  static constexpr uint8_t kDropped = 3;
+  LookupResult lookup(std::span<const ChunkKey> keys, uint8_t *residency);
+
+  // Stores chunk i (bytes at src + i * chunk_bytes) under keys[i] unless it is resident: in the
+  // best configured tier (peer first), making room by the policy. Returns how many leading keys
+  // are resident afterwards.
+  uint64_t store(const ChunkKey &model, std::span<const ChunkKey> keys, uint32_t chunk_tokens,
+                 uint64_t chunk_bytes, const std::byte *src);
+  // Copies chunks keys[start..] to dst (chunk i - start at dst + (i - start) * chunk_bytes)
+  // while they are resident and intact; returns how many. A chunk that fails its check is
+  // dropped and counted as a load failure.
+  uint64_t retrieve(std::span<const ChunkKey> keys, uint64_t start, uint64_t chunk_bytes,
+                    std::byte *dst);
+
+  // Controller. pin/unpin: all keys or none (ENOTFOUND naming the first that is not resident,
+  // resp. not pinned). move: ENOTFOUND (nothing moved) when a key is not resident; returns how
+  // many keys are in tier `to` afterwards. clear: drops the unpinned chunks among `keys` (or,
+  // without keys, all chunks of `model`, or of every model) in the tiers of tier_mask.
+  void pin(std::span<const ChunkKey> keys);
+  void unpin(std::span<const ChunkKey> keys);
+  uint64_t move(std::span<const ChunkKey> keys, Tier to);
+  uint64_t clear(std::optional<ChunkKey> model, uint32_t tier_mask,
+                 std::optional<std::span<const ChunkKey>> keys);
+
+  // Borrows from an in-process lender for `model`; returns the lease id.
+  uint64_t borrow(const ChunkKey &model, uint64_t chunk_bytes,
+                  std::shared_ptr<ElasticRegion> region, uint64_t max_units);
+  // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
+  void give_back(const ChunkKey &model);
+
+  // One maintenance pass: leases renewed, reclaimed leases evacuated and released, lost leases'
+  // chunks dropped, and ahead-of-time demotion.
+  void maintain();
+
+  CacheStats stats() const;
+  DiskTier *disk() noexcept { return disk_.get(); }
+  uint64_t now() const;
+
+ private:
+  TierStore *store_of(Tier t) const noexcept;
+  std::optional<SlotRef> place(const ChunkKey &key, const ChunkMeta &meta, Tier first);
+  std::optional<uint64_t> allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
+                                      bool make_room);
+  // Frees at least `bytes` of tier t for `model` by demoting the policy's victims; pinned
+  // chunks and `except` stay.
+  void make_room(Tier t, const ChunkKey &model, uint64_t bytes, const ChunkKey &except);
+  std::optional<Tier> lower_tier(Tier t, const ChunkKey &model) const;
+  // Moves one chunk down a tier, or drops it from the last; false when it could not be touched
+  // (moving, in use, pinned with respect_pins).
+  bool demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
+  bool move_chunk(const ChunkKey &key, Tier from, Tier to, bool respect_pins, bool make_room);
+  void transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst);
+  void drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from, ChunkEventReason reason);
+  void free_slots(const std::vector<SlotRef> &slots) noexcept;
+  void emit(const ChunkEvent &e);
+  void demote_ahead(Tier t, const ChunkKey &model);
+  void run_thread();
+
+  Context &ctx_;
+  const CacheOptions options_;
+  ChunkIndex index_;
+  std::unique_ptr<PeerTier> peer_;
+  std::unique_ptr<HostTier> host_;
+  std::unique_ptr<DiskTier> disk_;
+
+  mutable std::mutex mu_;  // guards on_event_
+  ChunkEventFn on_event_;
+  std::mutex maint_mu_;
+
+  std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
+  std::array<std::atomic<uint64_t>, kTierCount> hits_{};
+  std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0},
+      demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0}, corrupt_removed_{0},
+      deferred_{0};
+
+  std::mutex thread_mu_;  // guards stop_
+  std::condition_variable thread_cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace swiftkv

@@ -1,0 +1,79 @@
+// The peer tier: chunks of a borrower model kept in memory lent by an elastic region. A lease
+// holds whole borrower chunks, chunk c at offset c * chunk_stride of the lease, one contiguous
+// piece per layer, so a chunk is one contiguous range of the lender's memory.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/elastic/elastic_region.hpp"
+#include "core/tiers/tier_store.hpp"
+
+namespace swiftkv {
+
+// Thread-safe: mu_ guards the lease table and every lease's slot state. The lent bytes of a
+// slot belong to whoever holds the slot.
+class PeerTier final : public TierStore {
+ public:
+  // What the cache needs to know about a lease to keep the protocol.
+  struct LeaseStatus {
+    uint64_t local_id;    // the lease's number in this tier (slot >> 32)
+    uint64_t lease_id;    // the region's lease id
+    ChunkKey model;
+    bool reclaiming;      // the lender asked for it back: evacuate, then release
+    bool lost;            // expired or gone: its bytes may already be the lender's again
+    uint64_t used_slots;
+  };
+
+  ~PeerTier() override;
+
+  // Borrows up to max_units lending units of `region` for `model`, whose chunks are
+  // `chunk_bytes` bytes: the region's borrower geometry must have exactly that chunk (EINVAL).
+  // Returns the region's lease id. ENOMEM when the region has nothing free.
+  uint64_t attach(const ChunkKey &model, uint64_t chunk_bytes,
+                  std::shared_ptr<ElasticRegion> region, uint64_t max_units);
+
+  Tier tier() const noexcept override { return Tier::peer; }
+  std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
+  void free(uint64_t slot) noexcept override;
+  std::byte *address(uint64_t slot, int32_t *device) noexcept override;
+  uint64_t capacity_bytes(const ChunkKey &model) const override;
+  uint64_t free_bytes(const ChunkKey &model) const override;
+
+  // Renews every lease and reads the lender's reclaim requests: the status of each lease after
+  // that. A lease the region no longer holds comes back lost.
+  std::vector<LeaseStatus> refresh();
+  // Ends a lease with no used slots: released to its region (unless lost) and forgotten.
+  void retire(uint64_t local_id) noexcept;
+  // The leases of `model`, by local id.
+  std::vector<uint64_t> leases_of(const ChunkKey &model) const;
+  bool has_leases(const ChunkKey &model) const;
+  // Stops a lease from taking new chunks, as a reclaim would.
+  void retire_later(uint64_t local_id) noexcept;
+  uint64_t used_slots(uint64_t local_id) const;
+  // The models that hold usable leases, once each.
+  std::vector<ChunkKey> models() const;
+  uint64_t total_capacity_bytes() const;
+
+ private:
+  struct Held {
+    ChunkKey model;
+    std::shared_ptr<ElasticRegion> region;
+    uint64_t lease_id;
+    std::byte *data;
+    int32_t device;
+    uint64_t chunk_bytes;
+    std::vector<uint32_t> free_chunks;  // free slots, lowest last
+    uint64_t chunks;
+    bool reclaiming = false;
+    bool lost = false;
+  };
+
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Held> leases_;
+  uint64_t next_local_ = 1;
+};
+
+}  // namespace swiftkv

@@ -1,0 +1,42 @@
+// The interface every tier's store offers the chunk cache: slots for whole chunks under a byte
+// budget, and a way to put bytes in and get them out. Which slot holds the readable copy of a
+// chunk is the index's business, not the store's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+
+#include "core/index/chunk_index.hpp"
+
+namespace swiftkv {
+
+class TierStore {
+ public:
+  virtual ~TierStore() = default;
+  virtual Tier tier() const noexcept = 0;
+
+  // Reserves a slot for one chunk described by `meta` (its model and bytes); nullopt when the
+  // tier has no room for it. Thread-safe.
+  virtual std::optional<uint64_t> allocate(const ChunkMeta &meta) = 0;
+  // Gives a slot back. Thread-safe; the caller guarantees nobody reads it any more.
+  virtual void free(uint64_t slot) noexcept = 0;
+
+  // The slot's bytes in this process's address space and the CUDA device holding them (-1: host
+  // memory); nullptr for a store that is not memory (disk), which is reached by read and write.
+  virtual std::byte *address(uint64_t slot, int32_t *device) noexcept = 0;
+  // Fills a slot from host memory: the key and meta travel with the bytes where the store keeps
+  // them (disk). The default copies to address().
+  virtual void write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
+                     const std::byte *src);
+  // Copies a slot's bytes to host memory; throws Error(EIO) when they fail their check. The
+  // default copies from address().
+  virtual void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst);
+
+  // Room for `model`'s chunks: the bytes the tier could hold for it and those still free. For
+  // a store shared by all models the model is ignored.
+  virtual uint64_t capacity_bytes(const ChunkKey &model) const = 0;
+  virtual uint64_t free_bytes(const ChunkKey &model) const = 0;
+};
+
+}  // namespace swiftkv
