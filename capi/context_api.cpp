@@ -6,6 +6,7 @@
 
 #include "capi/capi_guard.hpp"
 #include "capi/context_handle.hpp"
+#include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
 #include "core/context/context.hpp"
 #include "core/memory/device_query.hpp"
@@ -15,8 +16,16 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
+constexpr size_t kCtxConfigV2Size =
+    offsetof(swiftkv_ctx_config, maintenance_interval_ms) + sizeof(uint32_t);
+static_assert(kCtxConfigV2Size == sizeof(swiftkv_ctx_config));
 
-swiftkv::ContextConfig read_config(const swiftkv_ctx_config *config) {
+struct ReadConfig {
+  swiftkv::ContextConfig context;
+  swiftkv::CacheOptions cache;
+};
+
+ReadConfig read_config(const swiftkv_ctx_config *config) {
   const swiftkv_ctx_config defaults = SWIFTKV_CTX_CONFIG_INIT;
   const swiftkv_ctx_config c =
       config == nullptr
@@ -24,13 +33,46 @@ swiftkv::ContextConfig read_config(const swiftkv_ctx_config *config) {
           : swiftkv::capi::read_versioned(config, defaults, SWIFTKV_CTX_CONFIG_VERSION,
                                           kCtxConfigV1Size, "config", "SWIFTKV_CTX_CONFIG_INIT");
   if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
-  swiftkv::ContextConfig out;
+  ReadConfig r;
+  swiftkv::ContextConfig &out = r.context;
   out.device_mask = c.device_mask;
   out.host_budget_bytes = c.host_budget_bytes;
   out.host_numa_node = c.host_numa_node;
   if (c.disk_path != nullptr) out.disk_path = std::string(c.disk_path);
   out.disk_budget_bytes = c.disk_budget_bytes;
-  return out;
+
+  swiftkv::CacheOptions &o = r.cache;
+  const int32_t policy = swiftkv::capi::raw_enum_value(c.eviction_policy);
+  if (policy != SWIFTKV_EVICT_LRU && policy != SWIFTKV_EVICT_RETENTION) {
+    swiftkv::fail_invalid("config->eviction_policy (" + std::to_string(policy) +
+                          ") is not a swiftkv_eviction_policy");
+  }
+  o.policy = static_cast<swiftkv::EvictionPolicy>(policy);
+  if (c.demote_free_percent > 100) {
+    swiftkv::fail_invalid("config->demote_free_percent (" + std::to_string(c.demote_free_percent) +
+                          ") is above 100");
+  }
+  o.demote_free_percent = c.demote_free_percent;
+  o.cost.token_cost = c.recompute_token_cost;
+  o.cost.attention_cost = c.recompute_attention_cost;
+  if (c.attention_cost_entries > 63) {
+    swiftkv::fail_invalid("config->attention_cost_entries (" +
+                          std::to_string(c.attention_cost_entries) + ") is above 63");
+  }
+  if (c.attention_cost_entries != 0 && c.attention_cost_table == nullptr) {
+    swiftkv::fail_invalid("config->attention_cost_table is NULL but attention_cost_entries is " +
+                          std::to_string(c.attention_cost_entries));
+  }
+  if (c.attention_cost_entries != 0) {
+    o.cost.attention_table.assign(c.attention_cost_table,
+                                  c.attention_cost_table + c.attention_cost_entries);
+  }
+  swiftkv::check_recompute_cost(o.cost, "config->recompute cost:");
+  if (c.maintenance_interval_ms == 0) {
+    swiftkv::fail_invalid("config->maintenance_interval_ms is 0; leases need renewing");
+  }
+  o.maintenance_interval_ms = c.maintenance_interval_ms;
+  return r;
 }
 
 }  // namespace
@@ -51,7 +93,8 @@ SWIFTKV_API swiftkv_status swiftkv_device_count(uint32_t *out) {
 SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_ctx_config *config) {
   try {
     require(out, "out");
-    auto ctx = std::make_unique<swiftkv_ctx>(read_config(config));
+    ReadConfig c = read_config(config);
+    auto ctx = std::make_unique<swiftkv_ctx>(std::move(c.context), std::move(c.cache));
     *out = ctx.release();
     return SWIFTKV_OK;
   }
@@ -73,6 +116,14 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.host_numa_node = c.host_numa_node;
     v.disk_path = c.disk_path ? c.disk_path->c_str() : nullptr;
     v.disk_budget_bytes = c.disk_budget_bytes;
+    const swiftkv::CacheOptions &o = ctx->cache.options();
+    v.eviction_policy = static_cast<swiftkv_eviction_policy>(o.policy);
+    v.demote_free_percent = o.demote_free_percent;
+    v.recompute_token_cost = o.cost.token_cost;
+    v.recompute_attention_cost = o.cost.attention_cost;
+    v.attention_cost_table = ctx->attention_table.empty() ? nullptr : ctx->attention_table.data();
+    v.attention_cost_entries = static_cast<uint32_t>(ctx->attention_table.size());
+    v.maintenance_interval_ms = static_cast<uint32_t>(o.maintenance_interval_ms);
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

@@ -1,13 +1,44 @@
-// The opaque swiftkv_ctx handle of the ABI: the core's Context behind the C name. Every capi/
-// file that takes a context includes this one definition.
+// The opaque swiftkv_ctx handle of the ABI: the core's Context, the chunk cache built on it and
+// the table of registered models. Every capi/ file that takes a context includes this one
+// definition.
 #pragma once
 
+#include <cstdint>
+#include <shared_mutex>
+#include <string>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "core/context/context.hpp"
+#include "core/geometry/model_geometry.hpp"
+#include "core/index/chunk_key.hpp"
+#include "core/tiers/chunk_cache.hpp"
 #include "swiftkv/swiftkv.h"
 
+namespace swiftkv::capi {
+
+struct RegisteredModel {
+  std::string name;
+  ModelGeometry geometry;
+  GeometrySizes sizes;
+  ChunkKey fingerprint;
+  swiftkv_role role;
+};
+
+}  // namespace swiftkv::capi
+
+// Members are destroyed in reverse: the models, the cache (its thread stops), then the context
+// whose budget the cache's memory came from.
 struct swiftkv_ctx {
-  explicit swiftkv_ctx(swiftkv::ContextConfig c) : core(std::move(c)) {}
+  swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o)
+      : core(std::move(c)), attention_table(o.cost.attention_table),
+        cache(core, std::move(o)) {}
   swiftkv::Context core;
+  const std::vector<double> attention_table;  // what get_config hands back
+  swiftkv::ChunkCache cache;
+
+  mutable std::shared_mutex models_mu;  // guards models and next_model
+  std::unordered_map<uint32_t, swiftkv::capi::RegisteredModel> models;
+  uint32_t next_model = 0;
 };

@@ -6,6 +6,7 @@
 
 #include "capi/capi_guard.hpp"
 #include "capi/context_handle.hpp"
+#include "capi/elastic_handle.hpp"
 #include "capi/model_desc.hpp"
 #include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
@@ -14,17 +15,6 @@
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/host_region.hpp"
 
-// The opaque handle: the region plus what it took from its context, given back at the end.
-struct swiftkv_elastic {
-  swiftkv::Context *ctx = nullptr;
-  uint64_t host_reserved = 0;
-  std::unique_ptr<swiftkv::ElasticRegion> region;
-
-  ~swiftkv_elastic() {
-    region.reset();  // the memory first, then its budget
-    if (host_reserved != 0) ctx->release_host(host_reserved);
-  }
-};
 
 namespace swiftkv::capi {
 
@@ -145,7 +135,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
       }
       memory = swiftkv::create_cuda_region({device, bytes, c.cuda_alloc});
     }
-    e->region = std::make_unique<swiftkv::ElasticRegion>(c.core, std::move(memory));
+    e->region = std::make_shared<swiftkv::ElasticRegion>(c.core, std::move(memory));
     *out = e.release();
     return SWIFTKV_OK;
   }

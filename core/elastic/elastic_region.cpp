@@ -378,6 +378,12 @@ void ElasticRegion::reclaim(uint64_t lease_id) {
   ask(find_lease_locked(lease_id, "reclaim")->second);
 }
 
+void ElasticRegion::end_all_leases() {
+  std::lock_guard lock(mu_);
+  for (auto &[id, l] : leases_) l.expires_ns = 0;
+  expire_leases_locked(0);
+}
+
 void ElasticRegion::end_lease_locked(std::map<uint64_t, Lease>::iterator it) {
   const Lease l = it->second;
   for (uint64_t u = l.first_unit; u < l.first_unit + l.units;) {

@@ -88,6 +88,9 @@ class ElasticRegion {
   void release(uint64_t lease_id);
   // Asks a lease back (kAllLeases: every lease). The borrower answers by release().
   void reclaim(uint64_t lease_id);
+  // Ends every lease now, as if each had expired: for a lender that goes away. A borrower's next
+  // renew or lookup of them says ETIMEDOUT.
+  void end_all_leases();
   static constexpr uint64_t kAllLeases = UINT64_MAX;
 
   // The queries expire leases first, so they never report a lease past its expiry.

@@ -72,17 +72,13 @@ ChunkCache::~ChunkCache() {
 uint64_t ChunkCache::now() const { return options_.clock ? options_.clock() : monotonic_ns(); }
 
 void ChunkCache::set_event_callback(ChunkEventFn fn) {
-  std::lock_guard lock(mu_);
+  std::unique_lock lock(cb_mu_);
   on_event_ = std::move(fn);
 }
 
 void ChunkCache::emit(const ChunkEvent &e) {
-  ChunkEventFn fn;
-  {
-    std::lock_guard lock(mu_);
-    fn = on_event_;
-  }
-  if (fn) fn(e);
+  std::shared_lock lock(cb_mu_);
+  if (on_event_) on_event_(e);
 }
 
 TierStore *ChunkCache::store_of(Tier t) const noexcept {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <span>
 #include <thread>
 #include <vector>
@@ -71,8 +72,8 @@ struct LookupResult {
   std::array<uint64_t, kTierCount> per_tier{};  // resident chunks in each tier, in all keys
 };
 
-// Thread-safe: the index and the stores guard themselves (see their comments); mu_ guards the
-// event callback; maint_mu_ serialises maintenance passes; the counters are atomics.
+// Thread-safe: the index and the stores guard themselves (see their comments); cb_mu_ guards
+// the event callback; maint_mu_ serialises maintenance passes; the counters are atomics.
 class ChunkCache {
  public:
   ChunkCache(Context &ctx, CacheOptions options);
@@ -123,6 +124,7 @@ class ChunkCache {
   void maintain();
 
   CacheStats stats() const;
+  const CacheOptions &options() const noexcept { return options_; }
   DiskTier *disk() noexcept { return disk_.get(); }
   uint64_t now() const;
 
@@ -153,7 +155,9 @@ class ChunkCache {
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
 
-  mutable std::mutex mu_;  // guards on_event_
+  // Held shared while the callback runs, so that set_event_callback returns only once the old
+  // callback is no longer running.
+  mutable std::shared_mutex cb_mu_;
   ChunkEventFn on_event_;
   std::mutex maint_mu_;
 

@@ -222,7 +222,15 @@ typedef struct swiftkv_ctx swiftkv_ctx;
 /* host_numa_node value: the node local to the context's first device, else no binding. */
 #define SWIFTKV_NUMA_NODE_AUTO (-1)
 
-#define SWIFTKV_CTX_CONFIG_VERSION 1
+/* Which chunk a full tier gives up first. */
+typedef enum swiftkv_eviction_policy {
+  SWIFTKV_EVICT_LRU = 0,      /* least recently looked up or stored first */
+  SWIFTKV_EVICT_RETENTION = 1 /* ascending recompute cost / time since last activity (Pensieve):
+                                 idle conversations first, and their leading chunks first */
+} swiftkv_eviction_policy;
+
+/* Version 2 added the chunk cache fields after disk_budget_bytes. */
+#define SWIFTKV_CTX_CONFIG_VERSION 2
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -240,12 +248,31 @@ typedef struct swiftkv_ctx_config {
                                  must exist and be writable; the context copies the string. */
   uint64_t disk_budget_bytes; /* the most bytes the disk tier may hold; > 0 exactly when
                                  disk_path is set. Default 0. */
+  /* Version 2: the chunk cache (see "Chunk cache" below). */
+  swiftkv_eviction_policy eviction_policy; /* which chunk a full tier gives up first (default
+                                              SWIFTKV_EVICT_RETENTION) */
+  uint32_t demote_free_percent;  /* the background thread demotes from the peer and host tiers
+                                    while their free space is under this percent of their
+                                    capacity (default 25; 0: only when a store finds no room;
+                                    at most 100) */
+  double recompute_token_cost;   /* retention policy: recompute cost per token that does not
+                                    depend on the position (default 1.0; finite, >= 0) */
+  double recompute_attention_cost; /* per token, per 1024 tokens of context before it (default
+                                      1.0; finite, >= 0); unused with a table */
+  const double *attention_cost_table; /* optional profile: entry i is the attention cost per
+                                         token at a context of 2^i tokens, non-decreasing,
+                                         interpolated linearly between entries (default NULL;
+                                         the context copies it) */
+  uint32_t attention_cost_entries;    /* entries in the table (0 to 63) */
+  uint32_t maintenance_interval_ms;   /* period of the background thread that renews leases,
+                                         answers reclaims and demotes ahead (default 10; >= 1) */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
-        SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0                                              \
+        SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
+        10                                                                              \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
@@ -486,6 +513,221 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_pending_reclaims(uint64_t *ids_out, s
 /* Counts and counters of the region, consistent with each other. */
 SWIFTKV_API swiftkv_status swiftkv_elastic_stats_get(swiftkv_elastic_stats *out,
                                                      const swiftkv_elastic *e);
+
+/* ---------------------------------------------------------------------------------------------
+ * Models. A context knows each model that uses it by a small id. A borrower's chunks are keyed
+ * by its fingerprint (name + geometry + dtype), so chunks stored on disk by one context are found
+ * again by a later context that registers the same model.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum swiftkv_role {
+  SWIFTKV_ROLE_LENDER = 0,  /* lends elastic memory; has no chunk cache */
+  SWIFTKV_ROLE_BORROWER = 1 /* caches conversation prefixes in the tiers */
+} swiftkv_role;
+
+/* model value for swiftkv_clear: every model, registered or not. */
+#define SWIFTKV_MODEL_ALL UINT32_MAX
+
+#define SWIFTKV_MODEL_CONFIG_VERSION 1
+
+typedef struct swiftkv_model_config {
+  uint32_t size;                  /* sizeof(swiftkv_model_config) as compiled */
+  uint32_t version;               /* SWIFTKV_MODEL_CONFIG_VERSION as compiled */
+  const swiftkv_model_desc *desc; /* geometry; desc->name is required (copied) */
+  swiftkv_role role;              /* default SWIFTKV_ROLE_BORROWER */
+  uint32_t reserved0;             /* must be 0 */
+} swiftkv_model_config;
+
+#define SWIFTKV_MODEL_CONFIG_INIT \
+  { (uint32_t)sizeof(swiftkv_model_config), SWIFTKV_MODEL_CONFIG_VERSION, NULL, SWIFTKV_ROLE_BORROWER, 0 }
+
+/* Registers a model; *model_out is its id in this context (never SWIFTKV_MODEL_ALL, never
+ * reused). EINVAL: a bad descriptor or no name; EBUSY: a model with the same name and geometry
+ * is registered already. Thread-safe. */
+SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_ctx *ctx,
+                                                  const swiftkv_model_config *config);
+
+/* Unregisters a model. Its chunks in lent memory move down to host or disk (or are dropped) and
+ * its leases are given back; its host and disk chunks stay, for a later registration of the same
+ * model. ENOTFOUND for an id that is not registered. */
+SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t model);
+
+/* ---------------------------------------------------------------------------------------------
+ * Chunk cache (the borrower's side). Conversation prefixes are cached in whole chunks of the
+ * model's chunk_tokens tokens, keyed by XXH3-128 chained over the model fingerprint, the previous
+ * chunk's key and the chunk's token ids; a partial last chunk is never cached.
+ *
+ * Tiers: peer (memory lent by an elastic region, see swiftkv_borrow), host (page-locked DRAM on
+ * the context's NUMA node, from host_budget_bytes) and disk (files under disk_path within
+ * disk_budget_bytes, each with an XXH3 checksum; found again by the next context). A tier without
+ * memory for it is not configured. A new chunk goes to the first configured tier (peer, host,
+ * disk); a full tier makes room by its eviction policy, moving its victims down the chain
+ * peer -> host -> disk -> dropped. Pinned chunks are never evicted. A background thread demotes
+ * ahead of need (demote_free_percent) and lets pending loads out of a tier go first. A chunk that
+ * is hit stays where it is: promotion is the caller's choice (swiftkv_move).
+ *
+ * A moving chunk is readable in exactly one tier at every moment and never lost in between; a
+ * chunk that fails its check is dropped, counted in load_failures, and never returned.
+ *
+ * Chunk bytes, in swiftkv_store and swiftkv_retrieve: block-major per chunk, (L, 2, chunk_tokens,
+ * H_kv, D) elements of the model's dtype, chunk after chunk; one layer of one chunk is one
+ * contiguous piece of 2 * chunk_tokens * H_kv * D elements (K then V).
+ *
+ * Token ids are uint32_t. Every call here is thread-safe, and takes the model id from
+ * swiftkv_model_register (ENOTFOUND for an id that is not registered; ESTATE for a lender).
+ * ------------------------------------------------------------------------------------------- */
+typedef enum swiftkv_tier {
+  SWIFTKV_TIER_PEER = 0,
+  SWIFTKV_TIER_HOST = 1,
+  SWIFTKV_TIER_DISK = 2,
+  SWIFTKV_TIER_DROPPED = 3 /* not cached: recompute */
+} swiftkv_tier;
+
+/* tier_mask bits for swiftkv_clear. */
+#define SWIFTKV_TIER_BIT(tier) (1u << (tier))
+#define SWIFTKV_TIERS_ALL 0x7u
+
+#define SWIFTKV_LOOKUP_RESULT_VERSION 1
+
+/* What a prompt can reuse. With leading-end eviction a prompt may have a dropped leading range
+ * followed by cached chunks: the engine recomputes tokens [0, dropped_head_tokens) as a request
+ * of their own and loads [dropped_head_tokens, dropped_head_tokens + loadable_tokens). An output
+ * struct: initialise with SWIFTKV_LOOKUP_RESULT_INIT. */
+typedef struct swiftkv_lookup_result {
+  uint32_t size;
+  uint32_t version;
+  uint64_t chunks;              /* full chunks in the tokens */
+  uint64_t prefix_tokens;       /* leading tokens that can be loaded from token 0 */
+  uint64_t dropped_head_tokens; /* leading tokens not cached before the first cached chunk (0
+                                   when the first chunk is cached or none is) */
+  uint64_t loadable_tokens;     /* cached tokens from dropped_head_tokens on, up to the next
+                                   chunk that is not cached */
+  uint64_t chunks_per_tier[3];  /* cached chunks in each tier (peer, host, disk), in all chunks */
+} swiftkv_lookup_result;
+
+#define SWIFTKV_LOOKUP_RESULT_INIT \
+  { (uint32_t)sizeof(swiftkv_lookup_result), SWIFTKV_LOOKUP_RESULT_VERSION, 0, 0, 0, 0, {0, 0, 0} }
+
+/* Where each full chunk of `tokens` (any length; a partial last chunk is ignored) is cached:
+ * residency_out[i] (a swiftkv_tier) for the first min(chunks, residency_capacity) chunks;
+ * residency_out may be NULL when residency_capacity is 0. Counts as activity of the cached
+ * chunks for the eviction policies, and as hits or misses in the stats. */
+SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *residency_out,
+                                          size_t residency_capacity, swiftkv_ctx *ctx,
+                                          uint32_t model, const uint32_t *tokens,
+                                          size_t n_tokens);
+
+/* Stores the chunks of `tokens` (a multiple of chunk_tokens) from host memory `kv`, which holds
+ * exactly n_tokens / chunk_tokens chunks (kv_bytes). Chunks already cached are left as they are.
+ * A chunk becomes visible to swiftkv_lookup only once it is stored whole. *cached_tokens_out:
+ * the leading tokens cached after the call; fewer than n_tokens when some chunk found no room in
+ * any tier (pinned chunks fill it, or no tier is configured), which is counted in the stats. */
+SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ctx *ctx,
+                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
+                                         const void *kv, size_t kv_bytes);
+
+/* Copies cached chunks into host memory `kv`: the chunks of `tokens` from token `start_token` (a
+ * multiple of chunk_tokens) on, as many as kv_bytes (a multiple of the chunk's bytes) holds, up
+ * to the first chunk that is not cached or fails its check. *loaded_tokens_out: tokens copied,
+ * counted from start_token. Bytes of kv past them are unspecified. */
+SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv_ctx *ctx,
+                                            uint32_t model, const uint32_t *tokens,
+                                            size_t n_tokens, uint64_t start_token, void *kv,
+                                            size_t kv_bytes);
+
+/* Borrows up to max_units lending units of `lender` (an elastic region of this process whose
+ * borrower geometry is this model's) into the model's peer tier; *lease_id_out is the region's
+ * lease id. The context renews the lease, and when the lender reclaims it moves the chunks there
+ * down to host or disk (or drops them) and releases it. ENOMEM: nothing free to lend. */
+SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *ctx,
+                                          uint32_t model, swiftkv_elastic *lender,
+                                          uint64_t max_units);
+
+/* Controller (LMCache's controller API). `tokens` is a multiple of chunk_tokens and names the
+ * chunks of its prefix. */
+
+/* Pins every chunk of `tokens` (pins are counted): a pinned chunk is never evicted or cleared.
+ * ENOTFOUND, nothing pinned, when one is not cached. */
+SWIFTKV_API swiftkv_status swiftkv_pin(swiftkv_ctx *ctx, uint32_t model, const uint32_t *tokens,
+                                       size_t n_tokens);
+
+/* Takes one pin off every chunk of `tokens`. ENOTFOUND, nothing changed, when one is not cached
+ * or not pinned. */
+SWIFTKV_API swiftkv_status swiftkv_unpin(swiftkv_ctx *ctx, uint32_t model,
+                                         const uint32_t *tokens, size_t n_tokens);
+
+/* Drops unpinned chunks in the tiers of tier_mask (SWIFTKV_TIER_BIT values): the chunks of
+ * `tokens`, or with tokens NULL and n_tokens 0 every chunk of `model`, or of every model with
+ * SWIFTKV_MODEL_ALL. *cleared_chunks_out: chunks dropped. */
+SWIFTKV_API swiftkv_status swiftkv_clear(uint64_t *cleared_chunks_out, swiftkv_ctx *ctx,
+                                         uint32_t model, uint32_t tier_mask,
+                                         const uint32_t *tokens, size_t n_tokens);
+
+/* Moves every chunk of `tokens` to tier `to` (pinned ones too), making room there by the
+ * eviction policy. *chunks_there_out: the chunks of `tokens` in `to` afterwards (fewer when
+ * `to` could not make room). ENOTFOUND, nothing moved, when a chunk is not cached; EINVAL when
+ * `to` is not configured for the model. */
+SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx *ctx,
+                                        uint32_t model, const uint32_t *tokens, size_t n_tokens,
+                                        swiftkv_tier to);
+
+#define SWIFTKV_STATS_VERSION 1
+
+/* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by
+ * swiftkv_tier: peer, host, disk. */
+typedef struct swiftkv_stats {
+  uint32_t size;
+  uint32_t version;
+  uint64_t chunks[3];
+  uint64_t bytes[3];
+  uint64_t capacity_bytes[3];   /* lent memory held, host budget, disk budget */
+  uint64_t hits[3];             /* chunks swiftkv_lookup found in each tier */
+  uint64_t misses;              /* chunks swiftkv_lookup did not find */
+  uint64_t stores;              /* chunks stored */
+  uint64_t stores_rejected;     /* chunks no tier had room for */
+  uint64_t evictions;           /* chunks dropped by the eviction policy */
+  uint64_t demotions;           /* chunks moved down a tier */
+  uint64_t promotions;          /* chunks moved up a tier by swiftkv_move */
+  uint64_t load_failures;       /* chunks that failed their check or could not be read */
+  uint64_t revocations;         /* chunks that left lent memory because the lender took it */
+  uint64_t corrupt_files_removed; /* torn or corrupt disk files found at start-up */
+  uint64_t demotions_deferred;  /* background demotions that let a pending load go first */
+} swiftkv_stats;
+
+#define SWIFTKV_STATS_INIT                                                                  \
+  {                                                                                         \
+    (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
+        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+  }
+
+SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx);
+
+/* Why a chunk left a tier without the caller asking. */
+typedef enum swiftkv_chunk_event_reason {
+  SWIFTKV_CHUNK_EVICTED = 0, /* its tier needed room */
+  SWIFTKV_CHUNK_REVOKED = 1, /* its lender took the memory back */
+  SWIFTKV_CHUNK_CORRUPT = 2  /* its bytes failed their check or could not be read */
+} swiftkv_chunk_event_reason;
+
+typedef struct swiftkv_chunk_event {
+  uint32_t model;     /* the model's id, or SWIFTKV_MODEL_ALL when it is not registered */
+  swiftkv_tier from;
+  swiftkv_tier to;    /* SWIFTKV_TIER_DROPPED when the chunk is gone */
+  swiftkv_chunk_event_reason reason;
+  uint64_t key_lo;    /* the chunk's key */
+  uint64_t key_hi;
+} swiftkv_chunk_event;
+
+/* Called after a chunk was demoted or dropped by the cache, on the thread that moved it (a
+ * caller's thread inside swiftkv_store or swiftkv_move, or the context's background thread), with
+ * no lock of the library held. It may call libswiftkv, except swiftkv_model_unregister and
+ * swiftkv_ctx_destroy. */
+typedef void (*swiftkv_chunk_event_fn)(const swiftkv_chunk_event *event, void *user_data);
+
+/* Sets (fn NULL: removes) the context's chunk event callback. Once this returns, the previous
+ * callback is not called again. */
+SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
+                                                            swiftkv_chunk_event_fn fn,
+                                                            void *user_data);
 
 #ifdef __cplusplus
 } /* extern "C" */

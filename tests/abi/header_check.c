@@ -22,7 +22,11 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, device) == 40, "swiftkv_model_desc.dev
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 48, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 88, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, eviction_policy) == 48, "config.eviction_policy (v2)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, recompute_token_cost) == 56, "config.recompute_token_cost");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, attention_cost_table) == 72, "config.attention_cost_table");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, maintenance_interval_ms) == 84, "config.maintenance_interval_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, host_numa_node) == 24, "config.host_numa_node");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_path) == 32, "config.disk_path");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk_budget_bytes");
@@ -42,6 +46,18 @@ STATIC_CHECK(offsetof(swiftkv_lease, reclaim_requested) == 88, "lease.reclaim_re
 STATIC_CHECK(sizeof(swiftkv_elastic_stats) == 144, "swiftkv_elastic_stats size");
 STATIC_CHECK(offsetof(swiftkv_elastic_stats, reclaims_requested) == 128, "stats.reclaims_requested");
 STATIC_CHECK(offsetof(swiftkv_elastic_stats, memory_kind) == 136, "stats.memory_kind");
+STATIC_CHECK(sizeof(swiftkv_model_config) == 24, "swiftkv_model_config size");
+STATIC_CHECK(offsetof(swiftkv_model_config, role) == 16, "model_config.role");
+STATIC_CHECK(sizeof(swiftkv_lookup_result) == 64, "swiftkv_lookup_result size");
+STATIC_CHECK(offsetof(swiftkv_lookup_result, loadable_tokens) == 32, "lookup.loadable_tokens");
+STATIC_CHECK(offsetof(swiftkv_lookup_result, chunks_per_tier) == 40, "lookup.chunks_per_tier");
+STATIC_CHECK(sizeof(swiftkv_stats) == 184, "swiftkv_stats size");
+STATIC_CHECK(offsetof(swiftkv_stats, hits) == 80, "stats.hits");
+STATIC_CHECK(offsetof(swiftkv_stats, misses) == 104, "stats.misses");
+STATIC_CHECK(offsetof(swiftkv_stats, demotions_deferred) == 176, "stats.demotions_deferred");
+STATIC_CHECK(sizeof(swiftkv_chunk_event) == 32, "swiftkv_chunk_event size");
+STATIC_CHECK(offsetof(swiftkv_chunk_event, key_lo) == 16, "chunk_event.key_lo");
+STATIC_CHECK(sizeof(swiftkv_tier) == 4 && sizeof(swiftkv_role) == 4, "enum size");
 
 static int failures = 0;
 #define CHECK(cond)                                               \
@@ -70,6 +86,16 @@ int main(void) {
   CHECK(ec.lender == NULL && ec.borrower == NULL && ec.clock == NULL && ec.flags == 0);
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
+  swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
+  CHECK(cc.version == 2 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.demote_free_percent == 25 && cc.recompute_token_cost == 1.0);
+  CHECK(cc.attention_cost_table == NULL && cc.maintenance_interval_ms == 10);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  CHECK(mc.size == sizeof mc && mc.role == SWIFTKV_ROLE_BORROWER && mc.desc == NULL);
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  CHECK(lr.size == sizeof lr && lr.chunks_per_tier[2] == 0);
+  swiftkv_stats st = SWIFTKV_STATS_INIT;
+  CHECK(st.size == sizeof st && st.version == SWIFTKV_STATS_VERSION && st.demotions_deferred == 0);
   swiftkv_lease ls = SWIFTKV_LEASE_INIT;
   CHECK(ls.size == sizeof ls && ls.version == SWIFTKV_LEASE_VERSION && ls.data == NULL);
   swiftkv_elastic_stats es = SWIFTKV_ELASTIC_STATS_INIT;

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 2");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 3");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -165,6 +165,70 @@ static void config_size_and_version(void **state) {
   assert_status(swiftkv_ctx_create(NULL, NULL), SWIFTKV_EINVAL);
   assert_message_contains("out is NULL");
   assert_ptr_equal(out, CTX_SENTINEL);
+}
+
+/* A program built against version 1 of the struct (48 bytes, no cache fields) gets the cache
+ * defaults; the fields it lacks are never read from its memory. */
+static void version_1_callers_get_cache_defaults(void **state) {
+  (void)state;
+  struct {
+    swiftkv_ctx_config c;
+  } v1;
+  memset(&v1, 0x7f, sizeof v1); /* garbage where the v2 fields would be */
+  v1.c.size = (uint32_t)offsetof(swiftkv_ctx_config, eviction_policy);
+  v1.c.version = 1;
+  v1.c.device_mask = 0;
+  v1.c.host_budget_bytes = 4096;
+  v1.c.host_numa_node = SWIFTKV_NUMA_NODE_AUTO;
+  v1.c.reserved0 = 0;
+  v1.c.disk_path = NULL;
+  v1.c.disk_budget_bytes = 0;
+  swiftkv_ctx *ctx = create_ok(&v1.c);
+  const swiftkv_ctx_config e = effective(ctx);
+  assert_int_equal(e.host_budget_bytes, 4096);
+  assert_int_equal(e.eviction_policy, SWIFTKV_EVICT_RETENTION);
+  assert_int_equal(e.demote_free_percent, 25);
+  assert_true(e.recompute_token_cost == 1.0 && e.recompute_attention_cost == 1.0);
+  assert_null(e.attention_cost_table);
+  assert_int_equal(e.maintenance_interval_ms, 10);
+  swiftkv_ctx_destroy(ctx);
+}
+
+static void cache_fields_are_checked(void **state) {
+  (void)state;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.eviction_policy = (swiftkv_eviction_policy)7;
+  create_refused(&c, SWIFTKV_EINVAL, "config->eviction_policy (7)");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.demote_free_percent = 101;
+  create_refused(&c, SWIFTKV_EINVAL, "demote_free_percent (101)");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.recompute_token_cost = -1.0;
+  create_refused(&c, SWIFTKV_EINVAL, "token cost");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.attention_cost_entries = 2;
+  create_refused(&c, SWIFTKV_EINVAL, "attention_cost_table is NULL");
+  const double falling[3] = {1.0, 4.0, 2.0};
+  c.attention_cost_table = falling;
+  c.attention_cost_entries = 3;
+  create_refused(&c, SWIFTKV_EINVAL, "table entry 2");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.maintenance_interval_ms = 0;
+  create_refused(&c, SWIFTKV_EINVAL, "maintenance_interval_ms is 0");
+
+  /* A good table is copied: the caller's array may go, get_config shows the context's copy. */
+  double table[4] = {0.5, 1.0, 2.0, 4.0};
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.eviction_policy = SWIFTKV_EVICT_LRU;
+  c.attention_cost_table = table;
+  c.attention_cost_entries = 4;
+  swiftkv_ctx *ctx = create_ok(&c);
+  table[3] = 99.0;
+  const swiftkv_ctx_config e = effective(ctx);
+  assert_int_equal(e.eviction_policy, SWIFTKV_EVICT_LRU);
+  assert_int_equal(e.attention_cost_entries, 4);
+  assert_true(e.attention_cost_table != table && e.attention_cost_table[3] == 4.0);
+  swiftkv_ctx_destroy(ctx);
 }
 
 static void get_config_respects_the_callers_size(void **state) {
@@ -241,6 +305,8 @@ int main(void) {
       cmocka_unit_test(numa_node),
       cmocka_unit_test(disk_tier),
       cmocka_unit_test(config_size_and_version),
+      cmocka_unit_test(version_1_callers_get_cache_defaults),
+      cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
       cmocka_unit_test(concurrent_create_and_destroy),
   };

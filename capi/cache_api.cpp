@@ -1,0 +1,381 @@
+// Model registration and the borrower's chunk cache at the ABI: model ids to fingerprints, token
+// arrays to chunk keys, and the cache's results into versioned structs.
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "capi/capi_guard.hpp"
+#include "capi/context_handle.hpp"
+#include "capi/elastic_handle.hpp"
+#include "capi/model_desc.hpp"
+#include "capi/raw_enum.hpp"
+#include "capi/versioned.hpp"
+
+namespace swiftkv::capi {
+
+namespace {
+
+constexpr size_t kModelConfigV1Size =
+    offsetof(swiftkv_model_config, reserved0) + sizeof(uint32_t);
+constexpr size_t kLookupResultV1Size =
+    offsetof(swiftkv_lookup_result, chunks_per_tier) + 3 * sizeof(uint64_t);
+constexpr size_t kStatsV1Size = offsetof(swiftkv_stats, demotions_deferred) + sizeof(uint64_t);
+
+// A registered borrower as the cache calls need it; copied out under the table's lock.
+RegisteredModel borrower(const swiftkv_ctx *ctx, uint32_t model) {
+  std::shared_lock lock(ctx->models_mu);
+  const auto it = ctx->models.find(model);
+  if (it == ctx->models.end()) {
+    fail(SWIFTKV_ENOTFOUND, "model " + std::to_string(model) + " is not registered");
+  }
+  if (it->second.role != SWIFTKV_ROLE_BORROWER) {
+    fail(SWIFTKV_ESTATE, "model " + std::to_string(model) + " (" + it->second.name +
+                             ") is a lender; only borrowers have a chunk cache");
+  }
+  return it->second;
+}
+
+// The keys of the full chunks of tokens. With `whole`, tokens must be whole chunks.
+std::vector<ChunkKey> keys_of(const RegisteredModel &m, const uint32_t *tokens, size_t n_tokens,
+                              bool whole) {
+  if (tokens == nullptr && n_tokens != 0) fail_invalid("tokens is NULL");
+  const uint32_t c = m.geometry.chunk_tokens;
+  if (whole && n_tokens % c != 0) {
+    fail_invalid("n_tokens (" + std::to_string(n_tokens) + ") is not a multiple of " + m.name +
+                 "'s chunk_tokens (" + std::to_string(c) + ")");
+  }
+  std::vector<ChunkKey> keys(n_tokens / c);
+  chunk_keys(keys.data(), m.fingerprint, tokens, n_tokens, c);
+  return keys;
+}
+
+Tier read_tier(swiftkv_tier t, const char *arg) {
+  const int32_t v = raw_enum_value(t);
+  if (v < SWIFTKV_TIER_PEER || v > SWIFTKV_TIER_DISK) {
+    fail_invalid(std::string(arg) + " (" + std::to_string(v) +
+                 ") is not a tier a chunk can be in");
+  }
+  return static_cast<Tier>(v);
+}
+
+}  // namespace
+
+}  // namespace swiftkv::capi
+
+using swiftkv::ChunkKey;
+using swiftkv::Tier;
+using swiftkv::capi::borrower;
+using swiftkv::capi::keys_of;
+using swiftkv::capi::require;
+
+extern "C" {
+
+SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_ctx *ctx,
+                                                  const swiftkv_model_config *config) {
+  try {
+    require(model_out, "model_out");
+    require(ctx, "ctx");
+    const swiftkv_model_config defaults = SWIFTKV_MODEL_CONFIG_INIT;
+    const swiftkv_model_config c = swiftkv::capi::read_versioned(
+        config, defaults, SWIFTKV_MODEL_CONFIG_VERSION, swiftkv::capi::kModelConfigV1Size,
+        "config", "SWIFTKV_MODEL_CONFIG_INIT");
+    if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
+    require(c.desc, "config->desc");
+    const swiftkv::capi::CheckedModel m = swiftkv::capi::read_model_desc(c.desc, "config->desc");
+    if (c.desc->name == nullptr || c.desc->name[0] == '\0') {
+      swiftkv::fail_invalid("config->desc->name is required: it keys the model's chunks");
+    }
+    const int32_t role = swiftkv::capi::raw_enum_value(c.role);
+    if (role != SWIFTKV_ROLE_LENDER && role != SWIFTKV_ROLE_BORROWER) {
+      swiftkv::fail_invalid("config->role (" + std::to_string(role) + ") is not a swiftkv_role");
+    }
+    swiftkv::capi::RegisteredModel r{c.desc->name, m.geometry, m.sizes,
+                                     swiftkv::model_fingerprint(c.desc->name, m.geometry),
+                                     static_cast<swiftkv_role>(role)};
+    std::unique_lock lock(ctx->models_mu);
+    for (const auto &[id, other] : ctx->models) {
+      if (other.fingerprint == r.fingerprint) {
+        swiftkv::fail(SWIFTKV_EBUSY, "model '" + r.name + "' with this geometry is registered "
+                                         "already as model " + std::to_string(id));
+      }
+    }
+    if (ctx->next_model == SWIFTKV_MODEL_ALL) {
+      swiftkv::fail(SWIFTKV_ENOMEM, "the context has used every model id");
+    }
+    const uint32_t id = ctx->next_model++;
+    ctx->models.emplace(id, std::move(r));
+    *model_out = id;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t model) {
+  try {
+    require(ctx, "ctx");
+    swiftkv::capi::RegisteredModel m;
+    {
+      std::unique_lock lock(ctx->models_mu);
+      const auto it = ctx->models.find(model);
+      if (it == ctx->models.end()) {
+        swiftkv::fail(SWIFTKV_ENOTFOUND, "model " + std::to_string(model) + " is not registered");
+      }
+      m = std::move(it->second);
+      ctx->models.erase(it);
+    }
+    if (m.role == SWIFTKV_ROLE_BORROWER) ctx->cache.give_back(m.fingerprint);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *residency_out,
+                                          size_t residency_capacity, swiftkv_ctx *ctx,
+                                          uint32_t model, const uint32_t *tokens,
+                                          size_t n_tokens) {
+  try {
+    require(out, "out");
+    require(ctx, "ctx");
+    if (residency_out == nullptr && residency_capacity != 0) {
+      swiftkv::fail_invalid("residency_out is NULL but residency_capacity is " +
+                            std::to_string(residency_capacity));
+    }
+    // Checked before anything is touched, so a bad call changes no activity time or counter.
+    swiftkv::capi::check_struct_header<swiftkv_lookup_result>(
+        out->size, out->version, SWIFTKV_LOOKUP_RESULT_VERSION, swiftkv::capi::kLookupResultV1Size,
+        "out", "SWIFTKV_LOOKUP_RESULT_INIT");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, false);
+    std::vector<uint8_t> residency(keys.size());
+    const swiftkv::LookupResult r = ctx->cache.lookup(keys, residency.data());
+    const uint64_t c = m.geometry.chunk_tokens;
+    swiftkv_lookup_result v = SWIFTKV_LOOKUP_RESULT_INIT;
+    v.chunks = r.chunks;
+    v.dropped_head_tokens = r.dropped_head * c;
+    v.loadable_tokens = r.loadable * c;
+    v.prefix_tokens = r.dropped_head == 0 ? v.loadable_tokens : 0;
+    for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
+    swiftkv::capi::write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION,
+                                   swiftkv::capi::kLookupResultV1Size, "out",
+                                   "SWIFTKV_LOOKUP_RESULT_INIT");
+    const size_t n = residency.size() < residency_capacity ? residency.size() : residency_capacity;
+    if (n != 0) std::memcpy(residency_out, residency.data(), n);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ctx *ctx,
+                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
+                                         const void *kv, size_t kv_bytes) {
+  try {
+    require(cached_tokens_out, "cached_tokens_out");
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
+    if (kv == nullptr && n_tokens != 0) swiftkv::fail_invalid("kv is NULL");
+    const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
+    if (kv_bytes / chunk_bytes != keys.size() || kv_bytes % chunk_bytes != 0) {
+      swiftkv::fail_invalid("kv_bytes (" + std::to_string(kv_bytes) + ") is not " +
+                            std::to_string(keys.size()) + " chunks of " +
+                            std::to_string(chunk_bytes) + " bytes");
+    }
+    const uint64_t leading = ctx->cache.store(m.fingerprint, keys, m.geometry.chunk_tokens,
+                                              chunk_bytes, static_cast<const std::byte *>(kv));
+    *cached_tokens_out = leading * m.geometry.chunk_tokens;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv_ctx *ctx,
+                                            uint32_t model, const uint32_t *tokens,
+                                            size_t n_tokens, uint64_t start_token, void *kv,
+                                            size_t kv_bytes) {
+  try {
+    require(loaded_tokens_out, "loaded_tokens_out");
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, false);
+    const uint64_t c = m.geometry.chunk_tokens;
+    if (start_token % c != 0 || start_token / c > keys.size()) {
+      swiftkv::fail_invalid("start_token (" + std::to_string(start_token) +
+                            ") is not a chunk boundary within the " +
+                            std::to_string(keys.size()) + " full chunks of tokens");
+    }
+    const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
+    if (kv_bytes % chunk_bytes != 0) {
+      swiftkv::fail_invalid("kv_bytes (" + std::to_string(kv_bytes) +
+                            ") is not a whole number of " + std::to_string(chunk_bytes) +
+                            "-byte chunks");
+    }
+    if (kv == nullptr && kv_bytes != 0) swiftkv::fail_invalid("kv is NULL");
+    const uint64_t first = start_token / c;
+    const uint64_t fit = kv_bytes / chunk_bytes;
+    const size_t end = static_cast<size_t>(first + fit < keys.size() ? first + fit : keys.size());
+    const uint64_t n = ctx->cache.retrieve(std::span<const ChunkKey>(keys.data(), end), first,
+                                           chunk_bytes, static_cast<std::byte *>(kv));
+    *loaded_tokens_out = n * c;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *ctx,
+                                          uint32_t model, swiftkv_elastic *lender,
+                                          uint64_t max_units) {
+  try {
+    require(lease_id_out, "lease_id_out");
+    require(ctx, "ctx");
+    require(lender, "lender");
+    if (max_units == 0) swiftkv::fail_invalid("max_units is 0");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const auto &b = lender->region->borrower_sizes();
+    if (!b || b->layer_chunk_bytes != m.sizes.layer_chunk_bytes ||
+        b->full_chunk_bytes != m.sizes.full_chunk_bytes) {
+      swiftkv::fail_invalid("lender's borrower geometry is not " + m.name +
+                            "'s: its lent memory would not hold this model's chunks");
+    }
+    *lease_id_out = ctx->cache.borrow(m.fingerprint, m.sizes.full_chunk_bytes, lender->region,
+                                      max_units);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_pin(swiftkv_ctx *ctx, uint32_t model, const uint32_t *tokens,
+                                       size_t n_tokens) {
+  try {
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    ctx->cache.pin(keys_of(m, tokens, n_tokens, true));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_unpin(swiftkv_ctx *ctx, uint32_t model,
+                                         const uint32_t *tokens, size_t n_tokens) {
+  try {
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    ctx->cache.unpin(keys_of(m, tokens, n_tokens, true));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_clear(uint64_t *cleared_chunks_out, swiftkv_ctx *ctx,
+                                         uint32_t model, uint32_t tier_mask,
+                                         const uint32_t *tokens, size_t n_tokens) {
+  try {
+    require(cleared_chunks_out, "cleared_chunks_out");
+    require(ctx, "ctx");
+    if (tier_mask == 0 || (tier_mask & ~SWIFTKV_TIERS_ALL) != 0) {
+      swiftkv::fail_invalid("tier_mask (" + std::to_string(tier_mask) +
+                            ") must be a non-empty set of SWIFTKV_TIER_BIT values");
+    }
+    uint64_t n = 0;
+    if (model == SWIFTKV_MODEL_ALL) {
+      if (tokens != nullptr || n_tokens != 0) {
+        swiftkv::fail_invalid("tokens name chunks of one model; SWIFTKV_MODEL_ALL takes none");
+      }
+      n = ctx->cache.clear(std::nullopt, tier_mask, std::nullopt);
+    } else {
+      const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+      if (tokens == nullptr && n_tokens == 0) {
+        n = ctx->cache.clear(m.fingerprint, tier_mask, std::nullopt);
+      } else {
+        const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
+        n = ctx->cache.clear(m.fingerprint, tier_mask, std::span<const ChunkKey>(keys));
+      }
+    }
+    *cleared_chunks_out = n;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx *ctx,
+                                        uint32_t model, const uint32_t *tokens, size_t n_tokens,
+                                        swiftkv_tier to) {
+  try {
+    require(chunks_there_out, "chunks_there_out");
+    require(ctx, "ctx");
+    const Tier t = swiftkv::capi::read_tier(to, "to");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
+    if (!ctx->cache.configured(t, m.fingerprint)) {
+      swiftkv::fail_invalid(std::string("tier ") + swiftkv::tier_name(t) +
+                            " is not configured for " + m.name +
+                            (t == Tier::peer   ? " (it borrows no lent memory)"
+                             : t == Tier::host ? " (the context has no host_budget_bytes)"
+                                               : " (the context has no disk_path)"));
+    }
+    *chunks_there_out = ctx->cache.move(keys, t);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx) {
+  try {
+    require(ctx, "ctx");
+    const swiftkv::CacheStats s = ctx->cache.stats();
+    swiftkv_stats v = SWIFTKV_STATS_INIT;
+    for (size_t t = 0; t < 3; ++t) {
+      v.chunks[t] = s.chunks[t];
+      v.bytes[t] = s.bytes[t];
+      v.capacity_bytes[t] = s.capacity_bytes[t];
+      v.hits[t] = s.hits[t];
+    }
+    v.misses = s.misses;
+    v.stores = s.stores;
+    v.stores_rejected = s.stores_rejected;
+    v.evictions = s.evictions;
+    v.demotions = s.demotions;
+    v.promotions = s.promotions;
+    v.load_failures = s.load_failures;
+    v.revocations = s.revocations;
+    v.corrupt_files_removed = s.corrupt_files_removed;
+    v.demotions_deferred = s.demotions_deferred;
+    swiftkv::capi::write_versioned(out, v, SWIFTKV_STATS_VERSION, swiftkv::capi::kStatsV1Size,
+                                   "out", "SWIFTKV_STATS_INIT");
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
+                                                            swiftkv_chunk_event_fn fn,
+                                                            void *user_data) {
+  try {
+    require(ctx, "ctx");
+    if (fn == nullptr) {
+      ctx->cache.set_event_callback(nullptr);
+      return SWIFTKV_OK;
+    }
+    ctx->cache.set_event_callback([ctx, fn, user_data](const swiftkv::ChunkEvent &e) {
+      swiftkv_chunk_event ev{};
+      ev.model = SWIFTKV_MODEL_ALL;
+      {
+        std::shared_lock lock(ctx->models_mu);
+        for (const auto &[id, m] : ctx->models) {
+          if (m.fingerprint == e.model) ev.model = id;
+        }
+      }
+      ev.from = static_cast<swiftkv_tier>(e.from);
+      ev.to = e.to ? static_cast<swiftkv_tier>(*e.to) : SWIFTKV_TIER_DROPPED;
+      ev.reason = static_cast<swiftkv_chunk_event_reason>(e.reason);
+      ev.key_lo = e.key.lo;
+      ev.key_hi = e.key.hi;
+      fn(&ev, user_data);
+    });
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+}  // extern "C"

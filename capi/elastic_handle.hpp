@@ -1,0 +1,22 @@
+// The opaque swiftkv_elastic handle: the region and what it took from its context. A borrower in
+// the same process may hold the region too (swiftkv_borrow), so the region is shared; ending the
+// handle ends every lease, and the memory goes once the last holder lets go.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/context/context.hpp"
+#include "core/elastic/elastic_region.hpp"
+
+struct swiftkv_elastic {
+  swiftkv::Context *ctx = nullptr;
+  uint64_t host_reserved = 0;
+  std::shared_ptr<swiftkv::ElasticRegion> region;
+
+  ~swiftkv_elastic() {
+    if (region) region->end_all_leases();
+    region.reset();  // the memory first (unless a borrower still maps it), then its budget
+    if (host_reserved != 0) ctx->release_host(host_reserved);
+  }
+};
