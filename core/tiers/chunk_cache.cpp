@@ -312,15 +312,16 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
       free_slots(to_free);
       fail(SWIFTKV_EINTERNAL, "a chunk's size differs from its model's");
     }
-    std::atomic<uint32_t> &loads = loads_active_[idx(use->where.tier)];
-    loads.fetch_add(1);
     bool ok = true;
-    try {
-      store_of(use->where.tier)->read(use->where.slot, use->meta, dst + (i - start) * chunk_bytes);
-    } catch (const Error &) {
-      ok = false;
+    {
+      const LoadScope load(*this, use->where.tier);
+      try {
+        store_of(use->where.tier)->read(use->where.slot, use->meta,
+                                        dst + (i - start) * chunk_bytes);
+      } catch (const Error &) {
+        ok = false;
+      }
     }
-    loads.fetch_sub(1);
     index_.end_read(keys[i], to_free);
     free_slots(to_free);
     if (!ok) {

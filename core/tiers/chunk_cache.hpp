@@ -119,6 +119,19 @@ class ChunkCache {
   // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
   void give_back(const ChunkKey &model);
 
+  // Marks a load out of tier t as pending for as long as the scope lives: background demotion
+  // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
+  class LoadScope {
+   public:
+    LoadScope(ChunkCache &c, Tier t) : n_(c.loads_active_[static_cast<size_t>(t)]) { n_.fetch_add(1); }
+    ~LoadScope() { n_.fetch_sub(1); }
+    LoadScope(const LoadScope &) = delete;
+    LoadScope &operator=(const LoadScope &) = delete;
+
+   private:
+    std::atomic<uint32_t> &n_;
+  };
+
   // One maintenance pass: leases renewed, reclaimed leases evacuated and released, lost leases'
   // chunks dropped, and ahead-of-time demotion.
   void maintain();

@@ -1,0 +1,586 @@
+// The borrower's core: chunk keys, the eviction policies, and the chunk cache over real tiers
+// (a host elastic region as the peer, pinned host slabs, files on disk), including the lease
+// protocol, restart from disk, corruption and concurrent use.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/common/error.hpp"
+#include "core/elastic/elastic_region.hpp"
+#include "core/index/chunk_key.hpp"
+#include "core/memory/host_region.hpp"
+#include "core/policy/eviction_policy.hpp"
+#include "core/tiers/chunk_cache.hpp"
+
+// cmocka last: it defines a `fail` macro that the core's headers must not see.
+extern "C" {
+#include <cmocka.h>
+}
+
+using swiftkv::CacheOptions;
+using swiftkv::ChunkCache;
+using swiftkv::ChunkKey;
+using swiftkv::Tier;
+
+namespace {
+
+swiftkv::ModelGeometry geometry(uint32_t heads, uint32_t dim, swiftkv_dtype dtype) {
+  swiftkv::ModelGeometry g;
+  g.num_layers = 2;
+  g.num_kv_heads = heads;
+  g.head_dim = dim;
+  g.block_tokens = 4;
+  g.chunk_tokens = 8;
+  g.dtype = dtype;
+  return g;
+}
+
+std::string temp_dir() {
+  char t[] = "/tmp/swiftkv-cache-XXXXXX";
+  assert_non_null(mkdtemp(t));
+  return t;
+}
+
+// Chunk bytes that say which sequence and chunk they belong to, so a chunk in the wrong place or
+// a torn copy shows.
+std::vector<std::byte> chunk_bytes(uint64_t bytes, uint32_t seq, size_t chunk) {
+  std::vector<std::byte> b(bytes);
+  uint64_t x = (uint64_t{seq} << 32) ^ (chunk * 0x9E3779B97F4A7C15ull) ^ 0x1234567ull;
+  for (auto &v : b) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<std::byte>(x);
+  }
+  return b;
+}
+
+std::vector<uint32_t> tokens_of(uint32_t seq, size_t chunks, uint32_t chunk_tokens) {
+  std::vector<uint32_t> t(chunks * chunk_tokens);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = seq * 100000u + static_cast<uint32_t>(i);
+  return t;
+}
+
+// A borrower model, a context and its cache, and optionally a lender to borrow from.
+struct Rig {
+  swiftkv::ModelGeometry g;
+  swiftkv::GeometrySizes sizes;
+  ChunkKey fp;
+  std::string dir;
+  std::unique_ptr<swiftkv::Context> ctx;
+  std::unique_ptr<ChunkCache> cache;
+  std::shared_ptr<swiftkv::ElasticRegion> lender;
+  uint64_t now = 1'000'000'000;
+
+  Rig(swiftkv::ModelGeometry geo, uint64_t host_chunks, uint64_t disk_chunks, uint64_t peer_chunks,
+      swiftkv::EvictionPolicy policy = swiftkv::EvictionPolicy::lru, uint32_t demote_pct = 0,
+      uint64_t interval_ms = 0, std::string reuse_dir = "")
+      : g(geo), sizes(swiftkv::geometry_sizes(geo, "g")), fp(swiftkv::model_fingerprint("m", geo)) {
+    swiftkv::ContextConfig c;
+    // Host slabs are whole pages: the budget is in pages, each holding whole chunks here.
+    const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    c.host_budget_bytes = host_chunks == 0 ? 0 : (host_chunks * sizes.full_chunk_bytes + page - 1) / page * page;
+    if (disk_chunks != 0) {
+      dir = reuse_dir.empty() ? temp_dir() : reuse_dir;
+      c.disk_path = dir;
+      c.disk_budget_bytes = disk_chunks * swiftkv::DiskTier::file_bytes(sizes.full_chunk_bytes);
+    }
+    ctx = std::make_unique<swiftkv::Context>(c);
+    CacheOptions o;
+    o.policy = policy;
+    o.demote_free_percent = demote_pct;
+    o.host_slab_bytes = page;
+    o.maintenance_interval_ms = interval_ms;
+    if (interval_ms == 0) o.clock = [this] { return now; };
+    cache = std::make_unique<ChunkCache>(*ctx, o);
+    if (peer_chunks != 0) {
+      swiftkv::ElasticConfig e;
+      e.lender = geo;
+      e.borrower = geo;
+      const swiftkv::LendUnit u = swiftkv::lend_unit(sizes, sizes);
+      e.capacity_blocks = peer_chunks / u.borrower_chunks * u.lender_blocks;
+      e.owned_blocks = 0;
+      swiftkv::HostRegionOptions ho;
+      ho.size = swiftkv::ElasticRegion::required_bytes(e);
+      lender = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
+      cache->borrow(fp, sizes.full_chunk_bytes, lender, UINT64_MAX);
+    }
+  }
+  ~Rig() {
+    cache.reset();
+    if (!dir.empty() && keep_dir == false) std::filesystem::remove_all(dir);
+  }
+  bool keep_dir = false;
+
+  std::vector<ChunkKey> keys(uint32_t seq, size_t chunks) const {
+    const std::vector<uint32_t> t = tokens_of(seq, chunks, g.chunk_tokens);
+    std::vector<ChunkKey> k(chunks);
+    swiftkv::chunk_keys(k.data(), fp, t.data(), t.size(), g.chunk_tokens);
+    return k;
+  }
+  // Stores chunks [0, n) of sequence seq; returns the leading chunks cached.
+  uint64_t store(uint32_t seq, size_t n) {
+    const std::vector<ChunkKey> k = keys(seq, n);
+    std::vector<std::byte> all;
+    for (size_t i = 0; i < n; ++i) {
+      const auto b = chunk_bytes(sizes.full_chunk_bytes, seq, i);
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    return cache->store(fp, k, g.chunk_tokens, sizes.full_chunk_bytes, all.data());
+  }
+  // Loads chunk i of seq alone (its whole prefix keys) and checks every byte.
+  bool intact(uint32_t seq, size_t i) {
+    const std::vector<ChunkKey> k = keys(seq, i + 1);
+    std::vector<std::byte> out(sizes.full_chunk_bytes);
+    if (cache->retrieve(k, i, sizes.full_chunk_bytes, out.data()) != 1) return false;
+    return out == chunk_bytes(sizes.full_chunk_bytes, seq, i);
+  }
+  std::optional<Tier> where(uint32_t seq, size_t i) {
+    const std::vector<ChunkKey> k = keys(seq, i + 1);
+    uint8_t r[64];
+    cache->lookup(k, r);
+    return r[i] == ChunkCache::kDropped ? std::nullopt : std::optional<Tier>(static_cast<Tier>(r[i]));
+  }
+};
+
+// --- Keys ------------------------------------------------------------------------------------
+
+void keys_chain_over_the_prefix(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  const ChunkKey fp = swiftkv::model_fingerprint("m", g);
+  std::vector<uint32_t> t = tokens_of(1, 3, 8);
+  t.push_back(7);  // a partial chunk: never keyed
+  ChunkKey a[3], b[3];
+  swiftkv::chunk_keys(a, fp, t.data(), t.size(), 8);
+  assert_false(a[0] == a[1]);
+  // Changing a token of chunk 1 changes chunks 1 and 2, never chunk 0.
+  t[9] ^= 1;
+  swiftkv::chunk_keys(b, fp, t.data(), t.size(), 8);
+  assert_true(a[0] == b[0]);
+  assert_false(a[1] == b[1]);
+  assert_false(a[2] == b[2]);
+  // The same tokens in the second chunk as the first make another key: the chain differs.
+  std::vector<uint32_t> same(16, 5);
+  ChunkKey s[2];
+  swiftkv::chunk_keys(s, fp, same.data(), same.size(), 8);
+  assert_false(s[0] == s[1]);
+  // The fingerprint is the seed: another model, other keys for the same tokens.
+  const ChunkKey fp2 = swiftkv::model_fingerprint("m2", g);
+  ChunkKey c[1];
+  swiftkv::chunk_keys(c, fp2, same.data(), 8, 8);
+  assert_false(c[0] == s[0]);
+  assert_int_equal(swiftkv::to_hex(a[0]).size(), 32);
+}
+
+void fingerprint_covers_the_kv_shape(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  const ChunkKey base = swiftkv::model_fingerprint("m", g);
+  auto differs = [&](swiftkv::ModelGeometry o) {
+    return !(swiftkv::model_fingerprint("m", o) == base);
+  };
+  auto o = g;
+  o.dtype = SWIFTKV_DTYPE_BF16;
+  assert_true(differs(o));
+  o = g;
+  o.num_layers = 3;
+  assert_true(differs(o));
+  o = g;
+  o.chunk_tokens = 16;
+  assert_true(differs(o));
+  o = g;
+  o.head_dim = 9;
+  assert_true(differs(o));
+  o = g;
+  o.device = 3;  // same bytes on another GPU: same chunks
+  assert_false(differs(o));
+  assert_false(swiftkv::model_fingerprint("n", g) == base);
+}
+
+// --- Policies --------------------------------------------------------------------------------
+
+void lru_order(void **) {
+  std::vector<swiftkv::EvictionCandidate> c = {{30, 8, 8, 10}, {10, 16, 8, 10}, {20, 24, 8, 10}};
+  const auto o = swiftkv::eviction_order(c, swiftkv::EvictionPolicy::lru, {}, 100);
+  assert_true((o == std::vector<size_t>{1, 2, 0}));
+  const auto v = swiftkv::select_victims(c, swiftkv::EvictionPolicy::lru, {}, 100, 15);
+  assert_true((v == std::vector<size_t>{1, 2}));
+}
+
+void retention_prefers_idle_conversations_and_leading_chunks(void **) {
+  swiftkv::RecomputeCost cost;  // s * (1 + l_mid / 1024)
+  const uint64_t now = 1'000'000;
+  // Conversation A, idle for 900: chunks at 256, 512, 768 tokens. Conversation B, idle for 100.
+  std::vector<swiftkv::EvictionCandidate> c = {
+      {now - 100, 256, 256, 1}, {now - 900, 768, 256, 1}, {now - 900, 256, 256, 1},
+      {now - 900, 512, 256, 1}, {now - 100, 512, 256, 1}};
+  const auto o = swiftkv::eviction_order(c, swiftkv::EvictionPolicy::retention, cost, now);
+  // A first (idle longer), and in each conversation the leading chunk first.
+  assert_true((o == std::vector<size_t>{2, 3, 1, 0, 4}));
+  // Exact values: A's first chunk costs 256 * (1 + 128/1024) = 288, over 900 ns.
+  assert_true(cost.chunk_cost(256, 256) == 288.0);
+  assert_true(cost.chunk_cost(256, 768) == 256.0 * (1.0 + 640.0 / 1024.0));
+  // A conversation active now is kept over any idle one (T = 1 ns).
+  std::vector<swiftkv::EvictionCandidate> d = {{now, 8, 8, 1}, {0, 1 << 20, 8, 1}};
+  const auto o2 = swiftkv::eviction_order(d, swiftkv::EvictionPolicy::retention, cost, now);
+  assert_int_equal(o2[0], 1);
+}
+
+void cost_table_interpolates_between_powers_of_two(void **) {
+  swiftkv::RecomputeCost c;
+  c.token_cost = 0;
+  c.attention_table = {1.0, 2.0, 4.0};  // at 1, 2 and 4 tokens of context
+  assert_true(c.attention(1.0) == 1.0);
+  assert_true(c.attention(3.0) == 3.0);   // halfway from 2 (2.0) to 4 (4.0)
+  assert_true(c.attention(1.5) == 1.5);
+  assert_true(c.attention(8.0) == 8.0);   // past the table: in proportion to the context
+  assert_true(c.attention(0.5) == 1.0);
+  assert_true(c.chunk_cost(2, 4) == 2 * 3.0);  // l_mid = 3
+  c.attention_table = {2.0, 1.0};
+  bool threw = false;
+  try {
+    swiftkv::check_recompute_cost(c, "t");
+  } catch (const swiftkv::Error &e) {
+    threw = e.status() == SWIFTKV_EINVAL && std::strstr(e.what(), "entry 1") != nullptr;
+  }
+  assert_true(threw);
+}
+
+// --- Tiers -----------------------------------------------------------------------------------
+
+// Every tier and every move between them keeps the bytes, for several geometries and dtypes.
+void bytes_survive_every_tier_and_path(void **) {
+  const swiftkv::ModelGeometry geos[] = {geometry(2, 8, SWIFTKV_DTYPE_F16),
+                                         geometry(3, 5, SWIFTKV_DTYPE_BF16),
+                                         geometry(1, 16, SWIFTKV_DTYPE_FP8_E4M3),
+                                         geometry(4, 3, SWIFTKV_DTYPE_F32)};
+  for (const auto &geo : geos) {
+    Rig r(geo, 64, 64, 4);
+    assert_int_equal(r.store(1, 3), 3);
+    for (size_t i = 0; i < 3; ++i) {
+      assert_true(r.where(1, i) == Tier::peer);
+      assert_true(r.intact(1, i));
+    }
+    const std::vector<ChunkKey> k = r.keys(1, 3);
+    const std::vector<ChunkKey> one(k.begin(), k.begin() + 1);
+    // Every ordered pair of tiers, chained: peer->host->disk->peer->disk->host->peer.
+    const Tier path[] = {Tier::host, Tier::disk, Tier::peer, Tier::disk, Tier::host, Tier::peer};
+    for (Tier t : path) {
+      assert_int_equal(r.cache->move(one, t), 1);
+      assert_true(r.where(1, 0) == t);
+      assert_true(r.intact(1, 0));
+    }
+    // Demotion by pressure: the peer holds 4 chunks; 6 more push the oldest down to host.
+    r.now += 10;
+    assert_int_equal(r.store(2, 6), 6);
+    uint64_t on[3] = {0, 0, 0};
+    for (uint32_t seq : {1u, 2u}) {
+      for (size_t i = 0; i < (seq == 1 ? 3u : 6u); ++i) {
+        const auto t = r.where(seq, i);
+        assert_true(t.has_value());
+        ++on[static_cast<size_t>(*t)];
+        assert_true(r.intact(seq, i));
+      }
+    }
+    assert_int_equal(on[0], 4);
+    assert_int_equal(on[1] + on[2], 5);
+    const swiftkv::CacheStats s = r.cache->stats();
+    assert_true(s.demotions >= 5);
+    assert_int_equal(s.chunks[0], 4);
+  }
+}
+
+// The chain peer -> host -> disk -> dropped under pressure, with the budgets held.
+void demotion_chain_ends_in_drop(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 4, 4);
+  assert_int_equal(r.store(1, 2), 2);
+  r.now += 1;
+  assert_int_equal(r.store(2, 12), 12);
+  r.now += 1;
+  // 14 chunks in 12 places: the two least recently used, sequence 1, went all the way down.
+  assert_false(r.where(1, 0).has_value());
+  assert_false(r.where(1, 1).has_value());
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[0], 4);
+  assert_int_equal(s.chunks[1], 4);
+  assert_int_equal(s.chunks[2], 4);
+  assert_int_equal(s.evictions, 2);
+  for (size_t i = 0; i < 12; ++i) assert_true(r.intact(2, i));
+  assert_true(s.bytes[1] <= r.ctx->config().host_budget_bytes);
+  assert_true(r.cache->disk()->free_bytes({}) <= r.ctx->config().disk_budget_bytes);
+}
+
+void pinned_chunks_are_never_evicted(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 0, 0);
+  assert_int_equal(r.store(1, 4), 4);
+  r.cache->pin(r.keys(1, 4));
+  r.now += 1;
+  // Nothing can go: the new chunks find no room and the pinned ones stay.
+  assert_int_equal(r.store(2, 2), 0);
+  assert_int_equal(r.cache->stats().stores_rejected, 2);
+  for (size_t i = 0; i < 4; ++i) {
+    r.now += 1;  // reading is activity: chunk 0 ends least recently used
+    assert_true(r.intact(1, i));
+  }
+  // Unpinned, they are evicted in LRU order.
+  r.cache->unpin(r.keys(1, 4));
+  assert_int_equal(r.store(2, 2), 2);
+  assert_false(r.where(1, 0).has_value());
+  assert_false(r.where(1, 1).has_value());
+  assert_true(r.where(1, 2).has_value());
+}
+
+// A chunk of a prompt's leading end dropped while later ones stay: lookup reports both.
+void lookup_reports_a_dropped_head(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 16, 0, 0, swiftkv::EvictionPolicy::retention);
+  assert_int_equal(r.store(1, 4), 4);
+  const std::vector<ChunkKey> k = r.keys(1, 4);
+  assert_int_equal(r.cache->clear(std::nullopt, 7, std::span<const ChunkKey>(k.data(), 2)), 2);
+  uint8_t res[4];
+  const swiftkv::LookupResult l = r.cache->lookup(k, res);
+  assert_int_equal(l.dropped_head, 2);
+  assert_int_equal(l.loadable, 2);
+  assert_int_equal(res[0], ChunkCache::kDropped);
+  assert_int_equal(res[2], static_cast<int>(Tier::host));
+  // The loadable part loads from its start.
+  std::vector<std::byte> out(2 * r.sizes.full_chunk_bytes);
+  assert_int_equal(r.cache->retrieve(k, 2, r.sizes.full_chunk_bytes, out.data()), 2);
+  const auto c2 = chunk_bytes(r.sizes.full_chunk_bytes, 1, 2);
+  assert_memory_equal(out.data(), c2.data(), c2.size());
+}
+
+// The retention policy evicts a long-idle conversation's leading chunks before anything else.
+void retention_eviction_in_the_cache(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 0, 0, swiftkv::EvictionPolicy::retention);
+  assert_int_equal(r.store(1, 4), 4);  // conversation 1, then idle
+  r.now += 1'000'000;
+  assert_int_equal(r.store(2, 4), 4);  // conversation 2, just now
+  r.now += 1'000;
+  assert_int_equal(r.store(3, 2), 2);  // needs two chunks of room
+  assert_false(r.where(1, 0).has_value());
+  assert_false(r.where(1, 1).has_value());
+  assert_true(r.where(1, 2).has_value());
+  assert_true(r.where(2, 0).has_value());
+}
+
+void restart_finds_disk_chunks_and_rejects_corrupt_ones(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  std::string dir;
+  std::vector<std::string> files;
+  {
+    Rig r(g, 0, 8, 0);
+    r.keep_dir = true;
+    dir = r.dir;
+    assert_int_equal(r.store(1, 3), 3);
+    assert_true(r.where(1, 2) == Tier::disk);
+  }
+  for (const auto &e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  assert_int_equal(files.size(), 3);
+  // A leftover of an interrupted write, and a torn file, are removed at start-up.
+  std::ofstream(dir + "/.tmp-junk.kvc") << "partial";
+  std::ofstream(dir + "/torn.kvc") << "not a chunk";
+  {
+    Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    r.keep_dir = true;
+    assert_int_equal(r.cache->stats().corrupt_files_removed, 2);
+    assert_int_equal(r.cache->stats().chunks[2], 3);
+    for (size_t i = 0; i < 3; ++i) assert_true(r.intact(1, i));
+  }
+  // One flipped byte in the middle of chunk 1's bytes.
+  std::string victim;
+  {
+    Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    r.keep_dir = true;
+    const std::string hex = swiftkv::to_hex(r.keys(1, 2)[1]);
+    for (const auto &e : std::filesystem::directory_iterator(dir)) {
+      if (e.path().filename().string().rfind(hex, 0) == 0) victim = e.path();
+    }
+  }
+  assert_false(victim.empty());
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(96 + 100);
+    char b = 0;
+    f.read(&b, 1);
+    b = static_cast<char>(b ^ 0x10);
+    f.seekp(96 + 100);
+    f.write(&b, 1);
+  }
+  {
+    Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    assert_true(r.intact(1, 0));
+    assert_false(r.intact(1, 1));  // never loaded
+    assert_false(r.where(1, 1).has_value());  // reported missing from now on
+    assert_true(r.where(1, 2).has_value());
+    assert_int_equal(r.cache->stats().load_failures, 1);
+  }
+}
+
+// The borrower's half of the lease protocol.
+void reclaimed_leases_are_evacuated_then_released(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 16, 0, 4);
+  std::vector<swiftkv::ChunkEvent> events;
+  r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) { events.push_back(e); });
+  assert_int_equal(r.store(1, 3), 3);
+  assert_int_equal(r.lender->stats().lent_blocks, 8);
+  r.lender->reclaim(swiftkv::ElasticRegion::kAllLeases);
+  r.cache->maintain();
+  for (size_t i = 0; i < 3; ++i) {
+    assert_true(r.where(1, i) == Tier::host);
+    assert_true(r.intact(1, i));
+  }
+  assert_int_equal(r.lender->stats().lent_blocks, 0);  // released: the lender may use it
+  assert_int_equal(r.lender->pending_reclaims().size(), 0);
+  assert_int_equal(events.size(), 3);
+  assert_true(events[0].reason == swiftkv::ChunkEventReason::revoked && events[0].to == Tier::host);
+  assert_int_equal(r.cache->stats().revocations, 3);
+  assert_false(r.cache->configured(Tier::peer, r.fp));
+}
+
+void a_lost_lease_drops_its_chunks(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 16, 0, 4);
+  assert_int_equal(r.store(1, 2), 2);
+  r.lender->end_all_leases();  // the lender went away
+  r.cache->maintain();
+  assert_false(r.where(1, 0).has_value());
+  assert_false(r.where(1, 1).has_value());
+  assert_int_equal(r.cache->stats().revocations, 2);
+  assert_int_equal(r.cache->stats().chunks[0], 0);
+}
+
+void loads_go_before_background_demotion(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 8, 0, swiftkv::EvictionPolicy::lru, 50);
+  assert_int_equal(r.store(1, 4), 4);  // host full: under its 50% free mark
+  {
+    const ChunkCache::LoadScope pending(*r.cache, Tier::host);
+    r.cache->maintain();
+    assert_int_equal(r.cache->stats().chunks[1], 4);
+    assert_int_equal(r.cache->stats().demotions_deferred, 1);
+  }
+  r.cache->maintain();
+  assert_int_equal(r.cache->stats().chunks[1], 2);  // back to 50% free
+  assert_int_equal(r.cache->stats().chunks[2], 2);
+  assert_true(r.where(1, 0) == Tier::disk);  // the least recently used went
+  for (size_t i = 0; i < 4; ++i) assert_true(r.intact(1, i));
+}
+
+// Random stores, moves, pins and clears never push a tier past its budget nor corrupt a chunk.
+void budgets_hold_under_random_work(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 6, 4, swiftkv::EvictionPolicy::retention, 25);
+  std::mt19937 rng(7);
+  const uint64_t disk_budget = r.ctx->config().disk_budget_bytes;
+  for (int step = 0; step < 300; ++step) {
+    r.now += 1 + rng() % 1000;
+    const uint32_t seq = rng() % 12;
+    const size_t n = 1 + rng() % 4;
+    switch (rng() % 6) {
+      case 0: case 1: case 2: r.store(seq, n); break;
+      case 3: {
+        const auto k = r.keys(seq, n);
+        try {
+          r.cache->move(k, static_cast<Tier>(rng() % 3));
+        } catch (const swiftkv::Error &e) {
+          assert_int_equal(e.status(), SWIFTKV_ENOTFOUND);
+        }
+        break;
+      }
+      case 4: r.cache->clear(r.fp, 7, std::nullopt); break;
+      case 5: r.cache->maintain(); break;
+    }
+    const swiftkv::CacheStats s = r.cache->stats();
+    assert_true(s.bytes[0] <= s.capacity_bytes[0]);
+    assert_true(r.ctx->host_reserved() <= r.ctx->config().host_budget_bytes);
+    assert_true(s.bytes[1] <= r.ctx->config().host_budget_bytes);
+    assert_true(disk_budget - r.cache->disk()->free_bytes({}) <= disk_budget);
+    assert_true(s.chunks[2] * swiftkv::DiskTier::file_bytes(r.sizes.full_chunk_bytes) <= disk_budget);
+  }
+  for (uint32_t seq = 0; seq < 12; ++seq) {
+    for (size_t i = 0; i < 4; ++i) {
+      if (r.where(seq, i)) assert_true(r.intact(seq, i));
+    }
+  }
+}
+
+// Lookups, stores, loads, moves, clears and pins from several threads while the background
+// thread demotes and keeps the leases. Every chunk a reader gets has exactly its bytes.
+void concurrent_use(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 8, 4, swiftkv::EvictionPolicy::lru, 25, 1);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> threads;
+  for (uint32_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 rng(t);
+      for (int i = 0; i < 150; ++i) {
+        const uint32_t seq = rng() % 6;
+        const size_t n = 1 + rng() % 3;
+        try {
+          switch ((rng() + t) % 5) {
+            case 0: case 1: r.store(seq, n); break;
+            case 2:
+              for (size_t c = 0; c < n; ++c) {
+                const auto k = r.keys(seq, c + 1);
+                std::vector<std::byte> out(r.sizes.full_chunk_bytes);
+                if (r.cache->retrieve(k, c, out.size(), out.data()) == 1 &&
+                    out != chunk_bytes(out.size(), seq, c)) {
+                  ++bad;
+                }
+              }
+              break;
+            case 3: r.cache->move(r.keys(seq, n), static_cast<Tier>(rng() % 3)); break;
+            case 4:
+              if (rng() % 2) {
+                r.cache->clear(std::nullopt, 7, std::nullopt);
+              } else {
+                r.cache->pin(r.keys(seq, n));
+                r.cache->unpin(r.keys(seq, n));
+              }
+              break;
+          }
+        } catch (const swiftkv::Error &e) {
+          if (e.status() != SWIFTKV_ENOTFOUND) ++bad;
+        }
+      }
+    });
+  }
+  for (auto &th : threads) th.join();
+  assert_int_equal(bad.load(), 0);
+  r.cache->maintain();
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_true(s.bytes[1] <= r.ctx->config().host_budget_bytes);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(keys_chain_over_the_prefix),
+      cmocka_unit_test(fingerprint_covers_the_kv_shape),
+      cmocka_unit_test(lru_order),
+      cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
+      cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
+      cmocka_unit_test(bytes_survive_every_tier_and_path),
+      cmocka_unit_test(demotion_chain_ends_in_drop),
+      cmocka_unit_test(pinned_chunks_are_never_evicted),
+      cmocka_unit_test(lookup_reports_a_dropped_head),
+      cmocka_unit_test(retention_eviction_in_the_cache),
+      cmocka_unit_test(restart_finds_disk_chunks_and_rejects_corrupt_ones),
+      cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
+      cmocka_unit_test(a_lost_lease_drops_its_chunks),
+      cmocka_unit_test(loads_go_before_background_demotion),
+      cmocka_unit_test(budgets_hold_under_random_work),
+      cmocka_unit_test(concurrent_use),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
