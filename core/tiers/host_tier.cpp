@@ -37,7 +37,10 @@ std::optional<uint64_t> HostTier::allocate(const ChunkMeta &meta) {
     const uint64_t budget = ctx_.config().host_budget_bytes;
     const uint64_t used = ctx_.host_reserved();
     const uint64_t left = budget > used ? budget - used : 0;
-    uint64_t slots = std::max<uint64_t>(1, slab_bytes_ / bytes);
+    // Slabs of at most an eighth of the budget: the budget is shared with host elastic regions,
+    // and the tier takes it as it fills rather than all at once.
+    const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8, bytes, page}));
+    uint64_t slots = std::max<uint64_t>(1, slab_max / bytes);
     while (slots > 0 && round_up(slots * bytes, page) > left) {
       slots = std::min(slots - 1, left / bytes);
     }

@@ -17,8 +17,8 @@ namespace swiftkv {
 // whoever holds the slot and are copied without the lock.
 class HostTier final : public TierStore {
  public:
-  // slab_bytes: the size of one slab (rounded down to whole chunks; a chunk larger than it gets
-  // a slab of its own). Slabs are reserved from the context's host budget as they are needed
+  // slab_bytes: the largest slab (at most an eighth of the budget, rounded down to whole chunks;
+  // a chunk larger than that gets a slab of its own). Slabs are reserved from the context's host budget as they are needed
   // and kept until the tier ends.
   HostTier(Context &ctx, uint64_t slab_bytes);
   ~HostTier() override;

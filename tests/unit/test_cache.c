@@ -1,0 +1,398 @@
+/* The chunk cache through the C API: models, lookup/store/retrieve, borrowing from an elastic
+ * region, the controller calls and their statuses on bad input (with nothing changed), and the
+ * chunk event callback. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test_support.h"
+
+/* A small borrower: 2 layers, 2 KV heads of 8, F16, 4-token blocks, 8-token chunks (1 KiB). */
+#define CHUNK_TOKENS 8u
+#define CHUNK_BYTES 1024u
+
+static swiftkv_model_desc borrower_desc(void) {
+  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
+  d.name = "tiny-borrower";
+  d.num_layers = 2;
+  d.num_kv_heads = 2;
+  d.head_dim = 8;
+  d.block_tokens = 4;
+  d.chunk_tokens = CHUNK_TOKENS;
+  return d;
+}
+
+struct rig {
+  swiftkv_ctx *ctx;
+  uint32_t model;
+  char dir[64];
+};
+
+static void rig_up(struct rig *r, uint64_t host_bytes, int with_disk) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = host_bytes;
+  c.eviction_policy = SWIFTKV_EVICT_LRU;
+  c.demote_free_percent = 0; /* only on demand: the tests see exact placements */
+  r->dir[0] = '\0';
+  if (with_disk) {
+    strcpy(r->dir, "/tmp/swiftkv-capi-XXXXXX");
+    assert_non_null(mkdtemp(r->dir));
+    c.disk_path = r->dir;
+    c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  }
+  assert_ok(swiftkv_ctx_create(&r->ctx, &c));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  assert_ok(swiftkv_model_register(&r->model, r->ctx, &mc));
+}
+
+static void rig_down(struct rig *r) {
+  swiftkv_ctx_destroy(r->ctx);
+  if (r->dir[0] != '\0') {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", r->dir);
+    assert_int_equal(system(cmd), 0);
+  }
+}
+
+static void fill_tokens(uint32_t *t, size_t n, uint32_t seq) {
+  for (size_t i = 0; i < n; ++i) t[i] = seq * 1000u + (uint32_t)i;
+}
+
+static void fill_kv(unsigned char *kv, size_t bytes, uint32_t seq) {
+  for (size_t i = 0; i < bytes; ++i) kv[i] = (unsigned char)(seq * 31u + i * 7u + (i >> 8));
+}
+
+static swiftkv_stats stats(const struct rig *r) {
+  swiftkv_stats s = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, r->ctx));
+  return s;
+}
+
+static void store_retrieve_lookup(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  uint32_t tokens[4 * CHUNK_TOKENS + 3]; /* 4 full chunks and 3 tokens more */
+  fill_tokens(tokens, 4 * CHUNK_TOKENS + 3, 1);
+  static unsigned char kv[4 * CHUNK_BYTES], out[4 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 1);
+
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  uint8_t res[8];
+  memset(res, 0xee, sizeof res);
+  assert_ok(swiftkv_lookup(&l, res, 8, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS + 3));
+  assert_int_equal(l.chunks, 4);
+  assert_int_equal(l.prefix_tokens, 0);
+  assert_int_equal(res[0], SWIFTKV_TIER_DROPPED);
+  assert_int_equal(res[4], 0xee); /* only the full chunks are written */
+
+  uint64_t cached = SENTINEL;
+  assert_ok(swiftkv_store(&cached, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_int_equal(cached, 4 * CHUNK_TOKENS);
+  assert_ok(swiftkv_lookup(&l, res, 8, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS + 3));
+  assert_int_equal(l.prefix_tokens, 4 * CHUNK_TOKENS);
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], 4);
+  assert_int_equal(res[3], SWIFTKV_TIER_HOST);
+
+  uint64_t loaded = SENTINEL;
+  assert_ok(swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS + 3, 0, out,
+                             sizeof out));
+  assert_int_equal(loaded, 4 * CHUNK_TOKENS);
+  assert_memory_equal(out, kv, sizeof kv);
+  /* From chunk 2 on, into a buffer of one chunk. */
+  memset(out, 0, sizeof out);
+  assert_ok(swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS, 2 * CHUNK_TOKENS,
+                             out, CHUNK_BYTES));
+  assert_int_equal(loaded, CHUNK_TOKENS);
+  assert_memory_equal(out, kv + 2 * CHUNK_BYTES, CHUNK_BYTES);
+
+  /* A dropped head: clearing the first chunk leaves 3 loadable after it. */
+  uint64_t cleared = 0;
+  assert_ok(swiftkv_clear(&cleared, r.ctx, r.model, SWIFTKV_TIERS_ALL, tokens, CHUNK_TOKENS));
+  assert_int_equal(cleared, 1);
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS));
+  assert_int_equal(l.prefix_tokens, 0);
+  assert_int_equal(l.dropped_head_tokens, CHUNK_TOKENS);
+  assert_int_equal(l.loadable_tokens, 3 * CHUNK_TOKENS);
+
+  const swiftkv_stats s = stats(&r);
+  assert_int_equal(s.stores, 4);
+  assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], 3);
+  assert_int_equal(s.bytes[SWIFTKV_TIER_HOST], 3 * CHUNK_BYTES);
+  assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_HOST], 1 << 20);
+  rig_down(&r);
+}
+
+/* Bad input: a clear status, the message names the problem, and nothing changed. */
+static void bad_input_changes_nothing(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 2);
+  static unsigned char kv[2 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 2);
+  uint64_t out = SENTINEL;
+  assert_ok(swiftkv_store(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES));
+  const swiftkv_stats before = stats(&r);
+
+  /* An unknown model, and a lender where a borrower is needed. */
+  out = SENTINEL;
+  assert_status(swiftkv_store(&out, r.ctx, 77, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES),
+                SWIFTKV_ENOTFOUND);
+  assert_message_contains("model 77 is not registered");
+  assert_true(out == SENTINEL);
+  swiftkv_model_desc d = borrower_desc();
+  d.name = "a-lender";
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  mc.role = SWIFTKV_ROLE_LENDER;
+  uint32_t lender = 0;
+  assert_ok(swiftkv_model_register(&lender, r.ctx, &mc));
+  assert_status(swiftkv_pin(r.ctx, lender, tokens, CHUNK_TOKENS), SWIFTKV_ESTATE);
+  assert_message_contains("is a lender");
+  /* The same model twice. */
+  d = borrower_desc();
+  mc.role = SWIFTKV_ROLE_BORROWER;
+  uint32_t again = 99;
+  assert_status(swiftkv_model_register(&again, r.ctx, &mc), SWIFTKV_EBUSY);
+  assert_int_equal(again, 99);
+  d.name = NULL;
+  assert_status(swiftkv_model_register(&again, r.ctx, &mc), SWIFTKV_EINVAL);
+  assert_message_contains("name is required");
+
+  /* Tokens that are not whole chunks. */
+  assert_status(swiftkv_store(&out, r.ctx, r.model, tokens, CHUNK_TOKENS + 1, kv, CHUNK_BYTES),
+                SWIFTKV_EINVAL);
+  assert_message_contains("not a multiple of tiny-borrower's chunk_tokens (8)");
+  assert_status(swiftkv_pin(r.ctx, r.model, tokens, 3), SWIFTKV_EINVAL);
+  assert_status(swiftkv_store(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES - 1),
+                SWIFTKV_EINVAL);
+  assert_message_contains("kv_bytes (1023)");
+  assert_status(swiftkv_retrieve(&out, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 3, kv,
+                                 CHUNK_BYTES),
+                SWIFTKV_EINVAL);
+  assert_message_contains("start_token (3)");
+  assert_true(out == SENTINEL);
+
+  /* A tier that is not configured: no disk path, no lent memory. */
+  assert_status(swiftkv_move(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, SWIFTKV_TIER_DISK),
+                SWIFTKV_EINVAL);
+  assert_message_contains("tier disk is not configured");
+  assert_status(swiftkv_move(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, SWIFTKV_TIER_PEER),
+                SWIFTKV_EINVAL);
+  assert_status(swiftkv_move(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, (swiftkv_tier)3),
+                SWIFTKV_EINVAL);
+  assert_true(out == SENTINEL);
+
+  /* Pins of chunks that are not cached: chunk 1 is not, so chunk 0 is not pinned either. */
+  assert_status(swiftkv_pin(r.ctx, r.model, tokens, 2 * CHUNK_TOKENS), SWIFTKV_ENOTFOUND);
+  assert_message_contains("chunk 1");
+  assert_status(swiftkv_unpin(r.ctx, r.model, tokens, CHUNK_TOKENS), SWIFTKV_ENOTFOUND);
+  assert_message_contains("not pinned");
+  uint64_t cleared = 0;
+  assert_ok(swiftkv_clear(&cleared, r.ctx, r.model, SWIFTKV_TIERS_ALL, tokens, CHUNK_TOKENS));
+  assert_int_equal(cleared, 1); /* it was not pinned */
+  assert_ok(swiftkv_store(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES));
+  /* Moving a chunk that is not cached moves none. */
+  assert_status(swiftkv_move(&out, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, SWIFTKV_TIER_HOST),
+                SWIFTKV_ENOTFOUND);
+
+  /* Clear: bad masks, tokens with every model. */
+  assert_status(swiftkv_clear(&out, r.ctx, r.model, 0, NULL, 0), SWIFTKV_EINVAL);
+  assert_status(swiftkv_clear(&out, r.ctx, r.model, 8, NULL, 0), SWIFTKV_EINVAL);
+  assert_status(swiftkv_clear(&out, r.ctx, SWIFTKV_MODEL_ALL, 1, tokens, CHUNK_TOKENS),
+                SWIFTKV_EINVAL);
+  /* Lookup with a NULL residency array but a capacity, and an uninitialised result. */
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_status(swiftkv_lookup(&l, NULL, 4, r.ctx, r.model, tokens, CHUNK_TOKENS),
+                SWIFTKV_EINVAL);
+  swiftkv_lookup_result z;
+  memset(&z, 0, sizeof z);
+  assert_status(swiftkv_lookup(&z, NULL, 0, r.ctx, r.model, tokens, CHUNK_TOKENS),
+                SWIFTKV_EVERSION);
+
+  /* None of it changed the cache: the same chunk, same counters (the one store and clear
+   * above aside). */
+  const swiftkv_stats after = stats(&r);
+  assert_int_equal(after.chunks[SWIFTKV_TIER_HOST], before.chunks[SWIFTKV_TIER_HOST]);
+  assert_int_equal(after.hits[SWIFTKV_TIER_HOST], before.hits[SWIFTKV_TIER_HOST]);
+  assert_int_equal(after.misses, before.misses);
+  assert_int_equal(after.stores, before.stores + 1);
+  assert_int_equal(after.evictions, 0);
+  uint64_t unknown = 0;
+  assert_status(swiftkv_model_unregister(r.ctx, 77), SWIFTKV_ENOTFOUND);
+  (void)unknown;
+  rig_down(&r);
+}
+
+static void pins_clear_and_move(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 1);
+  uint32_t tokens[3 * CHUNK_TOKENS];
+  fill_tokens(tokens, 3 * CHUNK_TOKENS, 3);
+  static unsigned char kv[3 * CHUNK_BYTES], out[3 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 3);
+  uint64_t n = 0;
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS, kv, sizeof kv));
+  /* Pins are counted: two pins need two unpins before a clear may drop the chunk. */
+  assert_ok(swiftkv_pin(r.ctx, r.model, tokens, CHUNK_TOKENS));
+  assert_ok(swiftkv_pin(r.ctx, r.model, tokens, CHUNK_TOKENS));
+  assert_ok(swiftkv_unpin(r.ctx, r.model, tokens, CHUNK_TOKENS));
+  assert_ok(swiftkv_clear(&n, r.ctx, r.model, SWIFTKV_TIERS_ALL, NULL, 0));
+  assert_int_equal(n, 2);
+  assert_ok(swiftkv_unpin(r.ctx, r.model, tokens, CHUNK_TOKENS));
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS, kv, sizeof kv));
+  /* Down to disk and back: the bytes survive and the counters say which way. */
+  assert_ok(swiftkv_move(&n, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS, SWIFTKV_TIER_DISK));
+  assert_int_equal(n, 3);
+  swiftkv_stats s = stats(&r);
+  assert_int_equal(s.chunks[SWIFTKV_TIER_DISK], 3);
+  assert_int_equal(s.demotions, 3);
+  assert_ok(swiftkv_retrieve(&n, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_int_equal(n, 3 * CHUNK_TOKENS);
+  assert_memory_equal(out, kv, sizeof kv);
+  assert_ok(swiftkv_move(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, SWIFTKV_TIER_HOST));
+  s = stats(&r);
+  assert_int_equal(s.promotions, 2);
+  /* Clear by tier: only the disk chunk goes. */
+  assert_ok(swiftkv_clear(&n, r.ctx, SWIFTKV_MODEL_ALL, SWIFTKV_TIER_BIT(SWIFTKV_TIER_DISK),
+                          NULL, 0));
+  assert_int_equal(n, 1);
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS));
+  assert_int_equal(l.prefix_tokens, 2 * CHUNK_TOKENS);
+  rig_down(&r);
+}
+
+struct seen {
+  int count;
+  swiftkv_chunk_event last;
+};
+
+static void on_event(const swiftkv_chunk_event *e, void *user_data) {
+  struct seen *s = (struct seen *)user_data;
+  ++s->count;
+  s->last = *e;
+}
+
+/* A borrower takes lent memory from an elastic region, the lender asks it back, and the
+ * context's background thread moves the chunks to host and releases the lease. */
+static void borrow_and_give_back(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  struct seen seen = {0, {0, 0, 0, 0, 0, 0}};
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, on_event, &seen));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &d;
+  ec.borrower = &d;
+  ec.capacity_blocks = 8; /* 4 chunks of the borrower */
+  swiftkv_elastic *e = NULL;
+  assert_ok(swiftkv_elastic_create(&e, r.ctx, &ec));
+  uint64_t lease = 0;
+  assert_status(swiftkv_borrow(&lease, r.ctx, r.model, e, 0), SWIFTKV_EINVAL);
+  assert_ok(swiftkv_borrow(&lease, r.ctx, r.model, e, 100));
+  assert_true(lease != 0);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 4);
+  static unsigned char kv[2 * CHUNK_BYTES], out[2 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 4);
+  uint64_t n = 0;
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_PEER], 2);
+  assert_int_equal(stats(&r).capacity_bytes[SWIFTKV_TIER_PEER], 4 * CHUNK_BYTES);
+
+  assert_ok(swiftkv_elastic_reclaim(e, SWIFTKV_LEASE_ALL));
+  /* The background thread answers within a few of its 10 ms passes. */
+  size_t pending = 1;
+  for (int i = 0; i < 2000 && pending != 0; ++i) {
+    const struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+    assert_ok(swiftkv_elastic_pending_reclaims(NULL, 0, &pending, e));
+  }
+  assert_int_equal(pending, 0);
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], 2);
+  assert_ok(swiftkv_retrieve(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_memory_equal(out, kv, sizeof kv);
+  assert_int_equal(seen.count, 2);
+  assert_int_equal(seen.last.model, r.model);
+  assert_int_equal(seen.last.from, SWIFTKV_TIER_PEER);
+  assert_int_equal(seen.last.to, SWIFTKV_TIER_HOST);
+  assert_int_equal(seen.last.reason, SWIFTKV_CHUNK_REVOKED);
+  assert_int_equal(stats(&r).revocations, 2);
+  /* A lender whose borrower geometry is another model's cannot lend to this one. */
+  swiftkv_model_desc other = borrower_desc();
+  other.head_dim = 16;
+  ec.borrower = &other;
+  swiftkv_elastic *e2 = NULL;
+  assert_ok(swiftkv_elastic_create(&e2, r.ctx, &ec));
+  assert_status(swiftkv_borrow(&lease, r.ctx, r.model, e2, 1), SWIFTKV_EINVAL);
+  assert_message_contains("borrower geometry");
+  swiftkv_elastic_destroy(e2);
+  /* Unregistering gives back what is left; the model id is then unknown. */
+  assert_ok(swiftkv_borrow(&lease, r.ctx, r.model, e, 1));
+  assert_ok(swiftkv_model_unregister(r.ctx, r.model));
+  swiftkv_elastic_stats es = SWIFTKV_ELASTIC_STATS_INIT;
+  assert_ok(swiftkv_elastic_stats_get(&es, e));
+  assert_int_equal(es.lent_blocks, 0);
+  assert_status(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 0), SWIFTKV_ENOTFOUND);
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, NULL, NULL));
+  swiftkv_elastic_destroy(e);
+  rig_down(&r);
+}
+
+/* Chunks on disk are found again by a new context that registers the same model. */
+static void a_new_context_finds_disk_chunks(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 0, 1);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 5);
+  static unsigned char kv[2 * CHUNK_BYTES], out[2 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 5);
+  uint64_t n = 0;
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  swiftkv_ctx_destroy(r.ctx);
+
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = r.dir;
+  c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  assert_ok(swiftkv_ctx_create(&r.ctx, &c));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  assert_ok(swiftkv_model_register(&r.model, r.ctx, &mc));
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(l.prefix_tokens, 2 * CHUNK_TOKENS);
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_DISK], 2);
+  assert_ok(swiftkv_retrieve(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_memory_equal(out, kv, sizeof kv);
+  /* Another model with the same tokens sees nothing. */
+  d.name = "another";
+  uint32_t other = 0;
+  assert_ok(swiftkv_model_register(&other, r.ctx, &mc));
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, other, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_DISK], 0);
+  rig_down(&r);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(store_retrieve_lookup),
+      cmocka_unit_test(bad_input_changes_nothing),
+      cmocka_unit_test(pins_clear_and_move),
+      cmocka_unit_test(borrow_and_give_back),
+      cmocka_unit_test(a_new_context_finds_disk_chunks),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
