@@ -105,7 +105,11 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
       swiftkv::fail(SWIFTKV_ENOMEM, "the context has used every model id");
     }
     const uint32_t id = ctx->next_model++;
+    const bool cache = r.role == SWIFTKV_ROLE_BORROWER;
+    const uint64_t chunk_bytes = r.sizes.full_chunk_bytes;
     ctx->models.emplace(id, std::move(r));
+    lock.unlock();
+    if (cache) ctx->cache.reserve_for(chunk_bytes);
     *model_out = id;
     return SWIFTKV_OK;
   }

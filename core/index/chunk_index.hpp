@@ -10,8 +10,8 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <shared_mutex>
-#include <unordered_map>
 #include <vector>
 
 #include "core/index/chunk_key.hpp"
@@ -53,7 +53,7 @@ struct ChunkView {
 };
 
 // Thread-safe. The keys are spread over kShards shards; each has its own shared_mutex over its
-// map, and every call locks exactly one shard at a time (lookups shared, changes exclusive), so
+// table, and every call locks exactly one shard at a time (lookups shared, changes exclusive), so
 // no lookup takes a global lock. The per-tier counts are atomics.
 //
 // A chunk's life: insert() makes it resident. Readers bracket their reads with begin_read /
@@ -69,6 +69,14 @@ class ChunkIndex {
   // The tier of a resident chunk, recording `now_ns` as its last activity; nullopt when the key
   // is absent or dropped.
   std::optional<Tier> touch(const ChunkKey &k, uint64_t now_ns);
+  // touch() for a run of keys (a prompt's chunks), fetching the memory of later keys while it
+  // handles earlier ones: at a million chunks one lookup is a cache miss, and a run overlaps them.
+  void touch_many(std::span<const ChunkKey> keys, uint64_t now_ns, std::optional<Tier> *out);
+  // Sizes the tables and pools for `chunks` resident chunks, so that inserts up to that many
+  // never rehash (growing a table touches all of it). Never shrinks.
+  void reserve(uint64_t chunks);
+  // A hint that k is needed soon (insert or lookup); no effect on the index.
+  void prefetch(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
   bool contains(const ChunkKey &k) const { return peek(k).has_value(); }
 
@@ -104,6 +112,7 @@ class ChunkIndex {
   uint64_t bytes(Tier t) const noexcept { return bytes_[static_cast<size_t>(t)].load(); }
 
  private:
+  // The cold part of a chunk's state, in a per-shard pool.
   struct Entry {
     SlotRef where;
     ChunkMeta meta;
@@ -112,11 +121,27 @@ class ChunkIndex {
     bool moving = false;
     bool doomed = false;    // dropped while in use: invisible, freed by the last user
     std::vector<SlotRef> retired;  // old copies of a moved chunk that readers may still read
-    std::atomic<uint64_t> last_active_ns{0};
   };
+  // The hot part, what a lookup reads: one 32-byte slot of an open-addressing table (linear
+  // probing, backward-shift deletion, at most half full).
+  struct Slot {
+    uint64_t lo = 0, hi = 0;
+    std::atomic<uint64_t> last_active_ns{0};
+    uint32_t entry = kEmpty;  // index in the pool, kEmpty for a free slot
+    uint8_t tier = 0;         // a copy of the entry's where.tier
+    uint8_t visible = 0;      // 0 once doomed
+  };
+  static constexpr uint32_t kEmpty = UINT32_MAX;
   struct Shard {
     mutable std::shared_mutex mu;
-    std::unordered_map<ChunkKey, Entry, ChunkKeyHash> map;
+    // The table: replaced whole when it grows, under the exclusive lock. Its pointer and mask are
+    // atomics only so that prefetch() may read them without the lock.
+    std::unique_ptr<Slot[]> slots;
+    std::atomic<Slot *> table{nullptr};
+    std::atomic<uint64_t> mask{0};
+    uint64_t used = 0;
+    std::vector<Entry> entries;
+    std::vector<uint32_t> free_entries;
   };
   static constexpr size_t kShards = 256;
 
@@ -124,11 +149,15 @@ class ChunkIndex {
   const Shard &shard(const ChunkKey &k) const noexcept {
     return shards_[(k.lo >> 56) & (kShards - 1)];
   }
+  // The slot holding k, or nullptr. Call with the shard locked.
+  static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
+  static void grow(Shard &s);
+  static void erase(Shard &s, Slot *slot);
   void count(const SlotRef &where, uint64_t bytes, int sign) noexcept;
-  // Ends one use of `e`; erases it (and hands back its slots) when it was the last of a doomed
-  // entry. Returns true when the entry was erased.
-  bool end_use_locked(Shard &s, std::unordered_map<ChunkKey, Entry, ChunkKeyHash>::iterator it,
-                      std::vector<SlotRef> &to_free);
+  // Ends one use of an entry; erases it (and hands back its slots) when it was the last user of
+  // a doomed entry. Returns true when the entry was erased.
+  bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
+  std::optional<Tier> touch_locked(const Shard &s, const ChunkKey &k, uint64_t now_ns);
 
   std::unique_ptr<Shard[]> shards_;
   std::array<std::atomic<uint64_t>, kTierCount> chunks_{};

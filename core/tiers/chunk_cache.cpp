@@ -115,8 +115,10 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
   r.chunks = keys.size();
   const uint64_t t = now();
   bool seen_resident = false, run_open = true;
+  std::vector<std::optional<Tier>> tiers(keys.size());
+  index_.touch_many(keys, t, tiers.data());
   for (size_t i = 0; i < keys.size(); ++i) {
-    const std::optional<Tier> tier = index_.touch(keys[i], t);
+    const std::optional<Tier> tier = tiers[i];
     if (residency != nullptr) residency[i] = tier ? static_cast<uint8_t>(*tier) : kDropped;
     if (tier) {
       ++r.per_tier[idx(*tier)];
@@ -270,8 +272,10 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
   const uint64_t t = now();
   uint64_t leading = 0;
   bool run_open = true;
+  std::vector<std::optional<Tier>> tiers(keys.size());
+  index_.touch_many(keys, t, tiers.data());
   for (size_t i = 0; i < keys.size(); ++i) {
-    bool resident = index_.touch(keys[i], t).has_value();
+    bool resident = tiers[i].has_value();
     if (!resident) {
       const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
       if (std::optional<SlotRef> where = place(keys[i], meta, Tier::peer)) {
@@ -393,6 +397,13 @@ uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
     free_slots(to_free);
   }
   return n;
+}
+
+void ChunkCache::reserve_for(uint64_t chunk_bytes) {
+  const ContextConfig &c = ctx_.config();
+  uint64_t n = c.host_budget_bytes / chunk_bytes;
+  if (disk_) n += c.disk_budget_bytes / DiskTier::file_bytes(chunk_bytes);
+  index_.reserve(std::min<uint64_t>(n, uint64_t{1} << 22));
 }
 
 uint64_t ChunkCache::borrow(const ChunkKey &model, uint64_t chunk_bytes,

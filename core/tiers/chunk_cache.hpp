@@ -113,6 +113,9 @@ class ChunkCache {
   uint64_t clear(std::optional<ChunkKey> model, uint32_t tier_mask,
                  std::optional<std::span<const ChunkKey>> keys);
 
+  // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold (at most
+  // 4M chunks), so that storing never rehashes it: called when a borrower registers.
+  void reserve_for(uint64_t chunk_bytes);
   // Borrows from an in-process lender for `model`; returns the lease id.
   uint64_t borrow(const ChunkKey &model, uint64_t chunk_bytes,
                   std::shared_ptr<ElasticRegion> region, uint64_t max_units);

@@ -209,6 +209,45 @@ void fingerprint_covers_the_kv_shape(void **) {
   assert_false(swiftkv::model_fingerprint("n", g) == base);
 }
 
+// The open-addressing shards under crowding: keys of one shard whose home slots collide, random
+// drops (backward-shift deletion) and growth, checked against a plain set after every step.
+void index_keeps_every_key_through_collisions_drops_and_growth(void **) {
+  swiftkv::ChunkIndex index;
+  std::mt19937_64 rng(11);
+  std::vector<ChunkKey> live, gone;
+  auto key = [&] {
+    // All in shard 0x2a, homes in a few slots: long probe runs that wrap around.
+    return ChunkKey{(uint64_t{0x2a} << 56) | (rng() >> 8), (rng() << 3) | (rng() % 3)};
+  };
+  const swiftkv::ChunkMeta meta{{1, 2}, 0, 8, 64};
+  for (int step = 0; step < 4000; ++step) {
+    if (live.empty() || rng() % 3 != 0) {
+      const ChunkKey k = key();
+      assert_true(index.insert(k, meta, {Tier::host, live.size()}, 1));
+      assert_false(index.insert(k, meta, {Tier::host, 0}, 1));  // never twice
+      live.push_back(k);
+    } else {
+      const size_t i = rng() % live.size();
+      std::vector<swiftkv::SlotRef> to_free;
+      assert_true(index.drop(live[i], true, std::nullopt, to_free));
+      assert_int_equal(to_free.size(), 1);
+      gone.push_back(live[i]);
+      live[i] = live.back();
+      live.pop_back();
+    }
+    if (step % 500 == 0 || step == 3999) {
+      for (const ChunkKey &k : live) assert_true(index.peek(k) == Tier::host);
+      for (const ChunkKey &k : gone) assert_false(index.contains(k));
+      uint64_t seen = 0;
+      index.for_each([&](const swiftkv::ChunkView &) { ++seen; });
+      assert_int_equal(seen, live.size());
+      assert_int_equal(index.chunks(Tier::host), live.size());
+    }
+  }
+  index.reserve(100000);  // growing a populated index keeps it whole
+  for (const ChunkKey &k : live) assert_true(index.peek(k) == Tier::host);
+}
+
 // --- Policies --------------------------------------------------------------------------------
 
 void lru_order(void **) {
@@ -567,6 +606,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(keys_chain_over_the_prefix),
       cmocka_unit_test(fingerprint_covers_the_kv_shape),
+      cmocka_unit_test(index_keeps_every_key_through_collisions_drops_and_growth),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
