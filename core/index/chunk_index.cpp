@@ -31,15 +31,28 @@ ChunkIndex::ChunkIndex() : shards_(std::make_unique<Shard[]>(kShards)) {
 }
 ChunkIndex::~ChunkIndex() = default;
 
-void ChunkIndex::count(const SlotRef &where, uint64_t bytes, int sign) noexcept {
+void ChunkIndex::count(Shard &s, const SlotRef &where, uint64_t bytes, int sign) noexcept {
   const auto t = static_cast<size_t>(where.tier);
-  if (sign > 0) {
-    chunks_[t].fetch_add(1, std::memory_order_relaxed);
-    bytes_[t].fetch_add(bytes, std::memory_order_relaxed);
-  } else {
-    chunks_[t].fetch_sub(1, std::memory_order_relaxed);
-    bytes_[t].fetch_sub(bytes, std::memory_order_relaxed);
+  const uint64_t dc = sign > 0 ? 1 : ~uint64_t{0};  // +1 or -1 modulo 2^64
+  const uint64_t db = sign > 0 ? bytes : ~bytes + 1;
+  s.chunks[t].store(s.chunks[t].load(std::memory_order_relaxed) + dc, std::memory_order_relaxed);
+  s.bytes[t].store(s.bytes[t].load(std::memory_order_relaxed) + db, std::memory_order_relaxed);
+}
+
+uint64_t ChunkIndex::chunks(Tier t) const noexcept {
+  uint64_t n = 0;
+  for (size_t i = 0; i < kShards; ++i) {
+    n += shards_[i].chunks[static_cast<size_t>(t)].load(std::memory_order_relaxed);
   }
+  return n;
+}
+
+uint64_t ChunkIndex::bytes(Tier t) const noexcept {
+  uint64_t n = 0;
+  for (size_t i = 0; i < kShards; ++i) {
+    n += shards_[i].bytes[static_cast<size_t>(t)].load(std::memory_order_relaxed);
+  }
+  return n;
 }
 
 ChunkIndex::Slot *ChunkIndex::find(const Shard &s, const ChunkKey &k) noexcept {
@@ -189,7 +202,7 @@ bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
   slot.tier = static_cast<uint8_t>(where.tier);
   slot.visible = 1;
   ++s.used;
-  count(where, meta.bytes, +1);
+  count(s, where, meta.bytes, +1);
   return true;
 }
 
@@ -254,11 +267,11 @@ bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, std::vector<SlotRef
   }
   // The switch: from here on every new reader reads dst; the old copy stays until the readers
   // that began before it are done.
-  count(e.where, e.meta.bytes, -1);
+  count(s, e.where, e.meta.bytes, -1);
   e.retired.push_back(e.where);
   e.where = dst;
   slot->tier = static_cast<uint8_t>(dst.tier);
-  count(e.where, e.meta.bytes, +1);
+  count(s, e.where, e.meta.bytes, +1);
   end_use_locked(s, slot, to_free);
   return true;
 }
@@ -281,7 +294,7 @@ bool ChunkIndex::drop(const ChunkKey &k, bool respect_pins, std::optional<Tier> 
   Entry &e = s.entries[slot->entry];
   if (e.doomed || (respect_pins && e.pins != 0)) return false;
   if (only_from && e.where.tier != *only_from) return false;
-  count(e.where, e.meta.bytes, -1);
+  count(s, e.where, e.meta.bytes, -1);
   if (e.users != 0) {
     e.doomed = true;  // the last user frees it
     slot->visible = 0;

@@ -108,8 +108,8 @@ class ChunkIndex {
   // call back into the index.
   void for_each(const std::function<void(const ChunkView &)> &fn) const;
 
-  uint64_t chunks(Tier t) const noexcept { return chunks_[static_cast<size_t>(t)].load(); }
-  uint64_t bytes(Tier t) const noexcept { return bytes_[static_cast<size_t>(t)].load(); }
+  uint64_t chunks(Tier t) const noexcept;
+  uint64_t bytes(Tier t) const noexcept;
 
  private:
   // The cold part of a chunk's state, in a per-shard pool.
@@ -140,6 +140,9 @@ class ChunkIndex {
     std::atomic<Slot *> table{nullptr};
     std::atomic<uint64_t> mask{0};
     uint64_t used = 0;
+    // Resident chunks and bytes per tier in this shard: written only under the exclusive lock
+    // (a plain load and store, no locked instruction), read by chunks() and bytes() without it.
+    std::array<std::atomic<uint64_t>, kTierCount> chunks{}, bytes{};
     std::vector<Entry> entries;
     std::vector<uint32_t> free_entries;
   };
@@ -153,15 +156,13 @@ class ChunkIndex {
   static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
   static void grow(Shard &s);
   static void erase(Shard &s, Slot *slot);
-  void count(const SlotRef &where, uint64_t bytes, int sign) noexcept;
+  static void count(Shard &s, const SlotRef &where, uint64_t bytes, int sign) noexcept;
   // Ends one use of an entry; erases it (and hands back its slots) when it was the last user of
   // a doomed entry. Returns true when the entry was erased.
   bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
   std::optional<Tier> touch_locked(const Shard &s, const ChunkKey &k, uint64_t now_ns);
 
   std::unique_ptr<Shard[]> shards_;
-  std::array<std::atomic<uint64_t>, kTierCount> chunks_{};
-  std::array<std::atomic<uint64_t>, kTierCount> bytes_{};
 };
 
 }  // namespace swiftkv
