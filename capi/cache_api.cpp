@@ -236,14 +236,7 @@ SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *c
     require(lender, "lender");
     if (max_units == 0) swiftkv::fail_invalid("max_units is 0");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
-    const auto &b = lender->region->borrower_sizes();
-    if (!b || b->layer_chunk_bytes != m.sizes.layer_chunk_bytes ||
-        b->full_chunk_bytes != m.sizes.full_chunk_bytes) {
-      swiftkv::fail_invalid("lender's borrower geometry is not " + m.name +
-                            "'s: its lent memory would not hold this model's chunks");
-    }
-    *lease_id_out = ctx->cache.borrow(m.fingerprint, m.sizes.full_chunk_bytes, lender->region,
-                                      max_units);
+    *lease_id_out = ctx->cache.borrow(m.fingerprint, m.sizes, lender->region, max_units);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

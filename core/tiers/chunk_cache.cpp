@@ -173,6 +173,29 @@ void ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, const 
   for (size_t v : victims) demote(keys[v], t, true, ChunkEventReason::policy);
 }
 
+void ChunkCache::abort_move(const ChunkKey &key) noexcept {
+  std::vector<SlotRef> to_free;
+  index_.abort_move(key, to_free);
+  free_slots(to_free);
+}
+
+bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst) {
+  try {
+    transfer(key, use.meta, use.where, dst);
+  } catch (const Error &) {
+    // The source failed its check (a disk chunk gone bad) or the copy failed: give up on it.
+    store_of(dst.tier)->free(dst.slot);
+    abort_move(key);
+    load_failures_.fetch_add(1, std::memory_order_relaxed);
+    drop_chunk(key, use.meta, use.where.tier, ChunkEventReason::corrupt);
+    return false;
+  }
+  std::vector<SlotRef> to_free;
+  const bool moved = index_.finish_move(key, dst, to_free);
+  free_slots(to_free);
+  return moved;
+}
+
 bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason) {
   std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
   if (!use) return false;
@@ -180,22 +203,7 @@ bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, Chunk
   for (std::optional<Tier> to = lower_tier(from, meta.model); to; to = lower_tier(*to, meta.model)) {
     const std::optional<uint64_t> slot = allocate_in(*to, key, meta, true);
     if (!slot) continue;
-    const SlotRef dst{*to, *slot};
-    std::vector<SlotRef> to_free;
-    try {
-      transfer(key, meta, use->where, dst);
-    } catch (const Error &) {
-      // The source failed its check (a disk chunk gone bad) or the copy failed: give up on it.
-      store_of(dst.tier)->free(dst.slot);
-      index_.abort_move(key, to_free);
-      free_slots(to_free);
-      load_failures_.fetch_add(1, std::memory_order_relaxed);
-      drop_chunk(key, meta, from, ChunkEventReason::corrupt);
-      return true;
-    }
-    const bool moved = index_.finish_move(key, dst, to_free);
-    free_slots(to_free);
-    if (moved) {
+    if (complete_move(key, *use, SlotRef{*to, *slot})) {
       demotions_.fetch_add(1, std::memory_order_relaxed);
       if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
       emit(ChunkEvent{meta.model, key, from, *to, reason});
@@ -203,9 +211,7 @@ bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, Chunk
     return true;
   }
   // No lower tier has room: the chunk is dropped.
-  std::vector<SlotRef> to_free;
-  index_.abort_move(key, to_free);
-  free_slots(to_free);
+  abort_move(key);
   drop_chunk(key, meta, from, reason);
   return true;
 }
@@ -240,31 +246,16 @@ void ChunkCache::transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef sr
   }
 }
 
-bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to, bool respect_pins,
-                            bool room) {
-  std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
+bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to) {
+  // A move the caller asked for: pins do not hold it, and `to` makes room by its policy.
+  std::optional<ChunkUse> use = index_.begin_move(key, from, false);
   if (!use) return false;
-  std::vector<SlotRef> to_free;
-  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, room);
+  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, true);
   if (!slot) {
-    index_.abort_move(key, to_free);
-    free_slots(to_free);
+    abort_move(key);
     return false;
   }
-  const SlotRef dst{to, *slot};
-  try {
-    transfer(key, use->meta, use->where, dst);
-  } catch (const Error &) {
-    store_of(to)->free(*slot);
-    index_.abort_move(key, to_free);
-    free_slots(to_free);
-    load_failures_.fetch_add(1, std::memory_order_relaxed);
-    drop_chunk(key, use->meta, from, ChunkEventReason::corrupt);
-    return false;
-  }
-  const bool moved = index_.finish_move(key, dst, to_free);
-  free_slots(to_free);
-  return moved;
+  return complete_move(key, *use, SlotRef{to, *slot});
 }
 
 uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys,
@@ -370,7 +361,7 @@ uint64_t ChunkCache::move(std::span<const ChunkKey> keys, Tier to) {
   for (const ChunkKey &k : keys) {
     const std::optional<Tier> from = index_.peek(k);
     if (!from) continue;  // dropped meanwhile
-    if (*from != to && move_chunk(k, *from, to, false, true)) {
+    if (*from != to && move_chunk(k, *from, to)) {
       (idx(to) < idx(*from) ? promotions_ : demotions_).fetch_add(1, std::memory_order_relaxed);
     }
     if (index_.peek(k) == to) ++there;
@@ -406,9 +397,9 @@ void ChunkCache::reserve_for(uint64_t chunk_bytes) {
   index_.reserve(std::min<uint64_t>(n, uint64_t{1} << 22));
 }
 
-uint64_t ChunkCache::borrow(const ChunkKey &model, uint64_t chunk_bytes,
+uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
                             std::shared_ptr<ElasticRegion> region, uint64_t max_units) {
-  return peer_->attach(model, chunk_bytes, std::move(region), max_units);
+  return peer_->attach(model, sizes, std::move(region), max_units);
 }
 
 void ChunkCache::give_back(const ChunkKey &model) {

@@ -116,8 +116,8 @@ class ChunkCache {
   // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold (at most
   // 4M chunks), so that storing never rehashes it: called when a borrower registers.
   void reserve_for(uint64_t chunk_bytes);
-  // Borrows from an in-process lender for `model`; returns the lease id.
-  uint64_t borrow(const ChunkKey &model, uint64_t chunk_bytes,
+  // Borrows from an in-process lender for `model` (of geometry `sizes`); returns the lease id.
+  uint64_t borrow(const ChunkKey &model, const GeometrySizes &sizes,
                   std::shared_ptr<ElasticRegion> region, uint64_t max_units);
   // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
   void give_back(const ChunkKey &model);
@@ -156,7 +156,12 @@ class ChunkCache {
   // Moves one chunk down a tier, or drops it from the last; false when it could not be touched
   // (moving, in use, pinned with respect_pins).
   bool demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
-  bool move_chunk(const ChunkKey &key, Tier from, Tier to, bool respect_pins, bool make_room);
+  bool move_chunk(const ChunkKey &key, Tier from, Tier to);
+  // The second half of every move begun with begin_move: copy to dst, then switch the index to
+  // it. False when the chunk was dropped meanwhile or its source failed its check (then it is
+  // dropped as corrupt).
+  bool complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst);
+  void abort_move(const ChunkKey &key) noexcept;
   void transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst);
   void drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from, ChunkEventReason reason);
   void free_slots(const std::vector<SlotRef> &slots) noexcept;

@@ -20,15 +20,15 @@ PeerTier::~PeerTier() {
   }
 }
 
-uint64_t PeerTier::attach(const ChunkKey &model, uint64_t chunk_bytes,
+uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
                           std::shared_ptr<ElasticRegion> region, uint64_t max_units) {
   const auto &b = region->borrower_sizes();
-  if (!b) fail_invalid("the elastic region has no borrower geometry; it cannot lend");
-  if (b->full_chunk_bytes != chunk_bytes) {
-    fail_invalid("the elastic region lends chunks of " + std::to_string(b->full_chunk_bytes) +
-                 " bytes but the model's chunk is " + std::to_string(chunk_bytes) +
-                 " bytes; create the region with this model as its borrower");
+  if (!b || b->layer_chunk_bytes != sizes.layer_chunk_bytes ||
+      b->full_chunk_bytes != sizes.full_chunk_bytes) {
+    fail_invalid("the lender's borrower geometry is not the model's: its lent memory would not "
+                 "hold this model's chunks; create the region with this model as its borrower");
   }
+  const uint64_t chunk_bytes = sizes.full_chunk_bytes;
   const Lease l = region->lend(max_units);
   Held h;
   h.model = model;

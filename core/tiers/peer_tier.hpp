@@ -29,10 +29,10 @@ class PeerTier final : public TierStore {
 
   ~PeerTier() override;
 
-  // Borrows up to max_units lending units of `region` for `model`, whose chunks are
-  // `chunk_bytes` bytes: the region's borrower geometry must have exactly that chunk (EINVAL).
-  // Returns the region's lease id. ENOMEM when the region has nothing free.
-  uint64_t attach(const ChunkKey &model, uint64_t chunk_bytes,
+  // Borrows up to max_units lending units of `region` for `model`, of geometry `sizes`: the
+  // region's borrower geometry must lay chunks out as the model does (EINVAL). Returns the
+  // region's lease id. ENOMEM when the region has nothing free.
+  uint64_t attach(const ChunkKey &model, const GeometrySizes &sizes,
                   std::shared_ptr<ElasticRegion> region, uint64_t max_units);
 
   Tier tier() const noexcept override { return Tier::peer; }
