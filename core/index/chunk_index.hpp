@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <unordered_map>
 #include <shared_mutex>
 #include <vector>
 
@@ -112,26 +113,26 @@ class ChunkIndex {
   uint64_t bytes(Tier t) const noexcept;
 
  private:
-  // The cold part of a chunk's state, in a per-shard pool.
-  struct Entry {
-    SlotRef where;
-    ChunkMeta meta;
-    uint32_t pins = 0;
-    uint32_t users = 0;     // readers plus the mover
-    bool moving = false;
-    bool doomed = false;    // dropped while in use: invisible, freed by the last user
-    std::vector<SlotRef> retired;  // old copies of a moved chunk that readers may still read
-  };
-  // The hot part, what a lookup reads: one 32-byte slot of an open-addressing table (linear
-  // probing, backward-shift deletion, at most half full).
-  struct Slot {
+  // Everything the index keeps about one chunk, in one 64-byte slot of an open-addressing table
+  // (linear probing, backward-shift deletion, at most half full): a lookup, an insert and a drop
+  // each touch one cache line, which a run of keys can fetch ahead.
+  struct alignas(64) Slot {
     uint64_t lo = 0, hi = 0;
     std::atomic<uint64_t> last_active_ns{0};
-    uint32_t entry = kEmpty;  // index in the pool, kEmpty for a free slot
-    uint8_t tier = 0;         // a copy of the entry's where.tier
-    uint8_t visible = 0;      // 0 once doomed
+    uint64_t store_slot = 0;  // the place in its tier's store
+    uint64_t bytes = 0;
+    uint32_t position = 0, tokens = 0;
+    uint32_t pins = 0;
+    uint32_t users = 0;       // readers plus the mover
+    uint16_t model = 0;       // index in the shard's model list
+    uint8_t tier = 0;
+    uint8_t flags = 0;        // kUsed, kDoomed, kMoving, kRetired
   };
-  static constexpr uint32_t kEmpty = UINT32_MAX;
+  static_assert(sizeof(Slot) == 64);
+  static constexpr uint8_t kUsed = 1;     // the slot holds a chunk
+  static constexpr uint8_t kDoomed = 2;   // dropped while in use: invisible, freed by the last user
+  static constexpr uint8_t kMoving = 4;
+  static constexpr uint8_t kRetired = 8;  // old copies wait in the shard's `retired` map
   struct Shard {
     mutable std::shared_mutex mu;
     // The table: replaced whole when it grows, under the exclusive lock. Its pointer and mask are
@@ -143,8 +144,10 @@ class ChunkIndex {
     // Resident chunks and bytes per tier in this shard: written only under the exclusive lock
     // (a plain load and store, no locked instruction), read by chunks() and bytes() without it.
     std::array<std::atomic<uint64_t>, kTierCount> chunks{}, bytes{};
-    std::vector<Entry> entries;
-    std::vector<uint32_t> free_entries;
+    // The model fingerprints of this shard's chunks (a handful: one per registered model).
+    std::vector<ChunkKey> models;
+    // Old copies of moved chunks that readers may still read, until their last reader is done.
+    std::unordered_map<ChunkKey, std::vector<SlotRef>, ChunkKeyHash> retired;
   };
   static constexpr size_t kShards = 256;
 
@@ -152,13 +155,22 @@ class ChunkIndex {
   const Shard &shard(const ChunkKey &k) const noexcept {
     return shards_[(k.lo >> 56) & (kShards - 1)];
   }
+  static bool visible(const Slot &s) noexcept { return (s.flags & (kUsed | kDoomed)) == kUsed; }
+  static SlotRef where(const Slot &s) noexcept {
+    return SlotRef{static_cast<Tier>(s.tier), s.store_slot};
+  }
+  static ChunkMeta meta(const Shard &sh, const Slot &s) noexcept {
+    return ChunkMeta{sh.models[s.model], s.position, s.tokens, s.bytes};
+  }
   // The slot holding k, or nullptr. Call with the shard locked.
   static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
+  static void copy_slot(Slot &dst, const Slot &src) noexcept;
   static void grow(Shard &s);
   static void erase(Shard &s, Slot *slot);
-  static void count(Shard &s, const SlotRef &where, uint64_t bytes, int sign) noexcept;
-  // Ends one use of an entry; erases it (and hands back its slots) when it was the last user of
-  // a doomed entry. Returns true when the entry was erased.
+  static void count(Shard &s, Tier t, uint64_t bytes, int sign) noexcept;
+  static uint16_t model_index(Shard &s, const ChunkKey &model);
+  // Ends one use of a chunk; erases it (and hands back its slots) when it was the last user of
+  // a doomed chunk. Returns true when the chunk was erased.
   bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
   std::optional<Tier> touch_locked(const Shard &s, const ChunkKey &k, uint64_t now_ns);
 

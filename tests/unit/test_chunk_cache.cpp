@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/common/error.hpp"
@@ -210,42 +211,112 @@ void fingerprint_covers_the_kv_shape(void **) {
 }
 
 // The open-addressing shards under crowding: keys of one shard whose home slots collide, random
-// drops (backward-shift deletion) and growth, checked against a plain set after every step.
+// drops (backward-shift deletion) and growth, checked against a plain map after every step. Each
+// key carries its own slot, position, model and pins, which must move with it when its slot moves.
 void index_keeps_every_key_through_collisions_drops_and_growth(void **) {
   swiftkv::ChunkIndex index;
   std::mt19937_64 rng(11);
-  std::vector<ChunkKey> live, gone;
+  struct Want {
+    uint64_t slot;
+    uint32_t position, pins;
+    ChunkKey model;
+  };
+  std::vector<std::pair<ChunkKey, Want>> live;
+  std::vector<ChunkKey> gone;
+  const ChunkKey models[2] = {{1, 2}, {3, 4}};
   auto key = [&] {
     // All in shard 0x2a, homes in a few slots: long probe runs that wrap around.
     return ChunkKey{(uint64_t{0x2a} << 56) | (rng() >> 8), (rng() << 3) | (rng() % 3)};
   };
-  const swiftkv::ChunkMeta meta{{1, 2}, 0, 8, 64};
   for (int step = 0; step < 4000; ++step) {
     if (live.empty() || rng() % 3 != 0) {
       const ChunkKey k = key();
-      assert_true(index.insert(k, meta, {Tier::host, live.size()}, 1));
+      const Want w{1000u + static_cast<uint64_t>(step), static_cast<uint32_t>(step),
+                   static_cast<uint32_t>(rng() % 3), models[step % 2]};
+      const swiftkv::ChunkMeta meta{w.model, w.position, 8, 64};
+      assert_true(index.insert(k, meta, {Tier::host, w.slot}, 1));
       assert_false(index.insert(k, meta, {Tier::host, 0}, 1));  // never twice
-      live.push_back(k);
+      for (uint32_t p = 0; p < w.pins; ++p) assert_true(index.pin(k));
+      live.emplace_back(k, w);
     } else {
       const size_t i = rng() % live.size();
       std::vector<swiftkv::SlotRef> to_free;
-      assert_true(index.drop(live[i], true, std::nullopt, to_free));
+      assert_true(index.drop(live[i].first, false, std::nullopt, to_free));
       assert_int_equal(to_free.size(), 1);
-      gone.push_back(live[i]);
+      assert_int_equal(to_free[0].slot, live[i].second.slot);
+      gone.push_back(live[i].first);
       live[i] = live.back();
       live.pop_back();
     }
     if (step % 500 == 0 || step == 3999) {
-      for (const ChunkKey &k : live) assert_true(index.peek(k) == Tier::host);
+      for (const auto &[k, w] : live) {
+        assert_true(index.peek(k) == Tier::host);
+        assert_int_equal(index.pins(k), w.pins);
+      }
       for (const ChunkKey &k : gone) assert_false(index.contains(k));
-      uint64_t seen = 0;
-      index.for_each([&](const swiftkv::ChunkView &) { ++seen; });
-      assert_int_equal(seen, live.size());
+      std::unordered_map<ChunkKey, swiftkv::ChunkView, swiftkv::ChunkKeyHash> seen;
+      index.for_each([&](const swiftkv::ChunkView &v) { seen.emplace(v.key, v); });
+      assert_int_equal(seen.size(), live.size());
+      for (const auto &[k, w] : live) {
+        const swiftkv::ChunkView &v = seen.at(k);
+        assert_int_equal(v.where.slot, w.slot);
+        assert_int_equal(v.meta.position, w.position);
+        assert_true(v.meta.model == w.model);
+        assert_int_equal(v.pins, w.pins);
+      }
       assert_int_equal(index.chunks(Tier::host), live.size());
     }
   }
   index.reserve(100000);  // growing a populated index keeps it whole
-  for (const ChunkKey &k : live) assert_true(index.peek(k) == Tier::host);
+  for (const auto &[k, w] : live) assert_true(index.peek(k) == Tier::host);
+}
+
+// A move while readers read: the old copy is freed only after the last of them, the new copy is
+// what later readers get, and a chunk dropped under its readers is freed by the last one.
+void index_frees_moved_and_dropped_copies_after_their_last_reader(void **) {
+  swiftkv::ChunkIndex index;
+  const ChunkKey k{7, 9};
+  const swiftkv::ChunkMeta meta{{1, 2}, 0, 8, 64};
+  std::vector<swiftkv::SlotRef> to_free;
+  assert_true(index.insert(k, meta, {Tier::peer, 5}, 1));
+  assert_true(index.begin_read(k)->where.slot == 5);
+  assert_true(index.begin_read(k).has_value());
+  assert_true(index.begin_move(k, Tier::peer, true).has_value());
+  assert_false(index.begin_move(k, Tier::peer, true).has_value());  // one mover at a time
+  assert_true(index.finish_move(k, {Tier::host, 6}, to_free));
+  assert_true(to_free.empty());  // two readers may still read slot 5
+  assert_true(index.peek(k) == Tier::host);
+  assert_int_equal(index.chunks(Tier::peer), 0);
+  assert_int_equal(index.bytes(Tier::host), 64);
+  const std::optional<swiftkv::ChunkUse> later = index.begin_read(k);
+  assert_true(later->where.tier == Tier::host && later->where.slot == 6);
+  index.end_read(k, to_free);
+  index.end_read(k, to_free);
+  assert_true(to_free.empty());  // the later reader still holds the chunk
+  index.end_read(k, to_free);
+  assert_int_equal(to_free.size(), 1);
+  assert_true(to_free[0].tier == Tier::peer && to_free[0].slot == 5);
+  to_free.clear();
+
+  // Moved again with no reader: the old copy comes back at once.
+  assert_true(index.begin_move(k, Tier::host, true).has_value());
+  assert_true(index.finish_move(k, {Tier::disk, 7}, to_free));
+  assert_int_equal(to_free.size(), 1);
+  assert_int_equal(to_free[0].slot, 6);
+  to_free.clear();
+
+  // Dropped under a reader: invisible at once, freed by the reader.
+  assert_true(index.begin_read(k).has_value());
+  assert_true(index.drop(k, true, std::nullopt, to_free));
+  assert_true(to_free.empty());
+  assert_false(index.contains(k));
+  assert_false(index.begin_read(k).has_value());
+  assert_false(index.drop(k, true, std::nullopt, to_free));  // not twice
+  assert_int_equal(index.chunks(Tier::disk), 0);
+  index.end_read(k, to_free);
+  assert_int_equal(to_free.size(), 1);
+  assert_int_equal(to_free[0].slot, 7);
+  assert_true(index.insert(k, meta, {Tier::host, 8}, 2));  // the key is free again
 }
 
 // --- Policies --------------------------------------------------------------------------------
@@ -607,6 +678,7 @@ int main() {
       cmocka_unit_test(keys_chain_over_the_prefix),
       cmocka_unit_test(fingerprint_covers_the_kv_shape),
       cmocka_unit_test(index_keeps_every_key_through_collisions_drops_and_growth),
+      cmocka_unit_test(index_frees_moved_and_dropped_copies_after_their_last_reader),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
