@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "capi/borrower.hpp"
 #include "capi/capi_guard.hpp"
 #include "capi/context_handle.hpp"
 #include "capi/elastic_handle.hpp"
@@ -22,34 +23,6 @@ constexpr size_t kModelConfigV1Size =
 constexpr size_t kLookupResultV1Size =
     offsetof(swiftkv_lookup_result, chunks_per_tier) + 3 * sizeof(uint64_t);
 constexpr size_t kStatsV1Size = offsetof(swiftkv_stats, demotions_deferred) + sizeof(uint64_t);
-
-// A registered borrower as the cache calls need it; copied out under the table's lock.
-RegisteredModel borrower(const swiftkv_ctx *ctx, uint32_t model) {
-  std::shared_lock lock(ctx->models_mu);
-  const auto it = ctx->models.find(model);
-  if (it == ctx->models.end()) {
-    fail(SWIFTKV_ENOTFOUND, "model " + std::to_string(model) + " is not registered");
-  }
-  if (it->second.role != SWIFTKV_ROLE_BORROWER) {
-    fail(SWIFTKV_ESTATE, "model " + std::to_string(model) + " (" + it->second.name +
-                             ") is a lender; only borrowers have a chunk cache");
-  }
-  return it->second;
-}
-
-// The keys of the full chunks of tokens. With `whole`, tokens must be whole chunks.
-std::vector<ChunkKey> keys_of(const RegisteredModel &m, const uint32_t *tokens, size_t n_tokens,
-                              bool whole) {
-  if (tokens == nullptr && n_tokens != 0) fail_invalid("tokens is NULL");
-  const uint32_t c = m.geometry.chunk_tokens;
-  if (whole && n_tokens % c != 0) {
-    fail_invalid("n_tokens (" + std::to_string(n_tokens) + ") is not a multiple of " + m.name +
-                 "'s chunk_tokens (" + std::to_string(c) + ")");
-  }
-  std::vector<ChunkKey> keys(n_tokens / c);
-  chunk_keys(keys.data(), m.fingerprint, tokens, n_tokens, c);
-  return keys;
-}
 
 Tier read_tier(swiftkv_tier t, const char *arg) {
   const int32_t v = raw_enum_value(t);
@@ -125,6 +98,15 @@ SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t m
       const auto it = ctx->models.find(model);
       if (it == ctx->models.end()) {
         swiftkv::fail(SWIFTKV_ENOTFOUND, "model " + std::to_string(model) + " is not registered");
+      }
+      {
+        std::lock_guard io(ctx->io_mu);
+        for (const auto &[id, p] : ctx->pools) {
+          if (p.model == model) {
+            swiftkv::fail(SWIFTKV_EBUSY, "model " + std::to_string(model) + " still has pool " +
+                                             std::to_string(id) + "; destroy it first");
+          }
+        }
       }
       m = std::move(it->second);
       ctx->models.erase(it);

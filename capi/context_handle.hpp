@@ -4,12 +4,15 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "core/connector/request.hpp"
 #include "core/context/context.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/index/chunk_key.hpp"
@@ -26,10 +29,20 @@ struct RegisteredModel {
   swiftkv_role role;
 };
 
+struct RegisteredPool {
+  std::shared_ptr<const KvPool> pool;
+  uint32_t model;
+  ChunkKey fingerprint;
+};
+
+// Transfer threads of a context's CPU executor.
+inline constexpr unsigned kTransferThreads = 2;
+
 }  // namespace swiftkv::capi
 
-// Members are destroyed in reverse: the models, the cache (its thread stops), then the context
-// whose budget the cache's memory came from.
+// Members are destroyed in reverse: open requests (each waits for its copies), pools, the
+// executor, the models, the cache (its thread stops), then the context whose budget the cache's
+// memory came from.
 struct swiftkv_ctx {
   swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o)
       : core(std::move(c)), attention_table(o.cost.attention_table),
@@ -41,4 +54,11 @@ struct swiftkv_ctx {
   mutable std::shared_mutex models_mu;  // guards models and next_model
   std::unordered_map<uint32_t, swiftkv::capi::RegisteredModel> models;
   uint32_t next_model = 0;
+
+  swiftkv::CpuExecutor executor{swiftkv::capi::kTransferThreads};
+  mutable std::mutex io_mu;  // guards pools, requests and their id counters
+  std::unordered_map<uint32_t, swiftkv::capi::RegisteredPool> pools;
+  uint32_t next_pool = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<swiftkv::Request>> requests;
+  uint64_t next_request = 1;
 };

@@ -330,6 +330,64 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
   return n;
 }
 
+std::optional<ChunkUse> ChunkCache::begin_read(const ChunkKey &key) {
+  return index_.begin_read(key);
+}
+
+void ChunkCache::end_read(const ChunkKey &key) noexcept {
+  std::vector<SlotRef> to_free;
+  try {
+    index_.end_read(key, to_free);
+  } catch (...) {
+    return;  // only allocation can fail here; the slots then stay held until the context ends
+  }
+  free_slots(to_free);
+}
+
+std::byte *ChunkCache::address(SlotRef where, int32_t *device) const noexcept {
+  return store_of(where.tier)->address(where.slot, device);
+}
+
+bool ChunkCache::readable(SlotRef where) const noexcept {
+  return store_of(where.tier)->readable(where.slot);
+}
+
+void ChunkCache::read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst) const {
+  store_of(where.tier)->read(where.slot, meta, dst);
+}
+
+void ChunkCache::report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from) {
+  load_failures_.fetch_add(1, std::memory_order_relaxed);
+  drop_chunk(key, meta, from, ChunkEventReason::corrupt);
+}
+
+std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const ChunkMeta &meta) {
+  std::optional<SlotRef> where = place(key, meta, Tier::peer);
+  if (!where) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
+  return where;
+}
+
+bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
+                         const std::byte *staging) {
+  TierStore *s = store_of(where.tier);
+  try {
+    if (staging != nullptr) s->write(where.slot, key, meta, staging);
+  } catch (...) {
+    s->free(where.slot);
+    throw;
+  }
+  // Visible to lookup only now that the bytes are whole, and only if they are still ours.
+  if (s->readable(where.slot) && index_.insert(key, meta, where, now())) {
+    stores_.fetch_add(1, std::memory_order_relaxed);
+    if (options_.demote_free_percent != 0) thread_cv_.notify_one();
+    return true;
+  }
+  s->free(where.slot);
+  return false;
+}
+
+void ChunkCache::release_slot(SlotRef where) noexcept { store_of(where.tier)->free(where.slot); }
+
 void ChunkCache::pin(std::span<const ChunkKey> keys) {
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!index_.pin(keys[i])) {

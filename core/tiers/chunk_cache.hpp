@@ -122,6 +122,32 @@ class ChunkCache {
   // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
   void give_back(const ChunkKey &model);
 
+  // --- Chunk by chunk, for the connector's requests.
+  // A use of a resident chunk: its copy stays readable (and is not freed) until end_read, even
+  // when it is moved or dropped meanwhile. nullopt when not resident.
+  std::optional<ChunkUse> begin_read(const ChunkKey &key);
+  bool resident(const ChunkKey &key) const { return index_.contains(key); }
+  void end_read(const ChunkKey &key) noexcept;
+  // The bytes of a slot in this process (nullptr for disk) and their device (-1: host).
+  std::byte *address(SlotRef where, int32_t *device) const noexcept;
+  // Whether a slot's bytes are still the cache's: false once a lent range is lost, after which
+  // whatever was read from it may be the lender's data.
+  bool readable(SlotRef where) const noexcept;
+  // Copies a whole chunk to host memory; throws Error(EIO) when it fails its check.
+  void read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst) const;
+  // A chunk whose bytes could not be trusted: counted as a load failure and dropped.
+  void report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from);
+  // A slot for a chunk that is not resident, in the best tier with room (peer first), making
+  // room by the policy; nullopt (counted in stores_rejected) when there is none. The slot is the
+  // caller's until publish() or release_slot().
+  std::optional<SlotRef> reserve_slot(const ChunkKey &key, const ChunkMeta &meta);
+  // Makes a reserved slot the chunk's readable copy, writing `staging` (when not nullptr) into
+  // it first: a disk slot, or memory the caller could not write directly. False, with the slot freed, when the chunk became resident
+  // meanwhile or the slot is no longer readable.
+  bool publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
+               const std::byte *staging);
+  void release_slot(SlotRef where) noexcept;
+
   // Marks a load out of tier t as pending for as long as the scope lives: background demotion
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
   class LoadScope {

@@ -90,6 +90,19 @@ uint64_t PeerTier::free_bytes(const ChunkKey &model) const {
   return n;
 }
 
+bool PeerTier::readable(uint64_t slot) const noexcept {
+  std::lock_guard lock(mu_);
+  const auto it = leases_.find(slot >> 32);
+  if (it == leases_.end() || it->second.lost) return false;
+  try {
+    it->second.region->lease(it->second.lease_id);  // throws once expired or gone
+    return true;
+  } catch (...) {
+    it->second.lost = true;
+    return false;
+  }
+}
+
 std::vector<PeerTier::LeaseStatus> PeerTier::refresh() {
   std::lock_guard lock(mu_);
   std::vector<LeaseStatus> out;

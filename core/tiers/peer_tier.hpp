@@ -39,6 +39,8 @@ class PeerTier final : public TierStore {
   std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
+  // Asks the region: false once the lease is lost or past its expiry.
+  bool readable(uint64_t slot) const noexcept override;
   uint64_t capacity_bytes(const ChunkKey &model) const override;
   uint64_t free_bytes(const ChunkKey &model) const override;
 
@@ -72,7 +74,7 @@ class PeerTier final : public TierStore {
   };
 
   mutable std::mutex mu_;
-  std::unordered_map<uint64_t, Held> leases_;
+  mutable std::unordered_map<uint64_t, Held> leases_;  // readable() may mark a lease lost
   uint64_t next_local_ = 1;
 };
 

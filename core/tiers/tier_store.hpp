@@ -33,6 +33,10 @@ class TierStore {
   // default copies from address().
   virtual void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst);
 
+  // Whether the slot's bytes are still this store's: a lent range can be lost (expired, or its
+  // lender gone), after which its bytes may be overwritten. Thread-safe.
+  virtual bool readable(uint64_t /*slot*/) const noexcept { return true; }
+
   // Room for `model`'s chunks: the bytes the tier could hold for it and those still free. For
   // a store shared by all models the model is ignored.
   virtual uint64_t capacity_bytes(const ChunkKey &model) const = 0;

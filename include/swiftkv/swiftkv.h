@@ -729,6 +729,167 @@ SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
                                                             swiftkv_chunk_event_fn fn,
                                                             void *user_data);
 
+/* ---------------------------------------------------------------------------------------------
+ * Engine page pools (the borrower's own KV pages).
+ *
+ * A pool is a borrower's per-layer paged KV tensors as the library reads and writes them.
+ * Element (page p, K or V c, token t, head h, dim d) of layer l is at
+ *   layer_base[l] + (p*page_stride + c*kv_stride + t*token_stride + h*head_stride + d) * dtype
+ * bytes: strides in elements, as a tensor library reports them, dim stride 1, block_tokens
+ * tokens per page. That covers vLLM's [2, pages, B, H, D], FlashInfer's NHD [pages, 2, B, H, D]
+ * and HND [pages, 2, H, B, D], and cross-layer pages [pages, L, 2, B, H, D] (one base per
+ * layer, page_stride over all layers). Pages [stream_first, stream_first + stream_pages) are
+ * stream pages: their memory is shared by all layers (the layer stream cache), which orders
+ * loads into them after saves out of them (see the connector).
+ * ------------------------------------------------------------------------------------------- */
+
+#define SWIFTKV_POOL_DESC_VERSION 1
+
+typedef struct swiftkv_pool_desc {
+  uint32_t size;              /* sizeof(swiftkv_pool_desc) as the caller compiled it */
+  uint32_t version;           /* SWIFTKV_POOL_DESC_VERSION */
+  uint32_t num_pages;         /* pages in every layer's tensor (>= 1) */
+  uint32_t stream_first;      /* the first stream page */
+  uint32_t stream_pages;      /* how many stream pages (0: none) */
+  uint32_t reserved0;         /* must be 0 */
+  void *const *layer_base;    /* num_layers pointers: element (0, K, 0, 0, 0) of each layer;
+                                 aligned to the dtype and distinct */
+  uint64_t layer_span_bytes;  /* bytes of each layer's tensor from its base: every element
+                                 the strides reach must lie inside */
+  int64_t page_stride;        /* elements, all > 0, and no two elements of a layer may */
+  int64_t kv_stride;          /* share an address */
+  int64_t token_stride;
+  int64_t head_stride;
+} swiftkv_pool_desc;
+
+#define SWIFTKV_POOL_DESC_INIT \
+  { (uint32_t)sizeof(swiftkv_pool_desc), SWIFTKV_POOL_DESC_VERSION, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0 }
+
+/* Registers an engine's own tensors as a pool of borrower `model`; *pool_out is its id (never
+ * reused). The descriptor is checked against the model (layers, heads, head dim, dtype) and
+ * itself; the message names the field that is wrong. The engine keeps the memory, which must
+ * outlive the pool. Host memory only for now: a model on a CUDA device is SWIFTKV_EUNSUPPORTED.
+ * Thread-safe. */
+SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx *ctx,
+                                                 uint32_t model, const swiftkv_pool_desc *desc);
+
+/* Makes a pool for borrower `model`: `regular_pages` ordinary pages per layer, then
+ * `stream_pages` stream pages whose memory is mapped at the same page indices inside every
+ * layer's tensor (on the host backend one memfd range mapped once per layer), laid out as
+ * FlashInfer's NHD. regular_pages is rounded up so that the stream pages start on a memory page
+ * boundary: swiftkv_pool_get tells the counts. The sizes usually come from
+ * swiftkv_plan_borrower (regular_blocks, stream_blocks). The memory is the engine's KV memory,
+ * not the cache's host budget. Host models only for now (SWIFTKV_EUNSUPPORTED for a device). */
+SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *ctx,
+                                               uint32_t model, uint32_t regular_pages,
+                                               uint32_t stream_pages);
+
+/* A pool's description (set out->size and out->version first). out->layer_base points into
+ * the pool and lives as long as it. */
+SWIFTKV_API swiftkv_status swiftkv_pool_get(swiftkv_pool_desc *out, uint32_t *model_out,
+                                            const swiftkv_ctx *ctx, uint32_t pool);
+
+/* Ends a pool: SWIFTKV_EBUSY (nothing changed) while a request uses it. A library-made pool's
+ * memory is unmapped. */
+SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool);
+
+/* ---------------------------------------------------------------------------------------------
+ * The connector: one engine request, layer by layer (names after vLLM's KV connector).
+ *
+ *   swiftkv_request_begin      the request's tokens and pages: finds the cached run to load,
+ *                              holds it, reserves room for the new chunks, starts reading disk
+ *   swiftkv_start_load         starts the loads
+ *   for each layer l:
+ *     swiftkv_wait_layer_load  layer l of the cached run is in the pages
+ *     (the engine computes layer l and writes its new K/V into the pages)
+ *     swiftkv_save_layer       the engine is done with layer l: copy the new chunks out of it
+ *   swiftkv_wait_save          every layer saved: the new chunks become visible to lookup
+ *   swiftkv_request_finish     ends the request (also valid at any earlier point: it aborts)
+ *
+ * A call out of this order is SWIFTKV_ESTATE with nothing changed; a request id that is not
+ * open (finished, or never begun) is SWIFTKV_ENOTFOUND. Calls on one request may come from any
+ * thread but not at the same time; requests are independent of each other.
+ *
+ * Loads: the cached run starts at load_from_tokens and goes on while chunks are cached; each
+ * chunk is copied from its tier (peer and host directly, disk through host memory, read and
+ * checked at request_begin) into its pages. The chunks are held by the request: a chunk
+ * dropped or moved meanwhile stays readable for it. Loads go before saves on the executor.
+ * Stream pages: when the run loads into stream pages, the load of layer l+1 starts only after
+ * the save of layer l (those pages hold one layer at a time); otherwise every layer's load
+ * starts at swiftkv_start_load.
+ * Failures: a chunk whose bytes cannot be trusted (lent memory lost, a checksum mismatch, an
+ * I/O error) is never copied into the pages as good data; loads stop at the first such chunk.
+ * valid_end_tokens says how far [load_begin_tokens, valid_end_tokens) is intact in every layer
+ * so far; it only shrinks. The failed pages are pages[valid_end / block_tokens] up to
+ * pages[load_end / block_tokens]: recompute those tokens after swiftkv_request_finish (until
+ * then the library may still write pages past valid_end).
+ * Saves: every full chunk of the tokens that was neither loaded nor cached at request_begin is
+ * copied out of the pages by save_layer, into a slot of the best tier with room (peer first),
+ * and made visible by wait_save only once whole. A chunk with no room anywhere is not saved
+ * (counted in stores_rejected).
+ * Host pools take stream NULL (SWIFTKV_EINVAL otherwise); every call there returns when its
+ * work is done (waits) or queued (start_load, save_layer).
+ * ------------------------------------------------------------------------------------------- */
+
+#define SWIFTKV_REQUEST_DESC_VERSION 1
+
+typedef struct swiftkv_request_desc {
+  uint32_t size;              /* sizeof(swiftkv_request_desc) as the caller compiled it */
+  uint32_t version;           /* SWIFTKV_REQUEST_DESC_VERSION */
+  uint32_t pool;              /* the pool the pages belong to (its model is the request's) */
+  uint32_t reserved0;         /* must be 0 */
+  const uint32_t *tokens;     /* the whole sequence, cached prefix and new tokens */
+  uint64_t n_tokens;
+  const int32_t *pages;       /* pages[b]: the pool page of tokens [b*B, (b+1)*B); distinct */
+  uint64_t n_pages;           /* at least ceil(n_tokens / block_tokens); extra ones unused */
+  uint64_t load_from_tokens;  /* a chunk boundary where loading starts: 0, or the
+                                 dropped_head_tokens of swiftkv_lookup */
+} swiftkv_request_desc;
+
+#define SWIFTKV_REQUEST_DESC_INIT \
+  { (uint32_t)sizeof(swiftkv_request_desc), SWIFTKV_REQUEST_DESC_VERSION, 0, 0, NULL, 0, NULL, 0, 0 }
+
+#define SWIFTKV_REQUEST_INFO_VERSION 1
+
+typedef struct swiftkv_request_info {
+  uint32_t size;                /* set by the caller: SWIFTKV_REQUEST_INFO_INIT */
+  uint32_t version;
+  uint64_t load_begin_tokens;   /* first token loaded */
+  uint64_t load_end_tokens;     /* end of the cached run found at request_begin */
+  uint64_t valid_end_tokens;    /* [load_begin, valid_end) intact in every layer waited for */
+  uint64_t save_tokens;         /* tokens in the chunks the request will save */
+  uint64_t saved_tokens;        /* tokens in the chunks wait_save made visible */
+  uint32_t layers_loaded;       /* layers the engine has waited for */
+  uint32_t layers_saved;        /* layers handed to save_layer */
+  uint32_t stream_ordered;      /* 1: loads go into stream pages, layer l+1 after save of l */
+  uint32_t reserved0;
+} swiftkv_request_info;
+
+#define SWIFTKV_REQUEST_INFO_INIT \
+  { (uint32_t)sizeof(swiftkv_request_info), SWIFTKV_REQUEST_INFO_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+
+/* Begins a request; *request_out is its id. EINVAL: tokens, pages (out of the pool, repeated,
+ * too few) or load_from_tokens (not a chunk boundary, past the tokens) are wrong; ENOTFOUND: an
+ * unknown pool. */
+SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_ctx *ctx,
+                                                 const swiftkv_request_desc *desc);
+SWIFTKV_API swiftkv_status swiftkv_start_load(swiftkv_ctx *ctx, uint64_t request, void *stream);
+/* *valid_end_tokens_out: see valid_end_tokens above. */
+SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_out,
+                                                   swiftkv_ctx *ctx, uint64_t request,
+                                                   uint32_t layer, void *stream);
+SWIFTKV_API swiftkv_status swiftkv_save_layer(swiftkv_ctx *ctx, uint64_t request, uint32_t layer,
+                                              void *stream);
+/* *saved_tokens_out: tokens in the chunks made visible. */
+SWIFTKV_API swiftkv_status swiftkv_wait_save(uint64_t *saved_tokens_out, swiftkv_ctx *ctx,
+                                             uint64_t request, void *stream);
+SWIFTKV_API swiftkv_status swiftkv_request_info_get(swiftkv_request_info *out,
+                                                    const swiftkv_ctx *ctx, uint64_t request);
+/* Ends a request, waiting for its copies in flight; out (may be NULL) gets its final info. The
+ * chunks it held and the room it reserved but did not fill are given back. */
+SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swiftkv_ctx *ctx,
+                                                  uint64_t request);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -1,0 +1,349 @@
+// Engine page pools and the connector at the ABI: descriptors checked into core layouts, pool
+// and request ids into the objects that do the work.
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include "capi/borrower.hpp"
+#include "capi/capi_guard.hpp"
+#include "capi/context_handle.hpp"
+#include "capi/versioned.hpp"
+
+namespace swiftkv::capi {
+
+namespace {
+
+constexpr size_t kPoolDescV1Size = offsetof(swiftkv_pool_desc, head_stride) + sizeof(int64_t);
+constexpr size_t kRequestDescV1Size =
+    offsetof(swiftkv_request_desc, load_from_tokens) + sizeof(uint64_t);
+constexpr size_t kRequestInfoV1Size = offsetof(swiftkv_request_info, reserved0) + sizeof(uint32_t);
+
+void require_host(const RegisteredModel &m) {
+  if (m.geometry.device != SWIFTKV_DEVICE_HOST) {
+    fail(SWIFTKV_EUNSUPPORTED, "model '" + m.name + "' is on CUDA device " +
+                                   std::to_string(m.geometry.device) +
+                                   "; pools on a device are not supported yet");
+  }
+}
+
+void require_no_stream(const void *stream) {
+  if (stream != nullptr) fail_invalid("stream is not NULL, and host pools take no stream");
+}
+
+uint32_t add_pool(swiftkv_ctx *ctx, uint32_t model, const RegisteredModel &m,
+                  std::unique_ptr<KvPool> pool) {
+  std::lock_guard lock(ctx->io_mu);
+  if (ctx->next_pool == UINT32_MAX) fail(SWIFTKV_ENOMEM, "the context has used every pool id");
+  const uint32_t id = ctx->next_pool++;
+  ctx->pools.emplace(id, RegisteredPool{std::move(pool), model, m.fingerprint});
+  return id;
+}
+
+std::shared_ptr<Request> open_request(const swiftkv_ctx *ctx, uint64_t request) {
+  std::lock_guard lock(ctx->io_mu);
+  const auto it = ctx->requests.find(request);
+  if (it == ctx->requests.end()) {
+    fail(SWIFTKV_ENOTFOUND, "request " + std::to_string(request) +
+                                " is not open (finished, or never begun)");
+  }
+  return it->second;
+}
+
+swiftkv_request_info to_c(const RequestInfo &i) {
+  swiftkv_request_info v = SWIFTKV_REQUEST_INFO_INIT;
+  v.load_begin_tokens = i.load_begin;
+  v.load_end_tokens = i.load_end;
+  v.valid_end_tokens = i.valid_end;
+  v.save_tokens = i.save_tokens;
+  v.saved_tokens = i.saved_tokens;
+  v.layers_loaded = i.layers_loaded;
+  v.layers_saved = i.layers_saved;
+  v.stream_ordered = i.stream_ordered ? 1 : 0;
+  return v;
+}
+
+}  // namespace
+
+}  // namespace swiftkv::capi
+
+using swiftkv::capi::require;
+
+extern "C" {
+
+SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx *ctx,
+                                                 uint32_t model, const swiftkv_pool_desc *desc) {
+  try {
+    require(pool_out, "pool_out");
+    require(ctx, "ctx");
+    const swiftkv_pool_desc defaults = SWIFTKV_POOL_DESC_INIT;
+    const swiftkv_pool_desc d = swiftkv::capi::read_versioned(
+        desc, defaults, SWIFTKV_POOL_DESC_VERSION, swiftkv::capi::kPoolDescV1Size, "desc",
+        "SWIFTKV_POOL_DESC_INIT");
+    if (d.reserved0 != 0) swiftkv::fail_invalid("desc->reserved0 is not 0");
+    require(d.layer_base, "desc->layer_base");
+    std::shared_lock models(ctx->models_mu);  // the model stays registered until the pool is in
+    const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower_locked(ctx, model);
+    swiftkv::capi::require_host(m);
+    swiftkv::PageLayout l;
+    l.layer_base.resize(m.geometry.num_layers);
+    for (uint32_t i = 0; i < m.geometry.num_layers; ++i) {
+      l.layer_base[i] = static_cast<std::byte *>(d.layer_base[i]);
+    }
+    l.device = m.geometry.device;
+    l.layer_span_bytes = d.layer_span_bytes;
+    l.num_pages = d.num_pages;
+    l.page_tokens = m.geometry.block_tokens;
+    l.heads = m.geometry.num_kv_heads;
+    l.head_dim = m.geometry.head_dim;
+    l.dtype_bytes = static_cast<uint32_t>(m.sizes.dtype_bytes);
+    l.stream_first = d.stream_first;
+    l.stream_pages = d.stream_pages;
+    l.page_stride = d.page_stride;
+    l.kv_stride = d.kv_stride;
+    l.token_stride = d.token_stride;
+    l.head_stride = d.head_stride;
+    auto pool = std::make_unique<swiftkv::KvPool>(m.geometry, std::move(l));
+    *pool_out = swiftkv::capi::add_pool(ctx, model, m, std::move(pool));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *ctx,
+                                               uint32_t model, uint32_t regular_pages,
+                                               uint32_t stream_pages) {
+  try {
+    require(pool_out, "pool_out");
+    require(ctx, "ctx");
+    std::shared_lock models(ctx->models_mu);
+    const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower_locked(ctx, model);
+    swiftkv::capi::require_host(m);
+    auto pool = swiftkv::KvPool::create_host(m.geometry, regular_pages, stream_pages);
+    *pool_out = swiftkv::capi::add_pool(ctx, model, m, std::move(pool));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_pool_get(swiftkv_pool_desc *out, uint32_t *model_out,
+                                            const swiftkv_ctx *ctx, uint32_t pool) {
+  try {
+    require(out, "out");
+    require(ctx, "ctx");
+    swiftkv::capi::check_struct_header<swiftkv_pool_desc>(
+        out->size, out->version, SWIFTKV_POOL_DESC_VERSION, swiftkv::capi::kPoolDescV1Size, "out",
+        "SWIFTKV_POOL_DESC_INIT");
+    std::lock_guard lock(ctx->io_mu);
+    const auto it = ctx->pools.find(pool);
+    if (it == ctx->pools.end()) {
+      swiftkv::fail(SWIFTKV_ENOTFOUND, "pool " + std::to_string(pool) + " does not exist");
+    }
+    const swiftkv::PageLayout &l = it->second.pool->layout();
+    swiftkv_pool_desc v = SWIFTKV_POOL_DESC_INIT;
+    v.num_pages = l.num_pages;
+    v.stream_first = l.stream_first;
+    v.stream_pages = l.stream_pages;
+    // The pool's own array of bases: std::byte* and void* have the same representation.
+    v.layer_base = reinterpret_cast<void *const *>(l.layer_base.data());
+    v.layer_span_bytes = l.layer_span_bytes;
+    v.page_stride = l.page_stride;
+    v.kv_stride = l.kv_stride;
+    v.token_stride = l.token_stride;
+    v.head_stride = l.head_stride;
+    swiftkv::capi::write_versioned(out, v, SWIFTKV_POOL_DESC_VERSION,
+                                   swiftkv::capi::kPoolDescV1Size, "out", "SWIFTKV_POOL_DESC_INIT");
+    if (model_out != nullptr) *model_out = it->second.model;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool) {
+  try {
+    require(ctx, "ctx");
+    std::shared_ptr<const swiftkv::KvPool> doomed;
+    std::lock_guard lock(ctx->io_mu);
+    const auto it = ctx->pools.find(pool);
+    if (it == ctx->pools.end()) {
+      swiftkv::fail(SWIFTKV_ENOTFOUND, "pool " + std::to_string(pool) + " does not exist");
+    }
+    for (const auto &[id, r] : ctx->requests) {
+      if (&r->pool() == it->second.pool.get()) {
+        swiftkv::fail(SWIFTKV_EBUSY, "pool " + std::to_string(pool) + " is used by request " +
+                                         std::to_string(id));
+      }
+    }
+    ctx->pools.erase(it);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_ctx *ctx,
+                                                 const swiftkv_request_desc *desc) {
+  try {
+    require(request_out, "request_out");
+    require(ctx, "ctx");
+    const swiftkv_request_desc defaults = SWIFTKV_REQUEST_DESC_INIT;
+    const swiftkv_request_desc d = swiftkv::capi::read_versioned(
+        desc, defaults, SWIFTKV_REQUEST_DESC_VERSION, swiftkv::capi::kRequestDescV1Size, "desc",
+        "SWIFTKV_REQUEST_DESC_INIT");
+    if (d.reserved0 != 0) swiftkv::fail_invalid("desc->reserved0 is not 0");
+    swiftkv::capi::RegisteredPool rp;
+    {
+      std::lock_guard lock(ctx->io_mu);
+      const auto it = ctx->pools.find(d.pool);
+      if (it == ctx->pools.end()) {
+        swiftkv::fail(SWIFTKV_ENOTFOUND, "desc->pool " + std::to_string(d.pool) +
+                                             " does not exist");
+      }
+      rp = it->second;
+    }
+    const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower(ctx, rp.model);
+    const swiftkv::PageLayout &l = rp.pool->layout();
+    const uint64_t block = m.geometry.block_tokens;
+    const uint64_t need = (d.n_tokens + block - 1) / block;
+    if (d.pages == nullptr && d.n_pages != 0) swiftkv::fail_invalid("desc->pages is NULL");
+    if (d.n_pages < need) {
+      swiftkv::fail_invalid("desc->n_pages (" + std::to_string(d.n_pages) + ") is below the " +
+                            std::to_string(need) + " pages that " + std::to_string(d.n_tokens) +
+                            " tokens fill");
+    }
+    std::vector<int32_t> pages(d.pages, d.pages + need);
+    for (size_t b = 0; b < pages.size(); ++b) {
+      if (pages[b] < 0 || static_cast<uint64_t>(pages[b]) >= l.num_pages) {
+        swiftkv::fail_invalid("desc->pages[" + std::to_string(b) + "] (" +
+                              std::to_string(pages[b]) + ") is not a page of pool " +
+                              std::to_string(d.pool) + " (" + std::to_string(l.num_pages) +
+                              " pages)");
+      }
+    }
+    std::vector<int32_t> sorted = pages;
+    std::sort(sorted.begin(), sorted.end());
+    const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+    if (dup != sorted.end()) {
+      swiftkv::fail_invalid("desc->pages names page " + std::to_string(*dup) + " twice");
+    }
+    const uint64_t chunk = m.geometry.chunk_tokens;
+    if (d.load_from_tokens % chunk != 0 || d.load_from_tokens > d.n_tokens) {
+      swiftkv::fail_invalid("desc->load_from_tokens (" + std::to_string(d.load_from_tokens) +
+                            ") is not a chunk boundary within the " +
+                            std::to_string(d.n_tokens) + " tokens");
+    }
+    swiftkv::RequestSpec spec;
+    spec.model = rp.fingerprint;
+    spec.keys = swiftkv::capi::keys_of(m, d.tokens, d.n_tokens, false);
+    spec.pages = std::move(pages);
+    spec.n_tokens = d.n_tokens;
+    spec.load_from = d.load_from_tokens;
+    auto r = std::make_shared<swiftkv::Request>(ctx->cache, ctx->executor, rp.pool, std::move(spec));
+    std::lock_guard lock(ctx->io_mu);
+    const uint64_t id = ctx->next_request++;
+    ctx->requests.emplace(id, std::move(r));
+    *request_out = id;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_start_load(swiftkv_ctx *ctx, uint64_t request, void *stream) {
+  try {
+    require(ctx, "ctx");
+    swiftkv::capi::require_no_stream(stream);
+    swiftkv::capi::open_request(ctx, request)->start_load();
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_out,
+                                                   swiftkv_ctx *ctx, uint64_t request,
+                                                   uint32_t layer, void *stream) {
+  try {
+    require(valid_end_tokens_out, "valid_end_tokens_out");
+    require(ctx, "ctx");
+    swiftkv::capi::require_no_stream(stream);
+    *valid_end_tokens_out = swiftkv::capi::open_request(ctx, request)->wait_layer_load(layer);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_save_layer(swiftkv_ctx *ctx, uint64_t request, uint32_t layer,
+                                              void *stream) {
+  try {
+    require(ctx, "ctx");
+    swiftkv::capi::require_no_stream(stream);
+    swiftkv::capi::open_request(ctx, request)->save_layer(layer);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_wait_save(uint64_t *saved_tokens_out, swiftkv_ctx *ctx,
+                                             uint64_t request, void *stream) {
+  try {
+    require(saved_tokens_out, "saved_tokens_out");
+    require(ctx, "ctx");
+    swiftkv::capi::require_no_stream(stream);
+    *saved_tokens_out = swiftkv::capi::open_request(ctx, request)->wait_save();
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_request_info_get(swiftkv_request_info *out,
+                                                    const swiftkv_ctx *ctx, uint64_t request) {
+  try {
+    require(out, "out");
+    require(ctx, "ctx");
+    swiftkv::capi::check_struct_header<swiftkv_request_info>(
+        out->size, out->version, SWIFTKV_REQUEST_INFO_VERSION, swiftkv::capi::kRequestInfoV1Size,
+        "out", "SWIFTKV_REQUEST_INFO_INIT");
+    const swiftkv_request_info v =
+        swiftkv::capi::to_c(swiftkv::capi::open_request(ctx, request)->info());
+    swiftkv::capi::write_versioned(out, v, SWIFTKV_REQUEST_INFO_VERSION,
+                                   swiftkv::capi::kRequestInfoV1Size, "out",
+                                   "SWIFTKV_REQUEST_INFO_INIT");
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swiftkv_ctx *ctx,
+                                                  uint64_t request) {
+  try {
+    require(ctx, "ctx");
+    if (out != nullptr) {
+      swiftkv::capi::check_struct_header<swiftkv_request_info>(
+          out->size, out->version, SWIFTKV_REQUEST_INFO_VERSION,
+          swiftkv::capi::kRequestInfoV1Size, "out", "SWIFTKV_REQUEST_INFO_INIT");
+    }
+    std::shared_ptr<swiftkv::Request> r;
+    {
+      std::lock_guard lock(ctx->io_mu);
+      const auto it = ctx->requests.find(request);
+      if (it == ctx->requests.end()) {
+        swiftkv::fail(SWIFTKV_ENOTFOUND, "request " + std::to_string(request) +
+                                             " is not open (finished, or never begun)");
+      }
+      r = std::move(it->second);
+      ctx->requests.erase(it);
+    }
+    const swiftkv_request_info v = swiftkv::capi::to_c(r->info());
+    r.reset();  // waits for the request's copies in flight, then gives back what it held
+    if (out != nullptr) {
+      swiftkv::capi::write_versioned(out, v, SWIFTKV_REQUEST_INFO_VERSION,
+                                     swiftkv::capi::kRequestInfoV1Size, "out",
+                                     "SWIFTKV_REQUEST_INFO_INIT");
+    }
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+}  // extern "C"

@@ -1,0 +1,291 @@
+// A request's loads and saves as tasks on the CPU executor: one task per (layer, chunk), so the
+// chunks of a layer copy in parallel and a layer is done when its last task is.
+#include "core/connector/request.hpp"
+
+#include <algorithm>
+#include <string>
+
+#include "core/common/error.hpp"
+#include "core/memory/host_memory.hpp"
+
+namespace swiftkv {
+
+Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvPool> pool,
+                 RequestSpec spec)
+    : cache_(cache), exec_(exec), pool_(std::move(pool)), spec_(std::move(spec)) {
+  const ModelGeometry &g = pool_->geometry();
+  const PageLayout &layout = pool_->layout();
+  const GeometrySizes sizes = geometry_sizes(g, "model");
+  piece_bytes_ = sizes.layer_chunk_bytes;
+  chunk_tokens_ = g.chunk_tokens;
+  layers_ = g.num_layers;
+  const uint64_t pages_per_chunk = g.chunk_tokens / g.block_tokens;
+  auto chunk_pages = [&](size_t c) {
+    return std::span<const int32_t>(spec_.pages).subspan(c * pages_per_chunk, pages_per_chunk);
+  };
+  load_left_.assign(layers_, 0);
+  save_left_.assign(layers_, 0);
+  load_submitted_.assign(layers_, false);
+
+  // The loads: the cached run from load_from, each chunk held (its copy cannot be freed) until
+  // the request ends.
+  const size_t first = spec_.load_from / chunk_tokens_;
+  bool tiers_used[kTierCount] = {};
+  try {
+    for (size_t c = first; c < spec_.keys.size(); ++c) {
+      std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
+      if (!use) break;
+      auto lc = std::make_unique<LoadChunk>();
+      lc->key = spec_.keys[c];
+      lc->use = *use;
+      loads_.push_back(std::move(lc));  // from here the destructor ends the read
+      LoadChunk &l = *loads_.back();
+      if (use->meta.bytes != sizes.full_chunk_bytes) {
+        fail(SWIFTKV_EINTERNAL, "a cached chunk's size differs from its model's");
+      }
+      l.plan = chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
+      l.src = cache_.address(use->where, &l.src_device);
+      tiers_used[static_cast<size_t>(use->where.tier)] = true;
+      for (int32_t p : chunk_pages(c)) {
+        if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
+      }
+    }
+    info_.load_begin = first * chunk_tokens_;
+    info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
+    info_.valid_end = info_.load_end;
+    for (size_t t = 0; t < kTierCount; ++t) {
+      if (tiers_used[t]) {
+        load_scopes_.push_back(std::make_unique<ChunkCache::LoadScope>(cache_, static_cast<Tier>(t)));
+      }
+    }
+
+    // The saves: every full chunk that is neither loaded nor cached, into a reserved slot that
+    // becomes visible only in wait_save.
+    for (size_t c = 0; c < spec_.keys.size(); ++c) {
+      if (c >= first && c < first + loads_.size()) continue;
+      if (cache_.resident(spec_.keys[c])) continue;
+      const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c), g.chunk_tokens,
+                           sizes.full_chunk_bytes};
+      std::optional<SlotRef> where = cache_.reserve_slot(spec_.keys[c], meta);
+      if (!where) continue;  // no room anywhere: counted by the cache, the chunk is not saved
+      auto sc = std::make_unique<SaveChunk>();
+      sc->key = spec_.keys[c];
+      sc->meta = meta;
+      sc->where = *where;
+      saves_.push_back(std::move(sc));  // from here the destructor releases the slot
+      SaveChunk &s = *saves_.back();
+      s.plan = chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
+      int32_t device = -1;
+      s.dst = cache_.address(s.where, &device);
+      if (s.dst == nullptr || device >= 0) {
+        s.staging.resize(sizes.full_chunk_bytes);
+        s.dst = s.staging.data();
+      }
+      info_.save_tokens += chunk_tokens_;
+    }
+  } catch (...) {
+    for (auto &l : loads_) cache_.end_read(l->key);
+    for (auto &s : saves_) cache_.release_slot(s->where);
+    throw;
+  }
+
+  // Disk chunks are read and checked now, as early as the request is known.
+  std::lock_guard lock(mu_);
+  for (size_t i = 0; i < loads_.size(); ++i) {
+    if (loads_[i]->src != nullptr) continue;
+    ++tasks_in_flight_;
+    exec_.submit(CpuExecutor::Lane::load, [this, i] {
+      stage(*loads_[i]);
+      std::lock_guard l(mu_);
+      --tasks_in_flight_;
+      cv_.notify_all();
+    });
+  }
+}
+
+Request::~Request() {
+  std::unique_lock lock(mu_);
+  cv_.wait(lock, [this] { return tasks_in_flight_ == 0; });
+  lock.unlock();
+  for (auto &l : loads_) cache_.end_read(l->key);
+  for (auto &s : saves_) {
+    if (!s->published) cache_.release_slot(s->where);
+  }
+}
+
+bool Request::stage(LoadChunk &c) {
+  std::lock_guard lock(c.stage_mu);
+  if (c.staged) return true;
+  if (c.stage_failed) return false;
+  try {
+    c.staging.resize(c.use.meta.bytes);
+    cache_.read_slot(c.use.where, c.use.meta, c.staging.data());
+    c.staged = true;
+  } catch (...) {
+    c.stage_failed = true;
+    c.staging = {};
+    try {
+      cache_.report_failed_load(c.key, c.use.meta, c.use.where.tier);
+    } catch (...) {
+      // The chunk stays failed for this request either way.
+    }
+  }
+  return c.staged;
+}
+
+void Request::fail_chunk(size_t i) {
+  size_t seen = first_failed_.load();
+  while (i < seen && !first_failed_.compare_exchange_weak(seen, i)) {
+  }
+}
+
+void Request::load_task(uint32_t layer, size_t i) {
+  if (i >= first_failed_.load()) return;  // past the valid prefix: the engine recomputes it
+  LoadChunk &c = *loads_[i];
+  const bool peer = c.use.where.tier == Tier::peer;
+  const std::byte *src = nullptr;
+  std::vector<std::byte> bounce;
+  if (c.src == nullptr) {
+    if (!stage(c)) return fail_chunk(i);
+    src = c.staging.data() + layer * piece_bytes_;
+  } else {
+    if (peer && !cache_.readable(c.use.where)) return fail_chunk(i);
+    src = c.src + layer * piece_bytes_;
+    if (c.src_device >= 0) {  // lent device memory and a host pool: through host memory
+      bounce.resize(piece_bytes_);
+      copy_bytes(bounce.data(), -1, src, c.src_device, piece_bytes_);
+      src = bounce.data();
+    }
+  }
+  scatter_piece(c.plan, src, pool_->layout().layer_base[layer]);
+  // Checked again after the copy: a range lost during it may have held the lender's bytes.
+  if (peer && !cache_.readable(c.use.where)) fail_chunk(i);
+}
+
+void Request::task_done(bool load, uint32_t layer) {
+  std::lock_guard lock(mu_);
+  --tasks_in_flight_;
+  std::vector<uint32_t> &left = load ? load_left_ : save_left_;
+  if (--left[layer] == 0) {
+    if (load) {
+      ++layers_load_done_;
+      if (layers_load_done_ == layers_) load_scopes_.clear();
+    } else if (info_.stream_ordered && layer + 1 < layers_) {
+      submit_load_locked(layer + 1);
+    }
+  }
+  cv_.notify_all();
+}
+
+void Request::submit_load_locked(uint32_t layer) {
+  load_submitted_[layer] = true;
+  if (loads_.empty()) {
+    if (++layers_load_done_ == layers_) load_scopes_.clear();
+    return;
+  }
+  load_left_[layer] = static_cast<uint32_t>(loads_.size());
+  for (size_t i = 0; i < loads_.size(); ++i) {
+    ++tasks_in_flight_;
+    exec_.submit(CpuExecutor::Lane::load, [this, layer, i] {
+      load_task(layer, i);
+      task_done(true, layer);
+    });
+  }
+}
+
+void Request::submit_save_locked(uint32_t layer) {
+  if (saves_.empty()) {
+    if (info_.stream_ordered && layer + 1 < layers_) submit_load_locked(layer + 1);
+    return;
+  }
+  save_left_[layer] = static_cast<uint32_t>(saves_.size());
+  for (size_t i = 0; i < saves_.size(); ++i) {
+    ++tasks_in_flight_;
+    exec_.submit(CpuExecutor::Lane::save, [this, layer, i] {
+      SaveChunk &s = *saves_[i];
+      gather_piece(s.plan, pool_->layout().layer_base[layer], s.dst + layer * piece_bytes_);
+      task_done(false, layer);
+    });
+  }
+}
+
+void Request::start_load() {
+  std::lock_guard lock(mu_);
+  if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
+  started_ = true;
+  if (info_.stream_ordered) {
+    submit_load_locked(0);
+  } else {
+    for (uint32_t l = 0; l < layers_; ++l) submit_load_locked(l);
+  }
+}
+
+uint64_t Request::wait_layer_load(uint32_t layer) {
+  std::unique_lock lock(mu_);
+  if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
+  if (layer >= layers_) {
+    fail_invalid("layer " + std::to_string(layer) + " is not below the model's " +
+                 std::to_string(layers_) + " layers");
+  }
+  if (layer != info_.layers_loaded || info_.layers_saved != layer) {
+    fail(SWIFTKV_ESTATE, "wait_layer_load(" + std::to_string(layer) + ") out of order: layer " +
+                             std::to_string(info_.layers_loaded) + " is next to wait for, and " +
+                             std::to_string(info_.layers_saved) + " layers are saved");
+  }
+  cv_.wait(lock, [&] { return load_submitted_[layer] && load_left_[layer] == 0; });
+  info_.layers_loaded = layer + 1;
+  const size_t bad = first_failed_.load();
+  if (bad < loads_.size()) {
+    info_.valid_end = std::min(info_.valid_end, info_.load_begin + bad * chunk_tokens_);
+  }
+  return info_.valid_end;
+}
+
+void Request::save_layer(uint32_t layer) {
+  std::lock_guard lock(mu_);
+  if (layer >= layers_) {
+    fail_invalid("layer " + std::to_string(layer) + " is not below the model's " +
+                 std::to_string(layers_) + " layers");
+  }
+  if (layer != info_.layers_saved || info_.layers_loaded != layer + 1) {
+    fail(SWIFTKV_ESTATE, "save_layer(" + std::to_string(layer) + ") out of order: " +
+                             std::to_string(info_.layers_loaded) + " layers waited for, " +
+                             std::to_string(info_.layers_saved) + " saved");
+  }
+  info_.layers_saved = layer + 1;
+  submit_save_locked(layer);
+}
+
+uint64_t Request::wait_save() {
+  std::unique_lock lock(mu_);
+  if (save_done_) fail(SWIFTKV_ESTATE, "wait_save was already called for this request");
+  if (info_.layers_saved != layers_) {
+    fail(SWIFTKV_ESTATE, "wait_save with " + std::to_string(info_.layers_saved) + " of " +
+                             std::to_string(layers_) + " layers saved");
+  }
+  cv_.wait(lock, [this] {
+    return std::all_of(save_left_.begin(), save_left_.end(), [](uint32_t n) { return n == 0; });
+  });
+  save_done_ = true;
+  lock.unlock();
+  uint64_t saved = 0;
+  for (auto &s : saves_) {
+    s->published = true;  // publish() keeps or frees the slot either way
+    try {
+      const std::byte *staged = s->staging.empty() ? nullptr : s->staging.data();
+      if (cache_.publish(s->key, s->meta, s->where, staged)) saved += chunk_tokens_;
+    } catch (const Error &) {
+      // An I/O error writing the chunk: it is not saved, and the engine loses nothing.
+    }
+  }
+  lock.lock();
+  info_.saved_tokens = saved;
+  return saved;
+}
+
+RequestInfo Request::info() const {
+  std::lock_guard lock(mu_);
+  return info_;
+}
+
+}  // namespace swiftkv

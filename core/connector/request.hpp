@@ -1,0 +1,112 @@
+// One engine request through the connector: which cached chunks it loads into which pages,
+// layer by layer, and which new chunks it saves out of its pages, and the order rules between
+// them (stream pages: the load of layer l+1 waits for the save of layer l out of the same pages).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "core/pool/kv_pool.hpp"
+#include "core/tiers/chunk_cache.hpp"
+#include "core/transfer/copy_plan.hpp"
+#include "core/transfer/cpu_executor.hpp"
+
+namespace swiftkv {
+
+struct RequestInfo {
+  uint64_t load_begin = 0;  // first token loaded (a chunk boundary)
+  uint64_t load_end = 0;    // end of the cached run found at begin
+  uint64_t valid_end = 0;   // [load_begin, valid_end) was loaded intact in every layer so far
+  uint64_t save_tokens = 0;   // tokens in the chunks this request will save
+  uint64_t saved_tokens = 0;  // tokens in the chunks stored by wait_save
+  uint32_t layers_loaded = 0;  // layers the engine has waited for
+  uint32_t layers_saved = 0;   // layers the engine has handed to save_layer
+  bool stream_ordered = false; // loads go into stream pages: layer l+1 after the save of l
+};
+
+// What a request is asked to do. `pages[b]` is the pool page of tokens [b*B, (b+1)*B).
+struct RequestSpec {
+  ChunkKey model;
+  std::vector<ChunkKey> keys;   // of the full chunks of the tokens
+  std::vector<int32_t> pages;   // checked by the caller: in range, distinct, enough of them
+  uint64_t n_tokens = 0;
+  uint64_t load_from = 0;       // a chunk boundary
+};
+
+// The call order is the engine's loop: start_load, then per layer wait_layer_load(l) and
+// save_layer(l), then wait_save. A call out of order throws Error(ESTATE) and changes nothing.
+// Thread-safe: mu_ guards the per-layer counters and the call state; tasks on the executor touch
+// only their own chunk's fields and report through mu_. The destructor waits for every task.
+class Request {
+ public:
+  Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvPool> pool,
+          RequestSpec spec);
+  ~Request();
+  Request(const Request &) = delete;
+  Request &operator=(const Request &) = delete;
+
+  void start_load();
+  // Blocks until layer l is in the pages; returns valid_end.
+  uint64_t wait_layer_load(uint32_t layer);
+  void save_layer(uint32_t layer);
+  // Blocks until every layer is saved, then makes the whole chunks visible; returns saved tokens.
+  uint64_t wait_save();
+  RequestInfo info() const;
+  const KvPool &pool() const noexcept { return *pool_; }
+
+ private:
+  struct LoadChunk {
+    ChunkKey key;
+    ChunkUse use;
+    std::vector<CopySegment> plan;
+    std::byte *src = nullptr;       // the chunk's bytes in memory, or nullptr (disk: staged)
+    int32_t src_device = -1;
+    std::mutex stage_mu;            // guards staging, staged, stage_failed
+    std::vector<std::byte> staging;
+    bool staged = false, stage_failed = false;
+  };
+  struct SaveChunk {
+    ChunkKey key;
+    ChunkMeta meta;
+    SlotRef where;
+    std::vector<CopySegment> plan;
+    std::byte *dst = nullptr;       // the slot's bytes, or the staging buffer (disk)
+    std::vector<std::byte> staging;
+    bool published = false;
+  };
+
+  void submit_load_locked(uint32_t layer);
+  void submit_save_locked(uint32_t layer);
+  void load_task(uint32_t layer, size_t i);
+  bool stage(LoadChunk &c);
+  void task_done(bool load, uint32_t layer);
+  void fail_chunk(size_t i);
+
+  ChunkCache &cache_;
+  CpuExecutor &exec_;
+  const std::shared_ptr<const KvPool> pool_;
+  const RequestSpec spec_;
+  uint64_t piece_bytes_ = 0;
+  uint64_t chunk_tokens_ = 0;
+  uint32_t layers_ = 0;
+  std::vector<std::unique_ptr<LoadChunk>> loads_;
+  std::vector<std::unique_ptr<SaveChunk>> saves_;
+  std::vector<std::unique_ptr<ChunkCache::LoadScope>> load_scopes_;  // while loads are pending
+  std::atomic<size_t> first_failed_{SIZE_MAX};  // loads stop at the first chunk that failed
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<uint32_t> load_left_, save_left_;   // tasks outstanding per layer
+  std::vector<bool> load_submitted_;
+  uint32_t layers_load_done_ = 0;  // layers whose loads all finished
+  uint64_t tasks_in_flight_ = 0;
+  bool started_ = false, save_done_ = false;
+  RequestInfo info_;
+};
+
+}  // namespace swiftkv

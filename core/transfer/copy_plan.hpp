@@ -1,0 +1,36 @@
+// Copy plans between a chunk's per-layer piece and an engine's pages, and the CPU twin of the
+// gather/scatter kernel that runs them. A plan is built once per chunk of a request and reused by
+// every layer: only the two base addresses change with the layer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/pool/page_layout.hpp"
+
+namespace swiftkv {
+
+// One contiguous copy: `bytes` at `page_offset` from a layer's base in the pool and at
+// `piece_offset` in the chunk's piece of that layer.
+struct CopySegment {
+  uint64_t page_offset;
+  uint64_t piece_offset;
+  uint64_t bytes;
+};
+
+// The segments of one chunk. A chunk's layer piece is (2, chunk_tokens, H, D) elements, K before
+// V; `pages` are the pool pages of its chunk_tokens / page_tokens blocks, in order. Runs that are
+// contiguous on both sides are merged, so a layout with whole contiguous pages needs one segment
+// per page and K or V, and consecutive pages of vLLM's layout merge further.
+std::vector<CopySegment> chunk_copy_plan(const PageLayout &layout, std::span<const int32_t> pages,
+                                         uint32_t chunk_tokens);
+
+// Chunk piece -> pages of one layer, and back. The CPU twin of the gather/scatter kernel.
+void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece,
+                   std::byte *layer_base) noexcept;
+void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base,
+                  std::byte *piece) noexcept;
+
+}  // namespace swiftkv
