@@ -75,6 +75,9 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       saves_.push_back(std::move(sc));  // from here the destructor releases the slot
       SaveChunk &s = *saves_.back();
       s.plan = chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
+      for (int32_t p : chunk_pages(c)) {
+        if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
+      }
       int32_t device = -1;
       s.dst = cache_.address(s.where, &device);
       if (s.dst == nullptr || device >= 0) {

@@ -26,7 +26,7 @@ struct RequestInfo {
   uint64_t saved_tokens = 0;  // tokens in the chunks stored by wait_save
   uint32_t layers_loaded = 0;  // layers the engine has waited for
   uint32_t layers_saved = 0;   // layers the engine has handed to save_layer
-  bool stream_ordered = false; // loads go into stream pages: layer l+1 after the save of l
+  bool stream_ordered = false; // stream pages are loaded or saved: layer l+1 after the save of l
 };
 
 // What a request is asked to do. `pages[b]` is the pool page of tokens [b*B, (b+1)*B).

@@ -814,9 +814,10 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * chunk is copied from its tier (peer and host directly, disk through host memory, read and
  * checked at request_begin) into its pages. The chunks are held by the request: a chunk
  * dropped or moved meanwhile stays readable for it. Loads go before saves on the executor.
- * Stream pages: when the run loads into stream pages, the load of layer l+1 starts only after
- * the save of layer l (those pages hold one layer at a time); otherwise every layer's load
- * starts at swiftkv_start_load.
+ * Stream pages hold one layer at a time. When a request loads into or saves out of stream
+ * pages, the load of layer l+1 starts only after the save of layer l has copied its chunks out,
+ * and swiftkv_wait_layer_load(l+1) returns only then, so the engine may overwrite the stream
+ * pages as soon as it returns; otherwise every layer's load starts at swiftkv_start_load.
  * Failures: a chunk whose bytes cannot be trusted (lent memory lost, a checksum mismatch, an
  * I/O error) is never copied into the pages as good data; loads stop at the first such chunk.
  * valid_end_tokens says how far [load_begin_tokens, valid_end_tokens) is intact in every layer
@@ -861,7 +862,8 @@ typedef struct swiftkv_request_info {
   uint64_t saved_tokens;        /* tokens in the chunks wait_save made visible */
   uint32_t layers_loaded;       /* layers the engine has waited for */
   uint32_t layers_saved;        /* layers handed to save_layer */
-  uint32_t stream_ordered;      /* 1: loads go into stream pages, layer l+1 after save of l */
+  uint32_t stream_ordered;      /* 1: stream pages are loaded or saved, so layer l+1 comes
+                                   after the save of layer l */
   uint32_t reserved0;
 } swiftkv_request_info;
 

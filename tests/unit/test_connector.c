@@ -1,0 +1,583 @@
+/* The per-layer data path through the C API on the host backend: a fake engine writes a known
+ * value for every (layer, token, K/V, head, dim) into its pages, saves them through the
+ * connector, the chunks are moved to host and disk, and a later request loads them back layer by
+ * layer into other pages, every byte compared: for vLLM's, FlashInfer's NHD and HND and
+ * cross-layer page layouts, and for a library-made pool with stream pages. Then failures (a
+ * corrupt disk chunk, lent memory lost, a clear during the request) and bad input. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "test_support.h"
+
+/* 3 layers, 2 KV heads of 6 (an odd head dim), F16, 4-token pages, 8-token chunks. */
+#define LAYERS 3u
+#define HEADS 2u
+#define DIM 6u
+#define BLOCK 4u
+#define CHUNK 8u
+#define PAGES 40u
+#define CHUNK_BYTES (LAYERS * 2u * CHUNK * HEADS * DIM * 2u)
+
+static swiftkv_model_desc model_desc(void) {
+  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
+  d.name = "connector-model";
+  d.num_layers = LAYERS;
+  d.num_kv_heads = HEADS;
+  d.head_dim = DIM;
+  d.block_tokens = BLOCK;
+  d.chunk_tokens = CHUNK;
+  return d;
+}
+
+/* The value the engine computes for one element of a sequence. */
+static uint16_t value(uint32_t seq, uint32_t layer, uint64_t token, uint32_t c, uint32_t head,
+                      uint32_t dim) {
+  uint64_t x = seq * 1000003u + layer * 7919u + token * 131u + c * 17u + head * 5u + dim;
+  x *= 0x9E3779B97F4A7C15ull;
+  return (uint16_t)(x >> 48);
+}
+
+struct engine {
+  swiftkv_ctx *ctx;
+  uint32_t model, pool;
+  swiftkv_pool_desc d; /* as swiftkv_pool_get says */
+  void *mem[LAYERS];   /* what the test allocated for a registered pool */
+  char dir[64];
+};
+
+static uint16_t *element(const struct engine *e, uint32_t layer, int32_t page, uint32_t c,
+                         uint32_t t, uint32_t h) {
+  uint16_t *base = (uint16_t *)e->d.layer_base[layer];
+  return base + page * e->d.page_stride + c * e->d.kv_stride + t * e->d.token_stride +
+         h * e->d.head_stride;
+}
+
+/* The engine computing layer `layer` of tokens [from, to). */
+static void engine_write(const struct engine *e, const int32_t *pages, uint32_t seq,
+                         uint32_t layer, uint64_t from, uint64_t to) {
+  for (uint64_t t = from; t < to; ++t) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < HEADS; ++h) {
+        uint16_t *p = element(e, layer, pages[t / BLOCK], c, (uint32_t)(t % BLOCK), h);
+        for (uint32_t d = 0; d < DIM; ++d) p[d] = value(seq, layer, t, c, h, d);
+      }
+    }
+  }
+}
+
+/* Elements of tokens [from, to) of one layer that differ from what the engine would compute. */
+static uint64_t engine_wrong(const struct engine *e, const int32_t *pages, uint32_t seq,
+                             uint32_t layer, uint64_t from, uint64_t to) {
+  uint64_t wrong = 0;
+  for (uint64_t t = from; t < to; ++t) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < HEADS; ++h) {
+        const uint16_t *p = element(e, layer, pages[t / BLOCK], c, (uint32_t)(t % BLOCK), h);
+        for (uint32_t d = 0; d < DIM; ++d) wrong += p[d] != value(seq, layer, t, c, h, d);
+      }
+    }
+  }
+  return wrong;
+}
+
+/* Fills every byte of every page of every layer with garbage. */
+static void engine_scramble(const struct engine *e) {
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    for (uint32_t p = 0; p < e->d.num_pages; ++p) {
+      for (uint32_t c = 0; c < 2; ++c) {
+        for (uint32_t t = 0; t < BLOCK; ++t) {
+          for (uint32_t h = 0; h < HEADS; ++h) {
+            uint16_t *x = element(e, l, (int32_t)p, c, t, h);
+            for (uint32_t d = 0; d < DIM; ++d) x[d] = 0xEEEE;
+          }
+        }
+      }
+    }
+  }
+}
+
+enum layout { VLLM, NHD, HND, CROSS, CREATED_STREAM };
+
+static void engine_up(struct engine *e, enum layout layout, uint64_t host_bytes, int disk) {
+  memset(e, 0, sizeof *e);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = host_bytes;
+  c.eviction_policy = SWIFTKV_EVICT_LRU;
+  c.demote_free_percent = 0;
+  if (disk) {
+    strcpy(e->dir, "/tmp/swiftkv-conn-XXXXXX");
+    assert_non_null(mkdtemp(e->dir));
+    c.disk_path = e->dir;
+    c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  }
+  assert_ok(swiftkv_ctx_create(&e->ctx, &c));
+  swiftkv_model_desc md = model_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &md;
+  assert_ok(swiftkv_model_register(&e->model, e->ctx, &mc));
+  if (layout == CREATED_STREAM) {
+    assert_ok(swiftkv_pool_create(&e->pool, e->ctx, e->model, 5, 16));
+  } else {
+    const int64_t hd = DIM, bhd = (int64_t)BLOCK * HEADS * DIM;
+    swiftkv_pool_desc d = SWIFTKV_POOL_DESC_INIT;
+    d.num_pages = PAGES;
+    void *bases[LAYERS];
+    if (layout == CROSS) {
+      const size_t bytes = (size_t)PAGES * LAYERS * 2 * bhd * 2;
+      e->mem[0] = calloc(1, bytes);
+      for (uint32_t l = 0; l < LAYERS; ++l) bases[l] = (char *)e->mem[0] + l * 2 * bhd * 2;
+      d.layer_span_bytes = bytes - (LAYERS - 1) * 2 * bhd * 2;
+      d.page_stride = LAYERS * 2 * bhd;
+      d.kv_stride = bhd;
+      d.token_stride = HEADS * hd;
+      d.head_stride = hd;
+    } else {
+      const size_t bytes = (size_t)PAGES * 2 * bhd * 2;
+      for (uint32_t l = 0; l < LAYERS; ++l) bases[l] = e->mem[l] = calloc(1, bytes);
+      d.layer_span_bytes = bytes;
+      if (layout == VLLM) { /* [2, pages, B, H, D] */
+        d.kv_stride = PAGES * bhd;
+        d.page_stride = bhd;
+        d.token_stride = HEADS * hd;
+        d.head_stride = hd;
+      } else if (layout == NHD) { /* [pages, 2, B, H, D] */
+        d.page_stride = 2 * bhd;
+        d.kv_stride = bhd;
+        d.token_stride = HEADS * hd;
+        d.head_stride = hd;
+      } else { /* HND: [pages, 2, H, B, D] */
+        d.page_stride = 2 * bhd;
+        d.kv_stride = bhd;
+        d.head_stride = BLOCK * hd;
+        d.token_stride = hd;
+      }
+    }
+    d.layer_base = bases;
+    assert_ok(swiftkv_pool_register(&e->pool, e->ctx, e->model, &d));
+  }
+  e->d = (swiftkv_pool_desc)SWIFTKV_POOL_DESC_INIT;
+  uint32_t owner = 99;
+  assert_ok(swiftkv_pool_get(&e->d, &owner, e->ctx, e->pool));
+  assert_int_equal(owner, e->model);
+}
+
+static void engine_down(struct engine *e) {
+  assert_ok(swiftkv_pool_destroy(e->ctx, e->pool));
+  swiftkv_ctx_destroy(e->ctx);
+  for (uint32_t l = 0; l < LAYERS; ++l) free(e->mem[l]);
+  if (e->dir[0] != '\0') {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", e->dir);
+    assert_int_equal(system(cmd), 0);
+  }
+}
+
+static void fill_tokens(uint32_t *t, size_t n, uint32_t seq) {
+  for (size_t i = 0; i < n; ++i) t[i] = seq * 100000u + (uint32_t)i;
+}
+
+/* `n` distinct pages in a scrambled order, from [first, first + span). */
+static void pick_pages(int32_t *pages, size_t n, uint32_t first, uint32_t span, uint32_t seed) {
+  assert_true(n <= span);
+  int32_t all[64];
+  for (uint32_t i = 0; i < span; ++i) all[i] = (int32_t)(first + i);
+  for (uint32_t i = span - 1; i > 0; --i) {
+    seed = seed * 1103515245u + 12345u;
+    const uint32_t j = (seed >> 8) % (i + 1);
+    const int32_t x = all[i];
+    all[i] = all[j];
+    all[j] = x;
+  }
+  memcpy(pages, all, n * sizeof *pages);
+}
+
+struct turn_result {
+  swiftkv_request_info info;
+  uint64_t wrong_loaded; /* loaded elements that differ, over all layers */
+  uint64_t valid_end[LAYERS];
+};
+
+/* One engine step over tokens[0, n): loads what is cached from load_from, checks the loaded
+ * tokens of each layer at its wait_layer_load, computes (writes) the rest, saves. */
+static struct turn_result run_turn(const struct engine *e, const uint32_t *tokens, size_t n,
+                                   const int32_t *pages, uint32_t seq, uint64_t load_from,
+                                   void (*during)(const struct engine *, uint64_t)) {
+  struct turn_result r;
+  memset(&r, 0, sizeof r);
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e->pool;
+  d.tokens = tokens;
+  d.n_tokens = n;
+  d.pages = pages;
+  d.n_pages = (n + BLOCK - 1) / BLOCK;
+  d.load_from_tokens = load_from;
+  uint64_t req = 0;
+  assert_ok(swiftkv_request_begin(&req, e->ctx, &d));
+  if (during != NULL) during(e, req);
+  assert_ok(swiftkv_start_load(e->ctx, req, NULL));
+  r.info = (swiftkv_request_info)SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&r.info, e->ctx, req));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    assert_ok(swiftkv_wait_layer_load(&r.valid_end[l], e->ctx, req, l, NULL));
+    r.wrong_loaded += engine_wrong(e, pages, seq, l, r.info.load_begin_tokens, r.valid_end[l]);
+    /* The engine computes everything it did not load. */
+    engine_write(e, pages, seq, l, 0, r.info.load_begin_tokens);
+    engine_write(e, pages, seq, l, r.valid_end[l], n);
+    assert_ok(swiftkv_save_layer(e->ctx, req, l, NULL));
+  }
+  uint64_t saved = 0;
+  assert_ok(swiftkv_wait_save(&saved, e->ctx, req, NULL));
+  assert_ok(swiftkv_request_finish(&r.info, e->ctx, req));
+  assert_int_equal(r.info.saved_tokens, saved);
+  return r;
+}
+
+/* Chunk i of seq as the cache keeps it, (L, 2, CHUNK, H, D), compared with swiftkv_retrieve. */
+static void assert_chunk_bytes(const struct engine *e, const uint32_t *tokens, size_t n,
+                               uint32_t seq, size_t i) {
+  static uint16_t got[CHUNK_BYTES / 2];
+  uint64_t loaded = 0;
+  assert_ok(swiftkv_retrieve(&loaded, e->ctx, e->model, tokens, n, i * CHUNK, got,
+                             CHUNK_BYTES));
+  assert_int_equal(loaded, CHUNK);
+  size_t k = 0;
+  for (uint32_t l = 0; l < LAYERS; ++l)
+    for (uint32_t c = 0; c < 2; ++c)
+      for (uint32_t t = 0; t < CHUNK; ++t)
+        for (uint32_t h = 0; h < HEADS; ++h)
+          for (uint32_t d = 0; d < DIM; ++d, ++k)
+            assert_int_equal(got[k], value(seq, l, i * CHUNK + t, c, h, d));
+}
+
+/* Keys chain over the prefix, so a move names chunks [0, count). */
+static void move_prefix(const struct engine *e, const uint32_t *tokens, size_t count,
+                        swiftkv_tier to) {
+  uint64_t there = 0;
+  assert_ok(swiftkv_move(&there, e->ctx, e->model, tokens, count * CHUNK, to));
+  assert_int_equal(there, count);
+}
+
+/* Chunk 1 to disk, the others where they are (host). */
+static void chunk_1_to_disk(const struct engine *e, const uint32_t *tokens) {
+  move_prefix(e, tokens, 2, SWIFTKV_TIER_DISK);
+  move_prefix(e, tokens, 1, SWIFTKV_TIER_HOST);
+}
+
+/* Two turns of one conversation for one layout: the first saves 4 chunks, which then live on
+ * host (0, 2, 3) and disk (1); the second loads them into other pages and saves 2 more. */
+static void round_trip(enum layout layout) {
+  struct engine e;
+  engine_up(&e, layout, 1 << 20, 1);
+  const int stream = layout == CREATED_STREAM;
+  const uint32_t first = stream ? e.d.stream_first : 0;
+  const uint32_t span = stream ? e.d.stream_pages : PAGES;
+  uint32_t tokens[6 * CHUNK + 1];
+  fill_tokens(tokens, 6 * CHUNK + 1, 1);
+  int32_t pages[13];
+
+  pick_pages(pages, 9, first, span, 1);
+  struct turn_result t1 = run_turn(&e, tokens, 4 * CHUNK + 3, pages, 1, 0, NULL);
+  assert_int_equal(t1.info.load_end_tokens, 0);
+  assert_int_equal(t1.info.save_tokens, 4 * CHUNK);
+  assert_int_equal(t1.info.saved_tokens, 4 * CHUNK);
+  assert_int_equal(t1.info.stream_ordered, stream); /* saves out of stream pages */
+  for (size_t i = 0; i < 4; ++i) assert_chunk_bytes(&e, tokens, 4 * CHUNK, 1, i);
+  chunk_1_to_disk(&e, tokens);
+
+  engine_scramble(&e);
+  pick_pages(pages, 13, first, span, 2);
+  struct turn_result t2 = run_turn(&e, tokens, 6 * CHUNK + 1, pages, 1, 0, NULL);
+  assert_int_equal(t2.info.load_begin_tokens, 0);
+  assert_int_equal(t2.info.load_end_tokens, 4 * CHUNK);
+  for (uint32_t l = 0; l < LAYERS; ++l) assert_int_equal(t2.valid_end[l], 4 * CHUNK);
+  assert_int_equal(t2.wrong_loaded, 0);
+  assert_int_equal(t2.info.stream_ordered, stream);
+  assert_int_equal(t2.info.saved_tokens, 2 * CHUNK);
+  assert_int_equal(t2.info.layers_loaded, LAYERS);
+  assert_int_equal(t2.info.layers_saved, LAYERS);
+  for (size_t i = 0; i < 6; ++i) assert_chunk_bytes(&e, tokens, 6 * CHUNK, 1, i);
+  engine_down(&e);
+}
+
+static void round_trip_vllm(void **state) { (void)state; round_trip(VLLM); }
+static void round_trip_nhd(void **state) { (void)state; round_trip(NHD); }
+static void round_trip_hnd(void **state) { (void)state; round_trip(HND); }
+static void round_trip_cross_layer(void **state) { (void)state; round_trip(CROSS); }
+static void round_trip_stream_pages(void **state) { (void)state; round_trip(CREATED_STREAM); }
+
+/* A library-made pool: stream pages share one memory across layers, regular pages do not. */
+static void created_pool_aliases_stream_pages(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, CREATED_STREAM, 0, 0);
+  assert_int_equal(e.d.stream_pages, 16);
+  assert_true(e.d.stream_first >= 5);
+  assert_int_equal(e.d.num_pages, e.d.stream_first + 16);
+  uint16_t *s0 = element(&e, 0, (int32_t)e.d.stream_first + 3, 1, 2, 1);
+  uint16_t *s2 = element(&e, 2, (int32_t)e.d.stream_first + 3, 1, 2, 1);
+  uint16_t *r0 = element(&e, 0, 4, 1, 2, 1);
+  uint16_t *r2 = element(&e, 2, 4, 1, 2, 1);
+  assert_ptr_not_equal(s0, s2);
+  *s0 = 0x1234;
+  assert_int_equal(*s2, 0x1234);
+  *r0 = 0x1111;
+  *r2 = 0x2222;
+  assert_int_equal(*r0, 0x1111);
+  engine_down(&e);
+}
+
+/* The disk copy of chunk 1 has a flipped byte: it is never loaded, the valid prefix ends at it,
+ * and the failure is counted. */
+static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 1);
+  uint32_t tokens[3 * CHUNK];
+  fill_tokens(tokens, 3 * CHUNK, 2);
+  int32_t pages[6];
+  pick_pages(pages, 6, 0, PAGES, 3);
+  run_turn(&e, tokens, 3 * CHUNK, pages, 2, 0, NULL);
+  chunk_1_to_disk(&e, tokens);
+  DIR *dir = opendir(e.dir);
+  struct dirent *de;
+  char path[512] = "";
+  while ((de = readdir(dir)) != NULL) {
+    if (strstr(de->d_name, ".kvc") != NULL) {
+      snprintf(path, sizeof path, "%s/%s", e.dir, de->d_name);
+    }
+  }
+  closedir(dir);
+  assert_true(path[0] != '\0');
+  FILE *f = fopen(path, "r+b");
+  fseek(f, 96 + 100, SEEK_SET);
+  const int byte = fgetc(f);
+  fseek(f, 96 + 100, SEEK_SET);
+  fputc(byte ^ 0x40, f);
+  fclose(f);
+
+  engine_scramble(&e);
+  pick_pages(pages, 6, 0, PAGES, 4);
+  swiftkv_stats before = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&before, e.ctx));
+  struct turn_result t = run_turn(&e, tokens, 3 * CHUNK, pages, 2, 0, NULL);
+  assert_int_equal(t.info.load_end_tokens, 3 * CHUNK);
+  for (uint32_t l = 0; l < LAYERS; ++l) assert_int_equal(t.valid_end[l], CHUNK);
+  assert_int_equal(t.info.valid_end_tokens, CHUNK);
+  assert_int_equal(t.wrong_loaded, 0);
+  swiftkv_stats after = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&after, e.ctx));
+  assert_int_equal(after.load_failures, before.load_failures + 1);
+  /* The corrupt chunk is gone; the engine recomputed it, and a later turn finds 0 and 2 only. */
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  uint8_t res[3];
+  assert_ok(swiftkv_lookup(&lr, res, 3, e.ctx, e.model, tokens, 3 * CHUNK));
+  assert_int_equal(res[1], SWIFTKV_TIER_DROPPED);
+  assert_int_equal(lr.prefix_tokens, CHUNK);
+  engine_down(&e);
+}
+
+static swiftkv_elastic *g_lender;
+static void destroy_lender(const struct engine *e, uint64_t req) {
+  (void)e;
+  (void)req;
+  swiftkv_elastic_destroy(g_lender); /* ends its leases: the lent bytes are no longer ours */
+  g_lender = NULL;
+}
+
+/* Chunks in lent memory whose lender goes away after request_begin: nothing is loaded as good
+ * data; the valid prefix is empty. */
+static void lost_lent_memory_loads_nothing(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  swiftkv_model_desc md = model_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &md;
+  ec.borrower = &md;
+  ec.capacity_blocks = 16;
+  assert_ok(swiftkv_elastic_create(&g_lender, e.ctx, &ec));
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow(&lease, e.ctx, e.model, g_lender, 100));
+  uint32_t tokens[2 * CHUNK];
+  fill_tokens(tokens, 2 * CHUNK, 3);
+  int32_t pages[4];
+  pick_pages(pages, 4, 0, PAGES, 5);
+  run_turn(&e, tokens, 2 * CHUNK, pages, 3, 0, NULL);
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&lr, NULL, 0, e.ctx, e.model, tokens, 2 * CHUNK));
+  assert_int_equal(lr.chunks_per_tier[SWIFTKV_TIER_PEER], 2);
+
+  engine_scramble(&e);
+  struct turn_result t = run_turn(&e, tokens, 2 * CHUNK, pages, 3, 0, destroy_lender);
+  assert_int_equal(t.info.load_end_tokens, 2 * CHUNK);
+  assert_int_equal(t.valid_end[0], 0);
+  assert_int_equal(t.wrong_loaded, 0);
+  engine_down(&e);
+}
+
+static void clear_everything(const struct engine *e, uint64_t req) {
+  (void)req;
+  uint64_t n = 0;
+  assert_ok(swiftkv_clear(&n, e->ctx, e->model, SWIFTKV_TIERS_ALL, NULL, 0));
+  assert_int_equal(n, 2);
+}
+
+/* A clear while the request holds its chunks: the loads still get the right bytes. */
+static void clear_during_a_request_loses_nothing(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, HND, 1 << 20, 0);
+  uint32_t tokens[3 * CHUNK];
+  fill_tokens(tokens, 3 * CHUNK, 4);
+  int32_t pages[6];
+  pick_pages(pages, 4, 0, PAGES, 6);
+  run_turn(&e, tokens, 2 * CHUNK, pages, 4, 0, NULL);
+  engine_scramble(&e);
+  pick_pages(pages, 6, 0, PAGES, 7);
+  struct turn_result t = run_turn(&e, tokens, 3 * CHUNK, pages, 4, 0, clear_everything);
+  assert_int_equal(t.info.valid_end_tokens, 2 * CHUNK);
+  assert_int_equal(t.wrong_loaded, 0);
+  assert_int_equal(t.info.saved_tokens, CHUNK);
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&lr, NULL, 0, e.ctx, e.model, tokens, 3 * CHUNK));
+  assert_int_equal(lr.dropped_head_tokens, 2 * CHUNK); /* chunk 2 was saved after the clear */
+  assert_int_equal(lr.loadable_tokens, CHUNK);
+  engine_down(&e);
+}
+
+static void assert_info_equal(const swiftkv_request_info *a, const swiftkv_request_info *b) {
+  assert_memory_equal(a, b, sizeof *a);
+}
+
+static void bad_input_changes_nothing(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  uint32_t tokens[2 * CHUNK];
+  fill_tokens(tokens, 2 * CHUNK, 5);
+  int32_t pages[4] = {0, 1, 2, 3};
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.tokens = tokens;
+  d.n_tokens = 2 * CHUNK;
+  d.pages = pages;
+  d.n_pages = 4;
+  uint64_t req = 77;
+
+  pages[2] = PAGES;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("desc->pages[2] (40) is not a page of pool");
+  pages[2] = -1;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  pages[2] = 1;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("names page 1 twice");
+  pages[2] = 2;
+  d.n_pages = 3;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  d.n_pages = 4;
+  d.load_from_tokens = 3;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("not a chunk boundary");
+  d.load_from_tokens = 0;
+  d.pool = e.pool + 1;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_ENOTFOUND);
+  d.pool = e.pool;
+  assert_int_equal(req, 77); /* untouched */
+  swiftkv_stats st = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&st, e.ctx));
+  assert_int_equal(st.stores_rejected, 0);
+
+  assert_ok(swiftkv_request_begin(&req, e.ctx, &d));
+  swiftkv_request_info before = SWIFTKV_REQUEST_INFO_INIT, now = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&before, e.ctx, req));
+  uint64_t v = 0;
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("before start_load");
+  int fake_stream = 0;
+  assert_status(swiftkv_start_load(e.ctx, req, &fake_stream), SWIFTKV_EINVAL);
+  assert_ok(swiftkv_start_load(e.ctx, req, NULL));
+  assert_status(swiftkv_start_load(e.ctx, req, NULL), SWIFTKV_ESTATE);
+  assert_status(swiftkv_save_layer(e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, 1, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("out of order");
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, LAYERS, NULL), SWIFTKV_EINVAL);
+  assert_status(swiftkv_wait_save(&v, e.ctx, req, NULL), SWIFTKV_ESTATE);
+  assert_ok(swiftkv_request_info_get(&now, e.ctx, req));
+  before.layers_loaded = now.layers_loaded; /* start_load itself changes nothing visible */
+  assert_info_equal(&before, &now);
+  /* A pool in use cannot go, nor can its model. */
+  assert_status(swiftkv_pool_destroy(e.ctx, e.pool), SWIFTKV_EBUSY);
+  assert_status(swiftkv_model_unregister(e.ctx, e.model), SWIFTKV_EBUSY);
+  /* Finishing early aborts: the reserved room is given back, nothing becomes visible. */
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req));
+  assert_status(swiftkv_start_load(e.ctx, req, NULL), SWIFTKV_ENOTFOUND);
+  assert_status(swiftkv_request_finish(NULL, e.ctx, req), SWIFTKV_ENOTFOUND);
+  assert_status(swiftkv_request_info_get(&now, e.ctx, req), SWIFTKV_ENOTFOUND);
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&lr, NULL, 0, e.ctx, e.model, tokens, 2 * CHUNK));
+  assert_int_equal(lr.loadable_tokens, 0);
+  assert_ok(swiftkv_stats_get(&st, e.ctx));
+  assert_int_equal(st.chunks[SWIFTKV_TIER_HOST], 0);
+  engine_down(&e);
+}
+
+static void bad_pool_descriptors_are_rejected(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 0, 0);
+  void *bases[LAYERS] = {e.d.layer_base[0], e.d.layer_base[1], e.d.layer_base[2]};
+  swiftkv_pool_desc good = e.d; /* the registered NHD pool, registered again is fine */
+  good.layer_base = bases;
+  uint32_t id = 1234;
+  swiftkv_pool_desc d = good;
+  d.token_stride = DIM; /* tokens on top of heads */
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_message_contains("overlap");
+  d = good;
+  d.layer_span_bytes -= 2;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_message_contains("past layer_span_bytes");
+  d = good;
+  d.head_stride = 0;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  d = good;
+  d.stream_first = PAGES - 2;
+  d.stream_pages = 3;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  d = good;
+  bases[2] = bases[1];
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  bases[2] = (char *)e.d.layer_base[2] + 1;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_message_contains("not aligned");
+  bases[2] = e.d.layer_base[2];
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model + 5, &d), SWIFTKV_ENOTFOUND);
+  d.reserved0 = 1;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_int_equal(id, 1234);
+  assert_ok(swiftkv_pool_register(&id, e.ctx, e.model, &good));
+  assert_int_equal(id, e.pool + 1);
+  assert_ok(swiftkv_pool_destroy(e.ctx, id));
+  assert_status(swiftkv_pool_destroy(e.ctx, id), SWIFTKV_ENOTFOUND);
+  engine_down(&e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(round_trip_vllm),
+      cmocka_unit_test(round_trip_nhd),
+      cmocka_unit_test(round_trip_hnd),
+      cmocka_unit_test(round_trip_cross_layer),
+      cmocka_unit_test(round_trip_stream_pages),
+      cmocka_unit_test(created_pool_aliases_stream_pages),
+      cmocka_unit_test(corrupt_disk_chunk_ends_the_valid_prefix),
+      cmocka_unit_test(lost_lent_memory_loads_nothing),
+      cmocka_unit_test(clear_during_a_request_loses_nothing),
+      cmocka_unit_test(bad_input_changes_nothing),
+      cmocka_unit_test(bad_pool_descriptors_are_rejected),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
