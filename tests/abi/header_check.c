@@ -57,6 +57,16 @@ STATIC_CHECK(offsetof(swiftkv_stats, misses) == 104, "stats.misses");
 STATIC_CHECK(offsetof(swiftkv_stats, demotions_deferred) == 176, "stats.demotions_deferred");
 STATIC_CHECK(sizeof(swiftkv_chunk_event) == 32, "swiftkv_chunk_event size");
 STATIC_CHECK(offsetof(swiftkv_chunk_event, key_lo) == 16, "chunk_event.key_lo");
+STATIC_CHECK(sizeof(swiftkv_pool_desc) == 72, "swiftkv_pool_desc size");
+STATIC_CHECK(offsetof(swiftkv_pool_desc, layer_base) == 24, "pool_desc.layer_base");
+STATIC_CHECK(offsetof(swiftkv_pool_desc, page_stride) == 40, "pool_desc.page_stride");
+STATIC_CHECK(offsetof(swiftkv_pool_desc, head_stride) == 64, "pool_desc.head_stride");
+STATIC_CHECK(sizeof(swiftkv_request_desc) == 56, "swiftkv_request_desc size");
+STATIC_CHECK(offsetof(swiftkv_request_desc, tokens) == 16, "request_desc.tokens");
+STATIC_CHECK(offsetof(swiftkv_request_desc, load_from_tokens) == 48, "request_desc.load_from_tokens");
+STATIC_CHECK(sizeof(swiftkv_request_info) == 64, "swiftkv_request_info size");
+STATIC_CHECK(offsetof(swiftkv_request_info, saved_tokens) == 40, "request_info.saved_tokens");
+STATIC_CHECK(offsetof(swiftkv_request_info, stream_ordered) == 56, "request_info.stream_ordered");
 STATIC_CHECK(sizeof(swiftkv_tier) == 4 && sizeof(swiftkv_role) == 4, "enum size");
 
 static int failures = 0;
