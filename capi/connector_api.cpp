@@ -43,14 +43,37 @@ uint32_t add_pool(swiftkv_ctx *ctx, uint32_t model, const RegisteredModel &m,
   return id;
 }
 
-std::shared_ptr<Request> open_request(const swiftkv_ctx *ctx, uint64_t request) {
-  std::lock_guard lock(ctx->io_mu);
+// A pool by id; call with ctx->io_mu held. `arg` names the id in the message.
+auto find_pool_locked(const swiftkv_ctx *ctx, uint32_t pool, const char *arg) {
+  const auto it = ctx->pools.find(pool);
+  if (it == ctx->pools.end()) {
+    fail(SWIFTKV_ENOTFOUND, std::string(arg) + " " + std::to_string(pool) + " does not exist");
+  }
+  return it;
+}
+
+// An open request by id; call with ctx->io_mu held.
+auto find_request_locked(const swiftkv_ctx *ctx, uint64_t request) {
   const auto it = ctx->requests.find(request);
   if (it == ctx->requests.end()) {
     fail(SWIFTKV_ENOTFOUND, "request " + std::to_string(request) +
                                 " is not open (finished, or never begun)");
   }
-  return it->second;
+  return it;
+}
+
+std::shared_ptr<Request> open_request(const swiftkv_ctx *ctx, uint64_t request) {
+  std::lock_guard lock(ctx->io_mu);
+  return find_request_locked(ctx, request)->second;
+}
+
+// Removes an open request from the table: no later call finds it.
+std::shared_ptr<Request> take_request(swiftkv_ctx *ctx, uint64_t request) {
+  std::lock_guard lock(ctx->io_mu);
+  const auto it = find_request_locked(ctx, request);
+  std::shared_ptr<Request> r = it->second;
+  ctx->requests.erase(it);
+  return r;
 }
 
 swiftkv_request_info to_c(const RequestInfo &i) {
@@ -138,10 +161,7 @@ SWIFTKV_API swiftkv_status swiftkv_pool_get(swiftkv_pool_desc *out, uint32_t *mo
         out->size, out->version, SWIFTKV_POOL_DESC_VERSION, swiftkv::capi::kPoolDescV1Size, "out",
         "SWIFTKV_POOL_DESC_INIT");
     std::lock_guard lock(ctx->io_mu);
-    const auto it = ctx->pools.find(pool);
-    if (it == ctx->pools.end()) {
-      swiftkv::fail(SWIFTKV_ENOTFOUND, "pool " + std::to_string(pool) + " does not exist");
-    }
+    const auto it = swiftkv::capi::find_pool_locked(ctx, pool, "pool");
     const swiftkv::PageLayout &l = it->second.pool->layout();
     swiftkv_pool_desc v = SWIFTKV_POOL_DESC_INIT;
     v.num_pages = l.num_pages;
@@ -167,10 +187,7 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
     require(ctx, "ctx");
     std::shared_ptr<const swiftkv::KvPool> doomed;
     std::lock_guard lock(ctx->io_mu);
-    const auto it = ctx->pools.find(pool);
-    if (it == ctx->pools.end()) {
-      swiftkv::fail(SWIFTKV_ENOTFOUND, "pool " + std::to_string(pool) + " does not exist");
-    }
+    const auto it = swiftkv::capi::find_pool_locked(ctx, pool, "pool");
     for (const auto &[id, r] : ctx->requests) {
       if (&r->pool() == it->second.pool.get()) {
         swiftkv::fail(SWIFTKV_EBUSY, "pool " + std::to_string(pool) + " is used by request " +
@@ -196,12 +213,7 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
     swiftkv::capi::RegisteredPool rp;
     {
       std::lock_guard lock(ctx->io_mu);
-      const auto it = ctx->pools.find(d.pool);
-      if (it == ctx->pools.end()) {
-        swiftkv::fail(SWIFTKV_ENOTFOUND, "desc->pool " + std::to_string(d.pool) +
-                                             " does not exist");
-      }
-      rp = it->second;
+      rp = swiftkv::capi::find_pool_locked(ctx, d.pool, "desc->pool")->second;
     }
     const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower(ctx, rp.model);
     const swiftkv::PageLayout &l = rp.pool->layout();
@@ -323,17 +335,7 @@ SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swi
           out->size, out->version, SWIFTKV_REQUEST_INFO_VERSION,
           swiftkv::capi::kRequestInfoV1Size, "out", "SWIFTKV_REQUEST_INFO_INIT");
     }
-    std::shared_ptr<swiftkv::Request> r;
-    {
-      std::lock_guard lock(ctx->io_mu);
-      const auto it = ctx->requests.find(request);
-      if (it == ctx->requests.end()) {
-        swiftkv::fail(SWIFTKV_ENOTFOUND, "request " + std::to_string(request) +
-                                             " is not open (finished, or never begun)");
-      }
-      r = std::move(it->second);
-      ctx->requests.erase(it);
-    }
+    std::shared_ptr<swiftkv::Request> r = swiftkv::capi::take_request(ctx, request);
     const swiftkv_request_info v = swiftkv::capi::to_c(r->info());
     r.reset();  // waits for the request's copies in flight, then gives back what it held
     if (out != nullptr) {

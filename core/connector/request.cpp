@@ -23,6 +23,13 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   auto chunk_pages = [&](size_t c) {
     return std::span<const int32_t>(spec_.pages).subspan(c * pages_per_chunk, pages_per_chunk);
   };
+  // A chunk copied into or out of stream pages orders each layer's load after the last save.
+  auto plan_for = [&](size_t c) {
+    for (int32_t p : chunk_pages(c)) {
+      if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
+    }
+    return chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
+  };
   load_left_.assign(layers_, 0);
   save_left_.assign(layers_, 0);
   load_submitted_.assign(layers_, false);
@@ -43,12 +50,9 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       if (use->meta.bytes != sizes.full_chunk_bytes) {
         fail(SWIFTKV_EINTERNAL, "a cached chunk's size differs from its model's");
       }
-      l.plan = chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
+      l.plan = plan_for(c);
       l.src = cache_.address(use->where, &l.src_device);
       tiers_used[static_cast<size_t>(use->where.tier)] = true;
-      for (int32_t p : chunk_pages(c)) {
-        if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
-      }
     }
     info_.load_begin = first * chunk_tokens_;
     info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
@@ -74,10 +78,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       sc->where = *where;
       saves_.push_back(std::move(sc));  // from here the destructor releases the slot
       SaveChunk &s = *saves_.back();
-      s.plan = chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
-      for (int32_t p : chunk_pages(c)) {
-        if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
-      }
+      s.plan = plan_for(c);
       int32_t device = -1;
       s.dst = cache_.address(s.where, &device);
       if (s.dst == nullptr || device >= 0) {
@@ -212,6 +213,13 @@ void Request::submit_save_locked(uint32_t layer) {
   }
 }
 
+void Request::check_layer(uint32_t layer) const {
+  if (layer >= layers_) {
+    fail_invalid("layer " + std::to_string(layer) + " is not below the model's " +
+                 std::to_string(layers_) + " layers");
+  }
+}
+
 void Request::start_load() {
   std::lock_guard lock(mu_);
   if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
@@ -226,10 +234,7 @@ void Request::start_load() {
 uint64_t Request::wait_layer_load(uint32_t layer) {
   std::unique_lock lock(mu_);
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
-  if (layer >= layers_) {
-    fail_invalid("layer " + std::to_string(layer) + " is not below the model's " +
-                 std::to_string(layers_) + " layers");
-  }
+  check_layer(layer);
   if (layer != info_.layers_loaded || info_.layers_saved != layer) {
     fail(SWIFTKV_ESTATE, "wait_layer_load(" + std::to_string(layer) + ") out of order: layer " +
                              std::to_string(info_.layers_loaded) + " is next to wait for, and " +
@@ -246,10 +251,7 @@ uint64_t Request::wait_layer_load(uint32_t layer) {
 
 void Request::save_layer(uint32_t layer) {
   std::lock_guard lock(mu_);
-  if (layer >= layers_) {
-    fail_invalid("layer " + std::to_string(layer) + " is not below the model's " +
-                 std::to_string(layers_) + " layers");
-  }
+  check_layer(layer);
   if (layer != info_.layers_saved || info_.layers_loaded != layer + 1) {
     fail(SWIFTKV_ESTATE, "save_layer(" + std::to_string(layer) + ") out of order: " +
                              std::to_string(info_.layers_loaded) + " layers waited for, " +

@@ -86,6 +86,7 @@ class Request {
   bool stage(LoadChunk &c);
   void task_done(bool load, uint32_t layer);
   void fail_chunk(size_t i);
+  void check_layer(uint32_t layer) const;  // EINVAL past the model's layers
 
   ChunkCache &cache_;
   CpuExecutor &exec_;
