@@ -16,13 +16,15 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV2Size =
-    offsetof(swiftkv_ctx_config, maintenance_interval_ms) + sizeof(uint32_t);
-static_assert(kCtxConfigV2Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV3Size =
+    offsetof(swiftkv_ctx_config, clock_user_data) + sizeof(void *);
+static_assert(kCtxConfigV3Size == sizeof(swiftkv_ctx_config));
 
 struct ReadConfig {
   swiftkv::ContextConfig context;
   swiftkv::CacheOptions cache;
+  swiftkv_clock_fn clock = nullptr;  // as given, for swiftkv_ctx_get_config
+  void *clock_user_data = nullptr;
 };
 
 ReadConfig read_config(const swiftkv_ctx_config *config) {
@@ -72,6 +74,13 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
     swiftkv::fail_invalid("config->maintenance_interval_ms is 0; leases need renewing");
   }
   o.maintenance_interval_ms = c.maintenance_interval_ms;
+  if (c.clock != nullptr) {
+    const swiftkv_clock_fn fn = c.clock;
+    void *user = c.clock_user_data;
+    o.clock = [fn, user] { return fn(user); };
+    r.clock = fn;
+    r.clock_user_data = user;
+  }
   return r;
 }
 
@@ -95,6 +104,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
     require(out, "out");
     ReadConfig c = read_config(config);
     auto ctx = std::make_unique<swiftkv_ctx>(std::move(c.context), std::move(c.cache));
+    ctx->clock = c.clock;
+    ctx->clock_user_data = c.clock_user_data;
     *out = ctx.release();
     return SWIFTKV_OK;
   }
@@ -124,6 +135,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.attention_cost_table = ctx->attention_table.empty() ? nullptr : ctx->attention_table.data();
     v.attention_cost_entries = static_cast<uint32_t>(ctx->attention_table.size());
     v.maintenance_interval_ms = static_cast<uint32_t>(o.maintenance_interval_ms);
+    v.clock = ctx->clock;
+    v.clock_user_data = ctx->clock_user_data;
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

@@ -50,6 +50,8 @@ struct swiftkv_ctx {
   swiftkv::Context core;
   const std::vector<double> attention_table;  // what get_config hands back
   swiftkv::ChunkCache cache;
+  swiftkv_clock_fn clock = nullptr;  // what get_config hands back
+  void *clock_user_data = nullptr;
 
   mutable std::shared_mutex models_mu;  // guards models and next_model
   std::unordered_map<uint32_t, swiftkv::capi::RegisteredModel> models;

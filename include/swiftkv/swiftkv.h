@@ -222,6 +222,12 @@ typedef struct swiftkv_ctx swiftkv_ctx;
 /* host_numa_node value: the node local to the context's first device, else no binding. */
 #define SWIFTKV_NUMA_NODE_AUTO (-1)
 
+/* A monotonic clock in nanoseconds, for a context or an elastic region that should not read
+ * CLOCK_MONOTONIC (tests, simulators). It is called on whatever thread needs the time, possibly
+ * with the library's locks held: it must be thread-safe, never go backwards, and never call into
+ * libswiftkv. */
+typedef uint64_t (*swiftkv_clock_fn)(void *user_data);
+
 /* Which chunk a full tier gives up first. */
 typedef enum swiftkv_eviction_policy {
   SWIFTKV_EVICT_LRU = 0,      /* least recently looked up or stored first */
@@ -229,8 +235,8 @@ typedef enum swiftkv_eviction_policy {
                                  idle conversations first, and their leading chunks first */
 } swiftkv_eviction_policy;
 
-/* Version 2 added the chunk cache fields after disk_budget_bytes. */
-#define SWIFTKV_CTX_CONFIG_VERSION 2
+/* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock. */
+#define SWIFTKV_CTX_CONFIG_VERSION 3
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -266,13 +272,18 @@ typedef struct swiftkv_ctx_config {
   uint32_t attention_cost_entries;    /* entries in the table (0 to 63) */
   uint32_t maintenance_interval_ms;   /* period of the background thread that renews leases,
                                          answers reclaims and demotes ahead (default 10; >= 1) */
+  /* Version 3. */
+  swiftkv_clock_fn clock; /* the chunk cache's time (last activity, the retention policy's idle
+                             time); NULL (default): CLOCK_MONOTONIC. Elastic regions keep their
+                             own clock (swiftkv_elastic_config). */
+  void *clock_user_data;  /* passed to clock */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
         SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10                                                                              \
+        10, NULL, NULL                                                                  \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
@@ -329,10 +340,6 @@ typedef enum swiftkv_cuda_alloc {
   SWIFTKV_CUDA_ALLOC_VMM = 1,   /* VMM or SWIFTKV_EUNSUPPORTED */
   SWIFTKV_CUDA_ALLOC_MALLOC = 2 /* cudaMalloc + IPC handle */
 } swiftkv_cuda_alloc;
-
-/* A monotonic clock in nanoseconds. Called on the thread of the elastic call that needs the
- * time, with the region's lock held: it must not call into libswiftkv. */
-typedef uint64_t (*swiftkv_clock_fn)(void *user_data);
 
 /* flags: never return free memory to the system (resizes then never map or unmap). */
 #define SWIFTKV_ELASTIC_KEEP_COMMITTED (1u << 0)

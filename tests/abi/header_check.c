@@ -22,7 +22,9 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, device) == 40, "swiftkv_model_desc.dev
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 88, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 104, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, clock) == 88, "config.clock (v3)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, clock_user_data) == 96, "config.clock_user_data");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, eviction_policy) == 48, "config.eviction_policy (v2)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, recompute_token_cost) == 56, "config.recompute_token_cost");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, attention_cost_table) == 72, "config.attention_cost_table");
@@ -97,9 +99,9 @@ int main(void) {
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
-  CHECK(cc.version == 2 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.version == 3 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
   CHECK(cc.demote_free_percent == 25 && cc.recompute_token_cost == 1.0);
-  CHECK(cc.attention_cost_table == NULL && cc.maintenance_interval_ms == 10);
+  CHECK(cc.attention_cost_table == NULL && cc.maintenance_interval_ms == 10 && cc.clock == NULL);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   CHECK(mc.size == sizeof mc && mc.role == SWIFTKV_ROLE_BORROWER && mc.desc == NULL);
   swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 3");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 4");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -263,6 +263,64 @@ static void get_config_respects_the_callers_size(void **state) {
   swiftkv_ctx_destroy(ctx);
 }
 
+static uint64_t counting_clock(void *user) {
+  uint64_t *calls = (uint64_t *)user;
+  return 1000u * __atomic_add_fetch(calls, 1, __ATOMIC_RELAXED);
+}
+
+/* Version 3's clock is the chunk cache's time: store and lookup read it, get_config hands it
+ * back, and a version-2 caller (without the field) gets CLOCK_MONOTONIC. */
+static void the_cache_reads_the_given_clock(void **state) {
+  (void)state;
+  uint64_t calls = 0;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 1 << 20;
+  c.clock = counting_clock;
+  c.clock_user_data = &calls;
+  swiftkv_ctx *ctx = create_ok(&c);
+  swiftkv_ctx_config e = effective(ctx);
+  assert_ptr_equal(e.clock, counting_clock);
+  assert_ptr_equal(e.clock_user_data, &calls);
+  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
+  d.name = "clocked";
+  d.num_layers = 1;
+  d.num_kv_heads = 1;
+  d.head_dim = 8;
+  d.block_tokens = 16;
+  d.chunk_tokens = 16;
+  d.dtype = SWIFTKV_DTYPE_F16;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  uint32_t model = 0;
+  assert_ok(swiftkv_model_register(&model, ctx, &mc));
+  uint32_t tokens[16];
+  for (uint32_t i = 0; i < 16; ++i) tokens[i] = i;
+  unsigned char kv[2 * 16 * 8 * 2] = {0};
+  uint64_t cached = 0;
+  const uint64_t before = __atomic_load_n(&calls, __ATOMIC_RELAXED);
+  assert_ok(swiftkv_store(&cached, ctx, model, tokens, 16, kv, sizeof kv));
+  assert_int_equal(cached, 16);
+  swiftkv_lookup_result r = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&r, NULL, 0, ctx, model, tokens, 16));
+  assert_int_equal(r.prefix_tokens, 16);
+  assert_true(__atomic_load_n(&calls, __ATOMIC_RELAXED) >= before + 2);
+  swiftkv_ctx_destroy(ctx);
+
+  struct {
+    swiftkv_ctx_config c;
+  } v2;
+  memset(&v2, 0xab, sizeof v2);
+  v2.c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  v2.c.size = (uint32_t)offsetof(swiftkv_ctx_config, clock);
+  v2.c.version = 2;
+  v2.c.clock = counting_clock; /* past a version-2 caller's struct: never read */
+  ctx = create_ok(&v2.c);
+  e = effective(ctx);
+  assert_null(e.clock);
+  assert_null(e.clock_user_data);
+  swiftkv_ctx_destroy(ctx);
+}
+
 static void *create_many(void *arg) {
   (void)arg;
   for (int i = 0; i < 200; ++i) {
@@ -308,6 +366,7 @@ int main(void) {
       cmocka_unit_test(version_1_callers_get_cache_defaults),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
+      cmocka_unit_test(the_cache_reads_the_given_clock),
       cmocka_unit_test(concurrent_create_and_destroy),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
