@@ -1,5 +1,6 @@
-// swiftkv-bench: libswiftkv's command-line tool. Subcommands: plan (capacity planning for a
-// server). Without a subcommand it runs the default job, `plan` on its built-in servers.
+// swiftkv-bench: libswiftkv's command-line tool. Subcommands: replay (multi-turn traces through
+// the library under each caching policy; the default job) and plan (capacity planning for a
+// server).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -7,12 +8,15 @@
 #include <swiftkv/swiftkv.h>
 
 #include "plan_command.hpp"
+#include "replay_command.hpp"
 
 namespace {
 
 void usage() {
-  std::printf("usage: swiftkv-bench [plan] [options]   (default: plan)\n"
+  std::printf("usage: swiftkv-bench [replay|plan] [options]   (default: replay)\n"
               "       swiftkv-bench --version\n\n");
+  swiftkv::bench::print_replay_usage();
+  std::printf("\n");
   swiftkv::bench::print_plan_usage();
 }
 
@@ -28,11 +32,15 @@ int main(int argc, char **argv) {
     std::printf("swiftkv-bench (libswiftkv %s)\n", swiftkv_version_string());
     return 0;
   }
-  if (!args.empty() && args[0] == "plan") args.erase(args.begin());
+  if (!args.empty() && args[0] == "plan") {
+    args.erase(args.begin());
+    return swiftkv::bench::run_plan(args);
+  }
+  if (!args.empty() && args[0] == "replay") args.erase(args.begin());
   else if (!args.empty() && args[0].rfind("--", 0) != 0) {
     std::fprintf(stderr, "swiftkv-bench: unknown subcommand '%s'\n", args[0].c_str());
     usage();
     return 2;
   }
-  return swiftkv::bench::run_plan(args);
+  return swiftkv::bench::run_replay(args);
 }

@@ -23,10 +23,10 @@ std::string lower(std::string s) {
 
 const std::vector<ModelSpec> &model_presets() {
   static const std::vector<ModelSpec> presets = {
-      {"lwm-1m-text", 32, 32, 128, SWIFTKV_DTYPE_F16, fp16_weights(6.74)},
-      {"qwen3-8b", 36, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(8.19)},
-      {"qwen3-14b", 40, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(14.77)},
-      {"qwen3-32b", 64, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(32.76)},
+      {"lwm-1m-text", 32, 32, 128, SWIFTKV_DTYPE_F16, fp16_weights(6.74), 32, 6.74e9},
+      {"qwen3-8b", 36, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(8.19), 32, 8.19e9},
+      {"qwen3-14b", 40, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(14.77), 40, 14.77e9},
+      {"qwen3-32b", 64, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(32.76), 64, 32.76e9},
   };
   return presets;
 }
@@ -37,6 +37,18 @@ std::optional<ModelSpec> find_preset(const std::string &name) {
     if (m.name == n) return m;
   }
   return std::nullopt;
+}
+
+uint64_t bytes_per_token(const ModelSpec &m) {
+  return 2 * uint64_t{m.num_layers} * m.num_kv_heads * m.head_dim * swiftkv_dtype_size(m.dtype);
+}
+
+uint64_t kv_bytes_on_gpu(const ModelSpec &m, double gpu_gib, double utilization,
+                         double activation_gib) {
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  const double usable = gpu_gib * kGiB * utilization - activation_gib * kGiB;
+  const double kv = usable - static_cast<double>(m.weight_bytes);
+  return kv > 0 ? static_cast<uint64_t>(kv) : 0;
 }
 
 swiftkv_model_desc to_desc(const ModelSpec &m, uint32_t block_tokens) {

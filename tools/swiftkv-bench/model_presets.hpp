@@ -18,7 +18,17 @@ struct ModelSpec {
   uint32_t head_dim;
   swiftkv_dtype dtype;
   uint64_t weight_bytes;  // parameters * bytes per parameter
+  uint32_t num_q_heads = 0;  // query heads (GQA); 0: as many as KV heads
+  double params = 0;         // parameter count; 0: weight_bytes / 2
 };
+
+// Bytes of KV one token takes in all layers: 2 * L * H_kv * D * dtype bytes.
+uint64_t bytes_per_token(const ModelSpec &m);
+
+// The KV memory a model has on a GPU of gpu_gib GiB: HBM * utilization - activation reserve -
+// weights, or 0 when the model does not fit.
+uint64_t kv_bytes_on_gpu(const ModelSpec &m, double gpu_gib, double utilization,
+                         double activation_gib);
 
 const std::vector<ModelSpec> &model_presets();
 

@@ -179,10 +179,8 @@ Member place(const Options &o, const Placement &p, double scenario_gib) {
   Member m;
   m.name = p.model.name;
   m.gpu_gib = p.gpu_gib.value_or(scenario_gib);
-  const double usable = m.gpu_gib * kGiB * o.utilization - o.activation_gib * kGiB;
-  const double kv = usable - static_cast<double>(p.model.weight_bytes);
-  m.fits = kv > 0;
-  m.kv_bytes = m.fits ? static_cast<uint64_t>(kv) : 0;
+  m.kv_bytes = kv_bytes_on_gpu(p.model, m.gpu_gib, o.utilization, o.activation_gib);
+  m.fits = m.kv_bytes > 0;
   return m;
 }
 

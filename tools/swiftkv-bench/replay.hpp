@@ -1,0 +1,106 @@
+// The replay simulator behind `swiftkv-bench replay`: a trace of multi-turn conversations served
+// by one borrower GPU under a caching policy. Every cache decision (what is resident where, what
+// a full tier evicts, what a lender's reclaim evacuates) is made by the real library through its
+// public API; a cost model turns the bytes moved and the tokens computed into time.
+//
+// The library runs on "shadow" geometries: every model keeps its block and chunk sizes in tokens
+// but its bytes per token are divided by one common factor, and every budget is the same whole
+// number of chunks (or blocks) as on the real server. The library's decisions depend only on
+// those counts, so they are the real server's decisions with a few megabytes of memory; the
+// cost model uses the real bytes. docs/replay.md has the whole model.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model_presets.hpp"
+#include "trace.hpp"
+
+namespace swiftkv::bench {
+
+enum class Policy { swiftkv, host_offload, hierarchical, gpu_only };
+constexpr std::array<Policy, 4> kAllPolicies = {Policy::swiftkv, Policy::host_offload,
+                                                Policy::hierarchical, Policy::gpu_only};
+const char *policy_name(Policy p);
+std::optional<Policy> parse_policy(const std::string &name);
+
+// Where a loaded chunk came from.
+enum Source : uint8_t { kGpu = 0, kPeer = 1, kHost = 2, kDisk = 3, kSourceCount = 4 };
+const char *source_name(Source s);
+
+struct ServerConfig {
+  ModelSpec borrower;
+  std::vector<ModelSpec> lenders;  // each on a GPU of its own
+  double gpu_gib = 96;             // HBM of every GPU
+  double host_gib = 96;            // host memory for KV (SwiftCache §5.2 gives baselines 96 GB)
+  double disk_gib = 1024;
+  double utilization = 0.95;       // as in `plan`
+  double activation_gib = 1;
+  uint32_t block_tokens = 16;
+  uint32_t chunk_tokens = 256;
+  double nvlink_gbps = 400;        // GB/s (1e9 bytes) per direction, borrower to each lender
+  double pcie_gbps = 32;           // GB/s between the borrower's GPU and host memory
+  double disk_gbps = 6;            // GB/s of the SSD
+  double gpu_tflops = 120;         // effective prefill throughput (H20 dense fp16: 148 peak)
+  double tpot_ms = 25;             // decode time per output token, off the prefill queue
+  double lender_rate = 0.5;        // requests per second to each lender
+  double lender_median_tokens = 2000;
+  uint64_t lender_initial_tokens = 32768;  // each lender's owned part at the start
+  uint64_t seed = 1;               // the lenders' own requests
+  std::string work_dir;            // where the disk tier's files go (a fresh directory is made)
+};
+
+// What a policy has, in tokens of the borrower.
+struct Capacity {
+  uint64_t gpu_tokens = 0;   // the borrower's own GPU prefix cache (regular cache for swiftkv)
+  uint64_t peer_tokens = 0;  // borrowed from lenders at the start
+  uint64_t host_tokens = 0;
+  uint64_t disk_tokens = 0;
+  uint64_t max_context = 0;  // the longest context the borrower can run
+};
+
+struct RequestRecord {
+  double ready_s = 0;            // when the turn could be sent
+  double ttft_s = -1;            // < 0: not served (rejected)
+  uint64_t context_tokens = 0;   // history + prompt
+  uint64_t computed_tokens = 0;  // prefilled, including recomputed history
+  bool rejected = false;
+};
+
+struct PolicyResult {
+  Policy policy = Policy::swiftkv;
+  Capacity capacity;
+  std::vector<RequestRecord> requests;  // one per turn, session by session in trace order
+  uint64_t served = 0, rejected = 0;
+  uint64_t history_chunks = 0;  // full chunks of history in served requests
+  std::array<uint64_t, kSourceCount> hit_chunks{};  // of them, used from each source
+  uint64_t computed_tokens = 0, recomputed_tokens = 0;
+  uint64_t max_context = 0;     // longest context served (history + prompt + answer)
+  // Bytes on each link: loads, stores and demotions.
+  uint64_t nvlink_bytes = 0, pcie_bytes = 0, disk_bytes = 0;
+  uint64_t evicted_chunks = 0;  // dropped from the last tier of the library
+  // Lenders (swiftkv): their own scale-ups, leases they asked back, and the borrower's chunks
+  // that moved out (to host or disk) or were dropped because of it.
+  uint64_t lender_scale_ups = 0, reclaims = 0, reclaim_moved = 0, reclaim_dropped = 0;
+  double sim_seconds = 0;       // simulated time from the first arrival to the last event
+  double wall_seconds = 0;
+};
+
+// Computes each policy's capacities without running anything.
+Capacity policy_capacity(const ServerConfig &cfg, Policy p);
+
+using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
+// Replays the trace under one policy. Throws std::runtime_error on a library failure or a
+// configuration the library refuses.
+PolicyResult run_policy(const ServerConfig &cfg, const Trace &trace, Policy p,
+                        const ProgressFn &progress = {});
+
+// The prefill time of `tokens` new tokens after `context` cached ones, in seconds.
+double prefill_seconds(const ServerConfig &cfg, uint64_t context, uint64_t tokens);
+
+}  // namespace swiftkv::bench

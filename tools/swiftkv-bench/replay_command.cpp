@@ -1,0 +1,404 @@
+// The replay subcommand: options, the run of each policy with a progress bar, and the report.
+#include "replay_command.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <nlohmann/json.hpp>
+#include <swiftkv/swiftkv.h>
+
+#include "model_presets.hpp"
+#include "replay.hpp"
+#include "svg_plot.hpp"
+#include "trace.hpp"
+
+namespace swiftkv::bench {
+
+namespace {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Options {
+  std::string trace_file;
+  GeneratorOptions gen;
+  std::string save_trace;
+  std::vector<Policy> policies{kAllPolicies.begin(), kAllPolicies.end()};
+  ServerConfig server;
+  uint64_t long_tokens = 20000;
+  std::string out_dir = "replay-out";
+  bool table = true;
+  bool progress = true;
+};
+
+double number(const std::string &flag, const std::string &text, double lo, double hi) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception &) {
+    used = 0;
+  }
+  if (used != text.size() || !std::isfinite(v) || v < lo || v > hi) {
+    std::ostringstream m;
+    m << flag << ": '" << text << "' is not a number in [" << lo << ", " << hi << "]";
+    throw UsageError(m.str());
+  }
+  return v;
+}
+
+ModelSpec preset(const std::string &flag, const std::string &name) {
+  if (auto m = find_preset(name)) return *m;
+  std::string known;
+  for (const ModelSpec &m : model_presets()) known += " " + m.name;
+  throw UsageError(flag + ": unknown model '" + name + "' (known:" + known + ")");
+}
+
+Options parse(const std::vector<std::string> &args) {
+  Options o;
+  o.server.borrower = *find_preset("lwm-1m-text");
+  std::vector<ModelSpec> lenders;
+  bool policies_given = false;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string &a = args[i];
+    auto value = [&]() -> const std::string & {
+      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+      return args[++i];
+    };
+    auto count = [&](double lo, double hi) { return number(a, value(), lo, hi); };
+    if (a == "--trace") o.trace_file = value();
+    else if (a == "--workload") {
+      const std::string &w = value();
+      const auto k = parse_workload(w);
+      if (!k) throw UsageError("--workload: '" + w + "' is not sharegpt or docqa");
+      o.gen.kind = *k;
+    } else if (a == "--sessions") o.gen.sessions = static_cast<uint32_t>(count(1, 1e6));
+    else if (a == "--rate") o.gen.sessions_per_s = count(1e-6, 1e6);
+    else if (a == "--think") o.gen.think_mean_s = count(0, 1e6);
+    else if (a == "--seed") {
+      o.gen.seed = static_cast<uint64_t>(count(0, 9e15));
+      o.server.seed = o.gen.seed;
+    } else if (a == "--save-trace") o.save_trace = value();
+    else if (a == "--policies") {
+      o.policies.clear();
+      std::stringstream ss(value());
+      for (std::string p; std::getline(ss, p, ',');) {
+        const auto pol = parse_policy(p);
+        if (!pol) throw UsageError("--policies: '" + p + "' is not swiftkv, host-offload, hierarchical or gpu-only");
+        o.policies.push_back(*pol);
+      }
+      if (o.policies.empty()) throw UsageError("--policies: none given");
+      policies_given = true;
+    } else if (a == "--borrower") o.server.borrower = preset(a, value());
+    else if (a == "--lender") lenders.push_back(preset(a, value()));
+    else if (a == "--gpu-gib") o.server.gpu_gib = count(1, 1 << 20);
+    else if (a == "--host-gib") o.server.host_gib = count(0, 1 << 24);
+    else if (a == "--disk-gib") o.server.disk_gib = count(0, 1 << 30);
+    else if (a == "--nvlink-gbps") o.server.nvlink_gbps = count(0.001, 1e6);
+    else if (a == "--pcie-gbps") o.server.pcie_gbps = count(0.001, 1e6);
+    else if (a == "--disk-gbps") o.server.disk_gbps = count(0.001, 1e6);
+    else if (a == "--gpu-tflops") o.server.gpu_tflops = count(0.001, 1e6);
+    else if (a == "--tpot-ms") o.server.tpot_ms = count(0, 1e6);
+    else if (a == "--lender-rate") o.server.lender_rate = count(1e-6, 1e6);
+    else if (a == "--chunk-tokens") o.server.chunk_tokens = static_cast<uint32_t>(count(1, 1 << 16));
+    else if (a == "--block-tokens") o.server.block_tokens = static_cast<uint32_t>(count(1, 1 << 16));
+    else if (a == "--long-tokens") o.long_tokens = static_cast<uint64_t>(count(1, 1e9));
+    else if (a == "--out-dir") o.out_dir = value();
+    else if (a == "--work-dir") o.server.work_dir = value();
+    else if (a == "--format") {
+      const std::string &f = value();
+      if (f != "table" && f != "json") throw UsageError("--format: '" + f + "' is not table or json");
+      o.table = f == "table";
+    } else if (a == "--no-progress") o.progress = false;
+    else throw UsageError("unknown option '" + a + "'");
+  }
+  o.server.lenders = lenders.empty()
+                         ? std::vector<ModelSpec>{*find_preset("qwen3-14b"), *find_preset("qwen3-32b")}
+                         : lenders;
+  if (o.server.chunk_tokens % o.server.block_tokens != 0) {
+    throw UsageError("--chunk-tokens must be a multiple of --block-tokens");
+  }
+  (void)policies_given;
+  return o;
+}
+
+// Nearest-rank percentile of a sorted vector (NaN when empty).
+double percentile(const std::vector<double> &sorted, double q) {
+  if (sorted.empty()) return NAN;
+  const auto rank = static_cast<size_t>(std::ceil(q * static_cast<double>(sorted.size())));
+  return sorted[std::min(sorted.size() - 1, rank == 0 ? 0 : rank - 1)];
+}
+
+struct Summary {
+  double p50 = NAN, p90 = NAN, p99 = NAN, p99_long = NAN;
+  std::vector<double> sorted;  // common TTFTs, seconds
+};
+
+// TTFT over the turns every policy served: a policy that rejects long turns is not rewarded
+// for it.
+std::vector<Summary> summarize_ttft(const std::vector<PolicyResult> &rs, uint64_t long_tokens) {
+  const size_t n = rs.front().requests.size();
+  std::vector<bool> common(n, true);
+  for (const PolicyResult &r : rs) {
+    for (size_t i = 0; i < n; ++i) common[i] = common[i] && !r.requests[i].rejected;
+  }
+  std::vector<Summary> out;
+  for (const PolicyResult &r : rs) {
+    Summary s;
+    std::vector<double> lng;
+    for (size_t i = 0; i < n; ++i) {
+      if (!common[i]) continue;
+      s.sorted.push_back(r.requests[i].ttft_s);
+      if (r.requests[i].context_tokens >= long_tokens) lng.push_back(r.requests[i].ttft_s);
+    }
+    std::sort(s.sorted.begin(), s.sorted.end());
+    std::sort(lng.begin(), lng.end());
+    s.p50 = percentile(s.sorted, 0.50);
+    s.p90 = percentile(s.sorted, 0.90);
+    s.p99 = percentile(s.sorted, 0.99);
+    s.p99_long = percentile(lng, 0.99);
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+double pct(uint64_t part, uint64_t whole) {
+  return whole == 0 ? 0 : 100.0 * static_cast<double>(part) / static_cast<double>(whole);
+}
+
+std::string ms(double s) {
+  if (std::isnan(s)) return "-";
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f", s * 1e3);
+  return b;
+}
+
+void print_table(const Options &o, const Trace &t, const std::vector<PolicyResult> &rs,
+                 const std::vector<Summary> &sum) {
+  const TraceSummary ts = summarize(t);
+  std::printf("swiftkv-bench replay (libswiftkv %s)\n", swiftkv_version_string());
+  std::printf("trace: %s, %" PRIu64 " sessions, %" PRIu64 " turns, mean session %.0f tokens, "
+              "longest %" PRIu64 "\n",
+              o.trace_file.empty() ? workload_name(o.gen.kind) : o.trace_file.c_str(),
+              ts.sessions, ts.turns, ts.mean_session_tokens, ts.max_session_tokens);
+  std::string lenders;
+  for (const ModelSpec &l : o.server.lenders) lenders += " " + l.name;
+  std::printf("server: borrower %s, lenders%s, %.0f GiB GPUs, host %.0f GiB, disk %.0f GiB, "
+              "NVLink %.0f GB/s, PCIe %.0f GB/s, disk %.1f GB/s, %.0f TFLOP/s\n\n",
+              o.server.borrower.name.c_str(), lenders.c_str(), o.server.gpu_gib, o.server.host_gib,
+              o.server.disk_gib, o.server.nvlink_gbps, o.server.pcie_gbps, o.server.disk_gbps,
+              o.server.gpu_tflops);
+  std::printf("%-13s %10s %10s %10s %10s %11s\n", "capacity", "gpu tok", "peer tok", "host tok",
+              "disk tok", "max context");
+  for (const PolicyResult &r : rs) {
+    const Capacity &c = r.capacity;
+    std::printf("%-13s %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %10" PRIu64 " %11" PRIu64 "\n",
+                policy_name(r.policy), c.gpu_tokens, c.peer_tokens, c.host_tokens, c.disk_tokens,
+                c.max_context);
+  }
+  std::printf("\nTTFT in ms over the %zu turns every policy served; long: context >= %" PRIu64
+              " tokens\n",
+              sum.front().sorted.size(), o.long_tokens);
+  std::printf("%-13s %6s %6s %7s %7s %7s %8s | %5s %5s %5s %5s %6s | %9s %7s %7s %7s | %8s %8s\n",
+              "policy", "served", "reject", "P50", "P90", "P99", "P99 long", "gpu%", "peer%",
+              "host%", "disk%", "recomp", "recomp Mt", "NVL GB", "PCIe GB", "disk GB", "max ctx",
+              "reclaims");
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const PolicyResult &r = rs[i];
+    const Summary &s = sum[i];
+    uint64_t hits = 0;
+    for (uint64_t h : r.hit_chunks) hits += h;
+    std::printf("%-13s %6" PRIu64 " %6" PRIu64 " %7s %7s %7s %8s | %5.1f %5.1f %5.1f %5.1f %6.1f |"
+                " %9.2f %7.0f %7.0f %7.0f | %8" PRIu64 " %8" PRIu64 "\n",
+                policy_name(r.policy), r.served, r.rejected, ms(s.p50).c_str(), ms(s.p90).c_str(),
+                ms(s.p99).c_str(), ms(s.p99_long).c_str(), pct(r.hit_chunks[kGpu], r.history_chunks),
+                pct(r.hit_chunks[kPeer], r.history_chunks), pct(r.hit_chunks[kHost], r.history_chunks),
+                pct(r.hit_chunks[kDisk], r.history_chunks),
+                pct(r.history_chunks - hits, r.history_chunks),
+                static_cast<double>(r.recomputed_tokens) / 1e6,
+                static_cast<double>(r.nvlink_bytes) / 1e9, static_cast<double>(r.pcie_bytes) / 1e9,
+                static_cast<double>(r.disk_bytes) / 1e9, r.max_context, r.reclaims);
+  }
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (rs[i].policy != Policy::swiftkv) continue;
+    for (size_t k = 0; k < rs.size(); ++k) {
+      if (k == i || std::isnan(sum[k].p99) || sum[k].p99 <= 0) continue;
+      std::printf("P99 TTFT of swiftkv vs %s: %+.1f%%\n", policy_name(rs[k].policy),
+                  100.0 * (sum[i].p99 - sum[k].p99) / sum[k].p99);
+    }
+    std::printf("lenders: %" PRIu64 " scale-ups, %" PRIu64 " leases reclaimed; the borrower moved %"
+                PRIu64 " chunks out of them and dropped %" PRIu64 "\n",
+                rs[i].lender_scale_ups, rs[i].reclaims, rs[i].reclaim_moved, rs[i].reclaim_dropped);
+  }
+}
+
+nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<PolicyResult> &rs,
+                       const std::vector<Summary> &sum) {
+  using nlohmann::json;
+  const TraceSummary ts = summarize(t);
+  json j;
+  j["tool"] = "swiftkv-bench replay";
+  j["version"] = swiftkv_version_string();
+  j["trace"] = {{"source", o.trace_file.empty() ? workload_name(o.gen.kind) : o.trace_file},
+                {"seed", o.gen.seed},
+                {"sessions", ts.sessions},
+                {"turns", ts.turns},
+                {"mean_session_tokens", ts.mean_session_tokens},
+                {"prompts_under_132", ts.prompts_under_132},
+                {"sessions_over_13k", ts.sessions_over_13k},
+                {"sessions_over_56k", ts.sessions_over_56k}};
+  json lenders = json::array();
+  for (const ModelSpec &l : o.server.lenders) lenders.push_back(l.name);
+  const ServerConfig &s = o.server;
+  j["server"] = {{"borrower", s.borrower.name}, {"lenders", lenders},     {"gpu_gib", s.gpu_gib},
+                 {"host_gib", s.host_gib},      {"disk_gib", s.disk_gib}, {"nvlink_gbps", s.nvlink_gbps},
+                 {"pcie_gbps", s.pcie_gbps},    {"disk_gbps", s.disk_gbps}, {"gpu_tflops", s.gpu_tflops},
+                 {"tpot_ms", s.tpot_ms},        {"chunk_tokens", s.chunk_tokens},
+                 {"block_tokens", s.block_tokens}, {"lender_rate", s.lender_rate}};
+  j["common_turns"] = sum.front().sorted.size();
+  j["long_tokens"] = o.long_tokens;
+  json pol = json::array();
+  for (size_t i = 0; i < rs.size(); ++i) {
+    const PolicyResult &r = rs[i];
+    auto num = [](double v) { return std::isnan(v) ? json(nullptr) : json(v); };
+    json hits = json::object();
+    for (int k = 0; k < kSourceCount; ++k) {
+      hits[source_name(static_cast<Source>(k))] = r.hit_chunks[static_cast<size_t>(k)];
+    }
+    pol.push_back({{"policy", policy_name(r.policy)},
+                   {"capacity_tokens", {{"gpu", r.capacity.gpu_tokens}, {"peer", r.capacity.peer_tokens},
+                                        {"host", r.capacity.host_tokens}, {"disk", r.capacity.disk_tokens},
+                                        {"max_context", r.capacity.max_context}}},
+                   {"served", r.served},
+                   {"rejected", r.rejected},
+                   {"ttft_s", {{"p50", num(sum[i].p50)}, {"p90", num(sum[i].p90)},
+                               {"p99", num(sum[i].p99)}, {"p99_long", num(sum[i].p99_long)}}},
+                   {"history_chunks", r.history_chunks},
+                   {"hit_chunks", hits},
+                   {"computed_tokens", r.computed_tokens},
+                   {"recomputed_tokens", r.recomputed_tokens},
+                   {"bytes", {{"nvlink", r.nvlink_bytes}, {"pcie", r.pcie_bytes}, {"disk", r.disk_bytes}}},
+                   {"evicted_chunks", r.evicted_chunks},
+                   {"max_context", r.max_context},
+                   {"lender", {{"scale_ups", r.lender_scale_ups}, {"reclaims", r.reclaims},
+                               {"chunks_moved", r.reclaim_moved}, {"chunks_dropped", r.reclaim_dropped},
+                               {"nvlink_share", r.sim_seconds > 0
+                                                    ? static_cast<double>(r.nvlink_bytes) /
+                                                          (s.nvlink_gbps * 1e9 * r.sim_seconds)
+                                                    : 0.0}}},
+                   {"sim_seconds", r.sim_seconds},
+                   {"wall_seconds", r.wall_seconds}});
+  }
+  j["policies"] = pol;
+  return j;
+}
+
+void write_plots(const Options &o, const std::vector<PolicyResult> &rs,
+                 const std::vector<Summary> &sum) {
+  std::vector<CdfSeries> cdf;
+  std::vector<StackedBar> bars;
+  for (size_t i = 0; i < rs.size(); ++i) {
+    cdf.push_back(CdfSeries{policy_name(rs[i].policy), sum[i].sorted});
+    StackedBar b{policy_name(rs[i].policy), {}};
+    uint64_t hits = 0;
+    for (int k = 0; k < kSourceCount; ++k) {
+      const uint64_t h = rs[i].hit_chunks[static_cast<size_t>(k)];
+      hits += h;
+      b.parts.emplace_back(source_name(static_cast<Source>(k)), pct(h, rs[i].history_chunks));
+    }
+    b.parts.emplace_back("recomputed", pct(rs[i].history_chunks - hits, rs[i].history_chunks));
+    bars.push_back(std::move(b));
+  }
+  write_file(o.out_dir + "/ttft_cdf.svg", cdf_svg("TTFT (ms), turns every policy served", cdf));
+  write_file(o.out_dir + "/hit_rates.svg",
+             bars_svg("where each history chunk came from (% of history chunks)", bars));
+}
+
+}  // namespace
+
+void print_replay_usage() {
+  std::printf(
+      "swiftkv-bench replay [options]: multi-turn traces through the library under each policy\n"
+      "  --trace FILE             a JSONL trace (docs/replay.md); default: the generator\n"
+      "  --workload sharegpt|docqa  the generator's workload (sharegpt)\n"
+      "  --sessions N --rate R --think S --seed N   generator: sessions (400), new sessions per\n"
+      "                           second (0.25), mean think time in s (60), seed (1)\n"
+      "  --save-trace FILE        also write the trace that was replayed\n"
+      "  --policies LIST          comma-separated: swiftkv,host-offload,hierarchical,gpu-only (all)\n"
+      "  --borrower NAME --lender NAME...   presets (lwm-1m-text; qwen3-14b and qwen3-32b)\n"
+      "  --gpu-gib F --host-gib F --disk-gib F   96, 96, 1024\n"
+      "  --nvlink-gbps F --pcie-gbps F --disk-gbps F   400, 32, 6 (GB/s)\n"
+      "  --gpu-tflops F --tpot-ms F   effective prefill TFLOP/s (120), decode ms per token (25)\n"
+      "  --lender-rate R          requests per second to each lender (0.5)\n"
+      "  --chunk-tokens N --block-tokens N   256, 16\n"
+      "  --long-tokens N          the 'long' TTFT column: contexts of at least N tokens (20000)\n"
+      "  --out-dir DIR            JSON and plots go here (replay-out)\n"
+      "  --work-dir DIR           the disk tier's files go under DIR (the system's temp dir)\n"
+      "  --format table|json      what goes to stdout (table); the JSON file is always written\n"
+      "  --no-progress            no progress bar\n");
+}
+
+int run_replay(const std::vector<std::string> &args) {
+  Options o;
+  Trace trace;
+  try {
+    o = parse(args);
+    trace = o.trace_file.empty() ? generate_trace(o.gen) : load_trace(o.trace_file);
+    if (!o.save_trace.empty()) save_trace(trace, o.save_trace);
+  } catch (const UsageError &e) {
+    std::fprintf(stderr, "swiftkv-bench replay: %s\n", e.what());
+    return 2;
+  } catch (const TraceError &e) {
+    std::fprintf(stderr, "swiftkv-bench replay: %s\n", e.what());
+    return 2;
+  }
+  try {
+    std::filesystem::create_directories(o.out_dir);
+    std::vector<PolicyResult> results;
+    const bool bar = o.progress && isatty(STDERR_FILENO);
+    for (Policy p : o.policies) {
+      int shown = -1;
+      auto progress = [&](uint64_t done, uint64_t total) {
+        if (!bar || total == 0) return;
+        const int v = static_cast<int>(100 * done / total);
+        if (v == shown) return;
+        shown = v;
+        std::fprintf(stderr, "\r%-13s [%-40s] %3d%%", policy_name(p),
+                     std::string(static_cast<size_t>(v * 40 / 100), '#').c_str(), v);
+        std::fflush(stderr);
+      };
+      results.push_back(run_policy(o.server, trace, p, progress));
+      if (bar) std::fprintf(stderr, "\r%-60s\r", "");
+      if (o.progress) {
+        std::fprintf(stderr, "replay: %s done in %.1f s\n", policy_name(p),
+                     results.back().wall_seconds);
+      }
+    }
+    const std::vector<Summary> sum = summarize_ttft(results, o.long_tokens);
+    const nlohmann::json j = to_json(o, trace, results, sum);
+    write_file(o.out_dir + "/replay.json", j.dump(2) + "\n");
+    write_plots(o, results, sum);
+    if (o.table) {
+      print_table(o, trace, results, sum);
+      std::printf("\nJSON: %s/replay.json  plots: %s/ttft_cdf.svg %s/hit_rates.svg\n",
+                  o.out_dir.c_str(), o.out_dir.c_str(), o.out_dir.c_str());
+    } else {
+      std::printf("%s\n", j.dump().c_str());
+    }
+    return 0;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "swiftkv-bench replay: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace swiftkv::bench
