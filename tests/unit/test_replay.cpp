@@ -1,0 +1,295 @@
+// The replay tool's simulator and traces: the generator meets its target statistics and is
+// reproducible, trace files round-trip and bad ones are refused with their line, and on a tiny
+// hand-made trace every policy's hits, recomputation, bytes and first TTFTs are the exact
+// expected numbers.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "replay.hpp"
+#include "trace.hpp"
+
+extern "C" {
+#include <cmocka.h>
+}
+
+using namespace swiftkv::bench;
+
+namespace {
+
+std::string temp_path(const char *name) {
+  return (std::filesystem::temp_directory_path() /
+          (std::string("swiftkv-test-replay-") + std::to_string(getpid()) + "-" + name))
+      .string();
+}
+
+void write(const std::string &path, const std::string &text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+std::string slurp(const std::string &path) {
+  std::ifstream f(path);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+void generator_meets_sharegpt_statistics(void **) {
+  GeneratorOptions o;
+  o.sessions = 20000;
+  o.seed = 7;
+  const TraceSummary s = summarize(generate_trace(o));
+  assert_int_equal(s.sessions, 20000);
+  // SwiftCache §2.2: 90% of prompts under 132 tokens; 10% of sessions over 13K, 1% over 56K.
+  assert_true(s.prompts_under_132 > 0.88 && s.prompts_under_132 < 0.92);
+  assert_true(s.sessions_over_13k > 0.09 && s.sessions_over_13k < 0.11);
+  assert_true(s.sessions_over_56k > 0.007 && s.sessions_over_56k < 0.013);
+  assert_true(s.max_session_tokens <= 602000);
+}
+
+void generator_is_reproducible(void **) {
+  GeneratorOptions o;
+  o.sessions = 300;
+  o.seed = 11;
+  const std::string a = temp_path("a.jsonl"), b = temp_path("b.jsonl"), c = temp_path("c.jsonl");
+  save_trace(generate_trace(o), a);
+  save_trace(generate_trace(o), b);
+  o.seed = 12;
+  save_trace(generate_trace(o), c);
+  assert_true(slurp(a) == slurp(b));
+  assert_false(slurp(a) == slurp(c));
+  // Arrivals are Poisson at the given rate: 300 sessions at 0.25/s take about 1200 s.
+  const Trace t = load_trace(a);
+  const double last = *t.sessions.back().turns[0].arrival_s;
+  assert_true(last > 1000 && last < 1400);
+  for (const char *p : {a.c_str(), b.c_str(), c.c_str()}) std::remove(p);
+
+  o.kind = WorkloadKind::docqa;
+  o.sessions = 200;
+  const Trace d = generate_trace(o);
+  for (const Session &s : d.sessions) {
+    assert_true(s.turns.size() >= 3 && s.turns.size() <= 10);
+    assert_true(s.turns[0].prompt_tokens >= 2048 + 4);
+    for (size_t k = 1; k < s.turns.size(); ++k) assert_true(s.turns[k].prompt_tokens <= 512);
+  }
+}
+
+void trace_round_trips(void **) {
+  const std::string p = temp_path("rt.jsonl");
+  write(p,
+        "{\"session\":\"x\",\"turn\":0,\"arrival_s\":1.5,\"prompt\":[5,6,7],\"output_tokens\":4}\n"
+        "\n"
+        "{\"session\":9,\"turn\":0,\"arrival_s\":2,\"prompt_tokens\":100,\"output_tokens\":0}\n"
+        "{\"session\":\"x\",\"turn\":1,\"think_s\":3.25,\"prompt_tokens\":7,\"output_tokens\":1}\n");
+  const Trace t = load_trace(p);
+  assert_int_equal(t.sessions.size(), 2);
+  assert_int_equal(t.turns(), 3);
+  assert_true(t.sessions[0].id == "x" && t.sessions[1].id == "9");
+  assert_int_equal(t.sessions[0].turns[0].prompt_tokens, 3);
+  assert_int_equal(t.sessions[0].turns[0].prompt_ids[2], 7);
+  assert_true(t.sessions[0].turns[1].think_s == 3.25);
+  const std::string q = temp_path("rt2.jsonl");
+  save_trace(t, q);
+  const Trace u = load_trace(q);
+  save_trace(u, p);
+  assert_true(slurp(p) == slurp(q));
+  std::remove(p.c_str());
+  std::remove(q.c_str());
+}
+
+void bad_traces_name_their_line(void **) {
+  const std::string good = "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n";
+  const struct {
+    const char *line2;
+    const char *needle;
+  } cases[] = {
+      {"{not json", ":2: not JSON"},
+      {"[1,2]", ":2: a line must be a JSON object"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4}", ":2: missing \"output_tokens\""},
+      {"{\"session\":\"a\",\"turn\":2,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: session \"a\": turn 2 where turn 1"},
+      {"{\"session\":\"b\",\"turn\":0,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: turn 0 needs \"arrival_s\""},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":-4,\"output_tokens\":1}", ":2: \"prompt_tokens\" must be a non-negative integer"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":0,\"output_tokens\":1}", ":2: \"prompt_tokens\" must be at least 1"},
+      {"{\"session\":\"a\",\"turn\":1,\"output_tokens\":1}", ":2: missing \"prompt_tokens\""},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt\":[1,2],\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"prompt_tokens\" differs"},
+      {"{\"session\":\"a\",\"turn\":1,\"think_s\":-1,\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"think_s\" must be finite and >= 0"},
+      {"{\"session\":[1],\"turn\":1,\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"session\" must be"},
+  };
+  const std::string p = temp_path("bad.jsonl");
+  for (const auto &c : cases) {
+    write(p, good + c.line2 + "\n");
+    try {
+      (void)load_trace(p);
+      fail_msg("accepted: %s", c.line2);
+    } catch (const TraceError &e) {
+      if (std::strstr(e.what(), c.needle) == nullptr) fail_msg("'%s' lacks '%s'", e.what(), c.needle);
+      assert_true(std::strstr(e.what(), p.c_str()) != nullptr);
+    }
+  }
+  write(p, "");
+  try {
+    (void)load_trace(p);
+    fail_msg("an empty trace was accepted");
+  } catch (const TraceError &e) {
+    assert_non_null(std::strstr(e.what(), "no turns"));
+  }
+  std::remove(p.c_str());
+  try {
+    (void)load_trace(p);
+    fail_msg("a missing file was accepted");
+  } catch (const TraceError &e) {
+    assert_non_null(std::strstr(e.what(), "cannot open"));
+  }
+}
+
+// A tiny server: a 2-layer model of 512 bytes per token, so a 256-token chunk is 128 KiB; its
+// GPU holds exactly 5 chunks of KV and the host 8. A lender of the same geometry offers 8
+// chunks at the start.
+constexpr uint64_t kChunk = 256 * 512;
+
+ServerConfig tiny_server() {
+  ServerConfig c;
+  c.borrower = ModelSpec{"tiny", 2, 1, 64, SWIFTKV_DTYPE_F16, 0, 1, 1e6};
+  c.borrower.weight_bytes = (uint64_t{1} << 30) - 5 * kChunk;
+  c.gpu_gib = 1;
+  c.utilization = 1;
+  c.activation_gib = 0;
+  c.host_gib = 8.0 * kChunk / (1024.0 * 1024 * 1024);
+  c.disk_gib = 64.0 * kChunk / (1024.0 * 1024 * 1024);
+  ModelSpec lender = c.borrower;
+  lender.name = "tiny-lender";
+  lender.weight_bytes = (uint64_t{1} << 30) - 10 * kChunk;
+  c.lenders = {lender};
+  c.lender_initial_tokens = 512;  // owns 2 chunks' worth, lends 8
+  c.lender_rate = 1e-9;           // no lender requests in the replay
+  c.tpot_ms = 10;
+  c.gpu_tflops = 1;
+  return c;
+}
+
+// Session a: 512 + 256 answer tokens, then (at t = 200 s) 256 + 256 more; session b at t =
+// 100 s: 1280 tokens. b's store pushes all of a out of the 5-chunk GPU cache (LRU), so a's
+// second turn finds its 3 history chunks only where the policy kept them. The host (8 chunks)
+// is then full, and a's two new chunks each push one of b's (the least recent) down.
+Trace tiny_trace() {
+  const std::string p = temp_path("tiny.jsonl");
+  write(p,
+        "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":512,\"output_tokens\":256}\n"
+        "{\"session\":\"b\",\"turn\":0,\"arrival_s\":100,\"prompt_tokens\":1280,\"output_tokens\":0}\n"
+        "{\"session\":\"a\",\"turn\":1,\"arrival_s\":200,\"prompt_tokens\":256,\"output_tokens\":256}\n");
+  Trace t = load_trace(p);
+  std::remove(p.c_str());
+  return t;
+}
+
+bool near(double a, double b) { return std::fabs(a - b) <= 1e-9 * std::max(1.0, std::fabs(b)); }
+
+void tiny_capacities(void **) {
+  const ServerConfig c = tiny_server();
+  const Capacity g = policy_capacity(c, Policy::gpu_only);
+  assert_int_equal(g.gpu_tokens, 1280);
+  assert_int_equal(g.host_tokens, 0);
+  assert_int_equal(g.max_context, 1280);
+  const Capacity h = policy_capacity(c, Policy::hierarchical);
+  assert_int_equal(h.host_tokens, 2048);
+  assert_int_equal(h.disk_tokens, 64 * 256);
+  const Capacity s = policy_capacity(c, Policy::swiftkv);
+  assert_int_equal(s.peer_tokens, 8 * 256);
+  assert_true(s.max_context > g.max_context);  // layer streaming over lent memory
+  assert_true(s.gpu_tokens <= g.gpu_tokens);
+}
+
+void tiny_trace_exact_numbers(void **) {
+  const ServerConfig c = tiny_server();
+  const Trace t = tiny_trace();
+  const double pcie = c.pcie_gbps * 1e9;
+
+  const PolicyResult g = run_policy(c, t, Policy::gpu_only);
+  assert_int_equal(g.served, 3);
+  assert_int_equal(g.history_chunks, 3);  // a's second turn: 768 tokens of history
+  assert_int_equal(g.hit_chunks[kGpu], 0);
+  assert_int_equal(g.recomputed_tokens, 768);
+  assert_int_equal(g.computed_tokens, 512 + 1280 + 1024);
+  assert_int_equal(g.pcie_bytes + g.nvlink_bytes + g.disk_bytes, 0);
+  assert_true(near(g.requests[0].ttft_s, prefill_seconds(c, 0, 512)));
+  assert_true(near(g.requests[1].ttft_s, prefill_seconds(c, 0, 1024)));  // records: a0, a1, b0
+  assert_int_equal(g.max_context, 1280);
+
+  const PolicyResult h = run_policy(c, t, Policy::host_offload);
+  assert_int_equal(h.hit_chunks[kGpu], 0);
+  assert_int_equal(h.hit_chunks[kHost], 3);
+  assert_int_equal(h.recomputed_tokens, 0);
+  assert_int_equal(h.computed_tokens, 512 + 1280 + 256);
+  // Stores: a's 3 chunks, b's 5, a's 2 more; loads: 3 chunks. a's last two found the host
+  // full and each evicted one chunk (LRU, no disk).
+  assert_int_equal(h.pcie_bytes, 13 * kChunk);
+  assert_int_equal(h.evicted_chunks, 2);
+  // host-offload loads before it computes.
+  assert_true(near(h.requests[1].ttft_s, 3.0 * kChunk / pcie + prefill_seconds(c, 768, 256)));
+
+  const PolicyResult r = run_policy(c, t, Policy::hierarchical);
+  assert_int_equal(r.hit_chunks[kGpu], 0);
+  assert_int_equal(r.hit_chunks[kHost], 3);
+  assert_int_equal(r.pcie_bytes, 13 * kChunk);
+  assert_int_equal(r.disk_bytes, 2 * kChunk);  // the host's victims went down to disk
+  assert_int_equal(r.evicted_chunks, 0);
+  // Layer-wise overlap over 2 layers: max(l + 2c, 2l + c) with l, c per layer.
+  const double l = 3.0 * kChunk / pcie / 2, cc = prefill_seconds(c, 768, 256) / 2;
+  assert_true(near(r.requests[1].ttft_s, std::max(l + 2 * cc, 2 * l + cc)));
+
+  const PolicyResult s = run_policy(c, t, Policy::swiftkv);
+  assert_int_equal(s.hit_chunks[kGpu] + s.hit_chunks[kPeer], 3);  // lent memory holds it all
+  assert_int_equal(s.hit_chunks[kHost] + s.hit_chunks[kDisk], 0);
+  assert_int_equal(s.recomputed_tokens, 0);
+  // Every new chunk went to lent memory (10 stores: the idle lender's ScaleDown lent its last
+  // 2 chunks before a came back), and what the GPU lacked came back from it.
+  assert_int_equal(s.nvlink_bytes, (10 + s.hit_chunks[kPeer]) * kChunk);
+  assert_int_equal(s.pcie_bytes + s.disk_bytes, 0);
+  assert_int_equal(s.reclaims, 0);
+  for (const PolicyResult *p : {&g, &h, &r, &s}) {
+    assert_int_equal(p->rejected, 0);
+    assert_true(p->requests[2].ttft_s > 0 && near(p->requests[2].ready_s, 100));
+    assert_true(near(p->requests[1].ready_s, 200));
+  }
+}
+
+// A turn longer than the GPU can hold is rejected by the baselines (with the rest of its
+// session) and served by swiftkv, whose layer stream cache runs it over lent memory.
+void long_turns_need_streaming(void **) {
+  const ServerConfig c = tiny_server();
+  const std::string p = temp_path("long.jsonl");
+  write(p,
+        "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":1500,\"output_tokens\":10}\n"
+        "{\"session\":\"a\",\"turn\":1,\"think_s\":1,\"prompt_tokens\":10,\"output_tokens\":10}\n");
+  const Trace t = load_trace(p);
+  std::remove(p.c_str());
+  const PolicyResult g = run_policy(c, t, Policy::gpu_only);
+  assert_int_equal(g.rejected, 2);
+  assert_true(g.requests[0].rejected && g.requests[1].rejected);
+  const PolicyResult s = run_policy(c, t, Policy::swiftkv);
+  assert_int_equal(s.served, 2);
+  assert_int_equal(s.max_context, 1530);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(generator_meets_sharegpt_statistics),
+      cmocka_unit_test(generator_is_reproducible),
+      cmocka_unit_test(trace_round_trips),
+      cmocka_unit_test(bad_traces_name_their_line),
+      cmocka_unit_test(tiny_capacities),
+      cmocka_unit_test(tiny_trace_exact_numbers),
+      cmocka_unit_test(long_turns_need_streaming),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
