@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds libswiftkv and runs the main job: swiftkv-bench on its built-in default workload.
+# Builds libswiftkv and runs the main job: swiftkv-bench replay on its built-in default workload.
 # Arguments are passed to swiftkv-bench (try --help).
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)

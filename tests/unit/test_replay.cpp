@@ -59,6 +59,7 @@ void generator_is_reproducible(void **) {
   GeneratorOptions o;
   o.sessions = 300;
   o.seed = 11;
+  o.sessions_per_s = 0.25;
   const std::string a = temp_path("a.jsonl"), b = temp_path("b.jsonl"), c = temp_path("c.jsonl");
   save_trace(generate_trace(o), a);
   save_trace(generate_trace(o), b);

@@ -331,7 +331,7 @@ void print_replay_usage() {
       "  --trace FILE             a JSONL trace (docs/replay.md); default: the generator\n"
       "  --workload sharegpt|docqa  the generator's workload (sharegpt)\n"
       "  --sessions N --rate R --think S --seed N   generator: sessions (400), new sessions per\n"
-      "                           second (0.25), mean think time in s (60), seed (1)\n"
+      "                           second (0.1), mean think time in s (60), seed (1)\n"
       "  --save-trace FILE        also write the trace that was replayed\n"
       "  --policies LIST          comma-separated: swiftkv,host-offload,hierarchical,gpu-only (all)\n"
       "  --borrower NAME --lender NAME...   presets (lwm-1m-text; qwen3-14b and qwen3-32b)\n"

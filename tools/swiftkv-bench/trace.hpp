@@ -50,7 +50,7 @@ struct GeneratorOptions {
   WorkloadKind kind = WorkloadKind::sharegpt;
   uint64_t seed = 1;
   uint32_t sessions = 400;
-  double sessions_per_s = 0.25;  // Poisson arrivals of first turns
+  double sessions_per_s = 0.1;   // Poisson arrivals of first turns
   double think_mean_s = 60;      // exponential user think time (Pensieve §6.1)
 };
 
