@@ -67,7 +67,6 @@ Options parse(const std::vector<std::string> &args) {
   Options o;
   o.server.borrower = *find_preset("lwm-1m-text");
   std::vector<ModelSpec> lenders;
-  bool policies_given = false;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string &a = args[i];
     auto value = [&]() -> const std::string & {
@@ -97,7 +96,6 @@ Options parse(const std::vector<std::string> &args) {
         o.policies.push_back(*pol);
       }
       if (o.policies.empty()) throw UsageError("--policies: none given");
-      policies_given = true;
     } else if (a == "--borrower") o.server.borrower = preset(a, value());
     else if (a == "--lender") lenders.push_back(preset(a, value()));
     else if (a == "--gpu-gib") o.server.gpu_gib = count(1, 1 << 20);
@@ -127,7 +125,6 @@ Options parse(const std::vector<std::string> &args) {
   if (o.server.chunk_tokens % o.server.block_tokens != 0) {
     throw UsageError("--chunk-tokens must be a multiple of --block-tokens");
   }
-  (void)policies_given;
   return o;
 }
 
