@@ -12,6 +12,7 @@
 
 #include <swiftkv/swiftkv.h>
 
+#include "cli_args.hpp"
 #include "model_presets.hpp"
 
 namespace swiftkv::bench {
@@ -20,9 +21,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 struct LibraryError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -59,21 +57,6 @@ struct Scenario {
   swiftkv_capacity_plan plan;
 };
 
-double parse_number(const std::string &flag, const std::string &text, double lo, double hi) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception &) {
-    used = 0;
-  }
-  if (used != text.size() || !std::isfinite(v) || v < lo || v > hi) {
-    std::ostringstream m;
-    m << flag << ": '" << text << "' is not a number in [" << lo << ", " << hi << "]";
-    throw UsageError(m.str());
-  }
-  return v;
-}
 
 ModelSpec lookup(const Options &o, const std::string &name) {
   for (const ModelSpec &m : o.custom) {

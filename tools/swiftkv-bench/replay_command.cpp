@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <swiftkv/swiftkv.h>
 
+#include "cli_args.hpp"
 #include "model_presets.hpp"
 #include "replay.hpp"
 #include "svg_plot.hpp"
@@ -24,9 +25,6 @@ namespace swiftkv::bench {
 
 namespace {
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct Options {
   std::string trace_file;
@@ -40,21 +38,6 @@ struct Options {
   bool progress = true;
 };
 
-double number(const std::string &flag, const std::string &text, double lo, double hi) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception &) {
-    used = 0;
-  }
-  if (used != text.size() || !std::isfinite(v) || v < lo || v > hi) {
-    std::ostringstream m;
-    m << flag << ": '" << text << "' is not a number in [" << lo << ", " << hi << "]";
-    throw UsageError(m.str());
-  }
-  return v;
-}
 
 ModelSpec preset(const std::string &flag, const std::string &name) {
   if (auto m = find_preset(name)) return *m;
@@ -73,7 +56,7 @@ Options parse(const std::vector<std::string> &args) {
       if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
       return args[++i];
     };
-    auto count = [&](double lo, double hi) { return number(a, value(), lo, hi); };
+    auto count = [&](double lo, double hi) { return parse_number(a, value(), lo, hi); };
     if (a == "--trace") o.trace_file = value();
     else if (a == "--workload") {
       const std::string &w = value();
