@@ -12,6 +12,8 @@
 // leases follow the trace's time, not the machine's.
 #include "replay.hpp"
 
+#include "sim_random.hpp"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -184,7 +186,7 @@ struct SessionState {
 struct Lender {
   ElasticPtr region;
   uint64_t active_tokens = 0;
-  uint64_t unit_blocks = 0;
+  uint64_t capacity_blocks = 0;
 };
 
 class Simulation {
@@ -220,7 +222,7 @@ class Simulation {
     }
     if (!lenders_.empty()) {
       for (uint32_t l = 0; l < lenders_.size(); ++l) {
-        push(first + rng_exp(1.0 / cfg_.lender_rate), Event::lender_arrive, l);
+        push(first + rng_.exponential(1.0 / cfg_.lender_rate), Event::lender_arrive, l);
       }
       push(first + 1.0, Event::tick, 0);
     }
@@ -341,9 +343,7 @@ class Simulation {
       check(swiftkv_elastic_create(&e, lender_ctx_.get(), &ec), "swiftkv_elastic_create");
       Lender l;
       l.region.reset(e);
-      swiftkv_elastic_stats st = SWIFTKV_ELASTIC_STATS_INIT;
-      check(swiftkv_elastic_stats_get(&st, e), "swiftkv_elastic_stats_get");
-      l.unit_blocks = st.unit_lender_blocks;
+      l.capacity_blocks = sizes[i].first;
       lenders_.push_back(std::move(l));
       borrow_all(lenders_.back());
     }
@@ -373,11 +373,6 @@ class Simulation {
 
   void push(double t, Event::Kind k, uint32_t who, uint64_t tokens = 0) {
     queue_.push(Event{t, seq_++, k, who, tokens});
-  }
-
-  double rng_exp(double mean) {
-    const double u = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;
-    return -std::log(u) * mean;
   }
 
   void handle(const Event &e) {
@@ -597,11 +592,8 @@ class Simulation {
   // borrower's context answers on its background thread, and the lender waits for it.
   void lender_arrive(uint32_t li, double now) {
     Lender &l = lenders_[li];
-    const double u = (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53;
-    const double z = std::sqrt(-2.0 * std::log(u)) *
-                     std::cos(2.0 * M_PI * (static_cast<double>(rng_() >> 11) + 0.5) * 0x1.0p-53);
     const auto tokens = static_cast<uint64_t>(
-        std::clamp(cfg_.lender_median_tokens * std::exp(z), 64.0, 32768.0));
+        std::clamp(rng_.lognormal(cfg_.lender_median_tokens, 1.0), 64.0, 32768.0));
     l.active_tokens += tokens;
     uint64_t lb = 0, bc = 0;
     const swiftkv_status st =
@@ -609,7 +601,7 @@ class Simulation {
     if (st != SWIFTKV_ENOMEM) check(st, "swiftkv_elastic_scale_for_request");
     if (st == SWIFTKV_IN_PROGRESS) wait_reclaimed(l);
     push(now + 200 * cfg_.tpot_ms / 1e3, Event::lender_done, li, tokens);
-    push(now + rng_exp(1.0 / cfg_.lender_rate), Event::lender_arrive, li);
+    push(now + rng_.exponential(1.0 / cfg_.lender_rate), Event::lender_arrive, li);
   }
 
   void wait_reclaimed(Lender &l) {
@@ -630,7 +622,7 @@ class Simulation {
     for (Lender &l : lenders_) {
       const uint64_t in_use =
           std::min<uint64_t>((l.active_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens,
-                             capacity_of(l));
+                             l.capacity_blocks);
       uint64_t lb = 0, bc = 0;
       check(swiftkv_elastic_tick(&lb, &bc, l.region.get(), in_use), "swiftkv_elastic_tick");
       if (bc > 0) borrow_all(l);
@@ -638,11 +630,6 @@ class Simulation {
     if (done_turns_ < total_turns_) push(now + 1.0, Event::tick, 0);
   }
 
-  static uint64_t capacity_of(const Lender &l) {
-    swiftkv_elastic_stats st = SWIFTKV_ELASTIC_STATS_INIT;
-    check(swiftkv_elastic_stats_get(&st, l.region.get()), "swiftkv_elastic_stats_get");
-    return st.capacity_blocks;
-  }
 
   const ServerConfig &cfg_;
   const Trace &trace_;
@@ -650,7 +637,7 @@ class Simulation {
   const ProgressFn &progress_;
   const Shadow shadow_;
   const uint64_t chunk_real_, chunk_shadow_;
-  std::mt19937_64 rng_;
+  Rng rng_;
   PolicyResult result_;
   SimClock clock_;
   EventCounts events_;

@@ -1,8 +1,8 @@
-// Trace I/O with nlohmann::json, and the generators. The random numbers come from std::mt19937_64
-// turned into uniforms, normals (Box-Muller) and exponentials here rather than through the
-// standard distributions, whose output differs between standard libraries: a seed gives the same
-// trace everywhere.
+// Trace I/O with nlohmann::json, and the generators (random numbers from sim_random.hpp, so that a
+// seed gives the same trace everywhere).
 #include "trace.hpp"
+
+#include "sim_random.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -47,25 +47,6 @@ double seconds_field(const json &j, const char *name, const std::string &path, u
   return s;
 }
 
-class Rng {
- public:
-  explicit Rng(uint64_t seed) : g_(seed) {}
-  double uniform() {  // in (0, 1)
-    return (static_cast<double>(g_() >> 11) + 0.5) * 0x1.0p-53;
-  }
-  double normal() {
-    const double u1 = uniform(), u2 = uniform();
-    return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-  }
-  double exponential(double mean) { return -std::log(uniform()) * mean; }
-  double lognormal(double median, double sigma) { return median * std::exp(sigma * normal()); }
-  uint64_t between(uint64_t lo, uint64_t hi) {  // inclusive
-    return lo + static_cast<uint64_t>(uniform() * static_cast<double>(hi - lo + 1));
-  }
-
- private:
-  std::mt19937_64 g_;
-};
 
 uint64_t clamp_tokens(double v, uint64_t lo, uint64_t hi) {
   if (!(v >= static_cast<double>(lo))) return lo;
