@@ -15,6 +15,7 @@
 
 #include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
+#include "core/memory/cuda_check.hpp"
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/device_query.hpp"
 #include "core/memory/region_registry.hpp"
@@ -87,41 +88,6 @@ const Driver &driver() {
 
 void check_cu(CUresult res, const std::string &what) {
   if (res != CUDA_SUCCESS) fail_cu(res, what);
-}
-
-void check_cuda(cudaError_t err, const std::string &what) {
-  if (err == cudaSuccess) return;
-  (void)cudaGetLastError();
-  fail(err == cudaErrorMemoryAllocation ? SWIFTKV_ENOMEM : SWIFTKV_ECUDA,
-       what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
-}
-
-// Makes `device` current (creating its primary context) for the guard's scope, then restores
-// the caller's device: the library never leaves a thread on another device than it found.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int32_t device) {
-    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
-    check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-    check_cuda(cudaFree(nullptr), "initialising the primary context of device " +
-                                      std::to_string(device));
-  }
-  DeviceGuard(const DeviceGuard &) = delete;
-  DeviceGuard &operator=(const DeviceGuard &) = delete;
-  ~DeviceGuard() {
-    if (cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
-  }
-
- private:
-  int prev_ = 0;
-};
-
-void check_device(int32_t device) {
-  const uint32_t n = usable_cuda_devices();
-  if (device < 0 || static_cast<uint32_t>(device) >= n) {
-    fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) + " is not usable; this process "
-                         "can use " + std::to_string(n) + " device(s)");
-  }
 }
 
 CUmemAllocationProp vmm_prop(int32_t device) {

@@ -899,6 +899,154 @@ SWIFTKV_API swiftkv_status swiftkv_request_info_get(swiftkv_request_info *out,
 SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swiftkv_ctx *ctx,
                                                   uint64_t request);
 
+/* ---------------------------------------------------------------------------------------------
+ * Multi-token paged attention (Pensieve §4.4): one call for prefill and decode over KV scattered
+ * across pages (regular and stream pages alike), for a batch of sub-requests.
+ *
+ * Sub-request r has q_len = qo_indptr[r+1] - qo_indptr[r] query tokens (rows
+ * [qo_indptr[r], qo_indptr[r+1]) of q and out) and the KV held by its pages
+ * kv_indices[kv_indptr[r] .. kv_indptr[r+1]) in order, all full but the last, which holds
+ * kv_last_page_len[r] tokens (1..page_tokens; a sub-request with no pages has kv_len 0):
+ *   kv_len = (pages - 1) * page_tokens + kv_last_page_len[r].
+ * Query head h reads KV head h / (num_qo_heads / num_kv_heads) (GQA). With `causal`, query i
+ * (0-based in its sub-request) sees keys [0, kv_len - q_len + i]: the queries are the last
+ * q_len tokens of the KV. So "the dropped prefix attends to itself; the new prompt attends to
+ * everything" is two sub-requests over the same pages: one with the dropped range's queries
+ * and pages, one with the new tokens' queries and all pages. Logits are
+ *   s = sm_scale * (q . k), then cap * tanh(s / cap) when logits_soft_cap = cap > 0;
+ * out = softmax(s) . v, and lse = ln(sum exp(s)) (natural log) per (query token, head). A query
+ * that sees no key gets out = 0 and lse = -INFINITY.
+ *
+ * Plan / run: swiftkv_attention_plan reads the batch's lengths on the host and writes the work
+ * partition (query tiles x KV heads x KV pieces: long KV is split and merged after) into the
+ * caller's workspace; swiftkv_attention_run reads only the workspace and the tensors, allocates
+ * nothing and does not synchronise, so a run on a device can be captured in a CUDA graph (the
+ * graph replays the plan that was in the workspace when it runs). A plan is valid for any run
+ * with the same lengths; make a new plan when they change.
+ *
+ * Where the memory is: with desc.device = SWIFTKV_DEVICE_HOST every pointer is host memory and
+ * the CPU path computes (fp64 accumulation, then rounded to the dtype); with a CUDA device,
+ * workspace, q, k, v, kv_indices, out and lse are that device's memory (the plan's host arrays
+ * stay host memory) and the kernels accumulate in fp32. On a device, page ids are not checked
+ * against num_pages (the host cannot see them without a copy): an id out of range is skipped,
+ * never read, and the rows that needed it are wrong; on the host every id is checked.
+ * ------------------------------------------------------------------------------------------- */
+
+#define SWIFTKV_ATTENTION_DESC_VERSION 1
+
+typedef struct swiftkv_attention_desc {
+  uint32_t size;              /* sizeof(swiftkv_attention_desc) as the caller compiled it */
+  uint32_t version;           /* SWIFTKV_ATTENTION_DESC_VERSION */
+  int32_t device;             /* SWIFTKV_DEVICE_HOST (default) or a CUDA device ordinal */
+  swiftkv_dtype dtype;        /* of q, k, v and out: F16 or BF16; F32 on the host only */
+  uint32_t num_qo_heads;      /* query heads, a multiple of num_kv_heads */
+  uint32_t num_kv_heads;      /* KV heads (>= 1) */
+  uint32_t head_dim;          /* 64, 128 or 256 */
+  uint32_t page_tokens;       /* tokens per page, 1..256 */
+  uint32_t causal;            /* 1: causal, aligned to the end of each sub-request's KV; 0: none */
+  uint32_t kv_chunk_tokens;   /* 0: the plan splits long KV as the device needs; > 0: split
+                                 every sub-request's KV into pieces of this many tokens (a
+                                 multiple of 16), which tests and tuning use */
+  float sm_scale;             /* > 0; 0 means 1 / sqrt(head_dim) */
+  float logits_soft_cap;      /* >= 0; 0 means no cap */
+} swiftkv_attention_desc;
+
+#define SWIFTKV_ATTENTION_DESC_INIT                                                        \
+  {                                                                                       \
+    (uint32_t)sizeof(swiftkv_attention_desc), SWIFTKV_ATTENTION_DESC_VERSION,             \
+        SWIFTKV_DEVICE_HOST, SWIFTKV_DTYPE_F16, 0, 0, 0, 16, 1, 0, 0.0f, 0.0f             \
+  }
+
+#define SWIFTKV_ATTENTION_PLAN_VERSION 1
+
+/* What a plan made. The counts are for the caller to read; `internal` is the library's (the
+ * description and where the plan lies in the workspace, with a check word): pass the struct to
+ * swiftkv_attention_run unchanged. */
+typedef struct swiftkv_attention_plan {
+  uint32_t size;              /* set by the caller: SWIFTKV_ATTENTION_PLAN_INIT */
+  uint32_t version;
+  uint32_t n_requests;        /* sub-requests in the batch */
+  uint32_t work_items;        /* (query tile, KV head, KV piece) units a run computes */
+  uint64_t q_tokens;          /* query rows: qo_indptr[n_requests] */
+  uint64_t kv_tokens;         /* sum of the sub-requests' kv_len */
+  uint32_t split_requests;    /* sub-requests whose KV is split into pieces (merged after) */
+  uint32_t max_kv_pieces;     /* the most pieces one sub-request's KV is split into */
+  uint64_t workspace_bytes;   /* bytes of the workspace the plan uses */
+  uint64_t internal[12];
+} swiftkv_attention_plan;
+
+#define SWIFTKV_ATTENTION_PLAN_INIT                                                           \
+  {                                                                                          \
+    (uint32_t)sizeof(swiftkv_attention_plan), SWIFTKV_ATTENTION_PLAN_VERSION, 0, 0, 0, 0, 0, \
+        0, 0, { 0 }                                                                          \
+  }
+
+#define SWIFTKV_ATTENTION_ARGS_VERSION 1
+
+/* The tensors of one run. Strides are in elements, the dim stride is 1. Element (token t,
+ * head h, dim d) of q is q[t*q_token_stride + h*q_head_stride + d], of out likewise. Element
+ * (page p, token t, KV head h, dim d) of K is at k_base + (p*page_stride + t*token_stride +
+ * h*head_stride + d) elements, of V likewise from v_base. That covers vLLM's
+ * [2, pages, B, H, D] (v_base = k_base + pages*B*H*D), FlashInfer's NHD and HND, cross-layer
+ * pages [pages, L, 2, B, H, D] (the layer's K as k_base) and the library's own pools
+ * (swiftkv_pool_get: k_base = layer_base[l], v_base = k_base + kv_stride). */
+typedef struct swiftkv_attention_args {
+  uint32_t size;              /* sizeof(swiftkv_attention_args) as the caller compiled it */
+  uint32_t version;           /* SWIFTKV_ATTENTION_ARGS_VERSION */
+  const void *q;              /* [q_tokens, num_qo_heads, head_dim] */
+  int64_t q_token_stride;     /* >= 1 */
+  int64_t q_head_stride;      /* >= 1 */
+  const void *k_base;         /* page 0, token 0, head 0 of K */
+  const void *v_base;         /* page 0, token 0, head 0 of V */
+  int64_t page_stride;        /* >= 1 */
+  int64_t token_stride;       /* >= 1 */
+  int64_t head_stride;        /* >= 1 */
+  uint32_t num_pages;         /* pages the bases reach: every page id must be below */
+  uint32_t reserved0;         /* must be 0 */
+  const int32_t *kv_indices;  /* [kv_indptr[n_requests]] page ids, as given to the plan */
+  void *out;                  /* [q_tokens, num_qo_heads, head_dim], the dtype */
+  int64_t out_token_stride;   /* >= 1 */
+  int64_t out_head_stride;    /* >= 1 */
+  float *lse;                 /* [q_tokens, num_qo_heads] fp32, or NULL: not written */
+} swiftkv_attention_args;
+
+#define SWIFTKV_ATTENTION_ARGS_INIT                                                          \
+  {                                                                                         \
+    (uint32_t)sizeof(swiftkv_attention_args), SWIFTKV_ATTENTION_ARGS_VERSION, NULL, 0, 0,  \
+        NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL                                   \
+  }
+
+/* The workspace bytes any batch of at most max_requests sub-requests and max_q_tokens query
+ * tokens needs under `desc` (with room for the plan's KV splits). Pure; thread-safe. */
+SWIFTKV_API swiftkv_status swiftkv_attention_workspace_size(uint64_t *bytes_out,
+                                                            const swiftkv_attention_desc *desc,
+                                                            uint32_t max_requests,
+                                                            uint64_t max_q_tokens);
+
+/* Plans a batch: qo_indptr and kv_indptr ([n_requests + 1], starting at 0, non-decreasing) and
+ * kv_last_page_len ([n_requests]) are host memory. The work list goes into `workspace` (256-byte
+ * aligned, in the device's memory, workspace_bytes long; ENOMEM when too small: the message
+ * says how much). KV pieces are fewer when the workspace has no room for more. On a device the
+ * plan is copied with cudaMemcpyAsync on `stream` from pageable memory, which returns once the
+ * bytes are staged (a host synchronisation); on the host, stream must be NULL. Thread-safe;
+ * one workspace holds one plan at a time. */
+SWIFTKV_API swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
+                                                       const swiftkv_attention_desc *desc,
+                                                       const int32_t *qo_indptr,
+                                                       const int32_t *kv_indptr,
+                                                       const int32_t *kv_last_page_len,
+                                                       uint32_t n_requests, void *workspace,
+                                                       uint64_t workspace_bytes, void *stream);
+
+/* Runs a plan over the tensors in `args`; `workspace` must be the plan's. On the host it
+ * returns when out and lse are written; on a device it enqueues on `stream` (NULL: the legacy
+ * default stream) and returns: out and lse are written when the stream gets there, and the
+ * workspace must not be planned into again before then. EINVAL: an argument contradicts the
+ * plan or itself (on the host also a page id out of range, with out untouched). */
+SWIFTKV_API swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
+                                                 const swiftkv_attention_args *args,
+                                                 void *workspace, void *stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -69,6 +69,17 @@ STATIC_CHECK(offsetof(swiftkv_request_desc, load_from_tokens) == 48, "request_de
 STATIC_CHECK(sizeof(swiftkv_request_info) == 64, "swiftkv_request_info size");
 STATIC_CHECK(offsetof(swiftkv_request_info, saved_tokens) == 40, "request_info.saved_tokens");
 STATIC_CHECK(offsetof(swiftkv_request_info, stream_ordered) == 56, "request_info.stream_ordered");
+STATIC_CHECK(sizeof(swiftkv_attention_desc) == 48, "swiftkv_attention_desc size");
+STATIC_CHECK(offsetof(swiftkv_attention_desc, kv_chunk_tokens) == 36, "attention_desc.kv_chunk_tokens");
+STATIC_CHECK(offsetof(swiftkv_attention_desc, logits_soft_cap) == 44, "attention_desc.logits_soft_cap");
+STATIC_CHECK(sizeof(swiftkv_attention_plan) == 144, "swiftkv_attention_plan size");
+STATIC_CHECK(offsetof(swiftkv_attention_plan, workspace_bytes) == 40, "attention_plan.workspace_bytes");
+STATIC_CHECK(offsetof(swiftkv_attention_plan, internal) == 48, "attention_plan.internal");
+STATIC_CHECK(sizeof(swiftkv_attention_args) == 120, "swiftkv_attention_args size");
+STATIC_CHECK(offsetof(swiftkv_attention_args, k_base) == 32, "attention_args.k_base");
+STATIC_CHECK(offsetof(swiftkv_attention_args, num_pages) == 72, "attention_args.num_pages");
+STATIC_CHECK(offsetof(swiftkv_attention_args, kv_indices) == 80, "attention_args.kv_indices");
+STATIC_CHECK(offsetof(swiftkv_attention_args, lse) == 112, "attention_args.lse");
 STATIC_CHECK(sizeof(swiftkv_tier) == 4 && sizeof(swiftkv_role) == 4, "enum size");
 
 static int failures = 0;
@@ -110,6 +121,14 @@ int main(void) {
   CHECK(st.size == sizeof st && st.version == SWIFTKV_STATS_VERSION && st.demotions_deferred == 0);
   swiftkv_lease ls = SWIFTKV_LEASE_INIT;
   CHECK(ls.size == sizeof ls && ls.version == SWIFTKV_LEASE_VERSION && ls.data == NULL);
+  swiftkv_attention_desc ad = SWIFTKV_ATTENTION_DESC_INIT;
+  CHECK(ad.size == sizeof ad && ad.version == SWIFTKV_ATTENTION_DESC_VERSION);
+  CHECK(ad.device == SWIFTKV_DEVICE_HOST && ad.dtype == SWIFTKV_DTYPE_F16 && ad.page_tokens == 16);
+  CHECK(ad.causal == 1 && ad.kv_chunk_tokens == 0 && ad.sm_scale == 0.0f && ad.logits_soft_cap == 0.0f);
+  swiftkv_attention_plan ap = SWIFTKV_ATTENTION_PLAN_INIT;
+  CHECK(ap.size == sizeof ap && ap.version == SWIFTKV_ATTENTION_PLAN_VERSION && ap.internal[11] == 0);
+  swiftkv_attention_args aa = SWIFTKV_ATTENTION_ARGS_INIT;
+  CHECK(aa.size == sizeof aa && aa.version == SWIFTKV_ATTENTION_ARGS_VERSION && aa.lse == NULL);
   swiftkv_elastic_stats es = SWIFTKV_ELASTIC_STATS_INIT;
   CHECK(es.size == sizeof es && es.version == SWIFTKV_ELASTIC_STATS_VERSION);
 

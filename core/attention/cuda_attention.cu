@@ -1,0 +1,97 @@
+// The CUDA launcher of paged attention: device checks, the plan's copy into the workspace, and
+// the dispatch of dtype, head dim and tile size onto the kernel templates.
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "core/attention/cuda_attention.hpp"
+#include "core/common/error.hpp"
+#include "core/memory/cuda_check.hpp"
+#include "kernels/attention.cuh"
+
+namespace swiftkv {
+
+namespace {
+
+cudaStream_t as_stream(void *stream) { return static_cast<cudaStream_t>(stream); }
+
+// The kernels are instantiated for exactly these values; anything else is a library bug
+// (check_attention_shape refused it before).
+#define SWIFTKV_DISPATCH_HEAD_DIM(value, NAME, ...)                                       \
+  switch (value) {                                                                        \
+    case 64: { constexpr int NAME = 64; __VA_ARGS__ break; }                              \
+    case 128: { constexpr int NAME = 128; __VA_ARGS__ break; }                            \
+    case 256: { constexpr int NAME = 256; __VA_ARGS__ break; }                            \
+    default: fail(SWIFTKV_EINTERNAL, "attention: head_dim " + std::to_string(value) +     \
+                                         " has no kernel");                               \
+  }
+
+#define SWIFTKV_DISPATCH_TILE(value, NAME, ...)                                           \
+  switch (value) {                                                                        \
+    case 16: { constexpr int NAME = 16; __VA_ARGS__ break; }                              \
+    case 64: { constexpr int NAME = 64; __VA_ARGS__ break; }                              \
+    default: fail(SWIFTKV_EINTERNAL, "attention: tile " + std::to_string(value) +         \
+                                         " has no kernel");                               \
+  }
+
+template <class T, int D, int TILE>
+void launch(const AttentionParams &p, bool vectorised, cudaStream_t stream) {
+  // 64 keys per step, 32 for the widest heads so the block's shared memory stays near 150 KB.
+  constexpr int KV_TILE = D == 256 ? 32 : 64;
+  using Smem = kernels::AttentionSmem<D, TILE, KV_TILE>;
+  auto *kernel = &kernels::paged_attention_kernel<T, D, TILE, KV_TILE>;
+  // Not a stream operation: allowed while a graph is being captured.
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(Smem::kBytes)),
+             "cudaFuncSetAttribute(attention shared memory)");
+  if (p.n_work > 0) {
+    kernel<<<static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, stream>>>(p, vectorised ? 1 : 0);
+    check_cuda(cudaGetLastError(), "launching the paged attention kernel");
+  }
+  if (p.n_merge > 0) {
+    kernels::merge_pieces_kernel<T, D><<<static_cast<unsigned>(p.n_merge), 128, 0, stream>>>(p);
+    check_cuda(cudaGetLastError(), "launching the attention merge kernel");
+  }
+}
+
+template <class T>
+void launch_typed(const AttentionShape &s, const AttentionParams &p, bool vectorised,
+                  cudaStream_t stream) {
+  SWIFTKV_DISPATCH_HEAD_DIM(s.head_dim, D, {
+    SWIFTKV_DISPATCH_TILE(p.tile_rows, TILE, { launch<T, D, TILE>(p, vectorised, stream); })
+  })
+}
+
+}  // namespace
+
+uint32_t attention_device_parallelism(int32_t device) {
+  check_device(device);
+  cudaDeviceProp prop{};
+  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  if (prop.major < 8) {
+    fail(SWIFTKV_EUNSUPPORTED, "attention needs compute capability 8.0 or newer; device " +
+                                   std::to_string(device) + " has " + std::to_string(prop.major) +
+                                   "." + std::to_string(prop.minor));
+  }
+  return static_cast<uint32_t>(prop.multiProcessorCount) * 2;
+}
+
+void attention_copy_plan(int32_t device, void *workspace, const void *plan, uint64_t bytes,
+                         void *stream) {
+  DeviceGuard guard(device);
+  // Pageable source: the call returns once the bytes are staged (a host synchronisation).
+  check_cuda(cudaMemcpyAsync(workspace, plan, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
+             "copying the attention plan into the workspace");
+}
+
+void attention_run_cuda(const AttentionShape &s, const AttentionParams &p, bool vectorised,
+                        void *stream) {
+  DeviceGuard guard(s.device, /*init_context=*/false);
+  switch (s.dtype) {
+    case SWIFTKV_DTYPE_F16: return launch_typed<half>(s, p, vectorised, as_stream(stream));
+    case SWIFTKV_DTYPE_BF16: return launch_typed<__nv_bfloat16>(s, p, vectorised, as_stream(stream));
+    default: fail(SWIFTKV_EINTERNAL, "attention: unchecked dtype reached the CUDA launcher");
+  }
+}
+
+}  // namespace swiftkv

@@ -1,0 +1,53 @@
+// Shared by the CUDA sources: runtime errors as library errors, and a guard that makes a
+// device current for a scope and gives the caller's back.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+
+#include "core/common/error.hpp"
+#include "core/memory/device_query.hpp"
+
+namespace swiftkv {
+
+inline void check_cuda(cudaError_t err, const std::string &what) {
+  if (err == cudaSuccess) return;
+  (void)cudaGetLastError();
+  fail(err == cudaErrorMemoryAllocation ? SWIFTKV_ENOMEM : SWIFTKV_ECUDA,
+       what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
+}
+
+// Makes `device` current (creating its primary context) for the guard's scope, then restores
+// the caller's device: the library never leaves a thread on another device than it found.
+// Calls that may run inside a CUDA graph capture pass init_context = false: cudaFree is not
+// allowed there, and cudaSetDevice alone is.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int32_t device, bool init_context = true) {
+    check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
+    check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    if (init_context) {
+      check_cuda(cudaFree(nullptr), "initialising the primary context of device " +
+                                        std::to_string(device));
+    }
+  }
+  DeviceGuard(const DeviceGuard &) = delete;
+  DeviceGuard &operator=(const DeviceGuard &) = delete;
+  ~DeviceGuard() {
+    if (cudaSetDevice(prev_) != cudaSuccess) (void)cudaGetLastError();
+  }
+
+ private:
+  int prev_ = 0;
+};
+
+inline void check_device(int32_t device) {
+  const uint32_t n = usable_cuda_devices();
+  if (device < 0 || static_cast<uint32_t>(device) >= n) {
+    fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) + " is not usable; this process "
+                         "can use " + std::to_string(n) + " device(s)");
+  }
+}
+
+}  // namespace swiftkv
