@@ -1,0 +1,235 @@
+// bench_attention: multi-token paged attention throughput (TFLOP/s of the attended pairs) at
+// page sizes 16 and 64 beside the same KV in one contiguous run of pages, in the same run. On
+// the host the CPU twin (an fp64 reference path, not a fast one); on a GPU the kernels, for
+// prefill (8 sub-requests x 512 new tokens over 8K and 32K cached tokens) and decode (64
+// sub-requests x 1 token). Prints a table and one JSON line. bench/bench_attention_sdpa.py
+// adds PyTorch's scaled_dot_product_attention as the contiguous baseline on a GPU machine.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
+
+#include "swiftkv/swiftkv.h"
+
+namespace {
+
+struct Shape {
+  const char *name;
+  uint32_t n_req;
+  uint32_t q_len;
+  uint32_t cached;  // KV before the new tokens
+};
+
+struct Result {
+  std::string where, shape;
+  uint32_t page;
+  double paged_tflops, contiguous_tflops;
+};
+
+[[noreturn]] void die(const char *what) {
+  std::fprintf(stderr, "bench_attention: %s: %s\n", what, swiftkv_last_error_message());
+  std::exit(1);
+}
+
+// Attended (query, key) pairs of a causal batch: each query sees the cached KV and the new
+// tokens up to itself.
+double pairs(const Shape &s) {
+  const double q = s.q_len, c = s.cached;
+  return s.n_req * (q * c + q * (q + 1) / 2);
+}
+
+// The page table of `s` with `page` tokens per page: pages in a random order (the paged case)
+// or in order (the contiguous baseline, one run of memory per sub-request).
+struct Table {
+  std::vector<int32_t> qo, kv, last, indices;
+  uint32_t num_pages = 0;
+};
+
+Table make_table(const Shape &s, uint32_t page, bool shuffled) {
+  Table t;
+  t.qo.push_back(0);
+  t.kv.push_back(0);
+  const uint32_t kv_len = s.cached + s.q_len;
+  const uint32_t pages = (kv_len + page - 1) / page;
+  for (uint32_t r = 0; r < s.n_req; ++r) {
+    t.qo.push_back(t.qo.back() + int32_t(s.q_len));
+    t.kv.push_back(t.kv.back() + int32_t(pages));
+    t.last.push_back(int32_t(kv_len - (pages - 1) * page));
+  }
+  t.num_pages = pages * s.n_req;
+  for (uint32_t i = 0; i < t.num_pages; ++i) t.indices.push_back(int32_t(i));
+  if (shuffled) {
+    uint64_t x = 88172645463325252ull;
+    for (uint32_t i = t.num_pages; i > 1; --i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::swap(t.indices[i - 1], t.indices[x % i]);
+    }
+  }
+  return t;
+}
+
+constexpr uint32_t kHq = 32, kHkv = 8, kDim = 128;
+
+swiftkv_attention_desc desc_for(int32_t device, uint32_t page) {
+  swiftkv_attention_desc d = SWIFTKV_ATTENTION_DESC_INIT;
+  d.device = device;
+  d.dtype = SWIFTKV_DTYPE_BF16;
+  d.num_qo_heads = kHq;
+  d.num_kv_heads = kHkv;
+  d.head_dim = kDim;
+  d.page_tokens = page;
+  return d;
+}
+
+// NHD pages [pages, 2, page, Hkv, D] at `kv`; q and out [tokens, Hq, D].
+swiftkv_attention_args args_for(const Table &t, uint32_t page, void *q, void *kv, void *out,
+                                const int32_t *indices) {
+  swiftkv_attention_args a = SWIFTKV_ATTENTION_ARGS_INIT;
+  a.q = q;
+  a.q_token_stride = kHq * kDim;
+  a.q_head_stride = kDim;
+  a.k_base = kv;
+  a.v_base = static_cast<char *>(kv) + size_t(page) * kHkv * kDim * 2;
+  a.page_stride = int64_t(2) * page * kHkv * kDim;
+  a.token_stride = kHkv * kDim;
+  a.head_stride = kDim;
+  a.num_pages = t.num_pages;
+  a.kv_indices = indices;
+  a.out = out;
+  a.out_token_stride = kHq * kDim;
+  a.out_head_stride = kDim;
+  return a;
+}
+
+size_t kv_bytes(const Table &t, uint32_t page) { return size_t(t.num_pages) * 2 * page * kHkv * kDim * 2; }
+
+double host_tflops(const Shape &s, uint32_t page, bool shuffled) {
+  const Table t = make_table(s, page, shuffled);
+  const swiftkv_attention_desc d = desc_for(SWIFTKV_DEVICE_HOST, page);
+  uint64_t bytes = 0;
+  if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+  void *ws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  std::vector<uint16_t> q(size_t(s.n_req) * s.q_len * kHq * kDim, 0x3c00), out(q.size());
+  std::vector<uint16_t> kv(kv_bytes(t, page) / 2, 0x3800);
+  swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+  if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
+                                  bytes, nullptr) != SWIFTKV_OK) die("plan");
+  const swiftkv_attention_args a = args_for(t, page, q.data(), kv.data(), out.data(), t.indices.data());
+  const auto t0 = std::chrono::steady_clock::now();
+  if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
+  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::free(ws);
+  return 4.0 * pairs(s) * kHq * kDim / sec / 1e12;
+}
+
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+double device_tflops(const Shape &s, uint32_t page, bool shuffled) {
+  const Table t = make_table(s, page, shuffled);
+  const swiftkv_attention_desc d = desc_for(0, page);
+  uint64_t bytes = 0;
+  if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+  void *ws = nullptr, *q = nullptr, *kv = nullptr, *out = nullptr, *idx = nullptr;
+  const size_t qb = size_t(s.n_req) * s.q_len * kHq * kDim * 2;
+  cudaMalloc(&ws, bytes);
+  cudaMalloc(&q, qb);
+  cudaMalloc(&out, qb);
+  cudaMalloc(&kv, kv_bytes(t, page));
+  cudaMalloc(&idx, t.indices.size() * sizeof(int32_t));
+  cudaMemset(q, 0x3c, qb);
+  cudaMemset(kv, 0x38, kv_bytes(t, page));
+  cudaMemcpy(idx, t.indices.data(), t.indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+  if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
+                                  bytes, nullptr) != SWIFTKV_OK) die("plan");
+  const swiftkv_attention_args a = args_for(t, page, q, kv, out, static_cast<const int32_t *>(idx));
+  for (int i = 0; i < 3; ++i) {
+    if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
+  }
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  const int iters = 20;
+  cudaEventRecord(e0);
+  for (int i = 0; i < iters; ++i) swiftkv_attention_run(&plan, &a, ws, nullptr);
+  cudaEventRecord(e1);
+  cudaEventSynchronize(e1);
+  float ms = 0;
+  cudaEventElapsedTime(&ms, e0, e1);
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(ws);
+  cudaFree(q);
+  cudaFree(out);
+  cudaFree(kv);
+  cudaFree(idx);
+  return 4.0 * pairs(s) * kHq * kDim / (ms / 1e3 / iters) / 1e12;
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  // --quick: tiny host shapes only, for the test suite's smoke run.
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else {
+      std::fprintf(stderr, "usage: bench_attention [--quick]\n");
+      return 2;
+    }
+  }
+  std::vector<Result> results;
+  // The CPU twin is an fp64 reference: small shapes keep the run short.
+  const std::vector<Shape> host_shapes =
+      quick ? std::vector<Shape>{{"prefill 2x16 over 256", 2, 16, 256}, {"decode 4x1 over 512", 4, 1, 512}}
+            : std::vector<Shape>{{"prefill 4x64 over 1K", 4, 64, 1024}, {"decode 16x1 over 4K", 16, 1, 4096}};
+  for (const Shape &s : host_shapes) {
+    const double contiguous = host_tflops(s, 256, false);
+    for (uint32_t page : {16u, 64u}) {
+      results.push_back({"host", s.name, page, host_tflops(s, page, true), contiguous});
+    }
+  }
+  uint32_t devices = 0;
+  if (swiftkv_device_count(&devices) != SWIFTKV_OK) die("device_count");
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (devices > 0 && !quick) {
+    const Shape gpu_shapes[] = {{"prefill 8x512 over 8K", 8, 512, 8192},
+                                {"prefill 8x512 over 32K", 8, 512, 32768},
+                                {"decode 64x1 over 8K", 64, 1, 8192},
+                                {"decode 64x1 over 32K", 64, 1, 32768}};
+    for (const Shape &s : gpu_shapes) {
+      const double contiguous = device_tflops(s, 256, false);
+      for (uint32_t page : {16u, 64u}) {
+        results.push_back({"gpu", s.name, page, device_tflops(s, page, true), contiguous});
+      }
+    }
+  }
+#endif
+  std::printf("multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal\n",
+              kHq, kHkv, kDim);
+  std::printf("%-5s %-24s %5s %14s %18s %8s\n", "where", "shape", "page", "paged TFLOP/s",
+              "contiguous TFLOP/s", "ratio");
+  for (const Result &r : results) {
+    std::printf("%-5s %-24s %5u %14.4f %18.4f %8.3f\n", r.where.c_str(), r.shape.c_str(), r.page,
+                r.paged_tflops, r.contiguous_tflops, r.paged_tflops / r.contiguous_tflops);
+  }
+  if (devices == 0) std::printf("(no GPU here: host figures only)\n");
+  std::printf("{\"bench\":\"attention\",\"gpu\":%s,\"results\":[", devices > 0 ? "true" : "false");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result &r = results[i];
+    std::printf("%s{\"where\":\"%s\",\"shape\":\"%s\",\"page\":%u,\"paged_tflops\":%.5f,"
+                "\"contiguous_tflops\":%.5f,\"contiguous_over_paged\":%.4f}",
+                i ? "," : "", r.where.c_str(), r.shape.c_str(), r.page, r.paged_tflops,
+                r.contiguous_tflops, r.contiguous_tflops / r.paged_tflops);
+  }
+  std::printf("]}\n");
+  return 0;
+}

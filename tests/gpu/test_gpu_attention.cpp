@@ -1,0 +1,266 @@
+// On a GPU machine: the paged attention kernels against the CPU twin over sweeps of dtype, head
+// dim, GQA ratio, page size, layout, causal mode, soft cap and KV splits (explicit and chosen by
+// the plan), and a run captured in a CUDA graph giving the same bits as a direct run. Exits 77
+// without a usable device or without CUDA.
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "attention_fixture.h"
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
+                   swiftkv_last_error_message());                                   \
+      ++g_failures;                                                                 \
+      return;                                                                       \
+    }                                                                               \
+  } while (0)
+#define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
+
+// Device copies of a problem's tensors, with args pointing at them.
+struct DeviceProblem {
+  void *q = nullptr, *kv = nullptr, *out = nullptr, *ws = nullptr;
+  int32_t *indices = nullptr;
+  float *lse = nullptr;
+  swiftkv_attention_args args{};
+  ~DeviceProblem() {
+    cudaFree(q);
+    cudaFree(kv);
+    cudaFree(out);
+    cudaFree(ws);
+    cudaFree(indices);
+    cudaFree(lse);
+  }
+};
+
+bool upload(const att_problem &p, DeviceProblem &d) {
+  const size_t lse_bytes = sizeof(float) * (size_t(p.q_tokens) * p.desc.num_qo_heads + 1);
+  const size_t idx_bytes = sizeof(int32_t) * (size_t(p.kv_indptr[p.n_req]) + 1);
+  if (cudaMalloc(&d.q, p.q_bytes) != cudaSuccess || cudaMalloc(&d.kv, p.kv_bytes) != cudaSuccess ||
+      cudaMalloc(&d.out, p.out_bytes) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void **>(&d.indices), idx_bytes) != cudaSuccess ||
+      cudaMalloc(reinterpret_cast<void **>(&d.lse), lse_bytes) != cudaSuccess) {
+    return false;
+  }
+  cudaMemcpy(d.q, p.q, p.q_bytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(d.kv, p.kv, p.kv_bytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(d.indices, p.kv_indices, idx_bytes - sizeof(int32_t), cudaMemcpyHostToDevice);
+  cudaMemset(d.out, 0, p.out_bytes);
+  d.args = p.args;
+  d.args.q = d.q;
+  d.args.k_base = static_cast<const unsigned char *>(d.kv) +
+                  (static_cast<const unsigned char *>(p.args.k_base) - p.kv);
+  d.args.v_base = static_cast<const unsigned char *>(d.kv) +
+                  (static_cast<const unsigned char *>(p.args.v_base) - p.kv);
+  d.args.kv_indices = d.indices;
+  d.args.out = d.out;
+  d.args.lse = d.lse;
+  return true;
+}
+
+// Runs p on the host (the reference) and on device 0; compares out and lse.
+void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
+  // The CPU twin.
+  swiftkv_attention_desc host = p.desc;
+  host.device = SWIFTKV_DEVICE_HOST;
+  uint64_t bytes = 0;
+  CHECK(swiftkv_attention_workspace_size(&bytes, &host, p.n_req, uint64_t(p.q_tokens)) == SWIFTKV_OK);
+  void *hws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+  swiftkv_attention_plan hp = SWIFTKV_ATTENTION_PLAN_INIT;
+  CHECK(swiftkv_attention_plan_make(&hp, &host, p.qo_indptr, p.kv_indptr, p.last_page_len,
+                                    p.n_req, hws, bytes, nullptr) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_run(&hp, &p.args, hws, nullptr) == SWIFTKV_OK);
+  std::free(hws);
+
+  DeviceProblem d;
+  CHECK(upload(p, d));
+  swiftkv_attention_desc dev = p.desc;
+  dev.device = 0;
+  CHECK(swiftkv_attention_workspace_size(&bytes, &dev, p.n_req, uint64_t(p.q_tokens)) == SWIFTKV_OK);
+  CHECK_CUDA(cudaMalloc(&d.ws, bytes));
+  swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+  CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len,
+                                    p.n_req, d.ws, bytes, nullptr) == SWIFTKV_OK);
+  if (splits_seen != nullptr) *splits_seen += plan.split_requests;
+  CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, nullptr) == SWIFTKV_OK);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<unsigned char> out(p.out_bytes);
+  std::vector<float> lse(size_t(p.q_tokens) * p.desc.num_qo_heads);
+  CHECK_CUDA(cudaMemcpy(out.data(), d.out, p.out_bytes, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemcpy(lse.data(), d.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
+
+  // fp32 accumulation with P rounded to the dtype before P.V, against fp64.
+  const bool bf16 = p.desc.dtype == SWIFTKV_DTYPE_BF16;
+  const double atol = bf16 ? 1.6e-2 : 2e-3, rtol = bf16 ? 2e-2 : 1e-2;
+  int bad = 0;
+  const int64_t hq = p.desc.num_qo_heads, dim = p.desc.head_dim;
+  for (int64_t t = 0; t < p.q_tokens; ++t) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const float a = lse[size_t(t * hq + h)], b = p.lse[t * hq + h];
+      if (std::isinf(b) ? !(std::isinf(a) && a < 0) : std::fabs(a - b) > 1e-3 * std::fmax(1.0, std::fabs(b))) {
+        if (bad++ < 3) std::fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", name, long(t), long(h), a, b);
+      }
+      for (int64_t e = 0; e < dim; ++e) {
+        const size_t at = size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
+        const double x = att_load(p.desc.dtype, out.data() + at), y = att_load(p.desc.dtype, p.out + at);
+        if (std::fabs(x - y) > atol + rtol * std::fabs(y)) {
+          if (bad++ < 3) {
+            std::fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", name, long(t), long(h), long(e), x, y);
+          }
+        }
+      }
+    }
+  }
+  if (bad != 0) std::fprintf(stderr, "%s: %d mismatches\n", name, bad);
+  CHECK(bad == 0);
+}
+
+void kernels_match_the_cpu_twin() {
+  static const uint32_t dims[] = {64, 128, 256};
+  static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
+  static const uint32_t pages[] = {1, 3, 16, 64, 256};
+  static const swiftkv_dtype types[] = {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16};
+  uint64_t s = 77;
+  for (int c = 0; c < 80; ++c) {
+    att_problem p;
+    std::memset(&p, 0, sizeof p);
+    swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+    desc.dtype = types[(c / 3 + c / 7) % 2];
+    desc.num_qo_heads = groups[(c / 3) % 4][0];
+    desc.num_kv_heads = groups[(c / 3) % 4][1];
+    desc.head_dim = dims[c % 3];
+    desc.page_tokens = pages[c % 5];
+    desc.causal = uint32_t(c % 2);
+    desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
+    if (c % 9 == 0) {
+      desc.sm_scale = 1.0f;
+      desc.logits_soft_cap = 5.0f;
+    }
+    p.desc = desc;
+    p.layout = static_cast<att_layout>(c % ATT_LAYOUTS);
+    p.n_req = 4;
+    p.q_len[0] = 1;
+    p.kv_len[0] = 1 + int32_t(att_rand(&s) % 600);
+    p.q_len[1] = 0;
+    p.kv_len[1] = int32_t(att_rand(&s) % 40);
+    p.q_len[2] = 1 + int32_t(att_rand(&s) % 150);
+    p.kv_len[2] = p.q_len[2] + int32_t(att_rand(&s) % 400);
+    p.q_len[3] = 1 + int32_t(att_rand(&s) % 20);
+    p.kv_len[3] = p.q_len[3];
+    att_build(&p, uint64_t(c) + 100, 3);
+    char name[64];
+    std::snprintf(name, sizeof name, "case %d", c);
+    compare_case(p, name, nullptr);
+    att_free(&p);
+  }
+}
+
+// A decode batch too small to fill the device with one long KV: the plan splits it.
+void automatic_splits_match() {
+  att_problem p;
+  std::memset(&p, 0, sizeof p);
+  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  desc.num_qo_heads = 32;
+  desc.num_kv_heads = 8;
+  desc.head_dim = 128;
+  desc.page_tokens = 16;
+  p.desc = desc;
+  p.layout = ATT_NHD;
+  p.n_req = 2;
+  p.q_len[0] = 1;
+  p.kv_len[0] = 20000;
+  p.q_len[1] = 1;
+  p.kv_len[1] = 3000;
+  att_build(&p, 9, 0);
+  uint32_t splits = 0;
+  compare_case(p, "automatic split", &splits);
+  CHECK(splits == 2);
+  att_free(&p);
+}
+
+// The run captured in a CUDA graph writes the same bits as a direct run.
+void graph_capture_replays_the_run() {
+  att_problem p;
+  std::memset(&p, 0, sizeof p);
+  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  desc.device = 0;
+  desc.num_qo_heads = 8;
+  desc.num_kv_heads = 2;
+  desc.head_dim = 128;
+  desc.page_tokens = 16;
+  desc.kv_chunk_tokens = 64;
+  p.desc = desc;
+  p.layout = ATT_VLLM;
+  p.n_req = 2;
+  p.q_len[0] = 37;
+  p.kv_len[0] = 300;
+  p.q_len[1] = 1;
+  p.kv_len[1] = 129;
+  att_build(&p, 21, 1);
+  DeviceProblem d;
+  CHECK(upload(p, d));
+  uint64_t bytes = 0;
+  CHECK(swiftkv_attention_workspace_size(&bytes, &desc, 2, 38) == SWIFTKV_OK);
+  CHECK_CUDA(cudaMalloc(&d.ws, bytes));
+  cudaStream_t stream;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+  CHECK(swiftkv_attention_plan_make(&plan, &desc, p.qo_indptr, p.kv_indptr, p.last_page_len, 2,
+                                    d.ws, bytes, stream) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, stream) == SWIFTKV_OK);
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  std::vector<unsigned char> direct(p.out_bytes), replayed(p.out_bytes);
+  CHECK_CUDA(cudaMemcpy(direct.data(), d.out, p.out_bytes, cudaMemcpyDeviceToHost));
+  CHECK_CUDA(cudaMemset(d.out, 0, p.out_bytes));
+
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+  const swiftkv_status st = swiftkv_attention_run(&plan, &d.args, d.ws, stream);
+  CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  CHECK(st == SWIFTKV_OK);
+  CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaGraphLaunch(exec, stream));
+  CHECK_CUDA(cudaStreamSynchronize(stream));
+  CHECK_CUDA(cudaMemcpy(replayed.data(), d.out, p.out_bytes, cudaMemcpyDeviceToHost));
+  CHECK(std::memcmp(direct.data(), replayed.data(), p.out_bytes) == 0);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  att_free(&p);
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no usable CUDA device: skipped\n");
+    return 77;
+  }
+  kernels_match_the_cpu_twin();
+  automatic_splits_match();
+  graph_capture_replays_the_run();
+  std::printf("%s\n", g_failures == 0 ? "all GPU attention checks passed" : "FAILED");
+  return g_failures == 0 ? 0 : 1;
+}
+
+#else
+int main() {
+  std::printf("libswiftkv built without CUDA: skipped\n");
+  return 77;
+}
+#endif
