@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""bench_attention_sdpa: the paged attention kernel beside PyTorch's
+scaled_dot_product_attention over the same KV made contiguous (Pensieve Fig. 12's "ideal"),
+measured in the same run on a GPU machine. Prints a table and one JSON line; the bar is the
+paged kernel within 1.2x of the contiguous baseline at page 16.
+
+It reaches the library through ctypes over the C header's structs (the Python bindings are not
+part of this release yet). `--check-abi` only checks those struct layouts and plans a tiny batch
+on the host, which needs no PyTorch and no GPU (the test suite runs it).
+"""
+import argparse
+import ctypes as C
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class Desc(C.Structure):
+    _fields_ = [("size", C.c_uint32), ("version", C.c_uint32), ("device", C.c_int32),
+                ("dtype", C.c_int32), ("num_qo_heads", C.c_uint32), ("num_kv_heads", C.c_uint32),
+                ("head_dim", C.c_uint32), ("page_tokens", C.c_uint32), ("causal", C.c_uint32),
+                ("kv_chunk_tokens", C.c_uint32), ("sm_scale", C.c_float),
+                ("logits_soft_cap", C.c_float)]
+
+
+class Plan(C.Structure):
+    _fields_ = [("size", C.c_uint32), ("version", C.c_uint32), ("n_requests", C.c_uint32),
+                ("work_items", C.c_uint32), ("q_tokens", C.c_uint64), ("kv_tokens", C.c_uint64),
+                ("split_requests", C.c_uint32), ("max_kv_pieces", C.c_uint32),
+                ("workspace_bytes", C.c_uint64), ("internal", C.c_uint64 * 12)]
+
+
+class Args(C.Structure):
+    _fields_ = [("size", C.c_uint32), ("version", C.c_uint32), ("q", C.c_void_p),
+                ("q_token_stride", C.c_int64), ("q_head_stride", C.c_int64),
+                ("k_base", C.c_void_p), ("v_base", C.c_void_p), ("page_stride", C.c_int64),
+                ("token_stride", C.c_int64), ("head_stride", C.c_int64),
+                ("num_pages", C.c_uint32), ("reserved0", C.c_uint32), ("kv_indices", C.c_void_p),
+                ("out", C.c_void_p), ("out_token_stride", C.c_int64),
+                ("out_head_stride", C.c_int64), ("lse", C.c_void_p)]
+
+
+DTYPE_F16, DTYPE_BF16 = 0, 1
+HQ, HKV, DIM = 32, 8, 128
+
+
+def load(path):
+    lib = C.CDLL(path)
+    lib.swiftkv_attention_workspace_size.argtypes = [C.POINTER(C.c_uint64), C.POINTER(Desc),
+                                                     C.c_uint32, C.c_uint64]
+    lib.swiftkv_attention_plan_make.argtypes = [
+        C.POINTER(Plan), C.POINTER(Desc), C.POINTER(C.c_int32), C.POINTER(C.c_int32),
+        C.POINTER(C.c_int32), C.c_uint32, C.c_void_p, C.c_uint64, C.c_void_p]
+    lib.swiftkv_attention_run.argtypes = [C.POINTER(Plan), C.POINTER(Args), C.c_void_p,
+                                          C.c_void_p]
+    lib.swiftkv_last_error_message.restype = C.c_char_p
+    return lib
+
+
+def new(cls, version=1):
+    s = cls()
+    s.size, s.version = C.sizeof(cls), version
+    return s
+
+
+def ok(lib, status, what):
+    if status != 0:
+        raise RuntimeError("%s: status %d: %s" % (what, status,
+                                                  lib.swiftkv_last_error_message().decode()))
+
+
+def ints(values):
+    return (C.c_int32 * max(1, len(values)))(*values)
+
+
+def check_abi(lib):
+    assert (C.sizeof(Desc), C.sizeof(Plan), C.sizeof(Args)) == (48, 144, 120), "struct layout"
+    desc = new(Desc)
+    desc.device, desc.dtype, desc.num_qo_heads, desc.num_kv_heads = -1, DTYPE_F16, 8, 2
+    desc.head_dim, desc.page_tokens, desc.causal = 64, 16, 1
+    size = C.c_uint64()
+    ok(lib, lib.swiftkv_attention_workspace_size(C.byref(size), C.byref(desc), 2, 6), "size")
+    raw = C.create_string_buffer(size.value + 256)
+    ws = (C.addressof(raw) + 255) // 256 * 256
+    plan = new(Plan)
+    ok(lib, lib.swiftkv_attention_plan_make(C.byref(plan), C.byref(desc), ints([0, 5, 6]),
+                                            ints([0, 2, 3]), ints([7, 16]), 2, ws, size.value,
+                                            None), "plan")
+    assert (plan.n_requests, plan.q_tokens, plan.kv_tokens, plan.work_items) == (2, 6, 39, 4)
+    print("ABI of the attention structs checked; a host plan has %d work items" % plan.work_items)
+
+
+def run_gpu(lib, torch, shapes, iters):
+    import torch.nn.functional as F
+    dev = torch.device("cuda", 0)
+    results = []
+    for name, n_req, q_len, cached in shapes:
+        kv_len = cached + q_len
+        q = torch.randn(n_req * q_len, HQ, DIM, device=dev, dtype=torch.bfloat16)
+        k_c = torch.randn(n_req, HKV, kv_len, DIM, device=dev, dtype=torch.bfloat16)
+        v_c = torch.randn_like(k_c)
+        q_c = q.view(n_req, q_len, HQ, DIM).transpose(1, 2)
+        k_e = k_c.repeat_interleave(HQ // HKV, dim=1)
+        v_e = v_c.repeat_interleave(HQ // HKV, dim=1)
+        mask = None
+        if q_len > 1:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(q_len, kv_len)
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q_c, k_e, v_e, attn_mask=mask)
+
+        flops = 4.0 * n_req * (q_len * cached + q_len * (q_len + 1) / 2) * HQ * DIM
+        base_ms = time_it(torch, sdpa, iters)
+        ref = sdpa().transpose(1, 2).reshape(n_req * q_len, HQ, DIM)
+        for page in (16, 64):
+            pages = (kv_len + page - 1) // page
+            total = pages * n_req
+            perm = torch.randperm(total, device=dev).to(torch.int32)
+            cache = torch.zeros(total, 2, page, HKV, DIM, device=dev, dtype=torch.bfloat16)
+            for r in range(n_req):
+                for c, src in ((0, k_c), (1, v_c)):
+                    flat = torch.zeros(pages * page, HKV, DIM, device=dev, dtype=torch.bfloat16)
+                    flat[:kv_len] = src[r].transpose(0, 1)
+                    cache[perm[r * pages:(r + 1) * pages].long(), c] = flat.view(pages, page, HKV, DIM)
+            out = torch.empty_like(q)
+            desc = new(Desc)
+            desc.device, desc.dtype, desc.num_qo_heads, desc.num_kv_heads = 0, DTYPE_BF16, HQ, HKV
+            desc.head_dim, desc.page_tokens, desc.causal = DIM, page, 1
+            size = C.c_uint64()
+            ok(lib, lib.swiftkv_attention_workspace_size(C.byref(size), C.byref(desc), n_req,
+                                                         n_req * q_len), "size")
+            ws = torch.empty(size.value, device=dev, dtype=torch.uint8)
+            plan = new(Plan)
+            stream = torch.cuda.current_stream().cuda_stream
+            ok(lib, lib.swiftkv_attention_plan_make(
+                C.byref(plan), C.byref(desc), ints([q_len * r for r in range(n_req + 1)]),
+                ints([pages * r for r in range(n_req + 1)]),
+                ints([kv_len - (pages - 1) * page] * n_req), n_req, ws.data_ptr(), size.value,
+                stream), "plan")
+            args = new(Args)
+            args.q, args.q_token_stride, args.q_head_stride = q.data_ptr(), HQ * DIM, DIM
+            args.k_base = cache.data_ptr()
+            args.v_base = cache.data_ptr() + page * HKV * DIM * 2
+            args.page_stride, args.token_stride, args.head_stride = 2 * page * HKV * DIM, HKV * DIM, DIM
+            args.num_pages, args.kv_indices = total, perm.data_ptr()
+            args.out, args.out_token_stride, args.out_head_stride = out.data_ptr(), HQ * DIM, DIM
+
+            def paged():
+                ok(lib, lib.swiftkv_attention_run(C.byref(plan), C.byref(args), ws.data_ptr(),
+                                                  torch.cuda.current_stream().cuda_stream), "run")
+
+            paged_ms = time_it(torch, paged, iters)
+            paged()
+            torch.cuda.synchronize()
+            err = (out.float() - ref.float()).abs().max().item()
+            results.append({"shape": name, "page": page, "paged_tflops": flops / paged_ms / 1e9,
+                            "sdpa_tflops": flops / base_ms / 1e9,
+                            "paged_over_sdpa_time": paged_ms / base_ms, "max_abs_diff": err,
+                            "split_requests": plan.split_requests})
+    return results
+
+
+def time_it(torch, fn, iters):
+    for _ in range(3):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--lib", default=os.path.join(HERE, "..", "build", "capi", "libswiftkv.so"))
+    ap.add_argument("--check-abi", action="store_true")
+    ap.add_argument("--iters", type=int, default=20)
+    a = ap.parse_args()
+    lib = load(a.lib)
+    if a.check_abi:
+        check_abi(lib)
+        return 0
+    try:
+        import torch
+    except ImportError:
+        print("bench_attention_sdpa: PyTorch is not installed here: skipped")
+        return 0
+    if not torch.cuda.is_available():
+        print("bench_attention_sdpa: no CUDA device: skipped")
+        return 0
+    shapes = [("prefill 8x512 over 8K", 8, 512, 8192), ("prefill 8x512 over 32K", 8, 512, 32768),
+              ("decode 64x1 over 8K", 64, 1, 8192), ("decode 64x1 over 32K", 64, 1, 32768)]
+    results = run_gpu(lib, torch, shapes, a.iters)
+    print("paged attention vs PyTorch SDPA on contiguous KV, bf16, %d/%d heads, dim %d, causal"
+          % (HQ, HKV, DIM))
+    print("%-24s %5s %12s %12s %10s %12s" % ("shape", "page", "paged TF/s", "SDPA TF/s",
+                                             "time ratio", "max |diff|"))
+    for r in results:
+        print("%-24s %5d %12.1f %12.1f %10.3f %12.2e" % (r["shape"], r["page"], r["paged_tflops"],
+                                                        r["sdpa_tflops"], r["paged_over_sdpa_time"],
+                                                        r["max_abs_diff"]))
+    print(json.dumps({"bench": "attention_sdpa", "device": torch.cuda.get_device_name(0),
+                      "results": results}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
