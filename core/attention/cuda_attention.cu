@@ -66,14 +66,20 @@ void launch_typed(const AttentionShape &s, const AttentionParams &p, bool vector
 
 uint32_t attention_device_parallelism(int32_t device) {
   check_device(device);
-  cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
-  if (prop.major < 8) {
+  // Attributes rather than cudaGetDeviceProperties, which is slow: this runs on every plan.
+  int major = 0, minor = 0, sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device),
+             "cudaDeviceGetAttribute(compute capability)");
+  check_cuda(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device),
+             "cudaDeviceGetAttribute(compute capability)");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute(multiprocessors)");
+  if (major < 8) {
     fail(SWIFTKV_EUNSUPPORTED, "attention needs compute capability 8.0 or newer; device " +
-                                   std::to_string(device) + " has " + std::to_string(prop.major) +
-                                   "." + std::to_string(prop.minor));
+                                   std::to_string(device) + " has " + std::to_string(major) +
+                                   "." + std::to_string(minor));
   }
-  return static_cast<uint32_t>(prop.multiProcessorCount) * 2;
+  return static_cast<uint32_t>(sms) * 2;
 }
 
 void attention_copy_plan(int32_t device, void *workspace, const void *plan, uint64_t bytes,
