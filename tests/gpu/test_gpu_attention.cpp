@@ -127,6 +127,20 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   CHECK(bad == 0);
 }
 
+// A zeroed problem with a description on the host (compare_case and the graph test pick the
+// device) and a layout; lengths come next, then att_build.
+void start_problem(att_problem &p, uint32_t hq, uint32_t hkv, uint32_t dim, uint32_t page,
+                   att_layout layout) {
+  std::memset(&p, 0, sizeof p);
+  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  desc.num_qo_heads = hq;
+  desc.num_kv_heads = hkv;
+  desc.head_dim = dim;
+  desc.page_tokens = page;
+  p.desc = desc;
+  p.layout = layout;
+}
+
 void kernels_match_the_cpu_twin() {
   static const uint32_t dims[] = {64, 128, 256};
   static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
@@ -135,21 +149,15 @@ void kernels_match_the_cpu_twin() {
   uint64_t s = 77;
   for (int c = 0; c < 80; ++c) {
     att_problem p;
-    std::memset(&p, 0, sizeof p);
-    swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
-    desc.dtype = types[(c / 3 + c / 7) % 2];
-    desc.num_qo_heads = groups[(c / 3) % 4][0];
-    desc.num_kv_heads = groups[(c / 3) % 4][1];
-    desc.head_dim = dims[c % 3];
-    desc.page_tokens = pages[c % 5];
-    desc.causal = uint32_t(c % 2);
-    desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
+    start_problem(p, groups[(c / 3) % 4][0], groups[(c / 3) % 4][1], dims[c % 3], pages[c % 5],
+                  static_cast<att_layout>(c % ATT_LAYOUTS));
+    p.desc.dtype = types[(c / 3 + c / 7) % 2];
+    p.desc.causal = uint32_t(c % 2);
+    p.desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
     if (c % 9 == 0) {
-      desc.sm_scale = 1.0f;
-      desc.logits_soft_cap = 5.0f;
+      p.desc.sm_scale = 1.0f;
+      p.desc.logits_soft_cap = 5.0f;
     }
-    p.desc = desc;
-    p.layout = static_cast<att_layout>(c % ATT_LAYOUTS);
     p.n_req = 4;
     p.q_len[0] = 1;
     p.kv_len[0] = 1 + int32_t(att_rand(&s) % 600);
@@ -170,14 +178,7 @@ void kernels_match_the_cpu_twin() {
 // A decode batch too small to fill the device with one long KV: the plan splits it.
 void automatic_splits_match() {
   att_problem p;
-  std::memset(&p, 0, sizeof p);
-  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
-  desc.num_qo_heads = 32;
-  desc.num_kv_heads = 8;
-  desc.head_dim = 128;
-  desc.page_tokens = 16;
-  p.desc = desc;
-  p.layout = ATT_NHD;
+  start_problem(p, 32, 8, 128, 16, ATT_NHD);
   p.n_req = 2;
   p.q_len[0] = 1;
   p.kv_len[0] = 20000;
@@ -193,16 +194,10 @@ void automatic_splits_match() {
 // The run captured in a CUDA graph writes the same bits as a direct run.
 void graph_capture_replays_the_run() {
   att_problem p;
-  std::memset(&p, 0, sizeof p);
-  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  start_problem(p, 8, 2, 128, 16, ATT_VLLM);
+  p.desc.kv_chunk_tokens = 64;
+  swiftkv_attention_desc desc = p.desc;
   desc.device = 0;
-  desc.num_qo_heads = 8;
-  desc.num_kv_heads = 2;
-  desc.head_dim = 128;
-  desc.page_tokens = 16;
-  desc.kv_chunk_tokens = 64;
-  p.desc = desc;
-  p.layout = ATT_VLLM;
   p.n_req = 2;
   p.q_len[0] = 37;
   p.kv_len[0] = 300;
