@@ -116,6 +116,9 @@ __global__ void __launch_bounds__(TILE * 2)
   for (int idx = tid; idx < TILE * HEAD_DIM; idx += kThreads) {
     sO[(idx / HEAD_DIM) * S::kLdO + idx % HEAD_DIM] = 0.0f;
   }
+  // Rows are initialised by threads of other warps than their owners; a work item with no key
+  // to load reaches the output without the loop's barrier.
+  __syncthreads();
 
   // Keys past the last one the tile's last query sees are never loaded.
   int kv_stop = w.kv_end;
