@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <xxhash.h>
+
 #include "capi/capi_guard.hpp"
 #include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
@@ -44,24 +46,13 @@ float bits_float(uint32_t b) {
   return f;
 }
 
-// The check word over everything a run trusts: a plan struct that was not made by
+// The check word over everything a run trusts (the fields from n_requests up to the check word
+// itself, a struct without padding): a plan struct that was not made by
 // swiftkv_attention_plan_make, or was changed since, fails it.
 uint64_t check_word(const swiftkv_attention_plan &p) {
-  uint64_t h = 0x9e3779b97f4a7c15ull;
-  auto mix = [&h](uint64_t v) {
-    h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-    h *= 0xbf58476d1ce4e5b9ull;
-    h ^= h >> 31;
-  };
-  mix(p.n_requests);
-  mix(p.work_items);
-  mix(p.q_tokens);
-  mix(p.kv_tokens);
-  mix(p.split_requests);
-  mix(p.max_kv_pieces);
-  mix(p.workspace_bytes);
-  for (int i = 0; i < 11; ++i) mix(p.internal[i]);
-  return h;
+  constexpr size_t first = offsetof(swiftkv_attention_plan, n_requests);
+  constexpr size_t end = offsetof(swiftkv_attention_plan, internal) + 11 * sizeof(uint64_t);
+  return XXH3_64bits(reinterpret_cast<const unsigned char *>(&p) + first, end - first);
 }
 
 // What a run needs from its plan, as the plan struct carries it.
@@ -98,8 +89,7 @@ PlanView read_plan(const swiftkv_attention_plan *plan) {
   v.workspace = static_cast<uintptr_t>(in[6]);
   v.n_work = lo32(in[7]);
   v.n_merge = hi32(in[7]);
-  v.work_offset = (sizeof(AttentionWorkspaceHeader) + kAttentionAlign - 1) / kAttentionAlign *
-                  kAttentionAlign;
+  v.work_offset = kAttentionWorkOffset;
   v.merge_offset = in[8];
   v.partial_o_offset = in[9];
   v.partial_lse_offset = in[10];

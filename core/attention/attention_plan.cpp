@@ -15,7 +15,7 @@ namespace swiftkv {
 
 namespace {
 
-uint64_t align_up(uint64_t v) { return ceil_div(v, kAttentionAlign) * kAttentionAlign; }
+uint64_t align_up(uint64_t v) { return round_up(v, kAttentionAlign); }
 
 constexpr uint64_t kInt32Max = static_cast<uint64_t>(std::numeric_limits<int32_t>::max());
 
@@ -116,7 +116,7 @@ struct Offsets {
 
 Offsets offsets_for(const AttentionShape &s, uint64_t items, uint64_t merges, uint64_t rows) {
   Offsets o{};
-  o.work = align_up(sizeof(AttentionWorkspaceHeader));
+  o.work = kAttentionWorkOffset;
   o.merge = align_up(checked_add(o.work, checked_mul(items, sizeof(AttentionWorkItem), "work list"),
                                  "workspace"));
   o.partial_o = align_up(checked_add(

@@ -75,6 +75,9 @@ struct AttentionWorkspaceHeader {
   uint64_t reserved[2];
 };
 inline constexpr uint64_t kAttentionWorkspaceMagic = 0x31414b56'54464957ull;  // "WIFTVKA1"
+// The work list starts right after the header, on the workspace's alignment.
+inline constexpr uint64_t kAttentionWorkOffset =
+    (sizeof(AttentionWorkspaceHeader) + kAttentionAlign - 1) / kAttentionAlign * kAttentionAlign;
 
 // Builds the plan of a batch. `parallelism` is how many work items keep the device busy (the
 // plan splits KV only to reach it); `workspace_bytes` bounds the split. EINVAL names a bad

@@ -31,4 +31,7 @@ inline uint64_t checked_add(uint64_t a, uint64_t b, std::string_view what) {
 // ceil(a / b) for b > 0, without the overflow of (a + b - 1) / b.
 constexpr uint64_t ceil_div(uint64_t a, uint64_t b) { return a / b + (a % b != 0); }
 
+// a rounded up to a multiple of b > 0 (a caller that can overflow checks a first).
+constexpr uint64_t round_up(uint64_t a, uint64_t b) { return ceil_div(a, b) * b; }
+
 }  // namespace swiftkv

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/host_region.hpp"
 
@@ -12,7 +13,6 @@ namespace swiftkv {
 
 namespace {
 uint64_t page_bytes() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
-uint64_t round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 }  // namespace
 
 HostTier::HostTier(Context &ctx, uint64_t slab_bytes) : ctx_(ctx), slab_bytes_(slab_bytes) {

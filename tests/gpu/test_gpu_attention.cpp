@@ -158,15 +158,7 @@ void kernels_match_the_cpu_twin() {
       p.desc.sm_scale = 1.0f;
       p.desc.logits_soft_cap = 5.0f;
     }
-    p.n_req = 4;
-    p.q_len[0] = 1;
-    p.kv_len[0] = 1 + int32_t(att_rand(&s) % 600);
-    p.q_len[1] = 0;
-    p.kv_len[1] = int32_t(att_rand(&s) % 40);
-    p.q_len[2] = 1 + int32_t(att_rand(&s) % 150);
-    p.kv_len[2] = p.q_len[2] + int32_t(att_rand(&s) % 400);
-    p.q_len[3] = 1 + int32_t(att_rand(&s) % 20);
-    p.kv_len[3] = p.q_len[3];
+    att_ragged_batch(&p, &s, 600, 150, 400);
     att_build(&p, uint64_t(c) + 100, 3);
     char name[64];
     std::snprintf(name, sizeof name, "case %d", c);

@@ -106,6 +106,22 @@ static inline double att_ulp(swiftkv_dtype t, double x) {
   return ldexp(1.0, e - mant);
 }
 
+/* The ragged batch both sweeps use: a decode step over up to decode_kv keys, an empty
+ * sub-request (with or without pages), a prefill of up to prefill_q tokens over up to
+ * prefill_extra cached ones, and a fresh prefill of up to 20 tokens. */
+static inline void att_ragged_batch(att_problem *p, uint64_t *s, int32_t decode_kv,
+                                    int32_t prefill_q, int32_t prefill_extra) {
+  p->n_req = 4;
+  p->q_len[0] = 1;
+  p->kv_len[0] = 1 + (int32_t)(att_rand(s) % (uint64_t)decode_kv);
+  p->q_len[1] = 0;
+  p->kv_len[1] = (int32_t)(att_rand(s) % 40);
+  p->q_len[2] = 1 + (int32_t)(att_rand(s) % (uint64_t)prefill_q);
+  p->kv_len[2] = p->q_len[2] + (int32_t)(att_rand(s) % (uint64_t)prefill_extra);
+  p->q_len[3] = 1 + (int32_t)(att_rand(s) % 20);
+  p->kv_len[3] = p->q_len[3];
+}
+
 /* Sets the strides of `layout` for num_pages pages; returns the elements of the KV buffer. */
 static inline size_t att_layout_strides(att_problem *p, int64_t *k_off, int64_t *v_off) {
   const int64_t pt = p->desc.page_tokens, h = p->desc.num_kv_heads, d = p->desc.head_dim;

@@ -105,16 +105,7 @@ static void cpu_path_matches_the_fp64_reference(void **state) {
       p.desc.sm_scale = 1.0f;
       p.desc.logits_soft_cap = 5.0f;
     }
-    p.n_req = 4;
-    /* a decode step, an empty sub-request, a prefill over a cached prefix, a fresh prefill */
-    p.q_len[0] = 1;
-    p.kv_len[0] = 1 + (int32_t)(att_rand(&s) % 300);
-    p.q_len[1] = 0;
-    p.kv_len[1] = (int32_t)(att_rand(&s) % 40);
-    p.q_len[2] = 1 + (int32_t)(att_rand(&s) % 70);
-    p.kv_len[2] = p.q_len[2] + (int32_t)(att_rand(&s) % 200);
-    p.q_len[3] = 1 + (int32_t)(att_rand(&s) % 20);
-    p.kv_len[3] = p.q_len[3];
+    att_ragged_batch(&p, &s, 300, 70, 200);
     att_build(&p, (uint64_t)c + 1, 3);
     plan_and_run(&p, NULL);
     const int bad = compare_with_reference(&p);
