@@ -218,7 +218,8 @@ SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *c
     require(lender, "lender");
     if (max_units == 0) swiftkv::fail_invalid("max_units is 0");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
-    *lease_id_out = ctx->cache.borrow(m.fingerprint, m.sizes, lender->region, max_units);
+    *lease_id_out =
+        ctx->cache.borrow(m.fingerprint, m.sizes, swiftkv::local_lender(lender->region), max_units);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

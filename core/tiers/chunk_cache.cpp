@@ -456,8 +456,8 @@ void ChunkCache::reserve_for(uint64_t chunk_bytes) {
 }
 
 uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
-                            std::shared_ptr<ElasticRegion> region, uint64_t max_units) {
-  return peer_->attach(model, sizes, std::move(region), max_units);
+                            std::shared_ptr<LenderLink> lender, uint64_t max_units) {
+  return peer_->attach(model, sizes, std::move(lender), max_units);
 }
 
 void ChunkCache::give_back(const ChunkKey &model) {
@@ -518,12 +518,21 @@ void ChunkCache::maintain() {
   }
 }
 
+void ChunkCache::wake() noexcept {
+  {
+    std::lock_guard lock(thread_mu_);
+    woken_ = true;
+  }
+  thread_cv_.notify_all();
+}
+
 void ChunkCache::run_thread() {
   const auto interval = std::chrono::milliseconds(options_.maintenance_interval_ms);
   std::unique_lock lock(thread_mu_);
   while (!stop_) {
-    thread_cv_.wait_for(lock, interval);
+    thread_cv_.wait_for(lock, interval, [this] { return stop_ || woken_; });
     if (stop_) break;
+    woken_ = false;
     lock.unlock();
     try {
       maintain();

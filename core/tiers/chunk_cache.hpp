@@ -116,9 +116,9 @@ class ChunkCache {
   // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold (at most
   // 4M chunks), so that storing never rehashes it: called when a borrower registers.
   void reserve_for(uint64_t chunk_bytes);
-  // Borrows from an in-process lender for `model` (of geometry `sizes`); returns the lease id.
+  // Borrows from a lender for `model` (of geometry `sizes`); returns the lender's lease id.
   uint64_t borrow(const ChunkKey &model, const GeometrySizes &sizes,
-                  std::shared_ptr<ElasticRegion> region, uint64_t max_units);
+                  std::shared_ptr<LenderLink> lender, uint64_t max_units);
   // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
   void give_back(const ChunkKey &model);
 
@@ -160,6 +160,10 @@ class ChunkCache {
    private:
     std::atomic<uint32_t> &n_;
   };
+
+  // Runs a maintenance pass on the background thread now rather than at its next period: a
+  // lender asked a lease back. Safe from any thread, with any lock held.
+  void wake() noexcept;
 
   // One maintenance pass: leases renewed, reclaimed leases evacuated and released, lost leases'
   // chunks dropped, and ahead-of-time demotion.
@@ -214,9 +218,10 @@ class ChunkCache {
       demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0}, corrupt_removed_{0},
       deferred_{0};
 
-  std::mutex thread_mu_;  // guards stop_
+  std::mutex thread_mu_;  // guards stop_ and woken_
   std::condition_variable thread_cv_;
   bool stop_ = false;
+  bool woken_ = false;
   std::thread thread_;
 };
 

@@ -12,37 +12,27 @@ PeerTier::~PeerTier() {
   std::lock_guard lock(mu_);
   for (auto &[local, h] : leases_) {
     if (h.lost) continue;
-    try {
-      h.region->release(h.lease_id);
-    } catch (const Error &) {
-      // Already expired or taken back: nothing left to give.
-    }
+    h.lender->release(h.lease_id);
   }
 }
 
 uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
-                          std::shared_ptr<ElasticRegion> region, uint64_t max_units) {
-  const auto &b = region->borrower_sizes();
-  if (!b || b->layer_chunk_bytes != sizes.layer_chunk_bytes ||
-      b->full_chunk_bytes != sizes.full_chunk_bytes) {
-    fail_invalid("the lender's borrower geometry is not the model's: its lent memory would not "
-                 "hold this model's chunks; create the region with this model as its borrower");
-  }
-  const uint64_t chunk_bytes = sizes.full_chunk_bytes;
-  const Lease l = region->lend(max_units);
+                          std::shared_ptr<LenderLink> lender, uint64_t max_units) {
+  lender->check_geometry(sizes);
+  const LeaseGrant g = lender->lend(max_units);
   Held h;
   h.model = model;
-  h.lease_id = l.id;
-  h.data = region->memory().data() + region->lease_offset(l);
-  h.device = region->memory().device();
-  h.chunk_bytes = chunk_bytes;
-  h.chunks = l.units * region->unit_chunks();
+  h.lease_id = g.lease_id;
+  h.data = g.data;
+  h.device = g.device;
+  h.chunk_bytes = sizes.full_chunk_bytes;
+  h.chunks = g.chunks;
   h.free_chunks.reserve(h.chunks);
   for (uint64_t c = h.chunks; c-- > 0;) h.free_chunks.push_back(static_cast<uint32_t>(c));
-  h.region = std::move(region);
+  h.lender = std::move(lender);
   std::lock_guard lock(mu_);
   leases_.emplace(next_local_++, std::move(h));
-  return l.id;
+  return g.lease_id;
 }
 
 std::optional<uint64_t> PeerTier::allocate(const ChunkMeta &meta) {
@@ -94,13 +84,9 @@ bool PeerTier::readable(uint64_t slot) const noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(slot >> 32);
   if (it == leases_.end() || it->second.lost) return false;
-  try {
-    it->second.region->lease(it->second.lease_id);  // throws once expired or gone
-    return true;
-  } catch (...) {
-    it->second.lost = true;
-    return false;
-  }
+  if (it->second.lender->valid(it->second.lease_id)) return true;
+  it->second.lost = true;
+  return false;
 }
 
 std::vector<PeerTier::LeaseStatus> PeerTier::refresh() {
@@ -109,13 +95,9 @@ std::vector<PeerTier::LeaseStatus> PeerTier::refresh() {
   out.reserve(leases_.size());
   for (auto &[local, h] : leases_) {
     if (!h.lost) {
-      try {
-        h.region->renew(h.lease_id);
-        if (h.region->lease(h.lease_id).reclaim_requested) h.reclaiming = true;
-      } catch (const Error &e) {
-        // ETIMEDOUT or ENOTFOUND: the lender may reuse the bytes; nothing there is ours now.
-        h.lost = true;
-      }
+      const LinkLeaseState s = h.lender->renew(h.lease_id);
+      if (s.reclaim) h.reclaiming = true;
+      if (s.lost) h.lost = true;
     }
     out.push_back(LeaseStatus{local, h.lease_id, h.model, h.reclaiming, h.lost,
                               h.chunks - h.free_chunks.size()});
@@ -127,13 +109,7 @@ void PeerTier::retire(uint64_t local_id) noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(local_id);
   if (it == leases_.end()) return;
-  if (!it->second.lost) {
-    try {
-      it->second.region->release(it->second.lease_id);
-    } catch (const Error &) {
-      // It expired between the check and now: released by the lender already.
-    }
-  }
+  if (!it->second.lost) it->second.lender->release(it->second.lease_id);
   leases_.erase(it);
 }
 

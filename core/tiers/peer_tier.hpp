@@ -1,4 +1,5 @@
-// The peer tier: chunks of a borrower model kept in memory lent by an elastic region. A lease
+// The peer tier: chunks of a borrower model kept in memory lent by an elastic region (in this
+// process or another, see LenderLink). A lease
 // holds whole borrower chunks, chunk c at offset c * chunk_stride of the lease, one contiguous
 // piece per layer, so a chunk is one contiguous range of the lender's memory.
 #pragma once
@@ -8,7 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "core/elastic/elastic_region.hpp"
+#include "core/tiers/lender_link.hpp"
 #include "core/tiers/tier_store.hpp"
 
 namespace swiftkv {
@@ -20,7 +21,7 @@ class PeerTier final : public TierStore {
   // What the cache needs to know about a lease to keep the protocol.
   struct LeaseStatus {
     uint64_t local_id;    // the lease's number in this tier (slot >> 32)
-    uint64_t lease_id;    // the region's lease id
+    uint64_t lease_id;    // the lender's lease id
     ChunkKey model;
     bool reclaiming;      // the lender asked for it back: evacuate, then release
     bool lost;            // expired or gone: its bytes may already be the lender's again
@@ -29,25 +30,25 @@ class PeerTier final : public TierStore {
 
   ~PeerTier() override;
 
-  // Borrows up to max_units lending units of `region` for `model`, of geometry `sizes`: the
-  // region's borrower geometry must lay chunks out as the model does (EINVAL). Returns the
-  // region's lease id. ENOMEM when the region has nothing free.
+  // Borrows up to max_units lending units of `lender` for `model`, of geometry `sizes`: the
+  // lender must lay chunks out as the model does (EINVAL). Returns the lender's lease id. ENOMEM
+  // when the lender has nothing free.
   uint64_t attach(const ChunkKey &model, const GeometrySizes &sizes,
-                  std::shared_ptr<ElasticRegion> region, uint64_t max_units);
+                  std::shared_ptr<LenderLink> lender, uint64_t max_units);
 
   Tier tier() const noexcept override { return Tier::peer; }
   std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
-  // Asks the region: false once the lease is lost or past its expiry.
+  // Asks the lender: false once the lease is lost or past its expiry.
   bool readable(uint64_t slot) const noexcept override;
   uint64_t capacity_bytes(const ChunkKey &model) const override;
   uint64_t free_bytes(const ChunkKey &model) const override;
 
   // Renews every lease and reads the lender's reclaim requests: the status of each lease after
-  // that. A lease the region no longer holds comes back lost.
+  // that. A lease the lender no longer holds comes back lost.
   std::vector<LeaseStatus> refresh();
-  // Ends a lease with no used slots: released to its region (unless lost) and forgotten.
+  // Ends a lease with no used slots: released to its lender (unless lost) and forgotten.
   void retire(uint64_t local_id) noexcept;
   // The leases of `model`, by local id.
   std::vector<uint64_t> leases_of(const ChunkKey &model) const;
@@ -62,7 +63,7 @@ class PeerTier final : public TierStore {
  private:
   struct Held {
     ChunkKey model;
-    std::shared_ptr<ElasticRegion> region;
+    std::shared_ptr<LenderLink> lender;
     uint64_t lease_id;
     std::byte *data;
     int32_t device;

@@ -117,7 +117,7 @@ struct Rig {
       swiftkv::HostRegionOptions ho;
       ho.size = swiftkv::ElasticRegion::required_bytes(e);
       lender = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
-      cache->borrow(fp, sizes, lender, UINT64_MAX);
+      cache->borrow(fp, sizes, swiftkv::local_lender(lender), UINT64_MAX);
     }
   }
   ~Rig() {

@@ -1,0 +1,50 @@
+// A lender as the borrower's peer tier sees it: an elastic region in this process, or one in
+// another process reached through the coordinator. Both keep the same lease rules: a lease is
+// read only while valid(), renewed until given back, and released once nothing reads it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "core/elastic/elastic_region.hpp"
+#include "core/geometry/model_geometry.hpp"
+
+namespace swiftkv {
+
+// A lease as the borrower uses it: `chunks` borrower chunks from `data`, one after another.
+struct LeaseGrant {
+  uint64_t lease_id = 0;
+  std::byte *data = nullptr;
+  int32_t device = -1;  // -1: host memory
+  uint64_t chunks = 0;
+};
+
+struct LinkLeaseState {
+  bool reclaim = false;  // the lender asked for it back: evacuate, then release
+  bool lost = false;     // expired or gone: its bytes may already be the lender's again
+};
+
+// Thread-safe: every call may come from any thread.
+class LenderLink {
+ public:
+  virtual ~LenderLink() = default;
+  // EINVAL when the lender's lent memory does not lay chunks out as `sizes` does.
+  virtual void check_geometry(const GeometrySizes &sizes) const = 0;
+  // A new lease of up to max_units lending units. ENOMEM when nothing is free.
+  virtual LeaseGrant lend(uint64_t max_units) = 0;
+  // Keeps the lease alive (in-process: renews now; remote: the heartbeat does) and reports it.
+  virtual LinkLeaseState renew(uint64_t lease_id) = 0;
+  // Whether the lease's bytes are still the borrower's: held, within its lease, lender alive.
+  virtual bool valid(uint64_t lease_id) const noexcept = 0;
+  // Gives the lease back; nothing reads or writes it any more.
+  virtual void release(uint64_t lease_id) noexcept = 0;
+  // For messages: which lender this is.
+  virtual std::string describe() const = 0;
+};
+
+// The lender is an elastic region of this process.
+std::shared_ptr<LenderLink> local_lender(std::shared_ptr<ElasticRegion> region);
+
+}  // namespace swiftkv
