@@ -16,13 +16,14 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV3Size =
-    offsetof(swiftkv_ctx_config, clock_user_data) + sizeof(void *);
-static_assert(kCtxConfigV3Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV4Size =
+    offsetof(swiftkv_ctx_config, coord_timeout_ms) + sizeof(uint32_t);
+static_assert(kCtxConfigV4Size == sizeof(swiftkv_ctx_config));
 
 struct ReadConfig {
   swiftkv::ContextConfig context;
   swiftkv::CacheOptions cache;
+  swiftkv::coord::CoordOptions coord;
   swiftkv_clock_fn clock = nullptr;  // as given, for swiftkv_ctx_get_config
   void *clock_user_data = nullptr;
 };
@@ -81,6 +82,11 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
     r.clock = fn;
     r.clock_user_data = user;
   }
+  if (c.coord_endpoint != nullptr) r.coord.endpoint = std::string(c.coord_endpoint);
+  if (c.coord_heartbeat_ms == 0) swiftkv::fail_invalid("config->coord_heartbeat_ms is 0");
+  if (c.coord_timeout_ms == 0) swiftkv::fail_invalid("config->coord_timeout_ms is 0");
+  r.coord.heartbeat_ns = uint64_t{c.coord_heartbeat_ms} * 1'000'000;
+  r.coord.timeout_ns = uint64_t{c.coord_timeout_ms} * 1'000'000;
   return r;
 }
 
@@ -103,7 +109,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
   try {
     require(out, "out");
     ReadConfig c = read_config(config);
-    auto ctx = std::make_unique<swiftkv_ctx>(std::move(c.context), std::move(c.cache));
+    auto ctx = std::make_unique<swiftkv_ctx>(std::move(c.context), std::move(c.cache),
+                                             std::move(c.coord));
     ctx->clock = c.clock;
     ctx->clock_user_data = c.clock_user_data;
     *out = ctx.release();
@@ -137,6 +144,10 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.maintenance_interval_ms = static_cast<uint32_t>(o.maintenance_interval_ms);
     v.clock = ctx->clock;
     v.clock_user_data = ctx->clock_user_data;
+    const swiftkv::coord::CoordOptions &co = ctx->coord.options();
+    v.coord_endpoint = co.endpoint ? co.endpoint->c_str() : nullptr;
+    v.coord_heartbeat_ms = static_cast<uint32_t>(co.heartbeat_ns / 1'000'000);
+    v.coord_timeout_ms = static_cast<uint32_t>(co.timeout_ns / 1'000'000);
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

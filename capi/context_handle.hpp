@@ -14,6 +14,7 @@
 
 #include "core/connector/request.hpp"
 #include "core/context/context.hpp"
+#include "core/coord/coordinator.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/tiers/chunk_cache.hpp"
@@ -40,15 +41,18 @@ inline constexpr unsigned kTransferThreads = 2;
 
 }  // namespace swiftkv::capi
 
-// Members are destroyed in reverse: open requests (each waits for its copies), pools, the
-// executor, the models, the cache (its thread stops), then the context whose budget the cache's
-// memory came from.
+// The coordinator stops first (its thread calls into the cache), then members are destroyed in
+// reverse: open requests (each waits for its copies), pools, the executor, the models, the cache
+// (its thread stops; remote leases are lost with the coordinator), the coordinator's sockets,
+// then the context whose budget the cache's memory came from.
 struct swiftkv_ctx {
-  swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o)
-      : core(std::move(c)), attention_table(o.cost.attention_table),
+  swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o, swiftkv::coord::CoordOptions co)
+      : core(std::move(c)), attention_table(o.cost.attention_table), coord(std::move(co)),
         cache(core, std::move(o)) {}
+  ~swiftkv_ctx() { coord.shutdown(); }
   swiftkv::Context core;
   const std::vector<double> attention_table;  // what get_config hands back
+  swiftkv::coord::Coordinator coord;
   swiftkv::ChunkCache cache;
   swiftkv_clock_fn clock = nullptr;  // what get_config hands back
   void *clock_user_data = nullptr;

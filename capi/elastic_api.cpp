@@ -116,6 +116,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
     const uint64_t bytes = swiftkv::ElasticRegion::required_bytes(c.core);
     auto e = std::make_unique<swiftkv_elastic>();
     e->ctx = &ctx->core;
+    e->coord = &ctx->coord;
     std::shared_ptr<swiftkv::MemoryRegion> memory;
     const int32_t device = c.core.lender.device;
     if (device == SWIFTKV_DEVICE_HOST) {

@@ -7,14 +7,17 @@
 #include <memory>
 
 #include "core/context/context.hpp"
+#include "core/coord/coordinator.hpp"
 #include "core/elastic/elastic_region.hpp"
 
 struct swiftkv_elastic {
   swiftkv::Context *ctx = nullptr;
+  swiftkv::coord::Coordinator *coord = nullptr;  // the context's
   uint64_t host_reserved = 0;
   std::shared_ptr<swiftkv::ElasticRegion> region;
 
   ~swiftkv_elastic() {
+    if (region) coord->withdraw(region.get());
     if (region) region->end_all_leases();
     region.reset();  // the memory first (unless a borrower still maps it), then its budget
     if (host_reserved != 0) ctx->release_host(host_reserved);

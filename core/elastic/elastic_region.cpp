@@ -2,12 +2,11 @@
 // per-granule reference counts that decide which physical memory stays committed.
 #include "core/elastic/elastic_region.hpp"
 
-#include <time.h>
-
 #include <algorithm>
 #include <string>
 
 #include "core/common/checked_math.hpp"
+#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 
 namespace swiftkv {
@@ -15,12 +14,6 @@ namespace swiftkv {
 namespace {
 
 constexpr size_t kExpiredIdsKept = 4096;
-
-uint64_t monotonic_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 std::string unit_text(uint64_t blocks, uint64_t chunks) {
   return std::to_string(blocks) + " lender blocks" +
@@ -75,6 +68,7 @@ ElasticRegion::ElasticRegion(const ElasticConfig &config, std::shared_ptr<Memory
 ElasticRegion::ElasticRegion(const ElasticConfig &config, const Layout &layout,
                              std::shared_ptr<MemoryRegion> memory)
     : lender_(config.lender),
+      borrower_(config.borrower),
       lender_sizes_(layout.lender),
       borrower_sizes_(layout.borrower),
       unit_blocks_(layout.unit_blocks),
@@ -187,6 +181,7 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     for (uint64_t u = first; u < first + n; ++u) state_[u] = UnitState::owned;
     free_units_ -= n;
   }
+  bool asked = false;
   for (uint64_t u = owned_units_; u < end; ++u) {
     if (state_[u] != UnitState::lent) continue;
     state_[u] = UnitState::reclaiming;
@@ -196,9 +191,11 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     if (!l.reclaim_requested) {
       l.reclaim_requested = true;
       ++counters_.reclaims_requested;
+      asked = true;
     }
   }
   owned_units_ = end;
+  if (asked && on_reclaim_) on_reclaim_();
   return delta(units, !reclaiming_.empty());
 }
 
@@ -367,15 +364,30 @@ void ElasticRegion::release(uint64_t lease_id) {
 void ElasticRegion::reclaim(uint64_t lease_id) {
   std::lock_guard lock(mu_);
   expire_leases_locked(now());
+  bool asked = false;
   auto ask = [&](Lease &l) {
-    if (!l.reclaim_requested) ++counters_.reclaims_requested;
+    if (!l.reclaim_requested) {
+      ++counters_.reclaims_requested;
+      asked = true;
+    }
     l.reclaim_requested = true;
   };
   if (lease_id == kAllLeases) {
     for (auto &[id, l] : leases_) ask(l);
-    return;
+  } else {
+    ask(find_lease_locked(lease_id, "reclaim")->second);
   }
-  ask(find_lease_locked(lease_id, "reclaim")->second);
+  if (asked && on_reclaim_) on_reclaim_();
+}
+
+RegionExport ElasticRegion::export_range(uint64_t offset, uint64_t size) const {
+  std::lock_guard lock(mu_);
+  return memory_->export_range(offset, size);
+}
+
+void ElasticRegion::set_reclaim_listener(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  on_reclaim_ = std::move(fn);
 }
 
 void ElasticRegion::end_all_leases() {

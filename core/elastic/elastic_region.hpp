@@ -92,6 +92,10 @@ class ElasticRegion {
   // renew or lookup of them says ETIMEDOUT.
   void end_all_leases();
   static constexpr uint64_t kAllLeases = UINT64_MAX;
+  // Called, with the region's lock held, whenever a lease is newly asked back (by a resize or
+  // reclaim()), so a coordinator can tell its borrower at once; it must only signal (no call
+  // into the region). Empty: none.
+  void set_reclaim_listener(std::function<void()> fn);
 
   // The queries expire leases first, so they never report a lease past its expiry.
   Lease lease(uint64_t lease_id);  // ETIMEDOUT / ENOTFOUND for a lease that is not held
@@ -99,6 +103,14 @@ class ElasticRegion {
   ElasticStats stats();
 
   const ModelGeometry &lender() const noexcept { return lender_; }
+  const std::optional<ModelGeometry> &borrower() const noexcept { return borrower_; }
+  uint64_t capacity_units() const noexcept { return capacity_units_; }
+  uint64_t lease_ns() const noexcept { return lease_ns_; }
+  // The region's clock (lease expiries are on it).
+  uint64_t clock_now() const { return now(); }
+  // The export of [offset, offset + size) of the memory, under the region's lock so that no
+  // resize commits or returns memory meanwhile.
+  RegionExport export_range(uint64_t offset, uint64_t size) const;
   uint64_t capacity_blocks() const noexcept { return capacity_units_ * unit_blocks_; }
   const GeometrySizes &lender_sizes() const noexcept { return lender_sizes_; }
   const std::optional<GeometrySizes> &borrower_sizes() const noexcept { return borrower_sizes_; }
@@ -145,6 +157,7 @@ class ElasticRegion {
   ElasticDelta delta(uint64_t units, bool waiting) const noexcept;
 
   const ModelGeometry lender_;
+  const std::optional<ModelGeometry> borrower_;
   const GeometrySizes lender_sizes_;
   const std::optional<GeometrySizes> borrower_sizes_;
   const uint64_t unit_blocks_;  // lender blocks per lending unit
@@ -169,6 +182,7 @@ class ElasticRegion {
   std::vector<uint32_t> granule_refs_;          // per granule: units not free that touch it
   std::deque<std::pair<uint64_t, uint64_t>> window_;  // (time, tokens), tokens decreasing
   uint64_t next_lease_id_ = 1;
+  std::function<void()> on_reclaim_;
   uint64_t free_units_ = 0, lent_units_ = 0;
   ElasticStats counters_{};
 };

@@ -3,23 +3,16 @@
 // the readable one (ChunkIndex), so nothing is readable twice nor lost in between.
 #include "core/tiers/chunk_cache.hpp"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 
+#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/host_memory.hpp"
 
 namespace swiftkv {
 
 namespace {
-
-uint64_t monotonic_ns() {
-  timespec ts{};
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
-}
 
 size_t idx(Tier t) { return static_cast<size_t>(t); }
 

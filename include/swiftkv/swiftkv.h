@@ -235,8 +235,9 @@ typedef enum swiftkv_eviction_policy {
                                  idle conversations first, and their leading chunks first */
 } swiftkv_eviction_policy;
 
-/* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock. */
-#define SWIFTKV_CTX_CONFIG_VERSION 3
+/* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
+ * the coordinator. */
+#define SWIFTKV_CTX_CONFIG_VERSION 4
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -277,13 +278,23 @@ typedef struct swiftkv_ctx_config {
                              time); NULL (default): CLOCK_MONOTONIC. Elastic regions keep their
                              own clock (swiftkv_elastic_config). */
   void *clock_user_data;  /* passed to clock */
+  /* Version 4: the coordinator (see "Coordinator" below). */
+  const char *coord_endpoint;  /* ZeroMQ endpoint, "ipc://<path>" or "tcp://<host>:<port>", where
+                                  borrowers in other processes reach the regions this context
+                                  offers (swiftkv_elastic_offer); bound at creation (SWIFTKV_EPEER
+                                  when it cannot be). NULL (default): none. The context copies
+                                  the string. */
+  uint32_t coord_heartbeat_ms; /* how often a borrower renews its remote leases (default 100;
+                                  >= 1; at least three times per lease in any case) */
+  uint32_t coord_timeout_ms;   /* the longest a handshake or a remote lend waits for its lender
+                                  (default 5000; >= 1) */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
         SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10, NULL, NULL                                                                  \
+        10, NULL, NULL, NULL, 100, 5000                                                 \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
@@ -735,6 +746,78 @@ typedef void (*swiftkv_chunk_event_fn)(const swiftkv_chunk_event *event, void *u
 SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
                                                             swiftkv_chunk_event_fn fn,
                                                             void *user_data);
+
+/* ---------------------------------------------------------------------------------------------
+ * Coordinator: lending and borrowing between processes (SwiftCache §3.5), over ZeroMQ.
+ *
+ * A lender's context binds coord_endpoint and offers elastic regions under names; a borrower's
+ * context borrows from one by endpoint and name. The handshake checks that the region lends to
+ * a borrower of the model's chunk geometry and that both sides compute the same lending unit;
+ * the lender then passes its memory (a memfd or VMM handles over a Unix socket, or a CUDA IPC
+ * handle) and the borrower maps it once. Both processes must be on one node (the fds cross a
+ * Unix socket; a CUDA export needs the same GPUs).
+ *
+ * The lease rules are those of swiftkv_borrow, across processes: the borrower's context renews
+ * its leases by heartbeat (coord_heartbeat_ms) and never reads a lease past the time its last
+ * renewal could have covered; when the lender's region must grow into a lease it asks it back,
+ * and the borrower moves the chunks there down to host or disk (or drops them, counted), waits
+ * for reads in flight, and gives it back (the ack), and only then does the lender use it. A
+ * lender process that dies makes its leases lost at once: the chunks there are dropped and
+ * loads from them report failed tokens (see swiftkv_wait_layer_load), never wrong bytes. A
+ * borrower process that dies costs the lender its leases' remaining time.
+ *
+ * Messages carry a protocol version and sequence numbers and are checked field by field; a
+ * malformed, unexpected, duplicated or reordered message is logged to stderr (SWIFTKV_LOG=off
+ * silences it), counted in swiftkv_coord_stats.messages_dropped, and changes nothing.
+ *
+ * A context has one coordinator thread. A build without ZeroMQ answers SWIFTKV_EUNSUPPORTED.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Offers `e` to borrowers in other processes under `name` (1 to 255 bytes), through its
+ * context's coord_endpoint, until the region is destroyed. ESTATE: the context has no endpoint
+ * or the region no borrower geometry; EBUSY: the name is taken, or the region offered already. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_offer(swiftkv_elastic *e, const char *name);
+
+/* Borrows up to max_units lending units from the region offered as `lender_name` at `endpoint`
+ * (in another process, or this one) into the peer tier of `model`, as swiftkv_borrow does; the
+ * first call per endpoint and name makes the handshake, later ones reuse it. *lease_id_out: the
+ * lender's lease id. EINVAL: a malformed endpoint, or a region lending to another geometry;
+ * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; ETIMEDOUT: no answer
+ * within coord_timeout_ms; EPEER: the lender broke the protocol or went away. */
+SWIFTKV_API swiftkv_status swiftkv_borrow_remote(uint64_t *lease_id_out, swiftkv_ctx *ctx,
+                                                 uint32_t model, const char *endpoint,
+                                                 const char *lender_name, uint64_t max_units);
+
+#define SWIFTKV_COORD_STATS_VERSION 1
+
+/* The coordinator's counts (now) and counters (since the context began). */
+typedef struct swiftkv_coord_stats {
+  uint32_t size;
+  uint32_t version;
+  uint64_t offered_regions;     /* regions this context offers */
+  uint64_t sessions_served;     /* borrower sessions on them */
+  uint64_t lenders_connected;   /* remote lenders this context borrows from */
+  uint64_t messages_sent;
+  uint64_t messages_received;
+  uint64_t messages_dropped;    /* malformed, unexpected, duplicated or reordered */
+  uint64_t heartbeats_sent;
+  uint64_t heartbeats_answered;
+  uint64_t reclaims_sent;       /* leases asked back from remote borrowers */
+  uint64_t reclaims_acked;      /* ... and given back */
+  uint64_t reclaim_ns_total;    /* request to ack, summed over reclaims_acked */
+  uint64_t reclaim_ns_max;
+  uint64_t leases_lost;         /* borrowed leases lost to expiry or a dead lender */
+  uint64_t lenders_lost;        /* lenders that went away */
+} swiftkv_coord_stats;
+
+#define SWIFTKV_COORD_STATS_INIT                                                          \
+  {                                                                                       \
+    (uint32_t)sizeof(swiftkv_coord_stats), SWIFTKV_COORD_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0, 0, 0, 0, 0, 0                                                               \
+  }
+
+SWIFTKV_API swiftkv_status swiftkv_coord_stats_get(swiftkv_coord_stats *out,
+                                                   const swiftkv_ctx *ctx);
 
 /* ---------------------------------------------------------------------------------------------
  * Engine page pools (the borrower's own KV pages).

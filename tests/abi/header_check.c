@@ -22,7 +22,13 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, device) == 40, "swiftkv_model_desc.dev
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 104, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 120, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_endpoint) == 104, "config.coord_endpoint (v4)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_heartbeat_ms) == 112, "config.coord_heartbeat_ms");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_timeout_ms) == 116, "config.coord_timeout_ms");
+STATIC_CHECK(sizeof(swiftkv_coord_stats) == 120, "swiftkv_coord_stats size");
+STATIC_CHECK(offsetof(swiftkv_coord_stats, messages_dropped) == 48, "coord_stats.messages_dropped");
+STATIC_CHECK(offsetof(swiftkv_coord_stats, lenders_lost) == 112, "coord_stats.lenders_lost");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, clock) == 88, "config.clock (v3)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, clock_user_data) == 96, "config.clock_user_data");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, eviction_policy) == 48, "config.eviction_policy (v2)");
@@ -110,7 +116,10 @@ int main(void) {
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
-  CHECK(cc.version == 3 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.version == 4 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.coord_endpoint == NULL && cc.coord_heartbeat_ms == 100 && cc.coord_timeout_ms == 5000);
+  swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
+  CHECK(cs.size == sizeof cs && cs.version == SWIFTKV_COORD_STATS_VERSION && cs.lenders_lost == 0);
   CHECK(cc.demote_free_percent == 25 && cc.recompute_token_cost == 1.0);
   CHECK(cc.attention_cost_table == NULL && cc.maintenance_interval_ms == 10 && cc.clock == NULL);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 4");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 5");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -165,6 +165,37 @@ static void config_size_and_version(void **state) {
   assert_status(swiftkv_ctx_create(NULL, NULL), SWIFTKV_EINVAL);
   assert_message_contains("out is NULL");
   assert_ptr_equal(out, CTX_SENTINEL);
+}
+
+/* A program built against version 3 (no coordinator fields) gets no endpoint and the default
+ * heartbeat and timeout; get_config writes nothing past its size. The fields are checked. */
+static void version_3_callers_get_coord_defaults(void **state) {
+  (void)state;
+  swiftkv_ctx_config v3 = SWIFTKV_CTX_CONFIG_INIT;
+  memset(&v3.coord_endpoint, 0x7f, sizeof v3 - offsetof(swiftkv_ctx_config, coord_endpoint));
+  v3.size = (uint32_t)offsetof(swiftkv_ctx_config, coord_endpoint);
+  v3.version = 3;
+  swiftkv_ctx *ctx = NULL;
+  assert_status(swiftkv_ctx_create(&ctx, &v3), SWIFTKV_OK);
+  swiftkv_ctx_config got = SWIFTKV_CTX_CONFIG_INIT;
+  assert_status(swiftkv_ctx_get_config(&got, ctx), SWIFTKV_OK);
+  assert_null(got.coord_endpoint);
+  assert_int_equal(got.coord_heartbeat_ms, 100);
+  assert_int_equal(got.coord_timeout_ms, 5000);
+  swiftkv_ctx_config small = v3;
+  assert_status(swiftkv_ctx_get_config(&small, ctx), SWIFTKV_OK);
+  assert_int_equal(small.coord_heartbeat_ms, 0x7f7f7f7f); /* past the caller's size */
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config bad = SWIFTKV_CTX_CONFIG_INIT;
+  bad.coord_heartbeat_ms = 0;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->coord_heartbeat_ms is 0");
+  bad = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  bad.coord_timeout_ms = 0;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->coord_timeout_ms is 0");
+  bad = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  bad.coord_endpoint = "udp://nowhere";
+  create_refused(&bad, SWIFTKV_EINVAL, "neither ipc:// nor tcp://");
 }
 
 /* A program built against version 1 of the struct (48 bytes, no cache fields) gets the cache
@@ -364,6 +395,7 @@ int main(void) {
       cmocka_unit_test(disk_tier),
       cmocka_unit_test(config_size_and_version),
       cmocka_unit_test(version_1_callers_get_cache_defaults),
+      cmocka_unit_test(version_3_callers_get_coord_defaults),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
       cmocka_unit_test(the_cache_reads_the_given_clock),
