@@ -183,6 +183,13 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
     drop_chunk(key, use.meta, use.where.tier, ChunkEventReason::corrupt);
     return false;
   }
+  // A lease lost during the copy may have been overwritten under it: the copy is not the chunk.
+  if (use.where.tier == Tier::peer && !readable(use.where)) {
+    store_of(dst.tier)->free(dst.slot);
+    abort_move(key);
+    drop_chunk(key, use.meta, use.where.tier, ChunkEventReason::revoked);
+    return false;
+  }
   std::vector<SlotRef> to_free;
   const bool moved = index_.finish_move(key, dst, to_free);
   free_slots(to_free);
@@ -301,7 +308,11 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
       fail(SWIFTKV_EINTERNAL, "a chunk's size differs from its model's");
     }
     bool ok = true;
-    {
+    // Lent memory is checked before and after the copy: a lease lost in between (expired, or its
+    // lender gone) may have been overwritten mid-copy, so those bytes are not returned.
+    const bool lent = use->where.tier == Tier::peer;
+    bool lost = lent && !readable(use->where);
+    if (!lost) {
       const LoadScope load(*this, use->where.tier);
       try {
         store_of(use->where.tier)->read(use->where.slot, use->meta,
@@ -309,12 +320,14 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
       } catch (const Error &) {
         ok = false;
       }
+      lost = lent && !readable(use->where);
     }
     index_.end_read(keys[i], to_free);
     free_slots(to_free);
-    if (!ok) {
+    if (!ok || lost) {
       load_failures_.fetch_add(1, std::memory_order_relaxed);
-      drop_chunk(keys[i], use->meta, use->where.tier, ChunkEventReason::corrupt);
+      drop_chunk(keys[i], use->meta, use->where.tier,
+                 lost ? ChunkEventReason::revoked : ChunkEventReason::corrupt);
       break;
     }
     index_.touch(keys[i], t);
