@@ -194,6 +194,7 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   std::string fd_name;
   std::vector<UniqueFd> unauthed;
   std::map<std::string, Served> served;  // by routing id
+  std::deque<std::string> ended;         // routing ids of sessions closed lately
   std::vector<std::shared_ptr<Session>> active;
   uint64_t next_session = 1;
   uint64_t next_expiry_scan_ns = 0;
@@ -479,17 +480,19 @@ void Coordinator::State::run() {
       }
       for (const Command &c : todo) on_command(c);
       if (router != nullptr) on_router();
-      if (listener) on_accept();
-      // Auth packets: an fd that answered is either attached to its session or closed.
+      // Auth packets: an fd that answered is either attached to its session or closed. Those
+      // accepted below are polled from the next round on.
+      const size_t polled_unauthed = first_served - first_unauthed;
       std::vector<UniqueFd> waiting;
       for (size_t i = 0; i < unauthed.size(); ++i) {
-        if (items[first_unauthed + i].revents != 0) {
+        if (i < polled_unauthed && items[first_unauthed + i].revents != 0) {
           on_auth(std::move(unauthed[i]));
         } else {
           waiting.push_back(std::move(unauthed[i]));
         }
       }
       unauthed.swap(waiting);
+      if (listener) on_accept();
       for (size_t i = 0; i < polled_served.size(); ++i) {
         if (items[first_served + i].revents == 0) continue;
         const auto it = served.find(polled_served[i]);
@@ -590,6 +593,9 @@ void Coordinator::State::on_router() {
       continue;
     }
     if (it == served.end()) {
+      if (std::find(ended.begin(), ended.end(), routing) != ended.end()) {
+        continue;  // a borrower's last words (its bye) after its session was closed: harmless
+      }
       drop(std::string("a ") + msg_type_name(t) + " from a peer that never said hello");
       continue;
     }
@@ -905,6 +911,8 @@ void Coordinator::State::scan_served(uint64_t now) {
     }
     // A borrower that hung up and whose leases all ended is forgotten.
     if (srv.gone && srv.leases.empty()) {
+      ended.push_back(srv.routing);
+      if (ended.size() > 256) ended.pop_front();
       it = served.erase(it);
       std::lock_guard lock(mu);
       stats.sessions_served = served.size();

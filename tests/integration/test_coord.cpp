@@ -1,0 +1,907 @@
+// The coordinator between processes (SwiftCache §3.5) on the host backend: a borrower stores
+// chunks in another process's elastic region and reads them back bit-exact; the lender scales up
+// and gets its memory back only after the borrower evacuated it; either side killed with SIGKILL;
+// a hostile peer sending malformed, unexpected, duplicated and reordered messages on both sides.
+//
+// The test binary is also its own peer: "--lender" serves a region and answers commands on
+// stdin, "--borrower" borrows from one and waits to be killed.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdarg>
+#include <cstddef>
+#include <csetjmp>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/coord/fd_channel.hpp"
+#include "core/coord/wire.hpp"
+#include "swiftkv/swiftkv.h"
+
+extern "C" {
+#include "test_support.h"
+}
+
+extern char **environ;
+
+namespace {
+
+namespace co = swiftkv::coord;
+
+const char *g_self = nullptr;
+
+// Borrower: 2 layers, 2 KV heads, head dim 16, 32-token chunks: 8 KiB a chunk. Lender: 3 layers,
+// 2 heads, dim 16, 16-token blocks: 6 KiB a block. Lending unit: 4 blocks = 3 chunks (24 KiB).
+constexpr uint32_t kChunkTokens = 32;
+constexpr size_t kChunkBytes = 8192;
+constexpr uint64_t kUnitBlocks = 4;
+constexpr uint64_t kUnitChunks = 3;
+constexpr uint64_t kCapacityBlocks = 64 * kUnitBlocks;
+constexpr uint64_t kOwnedBlocks = 8 * kUnitBlocks;
+
+swiftkv_model_desc borrower_desc() {
+  swiftkv_model_desc m = model(2, 2, 16, 16);
+  m.chunk_tokens = kChunkTokens;
+  m.name = "borrower-model";
+  return m;
+}
+
+swiftkv_model_desc lender_desc() {
+  swiftkv_model_desc m = model(3, 2, 16, 16);
+  m.name = "lender-model";
+  return m;
+}
+
+std::string fresh_endpoint(const char *what) {
+  static int n = 0;
+  return "ipc:///tmp/swiftkv-test-coord-" + std::to_string(::getpid()) + "-" + what + "-" +
+         std::to_string(n++);
+}
+
+void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
+
+uint64_t now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000 + static_cast<uint64_t>(ts.tv_nsec) / 1000000;
+}
+
+// Token ids of conversation `conv` (distinct conversations share no chunk) and its KV bytes.
+std::vector<uint32_t> tokens_of(uint32_t conv, size_t chunks) {
+  std::vector<uint32_t> t(chunks * kChunkTokens);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = conv * 1000003u + static_cast<uint32_t>(i);
+  return t;
+}
+
+std::vector<uint8_t> kv_of(uint32_t conv, size_t chunks) {
+  std::vector<uint8_t> kv(chunks * kChunkBytes);
+  uint64_t x = 0x9E3779B97F4A7C15ull * (conv + 1);
+  for (auto &b : kv) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    b = static_cast<uint8_t>(x);
+  }
+  return kv;
+}
+
+// --- A borrower context in this process --------------------------------------------------------
+
+struct Borrower {
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  int events_dropped = 0;  // chunk events that dropped a chunk
+};
+
+void on_event(const swiftkv_chunk_event *e, void *user) {
+  if (e->to == SWIFTKV_TIER_DROPPED) ++static_cast<Borrower *>(user)->events_dropped;
+}
+
+void borrower_up(Borrower *b, uint64_t host_bytes, uint32_t timeout_ms = 5000) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = host_bytes;
+  c.demote_free_percent = 0;  // chunks stay where they are put unless the lender asks
+  c.coord_heartbeat_ms = 20;
+  c.coord_timeout_ms = timeout_ms;
+  assert_ok(swiftkv_ctx_create(&b->ctx, &c));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  assert_ok(swiftkv_model_register(&b->model, b->ctx, &mc));
+  assert_ok(swiftkv_set_chunk_event_callback(b->ctx, on_event, b));
+}
+
+swiftkv_stats cache_stats(const Borrower &b) {
+  swiftkv_stats s = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, b.ctx));
+  return s;
+}
+
+swiftkv_coord_stats coord_stats(swiftkv_ctx *ctx) {
+  swiftkv_coord_stats s = SWIFTKV_COORD_STATS_INIT;
+  assert_ok(swiftkv_coord_stats_get(&s, ctx));
+  return s;
+}
+
+// Retrieves conversation `conv` from chunk 0 on and checks every returned chunk's bytes.
+uint64_t retrieve_checked(const Borrower &b, uint32_t conv, size_t chunks) {
+  const auto tokens = tokens_of(conv, chunks);
+  const auto want = kv_of(conv, chunks);
+  std::vector<uint8_t> got(want.size());
+  uint64_t n = 0;
+  assert_ok(swiftkv_retrieve(&n, b.ctx, b.model, tokens.data(), tokens.size(), 0, got.data(),
+                             got.size()));
+  assert_int_equal(n % kChunkTokens, 0);
+  assert_memory_equal(got.data(), want.data(), n / kChunkTokens * kChunkBytes);
+  return n;
+}
+
+void store(const Borrower &b, uint32_t conv, size_t chunks, uint64_t want_cached) {
+  const auto tokens = tokens_of(conv, chunks);
+  const auto kv = kv_of(conv, chunks);
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, b.ctx, b.model, tokens.data(), tokens.size(), kv.data(),
+                          kv.size()));
+  assert_int_equal(cached, want_cached);
+}
+
+swiftkv_lookup_result lookup(const Borrower &b, uint32_t conv, size_t chunks) {
+  const auto tokens = tokens_of(conv, chunks);
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, nullptr, 0, b.ctx, b.model, tokens.data(), tokens.size()));
+  return l;
+}
+
+// --- A lender context (in this process or the child) -------------------------------------------
+
+struct Lender {
+  swiftkv_ctx *ctx = nullptr;
+  swiftkv_elastic *e = nullptr;
+  std::string endpoint;
+};
+
+swiftkv_status lender_up(Lender *l, const std::string &endpoint, uint64_t lease_ms,
+                         const char *name) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 64 << 20;
+  c.coord_endpoint = endpoint.c_str();
+  c.coord_heartbeat_ms = 20;
+  swiftkv_status st = swiftkv_ctx_create(&l->ctx, &c);
+  if (st != SWIFTKV_OK) return st;
+  swiftkv_model_desc ld = lender_desc();
+  swiftkv_model_desc bd = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  ec.capacity_blocks = kCapacityBlocks;
+  ec.owned_blocks = kOwnedBlocks;
+  ec.lease_ms = lease_ms;
+  st = swiftkv_elastic_create(&l->e, l->ctx, &ec);
+  if (st != SWIFTKV_OK) return st;
+  l->endpoint = endpoint;
+  return swiftkv_elastic_offer(l->e, name);
+}
+
+void lender_down(Lender *l) {
+  swiftkv_elastic_destroy(l->e);
+  swiftkv_ctx_destroy(l->ctx);
+}
+
+swiftkv_elastic_stats elastic_stats(swiftkv_elastic *e) {
+  swiftkv_elastic_stats s = SWIFTKV_ELASTIC_STATS_INIT;
+  assert_ok(swiftkv_elastic_stats_get(&s, e));
+  return s;
+}
+
+// The child lender: serves "lender" at argv endpoint and answers one command per stdin line.
+int lender_main(const char *endpoint, uint64_t lease_ms) {
+  Lender l;
+  if (lender_up(&l, endpoint, lease_ms, "lender") != SWIFTKV_OK) {
+    std::fprintf(stderr, "child lender: %s\n", swiftkv_last_error_message());
+    return 2;
+  }
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char line[256];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+    unsigned long long v = 0;
+    if (std::sscanf(line, "scale %llu", &v) == 1) {
+      uint64_t blocks = 0, chunks = 0;
+      const swiftkv_status st = swiftkv_elastic_scale_for_request(&blocks, &chunks, l.e, v);
+      std::printf("%d %llu\n", st, static_cast<unsigned long long>(blocks));
+    } else if (std::sscanf(line, "settle %llu", &v) == 1) {
+      // Waits until no owned block is held by a borrower any more (or v ms passed).
+      swiftkv_elastic_stats s = SWIFTKV_ELASTIC_STATS_INIT;
+      const uint64_t end = now_ms() + v;
+      do {
+        swiftkv_elastic_stats_get(&s, l.e);
+        if (s.reclaiming_blocks == 0) break;
+        sleep_ms(1);
+      } while (now_ms() < end);
+      std::printf("%llu\n", static_cast<unsigned long long>(s.reclaiming_blocks));
+    } else if (std::strncmp(line, "stats", 5) == 0) {
+      swiftkv_elastic_stats s = SWIFTKV_ELASTIC_STATS_INIT;
+      swiftkv_elastic_stats_get(&s, l.e);
+      swiftkv_coord_stats c = SWIFTKV_COORD_STATS_INIT;
+      swiftkv_coord_stats_get(&c, l.ctx);
+      std::printf("%llu %llu %llu %llu %llu %llu %llu %llu %llu\n",
+                  static_cast<unsigned long long>(s.owned_blocks),
+                  static_cast<unsigned long long>(s.ready_blocks),
+                  static_cast<unsigned long long>(s.lent_blocks),
+                  static_cast<unsigned long long>(s.free_blocks),
+                  static_cast<unsigned long long>(s.leases),
+                  static_cast<unsigned long long>(c.sessions_served),
+                  static_cast<unsigned long long>(c.reclaims_sent),
+                  static_cast<unsigned long long>(c.reclaims_acked),
+                  static_cast<unsigned long long>(c.reclaim_ns_max));
+    } else if (std::strncmp(line, "quit", 4) == 0) {
+      break;
+    }
+    std::fflush(stdout);
+  }
+  lender_down(&l);
+  return 0;
+}
+
+// The child borrower: borrows from the lender at `endpoint`, stores chunks there, says so, and
+// waits to be killed.
+int borrower_main(const char *endpoint) {
+  Borrower b;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.demote_free_percent = 0;
+  c.coord_heartbeat_ms = 20;
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  uint64_t lease = 0;
+  if (swiftkv_ctx_create(&b.ctx, &c) != SWIFTKV_OK ||
+      swiftkv_model_register(&b.model, b.ctx, &mc) != SWIFTKV_OK ||
+      swiftkv_borrow_remote(&lease, b.ctx, b.model, endpoint, "lender", 16) != SWIFTKV_OK) {
+    std::fprintf(stderr, "child borrower: %s\n", swiftkv_last_error_message());
+    return 2;
+  }
+  const auto tokens = tokens_of(7, 10);
+  const auto kv = kv_of(7, 10);
+  uint64_t cached = 0;
+  swiftkv_store(&cached, b.ctx, b.model, tokens.data(), tokens.size(), kv.data(), kv.size());
+  std::printf("ready %llu\n", static_cast<unsigned long long>(cached));
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// A child process talking over pipes.
+struct Child {
+  pid_t pid = -1;
+  FILE *in = nullptr;   // its stdin
+  FILE *out = nullptr;  // its stdout
+};
+
+Child spawn(std::vector<std::string> args) {
+  int to[2], from[2];
+  assert_int_equal(pipe2(to, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(from, O_CLOEXEC), 0);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  std::vector<char *> argv{const_cast<char *>(g_self)};
+  for (auto &a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Child c;
+  assert_int_equal(posix_spawn(&c.pid, g_self, &fa, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&fa);
+  close(to[0]);
+  close(from[1]);
+  c.in = fdopen(to[1], "w");
+  c.out = fdopen(from[0], "r");
+  return c;
+}
+
+std::string ask(const Child &c, const std::string &cmd) {
+  if (!cmd.empty()) {
+    std::fprintf(c.in, "%s\n", cmd.c_str());
+    std::fflush(c.in);
+  }
+  char line[512] = {0};
+  if (std::fgets(line, sizeof line, c.out) == nullptr) fail_msg("the child said nothing");
+  return line;
+}
+
+void end_child(Child *c, bool kill9) {
+  if (kill9) {
+    kill(c->pid, SIGKILL);
+  } else {
+    std::fprintf(c->in, "quit\n");
+    std::fflush(c->in);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(c->pid, &status, 0), c->pid);
+  if (!kill9) assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::fclose(c->in);
+  std::fclose(c->out);
+  c->pid = -1;
+}
+
+struct LenderView {
+  unsigned long long owned, ready, lent, free, leases, sessions, reclaims_sent, reclaims_acked,
+      reclaim_ns_max;
+};
+
+LenderView lender_view(const Child &c) {
+  LenderView v{};
+  const std::string s = ask(c, "stats");
+  assert_int_equal(std::sscanf(s.c_str(), "%llu %llu %llu %llu %llu %llu %llu %llu %llu",
+                               &v.owned, &v.ready, &v.lent, &v.free, &v.leases, &v.sessions,
+                               &v.reclaims_sent, &v.reclaims_acked, &v.reclaim_ns_max),
+                   9);
+  return v;
+}
+
+Child spawn_lender(const std::string &endpoint, uint64_t lease_ms = 10000) {
+  Child c = spawn({"--lender", endpoint, std::to_string(lease_ms)});
+  assert_string_equal(ask(c, "").c_str(), "ready\n");
+  return c;
+}
+
+// --- Tests --------------------------------------------------------------------------------------
+
+// A borrower stores chunks in another process's region and loads them back bit-exact; both
+// sides agree on what is lent.
+void store_and_load_across_processes(void **) {
+  const std::string ep = fresh_endpoint("store");
+  Child lender = spawn_lender(ep);
+  Borrower b;
+  borrower_up(&b, 4 << 20);
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
+  assert_true(lease != 0);
+  swiftkv_stats s = cache_stats(b);
+  assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 16 * kUnitChunks * kChunkBytes);
+  store(b, 1, 40, 40 * kChunkTokens);
+  assert_int_equal(lookup(b, 1, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
+  assert_int_equal(retrieve_checked(b, 1, 40), 40 * kChunkTokens);
+
+  LenderView v = lender_view(lender);
+  assert_int_equal(v.lent, 16 * kUnitBlocks);
+  assert_int_equal(v.leases, 1);
+  assert_int_equal(v.sessions, 1);
+  assert_int_equal(v.owned + v.lent + v.free, kCapacityBlocks);
+  // A second borrow reuses the session; the region lends from what is left.
+  uint64_t lease2 = 0;
+  assert_ok(swiftkv_borrow_remote(&lease2, b.ctx, b.model, ep.c_str(), "lender", 1000));
+  assert_true(lease2 != lease);
+  v = lender_view(lender);
+  assert_int_equal(v.lent, kCapacityBlocks - kOwnedBlocks);
+  assert_int_equal(v.sessions, 1);
+  assert_int_equal(coord_stats(b.ctx).lenders_connected, 1);
+  // Heartbeats keep the leases (20 ms heartbeats, 10 s leases) and are answered.
+  sleep_ms(100);
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_true(cs.heartbeats_sent >= 2);
+  assert_true(cs.heartbeats_answered >= 1);
+  assert_int_equal(cs.messages_dropped, 0);
+  assert_int_equal(cs.leases_lost, 0);
+  swiftkv_ctx_destroy(b.ctx);
+  // The borrower said bye: its leases are back at once.
+  for (int i = 0; i < 2000 && lender_view(lender).leases != 0; ++i) sleep_ms(1);
+  v = lender_view(lender);
+  assert_int_equal(v.leases, 0);
+  assert_int_equal(v.lent, 0);
+  end_child(&lender, false);
+}
+
+// The lender scales up into lent memory: the borrower moves its chunks to host (or drops them
+// when host is full, each one reported), acks, and only then is the memory the lender's.
+void reclaim_moves_chunks_down_then_acks(void **) {
+  for (int host_full = 0; host_full < 2; ++host_full) {
+    const std::string ep = fresh_endpoint("reclaim");
+    Child lender = spawn_lender(ep);
+    Borrower b;
+    const uint64_t host_chunks = host_full ? 20 : 64;
+    borrower_up(&b, host_chunks * kChunkBytes);
+    uint64_t lease = 0;
+    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
+    store(b, 2, 40, 40 * kChunkTokens);
+    assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 40);
+
+    // A request as large as the whole region: every lent unit is asked back.
+    const std::string r = ask(lender, "scale " + std::to_string(kCapacityBlocks * 16));
+    assert_int_equal(std::atoi(r.c_str()), SWIFTKV_IN_PROGRESS);
+    assert_string_equal(ask(lender, "settle 10000").c_str(), "0\n");
+    const LenderView v = lender_view(lender);
+    assert_int_equal(v.owned, kCapacityBlocks);
+    assert_int_equal(v.ready, kCapacityBlocks);
+    assert_int_equal(v.lent, 0);
+    assert_int_equal(v.leases, 0);
+    assert_int_equal(v.reclaims_sent, 1);
+    assert_int_equal(v.reclaims_acked, 1);
+    assert_true(v.reclaim_ns_max > 0);
+
+    // Every chunk is on host or was reported dropped; the ones on host are intact.
+    const swiftkv_stats s = cache_stats(b);
+    assert_int_equal(s.chunks[SWIFTKV_TIER_PEER], 0);
+    assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
+    const swiftkv_lookup_result l = lookup(b, 2, 40);
+    assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], s.chunks[SWIFTKV_TIER_HOST]);
+    assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped), 40);
+    if (host_full) {
+      assert_true(b.events_dropped >= 20);
+    } else {
+      assert_int_equal(b.events_dropped, 0);
+      assert_int_equal(retrieve_checked(b, 2, 40), 40 * kChunkTokens);
+    }
+    swiftkv_ctx_destroy(b.ctx);
+    end_child(&lender, false);
+  }
+}
+
+// The lender is killed while the borrower reads from it: nothing wrong is returned, the chunks
+// there are reported lost and dropped, and the borrower keeps serving from host.
+void lender_killed(void **) {
+  const std::string ep = fresh_endpoint("kill-lender");
+  Child lender = spawn_lender(ep);
+  Borrower b;
+  borrower_up(&b, 4 << 20, 500);
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
+  // Chunks 0-7 on host, 8-39 in the lender's memory.
+  store(b, 3, 8, 8 * kChunkTokens);
+  const auto head = tokens_of(3, 8);
+  uint64_t there = 0;
+  assert_ok(swiftkv_move(&there, b.ctx, b.model, head.data(), head.size(), SWIFTKV_TIER_HOST));
+  assert_int_equal(there, 8);
+  store(b, 3, 40, 40 * kChunkTokens);
+  assert_int_equal(lookup(b, 3, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 32);
+
+  // Reads racing the kill: each returns a prefix, and the prefix is bit-exact. (The reader
+  // thread only records; cmocka asserts on the test's thread.)
+  std::atomic<int> wrong{0}, reads{0};
+  std::thread reader([&] {
+    const auto tokens = tokens_of(3, 40);
+    const auto want = kv_of(3, 40);
+    std::vector<uint8_t> got(want.size());
+    for (int i = 0; i < 200; ++i) {
+      uint64_t n = 0;
+      if (swiftkv_retrieve(&n, b.ctx, b.model, tokens.data(), tokens.size(), 0, got.data(),
+                           got.size()) != SWIFTKV_OK ||
+          std::memcmp(got.data(), want.data(), n / kChunkTokens * kChunkBytes) != 0) {
+        ++wrong;
+      }
+      ++reads;
+    }
+  });
+  while (reads.load() < 5) sleep_ms(1);
+  end_child(&lender, true);
+  reader.join();
+  assert_int_equal(wrong.load(), 0);
+  // Right after the kill, before any heartbeat could have run out: nothing from the dead lender.
+  assert_int_equal(retrieve_checked(b, 3, 40), 8 * kChunkTokens);
+  for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);
+  const swiftkv_stats s = cache_stats(b);
+  assert_int_equal(s.chunks[SWIFTKV_TIER_PEER], 0);
+  assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.lenders_lost, 1);
+  assert_int_equal(cs.leases_lost, 1);
+  assert_int_equal(cs.lenders_connected, 0);
+  const swiftkv_lookup_result l = lookup(b, 3, 40);
+  assert_int_equal(l.prefix_tokens, 8 * kChunkTokens);
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], 8);
+  assert_int_equal(b.events_dropped, 32);
+  // Still serving: host chunks load, new chunks go to host, and the dead lender is no lender.
+  assert_int_equal(retrieve_checked(b, 3, 8), 8 * kChunkTokens);
+  store(b, 4, 4, 4 * kChunkTokens);
+  assert_int_equal(lookup(b, 4, 4).chunks_per_tier[SWIFTKV_TIER_HOST], 4);
+  assert_int_equal(retrieve_checked(b, 4, 4), 4 * kChunkTokens);
+  uint64_t again = SENTINEL;
+  assert_status(swiftkv_borrow_remote(&again, b.ctx, b.model, ep.c_str(), "lender", 1),
+                SWIFTKV_ETIMEDOUT);
+  assert_true(again == SENTINEL);
+  swiftkv_ctx_destroy(b.ctx);
+}
+
+// The borrower is killed: the lender keeps its leases lent until they expire, then has them back.
+void borrower_killed(void **) {
+  const std::string ep = fresh_endpoint("kill-borrower");
+  Lender l;
+  assert_ok(lender_up(&l, ep, 1500, "lender"));
+  Child borrower = spawn({"--borrower", ep});
+  assert_string_equal(ask(borrower, "").c_str(), "ready 320\n");
+  swiftkv_elastic_stats s = elastic_stats(l.e);
+  assert_int_equal(s.lent_blocks, 16 * kUnitBlocks);
+  assert_int_equal(s.leases, 1);
+  assert_int_equal(coord_stats(l.ctx).sessions_served, 1);
+  const uint64_t killed = now_ms();
+  end_child(&borrower, true);
+  // Not before the lease ran out: the borrower may have been mid-copy.
+  s = elastic_stats(l.e);
+  assert_int_equal(s.leases, 1);
+  assert_int_equal(s.lent_blocks, 16 * kUnitBlocks);
+  while (elastic_stats(l.e).leases != 0 && now_ms() < killed + 10000) sleep_ms(5);
+  const uint64_t took = now_ms() - killed;
+  s = elastic_stats(l.e);
+  assert_int_equal(s.leases, 0);
+  assert_int_equal(s.lent_blocks, 0);
+  assert_int_equal(s.leases_expired, 1);
+  assert_int_equal(s.owned_blocks + s.free_blocks, kCapacityBlocks);
+  assert_true(took >= 1000);  // a lease renewed at most one heartbeat before the kill
+  // The whole region can be the lender's again at once, with nobody to ask.
+  uint64_t blocks = 0, chunks = 0;
+  assert_ok(swiftkv_elastic_scale_for_request(&blocks, &chunks, l.e, kCapacityBlocks * 16));
+  for (int i = 0; i < 2000 && coord_stats(l.ctx).sessions_served != 0; ++i) sleep_ms(1);
+  assert_int_equal(coord_stats(l.ctx).sessions_served, 0);
+  lender_down(&l);
+}
+
+// --- A hostile peer -----------------------------------------------------------------------------
+
+std::vector<uint8_t> wire(uint64_t seq, co::Payload p, uint64_t epoch = 0) {
+  return co::encode(co::Message{seq, epoch, std::move(p)});
+}
+
+void zsend(void *sock, const std::vector<uint8_t> &b, int flags = 0) {
+  assert_true(zmq_send(sock, b.data(), b.size(), flags) >= 0);
+}
+
+// Receives one message within 2 s, or fails the test.
+co::Message zrecv(void *sock) {
+  zmq_pollitem_t it{sock, 0, ZMQ_POLLIN, 0};
+  assert_int_equal(zmq_poll(&it, 1, 2000), 1);
+  std::vector<uint8_t> b(co::kMaxMessageBytes);
+  const int n = zmq_recv(sock, b.data(), b.size(), 0);
+  assert_true(n > 0);
+  b.resize(static_cast<size_t>(n));
+  co::Decoded d = co::decode(b);
+  if (!d.message) fail_msg("undecodable answer: %s", d.error.c_str());
+  return *d.message;
+}
+
+bool nothing_comes(void *sock, int ms) {
+  zmq_pollitem_t it{sock, 0, ZMQ_POLLIN, 0};
+  return zmq_poll(&it, 1, ms) == 0;
+}
+
+co::WireGeometry wire_borrower() {
+  const swiftkv_model_desc d = borrower_desc();
+  return co::WireGeometry{d.num_layers, d.num_kv_heads, d.head_dim,
+                          d.block_tokens, d.chunk_tokens, static_cast<int32_t>(d.dtype)};
+}
+
+// Waits until the coordinator of ctx counted `want` dropped messages.
+void wait_dropped(swiftkv_ctx *ctx, uint64_t want) {
+  for (int i = 0; i < 2000 && coord_stats(ctx).messages_dropped < want; ++i) sleep_ms(1);
+  assert_int_equal(coord_stats(ctx).messages_dropped, want);
+}
+
+// Junk, messages out of turn, duplicates and replays against a lender: each is dropped and
+// counted, and the region's state moves only for the well-formed messages in order.
+void lender_drops_bad_messages(void **) {
+  const std::string ep = fresh_endpoint("rogue-lender");
+  Lender l;
+  assert_ok(lender_up(&l, ep, 10000, "lender"));
+  const swiftkv_elastic_stats before = elastic_stats(l.e);
+  void *zctx = zmq_ctx_new();
+  void *sock = zmq_socket(zctx, ZMQ_DEALER);
+  const int zero = 0;
+  zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+  assert_int_equal(zmq_connect(sock, ep.c_str()), 0);
+
+  uint64_t dropped = 0;
+  // Not messages at all.
+  zsend(sock, {});
+  zsend(sock, {1, 2, 3, 4, 5});
+  std::vector<uint8_t> m = wire(1, co::Lend{1, 1});
+  m[0] ^= 0xff;  // magic
+  zsend(sock, m);
+  m = wire(1, co::Lend{1, 1});
+  m[4] = 9;  // protocol version
+  zsend(sock, m);
+  m = wire(1, co::Lend{1, 1});
+  m.push_back(0);  // a byte past the payload
+  zsend(sock, m);
+  m = wire(1, co::Lend{1, 1});
+  m[6] = 99;  // unknown type
+  zsend(sock, m);
+  m = wire(1, co::Heartbeat{{1, 2}});
+  m[32] = 0xff;  // a lease count past the payload
+  zsend(sock, m);
+  zsend(sock, wire(1, co::Lend{1, 1}), ZMQ_SNDMORE);  // three parts
+  zsend(sock, wire(1, co::Lend{1, 1}), ZMQ_SNDMORE);
+  zsend(sock, wire(1, co::Lend{1, 1}));
+  dropped += 8;
+  // Well-formed, but before any hello.
+  zsend(sock, wire(1, co::Lend{1, 1}));
+  zsend(sock, wire(2, co::Release{1}));
+  zsend(sock, wire(3, co::Heartbeat{{1}}));
+  dropped += 3;
+  wait_dropped(l.ctx, dropped);
+  assert_true(nothing_comes(sock, 50));
+
+  // A hello for a region nobody offers, and one of another geometry: refused, no session.
+  co::WireGeometry g = wire_borrower();
+  zsend(sock, wire(1, co::Hello{g, 1, "nobody"}));
+  co::Message a = zrecv(sock);
+  assert_int_equal(std::get<co::Refuse>(a.payload).status, SWIFTKV_ENOTFOUND);
+  co::WireGeometry wrong = g;
+  wrong.head_dim = 0;
+  zsend(sock, wire(2, co::Hello{wrong, 1, "lender"}));
+  a = zrecv(sock);
+  assert_int_equal(std::get<co::Refuse>(a.payload).status, SWIFTKV_EINVAL);
+  assert_int_equal(coord_stats(l.ctx).sessions_served, 0);
+
+  // A proper hello; then a lend before the fd channel is connected is denied.
+  zsend(sock, wire(3, co::Hello{g, 1, "lender"}));
+  a = zrecv(sock);
+  const co::Welcome w = std::get<co::Welcome>(a.payload);
+  assert_int_equal(w.unit_blocks, kUnitBlocks);
+  assert_int_equal(w.unit_chunks, kUnitChunks);
+  zsend(sock, wire(4, co::Hello{g, 1, "lender"}));  // a second hello on the session
+  ++dropped;
+  zsend(sock, wire(5, co::Lend{1, 4}));
+  a = zrecv(sock);
+  assert_int_equal(std::get<co::Deny>(a.payload).status, SWIFTKV_ESTATE);
+
+  // The fd channel: a wrong token is dropped (and the connection closed); the right one gets
+  // the region's memfd.
+  {
+    swiftkv::UniqueFd bad = co::fd_connect(w.fd_socket);
+    auto tok = w.token;
+    tok[0] ^= 1;
+    co::fd_send(bad.get(), co::encode_auth(co::FdAuth{w.session, tok}), {});
+    ++dropped;
+    const co::FdPacket p = co::fd_recv(bad.get(), 2000);
+    assert_true(p.closed);
+  }
+  swiftkv::UniqueFd fdc = co::fd_connect(w.fd_socket);
+  co::fd_send(fdc.get(), co::encode_auth(co::FdAuth{w.session, w.token}), {});
+  co::FdPacket p = co::fd_recv(fdc.get(), 2000);
+  assert_int_equal(p.fds.size(), 1);
+
+  // A lend, granted; the same message again (a duplicate) and an older one (a replay): dropped.
+  zsend(sock, wire(6, co::Lend{2, 4}));
+  a = zrecv(sock);
+  const co::Grant gr = std::get<co::Grant>(a.payload);
+  assert_int_equal(gr.units, 4);
+  zsend(sock, wire(6, co::Lend{2, 4}));
+  zsend(sock, wire(5, co::Lend{3, 4}));
+  // Releases of a lease the session does not hold, and a heartbeat naming it: no effect.
+  zsend(sock, wire(7, co::Release{gr.lease + 100}));
+  dropped += 3;  // the duplicate lend, the replayed lend, the foreign release
+  zsend(sock, wire(8, co::Heartbeat{{gr.lease + 100}}));
+  a = zrecv(sock);
+  const co::HeartbeatAck &ack = std::get<co::HeartbeatAck>(a.payload);
+  assert_int_equal(ack.echo, 8);
+  assert_int_equal(ack.leases.size(), 1);
+  assert_int_equal(ack.leases[0].lease, gr.lease);
+  wait_dropped(l.ctx, dropped);
+  swiftkv_elastic_stats s = elastic_stats(l.e);
+  assert_int_equal(s.leases, 1);
+  assert_int_equal(s.lent_blocks, 4 * kUnitBlocks);
+  assert_int_equal(s.leases_granted, 1);
+
+  // The release in order ends the lease; the same release again is dropped.
+  zsend(sock, wire(9, co::Release{gr.lease}));
+  zsend(sock, wire(9, co::Release{gr.lease}));
+  zsend(sock, wire(10, co::Release{gr.lease}));
+  dropped += 2;
+  wait_dropped(l.ctx, dropped);
+  s = elastic_stats(l.e);
+  assert_int_equal(s.leases, 0);
+  assert_int_equal(s.lent_blocks, 0);
+  assert_int_equal(s.owned_blocks, before.owned_blocks);
+  assert_int_equal(s.free_blocks, before.free_blocks);
+
+  // An oversized message costs the sender its connection, nothing else.
+  std::vector<uint8_t> big(co::kMaxMessageBytes * 2, 0);
+  zsend(sock, big);
+  sleep_ms(50);
+  s = elastic_stats(l.e);
+  assert_int_equal(s.owned_blocks, before.owned_blocks);
+  zmq_close(sock);
+  zmq_ctx_term(zctx);
+  // And the lender still serves a real borrower.
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 2));
+  store(b, 5, 6, 6 * kChunkTokens);
+  assert_int_equal(retrieve_checked(b, 5, 6), 6 * kChunkTokens);
+  swiftkv_ctx_destroy(b.ctx);
+  lender_down(&l);
+}
+
+// A fake lender answering a real borrower with junk or a welcome that does not add up: the
+// handshake fails with a clear status and the borrower has borrowed nothing.
+void borrower_drops_bad_messages(void **) {
+  struct Case {
+    const char *what;
+    swiftkv_status want;
+  };
+  const Case cases[] = {{"junk", SWIFTKV_ETIMEDOUT},
+                        {"refuse", SWIFTKV_ENOTFOUND},
+                        {"wrong unit", SWIFTKV_EPEER},
+                        {"wrong geometry", SWIFTKV_EPEER},
+                        {"grant first", SWIFTKV_EPEER}};
+  for (const Case &c : cases) {
+    const std::string ep = fresh_endpoint("rogue-borrower");
+    void *zctx = zmq_ctx_new();
+    void *router = zmq_socket(zctx, ZMQ_ROUTER);
+    const int zero = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    assert_int_equal(zmq_bind(router, ep.c_str()), 0);
+    std::thread fake([&] {
+      zmq_pollitem_t it{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&it, 1, 3000) != 1) return;
+      char id[256];
+      const int n = zmq_recv(router, id, sizeof id, 0);
+      std::vector<uint8_t> hello(co::kMaxMessageBytes);
+      zmq_recv(router, hello.data(), hello.size(), 0);
+      auto reply = [&](const std::vector<uint8_t> &b) {
+        zmq_send(router, id, static_cast<size_t>(n), ZMQ_SNDMORE);
+        zmq_send(router, b.data(), b.size(), 0);
+      };
+      co::Welcome w;
+      w.session = 1;
+      w.fd_socket = "nowhere";
+      w.lender = wire_borrower();
+      w.borrower = wire_borrower();
+      w.unit_blocks = 2;  // a 16-token block, 32-token chunk: 2 blocks = 1 chunk
+      w.unit_chunks = 1;
+      w.unit_bytes = kChunkBytes;
+      w.capacity_units = 4;
+      w.lease_ns = 1000000000;
+      w.region_bytes = 4 * kChunkBytes;
+      w.identity = "fake";
+      const std::string what = c.what;
+      if (what == "junk") {
+        reply({0xde, 0xad});
+        reply(std::vector<uint8_t>(40, 0));
+      } else if (what == "refuse") {
+        reply(wire(1, co::Refuse{SWIFTKV_ENOTFOUND, "no such region"}));
+      } else if (what == "wrong unit") {
+        w.unit_chunks = 2;
+        reply(wire(1, w));
+      } else if (what == "wrong geometry") {
+        w.borrower.head_dim *= 2;
+        reply(wire(1, w));
+      } else {
+        // A grant before the welcome is dropped; the welcome then names an fd channel nobody
+        // listens on.
+        reply(wire(1, co::Grant{1, 1, 0, 1, 0}));
+        reply(wire(1, w));
+      }
+    });
+    Borrower b;
+    borrower_up(&b, 1 << 20, 500);
+    uint64_t lease = SENTINEL;
+    assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "x", 1), c.want);
+    assert_true(lease == SENTINEL);
+    assert_int_equal(cache_stats(b).capacity_bytes[SWIFTKV_TIER_PEER], 0);
+    assert_int_equal(coord_stats(b.ctx).lenders_connected, 0);
+    fake.join();
+    swiftkv_ctx_destroy(b.ctx);
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+  }
+}
+
+// Several lenders and borrowers at once, and one context that is a lender for one model and a
+// borrower for another; bad arguments leave everything as it was.
+void many_lenders_and_borrowers(void **) {
+  Lender l1, l2;
+  assert_ok(lender_up(&l1, fresh_endpoint("many"), 10000, "one"));
+  assert_ok(lender_up(&l2, fresh_endpoint("many"), 10000, "two"));
+  // l2's context also borrows from l1.
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  uint32_t l2_model = 0;
+  assert_ok(swiftkv_model_register(&l2_model, l2.ctx, &mc));
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, l2.ctx, l2_model, l1.endpoint.c_str(), "one", 2));
+  Borrower b1, b2;
+  borrower_up(&b1, 1 << 20);
+  borrower_up(&b2, 1 << 20);
+  for (Borrower *b : {&b1, &b2}) {
+    assert_ok(swiftkv_borrow_remote(&lease, b->ctx, b->model, l1.endpoint.c_str(), "one", 2));
+    assert_ok(swiftkv_borrow_remote(&lease, b->ctx, b->model, l2.endpoint.c_str(), "two", 2));
+    assert_int_equal(coord_stats(b->ctx).lenders_connected, 2);
+  }
+  store(b1, 10, 12, 12 * kChunkTokens);
+  store(b2, 11, 12, 12 * kChunkTokens);
+  assert_int_equal(lookup(b1, 10, 12).chunks_per_tier[SWIFTKV_TIER_PEER], 12);
+  assert_int_equal(retrieve_checked(b1, 10, 12), 12 * kChunkTokens);
+  assert_int_equal(retrieve_checked(b2, 11, 12), 12 * kChunkTokens);
+  assert_int_equal(elastic_stats(l1.e).leases, 3);
+  assert_int_equal(elastic_stats(l2.e).leases, 2);
+  assert_int_equal(coord_stats(l1.ctx).sessions_served, 3);
+
+  // Bad arguments: statuses, and nothing borrowed.
+  uint64_t out = SENTINEL;
+  assert_status(swiftkv_borrow_remote(&out, b1.ctx, b1.model, "udp://x", "one", 1), SWIFTKV_EINVAL);
+  assert_status(swiftkv_borrow_remote(&out, b1.ctx, b1.model, l1.endpoint.c_str(), "", 1),
+                SWIFTKV_EINVAL);
+  assert_status(swiftkv_borrow_remote(&out, b1.ctx, b1.model, l1.endpoint.c_str(), "one", 0),
+                SWIFTKV_EINVAL);
+  assert_status(swiftkv_borrow_remote(&out, b1.ctx, 99, l1.endpoint.c_str(), "one", 1),
+                SWIFTKV_ENOTFOUND);
+  assert_status(swiftkv_borrow_remote(&out, b1.ctx, b1.model, l1.endpoint.c_str(), "three", 1),
+                SWIFTKV_ENOTFOUND);
+  assert_message_contains("no region is offered as \"three\"");
+  assert_true(out == SENTINEL);
+  assert_status(swiftkv_elastic_offer(l1.e, "again"), SWIFTKV_EBUSY);
+  assert_status(swiftkv_elastic_offer(l1.e, nullptr), SWIFTKV_EINVAL);
+  assert_status(swiftkv_elastic_offer(nullptr, "x"), SWIFTKV_EINVAL);
+  assert_int_equal(elastic_stats(l1.e).leases, 3);
+  // A context without an endpoint offers nothing.
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  swiftkv_model_desc ld = lender_desc();
+  ec.lender = &ld;
+  ec.borrower = &d;
+  ec.capacity_blocks = kUnitBlocks;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 1 << 20;
+  swiftkv_ctx *plain = nullptr;
+  assert_ok(swiftkv_ctx_create(&plain, &c));
+  swiftkv_elastic *e = nullptr;
+  assert_ok(swiftkv_elastic_create(&e, plain, &ec));
+  assert_status(swiftkv_elastic_offer(e, "x"), SWIFTKV_ESTATE);
+  swiftkv_elastic_destroy(e);
+  swiftkv_ctx_destroy(plain);
+  // A TCP endpoint works the same, and one in use cannot be bound twice.
+  const std::string tcp = "tcp://127.0.0.1:" + std::to_string(20000 + ::getpid() % 20000);
+  c.coord_endpoint = tcp.c_str();
+  swiftkv_ctx *first = nullptr;
+  if (swiftkv_ctx_create(&first, &c) == SWIFTKV_OK) {
+    assert_status(swiftkv_ctx_create(&plain, &c), SWIFTKV_EPEER);
+    assert_message_contains("cannot bind");
+    assert_ok(swiftkv_elastic_create(&e, first, &ec));
+    assert_ok(swiftkv_elastic_offer(e, "tcp"));
+    assert_ok(swiftkv_borrow_remote(&out, b1.ctx, b1.model, tcp.c_str(), "tcp", 1));
+    store(b1, 12, 2, 2 * kChunkTokens);
+    assert_int_equal(retrieve_checked(b1, 12, 2), 2 * kChunkTokens);
+    swiftkv_ctx_destroy(b1.ctx);
+    b1.ctx = nullptr;
+    swiftkv_elastic_destroy(e);
+    swiftkv_ctx_destroy(first);
+  }
+
+  swiftkv_ctx_destroy(b1.ctx);
+  swiftkv_ctx_destroy(b2.ctx);
+  lender_down(&l2);
+  lender_down(&l1);
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  g_self = argv[0];
+  if (argc == 4 && std::strcmp(argv[1], "--lender") == 0) {
+    return lender_main(argv[2], std::strtoull(argv[3], nullptr, 10));
+  }
+  if (argc == 3 && std::strcmp(argv[1], "--borrower") == 0) return borrower_main(argv[2]);
+  signal(SIGPIPE, SIG_IGN);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(store_and_load_across_processes),
+      cmocka_unit_test(reclaim_moves_chunks_down_then_acks),
+      cmocka_unit_test(lender_killed),
+      cmocka_unit_test(borrower_killed),
+      cmocka_unit_test(lender_drops_bad_messages),
+      cmocka_unit_test(borrower_drops_bad_messages),
+      cmocka_unit_test(many_lenders_and_borrowers),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
