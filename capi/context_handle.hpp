@@ -41,15 +41,19 @@ inline constexpr unsigned kTransferThreads = 2;
 
 }  // namespace swiftkv::capi
 
-// The coordinator stops first (its thread calls into the cache), then members are destroyed in
-// reverse: open requests (each waits for its copies), pools, the executor, the models, the cache
-// (its thread stops; remote leases are lost with the coordinator), the coordinator's sockets,
-// then the context whose budget the cache's memory came from.
+// The background threads stop first: the cache's (its event callback reads the models) and the
+// coordinator's (it calls into the cache). Then members are destroyed in reverse: open requests
+// (each waits for its copies), pools, the executor, the models, the cache (remote leases are lost
+// with the coordinator), the coordinator's sockets, then the context whose budget the cache's
+// memory came from.
 struct swiftkv_ctx {
   swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o, swiftkv::coord::CoordOptions co)
       : core(std::move(c)), attention_table(o.cost.attention_table), coord(std::move(co)),
         cache(core, std::move(o)) {}
-  ~swiftkv_ctx() { coord.shutdown(); }
+  ~swiftkv_ctx() {
+    cache.stop_thread();
+    coord.shutdown();
+  }
   swiftkv::Context core;
   const std::vector<double> attention_table;  // what get_config hands back
   swiftkv::coord::Coordinator coord;

@@ -20,5 +20,5 @@ cmake -S . -B "$dir" -G Ninja -DSWIFTKV_BUILD_TESTS=ON -DSWIFTKV_BUILD_BENCH=ON 
 cmake --build "$dir" -j "$(nproc)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}
+export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$top/tests/tsan.supp}
 ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"

@@ -50,7 +50,9 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
   if (options_.maintenance_interval_ms != 0) thread_ = std::thread([this] { run_thread(); });
 }
 
-ChunkCache::~ChunkCache() {
+ChunkCache::~ChunkCache() { stop_thread(); }
+
+void ChunkCache::stop_thread() noexcept {
   if (thread_.joinable()) {
     {
       std::lock_guard lock(thread_mu_);

@@ -164,6 +164,9 @@ class ChunkCache {
   // Runs a maintenance pass on the background thread now rather than at its next period: a
   // lender asked a lease back. Safe from any thread, with any lock held.
   void wake() noexcept;
+  // Stops the background thread for good (the destructor does too); the owner calls it first
+  // when what the event callback reads is about to go.
+  void stop_thread() noexcept;
 
   // One maintenance pass: leases renewed, reclaimed leases evacuated and released, lost leases'
   // chunks dropped, and ahead-of-time demotion.

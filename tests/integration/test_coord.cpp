@@ -103,7 +103,7 @@ std::vector<uint8_t> kv_of(uint32_t conv, size_t chunks) {
 struct Borrower {
   swiftkv_ctx *ctx = nullptr;
   uint32_t model = 0;
-  int events_dropped = 0;  // chunk events that dropped a chunk
+  std::atomic<int> events_dropped{0};  // chunk events that dropped a chunk
 };
 
 void on_event(const swiftkv_chunk_event *e, void *user) {
@@ -436,11 +436,11 @@ void reclaim_moves_chunks_down_then_acks(void **) {
     assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
     const swiftkv_lookup_result l = lookup(b, 2, 40);
     assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], s.chunks[SWIFTKV_TIER_HOST]);
-    assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped), 40);
+    assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped.load()), 40);
     if (host_full) {
-      assert_true(b.events_dropped >= 20);
+      assert_true(b.events_dropped.load() >= 20);
     } else {
-      assert_int_equal(b.events_dropped, 0);
+      assert_int_equal(b.events_dropped.load(), 0);
       assert_int_equal(retrieve_checked(b, 2, 40), 40 * kChunkTokens);
     }
     swiftkv_ctx_destroy(b.ctx);
@@ -500,7 +500,7 @@ void lender_killed(void **) {
   const swiftkv_lookup_result l = lookup(b, 3, 40);
   assert_int_equal(l.prefix_tokens, 8 * kChunkTokens);
   assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], 8);
-  assert_int_equal(b.events_dropped, 32);
+  assert_int_equal(b.events_dropped.load(), 32);
   // Still serving: host chunks load, new chunks go to host, and the dead lender is no lender.
   assert_int_equal(retrieve_checked(b, 3, 8), 8 * kChunkTokens);
   store(b, 4, 4, 4 * kChunkTokens);
