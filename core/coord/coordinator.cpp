@@ -460,8 +460,12 @@ void Coordinator::State::run() {
       items.push_back({nullptr, s->fdconn ? s->fdconn.get() : -1, ZMQ_POLLIN, 0});
       polled.push_back(s);
     }
+    // Sleep until the next heartbeat or lease scan is due (messages and callers wake it early).
+    uint64_t due = next_expiry_scan_ns;
+    for (const auto &s : active) due = std::min(due, s->next_heartbeat_ns);
+    const uint64_t t = monotonic_ns();
     const long timeout_ms =
-        static_cast<long>(std::clamp<uint64_t>(options.heartbeat_ns / 4'000'000, 1, 50));
+        static_cast<long>(std::min<uint64_t>(due > t ? (due - t + 999'999) / 1'000'000 : 0, 50));
     if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0 &&
         zmq_errno() != EINTR) {
       log_warn(std::string("coordinator: zmq_poll: ") + zmq_strerror(zmq_errno()));
@@ -1273,7 +1277,11 @@ void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
   }
   if (*more != 0) return;
   try {
-    std::shared_ptr<RegionMapping> m = open_region(export_of(s.info, std::move(s.pieces)));
+    // A VMM region passes its granules with each grant: it is mapped at the first one.
+    std::shared_ptr<RegionMapping> m;
+    if (!(s.pieces.empty() && s.info.memory_kind == static_cast<uint32_t>(MemoryKind::cuda_vmm))) {
+      m = open_region(export_of(s.info, std::move(s.pieces)));
+    }
     std::lock_guard lock(mu);
     s.mapping = std::move(m);
     s.phase = Phase::ready;
@@ -1339,12 +1347,23 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
       return refuse(SWIFTKV_EPEER, e.what());
     }
   }
+  std::shared_ptr<RegionMapping> mapping;
   try {
-    if (!pieces.empty()) s.mapping->adopt(export_of(s.info, std::move(pieces)));
+    {
+      std::lock_guard lock(mu);
+      mapping = s.mapping;
+    }
+    if (!mapping) {
+      if (pieces.empty()) return refuse(SWIFTKV_EPEER, "the lender passed no memory for a lease");
+      mapping = open_region(export_of(s.info, std::move(pieces)));
+    } else if (!pieces.empty()) {
+      mapping->adopt(export_of(s.info, std::move(pieces)));
+    }
   } catch (const Error &e) {
     return refuse(e.status(), std::string("mapping the lease: ") + e.what());
   }
   std::lock_guard lock(mu);
+  s.mapping = mapping;
   const auto it = s.lends.find(g.request);
   MirrorLease l;
   l.first_unit = g.first_unit;
