@@ -20,7 +20,13 @@ struct Coordinator::State {
 };
 
 Coordinator::Coordinator(CoordOptions options) : s_(std::make_shared<State>()) {
-  if (options.endpoint) unsupported();
+  if (options.endpoint) {
+    const std::string &ep = *options.endpoint;
+    if (ep.rfind("ipc://", 0) != 0 && ep.rfind("tcp://", 0) != 0) {
+      fail_invalid("coord_endpoint \"" + ep + "\" is neither ipc:// nor tcp://");
+    }
+    unsupported();
+  }
   s_->options = std::move(options);
 }
 

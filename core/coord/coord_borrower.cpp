@@ -1,0 +1,484 @@
+// The borrower's half of the coordinator: sessions with remote lenders, from the hello to the
+// mapped region, grants, heartbeats and their answers, reclaims, and losing a lender.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "core/common/clock.hpp"
+#include "core/common/error.hpp"
+#include "core/coord/coordinator_state.hpp"
+#include "core/coord/fd_channel.hpp"
+
+namespace swiftkv::coord {
+
+void Coordinator::State::send(Session &s, Payload p) {
+  uint64_t epoch = 0;
+  {
+    std::lock_guard lock(mu);
+    epoch = s.epoch;
+  }
+  const std::vector<uint8_t> bytes = encode(Message{++s.send_seq, epoch, std::move(p)});
+  zmq_send(s.sock, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
+  count(&CoordStats::messages_sent);
+}
+
+void Coordinator::State::on_command(const Command &c) {
+  Session &s = *c.session;
+  switch (c.kind) {
+    case Command::Kind::connect: {
+      {
+        std::lock_guard lock(mu);
+        if (s.phase != Phase::connecting) return;  // the caller gave up already
+      }
+      s.sock = zmq_socket(zctx, ZMQ_DEALER);
+      set_int(s.sock, ZMQ_LINGER, 0);
+      const int64_t max = kMaxMessageBytes;
+      zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+      if (zmq_connect(s.sock, s.endpoint.c_str()) != 0) {
+        fail_session(s, SWIFTKV_EINVAL,
+                     "cannot connect to \"" + s.endpoint + "\": " + zmq_strerror(zmq_errno()));
+        zmq_close(s.sock);
+        s.sock = nullptr;
+        return;
+      }
+      active.push_back(c.session);
+      send(s, Hello{s.mine, static_cast<uint32_t>(::getpid()), s.name});
+      return;
+    }
+    case Command::Kind::lend: {
+      if (s.sock == nullptr) return;
+      uint64_t max_units = 0;
+      {
+        std::lock_guard lock(mu);
+        const auto it = s.lends.find(c.value);
+        if (it == s.lends.end()) return;
+        max_units = it->second.max_units;
+      }
+      send(s, Lend{c.value, max_units});
+      return;
+    }
+    case Command::Kind::release:
+      if (s.sock != nullptr) send(s, Release{c.value});
+      return;
+    case Command::Kind::close: close_session(c.session); return;
+  }
+}
+
+void Coordinator::State::close_session(const std::shared_ptr<Session> &s) {
+  if (s->sock != nullptr) zmq_close(s->sock);
+  s->sock = nullptr;
+  std::erase(active, s);
+}
+
+void Coordinator::State::fail_session(Session &s, swiftkv_status st, const std::string &why) {
+  {
+    std::lock_guard lock(mu);
+    if (s.phase == Phase::failed) return;
+    s.phase = Phase::failed;
+    s.fail_status = st;
+    s.fail_message = why;
+  }
+  cv.notify_all();
+}
+
+void Coordinator::State::lose_lender(const std::shared_ptr<Session> &s, const std::string &why) {
+  std::function<void()> notify;
+  {
+    std::lock_guard lock(mu);
+    if (s->lost) return;
+    s->lost = true;
+    uint64_t n = 0;
+    for (auto &[id, l] : s->leases) {
+      if (!l.lost) ++n;
+      l.lost = true;
+    }
+    stats.leases_lost += n;
+    ++stats.lenders_lost;
+    for (auto it = sessions.begin(); it != sessions.end(); ++it) {
+      if (it->second == s) {
+        sessions.erase(it);
+        break;
+      }
+    }
+    stats.lenders_connected = sessions.size();
+    notify = s->on_reclaim;
+  }
+  log_warn("coordinator: lost the lender \"" + s->name + "\" at " + s->endpoint + ": " + why);
+  cv.notify_all();
+  close_session(s);
+  if (notify) notify();
+}
+
+void Coordinator::State::on_session(const std::shared_ptr<Session> &sp) {
+  Session &s = *sp;
+  std::vector<std::vector<uint8_t>> parts;
+  while (s.sock != nullptr && recv_parts(s.sock, &parts)) {
+    count(&CoordStats::messages_received);
+    if (parts.size() != 1) {
+      drop("a lender message of " + std::to_string(parts.size()) + " parts");
+      continue;
+    }
+    Decoded d = decode(parts[0]);
+    if (!d.message) {
+      drop(d.error);
+      continue;
+    }
+    const Message &m = *d.message;
+    const MsgType t = type_of(m.payload);
+    Phase phase;
+    uint64_t epoch = 0;
+    {
+      std::lock_guard lock(mu);
+      phase = s.phase;
+      epoch = s.epoch;
+    }
+    if (m.seq <= s.recv_seq) {
+      drop(std::string("a duplicated or reordered ") + msg_type_name(t));
+      continue;
+    }
+    if (m.epoch < epoch) {
+      drop(std::string("a ") + msg_type_name(t) + " of an older lease-table epoch");
+      continue;
+    }
+    const bool handshake = t == MsgType::welcome || t == MsgType::refuse;
+    if (handshake != (phase == Phase::connecting) ||
+        (!handshake && phase != Phase::ready) || t == MsgType::hello || t == MsgType::lend ||
+        t == MsgType::heartbeat || t == MsgType::release || t == MsgType::bye) {
+      drop(std::string("an unexpected ") + msg_type_name(t));
+      continue;
+    }
+    s.recv_seq = m.seq;
+    bool notify = false;
+    {
+      std::lock_guard lock(mu);
+      s.epoch = m.epoch;
+    }
+    switch (t) {
+      case MsgType::welcome: on_welcome(s, std::get<Welcome>(m.payload)); break;
+      case MsgType::refuse: {
+        const Refuse &r = std::get<Refuse>(m.payload);
+        fail_session(s, known_error_status(r.status) ? static_cast<swiftkv_status>(r.status)
+                                                     : SWIFTKV_EPEER,
+                     "the lender \"" + s.name + "\" refused: " + r.message);
+        break;
+      }
+      case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); break;
+      case MsgType::deny: {
+        const Deny &dn = std::get<Deny>(m.payload);
+        std::lock_guard lock(mu);
+        const auto it = s.lends.find(dn.request);
+        if (it == s.lends.end() || it->second.done) {
+          ++stats.messages_dropped;  // a late answer to a lend that timed out
+          break;
+        }
+        it->second.done = true;
+        it->second.status =
+            known_error_status(dn.status) ? static_cast<swiftkv_status>(dn.status) : SWIFTKV_EPEER;
+        it->second.message = dn.message;
+        cv.notify_all();
+        break;
+      }
+      case MsgType::heartbeat_ack: notify = on_ack(s, std::get<HeartbeatAck>(m.payload)); break;
+      case MsgType::reclaim: {
+        std::lock_guard lock(mu);
+        const auto it = s.leases.find(std::get<Reclaim>(m.payload).lease);
+        if (it == s.leases.end() || it->second.lost) {
+          ++stats.messages_dropped;  // a lease the session does not hold (given back already)
+          break;
+        }
+        notify = !it->second.reclaim;
+        it->second.reclaim = true;
+        break;
+      }
+      default: break;
+    }
+    if (notify && s.on_reclaim) s.on_reclaim();
+  }
+}
+
+void Coordinator::State::on_welcome(Session &s, const Welcome &w) {
+  // The lender's figures are checked against what this side computes itself: nothing about the
+  // memory is taken on trust.
+  std::string bad;
+  GeometrySizes lender{};
+  try {
+    lender = geometry_sizes(model_geometry(w.lender), "the lender's geometry");
+  } catch (const Error &e) {
+    bad = e.what();
+  }
+  if (bad.empty() && !same_chunk_layout(w.borrower, s.mine)) {
+    bad = "it lends to a borrower of " + geometry_text(w.borrower);
+  }
+  if (bad.empty()) {
+    const LendUnit u = lend_unit(s.sizes, lender);
+    if (u.borrower_chunks != w.unit_chunks || u.lender_blocks != w.unit_blocks ||
+        w.unit_bytes != u.lender_blocks * lender.full_block_bytes ||
+        w.unit_bytes != u.borrower_chunks * s.sizes.full_chunk_bytes) {
+      bad = "its lending unit (" + std::to_string(w.unit_blocks) + " blocks, " +
+            std::to_string(w.unit_chunks) + " chunks) is not " + std::to_string(u.lender_blocks) +
+            " blocks, " + std::to_string(u.borrower_chunks) + " chunks";
+    }
+  }
+  if (bad.empty() && (w.capacity_units == 0 || w.lease_ns == 0 || w.memory_kind > 2 ||
+                      w.capacity_units > w.region_bytes / w.unit_bytes || w.identity.empty())) {
+    bad = "its region description does not add up";
+  }
+  if (!bad.empty()) {
+    fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" sent a bad welcome: " + bad);
+    return;
+  }
+  try {
+    s.fdconn = fd_connect(w.fd_socket);
+    fd_send(s.fdconn.get(), encode_auth(FdAuth{w.session, w.token}), {});
+  } catch (const Error &e) {
+    fail_session(s, SWIFTKV_EPEER, e.what());
+    return;
+  }
+  std::lock_guard lock(mu);
+  s.info = w;
+  s.phase = Phase::awaiting_pieces;
+}
+
+namespace {
+
+// Checks a piece packet against what was asked for: its tag, one fd per piece, pieces inside
+// the region. Appends the pieces; returns the packets that follow, or an error.
+std::optional<uint32_t> take_pieces(FdPacket &p, uint64_t tag, uint64_t region_bytes,
+                                    std::vector<ExportedPiece> *out, std::string *error) {
+  std::optional<PiecePacket> pp = decode_pieces(p.bytes, error);
+  if (!pp) return std::nullopt;
+  if (pp->tag != tag || pp->pieces.size() != p.fds.size()) {
+    *error = "a piece packet for another request, or with the wrong number of fds";
+    return std::nullopt;
+  }
+  for (size_t i = 0; i < pp->pieces.size(); ++i) {
+    const WirePiece &w = pp->pieces[i];
+    if (w.size == 0 || w.offset > region_bytes || w.size > region_bytes - w.offset) {
+      *error = "a piece outside the region";
+      return std::nullopt;
+    }
+    ExportedPiece e;
+    e.offset = w.offset;
+    e.size = w.size;
+    e.generation = w.generation;
+    e.fd = std::move(p.fds[i]);
+    out->push_back(std::move(e));
+  }
+  return pp->more;
+}
+
+RegionExport export_of(const Welcome &w, std::vector<ExportedPiece> pieces) {
+  RegionExport e;
+  e.kind = static_cast<MemoryKind>(w.memory_kind);
+  e.device = w.device;
+  e.size = w.region_bytes;
+  e.identity = w.identity;
+  e.pieces = std::move(pieces);
+  std::copy(w.ipc_handle.begin(), w.ipc_handle.end(), e.ipc_handle.begin());
+  return e;
+}
+
+}  // namespace
+
+void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
+  Session &s = *sp;
+  Phase phase;
+  {
+    std::lock_guard lock(mu);
+    phase = s.phase;
+  }
+  FdPacket p;
+  try {
+    p = fd_recv(s.fdconn.get(), 0);
+  } catch (const Error &e) {
+    p.closed = true;
+  }
+  if (p.closed) {
+    if (phase == Phase::ready) return lose_lender(sp, "its fd channel hung up");
+    fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" hung up in the handshake");
+    return close_session(sp);
+  }
+  if (phase != Phase::awaiting_pieces) return drop("an fd packet nobody asked for");
+  std::string error;
+  const std::optional<uint32_t> more = take_pieces(p, 0, s.info.region_bytes, &s.pieces, &error);
+  if (!more) {
+    fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" sent " + error);
+    return close_session(sp);
+  }
+  if (*more != 0) return;
+  try {
+    // A VMM region passes its granules with each grant: it is mapped at the first one.
+    std::shared_ptr<RegionMapping> m;
+    if (!(s.pieces.empty() && s.info.memory_kind == static_cast<uint32_t>(MemoryKind::cuda_vmm))) {
+      m = open_region(export_of(s.info, std::move(s.pieces)));
+    }
+    std::lock_guard lock(mu);
+    s.mapping = std::move(m);
+    s.phase = Phase::ready;
+    stats.lenders_connected = sessions.size();
+  } catch (const Error &e) {
+    fail_session(s, e.status(), std::string("mapping the lender's region: ") + e.what());
+    return close_session(sp);
+  }
+  cv.notify_all();
+}
+
+void Coordinator::State::on_grant(Session &s, const Grant &g) {
+  uint64_t max_units = 0;
+  uint64_t sent_ns = 0;
+  {
+    std::lock_guard lock(mu);
+    const auto it = s.lends.find(g.request);
+    if (it != s.lends.end() && !it->second.done) {
+      max_units = it->second.max_units;
+      sent_ns = it->second.sent_ns;
+    }
+  }
+  auto refuse = [&](swiftkv_status st, const std::string &why) {
+    // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
+    send(s, Release{g.lease});
+    std::lock_guard lock(mu);
+    const auto it = s.lends.find(g.request);
+    if (it == s.lends.end()) {
+      ++stats.messages_dropped;
+      return;
+    }
+    it->second.done = true;
+    it->second.status = st;
+    it->second.message = why;
+    cv.notify_all();
+  };
+  if (max_units == 0) {
+    log_warn("coordinator: a grant for no pending lend; giving lease " + std::to_string(g.lease) +
+             " back");
+    return refuse(SWIFTKV_EPEER, "");
+  }
+  bool known = false;
+  {
+    std::lock_guard lock(mu);
+    known = s.leases.count(g.lease) != 0;
+  }
+  if (g.units == 0 || g.units > max_units || g.first_unit > s.info.capacity_units ||
+      g.units > s.info.capacity_units - g.first_unit || known || g.lease == 0) {
+    return refuse(SWIFTKV_EPEER, "the lender granted a lease that does not add up");
+  }
+  std::vector<ExportedPiece> pieces;
+  for (uint32_t i = 0; i < g.pieces; ++i) {
+    std::string error;
+    try {
+      FdPacket p = fd_recv(s.fdconn.get(), kFdWaitMs);
+      if (p.closed) return refuse(SWIFTKV_EPEER, "the lender hung up while passing memory");
+      const std::optional<uint32_t> more =
+          take_pieces(p, g.request, s.info.region_bytes, &pieces, &error);
+      if (!more || *more != g.pieces - i - 1) {
+        return refuse(SWIFTKV_EPEER, "the lender sent " + (error.empty() ? "too few pieces" : error));
+      }
+    } catch (const Error &e) {
+      return refuse(SWIFTKV_EPEER, e.what());
+    }
+  }
+  std::shared_ptr<RegionMapping> mapping;
+  try {
+    {
+      std::lock_guard lock(mu);
+      mapping = s.mapping;
+    }
+    if (!mapping) {
+      if (pieces.empty()) return refuse(SWIFTKV_EPEER, "the lender passed no memory for a lease");
+      mapping = open_region(export_of(s.info, std::move(pieces)));
+    } else if (!pieces.empty()) {
+      mapping->adopt(export_of(s.info, std::move(pieces)));
+    }
+  } catch (const Error &e) {
+    return refuse(e.status(), std::string("mapping the lease: ") + e.what());
+  }
+  std::lock_guard lock(mu);
+  s.mapping = mapping;
+  const auto it = s.lends.find(g.request);
+  MirrorLease l;
+  l.first_unit = g.first_unit;
+  l.units = g.units;
+  l.deadline_ns = sent_ns + s.info.lease_ns;  // the lender's lease began after the lend was sent
+  s.leases[g.lease] = l;
+  it->second.done = true;
+  it->second.grant.lease_id = g.lease;
+  it->second.grant.data = s.mapping->data() + g.first_unit * s.info.unit_bytes;
+  it->second.grant.device = s.mapping->device();
+  it->second.grant.chunks = g.units * s.info.unit_chunks;
+  cv.notify_all();
+}
+
+bool Coordinator::State::on_ack(Session &s, const HeartbeatAck &a) {
+  const auto sent = s.hb_sent.find(a.echo);
+  if (sent == s.hb_sent.end()) {
+    drop("a heartbeat ack for no heartbeat in flight");
+    return false;
+  }
+  const uint64_t sent_ns = sent->second.first;
+  const std::vector<uint64_t> listed = std::move(sent->second.second);
+  s.hb_sent.erase(s.hb_sent.begin(), std::next(sent));
+  std::map<uint64_t, const LeaseState *> table;
+  for (const LeaseState &l : a.leases) table[l.lease] = &l;
+  bool notify = false;
+  std::lock_guard lock(mu);
+  ++stats.heartbeats_answered;
+  for (auto &[id, l] : s.leases) {
+    if (l.lost) continue;
+    const auto it = table.find(id);
+    if (it != table.end()) {
+      const uint64_t span = std::min(it->second->remaining_ns, s.info.lease_ns);
+      l.deadline_ns = std::max(l.deadline_ns, sent_ns + span);
+      if (it->second->reclaim && !l.reclaim) {
+        l.reclaim = true;
+        notify = true;
+      }
+    } else if (std::find(listed.begin(), listed.end(), id) != listed.end()) {
+      // The lender no longer holds it: it expired there. Its bytes may be reused now.
+      l.lost = true;
+      ++stats.leases_lost;
+      notify = true;
+    }
+  }
+  return notify;
+}
+
+void Coordinator::State::heartbeats(uint64_t now) {
+  std::vector<std::shared_ptr<Session>> sessions_now = active;
+  for (const auto &sp : sessions_now) {
+    Session &s = *sp;
+    if (s.sock == nullptr) continue;
+    std::vector<uint64_t> ids;
+    bool notify = false;
+    {
+      std::lock_guard lock(mu);
+      if (s.phase != Phase::ready || s.lost || now < s.next_heartbeat_ns) continue;
+      for (auto &[id, l] : s.leases) {
+        if (l.lost) continue;
+        if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
+          l.lost = true;
+          ++stats.leases_lost;
+          notify = true;
+          continue;
+        }
+        ids.push_back(id);
+      }
+      s.next_heartbeat_ns = now + heartbeat_ns(s);
+    }
+    if (notify && s.on_reclaim) s.on_reclaim();
+    if (ids.empty()) continue;
+    if (ids.size() > kMaxLeasesPerMessage) ids.resize(kMaxLeasesPerMessage);
+    if (s.hb_sent.size() > 64) s.hb_sent.erase(s.hb_sent.begin());  // answers lost for good
+    s.hb_sent[s.send_seq + 1] = {now, ids};
+    send(s, Heartbeat{std::move(ids)});
+    count(&CoordStats::heartbeats_sent);
+  }
+}
+
+}  // namespace swiftkv::coord

@@ -1,0 +1,386 @@
+// The lender's half of the coordinator: borrower sessions on this process's regions, from the
+// hello to the last release, and the scans that send reclaims and forget expired leases.
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <random>
+
+#include "core/common/clock.hpp"
+#include "core/common/error.hpp"
+#include "core/coord/coordinator_state.hpp"
+#include "core/coord/fd_channel.hpp"
+
+namespace swiftkv::coord {
+
+void Coordinator::State::send_served(Served &srv, Payload p) {
+  Message m{++srv.send_seq, srv.epoch, std::move(p)};
+  const std::vector<uint8_t> bytes = encode(m);
+  zmq_send(router, srv.routing.data(), srv.routing.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  zmq_send(router, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
+  count(&CoordStats::messages_sent);
+}
+
+void Coordinator::State::on_router() {
+  std::vector<std::vector<uint8_t>> parts;
+  while (recv_parts(router, &parts)) {
+    count(&CoordStats::messages_received);
+    if (parts.size() != 2) {
+      drop("a message of " + std::to_string(parts.size()) + " parts (a routing id and a body)");
+      continue;
+    }
+    const std::string routing(parts[0].begin(), parts[0].end());
+    Decoded d = decode(parts[1]);
+    if (!d.message) {
+      drop(d.error);
+      continue;
+    }
+    const Message &m = *d.message;
+    const MsgType t = type_of(m.payload);
+    const auto it = served.find(routing);
+    if (t == MsgType::hello) {
+      if (it != served.end()) {
+        drop("a second hello on one session");
+      } else {
+        on_hello(routing, m);
+      }
+      continue;
+    }
+    if (it == served.end()) {
+      if (std::find(ended.begin(), ended.end(), routing) != ended.end()) {
+        continue;  // a borrower's last words (its bye) after its session was closed: harmless
+      }
+      drop(std::string("a ") + msg_type_name(t) + " from a peer that never said hello");
+      continue;
+    }
+    Served &srv = it->second;
+    if (m.seq <= srv.recv_seq) {
+      drop(std::string("a duplicated or reordered ") + msg_type_name(t) + " (seq " +
+           std::to_string(m.seq) + " after " + std::to_string(srv.recv_seq) + ")");
+      continue;
+    }
+    switch (t) {
+      case MsgType::lend:
+        srv.recv_seq = m.seq;
+        on_lend(srv, std::get<Lend>(m.payload));
+        break;
+      case MsgType::heartbeat:
+        srv.recv_seq = m.seq;
+        on_heartbeat(srv, m, std::get<Heartbeat>(m.payload));
+        break;
+      case MsgType::release:
+        if (srv.leases.count(std::get<Release>(m.payload).lease) == 0) {
+          drop("a release of lease " + std::to_string(std::get<Release>(m.payload).lease) +
+               ", which the session does not hold");
+          break;
+        }
+        srv.recv_seq = m.seq;
+        on_release(srv, std::get<Release>(m.payload));
+        break;
+      case MsgType::bye:
+        srv.recv_seq = m.seq;
+        end_served(srv);
+        served.erase(it);
+        break;
+      default: drop(std::string("a ") + msg_type_name(t) + ", which a borrower never sends");
+    }
+  }
+}
+
+void Coordinator::State::on_hello(const std::string &routing, const Message &m) {
+  const Hello &h = std::get<Hello>(m.payload);
+  Served srv;
+  srv.routing = routing;
+  srv.recv_seq = m.seq;
+  auto refuse = [&](swiftkv_status st, const std::string &why) {
+    log_info("coordinator: refused a borrower (pid " + std::to_string(h.pid) + "): " + why);
+    send_served(srv, Refuse{st, why});
+  };
+  std::shared_ptr<ElasticRegion> region;
+  {
+    std::lock_guard lock(mu);
+    const auto it = offers.find(h.region);
+    if (it != offers.end()) region = it->second.lock();
+  }
+  if (!region) return refuse(SWIFTKV_ENOTFOUND, "no region is offered as \"" + h.region + "\"");
+  const WireGeometry want = wire_geometry(*region->borrower());
+  if (!same_chunk_layout(h.borrower, want)) {
+    return refuse(SWIFTKV_EINVAL, "the region lends to a borrower of " + geometry_text(want) +
+                                      ", not " + geometry_text(h.borrower));
+  }
+  std::random_device rd;
+  for (size_t i = 0; i < srv.token.size(); i += 4) {
+    const uint32_t r = rd();
+    std::memcpy(srv.token.data() + i, &r, 4);
+  }
+  srv.id = next_session++;
+  srv.name = h.region;
+  srv.region = region;
+  srv.pid = h.pid;
+  Welcome w;
+  w.session = srv.id;
+  w.token = srv.token;
+  w.fd_socket = fd_name;
+  w.lender = wire_geometry(region->lender());
+  w.borrower = want;
+  w.unit_blocks = region->unit_blocks();
+  w.unit_chunks = region->unit_chunks();
+  w.unit_bytes = region->unit_bytes();
+  w.capacity_units = region->capacity_units();
+  w.lease_ns = region->lease_ns();
+  const RegionExport e = region->export_range(0, 0);
+  w.memory_kind = static_cast<uint32_t>(e.kind);
+  w.device = e.device;
+  w.region_bytes = region->memory().size();
+  w.identity = e.identity;
+  std::copy(e.ipc_handle.begin(), e.ipc_handle.end(), w.ipc_handle.begin());
+  send_served(srv, std::move(w));
+  served.emplace(routing, std::move(srv));
+  std::lock_guard lock(mu);
+  stats.sessions_served = served.size();
+}
+
+void Coordinator::State::on_accept() {
+  for (;;) {
+    UniqueFd fd = fd_accept(listener.get());
+    if (!fd) return;
+    if (unauthed.size() >= 64) {
+      log_warn("coordinator: too many fd channel connections without a session; closing one");
+      continue;
+    }
+    unauthed.push_back(std::move(fd));
+  }
+}
+
+void Coordinator::State::on_auth(UniqueFd fd) {
+  FdPacket p;
+  try {
+    p = fd_recv(fd.get(), 0);
+  } catch (const Error &e) {
+    return drop(std::string("fd channel: ") + e.what());
+  }
+  if (p.closed) return;
+  const std::optional<FdAuth> a = decode_auth(p.bytes);
+  Served *srv = nullptr;
+  if (a) {
+    for (auto &[routing, s] : served) {
+      if (s.id == a->session && s.token == a->token && !s.fdconn) srv = &s;
+    }
+  }
+  if (srv == nullptr || !p.fds.empty()) {
+    return drop("an fd channel connection without a valid session token");
+  }
+  srv->fdconn = std::move(fd);
+  const auto region = srv->region.lock();
+  if (!region) return;  // its region went away: the session's lends are denied
+  try {
+    uint32_t packets = 0;
+    // memfd: the whole file, mapped once; VMM: nothing yet (each grant brings its granules);
+    // CUDA IPC: the handle went in the welcome.
+    const RegionExport e = region->export_range(0, 0);
+    send_pieces(srv->fdconn.get(), 0, e, &packets);
+  } catch (const Error &e) {
+    log_warn(std::string("coordinator: could not pass the region to a borrower: ") + e.what());
+    srv->gone = true;
+  }
+}
+
+void Coordinator::State::send_pieces(int fd, uint64_t tag, const RegionExport &e,
+                                     uint32_t *packets) {
+  const size_t n = e.pieces.size();
+  size_t sent = 0;
+  *packets = 0;
+  do {
+    const size_t k = std::min<size_t>(kPiecesPerPacket, n - sent);
+    PiecePacket p;
+    p.tag = tag;
+    p.more = static_cast<uint32_t>((n - sent - k + kPiecesPerPacket - 1) / kPiecesPerPacket);
+    std::vector<int> fds;
+    for (size_t i = sent; i < sent + k; ++i) {
+      p.pieces.push_back(WirePiece{e.pieces[i].offset, e.pieces[i].size, e.pieces[i].generation});
+      fds.push_back(e.pieces[i].fd.get());
+    }
+    fd_send(fd, encode_pieces(p), fds);
+    sent += k;
+    ++*packets;
+  } while (sent < n);
+}
+
+void Coordinator::State::on_served_fd(Served &srv) {
+  // A borrower sends nothing after its auth: whatever is readable is a hang-up or noise.
+  FdPacket p;
+  try {
+    p = fd_recv(srv.fdconn.get(), 0);
+  } catch (const Error &e) {
+    p.closed = true;
+  }
+  if (p.closed) {
+    srv.gone = true;
+    log_info("coordinator: borrower pid " + std::to_string(srv.pid) +
+             " hung up; its leases end when they expire");
+    return;
+  }
+  drop("a packet from a borrower on the fd channel");
+}
+
+void Coordinator::State::on_lend(Served &srv, const Lend &l) {
+  auto deny = [&](swiftkv_status st, const std::string &why) {
+    send_served(srv, Deny{l.request, st, why});
+  };
+  const auto region = srv.region.lock();
+  if (!region) return deny(SWIFTKV_ENOTFOUND, "the region \"" + srv.name + "\" is gone");
+  if (!srv.fdconn || srv.gone) {
+    return deny(SWIFTKV_ESTATE, "the session's fd channel is not connected");
+  }
+  if (l.max_units == 0) return deny(SWIFTKV_EINVAL, "max_units is 0");
+  Lease lease;
+  try {
+    lease = region->lend(l.max_units);
+  } catch (const Error &e) {
+    return deny(e.status(), e.what());
+  }
+  uint32_t packets = 0;
+  if (region->memory().kind() == MemoryKind::cuda_vmm) {
+    try {
+      const RegionExport e =
+          region->export_range(region->lease_offset(lease), lease.units * region->unit_bytes());
+      send_pieces(srv.fdconn.get(), l.request, e, &packets);
+    } catch (const Error &e) {
+      try {
+        region->release(lease.id);
+      } catch (const Error &) {
+      }
+      return deny(SWIFTKV_EPEER, std::string("passing the lease's memory failed: ") + e.what());
+    }
+  }
+  srv.leases.insert(lease.id);
+  ++srv.epoch;
+  send_served(srv, Grant{l.request, lease.id, lease.first_unit, lease.units, packets});
+}
+
+void Coordinator::State::on_heartbeat(Served &srv, const Message &m, const Heartbeat &h) {
+  const auto region = srv.region.lock();
+  HeartbeatAck ack;
+  ack.echo = m.seq;
+  if (region) {
+    for (uint64_t id : h.leases) {
+      if (srv.leases.count(id) == 0) continue;  // never another session's lease
+      try {
+        region->renew(id);
+      } catch (const Error &) {
+        // Expired already: left out of the table below.
+      }
+    }
+    const uint64_t now = region->clock_now();
+    for (auto it = srv.leases.begin(); it != srv.leases.end();) {
+      try {
+        const Lease l = region->lease(*it);
+        ack.leases.push_back(LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0,
+                                        l.reclaim_requested});
+        ++it;
+      } catch (const Error &) {
+        srv.reclaim_sent_ns.erase(*it);
+        it = srv.leases.erase(it);
+        ++srv.epoch;
+      }
+    }
+  } else if (!srv.leases.empty()) {
+    srv.leases.clear();
+    ++srv.epoch;
+  }
+  if (ack.leases.size() > kMaxLeasesPerMessage) ack.leases.resize(kMaxLeasesPerMessage);
+  send_served(srv, std::move(ack));
+}
+
+void Coordinator::State::on_release(Served &srv, const Release &r) {
+  if (const auto region = srv.region.lock()) {
+    try {
+      region->release(r.lease);
+    } catch (const Error &) {
+      // It expired meanwhile: the region has it back already.
+    }
+  }
+  srv.leases.erase(r.lease);
+  ++srv.epoch;
+  const auto it = srv.reclaim_sent_ns.find(r.lease);
+  if (it == srv.reclaim_sent_ns.end()) return;
+  const uint64_t ns = monotonic_ns() - it->second;
+  srv.reclaim_sent_ns.erase(it);
+  std::lock_guard lock(mu);
+  ++stats.reclaims_acked;
+  stats.reclaim_ns_total += ns;
+  stats.reclaim_ns_max = std::max(stats.reclaim_ns_max, ns);
+}
+
+void Coordinator::State::end_served(Served &srv) {
+  if (const auto region = srv.region.lock()) {
+    for (uint64_t id : srv.leases) {
+      try {
+        region->release(id);
+      } catch (const Error &) {
+      }
+    }
+  }
+  srv.leases.clear();
+  std::lock_guard lock(mu);
+  stats.sessions_served = served.size() - 1;
+}
+
+void Coordinator::State::scan_served(uint64_t now) {
+  const bool expiry_scan = now >= next_expiry_scan_ns;
+  if (expiry_scan) next_expiry_scan_ns = now + options.heartbeat_ns;
+  std::map<const ElasticRegion *, std::vector<uint64_t>> pending;
+  for (auto it = served.begin(); it != served.end();) {
+    Served &srv = it->second;
+    const auto region = srv.region.lock();
+    if (region && !srv.leases.empty()) {
+      auto p = pending.find(region.get());
+      if (p == pending.end()) p = pending.emplace(region.get(), region->pending_reclaims()).first;
+      for (uint64_t id : p->second) {
+        if (srv.leases.count(id) == 0 || srv.reclaim_sent_ns.count(id) != 0) continue;
+        srv.reclaim_sent_ns[id] = monotonic_ns();
+        ++srv.epoch;
+        send_served(srv, Reclaim{id});
+        count(&CoordStats::reclaims_sent);
+      }
+    }
+    if (expiry_scan) {
+      for (auto l = srv.leases.begin(); l != srv.leases.end();) {
+        bool held = false;
+        if (region) {
+          try {
+            region->lease(*l);
+            held = true;
+          } catch (const Error &) {
+          }
+        }
+        if (held) {
+          ++l;
+          continue;
+        }
+        srv.reclaim_sent_ns.erase(*l);
+        l = srv.leases.erase(l);
+        ++srv.epoch;
+      }
+    }
+    // A borrower that hung up and whose leases all ended is forgotten.
+    if (srv.gone && srv.leases.empty()) {
+      ended.push_back(srv.routing);
+      if (ended.size() > 256) ended.pop_front();
+      it = served.erase(it);
+      std::lock_guard lock(mu);
+      stats.sessions_served = served.size();
+    } else {
+      ++it;
+    }
+  }
+}
+
+// --- Borrower side ------------------------------------------------------------------------------
+
+}  // namespace swiftkv::coord

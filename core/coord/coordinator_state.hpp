@@ -1,0 +1,252 @@
+// The coordinator's private state, shared by its three sources: coordinator.cpp (set-up, the
+// thread, the public calls), coord_lender.cpp (serving regions) and coord_borrower.cpp (sessions
+// with remote lenders). Not installed; nothing outside core/coord includes it.
+#pragma once
+
+#include <zmq.h>
+
+#include <algorithm>
+#include <array>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/common/log.hpp"
+#include "core/common/unique_fd.hpp"
+#include "core/coord/coordinator.hpp"
+#include "core/coord/wire.hpp"
+#include "core/memory/memory_region.hpp"
+
+namespace swiftkv::coord {
+
+
+constexpr int kFdWaitMs = 2000;  // the pieces of a grant are written before it: never long
+
+inline WireGeometry wire_geometry(const ModelGeometry &g) {
+  return WireGeometry{g.num_layers,   g.num_kv_heads, g.head_dim,
+                      g.block_tokens, g.chunk_tokens, static_cast<int32_t>(g.dtype)};
+}
+
+inline ModelGeometry model_geometry(const WireGeometry &w) {
+  ModelGeometry g;
+  g.num_layers = w.num_layers;
+  g.num_kv_heads = w.num_kv_heads;
+  g.head_dim = w.head_dim;
+  g.block_tokens = w.block_tokens;
+  g.chunk_tokens = w.chunk_tokens;
+  g.dtype = static_cast<swiftkv_dtype>(w.dtype);
+  return g;
+}
+
+inline std::string geometry_text(const WireGeometry &g) {
+  return "layers " + std::to_string(g.num_layers) + ", kv heads " +
+         std::to_string(g.num_kv_heads) + ", head dim " + std::to_string(g.head_dim) +
+         ", chunk " + std::to_string(g.chunk_tokens) + " tokens, dtype " +
+         std::to_string(g.dtype);
+}
+
+inline bool known_error_status(int32_t s) { return s <= SWIFTKV_EINVAL && s >= SWIFTKV_EINTERNAL; }
+
+// The chunk layout a borrower's lent memory must have: its geometry with the lender's block size
+// irrelevant (the lent tail is laid out in borrower chunks).
+inline bool same_chunk_layout(const WireGeometry &a, const WireGeometry &b) {
+  return a.num_layers == b.num_layers && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.chunk_tokens == b.chunk_tokens && a.dtype == b.dtype;
+}
+
+// One ZeroMQ message part, closed exactly once.
+class Part {
+ public:
+  Part() { zmq_msg_init(&m_); }
+  ~Part() { zmq_msg_close(&m_); }
+  Part(const Part &) = delete;
+  Part &operator=(const Part &) = delete;
+  zmq_msg_t *get() { return &m_; }
+  std::span<const uint8_t> bytes() {
+    return {static_cast<const uint8_t *>(zmq_msg_data(&m_)), zmq_msg_size(&m_)};
+  }
+
+ private:
+  zmq_msg_t m_;
+};
+
+// Receives one whole message (all its parts) without waiting; false when none is queued.
+inline bool recv_parts(void *sock, std::vector<std::vector<uint8_t>> *parts) {
+  parts->clear();
+  for (;;) {
+    Part p;
+    if (zmq_msg_recv(p.get(), sock, ZMQ_DONTWAIT) < 0) return !parts->empty();
+    const auto b = p.bytes();
+    parts->emplace_back(b.begin(), b.end());
+    if (!zmq_msg_more(p.get())) return true;
+    if (parts->size() > 4) {  // drain the rest of an oversized multipart message
+      while (zmq_msg_more(p.get()) && zmq_msg_recv(p.get(), sock, ZMQ_DONTWAIT) >= 0) {
+      }
+      return true;
+    }
+  }
+}
+
+inline void set_int(void *sock, int opt, int v) { zmq_setsockopt(sock, opt, &v, sizeof(v)); }
+
+struct MirrorLease {
+  uint64_t first_unit = 0;
+  uint64_t units = 0;
+  uint64_t deadline_ns = 0;  // on CLOCK_MONOTONIC: never past the lender's expiry
+  bool reclaim = false;
+  bool lost = false;
+};
+
+struct LendWait {
+  uint64_t max_units = 0;
+  uint64_t sent_ns = 0;
+  bool done = false;
+  swiftkv_status status = SWIFTKV_OK;
+  std::string message;
+  LeaseGrant grant;
+};
+
+enum class Phase { connecting, awaiting_pieces, ready, failed };
+
+
+// A borrower's session with one remote lender.
+struct Session {
+  std::string endpoint, name;
+  WireGeometry mine;
+  GeometrySizes sizes{};
+  std::function<void()> on_reclaim;
+
+  // Guarded by State::mu.
+  Phase phase = Phase::connecting;
+  swiftkv_status fail_status = SWIFTKV_OK;
+  std::string fail_message;
+  bool lost = false;
+  uint64_t epoch = 0;
+  Welcome info;
+  std::shared_ptr<RegionMapping> mapping;
+  std::map<uint64_t, MirrorLease> leases;
+  std::map<uint64_t, LendWait> lends;
+  uint64_t next_request = 1;
+
+  // The thread's alone, but fdconn: closed only here, so other threads may poll it.
+  void *sock = nullptr;
+  UniqueFd fdconn;
+  uint64_t send_seq = 0, recv_seq = 0;
+  std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
+  uint64_t next_heartbeat_ns = 0;
+  std::vector<ExportedPiece> pieces;  // the handshake's, as they arrive
+};
+
+
+// A borrower session on one of this process's regions. The thread's alone.
+struct Served {
+  std::string routing;
+  uint64_t id = 0;
+  std::array<uint8_t, 16> token{};
+  std::string name;
+  std::weak_ptr<ElasticRegion> region;
+  uint32_t pid = 0;
+  uint64_t recv_seq = 0, send_seq = 0, epoch = 0;
+  std::set<uint64_t> leases;
+  std::map<uint64_t, uint64_t> reclaim_sent_ns;
+  UniqueFd fdconn;
+  bool gone = false;  // the fd channel hung up: the borrower process is gone
+};
+
+struct Command {
+  enum class Kind { connect, lend, release, close } kind;
+  std::shared_ptr<Session> session;
+  uint64_t value = 0;  // lend: the request; release: the lease
+};
+
+
+struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
+  CoordOptions options;
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  // Guarded by mu.
+  std::deque<Command> commands;
+  std::map<std::string, std::weak_ptr<ElasticRegion>> offers;
+  std::map<std::string, std::shared_ptr<Session>> sessions;  // endpoint '\n' name
+  CoordStats stats;
+  bool started = false, stopping = false;
+  std::thread thread;
+
+  // The thread's alone (set up before it starts).
+  void *zctx = nullptr;
+  void *router = nullptr;
+  UniqueFd wake_fd;
+  UniqueFd listener;
+  std::string fd_name;
+  std::vector<UniqueFd> unauthed;
+  std::map<std::string, Served> served;  // by routing id
+  std::deque<std::string> ended;         // routing ids of sessions closed lately
+  std::vector<std::shared_ptr<Session>> active;
+  uint64_t next_session = 1;
+  uint64_t next_expiry_scan_ns = 0;
+
+  void wake() const noexcept {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(wake_fd.get(), &one, sizeof(one));
+  }
+  void post(Command c) {
+    {
+      std::lock_guard lock(mu);
+      commands.push_back(std::move(c));
+    }
+    wake();
+  }
+  void count(uint64_t CoordStats::*field, uint64_t n = 1) {
+    std::lock_guard lock(mu);
+    stats.*field += n;
+  }
+  void drop(const std::string &why) {
+    count(&CoordStats::messages_dropped);
+    log_warn("coordinator: dropped a message: " + why);
+  }
+  uint64_t heartbeat_ns(const Session &s) const {
+    return std::max<uint64_t>(1'000'000, std::min(options.heartbeat_ns, s.info.lease_ns / 3));
+  }
+
+  void start_locked();
+  void run();
+  void stop_all() noexcept;
+
+  // Lender side.
+  void send_served(Served &srv, Payload p);
+  void on_router();
+  void on_hello(const std::string &routing, const Message &m);
+  void on_accept();
+  void on_auth(UniqueFd fd);
+  void on_served_fd(Served &srv);
+  void on_lend(Served &srv, const Lend &l);
+  void on_heartbeat(Served &srv, const Message &m, const Heartbeat &h);
+  void on_release(Served &srv, const Release &r);
+  void end_served(Served &srv);
+  void scan_served(uint64_t now);
+  void send_pieces(int fd, uint64_t tag, const RegionExport &e, uint32_t *packets);
+
+  // Borrower side.
+  void send(Session &s, Payload p);
+  void on_command(const Command &c);
+  void on_session(const std::shared_ptr<Session> &s);
+  void on_session_fd(const std::shared_ptr<Session> &s);
+  void on_welcome(Session &s, const Welcome &w);
+  void on_grant(Session &s, const Grant &g);
+  bool on_ack(Session &s, const HeartbeatAck &a);
+  void fail_session(Session &s, swiftkv_status st, const std::string &why);
+  void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
+  void close_session(const std::shared_ptr<Session> &s);
+  void heartbeats(uint64_t now);
+};
+
+}  // namespace swiftkv::coord
