@@ -28,8 +28,7 @@
 
 namespace swiftkv::coord {
 
-
-constexpr int kFdWaitMs = 2000;  // the pieces of a grant are written before it: never long
+inline constexpr int kFdWaitMs = 2000;  // the pieces of a grant are written before it: never long
 
 inline WireGeometry wire_geometry(const ModelGeometry &g) {
   return WireGeometry{g.num_layers,   g.num_kv_heads, g.head_dim,
