@@ -417,9 +417,28 @@ void reclaim_moves_chunks_down_then_acks(void **) {
     store(b, 2, 40, 40 * kChunkTokens);
     assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 40);
 
-    // A request as large as the whole region: every lent unit is asked back.
+    // An engine request holds the chunks (its loads read them) across the reclaim.
+    uint32_t pool = 0;
+    assert_ok(swiftkv_pool_create(&pool, b.ctx, b.model, 40 * kChunkTokens / 16, 0));
+    const auto prompt = tokens_of(2, 40);
+    std::vector<int32_t> pages(prompt.size() / 16);
+    for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
+    swiftkv_request_desc rd = SWIFTKV_REQUEST_DESC_INIT;
+    rd.pool = pool;
+    rd.tokens = prompt.data();
+    rd.n_tokens = prompt.size();
+    rd.pages = pages.data();
+    rd.n_pages = pages.size();
+    uint64_t req = 0;
+    assert_ok(swiftkv_request_begin(&req, b.ctx, &rd));
+
+    // A request as large as the whole region: every lent unit is asked back. While the engine's
+    // request still reads from the lease, the lender does not get it.
     const std::string r = ask(lender, "scale " + std::to_string(kCapacityBlocks * 16));
     assert_int_equal(std::atoi(r.c_str()), SWIFTKV_IN_PROGRESS);
+    assert_string_not_equal(ask(lender, "settle 200").c_str(), "0\n");
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_finish(&info, b.ctx, req));
     assert_string_equal(ask(lender, "settle 10000").c_str(), "0\n");
     const LenderView v = lender_view(lender);
     assert_int_equal(v.owned, kCapacityBlocks);
@@ -466,6 +485,21 @@ void lender_killed(void **) {
   store(b, 3, 40, 40 * kChunkTokens);
   assert_int_equal(lookup(b, 3, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 32);
 
+  // An engine request that holds the whole prompt's cached run when the lender dies.
+  uint32_t pool = 0;
+  assert_ok(swiftkv_pool_create(&pool, b.ctx, b.model, 40 * kChunkTokens / 16, 0));
+  const auto prompt = tokens_of(3, 40);
+  std::vector<int32_t> pages(prompt.size() / 16);
+  for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(pages.size() - 1 - i);
+  swiftkv_request_desc rd = SWIFTKV_REQUEST_DESC_INIT;
+  rd.pool = pool;
+  rd.tokens = prompt.data();
+  rd.n_tokens = prompt.size();
+  rd.pages = pages.data();
+  rd.n_pages = pages.size();
+  uint64_t req = 0;
+  assert_ok(swiftkv_request_begin(&req, b.ctx, &rd));
+
   // Reads racing the kill: each returns a prefix, and the prefix is bit-exact. (The reader
   // thread only records; cmocka asserts on the test's thread.)
   std::atomic<int> wrong{0}, reads{0};
@@ -489,6 +523,40 @@ void lender_killed(void **) {
   assert_int_equal(wrong.load(), 0);
   // Right after the kill, before any heartbeat could have run out: nothing from the dead lender.
   assert_int_equal(retrieve_checked(b, 3, 40), 8 * kChunkTokens);
+  // The request's loads stop at the first chunk that was in the dead lender's memory: layer 0
+  // reports the 8 host chunks valid, and their bytes are in the pages. (The engine would now
+  // recompute the rest; the test ends the request instead.)
+  assert_ok(swiftkv_start_load(b.ctx, req, nullptr));
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  uint32_t pool_model = 0;
+  assert_ok(swiftkv_pool_get(&pd, &pool_model, b.ctx, pool));
+  const auto want = kv_of(3, 40);
+  const swiftkv_model_desc md = borrower_desc();
+  uint64_t valid = SENTINEL;
+  assert_ok(swiftkv_wait_layer_load(&valid, b.ctx, req, 0, nullptr));
+  assert_int_equal(valid, 8 * kChunkTokens);
+  const auto *base = static_cast<const uint16_t *>(pd.layer_base[0]);
+  const auto *src = reinterpret_cast<const uint16_t *>(want.data());
+  for (uint64_t g = 0; g < valid; ++g) {
+    const uint64_t chunk = g / kChunkTokens, tt = g % kChunkTokens;
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < md.num_kv_heads; ++h) {
+        for (uint32_t d = 0; d < md.head_dim; ++d) {
+          const uint64_t at = static_cast<uint64_t>(pages[g / 16]) * pd.page_stride +
+                              c * pd.kv_stride + (g % 16) * pd.token_stride +
+                              h * pd.head_stride + d;
+          const uint64_t from =
+              chunk * (kChunkBytes / 2) +
+              ((c * kChunkTokens + tt) * md.num_kv_heads + h) * md.head_dim + d;  // layer 0
+          if (base[at] != src[from]) {
+            fail_msg("token %llu differs", static_cast<unsigned long long>(g));
+          }
+        }
+      }
+    }
+  }
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_finish(&info, b.ctx, req));
   for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);
   const swiftkv_stats s = cache_stats(b);
   assert_int_equal(s.chunks[SWIFTKV_TIER_PEER], 0);
