@@ -108,6 +108,10 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
     if (it != offers.end()) region = it->second.lock();
   }
   if (!region) return refuse(SWIFTKV_ENOTFOUND, "no region is offered as \"" + h.region + "\"");
+  if (served.size() >= kMaxServed) {
+    return refuse(SWIFTKV_EBUSY, "this lender serves " + std::to_string(kMaxServed) +
+                                     " sessions already");
+  }
   const WireGeometry want = wire_geometry(*region->borrower());
   if (!same_chunk_layout(h.borrower, want)) {
     return refuse(SWIFTKV_EINVAL, "the region lends to a borrower of " + geometry_text(want) +
@@ -122,6 +126,7 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
   srv.name = h.region;
   srv.region = region;
   srv.pid = h.pid;
+  srv.created_ns = monotonic_ns();
   Welcome w;
   w.session = srv.id;
   w.token = srv.token;
@@ -368,10 +373,15 @@ void Coordinator::State::scan_served(uint64_t now) {
         ++srv.epoch;
       }
     }
-    // A borrower that hung up and whose leases all ended is forgotten.
-    if (srv.gone && srv.leases.empty()) {
-      ended.push_back(srv.routing);
-      if (ended.size() > 256) ended.pop_front();
+    // A borrower that hung up and whose leases all ended is forgotten, and so is a hello whose
+    // fd channel never connected.
+    const bool stillborn = !srv.fdconn && now - srv.created_ns > options.timeout_ns;
+    if (stillborn) log_info("coordinator: a session never connected its fd channel; forgotten");
+    if ((srv.gone || stillborn) && srv.leases.empty()) {
+      if (srv.gone) {
+        ended.push_back(srv.routing);
+        if (ended.size() > 256) ended.pop_front();
+      }
       it = served.erase(it);
       std::lock_guard lock(mu);
       stats.sessions_served = served.size();

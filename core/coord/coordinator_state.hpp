@@ -29,6 +29,7 @@
 namespace swiftkv::coord {
 
 inline constexpr int kFdWaitMs = 2000;  // the pieces of a grant are written before it: never long
+inline constexpr size_t kMaxServed = 4096;  // borrower sessions one context serves at most
 
 inline WireGeometry wire_geometry(const ModelGeometry &g) {
   return WireGeometry{g.num_layers,   g.num_kv_heads, g.head_dim,
@@ -159,6 +160,7 @@ struct Served {
   std::map<uint64_t, uint64_t> reclaim_sent_ns;
   UniqueFd fdconn;
   bool gone = false;  // the fd channel hung up: the borrower process is gone
+  uint64_t created_ns = 0;  // a session whose fd channel never connects is forgotten
 };
 
 struct Command {

@@ -174,11 +174,12 @@ struct Lender {
 };
 
 swiftkv_status lender_up(Lender *l, const std::string &endpoint, uint64_t lease_ms,
-                         const char *name) {
+                         const char *name, uint32_t timeout_ms = 5000) {
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.host_budget_bytes = 64 << 20;
   c.coord_endpoint = endpoint.c_str();
   c.coord_heartbeat_ms = 20;
+  c.coord_timeout_ms = timeout_ms;
   swiftkv_status st = swiftkv_ctx_create(&l->ctx, &c);
   if (st != SWIFTKV_OK) return st;
   swiftkv_model_desc ld = lender_desc();
@@ -791,6 +792,31 @@ void lender_drops_bad_messages(void **) {
   lender_down(&l);
 }
 
+// A hello whose fd channel never connects leaves no session behind once the timeout passed.
+void unconnected_sessions_are_forgotten(void **) {
+  const std::string ep = fresh_endpoint("stillborn");
+  Lender l;
+  assert_ok(lender_up(&l, ep, 10000, "lender", 200));
+  void *zctx = zmq_ctx_new();
+  void *sock = zmq_socket(zctx, ZMQ_DEALER);
+  const int zero = 0;
+  zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+  assert_int_equal(zmq_connect(sock, ep.c_str()), 0);
+  zsend(sock, wire(1, co::Hello{wire_borrower(), 1, "lender"}));
+  (void)std::get<co::Welcome>(zrecv(sock).payload);
+  assert_int_equal(coord_stats(l.ctx).sessions_served, 1);
+  for (int i = 0; i < 3000 && coord_stats(l.ctx).sessions_served != 0; ++i) sleep_ms(1);
+  assert_int_equal(coord_stats(l.ctx).sessions_served, 0);
+  // Its messages are strangers' now.
+  const uint64_t dropped = coord_stats(l.ctx).messages_dropped;
+  zsend(sock, wire(2, co::Lend{1, 1}));
+  wait_dropped(l.ctx, dropped + 1);
+  assert_int_equal(elastic_stats(l.e).leases, 0);
+  zmq_close(sock);
+  zmq_ctx_term(zctx);
+  lender_down(&l);
+}
+
 // A fake lender answering a real borrower with junk or a welcome that does not add up: the
 // handshake fails with a clear status and the borrower has borrowed nothing.
 void borrower_drops_bad_messages(void **) {
@@ -968,6 +994,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(lender_killed),
       cmocka_unit_test(borrower_killed),
       cmocka_unit_test(lender_drops_bad_messages),
+      cmocka_unit_test(unconnected_sessions_are_forgotten),
       cmocka_unit_test(borrower_drops_bad_messages),
       cmocka_unit_test(many_lenders_and_borrowers),
   };
