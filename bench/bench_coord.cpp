@@ -126,7 +126,7 @@ ReclaimRow reclaim_once(uint64_t chunks) {
   }
   std::vector<uint8_t> dst(kv.size() + 1);
   const auto c0 = Clock::now();
-  std::memcpy(dst.data(), kv.data(), kv.size());
+  if (!kv.empty()) std::memcpy(dst.data(), kv.data(), kv.size());
   const double memcpy_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
 
   const auto t0 = Clock::now();
