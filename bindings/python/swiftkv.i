@@ -1,0 +1,308 @@
+/* SWIG interface of the Python binding: the public header wrapped as it is, with typemaps that
+ * make it callable from Python without ctypes:
+ *   - a negative swiftkv_status raises swiftkv.Error(status, message); a call returns its status
+ *     (OK or IN_PROGRESS) followed by its outputs;
+ *   - output pointers (uint64_t *x_out, handles T **out) become return values;
+ *   - (pointer, length) pairs take any object with the buffer protocol (numpy arrays, bytes,
+ *     bytearray, memoryview) of the right item size;
+ *   - every other raw pointer (streams, tensors, struct fields) takes an int address (an engine
+ *     tensor's data_ptr()), None for NULL, or a buffer, and reads back as an int;
+ *   - the GIL is released around every call (-threads), and callbacks into Python take it.
+ * The module is swiftkv.capi (its C half swiftkv._capi); the Pythonic layer is
+ * swiftkv/__init__.py. */
+%module(package="swiftkv", threads="1") capi
+
+%{
+#define SWIG_FILE_WITH_INIT
+#include "swiftkv/swiftkv.h"
+
+static PyObject *swiftkv_py_error = NULL;
+
+/* Raises swiftkv.Error for a failed status; 0 when it raised. */
+static int swiftkv_py_check(swiftkv_status st) {
+  if (st >= 0) return 1;
+  SWIG_PYTHON_THREAD_BEGIN_BLOCK;
+  PyObject *args = Py_BuildValue("(is)", (int)st, swiftkv_last_error_message());
+  PyErr_SetObject(swiftkv_py_error, args);
+  Py_XDECREF(args);
+  SWIG_PYTHON_THREAD_END_BLOCK;
+  return 0;
+}
+
+/* A raw pointer from Python: None, an int address, a SWIG pointer, or a buffer (its address;
+ * the caller keeps the object alive). */
+static int swiftkv_py_pointer(PyObject *o, void **out, int writable) {
+  if (o == Py_None) {
+    *out = NULL;
+    return 1;
+  }
+  if (PyLong_Check(o)) {
+    *out = PyLong_AsVoidPtr(o);
+    return PyErr_Occurred() == NULL;
+  }
+  if (SWIG_ConvertPtr(o, out, 0, 0) == SWIG_OK) return 1;
+  Py_buffer view;
+  if (PyObject_GetBuffer(o, &view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) == 0) {
+    *out = view.buf;
+    PyBuffer_Release(&view);
+    return 1;
+  }
+  PyErr_Clear();
+  PyErr_SetString(PyExc_TypeError, "expected an int address, None or a buffer");
+  return 0;
+}
+
+/* A contiguous buffer of items of `itemsize` bytes (0: bytes of any item size). */
+static int swiftkv_py_buffer(PyObject *o, Py_buffer *view, int writable, Py_ssize_t itemsize,
+                             const char *what) {
+  int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT;
+  if (writable) flags |= PyBUF_WRITABLE;
+  if (PyObject_GetBuffer(o, view, flags) != 0) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_TypeError, "%s: expected a C-contiguous%s buffer (a numpy array, bytes)",
+                 what, writable ? " writable" : "");
+    return 0;
+  }
+  if (itemsize != 0 && view->itemsize != itemsize) {
+    PyErr_Format(PyExc_TypeError, "%s: expected items of %zd bytes, got %zd", what, itemsize,
+                 view->itemsize);
+    PyBuffer_Release(view);
+    return 0;
+  }
+  return 1;
+}
+
+/* --- Callbacks into Python ---------------------------------------------------------------- */
+
+static void swiftkv_py_event_trampoline(const swiftkv_chunk_event *e, void *user_data) {
+  PyGILState_STATE g = PyGILState_Ensure();
+  PyObject *r = PyObject_CallFunction((PyObject *)user_data, "(IiiiKK)", e->model, (int)e->from,
+                                      (int)e->to, (int)e->reason, (unsigned long long)e->key_lo,
+                                      (unsigned long long)e->key_hi);
+  if (r == NULL) PyErr_WriteUnraisable((PyObject *)user_data);
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+}
+
+static uint64_t swiftkv_py_clock_trampoline(void *user_data) {
+  PyGILState_STATE g = PyGILState_Ensure();
+  uint64_t v = 0;
+  PyObject *r = PyObject_CallNoArgs((PyObject *)user_data);
+  if (r != NULL) v = PyLong_AsUnsignedLongLong(r);
+  if (r == NULL || PyErr_Occurred()) PyErr_WriteUnraisable((PyObject *)user_data);
+  Py_XDECREF(r);
+  PyGILState_Release(g);
+  return v;
+}
+%}
+
+%init %{
+  swiftkv_py_error = PyErr_NewException("swiftkv.Error", NULL, NULL);
+  Py_INCREF(swiftkv_py_error);
+  PyModule_AddObject(m, "Error", swiftkv_py_error);
+%}
+
+%pythoncode %{
+Error = _capi.Error
+%}
+
+%include <stdint.i>
+%include <typemaps.i>
+
+/* The header's export attribute means nothing to SWIG. */
+#define __attribute__(x)
+
+/* These handle Python objects, so they keep the GIL. */
+%nothread swiftkv_py_pointer_array;
+%nothread swiftkv_py_address;
+
+/* --- Statuses ------------------------------------------------------------------------------ */
+%typemap(out) swiftkv_status {
+  if (!swiftkv_py_check($1)) SWIG_fail;
+  $result = PyLong_FromLong((long)$1);
+}
+
+/* --- Outputs ------------------------------------------------------------------------------- */
+%apply uint64_t *OUTPUT {
+  uint64_t *out, uint64_t *borrower_blocks_out, uint64_t *lender_blocks_out,
+  uint64_t *borrower_chunks_out, uint64_t *lender_delta_out, uint64_t *borrower_delta_out,
+  uint64_t *cached_tokens_out, uint64_t *loaded_tokens_out, uint64_t *lease_id_out,
+  uint64_t *cleared_chunks_out, uint64_t *chunks_there_out, uint64_t *request_out,
+  uint64_t *valid_end_tokens_out, uint64_t *saved_tokens_out, uint64_t *bytes_out
+};
+%apply uint32_t *OUTPUT { uint32_t *out, uint32_t *model_out, uint32_t *pool_out };
+%apply size_t *OUTPUT { size_t *count_out };
+
+%define SWIFTKV_HANDLE_OUT(TYPE)
+%typemap(in, numinputs=0) TYPE **out (TYPE *tmp = NULL) { $1 = &tmp; }
+%typemap(argout) TYPE **out {
+  $result = SWIG_Python_AppendOutput($result,
+                                     SWIG_NewPointerObj(SWIG_as_voidptr(*$1), $*1_descriptor, 0));
+}
+%enddef
+SWIFTKV_HANDLE_OUT(swiftkv_ctx)
+SWIFTKV_HANDLE_OUT(swiftkv_elastic)
+
+/* --- (pointer, length) buffers -------------------------------------------------------------- */
+%define SWIFTKV_BUFFER_IN(PTR, LEN, ITEM, WRITABLE)
+%typemap(in) (PTR, LEN) (Py_buffer view, int have = 0) {
+  if ($input == Py_None) {
+    $1 = NULL;
+    $2 = 0;
+  } else {
+    if (!swiftkv_py_buffer($input, &view, WRITABLE, ITEM, "$symname")) SWIG_fail;
+    have = 1;
+    $1 = ($1_ltype)view.buf;
+    $2 = (size_t)(ITEM == 0 ? view.len : view.len / (ITEM == 0 ? 1 : ITEM));
+  }
+}
+%typemap(freearg) (PTR, LEN) { if (have$argnum) PyBuffer_Release(&view$argnum); }
+%enddef
+SWIFTKV_BUFFER_IN(const uint32_t *tokens, size_t n_tokens, 4, 0)
+SWIFTKV_BUFFER_IN(const void *kv, size_t kv_bytes, 0, 0)
+SWIFTKV_BUFFER_IN(void *kv, size_t kv_bytes, 0, 1)
+SWIFTKV_BUFFER_IN(uint8_t *residency_out, size_t residency_capacity, 1, 1)
+SWIFTKV_BUFFER_IN(const uint64_t *lender_kv_bytes, size_t n_lenders, 8, 0)
+SWIFTKV_BUFFER_IN(uint64_t *ids_out, size_t ids_capacity, 8, 1)
+
+/* --- Raw pointers ---------------------------------------------------------------------------- */
+%define SWIFTKV_RAW_POINTER(TYPE, WRITABLE)
+%typemap(in) TYPE {
+  void *p = NULL;
+  if (!swiftkv_py_pointer($input, &p, WRITABLE)) SWIG_fail;
+  $1 = ($1_ltype)p;
+}
+%typemap(typecheck, precedence=SWIG_TYPECHECK_POINTER) TYPE { $1 = 1; }
+%typemap(out) TYPE { $result = PyLong_FromVoidPtr((void *)$1); }
+%typemap(memberin) TYPE { $1 = $input; }
+%enddef
+SWIFTKV_RAW_POINTER(void *, 1)
+SWIFTKV_RAW_POINTER(const void *, 0)
+SWIFTKV_RAW_POINTER(const int32_t *, 0)
+SWIFTKV_RAW_POINTER(float *, 1)
+SWIFTKV_RAW_POINTER(const double *, 0)
+SWIFTKV_RAW_POINTER(void *const *, 0)
+SWIFTKV_RAW_POINTER(const uint32_t *, 0)
+
+/* Fixed arrays in structs (per-tier counts, the plan's internal words) read as lists. */
+%typemap(out) uint64_t [ANY] {
+  $result = PyList_New($1_dim0);
+  for (Py_ssize_t i = 0; i < $1_dim0; ++i) {
+    PyList_SetItem($result, i, PyLong_FromUnsignedLongLong((unsigned long long)$1[i]));
+  }
+}
+
+/* Callbacks are set through the helpers below, never as raw fields. */
+%ignore swiftkv_set_chunk_event_callback;
+%immutable swiftkv_ctx_config::clock;
+%immutable swiftkv_ctx_config::clock_user_data;
+%immutable swiftkv_elastic_config::clock;
+%immutable swiftkv_elastic_config::clock_user_data;
+
+/* The library copies every string it keeps (names, paths, endpoints); the Pythonic layer keeps
+ * the Python strings alive while a struct that points to them is in use. */
+%typemap(memberin) const char * { $1 = $input; }
+%typemap(in) const char * (PyObject *bytes = NULL) {
+  if ($input == Py_None) {
+    $1 = NULL;
+  } else if (PyUnicode_Check($input)) {
+    $1 = (char *)PyUnicode_AsUTF8($input);
+    if ($1 == NULL) SWIG_fail;
+  } else if (PyBytes_Check($input)) {
+    $1 = PyBytes_AsString($input);
+  } else {
+    PyErr_SetString(PyExc_TypeError, "expected str, bytes or None");
+    SWIG_fail;
+  }
+}
+%typemap(typecheck, precedence=SWIG_TYPECHECK_STRING) const char * { $1 = 1; }
+%typemap(freearg) const char * ""
+
+%include "swiftkv/swiftkv.h"
+
+/* Constants whose values SWIG's preprocessor cannot evaluate: the C compiler does. */
+%inline %{
+uint64_t swiftkv_py_lease_all(void) { return SWIFTKV_LEASE_ALL; }
+uint32_t swiftkv_py_model_all(void) { return SWIFTKV_MODEL_ALL; }
+uint64_t swiftkv_py_device_mask_all(void) { return SWIFTKV_DEVICE_MASK_ALL; }
+%}
+
+/* --- Defaults from the header's INIT macros, and callback helpers ----------------------------- */
+%define SWIFTKV_INIT(TYPE, MACRO)
+%inline %{
+TYPE TYPE ## _init(void) {
+  TYPE v = MACRO;
+  return v;
+}
+%}
+%enddef
+SWIFTKV_INIT(swiftkv_model_desc, SWIFTKV_MODEL_DESC_INIT)
+SWIFTKV_INIT(swiftkv_capacity_plan, SWIFTKV_CAPACITY_PLAN_INIT)
+SWIFTKV_INIT(swiftkv_ctx_config, SWIFTKV_CTX_CONFIG_INIT)
+SWIFTKV_INIT(swiftkv_elastic_config, SWIFTKV_ELASTIC_CONFIG_INIT)
+SWIFTKV_INIT(swiftkv_layer_view, SWIFTKV_LAYER_VIEW_INIT)
+SWIFTKV_INIT(swiftkv_lease, SWIFTKV_LEASE_INIT)
+SWIFTKV_INIT(swiftkv_elastic_stats, SWIFTKV_ELASTIC_STATS_INIT)
+SWIFTKV_INIT(swiftkv_model_config, SWIFTKV_MODEL_CONFIG_INIT)
+SWIFTKV_INIT(swiftkv_lookup_result, SWIFTKV_LOOKUP_RESULT_INIT)
+SWIFTKV_INIT(swiftkv_stats, SWIFTKV_STATS_INIT)
+SWIFTKV_INIT(swiftkv_coord_stats, SWIFTKV_COORD_STATS_INIT)
+SWIFTKV_INIT(swiftkv_pool_desc, SWIFTKV_POOL_DESC_INIT)
+SWIFTKV_INIT(swiftkv_request_desc, SWIFTKV_REQUEST_DESC_INIT)
+SWIFTKV_INIT(swiftkv_request_info, SWIFTKV_REQUEST_INFO_INIT)
+SWIFTKV_INIT(swiftkv_attention_desc, SWIFTKV_ATTENTION_DESC_INIT)
+SWIFTKV_INIT(swiftkv_attention_plan, SWIFTKV_ATTENTION_PLAN_INIT)
+SWIFTKV_INIT(swiftkv_attention_args, SWIFTKV_ATTENTION_ARGS_INIT)
+
+%inline %{
+/* Sets (fn None: removes) the chunk event callback: fn(model, from, to, reason, key_lo, key_hi)
+ * runs on a library thread with the GIL taken. Returns the callable now held (the Pythonic layer
+ * keeps it and releases the previous one after this returns). */
+swiftkv_status swiftkv_py_set_chunk_event_callback(swiftkv_ctx *ctx, PyObject *fn) {
+  if (fn == Py_None) return swiftkv_set_chunk_event_callback(ctx, NULL, NULL);
+  return swiftkv_set_chunk_event_callback(ctx, swiftkv_py_event_trampoline, fn);
+}
+
+/* Points a config's clock at a Python callable returning nanoseconds (None: CLOCK_MONOTONIC). The
+ * caller keeps fn alive as long as the context or region. */
+void swiftkv_py_ctx_config_set_clock(swiftkv_ctx_config *c, PyObject *fn) {
+  c->clock = fn == Py_None ? NULL : swiftkv_py_clock_trampoline;
+  c->clock_user_data = fn == Py_None ? NULL : fn;
+}
+void swiftkv_py_elastic_config_set_clock(swiftkv_elastic_config *c, PyObject *fn) {
+  c->clock = fn == Py_None ? NULL : swiftkv_py_clock_trampoline;
+  c->clock_user_data = fn == Py_None ? NULL : fn;
+}
+
+/* An array of layer base addresses for swiftkv_pool_desc.layer_base, owned by the caller. */
+PyObject *swiftkv_py_pointer_array(PyObject *addresses) {
+  PyObject *seq = PySequence_Fast(addresses, "expected a sequence of addresses");
+  if (seq == NULL) return NULL;
+  const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+  PyObject *bytes = PyBytes_FromStringAndSize(NULL, n * (Py_ssize_t)sizeof(void *));
+  if (bytes == NULL) {
+    Py_DECREF(seq);
+    return NULL;
+  }
+  void **p = (void **)PyBytes_AsString(bytes);
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    p[i] = PyLong_AsVoidPtr(PySequence_Fast_GET_ITEM(seq, i));
+    if (PyErr_Occurred()) {
+      Py_DECREF(seq);
+      Py_DECREF(bytes);
+      return NULL;
+    }
+  }
+  Py_DECREF(seq);
+  return bytes;
+}
+
+/* The address of a buffer's first byte (a numpy array's data), as an int. */
+PyObject *swiftkv_py_address(PyObject *o) {
+  Py_buffer view;
+  if (PyObject_GetBuffer(o, &view, PyBUF_SIMPLE) != 0) return NULL;
+  PyObject *r = PyLong_FromVoidPtr(view.buf);
+  PyBuffer_Release(&view);
+  return r;
+}
+%}

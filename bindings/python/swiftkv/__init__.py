@@ -1,0 +1,738 @@
+"""Python binding of libswiftkv: KV-cache memory sharing between co-located LLMs.
+
+The raw module ``swiftkv.capi`` is SWIG over the C header: every ``swiftkv_*`` function, the
+versioned structs (with ``<struct>_init()`` giving the header's defaults) and the constants. A
+failed call raises :class:`Error`; a call returns its status (``OK`` or ``IN_PROGRESS``) followed
+by its outputs; the GIL is released while the library works.
+
+This layer removes the boilerplate: handles are objects that end their C object on ``close()``
+or when the ``with`` block ends (a context's regions, pools and requests before the context),
+structs come back as dicts, token and KV arrays are numpy arrays (any buffer works), and engine
+tensors pass as numpy arrays or raw addresses (``tensor.data_ptr()``).
+
+    import numpy as np, swiftkv
+    m = swiftkv.ModelDesc("llama", num_layers=4, num_kv_heads=2, head_dim=64, chunk_tokens=32)
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        model = ctx.register_model(m)
+        tokens = np.arange(64, dtype=np.uint32)
+        kv = np.zeros(2 * m.chunk_bytes, dtype=np.uint8)
+        model.store(tokens, kv)
+        print(model.lookup(tokens)["prefix_tokens"])    # 64
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from . import capi as _c
+
+__all__ = [
+    "Error", "Status", "DType", "Tier", "Role", "EvictionPolicy", "MemoryKind", "CudaAlloc",
+    "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
+    "version", "version_string", "status_string", "last_error_message", "device_count",
+    "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
+    "AttentionDesc", "attention_workspace_size", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
+    "MODEL_ALL", "TIERS_ALL",
+]
+
+# --- Errors and enums ----------------------------------------------------------------------------
+
+Error = _c.Error
+Error.__doc__ = "A libswiftkv call failed: .status (a Status) and .message (the library's words)."
+Error.status = property(lambda self: Status(self.args[0]))
+Error.message = property(lambda self: self.args[1])
+Error.__str__ = lambda self: f"{Status(self.args[0]).name}: {self.args[1]}"
+
+
+class Status(enum.IntEnum):
+    OK = _c.SWIFTKV_OK
+    IN_PROGRESS = _c.SWIFTKV_IN_PROGRESS
+    EINVAL = _c.SWIFTKV_EINVAL
+    ENOMEM = _c.SWIFTKV_ENOMEM
+    ENOTFOUND = _c.SWIFTKV_ENOTFOUND
+    EBUSY = _c.SWIFTKV_EBUSY
+    EIO = _c.SWIFTKV_EIO
+    ECUDA = _c.SWIFTKV_ECUDA
+    ENODEV = _c.SWIFTKV_ENODEV
+    EPEER = _c.SWIFTKV_EPEER
+    ETIMEDOUT = _c.SWIFTKV_ETIMEDOUT
+    EVERSION = _c.SWIFTKV_EVERSION
+    EUNSUPPORTED = _c.SWIFTKV_EUNSUPPORTED
+    EUSER = _c.SWIFTKV_EUSER
+    ESTATE = _c.SWIFTKV_ESTATE
+    EINTERNAL = _c.SWIFTKV_EINTERNAL
+
+
+class DType(enum.IntEnum):
+    F16 = _c.SWIFTKV_DTYPE_F16
+    BF16 = _c.SWIFTKV_DTYPE_BF16
+    F32 = _c.SWIFTKV_DTYPE_F32
+    FP8_E4M3 = _c.SWIFTKV_DTYPE_FP8_E4M3
+    FP8_E5M2 = _c.SWIFTKV_DTYPE_FP8_E5M2
+
+
+class Tier(enum.IntEnum):
+    PEER = _c.SWIFTKV_TIER_PEER
+    HOST = _c.SWIFTKV_TIER_HOST
+    DISK = _c.SWIFTKV_TIER_DISK
+    DROPPED = _c.SWIFTKV_TIER_DROPPED
+
+
+class Role(enum.IntEnum):
+    LENDER = _c.SWIFTKV_ROLE_LENDER
+    BORROWER = _c.SWIFTKV_ROLE_BORROWER
+
+
+class EvictionPolicy(enum.IntEnum):
+    LRU = _c.SWIFTKV_EVICT_LRU
+    RETENTION = _c.SWIFTKV_EVICT_RETENTION
+
+
+class MemoryKind(enum.IntEnum):
+    HOST_MEMFD = _c.SWIFTKV_MEMORY_HOST_MEMFD
+    CUDA_VMM = _c.SWIFTKV_MEMORY_CUDA_VMM
+    CUDA_IPC = _c.SWIFTKV_MEMORY_CUDA_IPC
+
+
+class CudaAlloc(enum.IntEnum):
+    AUTO = _c.SWIFTKV_CUDA_ALLOC_AUTO
+    VMM = _c.SWIFTKV_CUDA_ALLOC_VMM
+    MALLOC = _c.SWIFTKV_CUDA_ALLOC_MALLOC
+
+
+class ChunkEventReason(enum.IntEnum):
+    EVICTED = _c.SWIFTKV_CHUNK_EVICTED
+    REVOKED = _c.SWIFTKV_CHUNK_REVOKED
+    CORRUPT = _c.SWIFTKV_CHUNK_CORRUPT
+
+
+DEVICE_HOST = _c.SWIFTKV_DEVICE_HOST
+LEASE_ALL = _c.swiftkv_py_lease_all()
+MODEL_ALL = _c.swiftkv_py_model_all()
+DEVICE_MASK_ALL = _c.swiftkv_py_device_mask_all()
+TIERS_ALL = _c.SWIFTKV_TIERS_ALL
+_DTYPE_BYTES = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.FP8_E4M3: 1, DType.FP8_E5M2: 1}
+
+
+def version() -> int:
+    return _c.swiftkv_version()
+
+
+def version_string() -> str:
+    return _c.swiftkv_version_string()
+
+
+def status_string(status: int) -> str:
+    return _c.swiftkv_status_string(int(status))
+
+
+def last_error_message() -> str:
+    return _c.swiftkv_last_error_message()
+
+
+def _fields(s, names) -> dict:
+    return {n: getattr(s, n) for n in names}
+
+
+def _struct_fields(s) -> dict:
+    """Every field of a SWIG struct proxy but size and version, as a dict."""
+    names = [n for n, v in type(s).__dict__.items() if isinstance(v, property)]
+    return {n: getattr(s, n) for n in names if n not in ("size", "version", "this", "thisown")}
+
+
+# --- Geometry and planning ---------------------------------------------------------------------
+
+
+@dataclass
+class ModelDesc:
+    """A model's KV geometry (swiftkv_model_desc)."""
+
+    name: Optional[str] = None
+    num_layers: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    block_tokens: int = 16
+    chunk_tokens: int = 256
+    dtype: DType = DType.F16
+    device: int = DEVICE_HOST
+
+    def struct(self):
+        """The C struct; it points to self.name, so keep this object alive while it is used."""
+        d = _c.swiftkv_model_desc_init()
+        d.name = self.name
+        d.num_layers = self.num_layers
+        d.num_kv_heads = self.num_kv_heads
+        d.head_dim = self.head_dim
+        d.block_tokens = self.block_tokens
+        d.chunk_tokens = self.chunk_tokens
+        d.dtype = int(self.dtype)
+        d.device = self.device
+        return d
+
+    @property
+    def bytes_per_token(self) -> int:
+        return bytes_per_token(self)
+
+    @property
+    def chunk_bytes(self) -> int:
+        """Bytes of one cached chunk (all layers, K and V)."""
+        return self.bytes_per_token * self.chunk_tokens
+
+
+def bytes_per_token(m: ModelDesc) -> int:
+    _, n = _c.swiftkv_geometry_bytes_per_token(m.struct())
+    return n
+
+
+def meu(borrower: ModelDesc, lender: ModelDesc) -> tuple[int, int]:
+    """(borrower_blocks, lender_blocks): the minimum elastic unit (Eq. 6-9)."""
+    _, b, l = _c.swiftkv_geometry_meu(borrower.struct(), lender.struct())
+    return b, l
+
+
+def lend_unit(borrower: ModelDesc, lender: ModelDesc) -> tuple[int, int]:
+    """(borrower_chunks, lender_blocks): the unit elastic regions lend in."""
+    _, c, b = _c.swiftkv_geometry_lend_unit(borrower.struct(), lender.struct())
+    return c, b
+
+
+def plan_borrower(borrower: ModelDesc, borrower_kv_bytes: int,
+                  lender_kv_bytes: Sequence[int] = ()) -> dict:
+    """The borrower's layer stream cache and regular cache (Eq. 1-5)."""
+    import numpy as np
+
+    out = _c.swiftkv_capacity_plan_init()
+    lenders = np.asarray(lender_kv_bytes, dtype=np.uint64) if len(lender_kv_bytes) else None
+    _c.swiftkv_plan_borrower(borrower.struct(), borrower_kv_bytes, lenders, out)
+    return _struct_fields(out)
+
+
+def plan_scale_up(owned_blocks, block_tokens, meu_lender, meu_borrower, request_tokens):
+    """Algorithm 1 ScaleUp: (lender_delta, borrower_delta)."""
+    _, l, b = _c.swiftkv_plan_scale_up(owned_blocks, block_tokens, meu_lender, meu_borrower,
+                                       request_tokens)
+    return l, b
+
+
+def plan_scale_down(owned_blocks, block_tokens, meu_lender, meu_borrower, max_tokens_in_window):
+    """Algorithm 1 ScaleDown: (lender_delta, borrower_delta)."""
+    _, l, b = _c.swiftkv_plan_scale_down(owned_blocks, block_tokens, meu_lender, meu_borrower,
+                                         max_tokens_in_window)
+    return l, b
+
+
+def device_count() -> int:
+    _, n = _c.swiftkv_device_count()
+    return n
+
+
+# --- The context ---------------------------------------------------------------------------------
+
+
+class Context:
+    """One per engine process (swiftkv_ctx). Keyword arguments are swiftkv_ctx_config fields;
+    ``clock`` is a callable returning monotonic nanoseconds. Thread-safe, like the C context."""
+
+    _CONFIG = ("device_mask", "host_budget_bytes", "host_numa_node", "disk_path",
+               "disk_budget_bytes", "eviction_policy", "demote_free_percent",
+               "recompute_token_cost", "recompute_attention_cost", "attention_cost_table",
+               "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
+               "coord_heartbeat_ms", "coord_timeout_ms")
+
+    def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
+        import numpy as np
+
+        c = _c.swiftkv_ctx_config_init()
+        keep = []
+        table = config.pop("attention_cost_table", None)
+        if table is not None:
+            arr = np.ascontiguousarray(table, dtype=np.float64)
+            keep.append(arr)
+            c.attention_cost_table = arr
+            c.attention_cost_entries = len(arr)
+        for k, v in config.items():
+            if k not in self._CONFIG:
+                raise TypeError(f"unknown context option {k!r}")
+            if isinstance(v, str):
+                keep.append(v)
+            setattr(c, k, int(v) if isinstance(v, enum.IntEnum) else v)
+        if clock is not None:
+            _c.swiftkv_py_ctx_config_set_clock(c, clock)
+        self._clock = clock  # the library calls it for the context's life
+        _, self._h = _c.swiftkv_ctx_create(c)
+        self._children: list = []
+        self._event_fn = None
+        self._lock = threading.Lock()
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise Error(int(Status.ESTATE), "the context is closed")
+        return self._h
+
+    def close(self) -> None:
+        """Ends the context and everything made from it (requests, pools, regions first)."""
+        with self._lock:
+            if self._h is None:
+                return
+            for child in reversed(self._children):
+                child.close()
+            self._children.clear()
+            if self._event_fn is not None:
+                _c.swiftkv_py_set_chunk_event_callback(self._h, None)
+            _c.swiftkv_ctx_destroy(self._h)
+            self._h = None
+            self._event_fn = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def _adopt(self, child):
+        self._children.append(child)
+        return child
+
+    def config(self) -> dict:
+        out = _c.swiftkv_ctx_config_init()
+        _c.swiftkv_ctx_get_config(out, self.handle)
+        d = _struct_fields(out)
+        d.pop("clock", None)
+        d.pop("clock_user_data", None)
+        return d
+
+    def device_count(self) -> int:
+        _, n = _c.swiftkv_ctx_device_count(self.handle)
+        return n
+
+    def register_model(self, desc: ModelDesc, role: Role = Role.BORROWER) -> "Model":
+        cfg = _c.swiftkv_model_config_init()
+        d = desc.struct()
+        cfg.desc = d
+        cfg.role = int(role)
+        _, mid = _c.swiftkv_model_register(self.handle, cfg)
+        return Model(self, mid, desc, role)
+
+    def elastic(self, lender: ModelDesc, borrower: Optional[ModelDesc] = None, *,
+                capacity_blocks: int, owned_blocks: int = 0, window_ms: int = 60000,
+                lease_ms: int = 10000, cuda_alloc: CudaAlloc = CudaAlloc.AUTO,
+                keep_committed: bool = False,
+                clock: Optional[Callable[[], int]] = None) -> "Elastic":
+        """A lender's elastic region (swiftkv_elastic_create)."""
+        return self._adopt(Elastic(self, lender, borrower, capacity_blocks, owned_blocks,
+                                   window_ms, lease_ms, cuda_alloc, keep_committed, clock))
+
+    def stats(self) -> dict:
+        out = _c.swiftkv_stats_init()
+        _c.swiftkv_stats_get(out, self.handle)
+        return _struct_fields(out)
+
+    def coord_stats(self) -> dict:
+        out = _c.swiftkv_coord_stats_init()
+        _c.swiftkv_coord_stats_get(out, self.handle)
+        return _struct_fields(out)
+
+    def on_chunk_event(self, fn: Optional[Callable[[dict], None]]) -> None:
+        """fn(event) after the cache moved or dropped a chunk on its own, on a library thread;
+        event has model, from_tier, to_tier, reason, key. None removes it."""
+        if fn is None:
+            _c.swiftkv_py_set_chunk_event_callback(self.handle, None)
+            self._event_fn = None
+            return
+
+        def trampoline(model, frm, to, reason, key_lo, key_hi):
+            fn({"model": model, "from_tier": Tier(frm), "to_tier": Tier(to),
+                "reason": ChunkEventReason(reason), "key": (key_hi << 64) | key_lo})
+
+        _c.swiftkv_py_set_chunk_event_callback(self.handle, trampoline)
+        self._event_fn = trampoline  # held until replaced: the library points to it
+
+    def clear(self, tier_mask: int = TIERS_ALL) -> int:
+        """Drops the unpinned chunks of every model in the tiers of tier_mask."""
+        _, n = _c.swiftkv_clear(self.handle, MODEL_ALL, tier_mask, None)
+        return n
+
+
+# --- Models and the chunk cache ----------------------------------------------------------------
+
+
+def _tokens(tokens):
+    import numpy as np
+
+    return np.ascontiguousarray(tokens, dtype=np.uint32)
+
+
+class Model:
+    """A registered model (its id in the context)."""
+
+    def __init__(self, ctx: Context, mid: int, desc: ModelDesc, role: Role):
+        self.ctx, self.id, self.desc, self.role = ctx, mid, desc, role
+
+    def unregister(self) -> None:
+        _c.swiftkv_model_unregister(self.ctx.handle, self.id)
+
+    def lookup(self, tokens) -> dict:
+        """Where each full chunk of tokens is: the lookup result, with 'residency' (a Tier per
+        chunk, as a numpy uint8 array)."""
+        import numpy as np
+
+        t = _tokens(tokens)
+        res = np.zeros(len(t) // self.desc.chunk_tokens, dtype=np.uint8)
+        out = _c.swiftkv_lookup_result_init()
+        _c.swiftkv_lookup(out, res, self.ctx.handle, self.id, t)
+        d = _struct_fields(out)
+        d["chunks_per_tier"] = list(d["chunks_per_tier"]) if not isinstance(
+            d["chunks_per_tier"], list) else d["chunks_per_tier"]
+        d["residency"] = res
+        return d
+
+    def store(self, tokens, kv) -> int:
+        """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached."""
+        _, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens), kv)
+        return n
+
+    def retrieve(self, tokens, start_token: int, out) -> int:
+        """Copies cached chunks from start_token into out; the tokens copied."""
+        _, n = _c.swiftkv_retrieve(self.ctx.handle, self.id, _tokens(tokens), start_token, out)
+        return n
+
+    def borrow(self, lender: "Elastic", max_units: int) -> int:
+        """A lease of an elastic region of this process into the peer tier; the lease id."""
+        _, lease = _c.swiftkv_borrow(self.ctx.handle, self.id, lender.handle, max_units)
+        return lease
+
+    def borrow_remote(self, endpoint: str, lender_name: str, max_units: int) -> int:
+        """A lease of the region offered as lender_name at endpoint (another process)."""
+        _, lease = _c.swiftkv_borrow_remote(self.ctx.handle, self.id, endpoint, lender_name,
+                                            max_units)
+        return lease
+
+    def pin(self, tokens) -> None:
+        _c.swiftkv_pin(self.ctx.handle, self.id, _tokens(tokens))
+
+    def unpin(self, tokens) -> None:
+        _c.swiftkv_unpin(self.ctx.handle, self.id, _tokens(tokens))
+
+    def clear(self, tokens=None, tier_mask: int = TIERS_ALL) -> int:
+        t = None if tokens is None else _tokens(tokens)
+        _, n = _c.swiftkv_clear(self.ctx.handle, self.id, tier_mask, t)
+        return n
+
+    def move(self, tokens, to: Tier) -> int:
+        _, n = _c.swiftkv_move(self.ctx.handle, self.id, _tokens(tokens), int(to))
+        return n
+
+    def pool_create(self, regular_pages: int, stream_pages: int = 0) -> "Pool":
+        _, pid = _c.swiftkv_pool_create(self.ctx.handle, self.id, regular_pages, stream_pages)
+        return self.ctx._adopt(Pool(self, pid, None))
+
+    def pool_register(self, layers: Sequence, *, page_stride: int, kv_stride: int,
+                      token_stride: int, head_stride: int, stream_first: int = 0,
+                      stream_pages: int = 0, num_pages: Optional[int] = None,
+                      layer_span_bytes: Optional[int] = None) -> "Pool":
+        """Registers the engine's own per-layer tensors (numpy arrays, or int addresses with
+        num_pages and layer_span_bytes); strides in elements. The tensors must outlive the pool."""
+        import numpy as np
+
+        addrs, keep = [], list(layers)
+        for t in layers:
+            addrs.append(t if isinstance(t, int) else _c.swiftkv_py_address(t))
+        if num_pages is None:
+            num_pages = int(layers[0].shape[0])
+        if layer_span_bytes is None:
+            layer_span_bytes = int(layers[0].nbytes)
+        bases = _c.swiftkv_py_pointer_array(addrs)
+        d = _c.swiftkv_pool_desc_init()
+        d.num_pages = num_pages
+        d.stream_first = stream_first
+        d.stream_pages = stream_pages
+        d.layer_base = bases
+        d.layer_span_bytes = layer_span_bytes
+        d.page_stride, d.kv_stride = page_stride, kv_stride
+        d.token_stride, d.head_stride = token_stride, head_stride
+        _, pid = _c.swiftkv_pool_register(self.ctx.handle, self.id, d)
+        return self.ctx._adopt(Pool(self, pid, (keep, bases)))
+
+    def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0) -> "Request":
+        """Begins an engine request (swiftkv_request_begin); use it as a context manager."""
+        return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens))
+
+
+# --- The lender's elastic region ------------------------------------------------------------------
+
+
+class Elastic:
+    """A lender's elastic region (swiftkv_elastic)."""
+
+    def __init__(self, ctx, lender, borrower, capacity_blocks, owned_blocks, window_ms, lease_ms,
+                 cuda_alloc, keep_committed, clock):
+        self.ctx = ctx
+        cfg = _c.swiftkv_elastic_config_init()
+        self._keep = (lender.struct(), borrower.struct() if borrower else None, clock)
+        cfg.lender = self._keep[0]
+        cfg.borrower = self._keep[1]
+        cfg.capacity_blocks = capacity_blocks
+        cfg.owned_blocks = owned_blocks
+        cfg.window_ms = window_ms
+        cfg.lease_ms = lease_ms
+        cfg.cuda_alloc = int(cuda_alloc)
+        cfg.flags = _c.SWIFTKV_ELASTIC_KEEP_COMMITTED if keep_committed else 0
+        if clock is not None:
+            _c.swiftkv_py_elastic_config_set_clock(cfg, clock)
+        _, self._h = _c.swiftkv_elastic_create(ctx.handle, cfg)
+
+    @property
+    def handle(self):
+        if self._h is None:
+            raise Error(int(Status.ESTATE), "the region is closed")
+        return self._h
+
+    def close(self) -> None:
+        if self._h is not None:
+            _c.swiftkv_elastic_destroy(self._h)
+            self._h = None
+
+    def layer_view(self, layer: int) -> dict:
+        out = _c.swiftkv_layer_view_init()
+        _c.swiftkv_elastic_layer_view(out, self.handle, layer)
+        return _struct_fields(out)
+
+    def scale_for_request(self, request_tokens: int) -> tuple[Status, int, int]:
+        """(OK or IN_PROGRESS, lender blocks grown, borrower chunks lost)."""
+        st, b, c = _c.swiftkv_elastic_scale_for_request(self.handle, request_tokens)
+        return Status(st), b, c
+
+    def tick(self, in_use_blocks: int) -> tuple[Status, int, int]:
+        st, b, c = _c.swiftkv_elastic_tick(self.handle, in_use_blocks)
+        return Status(st), b, c
+
+    def lend(self, max_units: int) -> dict:
+        out = _c.swiftkv_lease_init()
+        _c.swiftkv_elastic_lend(out, self.handle, max_units)
+        return _struct_fields(out)
+
+    def lease(self, lease_id: int) -> dict:
+        out = _c.swiftkv_lease_init()
+        _c.swiftkv_elastic_lease_get(out, self.handle, lease_id)
+        return _struct_fields(out)
+
+    def renew(self, lease_id: int) -> None:
+        _c.swiftkv_elastic_renew(self.handle, lease_id)
+
+    def release(self, lease_id: int) -> None:
+        _c.swiftkv_elastic_release(self.handle, lease_id)
+
+    def reclaim(self, lease_id: int = LEASE_ALL) -> None:
+        _c.swiftkv_elastic_reclaim(self.handle, lease_id)
+
+    def pending_reclaims(self) -> list[int]:
+        import numpy as np
+
+        _, n = _c.swiftkv_elastic_pending_reclaims(None, self.handle)
+        ids = np.zeros(max(n, 1), dtype=np.uint64)
+        _, n = _c.swiftkv_elastic_pending_reclaims(ids, self.handle)
+        return [int(x) for x in ids[:n]]
+
+    def stats(self) -> dict:
+        out = _c.swiftkv_elastic_stats_init()
+        _c.swiftkv_elastic_stats_get(out, self.handle)
+        return _struct_fields(out)
+
+    def offer(self, name: str) -> None:
+        """Offers the region to borrowers in other processes (the context's coord_endpoint)."""
+        _c.swiftkv_elastic_offer(self.handle, name)
+
+
+# --- Pools and requests -------------------------------------------------------------------------
+
+
+class Pool:
+    """A borrower's paged KV pool (swiftkv_pool_create or swiftkv_pool_register)."""
+
+    def __init__(self, model: Model, pid: int, keep):
+        self.model, self.id, self._keep = model, pid, keep
+        self._open = True
+
+    def close(self) -> None:
+        if self._open and self.model.ctx._h is not None:
+            _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
+        self._open = False
+
+    def describe(self) -> dict:
+        d = _c.swiftkv_pool_desc_init()
+        _, mid = _c.swiftkv_pool_get(d, self.model.ctx.handle, self.id)
+        out = _struct_fields(d)
+        ptrs = (ctypes.c_void_p * self.model.desc.num_layers).from_address(d.layer_base)
+        out["layer_base"] = [p or 0 for p in ptrs]
+        out["model"] = mid
+        return out
+
+    def layer(self, layer: int):
+        """Layer `layer` as a numpy array [pages, 2, block_tokens, kv_heads, head_dim] viewing
+        the pool's memory (stride-exact; the pool must outlive it)."""
+        import numpy as np
+
+        d = self.describe()
+        m = self.model.desc
+        item = _DTYPE_BYTES[DType(m.dtype)]
+        np_dtype = {1: np.uint8, 2: np.float16, 4: np.float32}[item]
+        if DType(m.dtype) == DType.BF16:
+            np_dtype = np.uint16
+        buf = (ctypes.c_char * d["layer_span_bytes"]).from_address(d["layer_base"][layer])
+        flat = np.frombuffer(buf, dtype=np_dtype)
+        return np.lib.stride_tricks.as_strided(
+            flat, shape=(d["num_pages"], 2, m.block_tokens, m.num_kv_heads, m.head_dim),
+            strides=tuple(s * item for s in (d["page_stride"], d["kv_stride"],
+                                             d["token_stride"], d["head_stride"], 1)))
+
+
+class Request:
+    """An engine request through the connector: begin (here), start_load, per layer
+    wait_layer_load / save_layer, wait_save, finish (also on leaving a with block)."""
+
+    def __init__(self, model, pool, tokens, pages, load_from_tokens):
+        import numpy as np
+
+        self.model = model
+        self._tokens = _tokens(tokens)
+        self._pages = np.ascontiguousarray(pages, dtype=np.int32)
+        d = _c.swiftkv_request_desc_init()
+        d.pool = pool.id
+        d.tokens = _c.swiftkv_py_address(self._tokens) if len(self._tokens) else 0
+        d.n_tokens = len(self._tokens)
+        d.pages = _c.swiftkv_py_address(self._pages) if len(self._pages) else 0
+        d.n_pages = len(self._pages)
+        d.load_from_tokens = load_from_tokens
+        _, self.id = _c.swiftkv_request_begin(model.ctx.handle, d)
+        self._open = True
+        self.final: Optional[dict] = None
+
+    def start_load(self, stream=None) -> None:
+        _c.swiftkv_start_load(self.model.ctx.handle, self.id, stream)
+
+    def wait_layer_load(self, layer: int, stream=None) -> int:
+        """Layer `layer` is loaded; returns valid_end_tokens (the engine recomputes the rest)."""
+        _, v = _c.swiftkv_wait_layer_load(self.model.ctx.handle, self.id, layer, stream)
+        return v
+
+    def save_layer(self, layer: int, stream=None) -> None:
+        _c.swiftkv_save_layer(self.model.ctx.handle, self.id, layer, stream)
+
+    def wait_save(self, stream=None) -> int:
+        _, n = _c.swiftkv_wait_save(self.model.ctx.handle, self.id, stream)
+        return n
+
+    def info(self) -> dict:
+        out = _c.swiftkv_request_info_init()
+        _c.swiftkv_request_info_get(out, self.model.ctx.handle, self.id)
+        return _struct_fields(out)
+
+    def finish(self) -> dict:
+        if self._open:
+            out = _c.swiftkv_request_info_init()
+            _c.swiftkv_request_finish(out, self.model.ctx.handle, self.id)
+            self.final = _struct_fields(out)
+            self._open = False
+        return self.final
+
+    close = finish
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.finish()
+
+
+# --- Multi-token paged attention -------------------------------------------------------------------
+
+
+@dataclass
+class AttentionDesc:
+    """swiftkv_attention_desc."""
+
+    num_qo_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_tokens: int = 16
+    dtype: DType = DType.F16
+    device: int = DEVICE_HOST
+    causal: bool = True
+    kv_chunk_tokens: int = 0
+    sm_scale: float = 0.0
+    logits_soft_cap: float = 0.0
+
+    def struct(self):
+        d = _c.swiftkv_attention_desc_init()
+        for k in ("num_qo_heads", "num_kv_heads", "head_dim", "page_tokens", "device",
+                  "kv_chunk_tokens", "sm_scale", "logits_soft_cap"):
+            setattr(d, k, getattr(self, k))
+        d.dtype = int(self.dtype)
+        d.causal = 1 if self.causal else 0
+        return d
+
+
+def attention_workspace_size(desc: AttentionDesc, max_requests: int, max_q_tokens: int) -> int:
+    _, n = _c.swiftkv_attention_workspace_size(desc.struct(), max_requests, max_q_tokens)
+    return n
+
+
+class AttentionPlan:
+    """A plan over a batch (swiftkv_attention_plan_make) and its runs. On the host every array is
+    a numpy array; on a device pass int addresses (data_ptr()) for the workspace and tensors."""
+
+    def __init__(self, desc: AttentionDesc, qo_indptr, kv_indptr, kv_last_page_len, workspace,
+                 workspace_bytes: Optional[int] = None, stream=None):
+        import numpy as np
+
+        self.desc = desc
+        qo = np.ascontiguousarray(qo_indptr, dtype=np.int32)
+        kv = np.ascontiguousarray(kv_indptr, dtype=np.int32)
+        last = np.ascontiguousarray(kv_last_page_len, dtype=np.int32)
+        if workspace_bytes is None:
+            workspace_bytes = workspace.nbytes
+        self.workspace = workspace
+        self.plan = _c.swiftkv_attention_plan_init()
+        _c.swiftkv_attention_plan_make(self.plan, desc.struct(), qo, kv, last, len(last),
+                                       workspace, workspace_bytes, stream)
+
+    def counts(self) -> dict:
+        d = _struct_fields(self.plan)
+        d.pop("internal", None)
+        return d
+
+    def run(self, q, k_base, v_base, kv_indices, out, *, page_stride, token_stride, head_stride,
+            num_pages, lse=None, q_strides=None, out_strides=None, stream=None) -> None:
+        """q and out: [tokens, heads, head_dim]; k_base/v_base: page 0 of K and V; strides in
+        elements (q_strides / out_strides default to the arrays' own)."""
+        import numpy as np
+
+        a = _c.swiftkv_attention_args_init()
+        idx = np.ascontiguousarray(kv_indices, dtype=np.int32)
+
+        def elem_strides(arr, given):
+            if given is not None:
+                return given
+            return arr.strides[0] // arr.itemsize, arr.strides[1] // arr.itemsize
+
+        a.q = q
+        a.q_token_stride, a.q_head_stride = elem_strides(q, q_strides)
+        a.k_base, a.v_base = k_base, v_base
+        a.page_stride, a.token_stride, a.head_stride = page_stride, token_stride, head_stride
+        a.num_pages = num_pages
+        a.kv_indices = idx
+        a.out = out
+        a.out_token_stride, a.out_head_stride = elem_strides(out, out_strides)
+        a.lse = lse
+        _c.swiftkv_attention_run(self.plan, a, self.workspace, stream)
