@@ -116,14 +116,14 @@ Coordinator::Coordinator(CoordOptions options) : s_(std::make_shared<State>()) {
   }
   s_->wake_fd.reset(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!s_->wake_fd) fail(SWIFTKV_EINTERNAL, std::string("eventfd: ") + std::strerror(errno));
-  s_->zctx = zmq_ctx_new();
-  if (s_->zctx == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
+  // ZeroMQ (and its threads) starts only for a context that serves or borrows across processes.
   if (s_->options.endpoint) {
     const std::string &ep = *s_->options.endpoint;
     if (ep.rfind("ipc://", 0) != 0 && ep.rfind("tcp://", 0) != 0) {
-      zmq_ctx_term(s_->zctx);
       fail_invalid("coord_endpoint \"" + ep + "\" is neither ipc:// nor tcp://");
     }
+    s_->zctx = zmq_ctx_new();
+    if (s_->zctx == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
     s_->router = zmq_socket(s_->zctx, ZMQ_ROUTER);
     set_int(s_->router, ZMQ_LINGER, 0);
     const int64_t max = kMaxMessageBytes;
@@ -152,6 +152,8 @@ const CoordOptions &Coordinator::options() const noexcept { return s_->options; 
 
 void Coordinator::State::start_locked() {
   if (started) return;
+  if (zctx == nullptr) zctx = zmq_ctx_new();
+  if (zctx == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
   started = true;
   thread = std::thread([this] { run(); });
 }
@@ -362,8 +364,8 @@ std::shared_ptr<LenderLink> Coordinator::connect(const std::string &endpoint,
   s->mine = wire_geometry(g);
   s->sizes = geometry_sizes(g, "the borrower");
   s->on_reclaim = std::move(on_reclaim);
-  s_->sessions[key] = s;
   s_->start_locked();
+  s_->sessions[key] = s;
   s_->commands.push_back(Command{Command::Kind::connect, s, 0});
   s_->wake();
   const auto deadline =

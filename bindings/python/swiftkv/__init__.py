@@ -33,9 +33,10 @@ from . import capi as _c
 __all__ = [
     "Error", "Status", "DType", "Tier", "Role", "EvictionPolicy", "MemoryKind", "CudaAlloc",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
-    "version", "version_string", "status_string", "last_error_message", "device_count",
+    "version", "version_string", "status_string", "last_error_message", "dtype_size",
+    "device_count",
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
-    "AttentionDesc", "attention_workspace_size", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
+    "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
     "MODEL_ALL", "TIERS_ALL",
 ]
 
@@ -73,6 +74,7 @@ class DType(enum.IntEnum):
     F32 = _c.SWIFTKV_DTYPE_F32
     FP8_E4M3 = _c.SWIFTKV_DTYPE_FP8_E4M3
     FP8_E5M2 = _c.SWIFTKV_DTYPE_FP8_E5M2
+    I8 = _c.SWIFTKV_DTYPE_I8
 
 
 class Tier(enum.IntEnum):
@@ -115,7 +117,6 @@ LEASE_ALL = _c.swiftkv_py_lease_all()
 MODEL_ALL = _c.swiftkv_py_model_all()
 DEVICE_MASK_ALL = _c.swiftkv_py_device_mask_all()
 TIERS_ALL = _c.SWIFTKV_TIERS_ALL
-_DTYPE_BYTES = {DType.F16: 2, DType.BF16: 2, DType.F32: 4, DType.FP8_E4M3: 1, DType.FP8_E5M2: 1}
 
 
 def version() -> int:
@@ -132,6 +133,11 @@ def status_string(status: int) -> str:
 
 def last_error_message() -> str:
     return _c.swiftkv_last_error_message()
+
+
+def dtype_size(dtype: int) -> int:
+    """Bytes of one element (0 for a value that is not a DType)."""
+    return _c.swiftkv_dtype_size(int(dtype))
 
 
 def _fields(s, names) -> dict:
@@ -565,6 +571,7 @@ class Pool:
         self._open = True
 
     def close(self) -> None:
+        """Ends the pool (EBUSY, and it stays open, while a request uses it)."""
         if self._open and self.model.ctx._h is not None:
             _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
         self._open = False
@@ -585,7 +592,7 @@ class Pool:
 
         d = self.describe()
         m = self.model.desc
-        item = _DTYPE_BYTES[DType(m.dtype)]
+        item = dtype_size(m.dtype)
         np_dtype = {1: np.uint8, 2: np.float16, 4: np.float32}[item]
         if DType(m.dtype) == DType.BF16:
             np_dtype = np.uint16
@@ -686,6 +693,16 @@ class AttentionDesc:
 def attention_workspace_size(desc: AttentionDesc, max_requests: int, max_q_tokens: int) -> int:
     _, n = _c.swiftkv_attention_workspace_size(desc.struct(), max_requests, max_q_tokens)
     return n
+
+
+def attention_workspace(desc: AttentionDesc, max_requests: int, max_q_tokens: int):
+    """A host workspace (numpy uint8, 256-byte aligned) for plans on the host."""
+    import numpy as np
+
+    n = attention_workspace_size(desc, max_requests, max_q_tokens)
+    raw = np.zeros(n + 256, np.uint8)
+    skip = (-_c.swiftkv_py_address(raw)) % 256
+    return raw[skip:skip + n]
 
 
 class AttentionPlan:

@@ -1,0 +1,87 @@
+"""Pools (library-made and engine-owned numpy tensors) and the connector's per-layer calls."""
+
+import numpy as np
+import pytest
+
+import swiftkv
+from conftest import chunks_of, tokens_of
+
+
+def test_pool_create_and_views(ctx, small_model):
+    m = ctx.register_model(small_model)
+    pool = m.pool_create(8, 2)
+    d = pool.describe()
+    assert d["num_pages"] >= 10 and d["stream_pages"] == 2 and d["model"] == m.id
+    layer0, layer1 = pool.layer(0), pool.layer(1)
+    assert layer0.shape == (d["num_pages"], 2, 16, 2, 16)
+    # Stream pages share their memory across layers; regular pages do not.
+    s = d["stream_first"]
+    layer0[s, 0, 0, 0, 0] = 3.0
+    assert layer1[s, 0, 0, 0, 0] == 3.0
+    layer0[0, 0, 0, 0, 0] = 5.0
+    assert layer1[0, 0, 0, 0, 0] != 5.0
+    pool.close()
+
+
+def run_request(m, pool, layers, tokens, pages, write):
+    """One engine step: load, check, compute (write) the rest, save."""
+    with m.request(pool, tokens, pages) as r:
+        r.start_load()
+        info = r.info()
+        valid = []
+        for l in range(m.desc.num_layers):
+            valid.append(r.wait_layer_load(l))
+            write(l, valid[-1])
+            r.save_layer(l)
+        saved = r.wait_save()
+    return info, valid, saved, r.final
+
+
+def test_engine_tensors_round_trip(ctx, small_model):
+    m = ctx.register_model(small_model)
+    pages_n = 8
+    # The engine's own tensors, vLLM-like per layer: [2, pages, B, H, D].
+    layers = [np.zeros((2, pages_n, 16, 2, 16), np.float16) for _ in range(2)]
+    page_elems = 16 * 2 * 16
+    pool = m.pool_register([l for l in layers], page_stride=page_elems,
+                           kv_stride=pages_n * page_elems, token_stride=32, head_stride=16,
+                           num_pages=pages_n, layer_span_bytes=layers[0].nbytes)
+    tokens = tokens_of(7, 96)
+    pages = [5, 1, 7, 0, 3, 2]
+    rng = np.random.default_rng(7)
+    truth = [rng.standard_normal((2, 96, 2, 16)).astype(np.float16) for _ in range(2)]
+
+    def write(l, from_token):
+        for tok in range(from_token, 96):
+            layers[l][:, pages[tok // 16], tok % 16] = truth[l][:, tok]
+
+    info, valid, saved, final = run_request(m, pool, layers, tokens, pages, write)
+    assert valid == [0, 0] and saved == 96 and final["saved_tokens"] == 96
+    for l in layers:
+        l[:] = 0
+    pages2 = [4, 6, 0, 1, 2, 3]
+    info, valid, saved, _ = run_request(m, pool, layers, tokens, pages2, lambda l, v: None)
+    assert valid == [96, 96] and info["load_end_tokens"] == 96
+    for l in range(2):
+        for tok in range(96):
+            assert np.array_equal(layers[l][:, pages2[tok // 16], tok % 16], truth[l][:, tok])
+
+
+def test_request_errors(ctx, small_model):
+    m = ctx.register_model(small_model)
+    pool = m.pool_create(4)
+    with pytest.raises(swiftkv.Error) as e:
+        m.request(pool, tokens_of(1, 64), [0, 0, 1, 2])  # a page twice
+    assert e.value.status == swiftkv.Status.EINVAL
+    with m.request(pool, tokens_of(1, 32), [0, 1]) as r:
+        with pytest.raises(swiftkv.Error) as e:
+            r.wait_layer_load(0)  # before start_load
+        assert e.value.status == swiftkv.Status.ESTATE
+    with m.request(pool, tokens_of(1, 32), [0, 1]):
+        with pytest.raises(swiftkv.Error) as e:
+            pool.close()  # a request uses it
+        assert e.value.status == swiftkv.Status.EBUSY
+    pool.close()
+    with pytest.raises(swiftkv.Error) as e:
+        m.request(pool, tokens_of(1, 32), [0, 1])
+    assert e.value.status == swiftkv.Status.ENOTFOUND

@@ -1,0 +1,103 @@
+"""The lender's elastic region, borrowing from it in-process, and the coordinator between two
+contexts (the same protocol as between processes)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import swiftkv
+from conftest import chunks_of, endpoint, tokens_of
+
+
+def lender_desc():
+    # 3 layers, 2 heads, 16 dims, 16-token blocks: with the small model the unit is 4 blocks =
+    # 3 chunks.
+    return swiftkv.ModelDesc("pytest-lender", num_layers=3, num_kv_heads=2, head_dim=16)
+
+
+def test_region_calls(ctx, small_model):
+    e = ctx.elastic(lender_desc(), small_model, capacity_blocks=64, owned_blocks=8,
+                    lease_ms=60000)
+    s = e.stats()
+    assert (s["capacity_blocks"], s["owned_blocks"], s["free_blocks"]) == (64, 8, 56)
+    assert (s["unit_lender_blocks"], s["unit_borrower_chunks"]) == (4, 3)
+    v = e.layer_view(2)
+    assert v["num_pages"] == 64 and v["page_stride"] == 3 * 2 * 16 * 2 * 16 * 2
+    lease = e.lend(2)
+    assert lease["blocks"] == 8 and lease["chunks"] == 6 and lease["first_block"] == 56
+    assert e.lease(lease["id"])["reclaim_requested"] == 0
+    e.renew(lease["id"])
+    st, grown, lost = e.scale_for_request(64 * 16)
+    assert st == swiftkv.Status.IN_PROGRESS and grown == 56 and lost == 42
+    assert e.pending_reclaims() == [lease["id"]]
+    e.release(lease["id"])
+    assert e.pending_reclaims() == []
+    st, shrunk, gained = e.tick(8)
+    assert st == swiftkv.Status.OK
+    with pytest.raises(swiftkv.Error) as err:
+        e.renew(lease["id"])
+    assert err.value.status == swiftkv.Status.ENOTFOUND
+    with pytest.raises(swiftkv.Error) as err:
+        ctx.elastic(lender_desc(), small_model, capacity_blocks=63)  # not whole units
+    assert err.value.status == swiftkv.Status.EINVAL
+    e.close()
+
+
+def test_borrow_in_process_and_reclaim(ctx, small_model):
+    m = ctx.register_model(small_model)
+    e = ctx.elastic(lender_desc(), small_model, capacity_blocks=16, owned_blocks=4)
+    lease = m.borrow(e, 10)
+    assert lease > 0
+    t = tokens_of(5, 9 * 32)
+    kv = chunks_of(5, 9, small_model.chunk_bytes)
+    m.store(t, kv)
+    assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 9
+    e.reclaim(swiftkv.LEASE_ALL)
+    for _ in range(2000):
+        if not e.pending_reclaims():
+            break
+        time.sleep(0.001)
+    assert e.pending_reclaims() == []
+    assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.HOST] == 9
+    out = np.zeros_like(kv)
+    assert m.retrieve(t, 0, out) == 9 * 32 and np.array_equal(out, kv)
+    assert ctx.stats()["revocations"] == 9
+
+
+def test_remote_lender(tmp_path, small_model):
+    ep = endpoint(tmp_path, "lender")
+    with swiftkv.Context(host_budget_bytes=4 << 20, coord_endpoint=ep,
+                         coord_heartbeat_ms=20) as lctx, \
+            swiftkv.Context(host_budget_bytes=4 << 20, coord_heartbeat_ms=20,
+                            demote_free_percent=0) as bctx:
+        e = lctx.elastic(lender_desc(), small_model, capacity_blocks=32, owned_blocks=8)
+        e.offer("pool-a")
+        with pytest.raises(swiftkv.Error) as err:
+            e.offer("pool-b")
+        assert err.value.status == swiftkv.Status.EBUSY
+        m = bctx.register_model(small_model)
+        lease = m.borrow_remote(ep, "pool-a", 6)
+        assert e.lease(lease)["blocks"] == 24
+        t = tokens_of(6, 12 * 32)
+        kv = chunks_of(6, 12, small_model.chunk_bytes)
+        m.store(t, kv)
+        assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 12
+        out = np.zeros_like(kv)
+        assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
+        time.sleep(0.1)
+        cs = bctx.coord_stats()
+        assert cs["lenders_connected"] == 1 and cs["heartbeats_answered"] > 0
+        st, _, _ = e.scale_for_request(32 * 16)
+        assert st == swiftkv.Status.IN_PROGRESS
+        for _ in range(5000):
+            if e.stats()["reclaiming_blocks"] == 0:
+                break
+            time.sleep(0.001)
+        assert e.stats()["reclaiming_blocks"] == 0
+        ls = lctx.coord_stats()
+        assert ls["reclaims_acked"] == 1 and ls["reclaim_ns_max"] > 0
+        assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
+        with pytest.raises(swiftkv.Error) as err:
+            m.borrow_remote(ep, "nobody", 1)
+        assert err.value.status == swiftkv.Status.ENOTFOUND
