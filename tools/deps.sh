@@ -4,7 +4,8 @@
 # CUDA is not a Debian package here: when /usr/local/cuda/bin/nvcc exists the build uses it.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ gcc pkg-config binutils libcmocka-dev libnuma-dev libzmq3-dev
-      libxxhash-dev nlohmann-json3-dev python3)
+      libxxhash-dev nlohmann-json3-dev python3
+      swig python3-dev python3-numpy python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

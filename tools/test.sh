@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds libswiftkv and runs the whole test suite. The README's test command.
-#   tools/test.sh                 default build in build/ (CUDA when nvcc is found), all tests
+#   tools/test.sh                 default build in build/ (CUDA when nvcc is found), the bindings
+#                                 (for Debian's /usr/bin/python3), all tests
 #   tools/test.sh --asan          CPU build with ASan+UBSan in build-asan/, CPU tests
 #   tools/test.sh --tsan          CPU build with TSan in build-tsan/, CPU tests
 set -euo pipefail
@@ -10,7 +11,7 @@ bash tools/deps.sh
 
 mode=${1:-}
 case "$mode" in
-  "")     dir=build;      flags=() ;;
+  "")     dir=build;      flags=(-DSWIFTKV_BUILD_BINDINGS=ON -DPython3_EXECUTABLE=/usr/bin/python3) ;;
   --asan) dir=build-asan; flags=(-DSWIFTKV_ENABLE_ASAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
   --tsan) dir=build-tsan; flags=(-DSWIFTKV_ENABLE_TSAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
   *) echo "usage: tools/test.sh [--asan|--tsan]" >&2; exit 2 ;;
