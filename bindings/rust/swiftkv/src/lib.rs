@@ -1,0 +1,1129 @@
+//! Safe Rust interface to libswiftkv, the KV-cache memory layer that lets co-located LLMs share
+//! KV memory: a lender's elastic region, a borrower's chunk cache over peer, host and disk
+//! tiers, per-layer loads and saves into an engine's own pages, and multi-token paged attention.
+//!
+//! Every call returns `Result<T, Error>`; an `Error` carries the library's status and its
+//! message. Handles end their C object when dropped (`Context`, `Elastic`, `Pool`, `Request`);
+//! what borrows a context cannot outlive it. `Context` and `Elastic` are `Send + Sync` because
+//! the C API makes every call on them thread-safe; `Request` is `Send` only.
+//!
+//! ```no_run
+//! use swiftkv::{Context, ContextConfig, ModelDesc};
+//! let ctx = Context::new(&ContextConfig { host_budget_bytes: 64 << 20, ..Default::default() })?;
+//! let model = ctx.register_model(&ModelDesc::new("llama", 4, 2, 64).chunk_tokens(32))?;
+//! let tokens: Vec<u32> = (0..64).collect();
+//! let kv = vec![0u8; 2 * model.desc().chunk_bytes()? as usize];
+//! assert_eq!(model.store(&tokens, &kv)?, 64);
+//! # Ok::<(), swiftkv::Error>(())
+//! ```
+
+use std::ffi::{c_void, CStr, CString};
+use std::fmt;
+use std::marker::PhantomData;
+use std::os::raw::c_char;
+use std::ptr;
+use std::sync::Mutex;
+
+pub use swiftkv_sys as sys;
+
+// --- Errors -------------------------------------------------------------------------------------
+
+/// A status of the C API (`swiftkv_status`): 0 and 1 are not errors, every error is negative.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Status(pub i32);
+
+impl Status {
+    pub const OK: Status = Status(sys::SWIFTKV_OK);
+    pub const IN_PROGRESS: Status = Status(sys::SWIFTKV_IN_PROGRESS);
+    pub const EINVAL: Status = Status(sys::SWIFTKV_EINVAL);
+    pub const ENOMEM: Status = Status(sys::SWIFTKV_ENOMEM);
+    pub const ENOTFOUND: Status = Status(sys::SWIFTKV_ENOTFOUND);
+    pub const EBUSY: Status = Status(sys::SWIFTKV_EBUSY);
+    pub const EIO: Status = Status(sys::SWIFTKV_EIO);
+    pub const ECUDA: Status = Status(sys::SWIFTKV_ECUDA);
+    pub const ENODEV: Status = Status(sys::SWIFTKV_ENODEV);
+    pub const EPEER: Status = Status(sys::SWIFTKV_EPEER);
+    pub const ETIMEDOUT: Status = Status(sys::SWIFTKV_ETIMEDOUT);
+    pub const EVERSION: Status = Status(sys::SWIFTKV_EVERSION);
+    pub const EUNSUPPORTED: Status = Status(sys::SWIFTKV_EUNSUPPORTED);
+    pub const EUSER: Status = Status(sys::SWIFTKV_EUSER);
+    pub const ESTATE: Status = Status(sys::SWIFTKV_ESTATE);
+    pub const EINTERNAL: Status = Status(sys::SWIFTKV_EINTERNAL);
+
+    /// The library's static text for the status.
+    pub fn as_str(self) -> &'static str {
+        unsafe { CStr::from_ptr(sys::swiftkv_status_string(self.0)) }.to_str().unwrap_or("?")
+    }
+}
+
+/// A failed call: its status and the library's message (read on the failing thread).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    pub status: Status,
+    pub message: String,
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.status.as_str(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// Turns a C status into a Result; the message is thread-local, so it is read right here.
+fn check(st: sys::swiftkv_status) -> Result<Status> {
+    if st >= 0 {
+        return Ok(Status(st));
+    }
+    let message = unsafe { CStr::from_ptr(sys::swiftkv_last_error_message()) }
+        .to_string_lossy()
+        .into_owned();
+    Err(Error { status: Status(st), message })
+}
+
+fn invalid(message: &str) -> Error {
+    Error { status: Status::EINVAL, message: message.to_string() }
+}
+
+fn cstring(s: &str, what: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| invalid(&format!("{} contains a NUL byte", what)))
+}
+
+// --- Version, dtypes, constants --------------------------------------------------------------------
+
+pub fn version() -> u32 {
+    unsafe { sys::swiftkv_version() }
+}
+
+pub fn version_string() -> &'static str {
+    unsafe { CStr::from_ptr(sys::swiftkv_version_string()) }.to_str().unwrap_or("?")
+}
+
+/// KV element types (`swiftkv_dtype`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(i32)]
+pub enum DType {
+    F16 = sys::SWIFTKV_DTYPE_F16 as i32,
+    BF16 = sys::SWIFTKV_DTYPE_BF16 as i32,
+    F32 = sys::SWIFTKV_DTYPE_F32 as i32,
+    Fp8E4M3 = sys::SWIFTKV_DTYPE_FP8_E4M3 as i32,
+    Fp8E5M2 = sys::SWIFTKV_DTYPE_FP8_E5M2 as i32,
+    I8 = sys::SWIFTKV_DTYPE_I8 as i32,
+}
+
+impl DType {
+    pub fn size(self) -> u32 {
+        unsafe { sys::swiftkv_dtype_size(self as sys::swiftkv_dtype) }
+    }
+}
+
+/// Where a chunk lives (`swiftkv_tier`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum Tier {
+    Peer = sys::SWIFTKV_TIER_PEER as u32,
+    Host = sys::SWIFTKV_TIER_HOST as u32,
+    Disk = sys::SWIFTKV_TIER_DISK as u32,
+    Dropped = sys::SWIFTKV_TIER_DROPPED as u32,
+}
+
+impl Tier {
+    fn from_raw(v: u32) -> Tier {
+        match v {
+            0 => Tier::Peer,
+            1 => Tier::Host,
+            2 => Tier::Disk,
+            _ => Tier::Dropped,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    Lender,
+    Borrower,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EvictionPolicy {
+    Lru,
+    Retention,
+}
+
+/// How a device region is allocated (`swiftkv_cuda_alloc`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CudaAlloc {
+    Auto,
+    Vmm,
+    Malloc,
+}
+
+pub const DEVICE_HOST: i32 = sys::SWIFTKV_DEVICE_HOST;
+/// Every lease, for `Elastic::reclaim`.
+pub const LEASE_ALL: u64 = u64::MAX;
+/// Every model, for `Context::clear`.
+pub const MODEL_ALL: u32 = sys::SWIFTKV_MODEL_ALL;
+/// Every tier, for the clear calls.
+pub const TIERS_ALL: u32 = sys::SWIFTKV_TIERS_ALL;
+
+// --- Geometry and planning ------------------------------------------------------------------------
+
+/// A model's KV geometry (`swiftkv_model_desc`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModelDesc {
+    pub name: String,
+    pub num_layers: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub block_tokens: u32,
+    pub chunk_tokens: u32,
+    pub dtype: DType,
+    pub device: i32,
+}
+
+impl ModelDesc {
+    /// A host model in f16 with the header's defaults (16-token blocks, 256-token chunks).
+    pub fn new(name: &str, num_layers: u32, num_kv_heads: u32, head_dim: u32) -> ModelDesc {
+        ModelDesc {
+            name: name.to_string(),
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            block_tokens: 16,
+            chunk_tokens: 256,
+            dtype: DType::F16,
+            device: DEVICE_HOST,
+        }
+    }
+    pub fn block_tokens(mut self, v: u32) -> Self {
+        self.block_tokens = v;
+        self
+    }
+    pub fn chunk_tokens(mut self, v: u32) -> Self {
+        self.chunk_tokens = v;
+        self
+    }
+    pub fn dtype(mut self, v: DType) -> Self {
+        self.dtype = v;
+        self
+    }
+    pub fn device(mut self, v: i32) -> Self {
+        self.device = v;
+        self
+    }
+
+    /// The C struct and the name it points to (keep both alive while the struct is used).
+    fn raw(&self) -> Result<(sys::swiftkv_model_desc, CString)> {
+        let name = cstring(&self.name, "name")?;
+        let d = sys::swiftkv_model_desc {
+            size: std::mem::size_of::<sys::swiftkv_model_desc>() as u32,
+            version: sys::SWIFTKV_MODEL_DESC_VERSION,
+            name: if self.name.is_empty() { ptr::null() } else { name.as_ptr() },
+            num_layers: self.num_layers,
+            num_kv_heads: self.num_kv_heads,
+            head_dim: self.head_dim,
+            block_tokens: self.block_tokens,
+            chunk_tokens: self.chunk_tokens,
+            dtype: self.dtype as sys::swiftkv_dtype,
+            device: self.device,
+        };
+        Ok((d, name))
+    }
+
+    /// KV bytes of one token over all layers.
+    pub fn bytes_per_token(&self) -> Result<u64> {
+        let (d, _n) = self.raw()?;
+        let mut out = 0;
+        check(unsafe { sys::swiftkv_geometry_bytes_per_token(&d, &mut out) })?;
+        Ok(out)
+    }
+
+    /// Bytes of one cached chunk.
+    pub fn chunk_bytes(&self) -> Result<u64> {
+        Ok(self.bytes_per_token()? * self.chunk_tokens as u64)
+    }
+}
+
+/// The minimum elastic unit (Eq. 6-9): (borrower blocks, lender blocks).
+pub fn meu(borrower: &ModelDesc, lender: &ModelDesc) -> Result<(u64, u64)> {
+    let (b, _bn) = borrower.raw()?;
+    let (l, _ln) = lender.raw()?;
+    let (mut ob, mut ol) = (0, 0);
+    check(unsafe { sys::swiftkv_geometry_meu(&b, &l, &mut ob, &mut ol) })?;
+    Ok((ob, ol))
+}
+
+/// The lending unit: (borrower chunks, lender blocks).
+pub fn lend_unit(borrower: &ModelDesc, lender: &ModelDesc) -> Result<(u64, u64)> {
+    let (b, _bn) = borrower.raw()?;
+    let (l, _ln) = lender.raw()?;
+    let (mut oc, mut ol) = (0, 0);
+    check(unsafe { sys::swiftkv_geometry_lend_unit(&mut oc, &mut ol, &b, &l) })?;
+    Ok((oc, ol))
+}
+
+/// A borrower's capacity plan (Eq. 1-5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CapacityPlan {
+    pub stream_blocks: u64,
+    pub regular_blocks: u64,
+    pub max_context_tokens: u64,
+    pub baseline_context_tokens: u64,
+    pub lender_full_blocks: u64,
+}
+
+pub fn plan_borrower(borrower: &ModelDesc, borrower_kv_bytes: u64,
+                     lender_kv_bytes: &[u64]) -> Result<CapacityPlan> {
+    let (b, _n) = borrower.raw()?;
+    let mut out: sys::swiftkv_capacity_plan = unsafe { std::mem::zeroed() };
+    out.size = std::mem::size_of::<sys::swiftkv_capacity_plan>() as u32;
+    out.version = sys::SWIFTKV_CAPACITY_PLAN_VERSION;
+    let lenders = if lender_kv_bytes.is_empty() { ptr::null() } else { lender_kv_bytes.as_ptr() };
+    check(unsafe {
+        sys::swiftkv_plan_borrower(&b, borrower_kv_bytes, lenders, lender_kv_bytes.len(), &mut out)
+    })?;
+    Ok(CapacityPlan {
+        stream_blocks: out.stream_blocks,
+        regular_blocks: out.regular_blocks,
+        max_context_tokens: out.max_context_tokens,
+        baseline_context_tokens: out.baseline_context_tokens,
+        lender_full_blocks: out.lender_full_blocks,
+    })
+}
+
+/// Algorithm 1 ScaleUp: (lender delta, borrower delta) in blocks.
+pub fn plan_scale_up(owned_blocks: u64, block_tokens: u32, meu_lender: u64, meu_borrower: u64,
+                     request_tokens: u64) -> Result<(u64, u64)> {
+    let (mut l, mut b) = (0, 0);
+    check(unsafe {
+        sys::swiftkv_plan_scale_up(owned_blocks, block_tokens, meu_lender, meu_borrower,
+                                   request_tokens, &mut l, &mut b)
+    })?;
+    Ok((l, b))
+}
+
+/// Algorithm 1 ScaleDown: (lender delta, borrower delta) in blocks.
+pub fn plan_scale_down(owned_blocks: u64, block_tokens: u32, meu_lender: u64, meu_borrower: u64,
+                       max_tokens_in_window: u64) -> Result<(u64, u64)> {
+    let (mut l, mut b) = (0, 0);
+    check(unsafe {
+        sys::swiftkv_plan_scale_down(owned_blocks, block_tokens, meu_lender, meu_borrower,
+                                     max_tokens_in_window, &mut l, &mut b)
+    })?;
+    Ok((l, b))
+}
+
+/// CUDA devices this process can use (0 without CUDA).
+pub fn device_count() -> Result<u32> {
+    let mut n = 0;
+    check(unsafe { sys::swiftkv_device_count(&mut n) })?;
+    Ok(n)
+}
+
+// --- The context ------------------------------------------------------------------------------------
+
+/// `swiftkv_ctx_config` in Rust terms; `Default` gives the header's defaults.
+#[derive(Clone, Debug)]
+pub struct ContextConfig {
+    pub device_mask: u64,
+    pub host_budget_bytes: u64,
+    pub host_numa_node: i32,
+    pub disk_path: Option<String>,
+    pub disk_budget_bytes: u64,
+    pub eviction_policy: EvictionPolicy,
+    pub demote_free_percent: u32,
+    pub recompute_token_cost: f64,
+    pub recompute_attention_cost: f64,
+    pub attention_cost_table: Vec<f64>,
+    pub maintenance_interval_ms: u32,
+    pub coord_endpoint: Option<String>,
+    pub coord_heartbeat_ms: u32,
+    pub coord_timeout_ms: u32,
+}
+
+impl Default for ContextConfig {
+    fn default() -> Self {
+        ContextConfig {
+            device_mask: 0,
+            host_budget_bytes: 0,
+            host_numa_node: sys::SWIFTKV_NUMA_NODE_AUTO,
+            disk_path: None,
+            disk_budget_bytes: 0,
+            eviction_policy: EvictionPolicy::Retention,
+            demote_free_percent: 25,
+            recompute_token_cost: 1.0,
+            recompute_attention_cost: 1.0,
+            attention_cost_table: Vec::new(),
+            maintenance_interval_ms: 10,
+            coord_endpoint: None,
+            coord_heartbeat_ms: 100,
+            coord_timeout_ms: 5000,
+        }
+    }
+}
+
+/// A chunk that left a tier without the caller asking (`swiftkv_chunk_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkEvent {
+    pub model: u32,
+    pub from: Tier,
+    pub to: Tier,
+    /// 0 evicted, 1 revoked (its lender took the memory back), 2 corrupt.
+    pub reason: u32,
+    pub key: u128,
+}
+
+type EventFn = Box<dyn Fn(&ChunkEvent) + Send + Sync>;
+
+/// One per engine process (`swiftkv_ctx`). Every call is thread-safe.
+pub struct Context {
+    raw: *mut sys::swiftkv_ctx,
+    events: Mutex<Option<Box<EventFn>>>,
+}
+
+unsafe impl Send for Context {}
+unsafe impl Sync for Context {}
+
+unsafe extern "C" fn event_trampoline(e: *const sys::swiftkv_chunk_event, user: *mut c_void) {
+    let f = &*(user as *const EventFn);
+    let e = &*e;
+    let ev = ChunkEvent {
+        model: e.model,
+        from: Tier::from_raw(e.from as u32),
+        to: Tier::from_raw(e.to as u32),
+        reason: e.reason as u32,
+        key: (e.key_hi as u128) << 64 | e.key_lo as u128,
+    };
+    // A panic must not cross into C.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&ev)));
+}
+
+impl Context {
+    pub fn new(config: &ContextConfig) -> Result<Context> {
+        let disk = config.disk_path.as_deref().map(|p| cstring(p, "disk_path")).transpose()?;
+        let ep = config.coord_endpoint.as_deref().map(|p| cstring(p, "coord_endpoint")).transpose()?;
+        let mut c: sys::swiftkv_ctx_config = unsafe { std::mem::zeroed() };
+        c.size = std::mem::size_of::<sys::swiftkv_ctx_config>() as u32;
+        c.version = sys::SWIFTKV_CTX_CONFIG_VERSION;
+        c.device_mask = config.device_mask;
+        c.host_budget_bytes = config.host_budget_bytes;
+        c.host_numa_node = config.host_numa_node;
+        c.disk_path = disk.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        c.disk_budget_bytes = config.disk_budget_bytes;
+        c.eviction_policy = match config.eviction_policy {
+            EvictionPolicy::Lru => sys::SWIFTKV_EVICT_LRU,
+            EvictionPolicy::Retention => sys::SWIFTKV_EVICT_RETENTION,
+        };
+        c.demote_free_percent = config.demote_free_percent;
+        c.recompute_token_cost = config.recompute_token_cost;
+        c.recompute_attention_cost = config.recompute_attention_cost;
+        if !config.attention_cost_table.is_empty() {
+            c.attention_cost_table = config.attention_cost_table.as_ptr();
+            c.attention_cost_entries = config.attention_cost_table.len() as u32;
+        }
+        c.maintenance_interval_ms = config.maintenance_interval_ms;
+        c.coord_endpoint = ep.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        c.coord_heartbeat_ms = config.coord_heartbeat_ms;
+        c.coord_timeout_ms = config.coord_timeout_ms;
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
+        Ok(Context { raw, events: Mutex::new(None) })
+    }
+
+    pub fn as_raw(&self) -> *mut sys::swiftkv_ctx {
+        self.raw
+    }
+
+    /// The configuration in effect (defaults filled in).
+    pub fn config(&self) -> Result<ContextConfig> {
+        let mut c: sys::swiftkv_ctx_config = unsafe { std::mem::zeroed() };
+        c.size = std::mem::size_of::<sys::swiftkv_ctx_config>() as u32;
+        c.version = sys::SWIFTKV_CTX_CONFIG_VERSION;
+        check(unsafe { sys::swiftkv_ctx_get_config(&mut c, self.raw) })?;
+        let string = |p: *const c_char| {
+            if p.is_null() {
+                None
+            } else {
+                Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            }
+        };
+        let table = if c.attention_cost_table.is_null() {
+            Vec::new()
+        } else {
+            unsafe {
+                std::slice::from_raw_parts(c.attention_cost_table, c.attention_cost_entries as usize)
+            }
+            .to_vec()
+        };
+        Ok(ContextConfig {
+            device_mask: c.device_mask,
+            host_budget_bytes: c.host_budget_bytes,
+            host_numa_node: c.host_numa_node,
+            disk_path: string(c.disk_path),
+            disk_budget_bytes: c.disk_budget_bytes,
+            eviction_policy: if c.eviction_policy == sys::SWIFTKV_EVICT_LRU {
+                EvictionPolicy::Lru
+            } else {
+                EvictionPolicy::Retention
+            },
+            demote_free_percent: c.demote_free_percent,
+            recompute_token_cost: c.recompute_token_cost,
+            recompute_attention_cost: c.recompute_attention_cost,
+            attention_cost_table: table,
+            maintenance_interval_ms: c.maintenance_interval_ms,
+            coord_endpoint: string(c.coord_endpoint),
+            coord_heartbeat_ms: c.coord_heartbeat_ms,
+            coord_timeout_ms: c.coord_timeout_ms,
+        })
+    }
+
+    pub fn device_count(&self) -> Result<u32> {
+        let mut n = 0;
+        check(unsafe { sys::swiftkv_ctx_device_count(&mut n, self.raw) })?;
+        Ok(n)
+    }
+
+    pub fn register_model(&self, desc: &ModelDesc) -> Result<Model<'_>> {
+        self.register(desc, Role::Borrower)
+    }
+
+    pub fn register(&self, desc: &ModelDesc, role: Role) -> Result<Model<'_>> {
+        let (d, _name) = desc.raw()?;
+        let cfg = sys::swiftkv_model_config {
+            size: std::mem::size_of::<sys::swiftkv_model_config>() as u32,
+            version: sys::SWIFTKV_MODEL_CONFIG_VERSION,
+            desc: &d,
+            role: match role {
+                Role::Lender => sys::SWIFTKV_ROLE_LENDER,
+                Role::Borrower => sys::SWIFTKV_ROLE_BORROWER,
+            },
+            reserved0: 0,
+        };
+        let mut id = 0;
+        check(unsafe { sys::swiftkv_model_register(&mut id, self.raw, &cfg) })?;
+        Ok(Model { ctx: self, id, desc: desc.clone() })
+    }
+
+    /// The chunk cache's counts and counters.
+    pub fn stats(&self) -> Result<sys::swiftkv_stats> {
+        let mut s: sys::swiftkv_stats = unsafe { std::mem::zeroed() };
+        s.size = std::mem::size_of::<sys::swiftkv_stats>() as u32;
+        s.version = sys::SWIFTKV_STATS_VERSION;
+        check(unsafe { sys::swiftkv_stats_get(&mut s, self.raw) })?;
+        Ok(s)
+    }
+
+    /// The coordinator's counts and counters.
+    pub fn coord_stats(&self) -> Result<sys::swiftkv_coord_stats> {
+        let mut s: sys::swiftkv_coord_stats = unsafe { std::mem::zeroed() };
+        s.size = std::mem::size_of::<sys::swiftkv_coord_stats>() as u32;
+        s.version = sys::SWIFTKV_COORD_STATS_VERSION;
+        check(unsafe { sys::swiftkv_coord_stats_get(&mut s, self.raw) })?;
+        Ok(s)
+    }
+
+    /// Drops the unpinned chunks of every model in the tiers of tier_mask.
+    pub fn clear_all(&self, tier_mask: u32) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe { sys::swiftkv_clear(&mut n, self.raw, MODEL_ALL, tier_mask, ptr::null(), 0) })?;
+        Ok(n)
+    }
+
+    /// Sets (None: removes) the chunk event callback; it runs on a library thread.
+    pub fn on_chunk_event(&self, f: Option<EventFn>) -> Result<()> {
+        let mut slot = self.events.lock().unwrap();
+        match f {
+            None => {
+                check(unsafe { sys::swiftkv_set_chunk_event_callback(self.raw, None, ptr::null_mut()) })?;
+                *slot = None;
+            }
+            Some(f) => {
+                let boxed: Box<EventFn> = Box::new(f);
+                let user = &*boxed as *const EventFn as *mut c_void;
+                check(unsafe {
+                    sys::swiftkv_set_chunk_event_callback(self.raw, Some(event_trampoline), user)
+                })?;
+                *slot = Some(boxed); // the previous one is not running any more: drop it
+            }
+        }
+        Ok(())
+    }
+
+    /// A lender's elastic region.
+    pub fn elastic(&self, config: &ElasticConfig) -> Result<Elastic<'_>> {
+        Elastic::new(self, config)
+    }
+}
+
+impl Drop for Context {
+    fn drop(&mut self) {
+        unsafe { sys::swiftkv_ctx_destroy(self.raw) };
+    }
+}
+
+// --- Models and the chunk cache --------------------------------------------------------------------
+
+/// A model registered in a context.
+pub struct Model<'a> {
+    ctx: &'a Context,
+    id: u32,
+    desc: ModelDesc,
+}
+
+/// What a prompt can reuse (`swiftkv_lookup_result`), with the tier of each full chunk.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Lookup {
+    pub chunks: u64,
+    pub prefix_tokens: u64,
+    pub dropped_head_tokens: u64,
+    pub loadable_tokens: u64,
+    pub chunks_per_tier: [u64; 3],
+    pub residency: Vec<u8>,
+}
+
+impl<'a> Model<'a> {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+    pub fn desc(&self) -> &ModelDesc {
+        &self.desc
+    }
+
+    pub fn unregister(self) -> Result<()> {
+        check(unsafe { sys::swiftkv_model_unregister(self.ctx.raw, self.id) })?;
+        Ok(())
+    }
+
+    pub fn lookup(&self, tokens: &[u32]) -> Result<Lookup> {
+        let mut out: sys::swiftkv_lookup_result = unsafe { std::mem::zeroed() };
+        out.size = std::mem::size_of::<sys::swiftkv_lookup_result>() as u32;
+        out.version = sys::SWIFTKV_LOOKUP_RESULT_VERSION;
+        let mut res = vec![0u8; tokens.len() / self.desc.chunk_tokens.max(1) as usize];
+        check(unsafe {
+            sys::swiftkv_lookup(&mut out, res.as_mut_ptr(), res.len(), self.ctx.raw, self.id,
+                                tokens.as_ptr(), tokens.len())
+        })?;
+        Ok(Lookup {
+            chunks: out.chunks,
+            prefix_tokens: out.prefix_tokens,
+            dropped_head_tokens: out.dropped_head_tokens,
+            loadable_tokens: out.loadable_tokens,
+            chunks_per_tier: out.chunks_per_tier,
+            residency: res,
+        })
+    }
+
+    /// Stores the chunks of `tokens` from `kv` (chunk after chunk); the leading tokens cached.
+    pub fn store(&self, tokens: &[u32], kv: &[u8]) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_store(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(),
+                               kv.as_ptr() as *const c_void, kv.len())
+        })?;
+        Ok(n)
+    }
+
+    /// Copies cached chunks from `start_token` into `kv`; the tokens copied.
+    pub fn retrieve(&self, tokens: &[u32], start_token: u64, kv: &mut [u8]) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_retrieve(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(),
+                                  start_token, kv.as_mut_ptr() as *mut c_void, kv.len())
+        })?;
+        Ok(n)
+    }
+
+    /// A lease of an elastic region of this process; the lease id.
+    pub fn borrow(&self, lender: &Elastic<'_>, max_units: u64) -> Result<u64> {
+        let mut id = 0;
+        check(unsafe { sys::swiftkv_borrow(&mut id, self.ctx.raw, self.id, lender.raw, max_units) })?;
+        Ok(id)
+    }
+
+    /// A lease of the region offered as `lender_name` at `endpoint` (another process).
+    pub fn borrow_remote(&self, endpoint: &str, lender_name: &str, max_units: u64) -> Result<u64> {
+        let ep = cstring(endpoint, "endpoint")?;
+        let name = cstring(lender_name, "lender_name")?;
+        let mut id = 0;
+        check(unsafe {
+            sys::swiftkv_borrow_remote(&mut id, self.ctx.raw, self.id, ep.as_ptr(), name.as_ptr(),
+                                       max_units)
+        })?;
+        Ok(id)
+    }
+
+    pub fn pin(&self, tokens: &[u32]) -> Result<()> {
+        check(unsafe { sys::swiftkv_pin(self.ctx.raw, self.id, tokens.as_ptr(), tokens.len()) })?;
+        Ok(())
+    }
+
+    pub fn unpin(&self, tokens: &[u32]) -> Result<()> {
+        check(unsafe { sys::swiftkv_unpin(self.ctx.raw, self.id, tokens.as_ptr(), tokens.len()) })?;
+        Ok(())
+    }
+
+    /// Drops the unpinned chunks of `tokens` (None: all of this model's) in the tiers of the mask.
+    pub fn clear(&self, tokens: Option<&[u32]>, tier_mask: u32) -> Result<u64> {
+        let (p, n) = tokens.map_or((ptr::null(), 0), |t| (t.as_ptr(), t.len()));
+        let mut out = 0;
+        check(unsafe { sys::swiftkv_clear(&mut out, self.ctx.raw, self.id, tier_mask, p, n) })?;
+        Ok(out)
+    }
+
+    /// Moves the chunks of `tokens` to `to`; how many are there afterwards.
+    pub fn move_to(&self, tokens: &[u32], to: Tier) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_move(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(),
+                              to as sys::swiftkv_tier)
+        })?;
+        Ok(n)
+    }
+
+    /// A library-made pool: regular pages, then stream pages shared by every layer.
+    pub fn pool_create(&self, regular_pages: u32, stream_pages: u32) -> Result<Pool<'a>> {
+        let mut id = 0;
+        check(unsafe {
+            sys::swiftkv_pool_create(&mut id, self.ctx.raw, self.id, regular_pages, stream_pages)
+        })?;
+        Ok(Pool { ctx: self.ctx, id, layers: self.desc.num_layers })
+    }
+
+    /// Registers the engine's own tensors as a pool.
+    ///
+    /// # Safety
+    /// Every `desc.layer_base` pointer and the `layer_span_bytes` after it must stay valid
+    /// memory of the model's layout for as long as the pool lives.
+    pub unsafe fn pool_register(&self, desc: &PoolLayout) -> Result<Pool<'a>> {
+        let d = sys::swiftkv_pool_desc {
+            size: std::mem::size_of::<sys::swiftkv_pool_desc>() as u32,
+            version: sys::SWIFTKV_POOL_DESC_VERSION,
+            num_pages: desc.num_pages,
+            stream_first: desc.stream_first,
+            stream_pages: desc.stream_pages,
+            reserved0: 0,
+            layer_base: desc.layer_base.as_ptr(),
+            layer_span_bytes: desc.layer_span_bytes,
+            page_stride: desc.page_stride,
+            kv_stride: desc.kv_stride,
+            token_stride: desc.token_stride,
+            head_stride: desc.head_stride,
+        };
+        let mut id = 0;
+        check(sys::swiftkv_pool_register(&mut id, self.ctx.raw, self.id, &d))?;
+        Ok(Pool { ctx: self.ctx, id, layers: self.desc.num_layers })
+    }
+
+    /// Begins an engine request over `pool`'s `pages`; finished when dropped.
+    pub fn request(&self, pool: &Pool<'_>, tokens: &[u32], pages: &[i32],
+                   load_from_tokens: u64) -> Result<Request<'a>> {
+        let mut d: sys::swiftkv_request_desc = unsafe { std::mem::zeroed() };
+        d.size = std::mem::size_of::<sys::swiftkv_request_desc>() as u32;
+        d.version = sys::SWIFTKV_REQUEST_DESC_VERSION;
+        d.pool = pool.id;
+        d.tokens = tokens.as_ptr();
+        d.n_tokens = tokens.len() as u64;
+        d.pages = pages.as_ptr();
+        d.n_pages = pages.len() as u64;
+        d.load_from_tokens = load_from_tokens;
+        let mut id = 0;
+        check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
+        Ok(Request { ctx: self.ctx, id, open: true, _not_sync: PhantomData })
+    }
+}
+
+// --- The lender's elastic region -------------------------------------------------------------------
+
+/// `swiftkv_elastic_config` in Rust terms.
+#[derive(Clone, Debug)]
+pub struct ElasticConfig {
+    pub lender: ModelDesc,
+    pub borrower: Option<ModelDesc>,
+    pub capacity_blocks: u64,
+    pub owned_blocks: u64,
+    pub window_ms: u64,
+    pub lease_ms: u64,
+    pub cuda_alloc: CudaAlloc,
+    pub keep_committed: bool,
+}
+
+impl ElasticConfig {
+    pub fn new(lender: ModelDesc, borrower: Option<ModelDesc>, capacity_blocks: u64) -> Self {
+        ElasticConfig {
+            lender,
+            borrower,
+            capacity_blocks,
+            owned_blocks: 0,
+            window_ms: 60000,
+            lease_ms: 10000,
+            cuda_alloc: CudaAlloc::Auto,
+            keep_committed: false,
+        }
+    }
+}
+
+/// A lender's elastic region (`swiftkv_elastic`); thread-safe.
+pub struct Elastic<'a> {
+    raw: *mut sys::swiftkv_elastic,
+    _ctx: PhantomData<&'a Context>,
+}
+
+unsafe impl Send for Elastic<'_> {}
+unsafe impl Sync for Elastic<'_> {}
+
+fn zeroed_versioned<T>(version: u32) -> T {
+    let mut v: T = unsafe { std::mem::zeroed() };
+    // Every versioned struct starts with size and version (u32 each).
+    unsafe {
+        let p = &mut v as *mut T as *mut u32;
+        *p = std::mem::size_of::<T>() as u32;
+        *p.add(1) = version;
+    }
+    v
+}
+
+impl<'a> Elastic<'a> {
+    fn new(ctx: &'a Context, c: &ElasticConfig) -> Result<Elastic<'a>> {
+        let (l, _ln) = c.lender.raw()?;
+        let b = c.borrower.as_ref().map(|b| b.raw()).transpose()?;
+        let mut cfg: sys::swiftkv_elastic_config =
+            zeroed_versioned(sys::SWIFTKV_ELASTIC_CONFIG_VERSION);
+        cfg.lender = &l;
+        cfg.borrower = b.as_ref().map_or(ptr::null(), |(d, _)| d as *const _);
+        cfg.capacity_blocks = c.capacity_blocks;
+        cfg.owned_blocks = c.owned_blocks;
+        cfg.window_ms = c.window_ms;
+        cfg.lease_ms = c.lease_ms;
+        cfg.cuda_alloc = match c.cuda_alloc {
+            CudaAlloc::Auto => sys::SWIFTKV_CUDA_ALLOC_AUTO,
+            CudaAlloc::Vmm => sys::SWIFTKV_CUDA_ALLOC_VMM,
+            CudaAlloc::Malloc => sys::SWIFTKV_CUDA_ALLOC_MALLOC,
+        };
+        cfg.flags = if c.keep_committed { sys::SWIFTKV_ELASTIC_KEEP_COMMITTED } else { 0 };
+        let mut raw = ptr::null_mut();
+        check(unsafe { sys::swiftkv_elastic_create(&mut raw, ctx.raw, &cfg) })?;
+        Ok(Elastic { raw, _ctx: PhantomData })
+    }
+
+    pub fn layer_view(&self, layer: u32) -> Result<sys::swiftkv_layer_view> {
+        let mut v = zeroed_versioned(sys::SWIFTKV_LAYER_VIEW_VERSION);
+        check(unsafe { sys::swiftkv_elastic_layer_view(&mut v, self.raw, layer) })?;
+        Ok(v)
+    }
+
+    /// Algorithm 1 ScaleUp, applied: (OK or IN_PROGRESS, lender blocks, borrower chunks).
+    pub fn scale_for_request(&self, request_tokens: u64) -> Result<(Status, u64, u64)> {
+        let (mut b, mut c) = (0, 0);
+        let st = check(unsafe {
+            sys::swiftkv_elastic_scale_for_request(&mut b, &mut c, self.raw, request_tokens)
+        })?;
+        Ok((st, b, c))
+    }
+
+    /// The periodic ScaleDown, applied.
+    pub fn tick(&self, in_use_blocks: u64) -> Result<(Status, u64, u64)> {
+        let (mut b, mut c) = (0, 0);
+        let st = check(unsafe { sys::swiftkv_elastic_tick(&mut b, &mut c, self.raw, in_use_blocks) })?;
+        Ok((st, b, c))
+    }
+
+    pub fn lend(&self, max_units: u64) -> Result<sys::swiftkv_lease> {
+        let mut l = zeroed_versioned(sys::SWIFTKV_LEASE_VERSION);
+        check(unsafe { sys::swiftkv_elastic_lend(&mut l, self.raw, max_units) })?;
+        Ok(l)
+    }
+
+    pub fn lease(&self, id: u64) -> Result<sys::swiftkv_lease> {
+        let mut l = zeroed_versioned(sys::SWIFTKV_LEASE_VERSION);
+        check(unsafe { sys::swiftkv_elastic_lease_get(&mut l, self.raw, id) })?;
+        Ok(l)
+    }
+
+    pub fn renew(&self, id: u64) -> Result<()> {
+        check(unsafe { sys::swiftkv_elastic_renew(self.raw, id) }).map(|_| ())
+    }
+
+    pub fn release(&self, id: u64) -> Result<()> {
+        check(unsafe { sys::swiftkv_elastic_release(self.raw, id) }).map(|_| ())
+    }
+
+    pub fn reclaim(&self, id: u64) -> Result<()> {
+        check(unsafe { sys::swiftkv_elastic_reclaim(self.raw, id) }).map(|_| ())
+    }
+
+    pub fn pending_reclaims(&self) -> Result<Vec<u64>> {
+        let mut n = 0;
+        check(unsafe { sys::swiftkv_elastic_pending_reclaims(ptr::null_mut(), 0, &mut n, self.raw) })?;
+        let mut ids = vec![0u64; n.max(1)];
+        check(unsafe {
+            sys::swiftkv_elastic_pending_reclaims(ids.as_mut_ptr(), ids.len(), &mut n, self.raw)
+        })?;
+        ids.truncate(n.min(ids.len()));
+        Ok(ids)
+    }
+
+    pub fn stats(&self) -> Result<sys::swiftkv_elastic_stats> {
+        let mut s = zeroed_versioned(sys::SWIFTKV_ELASTIC_STATS_VERSION);
+        check(unsafe { sys::swiftkv_elastic_stats_get(&mut s, self.raw) })?;
+        Ok(s)
+    }
+
+    /// Offers the region to other processes through the context's coord_endpoint.
+    pub fn offer(&self, name: &str) -> Result<()> {
+        let n = cstring(name, "name")?;
+        check(unsafe { sys::swiftkv_elastic_offer(self.raw, n.as_ptr()) }).map(|_| ())
+    }
+}
+
+impl Drop for Elastic<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::swiftkv_elastic_destroy(self.raw) };
+    }
+}
+
+// --- Pools and requests ------------------------------------------------------------------------------
+
+/// The layout of an engine's own per-layer tensors (`swiftkv_pool_desc`); strides in elements.
+#[derive(Clone, Debug)]
+pub struct PoolLayout {
+    pub num_pages: u32,
+    pub stream_first: u32,
+    pub stream_pages: u32,
+    pub layer_base: Vec<*mut c_void>,
+    pub layer_span_bytes: u64,
+    pub page_stride: i64,
+    pub kv_stride: i64,
+    pub token_stride: i64,
+    pub head_stride: i64,
+}
+
+/// A borrower's paged KV pool; destroyed when dropped.
+pub struct Pool<'a> {
+    ctx: &'a Context,
+    id: u32,
+    layers: u32,
+}
+
+impl<'a> Pool<'a> {
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+
+    /// The pool's layout (library-made pools: where the library put each layer).
+    pub fn layout(&self) -> Result<PoolLayout> {
+        let mut d: sys::swiftkv_pool_desc = zeroed_versioned(sys::SWIFTKV_POOL_DESC_VERSION);
+        let mut model = 0;
+        check(unsafe { sys::swiftkv_pool_get(&mut d, &mut model, self.ctx.raw, self.id) })?;
+        let bases = unsafe { std::slice::from_raw_parts(d.layer_base, self.layers as usize) };
+        Ok(PoolLayout {
+            num_pages: d.num_pages,
+            stream_first: d.stream_first,
+            stream_pages: d.stream_pages,
+            layer_base: bases.to_vec(),
+            layer_span_bytes: d.layer_span_bytes,
+            page_stride: d.page_stride,
+            kv_stride: d.kv_stride,
+            token_stride: d.token_stride,
+            head_stride: d.head_stride,
+        })
+    }
+}
+
+impl Drop for Pool<'_> {
+    fn drop(&mut self) {
+        unsafe { sys::swiftkv_pool_destroy(self.ctx.raw, self.id) };
+    }
+}
+
+/// An engine request through the connector; finished (waiting for its copies) when dropped.
+pub struct Request<'a> {
+    ctx: &'a Context,
+    id: u64,
+    open: bool,
+    _not_sync: PhantomData<std::cell::Cell<()>>,
+}
+
+unsafe impl Send for Request<'_> {}
+
+impl Request<'_> {
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Starts the loads; `stream` is a CUDA stream for device pools (null on the host).
+    pub fn start_load(&self, stream: *mut c_void) -> Result<()> {
+        check(unsafe { sys::swiftkv_start_load(self.ctx.raw, self.id, stream) }).map(|_| ())
+    }
+
+    /// Layer `layer` is in the pages; the end of the valid loaded tokens.
+    pub fn wait_layer_load(&self, layer: u32, stream: *mut c_void) -> Result<u64> {
+        let mut v = 0;
+        check(unsafe { sys::swiftkv_wait_layer_load(&mut v, self.ctx.raw, self.id, layer, stream) })?;
+        Ok(v)
+    }
+
+    pub fn save_layer(&self, layer: u32, stream: *mut c_void) -> Result<()> {
+        check(unsafe { sys::swiftkv_save_layer(self.ctx.raw, self.id, layer, stream) }).map(|_| ())
+    }
+
+    pub fn wait_save(&self, stream: *mut c_void) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe { sys::swiftkv_wait_save(&mut n, self.ctx.raw, self.id, stream) })?;
+        Ok(n)
+    }
+
+    pub fn info(&self) -> Result<sys::swiftkv_request_info> {
+        let mut i = zeroed_versioned(sys::SWIFTKV_REQUEST_INFO_VERSION);
+        check(unsafe { sys::swiftkv_request_info_get(&mut i, self.ctx.raw, self.id) })?;
+        Ok(i)
+    }
+
+    /// Ends the request and returns its final info.
+    pub fn finish(mut self) -> Result<sys::swiftkv_request_info> {
+        self.open = false;
+        let mut i = zeroed_versioned(sys::SWIFTKV_REQUEST_INFO_VERSION);
+        check(unsafe { sys::swiftkv_request_finish(&mut i, self.ctx.raw, self.id) })?;
+        Ok(i)
+    }
+}
+
+impl Drop for Request<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            unsafe { sys::swiftkv_request_finish(ptr::null_mut(), self.ctx.raw, self.id) };
+        }
+    }
+}
+
+// --- Multi-token paged attention ---------------------------------------------------------------------
+
+/// `swiftkv_attention_desc`.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionDesc {
+    pub device: i32,
+    pub dtype: DType,
+    pub num_qo_heads: u32,
+    pub num_kv_heads: u32,
+    pub head_dim: u32,
+    pub page_tokens: u32,
+    pub causal: bool,
+    pub kv_chunk_tokens: u32,
+    pub sm_scale: f32,
+    pub logits_soft_cap: f32,
+}
+
+impl AttentionDesc {
+    pub fn new(num_qo_heads: u32, num_kv_heads: u32, head_dim: u32, dtype: DType) -> Self {
+        AttentionDesc {
+            device: DEVICE_HOST,
+            dtype,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_tokens: 16,
+            causal: true,
+            kv_chunk_tokens: 0,
+            sm_scale: 0.0,
+            logits_soft_cap: 0.0,
+        }
+    }
+
+    fn raw(&self) -> sys::swiftkv_attention_desc {
+        let mut d: sys::swiftkv_attention_desc = zeroed_versioned(sys::SWIFTKV_ATTENTION_DESC_VERSION);
+        d.device = self.device;
+        d.dtype = self.dtype as sys::swiftkv_dtype;
+        d.num_qo_heads = self.num_qo_heads;
+        d.num_kv_heads = self.num_kv_heads;
+        d.head_dim = self.head_dim;
+        d.page_tokens = self.page_tokens;
+        d.causal = self.causal as u32;
+        d.kv_chunk_tokens = self.kv_chunk_tokens;
+        d.sm_scale = self.sm_scale;
+        d.logits_soft_cap = self.logits_soft_cap;
+        d
+    }
+
+    pub fn workspace_size(&self, max_requests: u32, max_q_tokens: u64) -> Result<u64> {
+        let d = self.raw();
+        let mut n = 0;
+        check(unsafe { sys::swiftkv_attention_workspace_size(&mut n, &d, max_requests, max_q_tokens) })?;
+        Ok(n)
+    }
+}
+
+/// A plan over one batch; run it any number of times over tensors of those lengths.
+pub struct AttentionPlan {
+    raw: sys::swiftkv_attention_plan,
+}
+
+/// The tensors of one run (`swiftkv_attention_args`); strides in elements.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionArgs {
+    pub q: *const c_void,
+    pub q_token_stride: i64,
+    pub q_head_stride: i64,
+    pub k_base: *const c_void,
+    pub v_base: *const c_void,
+    pub page_stride: i64,
+    pub token_stride: i64,
+    pub head_stride: i64,
+    pub num_pages: u32,
+    pub kv_indices: *const i32,
+    pub out: *mut c_void,
+    pub out_token_stride: i64,
+    pub out_head_stride: i64,
+    pub lse: *mut f32,
+}
+
+impl AttentionPlan {
+    /// Plans a batch into `workspace` (256-byte aligned; device memory for a device plan).
+    ///
+    /// # Safety
+    /// `workspace` must point to `workspace_bytes` bytes that stay valid for every run.
+    pub unsafe fn new(desc: &AttentionDesc, qo_indptr: &[i32], kv_indptr: &[i32],
+                      kv_last_page_len: &[i32], workspace: *mut c_void, workspace_bytes: u64,
+                      stream: *mut c_void) -> Result<AttentionPlan> {
+        if qo_indptr.len() != kv_last_page_len.len() + 1 || kv_indptr.len() != qo_indptr.len() {
+            return Err(invalid("qo_indptr and kv_indptr need one entry more than kv_last_page_len"));
+        }
+        let d = desc.raw();
+        let mut p: sys::swiftkv_attention_plan = zeroed_versioned(sys::SWIFTKV_ATTENTION_PLAN_VERSION);
+        check(sys::swiftkv_attention_plan_make(&mut p, &d, qo_indptr.as_ptr(), kv_indptr.as_ptr(),
+                                               kv_last_page_len.as_ptr(),
+                                               kv_last_page_len.len() as u32, workspace,
+                                               workspace_bytes, stream))?;
+        Ok(AttentionPlan { raw: p })
+    }
+
+    pub fn counts(&self) -> &sys::swiftkv_attention_plan {
+        &self.raw
+    }
+
+    /// Runs the plan.
+    ///
+    /// # Safety
+    /// Every pointer in `args` must reach the elements its strides and the plan's lengths
+    /// imply, in the plan's memory (host or device), and `workspace` must be the plan's.
+    pub unsafe fn run(&self, args: &AttentionArgs, workspace: *mut c_void,
+                      stream: *mut c_void) -> Result<()> {
+        let mut a: sys::swiftkv_attention_args = zeroed_versioned(sys::SWIFTKV_ATTENTION_ARGS_VERSION);
+        a.q = args.q;
+        a.q_token_stride = args.q_token_stride;
+        a.q_head_stride = args.q_head_stride;
+        a.k_base = args.k_base;
+        a.v_base = args.v_base;
+        a.page_stride = args.page_stride;
+        a.token_stride = args.token_stride;
+        a.head_stride = args.head_stride;
+        a.num_pages = args.num_pages;
+        a.kv_indices = args.kv_indices;
+        a.out = args.out;
+        a.out_token_stride = args.out_token_stride;
+        a.out_head_stride = args.out_head_stride;
+        a.lse = args.lse;
+        check(sys::swiftkv_attention_run(&self.raw, &a, workspace, stream)).map(|_| ())
+    }
+}

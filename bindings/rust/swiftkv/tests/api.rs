@@ -1,0 +1,435 @@
+//! The safe crate against the library: exact figures, statuses and untouched state after bad
+//! input, bytes that survive the tiers, the elastic region and the coordinator, pools and the
+//! connector, attention, and a context shared by threads.
+use std::ffi::c_void;
+use std::ptr;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use swiftkv::*;
+
+fn small() -> ModelDesc {
+    ModelDesc::new("rust-model", 2, 2, 16).chunk_tokens(32)
+}
+
+fn lender() -> ModelDesc {
+    ModelDesc::new("rust-lender", 3, 2, 16)
+}
+
+fn kv_of(seed: u64, bytes: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..bytes)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+fn tokens_of(seed: u32, n: usize) -> Vec<u32> {
+    (0..n as u32).map(|i| seed.wrapping_mul(100_003).wrapping_add(i)).collect()
+}
+
+fn ctx(host: u64) -> Context {
+    Context::new(&ContextConfig { host_budget_bytes: host, ..Default::default() }).unwrap()
+}
+
+#[test]
+fn version_and_statuses() {
+    assert_eq!(version(), 100);
+    assert_eq!(version_string(), "0.1.0");
+    assert!(Status::EINVAL.as_str().starts_with("SWIFTKV_EINVAL"));
+    assert_eq!(DType::F16.size(), 2);
+    assert_eq!(DType::F32.size(), 4);
+    assert_eq!(DType::I8.size(), 1);
+    let e = ModelDesc::new("x", 0, 1, 1).bytes_per_token().unwrap_err();
+    assert_eq!(e.status, Status::EINVAL);
+    assert!(e.message.contains("num_layers"), "{}", e);
+    assert!(e.to_string().starts_with("SWIFTKV_EINVAL"));
+    assert!(device_count().unwrap() <= 64);
+}
+
+#[test]
+fn geometry_and_planning_exact() {
+    let qwen = |l| ModelDesc::new("qwen3", l, 8, 128);
+    assert_eq!(qwen(64).bytes_per_token().unwrap(), 262_144);
+    assert_eq!(meu(&qwen(40), &qwen(36)).unwrap(), (9, 10));
+    assert_eq!(lend_unit(&small(), &lender()).unwrap(), (3, 4));
+    let flat = ModelDesc::new("flat", 32, 32, 128);
+    let gib = 1u64 << 30;
+    let p = plan_borrower(&flat, 40 * gib, &[20 * gib, 30 * gib]).unwrap();
+    assert_eq!((p.lender_full_blocks, p.stream_blocks, p.regular_blocks), (6400, 6400, 4920));
+    assert_eq!((p.max_context_tokens, p.baseline_context_tokens), (181_120, 81_920));
+    assert_eq!(plan_scale_up(10, 16, 4, 3, 200).unwrap(), (4, 3));
+    assert_eq!(plan_scale_up(10, 16, 4, 3, 100).unwrap(), (0, 0));
+    assert!(plan_scale_down(10, 0, 4, 3, 100).unwrap_err().message.contains("block_tokens"));
+}
+
+#[test]
+fn config_round_trip_and_errors() {
+    let dir = std::env::temp_dir().join(format!("swiftkv-rust-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let c = Context::new(&ContextConfig {
+        host_budget_bytes: 1 << 20,
+        disk_path: Some(dir.to_string_lossy().into_owned()),
+        disk_budget_bytes: 1 << 20,
+        eviction_policy: EvictionPolicy::Lru,
+        attention_cost_table: vec![1.0, 2.0],
+        coord_timeout_ms: 700,
+        ..Default::default()
+    })
+    .unwrap();
+    let got = c.config().unwrap();
+    assert_eq!(got.host_budget_bytes, 1 << 20);
+    assert_eq!(got.disk_path.as_deref(), Some(dir.to_str().unwrap()));
+    assert_eq!(got.eviction_policy, EvictionPolicy::Lru);
+    assert_eq!(got.attention_cost_table, vec![1.0, 2.0]);
+    assert_eq!((got.coord_heartbeat_ms, got.coord_timeout_ms), (100, 700));
+    assert_eq!(c.device_count().unwrap(), 0);
+    drop(c);
+    std::fs::remove_dir_all(&dir).unwrap();
+    let e = Context::new(&ContextConfig { maintenance_interval_ms: 0, ..Default::default() })
+        .err()
+        .unwrap();
+    assert_eq!(e.status, Status::EINVAL);
+    let e = Context::new(&ContextConfig { coord_endpoint: Some("udp://x".into()), ..Default::default() })
+        .err()
+        .unwrap();
+    assert!(e.message.contains("neither ipc:// nor tcp://"));
+}
+
+#[test]
+fn cache_round_trip_and_controller() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(1, 128);
+    let kv = kv_of(1, 4 * cb);
+    assert_eq!(m.store(&t, &kv).unwrap(), 128);
+    let l = m.lookup(&t).unwrap();
+    assert_eq!((l.chunks, l.prefix_tokens, l.chunks_per_tier), (4, 128, [0, 4, 0]));
+    assert_eq!(l.residency, vec![Tier::Host as u8; 4]);
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 128);
+    assert_eq!(out, kv);
+    // Bad input: statuses, nothing stored.
+    let e = m.store(&t[..33], &kv[..cb]).unwrap_err();
+    assert_eq!(e.status, Status::EINVAL);
+    assert_eq!(c.register_model(&small()).err().unwrap().status, Status::EBUSY);
+    m.pin(&t).unwrap();
+    assert_eq!(m.clear(Some(&t), TIERS_ALL).unwrap(), 0);
+    m.unpin(&t).unwrap();
+    assert_eq!(m.unpin(&t).unwrap_err().status, Status::ENOTFOUND);
+    assert_eq!(m.move_to(&t, Tier::Disk).unwrap_err().status, Status::EINVAL);
+    assert_eq!(m.move_to(&t, Tier::Host).unwrap(), 4);
+    let s = c.stats().unwrap();
+    assert_eq!((s.stores, s.chunks[1]), (4, 4));
+    assert_eq!(m.clear(None, TIERS_ALL).unwrap(), 4);
+    assert_eq!(c.clear_all(TIERS_ALL).unwrap(), 0);
+    m.unregister().unwrap();
+}
+
+#[test]
+fn events_on_eviction() {
+    let cb = small().chunk_bytes().unwrap();
+    let c = Context::new(&ContextConfig {
+        host_budget_bytes: 4 * cb,
+        eviction_policy: EvictionPolicy::Lru,
+        ..Default::default()
+    })
+    .unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    c.on_chunk_event(Some(Box::new(move |e: &ChunkEvent| s2.lock().unwrap().push(*e)))).unwrap();
+    let m = c.register_model(&small()).unwrap();
+    for i in 0..8 {
+        m.store(&tokens_of(10 + i, 32), &kv_of(i as u64, cb as usize)).unwrap();
+    }
+    c.on_chunk_event(None).unwrap();
+    let seen = seen.lock().unwrap();
+    assert!(!seen.is_empty());
+    assert_eq!(seen.len() as u64, c.stats().unwrap().evictions);
+    assert!(seen.iter().all(|e| e.to == Tier::Dropped && e.reason == 0 && e.model == m.id()));
+}
+
+#[test]
+fn elastic_region_and_local_borrow() {
+    let c = ctx(8 << 20);
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 64);
+    cfg.owned_blocks = 8;
+    let e = c.elastic(&cfg).unwrap();
+    let s = e.stats().unwrap();
+    assert_eq!((s.capacity_blocks, s.owned_blocks, s.free_blocks), (64, 8, 56));
+    assert_eq!((s.unit_lender_blocks, s.unit_borrower_chunks), (4, 3));
+    assert_eq!(e.layer_view(2).unwrap().num_pages, 64);
+    assert_eq!(e.layer_view(3).unwrap_err().status, Status::EINVAL);
+    let l = e.lend(2).unwrap();
+    assert_eq!((l.blocks, l.chunks, l.first_block), (8, 6, 56));
+    e.renew(l.id).unwrap();
+    let (st, grown, lost) = e.scale_for_request(64 * 16).unwrap();
+    assert_eq!((st, grown, lost), (Status::IN_PROGRESS, 56, 42));
+    assert_eq!(e.pending_reclaims().unwrap(), vec![l.id]);
+    e.release(l.id).unwrap();
+    assert_eq!(e.renew(l.id).unwrap_err().status, Status::ENOTFOUND);
+    assert!(e.pending_reclaims().unwrap().is_empty());
+    assert_eq!(e.tick(64).unwrap().0, Status::OK);
+    assert_eq!(e.lease(l.id).unwrap_err().status, Status::ENOTFOUND);
+    assert_eq!(e.offer("x").unwrap_err().status, Status::ESTATE); // no coord_endpoint
+    drop(e);
+
+    // A borrower in the same context takes a lease, the lender asks for it back.
+    let m = c.register_model(&small()).unwrap();
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 16);
+    cfg.owned_blocks = 4;
+    let e = c.elastic(&cfg).unwrap();
+    m.borrow(&e, 10).unwrap();
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(5, 9 * 32);
+    let kv = kv_of(5, 9 * cb);
+    m.store(&t, &kv).unwrap();
+    assert_eq!(m.lookup(&t).unwrap().chunks_per_tier[0], 9);
+    e.reclaim(LEASE_ALL).unwrap();
+    for _ in 0..2000 {
+        if e.pending_reclaims().unwrap().is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(e.pending_reclaims().unwrap().is_empty());
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 9 * 32);
+    assert_eq!(out, kv);
+}
+
+#[test]
+fn remote_lender_through_the_coordinator() {
+    let ep = format!("ipc:///tmp/swiftkv-rust-{}-lender", std::process::id());
+    let lc = Context::new(&ContextConfig {
+        host_budget_bytes: 4 << 20,
+        coord_endpoint: Some(ep.clone()),
+        coord_heartbeat_ms: 20,
+        ..Default::default()
+    })
+    .unwrap();
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 32);
+    cfg.owned_blocks = 8;
+    let e = lc.elastic(&cfg).unwrap();
+    e.offer("pool-a").unwrap();
+    let bc = Context::new(&ContextConfig {
+        host_budget_bytes: 4 << 20,
+        coord_heartbeat_ms: 20,
+        demote_free_percent: 0,
+        ..Default::default()
+    })
+    .unwrap();
+    let m = bc.register_model(&small()).unwrap();
+    let lease = m.borrow_remote(&ep, "pool-a", 6).unwrap();
+    assert_eq!(e.lease(lease).unwrap().blocks, 24);
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(6, 12 * 32);
+    let kv = kv_of(6, 12 * cb);
+    m.store(&t, &kv).unwrap();
+    assert_eq!(m.lookup(&t).unwrap().chunks_per_tier[0], 12);
+    thread::sleep(Duration::from_millis(100)); // a few 20 ms heartbeats
+    let cs = bc.coord_stats().unwrap();
+    assert!(cs.heartbeats_answered > 0 && cs.lenders_connected == 1);
+    let (st, _, _) = e.scale_for_request(32 * 16).unwrap();
+    assert_eq!(st, Status::IN_PROGRESS);
+    for _ in 0..5000 {
+        if e.stats().unwrap().reclaiming_blocks == 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert_eq!(e.stats().unwrap().reclaiming_blocks, 0);
+    assert_eq!(lc.coord_stats().unwrap().reclaims_acked, 1);
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 12 * 32);
+    assert_eq!(out, kv);
+    assert_eq!(m.borrow_remote(&ep, "nobody", 1).unwrap_err().status, Status::ENOTFOUND);
+    assert_eq!(m.borrow_remote("udp://x", "a", 1).unwrap_err().status, Status::EINVAL);
+}
+
+#[test]
+fn pools_and_the_connector() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    // Library-made pool with stream pages: their memory is shared by every layer.
+    let pool = m.pool_create(8, 2).unwrap();
+    let lay = pool.layout().unwrap();
+    assert_eq!(lay.stream_pages, 2);
+    let elem = |layer: usize, page: i64| unsafe {
+        (lay.layer_base[layer] as *mut u16).offset((page * lay.page_stride) as isize)
+    };
+    unsafe {
+        *elem(0, lay.stream_first as i64) = 7;
+        assert_eq!(*elem(1, lay.stream_first as i64), 7);
+    }
+    drop(pool);
+
+    // The engine's own tensors, vLLM's [2, pages, B, H, D] per layer, in f16 bits.
+    let pages_n = 8usize;
+    let page = 16 * 2 * 16;
+    let mut layers: Vec<Vec<u16>> = (0..2).map(|_| vec![0u16; 2 * pages_n * page]).collect();
+    let layout = PoolLayout {
+        num_pages: pages_n as u32,
+        stream_first: 0,
+        stream_pages: 0,
+        layer_base: layers.iter_mut().map(|l| l.as_mut_ptr() as *mut c_void).collect(),
+        layer_span_bytes: (2 * pages_n * page * 2) as u64,
+        page_stride: page as i64,
+        kv_stride: (pages_n * page) as i64,
+        token_stride: 32,
+        head_stride: 16,
+    };
+    let pool = unsafe { m.pool_register(&layout).unwrap() };
+    let tokens = tokens_of(7, 96);
+    let pages = [5i32, 1, 7, 0, 3, 2];
+    let value = |l: usize, c: usize, tok: usize, i: usize| (l * 7919 + c * 104_729 + tok * 97 + i) as u16;
+    let at = |c: usize, p: i32, off: usize| c * pages_n * page + p as usize * page + off;
+    // First request: nothing cached; the engine computes and saves every layer.
+    {
+        let r = m.request(&pool, &tokens, &pages, 0).unwrap();
+        r.start_load(ptr::null_mut()).unwrap();
+        for l in 0..2u32 {
+            assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 0);
+            for tok in 0..96 {
+                for c in 0..2 {
+                    for i in 0..32 {
+                        layers[l as usize][at(c, pages[tok / 16], (tok % 16) * 32 + i)] =
+                            value(l as usize, c, tok, i);
+                    }
+                }
+            }
+            r.save_layer(l, ptr::null_mut()).unwrap();
+        }
+        assert_eq!(r.wait_save(ptr::null_mut()).unwrap(), 96);
+        assert_eq!(r.finish().unwrap().saved_tokens, 96);
+    }
+    for l in layers.iter_mut() {
+        l.iter_mut().for_each(|x| *x = 0);
+    }
+    // Second request, other pages: everything loads.
+    let pages2 = [4i32, 6, 0, 1, 2, 3];
+    let r = m.request(&pool, &tokens, &pages2, 0).unwrap();
+    r.start_load(ptr::null_mut()).unwrap();
+    for l in 0..2u32 {
+        assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 96);
+        r.save_layer(l, ptr::null_mut()).unwrap();
+    }
+    r.wait_save(ptr::null_mut()).unwrap();
+    assert_eq!(r.info().unwrap().load_end_tokens, 96);
+    drop(r);
+    for l in 0..2 {
+        for tok in 0..96 {
+            for c in 0..2 {
+                for i in 0..32 {
+                    assert_eq!(layers[l][at(c, pages2[tok / 16], (tok % 16) * 32 + i)],
+                               value(l, c, tok, i));
+                }
+            }
+        }
+    }
+    // Bad requests leave nothing behind.
+    assert_eq!(m.request(&pool, &tokens[..64], &[0, 0, 1, 2], 0).err().unwrap().status,
+               Status::EINVAL);
+    let r = m.request(&pool, &tokens[..32], &[0, 1], 0).unwrap();
+    assert_eq!(r.wait_layer_load(0, ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+}
+
+#[test]
+fn attention_on_the_host() {
+    let desc = AttentionDesc::new(4, 2, 64, DType::F32);
+    let n_pages = 4usize;
+    let (page_tokens, hk, d) = (16usize, 2usize, 64usize);
+    let kv_len = 16 + 5;
+    let pages = [3i32, 1];
+    let k: Vec<f32> = (0..n_pages * page_tokens * hk * d).map(|i| ((i * 37 % 101) as f32) / 101.0 - 0.5).collect();
+    let v: Vec<f32> = (0..k.len()).map(|i| ((i * 53 % 89) as f32) / 89.0 - 0.5).collect();
+    let t = 3usize;
+    let q: Vec<f32> = (0..t * 4 * d).map(|i| ((i * 29 % 71) as f32) / 71.0 - 0.5).collect();
+    let bytes = desc.workspace_size(1, t as u64).unwrap() as usize;
+    let mut raw = vec![0u8; bytes + 256];
+    let off = (256 - raw.as_ptr() as usize % 256) % 256;
+    let ws = unsafe { raw.as_mut_ptr().add(off) } as *mut c_void;
+    let plan = unsafe {
+        AttentionPlan::new(&desc, &[0, t as i32], &[0, 2], &[5], ws, bytes as u64, ptr::null_mut())
+    }
+    .unwrap();
+    assert_eq!(plan.counts().kv_tokens, kv_len as u64);
+    let mut out = vec![0f32; q.len()];
+    let args = AttentionArgs {
+        q: q.as_ptr() as *const c_void,
+        q_token_stride: (4 * d) as i64,
+        q_head_stride: d as i64,
+        k_base: k.as_ptr() as *const c_void,
+        v_base: v.as_ptr() as *const c_void,
+        page_stride: (page_tokens * hk * d) as i64,
+        token_stride: (hk * d) as i64,
+        head_stride: d as i64,
+        num_pages: n_pages as u32,
+        kv_indices: pages.as_ptr(),
+        out: out.as_mut_ptr() as *mut c_void,
+        out_token_stride: (4 * d) as i64,
+        out_head_stride: d as i64,
+        lse: ptr::null_mut(),
+    };
+    unsafe { plan.run(&args, ws, ptr::null_mut()) }.unwrap();
+    // A naive causal reference in f64.
+    let kv_at = |base: &Vec<f32>, tok: usize, h: usize, i: usize| {
+        let p = pages[tok / page_tokens] as usize;
+        base[((p * page_tokens + tok % page_tokens) * hk + h) * d + i] as f64
+    };
+    let mut worst = 0f64;
+    for qi in 0..t {
+        let limit = kv_len - t + qi + 1;
+        for h in 0..4 {
+            let kh = h / 2;
+            let s: Vec<f64> = (0..limit)
+                .map(|j| (0..d).map(|i| q[(qi * 4 + h) * d + i] as f64 * kv_at(&k, j, kh, i)).sum::<f64>() / 8.0)
+                .collect();
+            let mx = s.iter().cloned().fold(f64::MIN, f64::max);
+            let w: Vec<f64> = s.iter().map(|x| (x - mx).exp()).collect();
+            let z: f64 = w.iter().sum();
+            for i in 0..d {
+                let want: f64 = (0..limit).map(|j| w[j] / z * kv_at(&v, j, kh, i)).sum();
+                worst = worst.max((out[(qi * 4 + h) * d + i] as f64 - want).abs());
+            }
+        }
+    }
+    assert!(worst < 1e-5, "max error {}", worst);
+    let bad = [3i32, 9];
+    let args_bad = AttentionArgs { kv_indices: bad.as_ptr(), ..args };
+    assert_eq!(unsafe { plan.run(&args_bad, ws, ptr::null_mut()) }.unwrap_err().status, Status::EINVAL);
+}
+
+#[test]
+fn one_context_many_threads() {
+    let c = Arc::new(ctx(16 << 20));
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let m_id = c.register_model(&small()).unwrap().id();
+    let _ = m_id;
+    let handles: Vec<_> = (0..4u32)
+        .map(|i| {
+            let c = c.clone();
+            thread::spawn(move || {
+                let m = c.register_model(&ModelDesc::new(&format!("t{}", i), 2, 2, 16).chunk_tokens(32)).unwrap();
+                for round in 0..20u32 {
+                    let t = tokens_of(i * 1000 + round, 64);
+                    let kv = kv_of((i * 1000 + round) as u64, 2 * cb);
+                    assert_eq!(m.store(&t, &kv).unwrap(), 64);
+                    let mut out = vec![0u8; kv.len()];
+                    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 64);
+                    assert_eq!(out, kv);
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    assert_eq!(c.stats().unwrap().stores, 4 * 20 * 2);
+}
