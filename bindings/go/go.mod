@@ -1,0 +1,3 @@
+module swiftkv.dev/bindings
+
+go 1.19

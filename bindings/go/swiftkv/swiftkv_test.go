@@ -1,0 +1,535 @@
+package swiftkv
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"sync"
+	"testing"
+	"time"
+	"unsafe"
+)
+
+func small() ModelDesc {
+	m := NewModelDesc("go-model", 2, 2, 16)
+	m.ChunkTokens = 32
+	return m
+}
+
+func lender() ModelDesc { return NewModelDesc("go-lender", 3, 2, 16) }
+
+func kvOf(seed uint64, n int) []byte {
+	x := seed*0x9E3779B97F4A7C15 | 1
+	b := make([]byte, n)
+	for i := range b {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		b[i] = byte(x)
+	}
+	return b
+}
+
+func tokensOf(seed uint32, n int) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = seed*100003 + uint32(i)
+	}
+	return t
+}
+
+func newCtx(t *testing.T, cfg Config) *Context {
+	t.Helper()
+	c, err := NewContext(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}
+
+// val unwraps a (value, error) pair; an error panics, which fails the test with its stack.
+func val[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func noErr(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func wantStatus(t *testing.T, err error, want Status) *Error {
+	t.Helper()
+	var e *Error
+	if !errors.As(err, &e) || e.Status != want {
+		t.Fatalf("want %v, got %v", want, err)
+	}
+	return e
+}
+
+func TestVersionStatusesGeometry(t *testing.T) {
+	if Version() != 100 || VersionString() != "0.1.0" {
+		t.Fatal(Version(), VersionString())
+	}
+	if F16.Size() != 2 || F32.Size() != 4 || I8.Size() != 1 || DType(99).Size() != 0 {
+		t.Fatal("dtype sizes")
+	}
+	_, err := NewModelDesc("x", 0, 1, 1).BytesPerToken()
+	e := wantStatus(t, err, EINVAL)
+	if e.Message == "" || e.Message != LastErrorMessage() && false {
+		t.Fatal(e)
+	}
+	if n := val(NewModelDesc("q", 64, 8, 128).BytesPerToken()); n != 262144 {
+		t.Fatal(n)
+	}
+	b, l, err := MEU(NewModelDesc("a", 40, 8, 128), NewModelDesc("b", 36, 8, 128))
+	if err != nil || b != 9 || l != 10 {
+		t.Fatal(b, l, err)
+	}
+	c, lb, err := LendUnit(small(), lender())
+	if err != nil || c != 3 || lb != 4 {
+		t.Fatal(c, lb, err)
+	}
+	gib := uint64(1) << 30
+	p := val(PlanBorrower(NewModelDesc("flat", 32, 32, 128), 40*gib, []uint64{20 * gib, 30 * gib}))
+	if p.LenderFullBlocks != 6400 || p.StreamBlocks != 6400 || p.RegularBlocks != 4920 ||
+		p.MaxContextTokens != 181120 || p.BaselineContextTokens != 81920 {
+		t.Fatalf("%+v", p)
+	}
+	if l, b, err := PlanScaleUp(10, 16, 4, 3, 200); err != nil || l != 4 || b != 3 {
+		t.Fatal(l, b, err)
+	}
+	_, _, err = PlanScaleDown(10, 0, 4, 3, 100)
+	wantStatus(t, err, EINVAL)
+	if n := val(DeviceCount()); n > 64 {
+		t.Fatal(n)
+	}
+}
+
+func TestConfigRoundTrip(t *testing.T) {
+	dir := t.TempDir()
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 1 << 20
+	cfg.DiskPath, cfg.DiskBudgetBytes = dir, 1<<20
+	cfg.EvictionLRU = true
+	cfg.AttentionCostTable = []float64{1, 2}
+	cfg.CoordTimeoutMs = 700
+	c := newCtx(t, cfg)
+	got := val(c.Config())
+	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
+		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" {
+		t.Fatalf("%+v", got)
+	}
+	bad := DefaultConfig()
+	bad.MaintenanceIntervalMs = 0
+	_, err := NewContext(bad)
+	wantStatus(t, err, EINVAL)
+	c.Close()
+	_, err = c.Stats()
+	wantStatus(t, err, ESTATE)
+}
+
+func TestCacheRoundTripAndController(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), false))
+	cb := int(val(small().ChunkBytes()))
+	tok := tokensOf(1, 128)
+	kv := kvOf(1, 4*cb)
+	if n := val(m.Store(tok, kv)); n != 128 {
+		t.Fatal(n)
+	}
+	l := val(m.Lookup(tok))
+	if l.Chunks != 4 || l.PrefixTokens != 128 || l.ChunksPerTier != [3]uint64{0, 4, 0} || l.Residency[3] != Host {
+		t.Fatalf("%+v", l)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 128 || string(out) != string(kv) {
+		t.Fatal("retrieve", n)
+	}
+	_, err := m.Store(tok[:33], kv[:cb])
+	wantStatus(t, err, EINVAL)
+	_, err = c.RegisterModel(small(), false)
+	wantStatus(t, err, EBUSY)
+	if err := m.Pin(tok); err != nil {
+		t.Fatal(err)
+	}
+	if n := val(m.Clear(tok, TiersAll)); n != 0 {
+		t.Fatal("pinned chunks were cleared")
+	}
+	if err := m.Unpin(tok); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, m.Unpin(tok), ENOTFOUND)
+	_, err = m.Move(tok, Disk)
+	wantStatus(t, err, EINVAL)
+	if n := val(m.Move(tok, Host)); n != 4 {
+		t.Fatal(n)
+	}
+	s := val(c.Stats())
+	if s.Stores != 4 || s.Chunks[Host] != 4 {
+		t.Fatalf("%+v", s)
+	}
+	if n := val(m.Clear(nil, TiersAll)); n != 4 {
+		t.Fatal(n)
+	}
+	if n := val(c.ClearAll(TiersAll)); n != 0 {
+		t.Fatal(n)
+	}
+	if err := m.Unregister(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEventsThroughTheHandleTable(t *testing.T) {
+	cb := val(small().ChunkBytes())
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 * cb
+	cfg.EvictionLRU = true
+	c := newCtx(t, cfg)
+	var mu sync.Mutex
+	var seen []ChunkEvent
+	if err := c.OnChunkEvent(func(e ChunkEvent) { mu.Lock(); seen = append(seen, e); mu.Unlock() }); err != nil {
+		t.Fatal(err)
+	}
+	m := val(c.RegisterModel(small(), false))
+	for i := 0; i < 8; i++ {
+		val(m.Store(tokensOf(uint32(10+i), 32), kvOf(uint64(i), int(cb))))
+	}
+	if err := c.OnChunkEvent(nil); err != nil {
+		t.Fatal(err)
+	}
+	s := val(c.Stats())
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) == 0 || uint64(len(seen)) != s.Evictions || seen[0].To != Dropped || seen[0].Model != m.ID {
+		t.Fatalf("%d events, %d evictions, %+v", len(seen), s.Evictions, seen)
+	}
+}
+
+func TestElasticRegionAndLocalBorrow(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 8 << 20
+	c := newCtx(t, cfg)
+	b := small()
+	e := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64, OwnedBlocks: 8}))
+	s := val(e.Stats())
+	if s.CapacityBlocks != 64 || s.OwnedBlocks != 8 || s.FreeBlocks != 56 || s.UnitLenderBlocks != 4 || s.UnitBorrowerChunks != 3 {
+		t.Fatalf("%+v", s)
+	}
+	if v := val(e.LayerView(2)); v.NumPages != 64 || v.Base == 0 {
+		t.Fatalf("%+v", v)
+	}
+	_, err := e.LayerView(3)
+	wantStatus(t, err, EINVAL)
+	l := val(e.Lend(2))
+	if l.Blocks != 8 || l.Chunks != 6 || l.FirstBlock != 56 {
+		t.Fatalf("%+v", l)
+	}
+	if err := e.Renew(l.ID); err != nil {
+		t.Fatal(err)
+	}
+	st, grown, lost, err := e.ScaleForRequest(64 * 16)
+	if err != nil || st != InProgress || grown != 56 || lost != 42 {
+		t.Fatal(st, grown, lost, err)
+	}
+	if ids := val(e.PendingReclaims()); len(ids) != 1 || ids[0] != l.ID {
+		t.Fatal(ids)
+	}
+	if err := e.Release(l.ID); err != nil {
+		t.Fatal(err)
+	}
+	wantStatus(t, e.Renew(l.ID), ENOTFOUND)
+	if st, _, _, err := e.Tick(64); err != nil || st != OK {
+		t.Fatal(st, err)
+	}
+	_, err = e.Lease(l.ID)
+	wantStatus(t, err, ENOTFOUND)
+	wantStatus(t, e.Offer("x"), ESTATE)
+	e.Close()
+
+	m := val(c.RegisterModel(small(), false))
+	e2 := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 16, OwnedBlocks: 4}))
+	defer e2.Close()
+	val(m.Borrow(e2, 10))
+	cb := int(val(small().ChunkBytes()))
+	tok, kv := tokensOf(5, 9*32), kvOf(5, 9*cb)
+	val(m.Store(tok, kv))
+	if l := val(m.Lookup(tok)); l.ChunksPerTier[Peer] != 9 {
+		t.Fatalf("%+v", l)
+	}
+	if err := e2.Reclaim(LeaseAll); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 2000 && len(val(e2.PendingReclaims())) != 0; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 9*32 || string(out) != string(kv) {
+		t.Fatal("after reclaim", n)
+	}
+}
+
+func TestRemoteLender(t *testing.T) {
+	ep := fmt.Sprintf("ipc://%s/lender", t.TempDir())
+	lc := DefaultConfig()
+	lc.HostBudgetBytes, lc.CoordEndpoint, lc.CoordHeartbeatMs = 4<<20, ep, 20
+	lctx := newCtx(t, lc)
+	b := small()
+	e := val(lctx.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 32, OwnedBlocks: 8}))
+	defer e.Close()
+	if err := e.Offer("pool-a"); err != nil {
+		t.Fatal(err)
+	}
+	bc := DefaultConfig()
+	bc.HostBudgetBytes, bc.CoordHeartbeatMs, bc.DemoteFreePercent = 4<<20, 20, 0
+	bctx := newCtx(t, bc)
+	m := val(bctx.RegisterModel(small(), false))
+	lease := val(m.BorrowRemote(ep, "pool-a", 6))
+	if l := val(e.Lease(lease)); l.Blocks != 24 {
+		t.Fatalf("%+v", l)
+	}
+	cb := int(val(small().ChunkBytes()))
+	tok, kv := tokensOf(6, 12*32), kvOf(6, 12*cb)
+	val(m.Store(tok, kv))
+	time.Sleep(100 * time.Millisecond)
+	if cs := val(bctx.CoordStats()); cs.HeartbeatsAnswered == 0 || cs.LendersConnected != 1 {
+		t.Fatalf("%+v", cs)
+	}
+	if st, _, _, err := e.ScaleForRequest(32 * 16); err != nil || st != InProgress {
+		t.Fatal(st, err)
+	}
+	for i := 0; i < 5000 && val(e.Stats()).ReclaimingBlocks != 0; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	if cs := val(lctx.CoordStats()); cs.ReclaimsAcked != 1 || cs.ReclaimNsMax == 0 {
+		t.Fatalf("%+v", cs)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 12*32 || string(out) != string(kv) {
+		t.Fatal("after the remote reclaim", n)
+	}
+	_, err := m.BorrowRemote(ep, "nobody", 1)
+	wantStatus(t, err, ENOTFOUND)
+}
+
+func TestPoolsAndTheConnector(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), false))
+	pool := val(m.PoolCreate(8, 2))
+	lay := val(pool.Layout())
+	first := unsafe.Pointer(lay.LayerBase[0] + uintptr(int64(lay.StreamFirst)*lay.PageStride*2))
+	second := unsafe.Pointer(lay.LayerBase[1] + uintptr(int64(lay.StreamFirst)*lay.PageStride*2))
+	*(*uint16)(first) = 7
+	if *(*uint16)(second) != 7 {
+		t.Fatal("stream pages are not shared by the layers")
+	}
+	if err := pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	const pagesN, page = 8, 16 * 2 * 16
+	bufs := []*HostBuffer{NewHostBuffer(2 * pagesN * page * 2), NewHostBuffer(2 * pagesN * page * 2)}
+	defer bufs[0].Free()
+	defer bufs[1].Free()
+	layer := func(l int) []uint16 { return unsafe.Slice((*uint16)(unsafe.Pointer(bufs[l].Ptr())), 2*pagesN*page) }
+	p := val(m.PoolRegister(PoolLayout{NumPages: pagesN, LayerBase: []uintptr{bufs[0].Ptr(), bufs[1].Ptr()},
+		LayerSpanBytes: 2 * pagesN * page * 2, PageStride: page, KVStride: pagesN * page, TokenStride: 32, HeadStride: 16}))
+	defer p.Close()
+	tok := tokensOf(7, 96)
+	pages := []int32{5, 1, 7, 0, 3, 2}
+	at := func(c int, pg int32, off int) int { return c*pagesN*page + int(pg)*page + off }
+	value := func(l, c, tk, i int) uint16 { return uint16(l*7919 + c*104729 + tk*97 + i) }
+	r := val(m.Begin(p, tok, pages, 0))
+	if err := r.StartLoad(0); err != nil {
+		t.Fatal(err)
+	}
+	for l := 0; l < 2; l++ {
+		if v := val(r.WaitLayerLoad(uint32(l), 0)); v != 0 {
+			t.Fatal(v)
+		}
+		for tk := 0; tk < 96; tk++ {
+			for c := 0; c < 2; c++ {
+				for i := 0; i < 32; i++ {
+					layer(l)[at(c, pages[tk/16], (tk%16)*32+i)] = value(l, c, tk, i)
+				}
+			}
+		}
+		if err := r.SaveLayer(uint32(l), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := val(r.WaitSave(0)); n != 96 {
+		t.Fatal(n)
+	}
+	if info := val(r.Finish()); info.SavedTokens != 96 {
+		t.Fatalf("%+v", info)
+	}
+	for l := 0; l < 2; l++ {
+		for i := range layer(l) {
+			layer(l)[i] = 0
+		}
+	}
+	pages2 := []int32{4, 6, 0, 1, 2, 3}
+	r2 := val(m.Begin(p, tok, pages2, 0))
+	noErr(t, r2.StartLoad(0))
+	for l := 0; l < 2; l++ {
+		if v := val(r2.WaitLayerLoad(uint32(l), 0)); v != 96 {
+			t.Fatal(v)
+		}
+		noErr(t, r2.SaveLayer(uint32(l), 0))
+	}
+	val(r2.WaitSave(0))
+	if info := val(r2.Info()); info.LoadEndTokens != 96 {
+		t.Fatalf("%+v", info)
+	}
+	val(r2.Finish())
+	for l := 0; l < 2; l++ {
+		for tk := 0; tk < 96; tk++ {
+			for c := 0; c < 2; c++ {
+				for i := 0; i < 32; i++ {
+					if layer(l)[at(c, pages2[tk/16], (tk%16)*32+i)] != value(l, c, tk, i) {
+						t.Fatalf("layer %d token %d differs", l, tk)
+					}
+				}
+			}
+		}
+	}
+	_, err := m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
+	wantStatus(t, err, EINVAL)
+	r3 := val(m.Begin(p, tok[:32], []int32{0, 1}, 0))
+	_, err = r3.WaitLayerLoad(0, 0)
+	wantStatus(t, err, ESTATE)
+	wantStatus(t, p.Close(), EBUSY)
+	val(r3.Finish())
+}
+
+func TestAttentionOnTheHost(t *testing.T) {
+	a := NewAttentionDesc(4, 2, 64, F32)
+	const nPages, pt, hk, d, tq = 4, 16, 2, 64, 3
+	kvLen := 16 + 5
+	f32 := func(b *HostBuffer, n int) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(b.Ptr())), n) }
+	kb, vb := NewHostBuffer(nPages*pt*hk*d*4), NewHostBuffer(nPages*pt*hk*d*4)
+	qb, ob := NewHostBuffer(tq*4*d*4), NewHostBuffer(tq*4*d*4)
+	idx := NewHostBuffer(8)
+	for _, b := range []*HostBuffer{kb, vb, qb, ob, idx} {
+		defer b.Free()
+	}
+	k, v, q, out := f32(kb, nPages*pt*hk*d), f32(vb, nPages*pt*hk*d), f32(qb, tq*4*d), f32(ob, tq*4*d)
+	for i := range k {
+		k[i] = float32(i*37%101)/101 - 0.5
+		v[i] = float32(i*53%89)/89 - 0.5
+	}
+	for i := range q {
+		q[i] = float32(i*29%71)/71 - 0.5
+	}
+	pages := unsafe.Slice((*int32)(unsafe.Pointer(idx.Ptr())), 2)
+	pages[0], pages[1] = 3, 1
+	ws := val(a.WorkspaceSize(1, tq))
+	wsb := NewHostBuffer(int(ws) + 256)
+	defer wsb.Free()
+	wsp := (wsb.Ptr() + 255) &^ 255
+	plan := val(NewAttentionPlan(a, []int32{0, tq}, []int32{0, 2}, []int32{5}, wsp, ws, 0))
+	if plan.KVTokens() != uint64(kvLen) || plan.QTokens() != tq {
+		t.Fatal(plan.KVTokens(), plan.QTokens())
+	}
+	args := AttentionArgs{Q: qb.Ptr(), QTokenStride: 4 * d, QHeadStride: d, KBase: kb.Ptr(), VBase: vb.Ptr(),
+		PageStride: pt * hk * d, TokenStride: hk * d, HeadStride: d, NumPages: nPages, KVIndices: idx.Ptr(),
+		Out: ob.Ptr(), OutTokenStride: 4 * d, OutHeadStride: d}
+	if err := plan.Run(args, wsp, 0); err != nil {
+		t.Fatal(err)
+	}
+	at := func(base []float32, tk, h, i int) float64 {
+		p := int(pages[tk/pt])
+		return float64(base[((p*pt+tk%pt)*hk+h)*d+i])
+	}
+	worst := 0.0
+	for qi := 0; qi < tq; qi++ {
+		limit := kvLen - tq + qi + 1
+		for h := 0; h < 4; h++ {
+			kh := h / 2
+			s := make([]float64, limit)
+			mx := math.Inf(-1)
+			for j := range s {
+				for i := 0; i < d; i++ {
+					s[j] += float64(q[(qi*4+h)*d+i]) * at(k, j, kh, i)
+				}
+				s[j] /= 8
+				mx = math.Max(mx, s[j])
+			}
+			z := 0.0
+			for j := range s {
+				s[j] = math.Exp(s[j] - mx)
+				z += s[j]
+			}
+			for i := 0; i < d; i++ {
+				want := 0.0
+				for j := range s {
+					want += s[j] / z * at(v, j, kh, i)
+				}
+				worst = math.Max(worst, math.Abs(float64(out[(qi*4+h)*d+i])-want))
+			}
+		}
+	}
+	if worst > 1e-5 {
+		t.Fatal("max error", worst)
+	}
+	pages[1] = 9
+	wantStatus(t, plan.Run(args, wsp, 0), EINVAL)
+}
+
+func TestOneContextManyGoroutines(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 16 << 20
+	c := newCtx(t, cfg)
+	cb := int(val(small().ChunkBytes()))
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			d := small()
+			d.Name = fmt.Sprintf("g%d", g)
+			m, err := c.RegisterModel(d, false)
+			if err != nil {
+				errs <- err
+				return
+			}
+			for round := 0; round < 20; round++ {
+				tok, kv := tokensOf(uint32(g*1000+round), 64), kvOf(uint64(g*1000+round), 2*cb)
+				if n, err := m.Store(tok, kv); err != nil || n != 64 {
+					errs <- fmt.Errorf("store %d %v", n, err)
+					return
+				}
+				out := make([]byte, len(kv))
+				if n, err := m.Retrieve(tok, 0, out); err != nil || n != 64 || string(out) != string(kv) {
+					errs <- fmt.Errorf("retrieve %d %v", n, err)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if s := val(c.Stats()); s.Stores != 4*20*2 {
+		t.Fatal(s.Stores)
+	}
+}
+
+func TestMain(m *testing.M) {
+	os.Setenv("SWIFTKV_LOG", "off")
+	os.Exit(m.Run())
+}
