@@ -90,28 +90,36 @@ def reference_logits(w: Weights, tokens: np.ndarray, first: int) -> np.ndarray:
     return rms_norm(x[first:], w.norm) @ w.unembed
 
 
-class Engine:
-    """One model served from one process: its pages, its pool, and the turn loop."""
+class StreamRetry(Exception):
+    """A load failed below a layer whose KV already sits in stream pages: restart the step."""
 
-    def __init__(self, ctx: swiftkv.Context, weights: Weights, max_tokens: int = 1024):
+
+class Engine:
+    """One model served from one process: its pages, its pool, and the step loop.
+
+    The pool is library-made: regular pages, plus stream pages whose memory every layer shares
+    (the layer stream cache). The oldest blocks of a conversation go to the stream pages, so
+    their KV is in the engine's memory one layer at a time: loaded for layer l, read by layer
+    l's attention, then replaced by layer l+1's load once save_layer(l) has run."""
+
+    def __init__(self, ctx: swiftkv.Context, weights: Weights, max_tokens: int = 1024,
+                 stream_pages: int = 6):
         self.w = weights
         self.model = ctx.register_model(model_desc())
-        self.pages_n = max_tokens // BLOCK
-        # The engine's own KV tensors, one per layer, vLLM's layout [2, pages, B, H, D].
-        self.kv = [np.zeros((2, self.pages_n, BLOCK, KV_HEADS, HEAD_DIM), np.float32)
-                   for _ in range(LAYERS)]
-        page = BLOCK * KV_HEADS * HEAD_DIM
-        self.pool = self.model.pool_register(self.kv, page_stride=page,
-                                             kv_stride=self.pages_n * page,
-                                             token_stride=KV_HEADS * HEAD_DIM,
-                                             head_stride=HEAD_DIM, num_pages=self.pages_n,
-                                             layer_span_bytes=self.kv[0].nbytes)
+        self.pool = self.model.pool_create(max_tokens // BLOCK, stream_pages)
+        self.layout = self.pool.describe()
+        d = self.layout
+        self.kv = [self.pool.layer(l) for l in range(LAYERS)]  # [pages, 2, B, H, D] views
+        stream = list(range(d["stream_first"], d["stream_first"] + d["stream_pages"]))
+        regular = [p for p in range(d["num_pages"]) if p not in stream]
+        # Block b of a conversation goes to page self.pages[b]: the stream pages first, then
+        # regular pages in a shuffled order, as an engine's allocator hands them out.
+        shuffled = list(np.random.default_rng(7).permutation(regular))
+        self.pages = np.array(stream + shuffled, dtype=np.int32)
         self.att = swiftkv.AttentionDesc(num_qo_heads=Q_HEADS, num_kv_heads=KV_HEADS,
                                          head_dim=HEAD_DIM, page_tokens=BLOCK,
                                          dtype=swiftkv.DType.F32)
         self.workspace = swiftkv.attention_workspace(self.att, 1, max_tokens)
-        # Pages in a shuffled order, as an engine's allocator hands them out.
-        self.pages = np.random.default_rng(7).permutation(self.pages_n).astype(np.int32)
 
     def _attention(self, q, layer, n):
         """Queries of the last len(q) tokens over the KV of tokens [0, n) in the pages."""
@@ -120,38 +128,39 @@ class Engine:
         plan = swiftkv.AttentionPlan(self.att, [0, t], [0, used], [n - (used - 1) * BLOCK],
                                      self.workspace)
         out = np.zeros_like(q)
-        page = BLOCK * KV_HEADS * HEAD_DIM
-        plan.run(q, self.kv[layer][0], self.kv[layer][1], self.pages[:used], out,
-                 page_stride=page, token_stride=KV_HEADS * HEAD_DIM, head_stride=HEAD_DIM,
-                 num_pages=self.pages_n)
+        d = self.layout
+        k_base = d["layer_base"][layer]
+        plan.run(q, k_base, k_base + d["kv_stride"] * 4, self.pages[:used], out,
+                 page_stride=d["page_stride"], token_stride=d["token_stride"],
+                 head_stride=d["head_stride"], num_pages=d["num_pages"])
         return out
 
     def _write_kv(self, layer, k, v, first):
         for i in range(len(k)):
             p, o = self.pages[(first + i) // BLOCK], (first + i) % BLOCK
-            self.kv[layer][0, p, o] = k[i]
-            self.kv[layer][1, p, o] = v[i]
-
-    def _layers(self, x_in, first, n, upto):
-        """Runs tokens [first, n) through layers [0, upto); returns the hidden state per layer
-        input (index l: the input of layer l)."""
-        xs = [x_in]
-        for l in range(upto):
-            lw = self.w.layers[l]
-            q, k, v = qkv(lw, xs[-1], np.arange(first, n))
-            self._write_kv(l, k, v, first)
-            xs.append(finish_layer(lw, xs[-1], self._attention(q, l, n)))
-        return xs
+            self.kv[layer][p, 0, o] = k[i]
+            self.kv[layer][p, 1, o] = v[i]
 
     def turn(self, tokens: np.ndarray, logits_from: int) -> tuple[np.ndarray, dict]:
-        """Serves tokens (the whole conversation so far): loads what the cache has, computes the
-        rest layer by layer, saves the new chunks; returns the logits of positions
-        [logits_from, n) and what happened."""
+        """One engine step over tokens (the whole conversation so far): loads what the cache
+        has layer by layer, computes the rest, saves the new chunks; returns the logits of
+        positions [logits_from, n) and what happened. A step that loses a chunk below a layer
+        already in the stream pages is run again (the lost chunks are recomputed then)."""
+        for attempt in range(3):
+            try:
+                return self._step(tokens, logits_from, attempt)
+            except StreamRetry:
+                continue
+        raise RuntimeError("three attempts lost chunks mid-load")
+
+    def _step(self, tokens, logits_from, attempt):
         n = len(tokens)
         used = (n + BLOCK - 1) // BLOCK
+        prefix = self.model.lookup(tokens)["prefix_tokens"]
         # The pages served other requests since: nothing in them may be trusted (NaN shows it).
         for kv in self.kv:
             kv.fill(np.nan)
+        streamed = min(used, self.layout["stream_pages"]) * BLOCK
         with self.model.request(self.pool, tokens, self.pages[:used]) as req:
             req.start_load()
             start = None  # tokens [start, n) are computed; [0, start) were loaded
@@ -160,25 +169,34 @@ class Engine:
             for l in range(LAYERS):
                 valid = req.wait_layer_load(l)
                 valid_per_layer.append(valid)
-                if start is None or valid < start:
-                    # First layer, or a load failed mid-way: (re)compute from the valid end,
-                    # through the layers before this one, from the embedding.
-                    start = min(valid, logits_from) if start is None else valid
-                    x = self._layers(self.w.embed[tokens[start:]], start, n, l)[-1]
-                lw = self.w.layers[l]
-                q, k, v = qkv(lw, x, np.arange(start, n))
-                self._write_kv(l, k, v, start)
-                x = finish_layer(lw, x, self._attention(q, l, n))
+                if start is None:
+                    start = min(valid, logits_from)
+                    x = self.w.embed[tokens[start:]]
+                elif valid < start:
+                    if valid < streamed:
+                        raise StreamRetry()  # lower layers' KV there is gone: start over
+                    # A load failed mid-way: recompute [valid, n) through the layers below.
+                    start = valid
+                    x = self.w.embed[tokens[start:]]
+                    for j in range(l):
+                        x = self._layer(j, x, start, n)
+                x = self._layer(l, x, start, n)
                 req.save_layer(l)
             saved = req.wait_save()
         logits = rms_norm(x[logits_from - start:], self.w.norm) @ self.w.unembed
-        return logits, {"loaded": valid_per_layer[-1], "computed_from": start, "saved": saved,
-                        "valid_per_layer": valid_per_layer, "info": req.final}
+        return logits, {"prefix": prefix, "loaded": valid_per_layer[-1], "computed_from": start,
+                        "saved": saved, "streamed": streamed, "attempts": attempt + 1,
+                        "info": req.final}
+
+    def _layer(self, l, x, start, n):
+        lw = self.w.layers[l]
+        q, k, v = qkv(lw, x, np.arange(start, n))
+        self._write_kv(l, k, v, start)
+        return finish_layer(lw, x, self._attention(q, l, n))
 
     def decode(self, tokens: np.ndarray) -> np.ndarray:
-        """One decode step: the last token of `tokens` through every layer, attending over the
-        pages (which hold the KV of the tokens before it); its logits, [1, VOCAB]. Its KV stays
-        in the pages and is saved by the next turn's request."""
-        n = len(tokens)
-        x = self._layers(self.w.embed[tokens[-1:]], n - 1, n, LAYERS)[-1]
-        return rms_norm(x, self.w.norm) @ self.w.unembed
+        """One decode step: the last token of `tokens` (the rest are the conversation so far).
+        It is an engine step like any other: the cached prefix streams in layer by layer and
+        the tokens after the last cached chunk are computed; its logits, [1, VOCAB]."""
+        logits, _ = self.turn(tokens, len(tokens) - 1)
+        return logits

@@ -68,8 +68,8 @@ def main() -> int:
             print(f"borrowed lease {lease} from the lender: "
                   f"{ctx.stats()['capacity_bytes'][swiftkv.Tier.PEER] // chunk_bytes} chunks")
             history = np.zeros(0, np.uint32)
-            print(f"{'turn':>4} {'tokens':>6} {'loaded':>6} {'computed':>8} {'saved':>5} "
-                  f"{'peer/host/disk':>14} {'max |diff|':>10}")
+            print(f"{'turn':>4} {'tokens':>6} {'prefix':>6} {'loaded':>6} {'streamed':>8} "
+                  f"{'computed':>8} {'saved':>5} {'peer/host/disk':>14} {'max |diff|':>10}")
             for turn in range(1, args.turns + 1):
                 user = rng.integers(0, 512, int(rng.integers(40, 70)), dtype=np.uint32)
                 tokens = np.concatenate([history, user])
@@ -87,13 +87,17 @@ def main() -> int:
                 history = seq
                 res = engine.model.lookup(history)["chunks_per_tier"]
                 tiers_seen.update(t for t in range(3) if res[t])
-                print(f"{turn:>4} {len(tokens):>6} {what['loaded']:>6} "
-                      f"{len(tokens) - what['computed_from']:>8} {what['saved']:>5} "
+                print(f"{turn:>4} {len(tokens):>6} {what['prefix']:>6} {what['loaded']:>6} "
+                      f"{what['streamed']:>8} {len(tokens) - what['computed_from']:>8} "
+                      f"{what['saved']:>5} "
                       f"{res[0]:>4}/{res[1]}/{res[2]:<5} {diff:>10.2e}")
                 if not diff < TOLERANCE:
                     failures.append(f"turn {turn}: logits differ by {diff:.3e}")
                 if turn > 1 and what["loaded"] < CHUNK:
                     failures.append(f"turn {turn}: nothing was loaded from the cache")
+                if what["loaded"] != what["prefix"]:
+                    failures.append(f"turn {turn}: loaded {what['loaded']} of the "
+                                    f"{what['prefix']} cached tokens lookup reported")
                 if turn == args.reclaim_after:
                     st = ask(lender, f"scale {32 * BLOCK}")
                     settled = ask(lender, "settle")
