@@ -245,12 +245,12 @@ void Coordinator::State::run() {
         uint64_t n = 0;
         [[maybe_unused]] const ssize_t r = ::read(wake_fd.get(), &n, sizeof(n));
       }
-      std::deque<Command> todo;
+      std::deque<Command> queued;
       {
         std::lock_guard lock(mu);
-        todo.swap(commands);
+        queued.swap(commands);
       }
-      for (const Command &c : todo) on_command(c);
+      for (const Command &c : queued) on_command(c);
       if (router != nullptr) on_router();
       // Auth packets: an fd that answered is either attached to its session or closed. Those
       // accepted below are polled from the next round on.
