@@ -22,17 +22,15 @@ constexpr size_t kRequestDescV1Size =
     offsetof(swiftkv_request_desc, load_from_tokens) + sizeof(uint64_t);
 constexpr size_t kRequestInfoV1Size = offsetof(swiftkv_request_info, reserved0) + sizeof(uint32_t);
 
-void require_host(const RegisteredModel &m) {
-  if (m.geometry.device != SWIFTKV_DEVICE_HOST) {
-    fail(SWIFTKV_EUNSUPPORTED, "model '" + m.name + "' is on CUDA device " +
-                                   std::to_string(m.geometry.device) +
-                                   "; pools on a device are not supported yet");
+// A model on a device needs that device in the context (ENODEV otherwise).
+void require_usable_device(const swiftkv_ctx *ctx, const RegisteredModel &m) {
+  const int32_t d = m.geometry.device;
+  if (d != SWIFTKV_DEVICE_HOST && !ctx->core.uses_device(d)) {
+    fail(SWIFTKV_ENODEV, "model '" + m.name + "' is on CUDA device " + std::to_string(d) +
+                             ", which the context does not use (its config's device_mask)");
   }
 }
 
-void require_no_stream(const void *stream) {
-  if (stream != nullptr) fail_invalid("stream is not NULL, and host pools take no stream");
-}
 
 uint32_t add_pool(swiftkv_ctx *ctx, uint32_t model, const RegisteredModel &m,
                   std::unique_ptr<KvPool> pool) {
@@ -65,6 +63,15 @@ auto find_request_locked(const swiftkv_ctx *ctx, uint64_t request) {
 std::shared_ptr<Request> open_request(const swiftkv_ctx *ctx, uint64_t request) {
   std::lock_guard lock(ctx->io_mu);
   return find_request_locked(ctx, request)->second;
+}
+
+// The request, with its stream checked: a host pool takes no stream.
+std::shared_ptr<Request> request_on(swiftkv_ctx *ctx, uint64_t request, const void *stream) {
+  std::shared_ptr<Request> r = open_request(ctx, request);
+  if (stream != nullptr && r->pool().layout().device < 0) {
+    fail_invalid("stream is not NULL, and host pools take no stream");
+  }
+  return r;
 }
 
 // Removes an open request from the table: no later call finds it.
@@ -110,7 +117,7 @@ SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx
     require(d.layer_base, "desc->layer_base");
     std::shared_lock models(ctx->models_mu);  // the model stays registered until the pool is in
     const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower_locked(ctx, model);
-    swiftkv::capi::require_host(m);
+    swiftkv::capi::require_usable_device(ctx, m);
     swiftkv::PageLayout l;
     l.layer_base.resize(m.geometry.num_layers);
     for (uint32_t i = 0; i < m.geometry.num_layers; ++i) {
@@ -144,8 +151,10 @@ SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *
     require(ctx, "ctx");
     std::shared_lock models(ctx->models_mu);
     const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower_locked(ctx, model);
-    swiftkv::capi::require_host(m);
-    auto pool = swiftkv::KvPool::create_host(m.geometry, regular_pages, stream_pages);
+    swiftkv::capi::require_usable_device(ctx, m);
+    auto pool = m.geometry.device == SWIFTKV_DEVICE_HOST
+                    ? swiftkv::KvPool::create_host(m.geometry, regular_pages, stream_pages)
+                    : swiftkv::KvPool::create_device(m.geometry, regular_pages, stream_pages);
     *pool_out = swiftkv::capi::add_pool(ctx, model, m, std::move(pool));
     return SWIFTKV_OK;
   }
@@ -265,8 +274,7 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
 SWIFTKV_API swiftkv_status swiftkv_start_load(swiftkv_ctx *ctx, uint64_t request, void *stream) {
   try {
     require(ctx, "ctx");
-    swiftkv::capi::require_no_stream(stream);
-    swiftkv::capi::open_request(ctx, request)->start_load();
+    swiftkv::capi::request_on(ctx, request, stream)->start_load(stream);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL
@@ -278,8 +286,8 @@ SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_ou
   try {
     require(valid_end_tokens_out, "valid_end_tokens_out");
     require(ctx, "ctx");
-    swiftkv::capi::require_no_stream(stream);
-    *valid_end_tokens_out = swiftkv::capi::open_request(ctx, request)->wait_layer_load(layer);
+    *valid_end_tokens_out =
+        swiftkv::capi::request_on(ctx, request, stream)->wait_layer_load(layer, stream);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL
@@ -289,8 +297,7 @@ SWIFTKV_API swiftkv_status swiftkv_save_layer(swiftkv_ctx *ctx, uint64_t request
                                               void *stream) {
   try {
     require(ctx, "ctx");
-    swiftkv::capi::require_no_stream(stream);
-    swiftkv::capi::open_request(ctx, request)->save_layer(layer);
+    swiftkv::capi::request_on(ctx, request, stream)->save_layer(layer, stream);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL
@@ -301,8 +308,7 @@ SWIFTKV_API swiftkv_status swiftkv_wait_save(uint64_t *saved_tokens_out, swiftkv
   try {
     require(saved_tokens_out, "saved_tokens_out");
     require(ctx, "ctx");
-    swiftkv::capi::require_no_stream(stream);
-    *saved_tokens_out = swiftkv::capi::open_request(ctx, request)->wait_save();
+    *saved_tokens_out = swiftkv::capi::request_on(ctx, request, stream)->wait_save(stream);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

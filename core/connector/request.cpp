@@ -53,6 +53,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       l.plan = plan_for(c);
       l.src = cache_.address(use->where, &l.src_device);
       tiers_used[static_cast<size_t>(use->where.tier)] = true;
+      if (use->where.tier == Tier::peer) peer_loads_ = true;
     }
     info_.load_begin = first * chunk_tokens_;
     info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
@@ -81,13 +82,17 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       s.plan = plan_for(c);
       int32_t device = -1;
       s.dst = cache_.address(s.where, &device);
-      if (s.dst == nullptr || device >= 0) {
+      // A host pool reaches lent device memory through host staging; a device pool copies to
+      // any memory directly, and stages only for the disk.
+      if (s.dst == nullptr || (device >= 0 && pool_->layout().device < 0)) {
         s.staging.resize(sizes.full_chunk_bytes);
         s.dst = s.staging.data();
       }
       info_.save_tokens += chunk_tokens_;
     }
+    if (device()) make_device_transfer();
   } catch (...) {
+    dev_.reset();
     for (auto &l : loads_) cache_.end_read(l->key);
     for (auto &s : saves_) cache_.release_slot(s->where);
     throw;
@@ -111,6 +116,7 @@ Request::~Request() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return tasks_in_flight_ == 0; });
   lock.unlock();
+  dev_.reset();  // waits for the device's copies: they read held chunks and write slots
   for (auto &l : loads_) cache_.end_read(l->key);
   for (auto &s : saves_) {
     if (!s->published) cache_.release_slot(s->where);
@@ -220,9 +226,19 @@ void Request::check_layer(uint32_t layer) const {
   }
 }
 
-void Request::start_load() {
+void Request::start_load(void *stream) {
   std::lock_guard lock(mu_);
   if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
+  if (device()) {
+    dev_->after(stream);  // the pages' previous users on the engine's stream go first
+    started_ = true;
+    if (info_.stream_ordered) {
+      enqueue_device_load_locked(0, -1);
+    } else {
+      for (uint32_t l = 0; l < layers_; ++l) enqueue_device_load_locked(l, -1);
+    }
+    return;
+  }
   started_ = true;
   if (info_.stream_ordered) {
     submit_load_locked(0);
@@ -231,7 +247,7 @@ void Request::start_load() {
   }
 }
 
-uint64_t Request::wait_layer_load(uint32_t layer) {
+uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
   std::unique_lock lock(mu_);
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
   check_layer(layer);
@@ -240,7 +256,22 @@ uint64_t Request::wait_layer_load(uint32_t layer) {
                              std::to_string(info_.layers_loaded) + " is next to wait for, and " +
                              std::to_string(info_.layers_saved) + " layers are saved");
   }
-  cv_.wait(lock, [&] { return load_submitted_[layer] && load_left_[layer] == 0; });
+  if (device()) {
+    if (peer_loads_) {
+      // Lent memory: the lease is checked again once the copy is done, on the host.
+      lock.unlock();
+      dev_->sync_load(layer);
+      lock.lock();
+      for (size_t i = 0; i < loads_.size() && i < first_failed_.load(); ++i) {
+        const LoadChunk &c = *loads_[i];
+        if (c.use.where.tier == Tier::peer && !cache_.readable(c.use.where)) fail_chunk(i);
+      }
+    } else {
+      dev_->stream_wait_load(layer, stream);
+    }
+  } else {
+    cv_.wait(lock, [&] { return load_submitted_[layer] && load_left_[layer] == 0; });
+  }
   info_.layers_loaded = layer + 1;
   const size_t bad = first_failed_.load();
   if (bad < loads_.size()) {
@@ -249,7 +280,7 @@ uint64_t Request::wait_layer_load(uint32_t layer) {
   return info_.valid_end;
 }
 
-void Request::save_layer(uint32_t layer) {
+void Request::save_layer(uint32_t layer, void *stream) {
   std::lock_guard lock(mu_);
   check_layer(layer);
   if (layer != info_.layers_saved || info_.layers_loaded != layer + 1) {
@@ -257,11 +288,22 @@ void Request::save_layer(uint32_t layer) {
                              std::to_string(info_.layers_loaded) + " layers waited for, " +
                              std::to_string(info_.layers_saved) + " saved");
   }
+  if (device()) {
+    std::vector<std::byte *> dsts;
+    dsts.reserve(saves_.size());
+    for (auto &sc : saves_) dsts.push_back(sc->dst);
+    dev_->enqueue_save(layer, stream, pool_->layout().layer_base[layer], dsts);
+    info_.layers_saved = layer + 1;
+    if (info_.stream_ordered && layer + 1 < layers_) {
+      enqueue_device_load_locked(layer + 1, static_cast<int>(layer));
+    }
+    return;
+  }
   info_.layers_saved = layer + 1;
   submit_save_locked(layer);
 }
 
-uint64_t Request::wait_save() {
+uint64_t Request::wait_save(void *) {
   std::unique_lock lock(mu_);
   if (save_done_) fail(SWIFTKV_ESTATE, "wait_save was already called for this request");
   if (info_.layers_saved != layers_) {
@@ -273,6 +315,7 @@ uint64_t Request::wait_save() {
   });
   save_done_ = true;
   lock.unlock();
+  if (dev_) dev_->sync_saves();
   uint64_t saved = 0;
   for (auto &s : saves_) {
     s->published = true;  // publish() keeps or frees the slot either way
@@ -286,6 +329,50 @@ uint64_t Request::wait_save() {
   lock.lock();
   info_.saved_tokens = saved;
   return saved;
+}
+
+void Request::make_device_transfer() {
+  std::vector<StagedSegment> load_segs, save_segs;
+  std::vector<uint32_t> load_prefix{0}, save_prefix{0};
+  auto append = [&](const std::vector<CopySegment> &plan, size_t chunk,
+                    std::vector<StagedSegment> &out, std::vector<uint32_t> &prefix) {
+    for (const CopySegment &g : plan) {
+      out.push_back(StagedSegment{g.page_offset, chunk * piece_bytes_ + g.piece_offset, g.bytes});
+    }
+    prefix.push_back(static_cast<uint32_t>(out.size()));
+  };
+  for (size_t i = 0; i < loads_.size(); ++i) append(loads_[i]->plan, i, load_segs, load_prefix);
+  for (size_t i = 0; i < saves_.size(); ++i) append(saves_[i]->plan, i, save_segs, save_prefix);
+  dev_ = DeviceTransfer::create(pool_->layout().device, layers_, piece_bytes_, load_segs,
+                                load_prefix, save_segs, save_prefix);
+}
+
+// Enqueues the loads of one layer for the chunks still valid: disk chunks are staged (read and
+// checked) first, on this thread if the early read has not finished; a lent chunk whose lease is
+// gone, or a disk chunk that fails its check, ends the valid prefix there.
+void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
+  std::vector<const std::byte *> sources;
+  sources.reserve(loads_.size());
+  for (size_t i = 0; i < loads_.size() && i < first_failed_.load(); ++i) {
+    LoadChunk &c = *loads_[i];
+    if (c.src == nullptr) {
+      if (!stage(c)) {
+        fail_chunk(i);
+        break;
+      }
+      sources.push_back(c.staging.data());
+    } else {
+      if (c.use.where.tier == Tier::peer && !cache_.readable(c.use.where)) {
+        fail_chunk(i);
+        break;
+      }
+      sources.push_back(c.src);
+    }
+  }
+  dev_->enqueue_load(layer, sources, static_cast<uint32_t>(sources.size()),
+                     pool_->layout().layer_base[layer], after_save_layer);
+  load_submitted_[layer] = true;
+  if (++layers_load_done_ == layers_) load_scopes_.clear();
 }
 
 RequestInfo Request::info() const {

@@ -15,6 +15,7 @@
 #include "core/tiers/chunk_cache.hpp"
 #include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cpu_executor.hpp"
+#include "core/transfer/cuda_transfer.hpp"
 
 namespace swiftkv {
 
@@ -42,6 +43,11 @@ struct RequestSpec {
 // save_layer(l), then wait_save. A call out of order throws Error(ESTATE) and changes nothing.
 // Thread-safe: mu_ guards the per-layer counters and the call state; tasks on the executor touch
 // only their own chunk's fields and report through mu_. The destructor waits for every task.
+//
+// A pool on a device runs its copies on a DeviceTransfer instead of the CPU executor: the calls
+// take the engine's CUDA stream and only enqueue (wait_layer_load waits on the host only when
+// the layer read lent memory, whose lease is checked again after the copy; wait_save waits for
+// the saves). On the host the stream must be null.
 class Request {
  public:
   Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvPool> pool,
@@ -50,12 +56,13 @@ class Request {
   Request(const Request &) = delete;
   Request &operator=(const Request &) = delete;
 
-  void start_load();
-  // Blocks until layer l is in the pages; returns valid_end.
-  uint64_t wait_layer_load(uint32_t layer);
-  void save_layer(uint32_t layer);
-  // Blocks until every layer is saved, then makes the whole chunks visible; returns saved tokens.
-  uint64_t wait_save();
+  void start_load(void *stream = nullptr);
+  // Layer l is in the pages (host: blocks until it is; device: `stream` waits for it); returns
+  // valid_end.
+  uint64_t wait_layer_load(uint32_t layer, void *stream = nullptr);
+  void save_layer(uint32_t layer, void *stream = nullptr);
+  // Every layer is saved (waits), then the whole chunks become visible; returns saved tokens.
+  uint64_t wait_save(void *stream = nullptr);
   RequestInfo info() const;
   const KvPool &pool() const noexcept { return *pool_; }
 
@@ -87,6 +94,10 @@ class Request {
   void task_done(bool load, uint32_t layer);
   void fail_chunk(size_t i);
   void check_layer(uint32_t layer) const;  // EINVAL past the model's layers
+  // The device path.
+  void make_device_transfer();
+  void enqueue_device_load_locked(uint32_t layer, int after_save_layer);
+  bool device() const noexcept { return pool_->layout().device >= 0; }
 
   ChunkCache &cache_;
   CpuExecutor &exec_;
@@ -99,6 +110,8 @@ class Request {
   std::vector<std::unique_ptr<SaveChunk>> saves_;
   std::vector<std::unique_ptr<ChunkCache::LoadScope>> load_scopes_;  // while loads are pending
   std::atomic<size_t> first_failed_{SIZE_MAX};  // loads stop at the first chunk that failed
+  std::unique_ptr<DeviceTransfer> dev_;          // a device pool's executor
+  bool peer_loads_ = false;                      // some load reads lent memory
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -408,6 +408,98 @@ bool cuda_vmm_supported(int32_t device) {
   return vmm != 0 && fd_handles != 0;
 }
 
+uint64_t cuda_vmm_granule(int32_t device) {
+  if (!cuda_vmm_supported(device)) {
+    fail(SWIFTKV_EUNSUPPORTED, "CUDA device " + std::to_string(device) + " or its driver lacks VMM");
+  }
+  DeviceGuard guard(device);
+  const CUmemAllocationProp prop = vmm_prop(device);
+  size_t g = 0;
+  check_cu(driver().granularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           "cuMemGetAllocationGranularity");
+  return g;
+}
+
+namespace {
+
+// One reservation for every layer; per layer its own regular allocation, and the one stream
+// allocation mapped again at the end of each layer's range.
+class VmmAliasedLayers final : public AliasedLayers {
+ public:
+  VmmAliasedLayers(int32_t device, uint32_t layers, uint64_t regular, uint64_t stream)
+      : device_(device), layers_(layers), regular_(regular), stream_(stream),
+        layer_bytes_(regular + stream) {
+    DeviceGuard guard(device_);
+    const uint64_t total = checked_mul(layer_bytes_, layers_, "pool bytes");
+    check_cu(driver().address_reserve(&base_, total, 0, 0, 0),
+             "cuMemAddressReserve of " + std::to_string(total) + " bytes");
+    try {
+      const CUmemAllocationProp prop = vmm_prop(device_);
+      const CUmemAccessDesc access = read_write_on(device_);
+      if (stream_ != 0) check_cu(driver().create(&stream_handle_, stream_, &prop, 0), "cuMemCreate");
+      regular_handles_.assign(layers_, 0);
+      for (uint32_t l = 0; l < layers_; ++l) {
+        const CUdeviceptr at = base_ + l * layer_bytes_;
+        if (regular_ != 0) {
+          check_cu(driver().create(&regular_handles_[l], regular_, &prop, 0), "cuMemCreate");
+          check_cu(driver().map(at, regular_, 0, regular_handles_[l], 0), "cuMemMap");
+          mapped_.emplace_back(at, regular_);
+          check_cu(driver().set_access(at, regular_, &access, 1), "cuMemSetAccess");
+        }
+        if (stream_ != 0) {
+          check_cu(driver().map(at + regular_, stream_, 0, stream_handle_, 0), "cuMemMap (stream)");
+          mapped_.emplace_back(at + regular_, stream_);
+          check_cu(driver().set_access(at + regular_, stream_, &access, 1), "cuMemSetAccess");
+        }
+      }
+    } catch (...) {
+      release_all();
+      throw;
+    }
+  }
+  ~VmmAliasedLayers() override { release_all(); }
+
+  std::byte *layer(uint32_t l) const noexcept override {
+    return reinterpret_cast<std::byte *>(base_ + l * layer_bytes_);
+  }
+
+ private:
+  void release_all() noexcept {
+    for (const auto &[at, n] : mapped_) (void)driver().unmap(at, n);
+    mapped_.clear();
+    for (CUmemGenericAllocationHandle h : regular_handles_) {
+      if (h != 0) (void)driver().release(h);
+    }
+    regular_handles_.clear();
+    if (stream_handle_ != 0) (void)driver().release(stream_handle_);
+    stream_handle_ = 0;
+    if (base_ != 0) (void)driver().address_free(base_, layer_bytes_ * layers_);
+    base_ = 0;
+  }
+
+  int32_t device_;
+  uint32_t layers_;
+  uint64_t regular_, stream_, layer_bytes_;
+  CUdeviceptr base_ = 0;
+  CUmemGenericAllocationHandle stream_handle_ = 0;
+  std::vector<CUmemGenericAllocationHandle> regular_handles_;
+  std::vector<std::pair<CUdeviceptr, uint64_t>> mapped_;
+};
+
+}  // namespace
+
+std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t layers,
+                                                     uint64_t regular_bytes,
+                                                     uint64_t stream_bytes) {
+  const uint64_t g = cuda_vmm_granule(device);
+  if (layers == 0 || regular_bytes % g != 0 || stream_bytes % g != 0 ||
+      regular_bytes + stream_bytes == 0) {
+    fail_invalid("a device pool's sizes must be whole VMM granules of " + std::to_string(g) +
+                 " bytes");
+  }
+  return std::make_unique<VmmAliasedLayers>(device, layers, regular_bytes, stream_bytes);
+}
+
 std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
   check_device(o.device);
   if (o.size == 0) fail_invalid("CUDA region size is 0");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <memory>
 
 #include "core/memory/memory_region.hpp"
@@ -27,5 +28,22 @@ std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o);
 
 // True when `device` can back regions with POSIX-fd shareable VMM memory.
 bool cuda_vmm_supported(int32_t device);
+
+// The VMM allocation granule of `device` (EUNSUPPORTED without VMM).
+uint64_t cuda_vmm_granule(int32_t device);
+
+// Device memory for a library-made pool (the layer stream cache on a GPU): one address range per
+// layer of regular_bytes + stream_bytes (each a whole number of granules). The first
+// regular_bytes of a layer are its own memory; the last stream_bytes are one physical allocation
+// mapped into every layer at the same offset, so a write through one layer's range shows in all.
+class AliasedLayers {
+ public:
+  virtual ~AliasedLayers() = default;
+  virtual std::byte *layer(uint32_t l) const noexcept = 0;
+};
+// Throws Error: ENODEV, EUNSUPPORTED (no VMM), ENOMEM, ECUDA, EINVAL (sizes not in granules).
+std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t layers,
+                                                     uint64_t regular_bytes,
+                                                     uint64_t stream_bytes);
 
 }  // namespace swiftkv

@@ -13,6 +13,17 @@ std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
 
 bool cuda_vmm_supported(int32_t) { return false; }
 
+uint64_t cuda_vmm_granule(int32_t device) {
+  fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) +
+                           " needs a libswiftkv built with CUDA");
+}
+
+std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t, uint64_t,
+                                                     uint64_t) {
+  fail(SWIFTKV_ENODEV, "a pool on CUDA device " + std::to_string(device) +
+                           " needs a libswiftkv built with CUDA");
+}
+
 std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &) {
   fail(SWIFTKV_ENODEV, "opening CUDA device memory needs a libswiftkv built with CUDA");
 }

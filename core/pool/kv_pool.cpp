@@ -74,8 +74,34 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
   return pool;
 }
 
+std::unique_ptr<KvPool> KvPool::create_device(const ModelGeometry &g, uint32_t regular,
+                                              uint32_t stream) {
+  const uint64_t granule = cuda_vmm_granule(g.device);
+  const uint64_t page_bytes = uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim *
+                              dtype_size(g.dtype);
+  const uint64_t step = granule / std::gcd(granule, page_bytes);
+  const uint64_t regular_pages = (uint64_t{regular} + step - 1) / step * step;
+  if (regular_pages + stream > UINT32_MAX || regular_pages + stream == 0) {
+    fail_invalid("regular_pages + stream_pages must be 1 to 2^32-1 pages");
+  }
+  const uint64_t stream_bytes = (stream * page_bytes + granule - 1) / granule * granule;
+  auto pool = std::unique_ptr<KvPool>(new KvPool());
+  pool->geometry_ = g;
+  pool->layout_ = nhd_layout(g, static_cast<uint32_t>(regular_pages + stream));
+  pool->layout_.stream_first = static_cast<uint32_t>(regular_pages);
+  pool->layout_.stream_pages = stream;
+  pool->device_memory_ =
+      create_aliased_layers(g.device, g.num_layers, regular_pages * page_bytes, stream_bytes);
+  pool->layout_.layer_base.assign(g.num_layers, nullptr);
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    pool->layout_.layer_base[l] = pool->device_memory_->layer(l);
+  }
+  check_page_layout(pool->layout_, g, "the pool");
+  return pool;
+}
+
 KvPool::~KvPool() {
-  if (!owned()) return;
+  if (fd_.get() < 0) return;  // device memory goes with device_memory_
   for (std::byte *b : layout_.layer_base) {
     if (b != nullptr) ::munmap(b, mapped_bytes_);
   }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "core/common/unique_fd.hpp"
+#include "core/memory/cuda_region.hpp"
 #include "core/pool/page_layout.hpp"
 
 namespace swiftkv {
@@ -21,19 +22,25 @@ class KvPool {
   // boundary (layout().stream_first says how many there are).
   static std::unique_ptr<KvPool> create_host(const ModelGeometry &g, uint32_t regular,
                                              uint32_t stream);
+  // Library-made device memory on g.device: the same shape, the stream pages one VMM allocation
+  // mapped into every layer (EUNSUPPORTED without VMM). The regular count is rounded up to whole
+  // VMM granules.
+  static std::unique_ptr<KvPool> create_device(const ModelGeometry &g, uint32_t regular,
+                                               uint32_t stream);
   ~KvPool();
   KvPool(const KvPool &) = delete;
   KvPool &operator=(const KvPool &) = delete;
 
   const PageLayout &layout() const noexcept { return layout_; }
   const ModelGeometry &geometry() const noexcept { return geometry_; }
-  bool owned() const noexcept { return fd_.get() >= 0; }
+  bool owned() const noexcept { return fd_.get() >= 0 || device_memory_ != nullptr; }
 
  private:
   KvPool() = default;
   ModelGeometry geometry_;
   PageLayout layout_;
   UniqueFd fd_;                // the memfd of a library-made host pool
+  std::unique_ptr<AliasedLayers> device_memory_;  // a library-made device pool's memory
   uint64_t mapped_bytes_ = 0;  // reserved address range per layer
 };
 

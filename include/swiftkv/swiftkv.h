@@ -858,18 +858,19 @@ typedef struct swiftkv_pool_desc {
 /* Registers an engine's own tensors as a pool of borrower `model`; *pool_out is its id (never
  * reused). The descriptor is checked against the model (layers, heads, head dim, dtype) and
  * itself; the message names the field that is wrong. The engine keeps the memory, which must
- * outlive the pool. Host memory only for now: a model on a CUDA device is SWIFTKV_EUNSUPPORTED.
- * Thread-safe. */
+ * outlive the pool. For a model on a CUDA device the bases are that device's memory, which the
+ * context must use (SWIFTKV_ENODEV otherwise). Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx *ctx,
                                                  uint32_t model, const swiftkv_pool_desc *desc);
 
 /* Makes a pool for borrower `model`: `regular_pages` ordinary pages per layer, then
  * `stream_pages` stream pages whose memory is mapped at the same page indices inside every
- * layer's tensor (on the host backend one memfd range mapped once per layer), laid out as
- * FlashInfer's NHD. regular_pages is rounded up so that the stream pages start on a memory page
- * boundary: swiftkv_pool_get tells the counts. The sizes usually come from
- * swiftkv_plan_borrower (regular_blocks, stream_blocks). The memory is the engine's KV memory,
- * not the cache's host budget. Host models only for now (SWIFTKV_EUNSUPPORTED for a device). */
+ * layer's tensor (on the host backend one memfd range mapped once per layer; on a CUDA device
+ * one VMM allocation mapped into every layer's address range, SWIFTKV_EUNSUPPORTED where the
+ * device lacks VMM), laid out as FlashInfer's NHD. regular_pages is rounded up so that the
+ * stream pages start on a memory page (VMM granule) boundary: swiftkv_pool_get tells the counts.
+ * The sizes usually come from swiftkv_plan_borrower (regular_blocks, stream_blocks). The memory
+ * is the engine's KV memory, not the cache's host budget. */
 SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *ctx,
                                                uint32_t model, uint32_t regular_pages,
                                                uint32_t stream_pages);
@@ -920,6 +921,13 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * (counted in stores_rejected).
  * Host pools take stream NULL (SWIFTKV_EINVAL otherwise); every call there returns when its
  * work is done (waits) or queued (start_load, save_layer).
+ * Device pools take the engine's CUDA stream (NULL: the legacy default stream) and only enqueue:
+ * start_load orders the loads after the stream's work so far; wait_layer_load makes the stream
+ * wait for layer l's loads (and, when the request reads lent memory, waits on the host for them
+ * first, so that the lease is checked after the copy and valid_end_tokens is exact); save_layer
+ * copies the layer out after the stream's work so far; wait_save waits on the host for every
+ * save. Per layer, each chunk's layer piece is one copy and one gather/scatter kernel serves
+ * every chunk, on a load stream of the highest priority and a save stream.
  * ------------------------------------------------------------------------------------------- */
 
 #define SWIFTKV_REQUEST_DESC_VERSION 1

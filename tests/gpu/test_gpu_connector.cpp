@@ -1,0 +1,358 @@
+// On a GPU machine: the per-layer data path into device pools. A fake engine writes a known value
+// for every (layer, K/V, token, head, dim) into its device pages; the library saves them, moves
+// them to host or disk, and a new request loads them back into other pages; every byte is
+// compared, for each layout (vLLM, FlashInfer NHD and HND, cross-layer), for f16, bf16 with an
+// odd head dim and fp8 with head dim 5 (unaligned segments), and for a library-made pool whose
+// stream pages are aliased into every layer (checked to hold layer l at each wait). The device
+// images are also compared with the same requests run on host pools, whose copies are the
+// kernel's CPU twin. Exits 77 without a usable device or without CUDA.
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+#include "swiftkv/swiftkv.h"
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
+                   swiftkv_last_error_message());                                       \
+      ++g_failures;                                                                     \
+      return;                                                                           \
+    }                                                                                   \
+  } while (0)
+#define CHECK_OK(call) CHECK((call) == SWIFTKV_OK)
+#define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
+
+constexpr uint32_t kLayers = 3, kHeads = 2, kBlock = 16, kChunk = 32, kTokens = 96;
+
+struct Geometry {
+  const char *name;
+  swiftkv_dtype dtype;
+  uint32_t head_dim;
+  uint32_t bytes;  // per element
+};
+
+// Element strides of one layout, for `pages` pages.
+struct Layout {
+  const char *name;
+  int64_t page, kv, token, head;
+  uint64_t span_elems;   // per layer tensor
+  bool cross_layer;      // one tensor for all layers, page stride over layers
+};
+
+Layout layout_of(const char *name, const Geometry &g, uint32_t pages) {
+  const int64_t d = g.head_dim, h = kHeads, b = kBlock;
+  const std::string n = name;
+  if (n == "vllm") return {name, b * h * d, pages * b * h * d, h * d, d, 2ull * pages * b * h * d, false};
+  if (n == "nhd") return {name, 2 * b * h * d, b * h * d, h * d, d, 2ull * pages * b * h * d, false};
+  if (n == "hnd") return {name, 2 * b * h * d, b * h * d, d, b * d, 2ull * pages * b * h * d, false};
+  // cross-layer [pages, L, 2, B, H, D]: layer l's base is l * 2*B*H*D elements in.
+  return {name, kLayers * 2 * b * h * d, b * h * d, h * d, d,
+          static_cast<uint64_t>(kLayers) * 2 * pages * b * h * d, true};
+}
+
+// The engine's value of (layer, c, token, head, dim), as bytes of the element.
+void value(uint8_t *out, uint32_t bytes, uint32_t l, uint32_t c, uint32_t t, uint32_t h,
+           uint32_t d) {
+  uint32_t v = (l * 7919u + c * 104729u + t * 613u + h * 97u + d * 13u) ^ 0x5a5au;
+  for (uint32_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(v >> (8 * (i % 4)));
+}
+
+uint64_t offset_of(const Layout &lay, uint32_t page, uint32_t c, uint32_t t, uint32_t h,
+                   uint32_t d) {
+  return static_cast<uint64_t>(page * lay.page + c * lay.kv + t * lay.token + h * lay.head + d);
+}
+
+// Writes the engine's values of tokens [0, kTokens) of layer l into a host image of the layer
+// (`img` is the layer's base).
+void write_layer(uint8_t *img, const Layout &lay, const Geometry &g, uint32_t l,
+                 const std::vector<int32_t> &pages) {
+  for (uint32_t t = 0; t < kTokens; ++t) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          const uint64_t at = offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c,
+                                        t % kBlock, h, d);
+          value(&img[at * g.bytes], g.bytes, l, c, t, h, d);
+        }
+      }
+    }
+  }
+}
+
+// True when tokens [0, n) of layer l hold the engine's values at `pages` (`img`: the base).
+bool layer_holds(const uint8_t *img, const Layout &lay, const Geometry &g, uint32_t l,
+                 const std::vector<int32_t> &pages, uint32_t n) {
+  std::vector<uint8_t> want(g.bytes);
+  for (uint32_t t = 0; t < n; ++t) {
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < kHeads; ++h) {
+        for (uint32_t d = 0; d < g.head_dim; ++d) {
+          const uint64_t at = offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c,
+                                        t % kBlock, h, d);
+          value(want.data(), g.bytes, l, c, t, h, d);
+          if (std::memcmp(&img[at * g.bytes], want.data(), g.bytes) != 0) return false;
+        }
+      }
+    }
+  }
+  return true;
+}
+
+struct Rig {
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  std::string disk;
+};
+
+swiftkv_model_desc desc_of(const Geometry &g, int32_t device) {
+  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
+  m.name = g.name;
+  m.num_layers = kLayers;
+  m.num_kv_heads = kHeads;
+  m.head_dim = g.head_dim;
+  m.block_tokens = kBlock;
+  m.chunk_tokens = kChunk;
+  m.dtype = g.dtype;
+  m.device = device;
+  return m;
+}
+
+// One request over `pages`: loads (checking valid_end at each layer), the engine writes the
+// tokens it did not load, saves. Returns the per-layer valid_end; `check_stream` asks whether
+// layer l's stream pages hold layer l at its wait (device pools only).
+std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
+                                  const std::vector<int32_t> &pages, const Layout &lay,
+                                  const Geometry &g, const std::vector<void *> &bases,
+                                  uint64_t span, bool device, cudaStream_t s, bool write_all,
+                                  bool check_each_layer) {
+  std::vector<uint32_t> tokens(kTokens);
+  for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = pool;
+  d.tokens = tokens.data();
+  d.n_tokens = kTokens;
+  d.pages = pages.data();
+  d.n_pages = pages.size();
+  uint64_t req = 0;
+  std::vector<uint64_t> valid;
+  if (swiftkv_request_begin(&req, ctx, &d) != SWIFTKV_OK) return valid;
+  void *stream = device ? static_cast<void *>(s) : nullptr;
+  if (swiftkv_start_load(ctx, req, stream) != SWIFTKV_OK) return valid;
+  std::vector<uint8_t> img(span);
+  auto fetch = [&](uint32_t l) {
+    if (device) {
+      cudaStreamSynchronize(s);
+      cudaMemcpy(img.data(), bases[l], span, cudaMemcpyDeviceToHost);
+    } else {
+      std::memcpy(img.data(), bases[l], span);
+    }
+  };
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v = 0;
+    if (swiftkv_wait_layer_load(&v, ctx, req, l, stream) != SWIFTKV_OK) return {};
+    valid.push_back(v);
+    if (check_each_layer) {
+      // Stream pages hold this layer now: every loaded token of layer l is there.
+      fetch(l);
+      if (!layer_holds(img.data(), lay, g, l, pages, static_cast<uint32_t>(v))) {
+        std::fprintf(stderr, "layer %u: the pages do not hold the layer at its wait\n", l);
+        return {};
+      }
+    }
+    if (write_all && v == 0) {
+      // The engine computes layer l: its values into the pages (read, modify, write back).
+      fetch(l);
+      write_layer(img.data(), lay, g, l, pages);
+      if (device) {
+        cudaMemcpyAsync(bases[l], img.data(), span, cudaMemcpyHostToDevice, s);
+        cudaStreamSynchronize(s);
+      } else {
+        std::memcpy(bases[l], img.data(), span);
+      }
+    }
+    if (swiftkv_save_layer(ctx, req, l, stream) != SWIFTKV_OK) return {};
+  }
+  uint64_t saved = 0;
+  if (swiftkv_wait_save(&saved, ctx, req, stream) != SWIFTKV_OK) return {};
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  if (swiftkv_request_finish(&info, ctx, req) != SWIFTKV_OK) return {};
+  return valid;
+}
+
+// The round trip of one layout and geometry on the device, with the same requests on a host
+// pool beside it: save, move to `tier`, load into other pages, compare with the values and
+// with the host pool's bytes.
+void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
+  const uint32_t pages_n = 16;
+  const Layout lay = layout_of(layout_name, g, pages_n);
+  const uint64_t bytes = lay.span_elems * g.bytes;  // one layer's tensor (all, cross-layer)
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  Rig dev, host;
+  for (Rig *r : {&dev, &host}) {
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    c.device_mask = 1;
+    c.host_budget_bytes = 16 << 20;
+    r->disk = "/tmp/swiftkv-gpu-connector-" + std::to_string(::getpid()) + "-" +
+              (r == &dev ? "d" : "h") + "-" + layout_name + "-" + g.name;
+    std::system(("rm -rf " + r->disk + " && mkdir -p " + r->disk).c_str());
+    c.disk_path = r->disk.c_str();
+    c.disk_budget_bytes = 64 << 20;
+    CHECK_OK(swiftkv_ctx_create(&r->ctx, &c));
+    swiftkv_model_desc m = desc_of(g, r == &dev ? 0 : SWIFTKV_DEVICE_HOST);
+    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+    mc.desc = &m;
+    CHECK_OK(swiftkv_model_register(&r->model, r->ctx, &mc));
+  }
+  // The engines' tensors: one per layer, or one for all layers (cross-layer).
+  std::vector<void *> dbases(kLayers), hbases(kLayers);
+  void *dmem = nullptr;
+  std::vector<uint8_t> hmem(bytes * (lay.cross_layer ? 1 : kLayers));
+  CHECK_CUDA(cudaMalloc(&dmem, hmem.size()));
+  CHECK_CUDA(cudaMemset(dmem, 0, hmem.size()));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    const uint64_t off = lay.cross_layer ? uint64_t{l} * 2 * kBlock * kHeads * g.head_dim * g.bytes
+                                         : l * bytes;
+    dbases[l] = static_cast<uint8_t *>(dmem) + off;
+    hbases[l] = hmem.data() + off;
+  }
+  const uint64_t span = lay.cross_layer ? hmem.size() - uint64_t{(kLayers - 1)} * 2 * kBlock *
+                                                            kHeads * g.head_dim * g.bytes
+                                        : bytes;
+  uint32_t dpool = 0, hpool = 0;
+  for (int side = 0; side < 2; ++side) {
+    Rig &r = side == 0 ? dev : host;
+    swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+    pd.num_pages = pages_n;
+    pd.layer_base = side == 0 ? dbases.data() : hbases.data();
+    pd.layer_span_bytes = span;
+    pd.page_stride = lay.page;
+    pd.kv_stride = lay.kv;
+    pd.token_stride = lay.token;
+    pd.head_stride = lay.head;
+    CHECK_OK(swiftkv_pool_register(side == 0 ? &dpool : &hpool, r.ctx, r.model, &pd));
+  }
+  const std::vector<int32_t> first{9, 2, 14, 0, 5, 11}, second{3, 15, 1, 8, 12, 6};
+  // Save from `first` (nothing cached yet: every layer is computed).
+  auto v = run_request(dev.ctx, dpool, first, lay, g, dbases, span, true, s, true, false);
+  CHECK(v.size() == kLayers && v[0] == 0);
+  v = run_request(host.ctx, hpool, first, lay, g, hbases, span, false, s, true, false);
+  CHECK(v.size() == kLayers && v[0] == 0);
+  // Move the chunks down, clear the pages, load into `second`.
+  std::vector<uint32_t> tokens(kTokens);
+  for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
+  for (Rig *r : {&dev, &host}) {
+    uint64_t there = 0;
+    CHECK_OK(swiftkv_move(&there, r->ctx, r->model, tokens.data(), kTokens, tier));
+    CHECK(there == kTokens / kChunk);
+  }
+  CHECK_CUDA(cudaMemset(dmem, 0, hmem.size()));
+  std::fill(hmem.begin(), hmem.end(), 0);
+  v = run_request(dev.ctx, dpool, second, lay, g, dbases, span, true, s, false, false);
+  CHECK(v.size() == kLayers && v[0] == kTokens && v[kLayers - 1] == kTokens);
+  v = run_request(host.ctx, hpool, second, lay, g, hbases, span, false, s, false, false);
+  CHECK(v.size() == kLayers && v[kLayers - 1] == kTokens);
+  std::vector<uint8_t> back(hmem.size());
+  CHECK_CUDA(cudaMemcpy(back.data(), dmem, back.size(), cudaMemcpyDeviceToHost));
+  CHECK(back == hmem);  // the kernel and its CPU twin wrote the same bytes
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    CHECK(layer_holds(back.data() + (static_cast<uint8_t *>(hbases[l]) - hmem.data()), lay, g, l,
+                      second, kTokens));
+  }
+  for (Rig *r : {&dev, &host}) {
+    swiftkv_ctx_destroy(r->ctx);
+    std::system(("rm -rf " + r->disk).c_str());
+  }
+  cudaFree(dmem);
+  cudaStreamDestroy(s);
+  std::printf("%s %s via %s: %u tokens of %u layers back bit-exact\n", g.name, layout_name,
+              tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
+}
+
+// A library-made device pool with stream pages: at each wait_layer_load(l) the stream pages
+// hold layer l of the loaded tokens.
+void stream_pages(const Geometry &g) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.host_budget_bytes = 16 << 20;
+  swiftkv_ctx *ctx = nullptr;
+  CHECK_OK(swiftkv_ctx_create(&ctx, &c));
+  swiftkv_model_desc m = desc_of(g, 0);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0;
+  CHECK_OK(swiftkv_model_register(&model, ctx, &mc));
+  uint32_t pool = 0;
+  const swiftkv_status st = swiftkv_pool_create(&pool, ctx, model, 8, 4);
+  if (st == SWIFTKV_EUNSUPPORTED) {
+    std::printf("stream pages: this device has no VMM, skipped\n");
+    swiftkv_ctx_destroy(ctx);
+    return;
+  }
+  CHECK(st == SWIFTKV_OK);
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  CHECK_OK(swiftkv_pool_get(&pd, nullptr, ctx, pool));
+  const Layout lay{"pool", pd.page_stride, pd.kv_stride, pd.token_stride, pd.head_stride,
+                   pd.layer_span_bytes / g.bytes, false};
+  // Blocks 0-3 in the stream pages, 4-5 in regular ones.
+  std::vector<int32_t> pages;
+  for (uint32_t i = 0; i < 4; ++i) pages.push_back(static_cast<int32_t>(pd.stream_first + i));
+  pages.push_back(1);
+  pages.push_back(3);
+  const std::vector<void *> bases(pd.layer_base, pd.layer_base + kLayers);
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreate(&s));
+  // Save (the engine writes each layer into the stream pages as it goes), then load back,
+  // checking at each wait that the pages hold that layer.
+  auto v = run_request(ctx, pool, pages, lay, g, bases, pd.layer_span_bytes, true, s, true, false);
+  CHECK(v.size() == kLayers && v[0] == 0);
+  v = run_request(ctx, pool, pages, lay, g, bases, pd.layer_span_bytes, true, s, false, true);
+  CHECK(v.size() == kLayers && v[kLayers - 1] == kTokens);
+  swiftkv_ctx_destroy(ctx);
+  cudaStreamDestroy(s);
+  std::printf("%s stream pages: every layer streamed through the aliased pages intact\n", g.name);
+}
+
+}  // namespace
+
+int main() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    std::printf("no usable CUDA device: skipped\n");
+    return 77;
+  }
+  const Geometry geometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
+                                 {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
+                                 {"fp8-d5", SWIFTKV_DTYPE_FP8_E4M3, 5, 1}};
+  for (const Geometry &g : geometries) {
+    for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
+      round_trip(g, layout, SWIFTKV_TIER_HOST);
+    }
+    round_trip(g, "nhd", SWIFTKV_TIER_DISK);
+    stream_pages(g);
+  }
+  std::printf("%s\n", g_failures == 0 ? "all GPU connector checks passed" : "FAILED");
+  return g_failures == 0 ? 0 : 1;
+}
+
+#else
+int main() {
+  std::printf("libswiftkv built without CUDA: skipped\n");
+  return 77;
+}
+#endif
