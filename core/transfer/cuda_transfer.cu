@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "core/common/error.hpp"
 #include "core/memory/cuda_check.hpp"
@@ -86,12 +87,13 @@ class CudaTransfer final : public DeviceTransfer {
       check_cuda(cudaStreamWaitEvent(load_stream_, save_events_[after_save_layer], 0),
                  "cudaStreamWaitEvent");
     }
+    std::vector<void *> dst(chunks);
+    std::vector<const void *> src(chunks);
     for (uint32_t i = 0; i < chunks; ++i) {
-      check_cuda(cudaMemcpyAsync(load_staging_ + i * piece_bytes_,
-                                 sources[i] + layer * piece_bytes_, piece_bytes_,
-                                 cudaMemcpyDefault, load_stream_),
-                 "cudaMemcpyAsync (a chunk's layer piece)");
+      dst[i] = load_staging_ + i * piece_bytes_;
+      src[i] = sources[i] + layer * piece_bytes_;
     }
+    copy_pieces(dst, src, load_stream_);
     launch(load_segments_, load_prefix_[chunks], load_staging_,
            reinterpret_cast<unsigned char *>(layer_base), true, load_stream_);
     check_cuda(cudaEventRecord(load_events_[layer], load_stream_), "cudaEventRecord");
@@ -116,11 +118,13 @@ class CudaTransfer final : public DeviceTransfer {
     const uint32_t chunks = static_cast<uint32_t>(dsts.size());
     launch(save_segments_, save_prefix_[chunks],
            reinterpret_cast<const unsigned char *>(layer_base), save_staging_, false, save_stream_);
+    std::vector<void *> dst(chunks);
+    std::vector<const void *> src(chunks);
     for (uint32_t i = 0; i < chunks; ++i) {
-      check_cuda(cudaMemcpyAsync(dsts[i] + layer * piece_bytes_, save_staging_ + i * piece_bytes_,
-                                 piece_bytes_, cudaMemcpyDefault, save_stream_),
-                 "cudaMemcpyAsync (a chunk's layer piece)");
+      dst[i] = dsts[i] + layer * piece_bytes_;
+      src[i] = save_staging_ + i * piece_bytes_;
     }
+    copy_pieces(dst, src, save_stream_);
     check_cuda(cudaEventRecord(save_events_[layer], save_stream_), "cudaEventRecord");
   }
 
@@ -136,6 +140,31 @@ class CudaTransfer final : public DeviceTransfer {
     check_cuda(cudaMemcpy(*out, segs.data(), segs.size() * sizeof(StagedSegment),
                           cudaMemcpyHostToDevice),
                "cudaMemcpy (copy plan)");
+  }
+
+  // One piece_bytes copy per chunk: a single batched call where the runtime has one (the
+  // driver then picks the copy engines), else one cudaMemcpyAsync per chunk.
+  void copy_pieces(const std::vector<void *> &dst, const std::vector<const void *> &src,
+                   cudaStream_t s) {
+    if (dst.empty()) return;
+#if CUDART_VERSION >= 13000
+    if (batch_ok_) {
+      std::vector<size_t> sizes(dst.size(), piece_bytes_);
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      const cudaError_t err = cudaMemcpyBatchAsync(dst.data(), src.data(), sizes.data(),
+                                                   dst.size(), &attr, &first, 1, s);
+      if (err == cudaSuccess) return;
+      // A driver without batched copies: the plain path from now on.
+      (void)cudaGetLastError();
+      batch_ok_ = false;
+    }
+#endif
+    for (size_t i = 0; i < dst.size(); ++i) {
+      check_cuda(cudaMemcpyAsync(dst[i], src[i], piece_bytes_, cudaMemcpyDefault, s),
+                 "cudaMemcpyAsync (a chunk's layer piece)");
+    }
   }
 
   void launch(const kernels::DeviceSegment *segs, uint32_t n, const unsigned char *src,
@@ -172,6 +201,7 @@ class CudaTransfer final : public DeviceTransfer {
   std::vector<cudaEvent_t> load_events_, save_events_;
   kernels::DeviceSegment *load_segments_ = nullptr, *save_segments_ = nullptr;
   unsigned char *load_staging_ = nullptr, *save_staging_ = nullptr;
+  bool batch_ok_ = true;
 };
 
 }  // namespace
