@@ -565,6 +565,42 @@ static void bad_pool_descriptors_are_rejected(void **state) {
   engine_down(&e);
 }
 
+/* A model on a device the context does not use gets no pool, made or registered: ENODEV, and
+ * nothing is left behind (the model can still go). */
+static void device_pools_need_their_device(void **state) {
+  (void)state;
+  swiftkv_ctx *ctx = NULL;
+  assert_ok(swiftkv_ctx_create(&ctx, NULL));
+  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
+  m.name = "on-device";
+  m.num_layers = 2;
+  m.num_kv_heads = 2;
+  m.head_dim = 16;
+  m.chunk_tokens = 32;
+  m.device = 0;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0;
+  assert_ok(swiftkv_model_register(&model, ctx, &mc));
+  uint32_t pool = 77;
+  assert_status(swiftkv_pool_create(&pool, ctx, model, 8, 2), SWIFTKV_ENODEV);
+  assert_message_contains("which the context does not use");
+  static uint16_t fake[2][4096];
+  void *bases[2] = {fake[0], fake[1]};
+  swiftkv_pool_desc d = SWIFTKV_POOL_DESC_INIT;
+  d.num_pages = 4;
+  d.layer_base = bases;
+  d.layer_span_bytes = sizeof fake[0];
+  d.head_stride = 16;
+  d.token_stride = 32;
+  d.kv_stride = 16 * 32;
+  d.page_stride = 2 * 16 * 32;
+  assert_status(swiftkv_pool_register(&pool, ctx, model, &d), SWIFTKV_ENODEV);
+  assert_int_equal(pool, 77);
+  assert_ok(swiftkv_model_unregister(ctx, model));
+  swiftkv_ctx_destroy(ctx);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_vllm),
@@ -578,6 +614,7 @@ int main(void) {
       cmocka_unit_test(clear_during_a_request_loses_nothing),
       cmocka_unit_test(bad_input_changes_nothing),
       cmocka_unit_test(bad_pool_descriptors_are_rejected),
+      cmocka_unit_test(device_pools_need_their_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
