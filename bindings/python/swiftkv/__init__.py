@@ -592,6 +592,9 @@ class Pool:
 
         d = self.describe()
         m = self.model.desc
+        if m.device != DEVICE_HOST:
+            raise Error(int(Status.EINVAL), "a device pool's memory is not host memory; use "
+                        "describe()['layer_base'] addresses with the engine's tensor library")
         item = dtype_size(m.dtype)
         np_dtype = {1: np.uint8, 2: np.float16, 4: np.float32}[item]
         if DType(m.dtype) == DType.BF16:
