@@ -13,21 +13,10 @@
 #include <cuda_runtime_api.h>
 
 #include "attention_fixture.h"
+#include "gpu_check.h"
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   swiftkv_last_error_message());                                   \
-      ++g_failures;                                                                 \
-      return;                                                                       \
-    }                                                                               \
-  } while (0)
-#define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
 
 // Device copies of a problem's tensors, with args pointing at them.
 struct DeviceProblem {

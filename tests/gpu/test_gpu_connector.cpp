@@ -19,23 +19,11 @@
 #if defined(SWIFTKV_TEST_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "gpu_check.h"
 #include "swiftkv/swiftkv.h"
 
 namespace {
 
-int g_failures = 0;
-
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   swiftkv_last_error_message());                                       \
-      ++g_failures;                                                                     \
-      return;                                                                           \
-    }                                                                                   \
-  } while (0)
-#define CHECK_OK(call) CHECK((call) == SWIFTKV_OK)
-#define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
 
 constexpr uint32_t kLayers = 3, kHeads = 2, kBlock = 16, kChunk = 32, kTokens = 96;
 

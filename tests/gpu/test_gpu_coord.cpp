@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_check.h"
 #include "swiftkv/swiftkv.h"
 
 extern char **environ;
@@ -22,17 +23,6 @@ extern char **environ;
 namespace {
 
 const char *g_self = nullptr;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
-                   swiftkv_last_error_message());                                   \
-      ++g_failures;                                                                 \
-      return;                                                                       \
-    }                                                                               \
-  } while (0)
 
 // 4 layers, 8 KV heads of 128 dims, 64-token chunks in f16: 1 MiB a chunk; the lender's blocks
 // are 16 tokens of the same geometry, so a lending unit is 4 blocks = 1 chunk.
