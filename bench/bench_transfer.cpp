@@ -73,6 +73,61 @@ double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> 
   return now_s() - t0;
 }
 
+// The benchmark's model: 8 layers, 8 KV heads of 128 dims, 256-token chunks, `page`-token pages.
+swiftkv_model_desc bench_model(const char *name, uint32_t page, int32_t device) {
+  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
+  m.name = name;
+  m.num_layers = kLayers;
+  m.num_kv_heads = kHeads;
+  m.head_dim = kDim;
+  m.block_tokens = page;
+  m.chunk_tokens = kChunk;
+  m.device = device;
+  return m;
+}
+
+// Pages 0..n-1 in a scattered order, as an engine's allocator hands them out.
+std::vector<int32_t> scattered_pages(uint32_t n) {
+  std::vector<int32_t> pages(n);
+  for (uint32_t i = 0; i < n; ++i) pages[i] = static_cast<int32_t>(i);
+  for (uint32_t i = n - 1; i > 0; --i) std::swap(pages[i], pages[(i * 2654435761u) % (i + 1)]);
+  return pages;
+}
+
+// The best of `reps` saves (nothing cached) and loads (everything cached) of `chunks` chunks
+// into r.save_gbs and r.load_gbs.
+void time_requests(Row &r, swiftkv_ctx *ctx, uint32_t model, uint32_t pool,
+                   const std::vector<int32_t> &pages, uint32_t chunks, int reps, void *stream) {
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+  double best_load = 1e30, best_save = 1e30;
+  for (int rep = 0; rep < reps; ++rep) {
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 10000000u + i);
+    uint64_t loaded = 0, saved = 0;
+    best_save = std::min(best_save, run_request(ctx, pool, tokens, pages, &loaded, &saved, stream));
+    if (saved != tokens.size()) std::fprintf(stderr, "saved only %llu\n", (unsigned long long)saved);
+    best_load = std::min(best_load, run_request(ctx, pool, tokens, pages, &loaded, &saved, stream));
+    if (loaded != tokens.size()) std::fprintf(stderr, "loaded only %llu\n", (unsigned long long)loaded);
+    uint64_t n = 0;
+    check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
+  }
+  r.load_gbs = bytes / best_load / 1e9;
+  r.save_gbs = bytes / best_save / 1e9;
+}
+
+// Hook overhead per layer: requests with no full chunk, so each layer's calls copy nothing.
+double hook_us(swiftkv_ctx *ctx, uint32_t pool, uint32_t page, void *stream) {
+  std::vector<uint32_t> few(page > 1 ? page - 1 : 1, 7);
+  std::vector<int32_t> one{0};
+  const int hook_reps = 200;
+  const double t0 = now_s();
+  for (int i = 0; i < hook_reps; ++i) {
+    uint64_t loaded = 0, saved = 0;
+    run_request(ctx, pool, few, one, &loaded, &saved, stream);
+  }
+  return (now_s() - t0) / hook_reps / kLayers * 1e6;
+}
+
 Row measure(uint32_t page, uint32_t chunks, int reps) {
   Row r{page, 0, 0, 0, 0, 0};
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
@@ -81,37 +136,14 @@ Row measure(uint32_t page, uint32_t chunks, int reps) {
   c.demote_free_percent = 0;
   swiftkv_ctx *ctx = nullptr;
   check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
-  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
-  m.name = "bench";
-  m.num_layers = kLayers;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kDim;
-  m.block_tokens = page;
-  m.chunk_tokens = kChunk;
+  swiftkv_model_desc m = bench_model("bench", page, SWIFTKV_DEVICE_HOST);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
   uint32_t model = 0, pool = 0;
   check(swiftkv_model_register(&model, ctx, &mc), "model_register");
   const uint32_t n_pages = chunks * (kChunk / page);
   check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
-  std::vector<int32_t> pages(n_pages);
-  for (uint32_t i = 0; i < n_pages; ++i) pages[i] = static_cast<int32_t>(i);
-  // Pages in a scattered order, as an engine's allocator hands them out.
-  for (uint32_t i = n_pages - 1; i > 0; --i) std::swap(pages[i], pages[(i * 2654435761u) % (i + 1)]);
-  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
-  double best_load = 1e30, best_save = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 10000000u + i);
-    uint64_t loaded = 0, saved = 0;
-    best_save = std::min(best_save, run_request(ctx, pool, tokens, pages, &loaded, &saved));
-    if (saved != tokens.size()) std::fprintf(stderr, "saved only %llu\n", (unsigned long long)saved);
-    best_load = std::min(best_load, run_request(ctx, pool, tokens, pages, &loaded, &saved));
-    if (loaded != tokens.size()) std::fprintf(stderr, "loaded only %llu\n", (unsigned long long)loaded);
-    uint64_t n = 0;
-    check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
-  }
-  r.load_gbs = bytes / best_load / 1e9;
-  r.save_gbs = bytes / best_save / 1e9;
+  time_requests(r, ctx, model, pool, scattered_pages(n_pages), chunks, reps, nullptr);
 
   // Baselines over the same bytes, on as many threads as the library's copy engine (2): per page
   // and K/V in a scattered order, and one large copy split in halves.
@@ -145,16 +177,7 @@ Row measure(uint32_t page, uint32_t chunks, int reps) {
   r.per_page_gbs = bytes / best_pp / 1e9;
   r.large_gbs = bytes / best_large / 1e9;
 
-  // Hook overhead: a request with no full chunk, so each layer's calls copy nothing.
-  std::vector<uint32_t> few(page > 1 ? page - 1 : 1, 7);
-  std::vector<int32_t> one{0};
-  const int hook_reps = 200;
-  const double t0 = now_s();
-  for (int i = 0; i < hook_reps; ++i) {
-    uint64_t loaded = 0, saved = 0;
-    run_request(ctx, pool, few, one, &loaded, &saved);
-  }
-  r.hook_us = (now_s() - t0) / hook_reps / kLayers * 1e6;
+  r.hook_us = hook_us(ctx, pool, page, nullptr);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return r;
@@ -172,14 +195,7 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   c.demote_free_percent = 0;
   swiftkv_ctx *ctx = nullptr;
   check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
-  swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
-  m.name = "bench-device";
-  m.num_layers = kLayers;
-  m.num_kv_heads = kHeads;
-  m.head_dim = kDim;
-  m.block_tokens = page;
-  m.chunk_tokens = kChunk;
-  m.device = 0;
+  swiftkv_model_desc m = bench_model("bench-device", page, 0);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
   uint32_t model = 0, pool = 0;
@@ -203,24 +219,9 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   pd.kv_stride = pd.token_stride * page;
   pd.page_stride = 2 * pd.kv_stride;
   check(swiftkv_pool_register(&pool, ctx, model, &pd), "pool_register");
-  std::vector<int32_t> pages(n_pages);
-  for (uint32_t i = 0; i < n_pages; ++i) pages[i] = static_cast<int32_t>(i);
-  for (uint32_t i = n_pages - 1; i > 0; --i) std::swap(pages[i], pages[(i * 2654435761u) % (i + 1)]);
-  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
   cudaStream_t s = nullptr;
   cudaStreamCreate(&s);
-  double best_load = 1e30, best_save = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 10000000u + i);
-    uint64_t loaded = 0, saved = 0;
-    best_save = std::min(best_save, run_request(ctx, pool, tokens, pages, &loaded, &saved, s));
-    best_load = std::min(best_load, run_request(ctx, pool, tokens, pages, &loaded, &saved, s));
-    if (loaded != tokens.size()) std::fprintf(stderr, "loaded only %llu\n", (unsigned long long)loaded);
-    uint64_t n = 0;
-    check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
-  }
-  r.load_gbs = bytes / best_load / 1e9;
-  r.save_gbs = bytes / best_save / 1e9;
+  time_requests(r, ctx, model, pool, scattered_pages(n_pages), chunks, reps, s);
   void *pinned = nullptr;
   cudaMallocHost(&pinned, bytes);
   const uint64_t run = uint64_t{page} * kHeads * kDim * 2;
@@ -242,15 +243,7 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   }
   r.per_page_gbs = bytes / best_pp / 1e9;
   r.large_gbs = bytes / best_large / 1e9;
-  std::vector<uint32_t> few(page > 1 ? page - 1 : 1, 7);
-  std::vector<int32_t> one{0};
-  const int hook_reps = 200;
-  const double t0 = now_s();
-  for (int i = 0; i < hook_reps; ++i) {
-    uint64_t loaded = 0, saved = 0;
-    run_request(ctx, pool, few, one, &loaded, &saved, s);
-  }
-  r.hook_us = (now_s() - t0) / hook_reps / kLayers * 1e6;
+  r.hook_us = hook_us(ctx, pool, page, s);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   cudaFreeHost(pinned);
