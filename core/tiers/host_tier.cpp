@@ -27,7 +27,7 @@ HostTier::~HostTier() {
   }
 }
 
-std::optional<uint64_t> HostTier::allocate(const ChunkMeta &meta) {
+std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
   const uint64_t bytes = meta.bytes;
   std::lock_guard lock(mu_);
   auto &list = free_[bytes];
@@ -39,7 +39,8 @@ std::optional<uint64_t> HostTier::allocate(const ChunkMeta &meta) {
     const uint64_t left = budget > used ? budget - used : 0;
     // Slabs of at most an eighth of the budget: the budget is shared with host elastic regions,
     // and the tier takes it as it fills rather than all at once.
-    const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8, bytes, page}));
+    // Whole pages, so that a slab of small chunks wastes nothing to rounding.
+    const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8 / page * page, bytes, page}));
     uint64_t slots = std::max<uint64_t>(1, slab_max / bytes);
     while (slots > 0 && round_up(slots * bytes, page) > left) {
       slots = std::min(slots - 1, left / bytes);
