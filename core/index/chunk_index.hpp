@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <unordered_map>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/index/chunk_key.hpp"
+#include "core/policy/eviction_order.hpp"
 
 namespace swiftkv {
 
@@ -44,18 +46,23 @@ struct ChunkUse {
   uint32_t pins = 0;
 };
 
-// Everything the policies and the controller see of one entry.
+// Everything the controller sees of one entry.
 struct ChunkView {
   ChunkKey key;
   SlotRef where;
   ChunkMeta meta;
   uint32_t pins;
-  uint64_t last_active_ns;
 };
 
 // Thread-safe. The keys are spread over kShards shards; each has its own shared_mutex over its
-// table, and every call locks exactly one shard at a time (lookups shared, changes exclusive), so
-// no lookup takes a global lock. The per-tier counts are atomics.
+// table, and every call locks exactly one shard at a time (lookups shared, changes exclusive).
+// The per-tier counts are atomics. The eviction order (which chunk each full tier gives up
+// first) is one structure under order_mu_, taken before a shard's lock: by every call that
+// changes whether a chunk can be a victim (insert, drop, moves, pins) and once per run of keys
+// by touch_many. Reads (peek, begin_read, end_read) do not take it.
+//
+// A chunk is in its tier's eviction order while it is visible, unpinned and not moving: a
+// victim is never pinned nor moving, and a tier never scans for one.
 //
 // A chunk's life: insert() makes it resident. Readers bracket their reads with begin_read /
 // end_read; a mover with begin_move and then finish_move or abort_move. drop() removes a chunk;
@@ -64,7 +71,7 @@ struct ChunkView {
 // caller frees them in their stores after the call, outside the index's locks.
 class ChunkIndex {
  public:
-  ChunkIndex();
+  explicit ChunkIndex(EvictionPolicy policy = EvictionPolicy::lru, RecomputeCost cost = {});
   ~ChunkIndex();
 
   // The tier of a resident chunk, recording `now_ns` as its last activity; nullopt when the key
@@ -109,6 +116,14 @@ class ChunkIndex {
   // call back into the index.
   void for_each(const std::function<void(const ChunkView &)> &fn) const;
 
+  // The chunk tier t gives up first for a chunk of `model` (the model matters for the peer
+  // tier only: lent memory holds one model's chunks), by the index's policy at `now_ns`;
+  // nullopt when the tier holds no chunk that may go (all pinned or moving, or none).
+  std::optional<ChunkKey> victim(Tier t, const ChunkKey &model, uint64_t now_ns);
+  // The last activity of a resident chunk (0 when it is not resident).
+  uint64_t last_active(const ChunkKey &k) const;
+  EvictionPolicy policy() const noexcept { return order_.policy(); }
+
   uint64_t chunks(Tier t) const noexcept;
   uint64_t bytes(Tier t) const noexcept;
 
@@ -118,7 +133,8 @@ class ChunkIndex {
   // each touch one cache line, which a run of keys can fetch ahead.
   struct alignas(64) Slot {
     uint64_t lo = 0, hi = 0;
-    std::atomic<uint64_t> last_active_ns{0};
+    uint32_t node = 0;        // in the eviction order, which keeps the last activity
+    uint32_t spare = 0;
     uint64_t store_slot = 0;  // the place in its tier's store
     uint64_t bytes = 0;
     uint32_t position = 0, tokens = 0;
@@ -172,9 +188,17 @@ class ChunkIndex {
   // Ends one use of a chunk; erases it (and hands back its slots) when it was the last user of
   // a doomed chunk. Returns true when the chunk was erased.
   bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
-  std::optional<Tier> touch_locked(const Shard &s, const ChunkKey &k, uint64_t now_ns);
+  // The tier and eviction node of a visible chunk, under its shard's shared lock.
+  std::optional<Tier> find_node(const ChunkKey &k, uint32_t *node) const;
+  // The eviction domain of a chunk in tier t of `model`; call with order_mu_ held.
+  uint32_t domain_locked(Tier t, const ChunkKey &model);
+  // Puts a chunk that may be a victim (visible, unpinned, not moving) into its tier's order.
+  void link_locked(const Shard &s, const Slot &slot);
 
   std::unique_ptr<Shard[]> shards_;
+  mutable std::mutex order_mu_;  // guards order_ and peer_models_; taken before a shard's lock
+  EvictionOrder order_;
+  std::vector<ChunkKey> peer_models_;  // peer domain 2 + i holds model i's lent chunks
 };
 
 }  // namespace swiftkv

@@ -19,7 +19,7 @@ size_t idx(Tier t) { return static_cast<size_t>(t); }
 }  // namespace
 
 ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
-    : ctx_(ctx), options_(std::move(options)) {
+    : ctx_(ctx), options_(std::move(options)), index_(options_.policy, options_.cost) {
   check_recompute_cost(options_.cost, "the recompute cost model:");
   if (options_.demote_free_percent > 100) {
     fail_invalid("demote_free_percent (" + std::to_string(options_.demote_free_percent) +
@@ -134,10 +134,10 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
 std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
                                                 bool room) {
   TierStore *s = store_of(t);
-  if (std::optional<uint64_t> slot = s->allocate(meta)) return slot;
+  if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
   if (!room) return std::nullopt;
-  make_room(t, meta.model, meta.bytes, key);
-  return s->allocate(meta);
+  make_room(t, meta.model, meta.bytes);
+  return s->allocate(key, meta);
 }
 
 std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &meta, Tier first) {
@@ -149,23 +149,21 @@ std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &m
   return std::nullopt;
 }
 
-void ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, const ChunkKey &except) {
+void ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes) {
   const TierStore *s = store_of(t);
   const uint64_t free_now = s->free_bytes(model);
   if (free_now >= bytes) return;
-  std::vector<ChunkKey> keys;
-  std::vector<EvictionCandidate> cands;
-  index_.for_each([&](const ChunkView &v) {
-    if (v.where.tier != t || v.pins != 0 || v.key == except) return;
-    if (t == Tier::peer && v.meta.model != model) return;  // lent memory is per model
-    keys.push_back(v.key);
-    cands.push_back(EvictionCandidate{v.last_active_ns,
-                                      (uint64_t{v.meta.position} + 1) * v.meta.tokens,
-                                      v.meta.tokens, v.meta.bytes});
-  });
-  const std::vector<size_t> victims =
-      select_victims(cands, options_.policy, options_.cost, now(), bytes - free_now);
-  for (size_t v : victims) demote(keys[v], t, true, ChunkEventReason::policy);
+  // Victims come from the tier's eviction order, one at a time: no scan of the index. A victim
+  // another thread takes meanwhile is simply not ours to move, and the order offers the next.
+  const uint64_t need = bytes - free_now;
+  uint64_t freed = 0;
+  std::optional<ChunkKey> last;
+  while (freed < need) {
+    const std::optional<ChunkKey> v = index_.victim(t, model, now());
+    if (!v || v == last) break;  // nothing may go, or a victim that would not move
+    last = v;
+    freed += demote(*v, t, true, ChunkEventReason::policy);
+  }
 }
 
 void ChunkCache::abort_move(const ChunkKey &key) noexcept {
@@ -198,9 +196,10 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
   return moved;
 }
 
-bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason) {
+uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
+                            ChunkEventReason reason) {
   std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
-  if (!use) return false;
+  if (!use) return 0;
   const ChunkMeta meta = use->meta;
   for (std::optional<Tier> to = lower_tier(from, meta.model); to; to = lower_tier(*to, meta.model)) {
     const std::optional<uint64_t> slot = allocate_in(*to, key, meta, true);
@@ -210,12 +209,12 @@ bool ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins, Chunk
       if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
       emit(ChunkEvent{meta.model, key, from, *to, reason});
     }
-    return true;
+    return meta.bytes;
   }
   // No lower tier has room: the chunk is dropped.
   abort_move(key);
   drop_chunk(key, meta, from, reason);
-  return true;
+  return meta.bytes;
 }
 
 void ChunkCache::drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from,
@@ -494,7 +493,7 @@ void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
     deferred_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  make_room(t, model, want, ChunkKey{});
+  make_room(t, model, want);
 }
 
 void ChunkCache::maintain() {

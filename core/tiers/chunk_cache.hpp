@@ -127,6 +127,8 @@ class ChunkCache {
   // when it is moved or dropped meanwhile. nullopt when not resident.
   std::optional<ChunkUse> begin_read(const ChunkKey &key);
   bool resident(const ChunkKey &key) const { return index_.contains(key); }
+  // Where a chunk is, recording no activity (nullopt: not resident).
+  std::optional<Tier> tier_of(const ChunkKey &key) const { return index_.peek(key); }
   void end_read(const ChunkKey &key) noexcept;
   // The bytes of a slot in this process (nullptr for disk) and their device (-1: host).
   std::byte *address(SlotRef where, int32_t *device) const noexcept;
@@ -182,13 +184,13 @@ class ChunkCache {
   std::optional<SlotRef> place(const ChunkKey &key, const ChunkMeta &meta, Tier first);
   std::optional<uint64_t> allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
                                       bool make_room);
-  // Frees at least `bytes` of tier t for `model` by demoting the policy's victims; pinned
-  // chunks and `except` stay.
-  void make_room(Tier t, const ChunkKey &model, uint64_t bytes, const ChunkKey &except);
+  // Frees at least `bytes` of tier t for `model` by demoting the policy's victims (never a
+  // pinned or moving chunk: those are not in the eviction order).
+  void make_room(Tier t, const ChunkKey &model, uint64_t bytes);
   std::optional<Tier> lower_tier(Tier t, const ChunkKey &model) const;
-  // Moves one chunk down a tier, or drops it from the last; false when it could not be touched
-  // (moving, in use, pinned with respect_pins).
-  bool demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
+  // Moves one chunk down a tier, or drops it from the last: the bytes it took in `from`, or 0
+  // when it could not be touched (moving, pinned with respect_pins, no longer in `from`).
+  uint64_t demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
   bool move_chunk(const ChunkKey &key, Tier from, Tier to);
   // The second half of every move begun with begin_move: copy to dst, then switch the index to
   // it. False when the chunk was dropped meanwhile or its source failed its check (then it is
@@ -204,7 +206,7 @@ class ChunkCache {
 
   Context &ctx_;
   const CacheOptions options_;
-  ChunkIndex index_;
+  ChunkIndex index_;  // keeps the eviction order of options_.policy
   std::unique_ptr<PeerTier> peer_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;

@@ -145,7 +145,7 @@ uint64_t DiskTier::rebuild(const std::function<void(const Found &)> &found) {
   return removed;
 }
 
-std::optional<uint64_t> DiskTier::allocate(const ChunkMeta &meta) {
+std::optional<uint64_t> DiskTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
   const uint64_t bytes = file_bytes(meta.bytes);
   std::lock_guard lock(mu_);
   if (bytes > budget_ || used_ > budget_ - bytes) return std::nullopt;

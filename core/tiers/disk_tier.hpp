@@ -34,7 +34,7 @@ class DiskTier final : public TierStore {
   uint64_t rebuild(const std::function<void(const Found &)> &found);
 
   Tier tier() const noexcept override { return Tier::disk; }
-  std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
+  std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t, int32_t *) noexcept override { return nullptr; }
   // Writes a temporary file, syncs it and renames it into place: a crash leaves either nothing

@@ -24,7 +24,7 @@ class HostTier final : public TierStore {
   ~HostTier() override;
 
   Tier tier() const noexcept override { return Tier::host; }
-  std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
+  std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
   uint64_t capacity_bytes(const ChunkKey &) const override;

@@ -35,7 +35,7 @@ uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
   return g.lease_id;
 }
 
-std::optional<uint64_t> PeerTier::allocate(const ChunkMeta &meta) {
+std::optional<uint64_t> PeerTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
   std::lock_guard lock(mu_);
   for (auto &[local, h] : leases_) {
     if (h.model != meta.model || h.reclaiming || h.lost || h.free_chunks.empty()) continue;

@@ -37,7 +37,7 @@ class PeerTier final : public TierStore {
                   std::shared_ptr<LenderLink> lender, uint64_t max_units);
 
   Tier tier() const noexcept override { return Tier::peer; }
-  std::optional<uint64_t> allocate(const ChunkMeta &meta) override;
+  std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
   // Asks the lender: false once the lease is lost or past its expiry.

@@ -16,9 +16,9 @@ class TierStore {
   virtual ~TierStore() = default;
   virtual Tier tier() const noexcept = 0;
 
-  // Reserves a slot for one chunk described by `meta` (its model and bytes); nullopt when the
-  // tier has no room for it. Thread-safe.
-  virtual std::optional<uint64_t> allocate(const ChunkMeta &meta) = 0;
+  // Reserves a slot for the chunk `key` described by `meta` (its model and bytes); nullopt when
+  // the tier has no room for it. The slot is the key's until freed. Thread-safe.
+  virtual std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) = 0;
   // Gives a slot back. Thread-safe; the caller guarantees nobody reads it any more.
   virtual void free(uint64_t slot) noexcept = 0;
 

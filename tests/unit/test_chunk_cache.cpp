@@ -4,7 +4,9 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <map>
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
@@ -23,6 +25,7 @@
 #include "core/elastic/elastic_region.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/memory/host_region.hpp"
+#include "core/policy/eviction_order.hpp"
 #include "core/policy/eviction_policy.hpp"
 #include "core/tiers/chunk_cache.hpp"
 
@@ -368,6 +371,208 @@ void cost_table_interpolates_between_powers_of_two(void **) {
   assert_true(threw);
 }
 
+// The eviction order alone against a brute-force scan of the same nodes: random adds, links
+// into several domains, touches, pins (unlink) and relinks with old times (which go to the
+// second list or the tree), under both policies. LRU must name a node of the oldest activity;
+// retention a node whose value is within the documented bound of the smallest.
+void eviction_order_matches_a_scan(void **) {
+  for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
+    swiftkv::RecomputeCost cost;
+    cost.attention_cost = 3.0;
+    swiftkv::EvictionOrder order(policy, cost);
+    std::mt19937_64 rng(policy == swiftkv::EvictionPolicy::lru ? 5 : 6);
+    struct Live {
+      uint32_t node, position, domain;
+      uint64_t la;
+      bool linked;
+    };
+    std::vector<Live> live;
+    uint64_t now = 1000;
+    uint64_t tree_links = 0, checks = 0;
+    auto value = [&](const Live &l) {
+      const double c = cost.chunk_cost(16, (uint64_t{l.position} + 1) * 16);
+      return c / static_cast<double>(now > l.la ? now - l.la : 1);
+    };
+    for (int step = 0; step < 20000; ++step) {
+      now += rng() % 4;  // ties are common
+      const uint64_t op = rng() % 10;
+      if (live.size() < 50 || op < 3) {
+        const Live l{0, static_cast<uint32_t>(rng() % 200), static_cast<uint32_t>(rng() % 3), now,
+                     true};
+        Live n = l;
+        n.node = order.add(ChunkKey{rng(), rng()}, l.position, 16, now);
+        order.link(n.node, n.domain);
+        live.push_back(n);
+      } else if (op == 3) {
+        const size_t i = rng() % live.size();
+        order.remove(live[i].node);
+        live[i] = live.back();
+        live.pop_back();
+      } else if (op < 7) {
+        Live &l = live[rng() % live.size()];
+        order.touch(l.node, now);
+        l.la = std::max(l.la, now);
+      } else if (op == 7) {
+        Live &l = live[rng() % live.size()];
+        order.unlink(l.node);
+        l.linked = false;
+      } else {
+        // Back in, perhaps into another domain, with the time it had: usually older than the
+        // newest there.
+        Live &l = live[rng() % live.size()];
+        if (!l.linked) {
+          l.domain = static_cast<uint32_t>(rng() % 3);
+          order.link(l.node, l.domain);
+          l.linked = true;
+          ++tree_links;
+        }
+      }
+      for (uint32_t d = 0; d < 3; ++d) {
+        uint64_t n = 0;
+        uint64_t oldest = UINT64_MAX;
+        double best = INFINITY;
+        for (const Live &l : live) {
+          if (!l.linked || l.domain != d) continue;
+          ++n;
+          oldest = std::min(oldest, l.la);
+          best = std::min(best, value(l));
+        }
+        assert_int_equal(order.size(d), n);
+        const uint32_t v = order.victim(d, now);
+        if (n == 0) {
+          assert_int_equal(v, swiftkv::EvictionOrder::kNoNode);
+          continue;
+        }
+        const auto it = std::find_if(live.begin(), live.end(),
+                                     [&](const Live &l) { return l.node == v; });
+        assert_true(it != live.end() && it->linked && it->domain == d);
+        assert_int_equal(order.last_active(v), it->la);
+        if (policy == swiftkv::EvictionPolicy::lru) {
+          assert_int_equal(it->la, oldest);
+        } else {
+          assert_true(value(*it) <= best * swiftkv::EvictionOrder::kRetentionBound * (1 + 1e-12));
+        }
+        ++checks;
+      }
+    }
+    assert_true(tree_links > 500);
+    assert_true(checks > 50000);
+  }
+  // The classes: a factor 2^(1/4) apart, with 0 alone.
+  assert_int_equal(swiftkv::EvictionOrder::cost_class(0.0), 0);
+  assert_int_equal(swiftkv::EvictionOrder::cost_class(1.0), 128);
+  assert_int_equal(swiftkv::EvictionOrder::cost_class(1.18), 128);
+  assert_int_equal(swiftkv::EvictionOrder::cost_class(1.19), 129);
+  assert_int_equal(swiftkv::EvictionOrder::cost_class(0.5), 124);
+  assert_true(swiftkv::EvictionOrder::class_cost(132) == 2.0);
+}
+
+// The cache's victims against the exact order on random work: stores that overflow peer, host
+// and disk (demotion chains), lookups and reads (activity), pins, readers holding chunks while
+// they are demoted, and moves by hand (old activity put back). Every chunk the policy gives up
+// is checked, when it goes, against every chunk that could have gone instead from that tier.
+void cache_evicts_in_the_exact_order(void **) {
+  for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
+    Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 10, 12, 6, policy);
+    const swiftkv::RecomputeCost cost = r.cache->options().cost;
+    constexpr uint32_t kSeqs = 24, kLen = 6;
+    std::map<std::pair<uint32_t, uint32_t>, ChunkKey> key_of;
+    std::unordered_map<ChunkKey, std::pair<uint32_t, uint32_t>, swiftkv::ChunkKeyHash> chunk_of;
+    for (uint32_t s = 0; s < kSeqs; ++s) {
+      const std::vector<ChunkKey> k = r.keys(s, kLen);
+      for (uint32_t i = 0; i < kLen; ++i) {
+        key_of[{s, i}] = k[i];
+        chunk_of[k[i]] = {s, i};
+      }
+    }
+    std::unordered_map<ChunkKey, uint64_t, swiftkv::ChunkKeyHash> la;  // the exact reference
+    std::unordered_map<ChunkKey, uint32_t, swiftkv::ChunkKeyHash> pins;
+    auto value = [&](const ChunkKey &k) {
+      const uint64_t s = 8, pos = chunk_of.at(k).second;
+      const uint64_t idle = r.now > la.at(k) ? r.now - la.at(k) : 1;
+      return cost.chunk_cost(s, (pos + 1) * s) / static_cast<double>(idle);
+    };
+    uint64_t evictions = 0, demotions = 0, bad = 0;
+    ChunkKey moving{};
+    r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) {
+      if (e.reason != swiftkv::ChunkEventReason::policy) return;
+      (e.to ? demotions : evictions) += 1;
+      // Everything still in the tier the victim left could have gone instead, unless pinned
+      // or being moved by hand.
+      double best = value(e.key);
+      uint64_t oldest = la.at(e.key);
+      for (const auto &[k, sc] : chunk_of) {
+        if (k == e.key || pins[k] != 0 || k == moving || r.cache->tier_of(k) != e.from) continue;
+        oldest = std::min(oldest, la.at(k));
+        best = std::min(best, value(k));
+      }
+      const bool ok = policy == swiftkv::EvictionPolicy::lru
+                          ? la.at(e.key) == oldest
+                          : value(e.key) <= best * swiftkv::EvictionOrder::kRetentionBound * (1 + 1e-12);
+      if (!ok) ++bad;
+    });
+    std::mt19937_64 rng(policy == swiftkv::EvictionPolicy::lru ? 21 : 22);
+    std::vector<ChunkKey> reading;
+    for (int step = 0; step < 1500; ++step) {
+      r.now += rng() % 3 == 0 ? 0 : 1 + rng() % 5000;
+      const uint32_t s = static_cast<uint32_t>(rng() % kSeqs);
+      const uint32_t n = 1 + static_cast<uint32_t>(rng() % kLen);
+      const uint64_t op = rng() % 12;
+      const std::vector<ChunkKey> k = r.keys(s, n);
+      if (op < 5) {
+        for (const ChunkKey &x : k) la[x] = r.now;  // resident ones are touched, new ones stored now
+        r.store(s, n);
+      } else if (op < 8) {
+        std::vector<uint8_t> res(n);
+        r.cache->lookup(k, res.data());
+        for (uint32_t i = 0; i < n; ++i) {
+          if (res[i] != ChunkCache::kDropped) la[k[i]] = r.now;
+        }
+      } else if (op == 8) {
+        const ChunkKey x = k.back();
+        if (!r.cache->resident(x)) continue;
+        if (pins[x] != 0 && rng() % 2 == 0) {
+          r.cache->unpin(std::span<const ChunkKey>(&x, 1));
+          --pins[x];
+        } else if (pins[x] < 2) {
+          r.cache->pin(std::span<const ChunkKey>(&x, 1));
+          ++pins[x];
+        }
+      } else if (op == 9) {
+        // A reader holds the chunk across later stores: it may still be demoted under it.
+        const ChunkKey x = k.back();
+        if (r.cache->begin_read(x)) reading.push_back(x);
+        if (reading.size() > 3) {
+          r.cache->end_read(reading.front());
+          reading.erase(reading.begin());
+        }
+      } else if (op == 10) {
+        const ChunkKey x = k.back();
+        moving = x;
+        if (r.cache->resident(x)) r.cache->move(std::span<const ChunkKey>(&x, 1),
+                                                static_cast<Tier>(rng() % 3));
+        moving = ChunkKey{};
+      } else {
+        // Reads are activity too, and check the bytes through whichever tier holds them.
+        const uint32_t i = n - 1;
+        if (r.cache->resident(k[i])) {
+          la[k[i]] = r.now;
+          assert_true(r.intact(s, i));
+        }
+      }
+    }
+    for (const ChunkKey &x : reading) r.cache->end_read(x);
+    assert_int_equal(bad, 0);
+    assert_true(evictions > 100);
+    assert_true(demotions > 200);
+    for (uint32_t s = 0; s < kSeqs; ++s) {
+      for (uint32_t i = 0; i < kLen; ++i) {
+        if (r.cache->resident(key_of[{s, i}])) assert_true(r.intact(s, i));
+      }
+    }
+  }
+}
+
 // --- Tiers -----------------------------------------------------------------------------------
 
 // Every tier and every move between them keeps the bytes, for several geometries and dtypes.
@@ -682,6 +887,8 @@ int main() {
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
+      cmocka_unit_test(eviction_order_matches_a_scan),
+      cmocka_unit_test(cache_evicts_in_the_exact_order),
       cmocka_unit_test(bytes_survive_every_tier_and_path),
       cmocka_unit_test(demotion_chain_ends_in_drop),
       cmocka_unit_test(pinned_chunks_are_never_evicted),

@@ -1,0 +1,224 @@
+// Eviction order: FIFO lists by last activity per cost class and domain, a tree for what fits
+// no list, and the victim scan over the classes' oldest activities.
+#include "core/policy/eviction_order.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace swiftkv {
+
+EvictionOrder::EvictionOrder(EvictionPolicy policy, RecomputeCost cost)
+    : policy_(policy), cost_(std::move(cost)) {}
+
+EvictionOrder::~EvictionOrder() = default;
+
+void EvictionOrder::reserve(uint64_t nodes) {
+  if (nodes > kNoNode) nodes = kNoNode;
+  nodes_.reserve(nodes);
+}
+
+uint32_t EvictionOrder::cost_class(double cost) noexcept {
+  if (!(cost > 0)) return 0;  // free to recompute (or a cost model that says nothing)
+  const double k = std::floor(kClassesPerOctave * std::log2(cost)) + kClasses / 2;
+  return static_cast<uint32_t>(std::clamp(k, 1.0, static_cast<double>(kClasses - 1)));
+}
+
+double EvictionOrder::class_cost(uint32_t cls) noexcept {
+  if (cls == 0) return 0;
+  return std::exp2((static_cast<double>(cls) - kClasses / 2) / kClassesPerOctave);
+}
+
+uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens,
+                            uint64_t now) {
+  uint32_t id = free_;
+  if (id != kNoNode) {
+    free_ = nodes_[id].next;
+  } else {
+    if (nodes_.size() >= kNoNode) throw std::length_error("eviction order: too many chunks");
+    id = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
+  }
+  Node &n = nodes_[id];
+  n.la = now;
+  n.key = key;
+  n.prev = n.next = kNoNode;
+  n.domain = 0;
+  n.cls = 0;
+  if (policy_ == EvictionPolicy::retention) {
+    const uint64_t s = tokens;
+    n.cls = static_cast<uint8_t>(cost_class(cost_.chunk_cost(s, (uint64_t{position} + 1) * s)));
+  }
+  n.list = kUnlinked;
+  return id;
+}
+
+void EvictionOrder::remove(uint32_t node) noexcept {
+  unlink(node);
+  Node &n = nodes_[node];
+  n.list = kFree;
+  n.next = free_;
+  free_ = node;
+}
+
+EvictionOrder::Domain &EvictionOrder::domain(uint32_t d) {
+  if (d > UINT16_MAX) throw std::length_error("eviction order: too many domains");
+  while (domains_.size() <= d) {
+    auto dom = std::make_unique<Domain>();
+    dom->classes.resize(policy_ == EvictionPolicy::retention ? kClasses : 1);
+    domains_.push_back(std::move(dom));
+  }
+  return *domains_[d];
+}
+
+void EvictionOrder::append(Fifo &f, uint32_t node, uint8_t list) noexcept {
+  Node &n = nodes_[node];
+  n.prev = f.tail;
+  n.next = kNoNode;
+  n.list = list;
+  if (f.tail != kNoNode) {
+    nodes_[f.tail].next = node;
+  } else {
+    f.head = node;
+    f.head_la = n.la;
+  }
+  f.tail = node;
+  f.tail_la = n.la;
+}
+
+void EvictionOrder::link(uint32_t node, uint32_t d) {
+  Domain &dom = domain(d);
+  Node &n = nodes_[node];
+  Class &c = dom.classes[n.cls];
+  // The list whose tail is the newest that is not newer than the node keeps every list in
+  // order and leaves the others for older arrivals; an empty list fits anything, last.
+  int best = -1;
+  uint64_t best_fit = 0;
+  for (uint8_t i = 0; i < kLists; ++i) {
+    const Fifo &f = c.fifo[i];
+    uint64_t fit = 0;
+    if (f.tail == kNoNode) {
+      fit = 0;
+    } else if (f.tail_la <= n.la) {
+      fit = f.tail_la + 1;
+    } else {
+      continue;
+    }
+    if (best < 0 || fit > best_fit) {
+      best = i;
+      best_fit = fit;
+    }
+  }
+  if (best >= 0) {
+    append(c.fifo[static_cast<size_t>(best)], node, static_cast<uint8_t>(best));
+  } else {
+    c.tree.emplace(n.la, node);
+    n.list = kTree;
+  }
+  n.domain = static_cast<uint16_t>(d);
+  if (c.size++ == 0) dom.nonempty[n.cls / 64] |= uint64_t{1} << (n.cls % 64);
+  ++dom.size;
+}
+
+bool EvictionOrder::linked(uint32_t node) const noexcept {
+  const uint8_t l = nodes_[node].list;
+  return l < kLists || l == kTree;
+}
+
+void EvictionOrder::unlink(uint32_t node) noexcept {
+  Node &n = nodes_[node];
+  if (!linked(node)) return;
+  Domain &dom = *domains_[n.domain];
+  Class &c = dom.classes[n.cls];
+  if (n.list == kTree) {
+    c.tree.erase({n.la, node});
+  } else {
+    Fifo &f = c.fifo[n.list];
+    if (n.prev != kNoNode) {
+      nodes_[n.prev].next = n.next;
+    } else {
+      f.head = n.next;
+      if (n.next != kNoNode) f.head_la = nodes_[n.next].la;
+    }
+    if (n.next != kNoNode) {
+      nodes_[n.next].prev = n.prev;
+    } else {
+      f.tail = n.prev;
+      if (n.prev != kNoNode) f.tail_la = nodes_[n.prev].la;
+    }
+  }
+  n.prev = n.next = kNoNode;
+  n.list = kUnlinked;
+  if (--c.size == 0) dom.nonempty[n.cls / 64] &= ~(uint64_t{1} << (n.cls % 64));
+  --dom.size;
+}
+
+void EvictionOrder::touch(uint32_t node, uint64_t now) {
+  Node &n = nodes_[node];
+  if (now <= n.la) return;  // no newer than what the order has
+  if (!linked(node)) {
+    n.la = now;
+    return;
+  }
+  if (n.list != kTree) {
+    Fifo &f = domains_[n.domain]->classes[n.cls].fifo[n.list];
+    if (f.tail == node) {  // already the newest of its list: it stays in order
+      n.la = now;
+      f.tail_la = now;
+      if (f.head == node) f.head_la = now;
+      return;
+    }
+  }
+  const uint32_t d = n.domain;
+  unlink(node);
+  n.la = now;
+  link(node, d);
+}
+
+std::pair<uint64_t, uint8_t> EvictionOrder::Class::oldest() const noexcept {
+  std::pair<uint64_t, uint8_t> best{UINT64_MAX, kUnlinked};
+  for (uint8_t i = 0; i < kLists; ++i) {
+    if (fifo[i].head != kNoNode && fifo[i].head_la < best.first) best = {fifo[i].head_la, i};
+  }
+  if (!tree.empty() && tree.begin()->first < best.first) best = {tree.begin()->first, kTree};
+  return best;
+}
+
+uint32_t EvictionOrder::victim(uint32_t d, uint64_t now) const {
+  if (d >= domains_.size()) return kNoNode;
+  const Domain &dom = *domains_[d];
+  if (dom.size == 0) return kNoNode;
+  const Class *chosen = nullptr;
+  std::pair<uint64_t, uint8_t> at{};
+  if (policy_ == EvictionPolicy::lru) {
+    chosen = &dom.classes[0];
+    at = chosen->oldest();
+  } else {
+    // The smallest class_cost / idle, compared as cost_a * idle_b < cost_b * idle_a.
+    double best_cost = 0;
+    double best_idle = 0;
+    for (uint32_t w = 0; w < dom.nonempty.size(); ++w) {
+      for (uint64_t bits = dom.nonempty[w]; bits != 0; bits &= bits - 1) {
+        const uint32_t cls = w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits));
+        const Class &c = dom.classes[cls];
+        const auto o = c.oldest();
+        const double idle = static_cast<double>(now > o.first ? now - o.first : 1);
+        const double cost = class_cost(cls);
+        if (chosen == nullptr || cost * best_idle < best_cost * idle) {
+          chosen = &c;
+          at = o;
+          best_cost = cost;
+          best_idle = idle;
+        }
+      }
+    }
+  }
+  if (at.second == kTree) return chosen->tree.begin()->second;
+  return chosen->fifo[at.second].head;
+}
+
+uint64_t EvictionOrder::size(uint32_t d) const noexcept {
+  return d < domains_.size() ? domains_[d]->size : 0;
+}
+
+}  // namespace swiftkv

@@ -1,0 +1,133 @@
+// The order in which full tiers give chunks up, kept up to date as chunks are stored, touched,
+// pinned and moved, so that finding a victim never scans the index: LRU exactly, Pensieve's
+// retention value within a factor of 2^(1/4) of the exact order.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "core/index/chunk_key.hpp"
+#include "core/policy/eviction_policy.hpp"
+
+namespace swiftkv {
+
+// Not thread-safe: its owner (ChunkIndex) serialises every call under one lock.
+//
+// Every resident chunk has a node: its last activity, its key, its cost class and its place in
+// one container of its domain. A domain is what one full tier chooses its victim from: the host
+// tier, the disk tier, or one model's chunks in lent memory. Within a domain, nodes are grouped
+// by cost class (one class under LRU; under retention, classes of recompute cost a factor
+// 2^(1/4) apart), and within a class kept by last activity in a few FIFO lists, each of which
+// never gets older from head to tail, and an ordered tree for a node that fits no list's tail.
+// A touch makes a node the newest of its class: O(1). A node linked again with an older time
+// (unpinned, moved by hand, evacuated from lent memory, demoted out of order) goes to the list
+// whose tail it follows most closely, or to the tree (O(log n)); a demotion that follows the
+// order of the tier above (the usual case) always finds a list.
+//
+// The victim of a domain:
+//  - LRU: the node whose last activity is the oldest, exactly (ties: any of them).
+//  - Retention: the class that minimises class_cost / (now - its oldest activity), and that
+//    class's oldest node. Chunk i's retention value is v_i = cost_i / (now - last_active_i);
+//    class_cost is the lower bound of the class's costs, and a class spans a factor
+//    r = 2^(1/4). Let i* hold the smallest value v* in the domain, in class c*, whose oldest
+//    node is h*. Then the victim h, in class c, has
+//        v_h < r * class_cost_c / idle_h <= r * class_cost_c* / idle_h* <= r * v*,
+//    so the victim's value is below 2^(1/4) ~ 1.19 times the smallest. Costs are clamped into
+//    [2^-32, 2^32) for the classes (costs of 0 form a class of their own, evicted first).
+class EvictionOrder {
+ public:
+  static constexpr uint32_t kNoNode = UINT32_MAX;
+  static constexpr uint32_t kClasses = 256;      // retention cost classes
+  static constexpr int kClassesPerOctave = 4;    // r = 2^(1/4)
+  static constexpr double kRetentionBound = 1.189207115002721;  // 2^(1/4)
+
+  EvictionOrder(EvictionPolicy policy, RecomputeCost cost);
+  ~EvictionOrder();
+  EvictionOrder(const EvictionOrder &) = delete;
+  EvictionOrder &operator=(const EvictionOrder &) = delete;
+
+  EvictionPolicy policy() const noexcept { return policy_; }
+  // Room for `nodes` nodes without reallocation.
+  void reserve(uint64_t nodes);
+
+  // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
+  // last active at `now`, in no domain yet.
+  uint32_t add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now);
+  // Takes a node out of its domain and frees it.
+  void remove(uint32_t node) noexcept;
+  // Puts a node that is in no domain into `domain`, in its place by last activity.
+  void link(uint32_t node, uint32_t domain);
+  // Takes a node out of its domain (a pinned or moving chunk is nobody's victim).
+  void unlink(uint32_t node) noexcept;
+  bool linked(uint32_t node) const noexcept;
+  // Activity at `now`: a node in a domain becomes the newest of its class there.
+  void touch(uint32_t node, uint64_t now);
+  // Hints for a run of touches: fetch a node, then the neighbours a touch of it will write.
+  void prefetch(uint32_t node) const noexcept { __builtin_prefetch(&nodes_[node], 1, 1); }
+  void prefetch_neighbours(uint32_t node) const noexcept {
+    const Node &n = nodes_[node];
+    if (n.prev != kNoNode) __builtin_prefetch(&nodes_[n.prev], 1, 1);
+    if (n.next != kNoNode) __builtin_prefetch(&nodes_[n.next], 1, 1);
+  }
+
+  uint64_t last_active(uint32_t node) const noexcept { return nodes_[node].la; }
+  const ChunkKey &key(uint32_t node) const noexcept { return nodes_[node].key; }
+  // The retention class of a cost, and the lower bound of a class's costs.
+  static uint32_t cost_class(double cost) noexcept;
+  static double class_cost(uint32_t cls) noexcept;
+
+  // The node `domain` gives up first at `now`; kNoNode when the domain holds none.
+  uint32_t victim(uint32_t domain, uint64_t now) const;
+  // Nodes in `domain`.
+  uint64_t size(uint32_t domain) const noexcept;
+
+ private:
+  static constexpr uint8_t kLists = 2;
+  static constexpr uint8_t kTree = 0xfd;
+  static constexpr uint8_t kUnlinked = 0xfe;
+  static constexpr uint8_t kFree = 0xff;
+
+  struct Node {
+    uint64_t la = 0;  // last activity
+    ChunkKey key;
+    uint32_t prev = kNoNode, next = kNoNode;  // in a FIFO list; next links the free list
+    uint16_t domain = 0;
+    uint8_t cls = 0;
+    uint8_t list = kFree;  // 0..kLists-1, kTree, kUnlinked or kFree
+  };
+  static_assert(sizeof(Node) == 40);
+
+  // Head and tail activities are kept here so that the retention scan reads no node.
+  struct Fifo {
+    uint32_t head = kNoNode, tail = kNoNode;
+    uint64_t head_la = 0, tail_la = 0;
+  };
+  struct Class {
+    std::array<Fifo, kLists> fifo;
+    std::set<std::pair<uint64_t, uint32_t>> tree;  // (last activity, node)
+    uint64_t size = 0;
+    // The oldest activity in the class, and where it is (a FIFO's index or kTree).
+    std::pair<uint64_t, uint8_t> oldest() const noexcept;
+  };
+  struct Domain {
+    std::vector<Class> classes;
+    std::array<uint64_t, kClasses / 64> nonempty{};  // a bit per class with nodes
+    uint64_t size = 0;
+  };
+
+  Domain &domain(uint32_t d);
+  void append(Fifo &f, uint32_t node, uint8_t list) noexcept;
+
+  const EvictionPolicy policy_;
+  const RecomputeCost cost_;
+  std::vector<Node> nodes_;
+  uint32_t free_ = kNoNode;
+  std::vector<std::unique_ptr<Domain>> domains_;
+};
+
+}  // namespace swiftkv
