@@ -1,7 +1,14 @@
-// bench_index: the cost per chunk of the chunk index (insert, lookup hit and miss in runs of a
-// prompt's 64 chunks, a lone lookup, drop) at 1K to 1M resident chunks, the same through the public API (swiftkv_store and swiftkv_lookup, chunk
-// keys hashed on the way), and XXH3-128 chunk-key hashing throughput beside memcpy of the same
-// bytes, all measured in one run. Prints a table and a JSON line. Links the core for the index.
+// bench_index: the cost per chunk of the chunk index and of the cache around it, at 1K to 1M
+// resident chunks.
+//  - The index alone: a store's work (look the run's keys up, insert the absent ones), lookups of
+//    present and absent keys in runs of a prompt's 64 chunks, a lone lookup, and drop.
+//  - Through the public API (keys hashed, 64-byte chunks so the copy is small): store into a
+//    cache with room, and lookup.
+//  - Store into a full host tier (every chunk stored evicts one, LRU and retention), beside the
+//    same stores into a tier with room, interleaved repetition by repetition in one run.
+//  - XXH3-128 chunk-key hashing beside memcpy of the same bytes.
+// Every figure is the median and the min over --reps repetitions after a warm-up. Prints a
+// table and a JSON line. Links the core for the index.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -24,124 +31,222 @@ double ns_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
 }
 
-struct Row {
+// Median and min of a figure over repetitions.
+struct Stat {
+  double med = 0, min = 0;
+};
+Stat stat_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return Stat{v[v.size() / 2], v.front()};
+}
+
+[[noreturn]] void die(const char *what) {
+  std::fprintf(stderr, "bench_index: %s: %s\n", what, swiftkv_last_error_message());
+  std::exit(1);
+}
+
+constexpr size_t kRun = 64;     // a prompt's chunks
+constexpr size_t kAhead = 16;   // how far a run's keys are fetched ahead
+constexpr uint32_t kChunkTokens = 16;
+constexpr uint64_t kChunkBytes = 64;  // 1 layer, 1 head of 1 dim, f16, 16 tokens
+
+struct IndexRow {
   uint64_t chunks;
-  double insert_ns, hit_ns, miss_ns, single_hit_ns, drop_ns, api_store_ns, api_lookup_ns;
+  Stat insert, hit, miss, single_hit, drop;
 };
 
-Row measure(uint64_t n, std::mt19937_64 &rng) {
-  Row r{};
-  r.chunks = n;
+// One repetition on a fresh index reserved for n chunks, as the cache reserves it.
+void index_rep(uint64_t n, std::mt19937_64 &rng, std::vector<double> *out) {
   std::vector<swiftkv::ChunkKey> keys(n), absent(n);
   for (auto &k : keys) k = {rng(), rng()};
   for (auto &k : absent) k = {rng(), rng()};
-  {
-    // Keys come in runs of a prompt's chunks (64), as swiftkv_store and swiftkv_lookup hand
-    // them over: the index fetches later keys' slots while it handles earlier ones.
-    constexpr size_t kRun = 64, kAhead = 16;
-    swiftkv::ChunkIndex index;
-    index.reserve(n);  // as the cache does for what its tiers can hold
-    const swiftkv::ChunkMeta meta{{1, 2}, 0, 256, 1 << 20};
-    std::vector<std::optional<swiftkv::Tier>> tiers(kRun);
-    // An insert as a store makes it: the run's keys are looked up first (touch_many, which
-    // fetches their slots), then the absent ones are inserted.
-    auto t0 = Clock::now();
-    for (uint64_t i = 0; i < n; i += kRun) {
-      const size_t len = std::min<uint64_t>(kRun, n - i);
-      index.touch_many(std::span<const swiftkv::ChunkKey>(keys.data() + i, len), i, tiers.data());
-      for (size_t j = 0; j < len; ++j) {
-        if (!tiers[j]) index.insert(keys[i + j], meta, {swiftkv::Tier::host, i + j}, i);
-      }
+  swiftkv::ChunkIndex index;
+  index.reserve(n);
+  const swiftkv::ChunkMeta meta{{1, 2}, 0, 256, 1 << 20};
+  std::vector<std::optional<swiftkv::Tier>> tiers(kRun);
+  // An insert as a store makes it: the run's keys are looked up first (touch_many, which
+  // fetches their slots), then the absent ones are inserted.
+  auto t0 = Clock::now();
+  for (uint64_t i = 0; i < n; i += kRun) {
+    const size_t len = std::min<uint64_t>(kRun, n - i);
+    index.touch_many(std::span<const swiftkv::ChunkKey>(keys.data() + i, len), i, tiers.data());
+    for (size_t j = 0; j < len; ++j) {
+      if (!tiers[j]) index.insert(keys[i + j], meta, {swiftkv::Tier::host, i + j}, i);
     }
-    r.insert_ns = ns_since(t0) / static_cast<double>(n);
-    std::vector<swiftkv::ChunkKey> order = keys;
-    std::shuffle(order.begin(), order.end(), rng);
-    uint64_t found = 0;
-    auto run_lookups = [&](const std::vector<swiftkv::ChunkKey> &ks) {
-      for (size_t i = 0; i < ks.size(); i += kRun) {
-        const size_t len = std::min<size_t>(kRun, ks.size() - i);
-        index.touch_many(std::span<const swiftkv::ChunkKey>(ks.data() + i, len), n, tiers.data());
-        for (size_t j = 0; j < len; ++j) found += tiers[j].has_value();
-      }
-    };
-    t0 = Clock::now();
-    run_lookups(order);
-    r.hit_ns = ns_since(t0) / static_cast<double>(n);
-    t0 = Clock::now();
-    run_lookups(absent);
-    r.miss_ns = ns_since(t0) / static_cast<double>(n);
-    t0 = Clock::now();
-    for (const auto &k : order) found += index.touch(k, n).has_value();
-    r.single_hit_ns = ns_since(t0) / static_cast<double>(n);
-    if (found != 2 * n) {
-      std::fprintf(stderr, "bench_index: %llu of %llu keys found\n",
-                   static_cast<unsigned long long>(found), static_cast<unsigned long long>(2 * n));
-      std::exit(1);
-    }
-    std::vector<swiftkv::SlotRef> to_free;
-    t0 = Clock::now();
-    for (size_t i = 0; i < order.size(); ++i) {
-      if (i % kRun == 0) {
-        for (size_t j = i; j < std::min<size_t>(i + kAhead, n); ++j) index.prefetch(order[j]);
-      }
-      if (i % kRun + kAhead < kRun && i + kAhead < n) index.prefetch(order[i + kAhead]);
-      to_free.clear();
-      index.drop(order[i], true, std::nullopt, to_free);
-    }
-    r.drop_ns = ns_since(t0) / static_cast<double>(n);
   }
-  // Through the API: a tiny model (64-byte chunks of 16 tokens) so the copy of KV bytes is small
-  // beside the index; prompts of 64 chunks.
-  constexpr uint32_t kChunkTokens = 16, kPrompt = 64;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.host_budget_bytes = n * 64 * 2 + (uint64_t{16} << 20);
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
-  d.name = "bench";
-  d.num_layers = 1;
-  d.num_kv_heads = 1;
-  d.head_dim = 1;
-  d.block_tokens = kChunkTokens;
-  d.chunk_tokens = kChunkTokens;
-  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-  mc.desc = &d;
-  uint32_t model = 0;
-  if (swiftkv_ctx_create(&ctx, &c) != SWIFTKV_OK || swiftkv_model_register(&model, ctx, &mc) != SWIFTKV_OK) {
-    std::fprintf(stderr, "bench_index: %s\n", swiftkv_last_error_message());
+  out[0].push_back(ns_since(t0) / static_cast<double>(n));
+  std::vector<swiftkv::ChunkKey> order = keys;
+  std::shuffle(order.begin(), order.end(), rng);
+  uint64_t found = 0;
+  auto run_lookups = [&](const std::vector<swiftkv::ChunkKey> &ks) {
+    for (size_t i = 0; i < ks.size(); i += kRun) {
+      const size_t len = std::min<size_t>(kRun, ks.size() - i);
+      index.touch_many(std::span<const swiftkv::ChunkKey>(ks.data() + i, len), n, tiers.data());
+      for (size_t j = 0; j < len; ++j) found += tiers[j].has_value();
+    }
+  };
+  t0 = Clock::now();
+  run_lookups(order);
+  out[1].push_back(ns_since(t0) / static_cast<double>(n));
+  t0 = Clock::now();
+  run_lookups(absent);
+  out[2].push_back(ns_since(t0) / static_cast<double>(n));
+  t0 = Clock::now();
+  for (const auto &k : order) found += index.touch(k, n + 1).has_value();
+  out[3].push_back(ns_since(t0) / static_cast<double>(n));
+  if (found != 2 * n) {
+    std::fprintf(stderr, "bench_index: %llu of %llu keys found\n",
+                 static_cast<unsigned long long>(found), static_cast<unsigned long long>(2 * n));
     std::exit(1);
   }
-  const uint64_t prompts = std::max<uint64_t>(1, n / kPrompt);
-  std::vector<uint32_t> tokens(kPrompt * kChunkTokens);
-  std::vector<unsigned char> kv(kPrompt * 64, 0x5a);
-  double store_ns = 0, lookup_ns = 0;
-  for (int pass = 0; pass < 2; ++pass) {
-    const auto t0 = Clock::now();
-    for (uint64_t p = 0; p < prompts; ++p) {
-      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(p * 7919 + i);
-      if (pass == 0) {
-        uint64_t cached = 0;
-        swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size());
-        if (cached != tokens.size()) {
-          std::fprintf(stderr, "bench_index: a store did not fit: %s\n", swiftkv_last_error_message());
-          std::exit(1);
-        }
-      } else {
-        swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
-        swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size());
-        if (l.prefix_tokens != tokens.size()) std::exit(1);
-      }
+  std::vector<swiftkv::SlotRef> to_free;
+  t0 = Clock::now();
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (i % kRun == 0) {
+      for (size_t j = i; j < std::min<size_t>(i + kAhead, n); ++j) index.prefetch(order[j]);
     }
-    (pass == 0 ? store_ns : lookup_ns) = ns_since(t0) / static_cast<double>(prompts * kPrompt);
+    if (i % kRun + kAhead < kRun && i + kAhead < n) index.prefetch(order[i + kAhead]);
+    to_free.clear();
+    index.drop(order[i], true, std::nullopt, to_free);
   }
-  swiftkv_ctx_destroy(ctx);
-  r.api_store_ns = store_ns;
-  r.api_lookup_ns = lookup_ns;
-  return r;
+  out[4].push_back(ns_since(t0) / static_cast<double>(n));
+}
+
+IndexRow measure_index(uint64_t n, int reps, std::mt19937_64 &rng) {
+  std::vector<double> v[5];
+  index_rep(std::min<uint64_t>(n, 4096), rng, v);  // warm-up
+  for (auto &x : v) x.clear();
+  for (int r = 0; r < reps; ++r) index_rep(n, rng, v);
+  return IndexRow{n, stat_of(v[0]), stat_of(v[1]), stat_of(v[2]), stat_of(v[3]), stat_of(v[4])};
+}
+
+// A context whose host tier holds `capacity` chunks of the bench model, and its model.
+struct Cache {
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  Cache(uint64_t capacity, swiftkv_eviction_policy policy) {
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    // Whole pages of whole chunks: the tier then holds exactly `capacity` chunks.
+    c.host_budget_bytes = (capacity * kChunkBytes + 4095) / 4096 * 4096;
+    c.demote_free_percent = 0;  // evict when a store needs room, on the storing thread
+    c.eviction_policy = policy;
+    swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
+    d.name = "bench";
+    d.num_layers = 1;
+    d.num_kv_heads = 1;
+    d.head_dim = 1;
+    d.block_tokens = kChunkTokens;
+    d.chunk_tokens = kChunkTokens;
+    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+    mc.desc = &d;
+    if (swiftkv_ctx_create(&ctx, &c) != SWIFTKV_OK) die("ctx_create");
+    if (swiftkv_model_register(&model, ctx, &mc) != SWIFTKV_OK) die("model_register");
+  }
+  ~Cache() { swiftkv_ctx_destroy(ctx); }
+  Cache(const Cache &) = delete;
+  Cache &operator=(const Cache &) = delete;
+
+  // Stores prompts [first, first + count) of 64 chunks each; ns per chunk.
+  double store(uint64_t first, uint64_t count) {
+    std::vector<uint32_t> tokens(kRun * kChunkTokens);
+    std::vector<unsigned char> kv(kRun * kChunkBytes, 0x5a);
+    const auto t0 = Clock::now();
+    for (uint64_t p = first; p < first + count; ++p) {
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(p * 7919 + i);
+      uint64_t cached = 0;
+      if (swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()) !=
+          SWIFTKV_OK) {
+        die("store");
+      }
+      if (cached != tokens.size()) die("a store did not fit");
+    }
+    return ns_since(t0) / static_cast<double>(count * kRun);
+  }
+  // Looks prompts [first, first + count) up, each wholly resident; ns per chunk.
+  double lookup(uint64_t first, uint64_t count) {
+    std::vector<uint32_t> tokens(kRun * kChunkTokens);
+    const auto t0 = Clock::now();
+    for (uint64_t p = first; p < first + count; ++p) {
+      for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(p * 7919 + i);
+      swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+      if (swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()) != SWIFTKV_OK) {
+        die("lookup");
+      }
+      if (l.prefix_tokens != tokens.size()) die("a stored prompt is not resident");
+    }
+    return ns_since(t0) / static_cast<double>(count * kRun);
+  }
+  uint64_t evictions() const {
+    swiftkv_stats s = SWIFTKV_STATS_INIT;
+    if (swiftkv_stats_get(&s, ctx) != SWIFTKV_OK) die("stats_get");
+    return s.evictions;
+  }
+};
+
+struct ApiRow {
+  uint64_t chunks;
+  Stat store, lookup;
+};
+
+// Stores into a cache with room, then looks every prompt up, in halves per repetition so that
+// each repetition stores new chunks: n/2 are resident first, and each rep adds n / (2 reps).
+ApiRow measure_api(uint64_t n, int reps) {
+  const uint64_t prompts = std::max<uint64_t>(2, n / kRun);
+  Cache c(prompts * kRun + kRun, SWIFTKV_EVICT_LRU);
+  uint64_t next = 0;
+  const uint64_t base = prompts / 2;
+  c.store(next, base);
+  next += base;
+  const uint64_t per_rep = std::max<uint64_t>(1, (prompts - base) / static_cast<uint64_t>(reps + 1));
+  std::vector<double> st, lk;
+  for (int r = 0; r <= reps; ++r) {  // rep 0 warms up
+    const double s = c.store(next, per_rep);
+    next += per_rep;
+    // Lookups over every resident prompt, in a scattered order of prompt groups.
+    const double l = c.lookup(0, next);
+    if (r > 0) {
+      st.push_back(s);
+      lk.push_back(l);
+    }
+  }
+  return ApiRow{next * kRun, stat_of(st), stat_of(lk)};
+}
+
+struct FullRow {
+  uint64_t chunks;
+  swiftkv_eviction_policy policy;
+  Stat full, room;
+  uint64_t evicted;
+};
+
+// Store into a full host tier of n chunks (each chunk evicts one) against the same stores into
+// a tier with room, alternating repetition by repetition on this thread.
+FullRow measure_full(uint64_t n, swiftkv_eviction_policy policy, int reps) {
+  const uint64_t prompts = n / kRun;
+  const uint64_t per_rep = std::max<uint64_t>(8, prompts / 8);
+  Cache full(prompts * kRun, policy);
+  Cache room(prompts * kRun + per_rep * kRun * static_cast<uint64_t>(reps + 1), policy);
+  full.store(0, prompts);
+  room.store(0, prompts);
+  if (full.evictions() != 0) die("the full tier evicted while filling");
+  uint64_t next = prompts;
+  std::vector<double> f, r;
+  for (int i = 0; i <= reps; ++i) {  // rep 0 warms up
+    const double a = full.store(next, per_rep);
+    const double b = room.store(next, per_rep);
+    next += per_rep;
+    if (i > 0) {
+      f.push_back(a);
+      r.push_back(b);
+    }
+  }
+  const uint64_t evicted = full.evictions();
+  if (evicted != (next - prompts) * kRun || room.evictions() != 0) die("eviction count");
+  return FullRow{n, policy, stat_of(f), stat_of(r), evicted};
 }
 
 // Hashing 256-token chunks (1 KiB of token ids each) against memcpy of the same bytes.
-void hash_vs_memcpy(double *hash_gbs, double *memcpy_gbs) {
+void hash_vs_memcpy(int reps, Stat *hash_gbs, Stat *memcpy_gbs) {
   constexpr size_t kChunks = 16384, kTokens = 256;
   std::vector<uint32_t> tokens(kChunks * kTokens);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 2654435761u);
@@ -149,61 +254,126 @@ void hash_vs_memcpy(double *hash_gbs, double *memcpy_gbs) {
   std::vector<swiftkv::ChunkKey> keys(kChunks);
   const swiftkv::ChunkKey fp{1, 2};
   const double bytes = static_cast<double>(tokens.size() * sizeof(uint32_t));
-  double best_hash = 1e30, best_copy = 1e30;
-  for (int rep = 0; rep < 7; ++rep) {
+  std::vector<double> h, m;
+  for (int rep = 0; rep <= reps; ++rep) {
     auto t0 = Clock::now();
     swiftkv::chunk_keys(keys.data(), fp, tokens.data(), tokens.size(), kTokens);
-    best_hash = std::min(best_hash, ns_since(t0));
+    const double th = ns_since(t0);
     t0 = Clock::now();
-    std::memcpy(copy.data(), tokens.data(), bytes);
-    best_copy = std::min(best_copy, ns_since(t0));
-    if (copy[rep] != tokens[rep] || keys[0] == keys[1]) std::exit(1);
+    std::memcpy(copy.data(), tokens.data(), static_cast<size_t>(bytes));
+    const double tm = ns_since(t0);
+    if (copy[static_cast<size_t>(rep)] != tokens[static_cast<size_t>(rep)] || keys[0] == keys[1]) {
+      std::exit(1);
+    }
+    if (rep > 0) {
+      h.push_back(bytes / th);
+      m.push_back(bytes / tm);
+    }
   }
-  *hash_gbs = bytes / best_hash;
-  *memcpy_gbs = bytes / best_copy;
+  // GB/s: the median, and the best (a rate's best is its max: reported in `min` as the
+  // repetition with the least time).
+  std::sort(h.begin(), h.end());
+  std::sort(m.begin(), m.end());
+  *hash_gbs = Stat{h[h.size() / 2], h.back()};
+  *memcpy_gbs = Stat{m[m.size() / 2], m.back()};
+}
+
+const char *policy_name(swiftkv_eviction_policy p) {
+  return p == SWIFTKV_EVICT_LRU ? "lru" : "retention";
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
   uint64_t max_chunks = uint64_t{1} << 20;
+  int reps = 5;
   for (int i = 1; i < argc; ++i) {
+    char *end = nullptr;
     if (std::strcmp(argv[i], "--max-chunks") == 0 && i + 1 < argc) {
-      char *end = nullptr;
       max_chunks = std::strtoull(argv[++i], &end, 10);
       if (*end != '\0' || max_chunks < 1024) {
         std::fprintf(stderr, "bench_index: --max-chunks needs a number >= 1024\n");
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = static_cast<int>(std::strtol(argv[++i], &end, 10));
+      if (*end != '\0' || reps < 1 || reps > 1000) {
+        std::fprintf(stderr, "bench_index: --reps needs a number from 1 to 1000\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: bench_index [--max-chunks N]\n");
+      std::fprintf(stderr, "usage: bench_index [--max-chunks N] [--reps N]\n");
       return 2;
     }
   }
   std::mt19937_64 rng(42);
-  std::vector<Row> rows;
-  for (uint64_t n = 1024; n <= max_chunks; n *= 4) rows.push_back(measure(n, rng));
-  double hash_gbs = 0, memcpy_gbs = 0;
-  hash_vs_memcpy(&hash_gbs, &memcpy_gbs);
+  std::vector<IndexRow> index_rows;
+  std::vector<ApiRow> api_rows;
+  for (uint64_t n = 1024; n <= max_chunks; n *= 4) {
+    index_rows.push_back(measure_index(n, reps, rng));
+    api_rows.push_back(measure_api(n, reps));
+  }
+  std::vector<FullRow> full_rows;
+  for (uint64_t n = 16384; n <= max_chunks; n *= 4) {
+    for (auto p : {SWIFTKV_EVICT_LRU, SWIFTKV_EVICT_RETENTION}) {
+      full_rows.push_back(measure_full(n, p, reps));
+    }
+  }
+  Stat hash_gbs, memcpy_gbs;
+  hash_vs_memcpy(reps, &hash_gbs, &memcpy_gbs);
 
-  std::printf("%10s %16s %10s %10s %14s %10s %14s %15s\n", "chunks", "check_insert_ns", "hit_ns",
-              "miss_ns", "single_hit_ns", "drop_ns", "api_store_ns", "api_lookup_ns");
-  for (const Row &r : rows) {
-    std::printf("%10llu %16.1f %10.1f %10.1f %14.1f %10.1f %14.1f %15.1f\n",
-                static_cast<unsigned long long>(r.chunks), r.insert_ns, r.hit_ns, r.miss_ns,
-                r.single_hit_ns, r.drop_ns, r.api_store_ns, r.api_lookup_ns);
+  std::printf("ns per chunk, median/min over %d repetitions\n", reps);
+  std::printf("%9s %13s %11s %11s %13s %11s | %9s %13s %13s\n", "chunks", "check_insert",
+              "hit", "miss", "single_hit", "drop", "api_at", "api_store", "api_lookup");
+  for (size_t i = 0; i < index_rows.size(); ++i) {
+    const IndexRow &r = index_rows[i];
+    const ApiRow &a = api_rows[i];
+    std::printf("%9llu %6.1f/%6.1f %5.1f/%5.1f %5.1f/%5.1f %6.1f/%6.1f %5.1f/%5.1f | %9llu "
+                "%6.1f/%6.1f %6.1f/%6.1f\n",
+                static_cast<unsigned long long>(r.chunks), r.insert.med, r.insert.min, r.hit.med,
+                r.hit.min, r.miss.med, r.miss.min, r.single_hit.med, r.single_hit.min,
+                r.drop.med, r.drop.min, static_cast<unsigned long long>(a.chunks), a.store.med,
+                a.store.min, a.lookup.med, a.lookup.min);
   }
-  std::printf("chunk-key hashing %.2f GB/s, memcpy of the same bytes %.2f GB/s (%.2fx)\n",
-              hash_gbs, memcpy_gbs, hash_gbs / memcpy_gbs);
-  std::printf("{\"bench\":\"chunk_index\",\"rows\":[");
-  for (size_t i = 0; i < rows.size(); ++i) {
-    const Row &r = rows[i];
-    std::printf("%s{\"chunks\":%llu,\"check_insert_ns\":%.1f,\"hit_ns\":%.1f,\"miss_ns\":%.1f,"
-                "\"single_hit_ns\":%.1f,\"drop_ns\":%.1f,\"api_store_ns\":%.1f,\"api_lookup_ns\":%.1f}",
-                i ? "," : "", static_cast<unsigned long long>(r.chunks), r.insert_ns, r.hit_ns,
-                r.miss_ns, r.single_hit_ns, r.drop_ns, r.api_store_ns, r.api_lookup_ns);
+  std::printf("\nstore into a full host tier (each chunk evicts one) vs the same stores into a "
+              "tier with room, ns per chunk, median/min\n");
+  std::printf("%9s %10s %15s %15s %11s\n", "chunks", "policy", "full", "room", "full/room");
+  for (const FullRow &r : full_rows) {
+    std::printf("%9llu %10s %7.1f/%7.1f %7.1f/%7.1f %11.2f\n",
+                static_cast<unsigned long long>(r.chunks), policy_name(r.policy), r.full.med,
+                r.full.min, r.room.med, r.room.min, r.full.med / r.room.med);
   }
-  std::printf("],\"hash_gbs\":%.2f,\"memcpy_gbs\":%.2f,\"hash_over_memcpy\":%.3f}\n", hash_gbs,
-              memcpy_gbs, hash_gbs / memcpy_gbs);
+  std::printf("\nchunk-key hashing %.2f GB/s (best %.2f), memcpy of the same bytes %.2f GB/s "
+              "(best %.2f): %.2fx\n",
+              hash_gbs.med, hash_gbs.min, memcpy_gbs.med, memcpy_gbs.min,
+              hash_gbs.med / memcpy_gbs.med);
+
+  auto js = [](const Stat &s) {
+    char b[64];
+    std::snprintf(b, sizeof b, "{\"median\":%.1f,\"min\":%.1f}", s.med, s.min);
+    return std::string(b);
+  };
+  std::printf("{\"bench\":\"chunk_index\",\"reps\":%d,\"rows\":[", reps);
+  for (size_t i = 0; i < index_rows.size(); ++i) {
+    const IndexRow &r = index_rows[i];
+    const ApiRow &a = api_rows[i];
+    std::printf("%s{\"chunks\":%llu,\"check_insert_ns\":%s,\"hit_ns\":%s,\"miss_ns\":%s,"
+                "\"single_hit_ns\":%s,\"drop_ns\":%s,\"api_chunks\":%llu,\"api_store_ns\":%s,"
+                "\"api_lookup_ns\":%s}",
+                i ? "," : "", static_cast<unsigned long long>(r.chunks), js(r.insert).c_str(),
+                js(r.hit).c_str(), js(r.miss).c_str(), js(r.single_hit).c_str(),
+                js(r.drop).c_str(), static_cast<unsigned long long>(a.chunks),
+                js(a.store).c_str(), js(a.lookup).c_str());
+  }
+  std::printf("],\"full_tier\":[");
+  for (size_t i = 0; i < full_rows.size(); ++i) {
+    const FullRow &r = full_rows[i];
+    std::printf("%s{\"chunks\":%llu,\"policy\":\"%s\",\"full_ns\":%s,\"room_ns\":%s,"
+                "\"evicted\":%llu}",
+                i ? "," : "", static_cast<unsigned long long>(r.chunks), policy_name(r.policy),
+                js(r.full).c_str(), js(r.room).c_str(), static_cast<unsigned long long>(r.evicted));
+  }
+  std::printf("],\"hash_gbs\":%.2f,\"memcpy_gbs\":%.2f,\"hash_over_memcpy\":%.3f}\n", hash_gbs.med,
+              memcpy_gbs.med, hash_gbs.med / memcpy_gbs.med);
   return 0;
 }
