@@ -57,15 +57,27 @@ class RemoteLender final : public LenderLink {
     return w.grant;
   }
 
-  LinkLeaseState renew(uint64_t lease_id) override {
+  LinkLeaseState renew(uint64_t lease_id) override { return renew_many({&lease_id, 1})[0]; }
+
+  // The heartbeat renews on the lender's side; here the session's table is read, once per
+  // heartbeat unless a reclaim wakes the borrower sooner.
+  std::vector<LinkLeaseState> renew_many(std::span<const uint64_t> ids) override {
+    std::vector<LinkLeaseState> out(ids.size());
+    const uint64_t now = monotonic_ns();
     std::lock_guard lock(st_->mu);
-    const auto it = s_->leases.find(lease_id);
-    if (s_->lost || it == s_->leases.end() || it->second.lost ||
-        monotonic_ns() >= it->second.deadline_ns) {
-      return LinkLeaseState{false, true};
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const auto it = s_->leases.find(ids[i]);
+      if (s_->lost || it == s_->leases.end() || it->second.lost || now >= it->second.deadline_ns) {
+        out[i] = LinkLeaseState{false, true, 0};
+      } else {
+        out[i] = LinkLeaseState{it->second.reclaim, false, now + st_->options.heartbeat_ns};
+      }
     }
-    return LinkLeaseState{it->second.reclaim, false};
+    return out;
   }
+
+  uint64_t clock_now() const override { return monotonic_ns(); }
+  const void *identity() const noexcept override { return s_.get(); }
 
   bool valid(uint64_t lease_id) const noexcept override {
     {

@@ -3,6 +3,7 @@
 #include "core/elastic/elastic_region.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 
 #include "core/common/checked_math.hpp"
@@ -190,12 +191,13 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     Lease &l = leases_.at(unit_lease_[u]);
     if (!l.reclaim_requested) {
       l.reclaim_requested = true;
+      asked_.insert(l.id);
       ++counters_.reclaims_requested;
       asked = true;
     }
   }
   owned_units_ = end;
-  if (asked && on_reclaim_) on_reclaim_();
+  if (asked) notify_reclaim_locked();
   return delta(units, !reclaiming_.empty());
 }
 
@@ -332,6 +334,7 @@ Lease ElasticRegion::lend(uint64_t max_units) {
   lent_units_ += n;
   const Lease l{id, first, n, t + lease_ns_, false};
   leases_.emplace(id, l);
+  deadlines_.emplace(l.expires_ns, id);
   ++counters_.leases_granted;
   return l;
 }
@@ -348,11 +351,32 @@ std::map<uint64_t, Lease>::iterator ElasticRegion::find_lease_locked(uint64_t id
                               " is not held (never lent, or already released)");
 }
 
+void ElasticRegion::set_expiry_locked(Lease &l, uint64_t expires_ns) {
+  deadlines_.erase({l.expires_ns, l.id});
+  l.expires_ns = expires_ns;
+  deadlines_.emplace(expires_ns, l.id);
+}
+
 void ElasticRegion::renew(uint64_t lease_id) {
   std::lock_guard lock(mu_);
   const uint64_t t = now();
   expire_leases_locked(t);
-  find_lease_locked(lease_id, "renew")->second.expires_ns = t + lease_ns_;
+  set_expiry_locked(find_lease_locked(lease_id, "renew")->second, t + lease_ns_);
+}
+
+std::vector<ElasticRegion::Renewal> ElasticRegion::renew_many(const uint64_t *lease_ids,
+                                                               size_t n) {
+  std::vector<Renewal> out(n);
+  std::lock_guard lock(mu_);
+  const uint64_t t = now();
+  expire_leases_locked(t);
+  for (size_t i = 0; i < n; ++i) {
+    const auto it = leases_.find(lease_ids[i]);
+    if (it == leases_.end()) continue;
+    set_expiry_locked(it->second, t + lease_ns_);
+    out[i] = Renewal{true, it->second.reclaim_requested, it->second.expires_ns};
+  }
+  return out;
 }
 
 void ElasticRegion::release(uint64_t lease_id) {
@@ -368,6 +392,7 @@ void ElasticRegion::reclaim(uint64_t lease_id) {
   auto ask = [&](Lease &l) {
     if (!l.reclaim_requested) {
       ++counters_.reclaims_requested;
+      asked_.insert(l.id);
       asked = true;
     }
     l.reclaim_requested = true;
@@ -377,7 +402,38 @@ void ElasticRegion::reclaim(uint64_t lease_id) {
   } else {
     ask(find_lease_locked(lease_id, "reclaim")->second);
   }
-  if (asked && on_reclaim_) on_reclaim_();
+  if (asked) notify_reclaim_locked();
+}
+
+void ElasticRegion::notify_reclaim_locked() const {
+  if (on_reclaim_) on_reclaim_();
+  for (const auto &[token, fn] : watchers_) fn();
+}
+
+uint64_t ElasticRegion::add_reclaim_watcher(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  const uint64_t token = next_watcher_++;
+  watchers_.emplace(token, std::move(fn));
+  return token;
+}
+
+void ElasticRegion::remove_reclaim_watcher(uint64_t token) noexcept {
+  std::lock_guard lock(mu_);
+  watchers_.erase(token);
+}
+
+bool ElasticRegion::wait_reclaims(uint64_t timeout_ns) {
+  std::unique_lock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::nanoseconds(timeout_ns);
+  for (;;) {
+    expire_leases_locked(now());  // an expired lease comes back too
+    if (asked_.empty()) return true;
+    const auto now_real = std::chrono::steady_clock::now();
+    if (now_real >= deadline) return false;
+    // Woken when a lease asked back ends; one that ends by expiry on the region's clock is seen
+    // at the next wake-up, at most a millisecond later.
+    reclaimed_cv_.wait_until(lock, std::min(deadline, now_real + std::chrono::milliseconds(1)));
+  }
 }
 
 RegionExport ElasticRegion::export_range(uint64_t offset, uint64_t size) const {
@@ -392,12 +448,19 @@ void ElasticRegion::set_reclaim_listener(std::function<void()> fn) {
 
 void ElasticRegion::end_all_leases() {
   std::lock_guard lock(mu_);
-  for (auto &[id, l] : leases_) l.expires_ns = 0;
+  const bool any = !leases_.empty();
+  for (auto &[id, l] : leases_) set_expiry_locked(l, 0);
   expire_leases_locked(0);
+  if (any) notify_reclaim_locked();
 }
 
 void ElasticRegion::end_lease_locked(std::map<uint64_t, Lease>::iterator it) {
   const Lease l = it->second;
+  deadlines_.erase({l.expires_ns, l.id});
+  if (l.reclaim_requested) {
+    asked_.erase(l.id);
+    reclaimed_cv_.notify_all();
+  }
   for (uint64_t u = l.first_unit; u < l.first_unit + l.units;) {
     unit_lease_[u] = 0;
     if (state_[u] == UnitState::reclaiming) {
@@ -424,15 +487,12 @@ void ElasticRegion::end_lease_locked(std::map<uint64_t, Lease>::iterator it) {
 }
 
 void ElasticRegion::expire_leases_locked(uint64_t t) {
-  for (auto it = leases_.begin(); it != leases_.end();) {
-    const auto next = std::next(it);
-    if (it->second.expires_ns <= t) {
-      expired_ids_.push_back(it->first);
-      if (expired_ids_.size() > kExpiredIdsKept) expired_ids_.pop_front();
-      ++counters_.leases_expired;
-      end_lease_locked(it);
-    }
-    it = next;
+  while (!deadlines_.empty() && deadlines_.begin()->first <= t) {
+    const uint64_t id = deadlines_.begin()->second;
+    expired_ids_.push_back(id);
+    if (expired_ids_.size() > kExpiredIdsKept) expired_ids_.pop_front();
+    ++counters_.leases_expired;
+    end_lease_locked(leases_.find(id));
   }
 }
 
@@ -445,11 +505,7 @@ Lease ElasticRegion::lease(uint64_t lease_id) {
 std::vector<uint64_t> ElasticRegion::pending_reclaims() {
   std::lock_guard lock(mu_);
   expire_leases_locked(now());
-  std::vector<uint64_t> ids;
-  for (const auto &[id, l] : leases_) {
-    if (l.reclaim_requested) ids.push_back(id);
-  }
-  return ids;
+  return std::vector<uint64_t>(asked_.begin(), asked_.end());
 }
 
 ElasticStats ElasticRegion::stats() {
@@ -527,6 +583,14 @@ void ElasticRegion::check_invariants() const {
     leased += l.units;
   }
   if (leased != n_lent + n_reclaiming) broken("leased units");
+  if (deadlines_.size() != leases_.size()) broken("one deadline per lease");
+  uint64_t asked = 0;
+  for (const auto &[id, l] : leases_) asked += l.reclaim_requested;
+  if (asked != asked_.size()) broken("leases asked back");
+  for (const auto &[expires, id] : deadlines_) {
+    const auto it = leases_.find(id);
+    if (it == leases_.end() || it->second.expires_ns != expires) broken("lease deadline");
+  }
   if (refs != granule_refs_) broken("granule reference counts");
 }
 

@@ -3,6 +3,7 @@
 // the boundary, never data; reclaiming lent memory is a request the borrower must answer.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -62,8 +63,12 @@ struct ElasticDelta {
   bool waiting = false;  // some owned blocks are still held by a borrower being asked back
 };
 
+// Lease expiries are kept in deadline order (deadlines_), so expiring, renewing and releasing a
+// lease cost O(log n) whatever the number of leases.
+//
 // Thread-safe: one mutex (mu_) guards every member but the immutable geometry and memory; each
-// call holds it for its whole duration, memory commits included.
+// call holds it for its whole duration, memory commits included. reclaimed_cv_ is signalled
+// under it whenever a lease asked back ends.
 class ElasticRegion {
  public:
   // Checks the configuration (EINVAL naming the field) and returns the bytes of memory the
@@ -85,6 +90,14 @@ class ElasticRegion {
   // Lends up to `max_units` units, the highest free ones, as one contiguous lease.
   Lease lend(uint64_t max_units);
   void renew(uint64_t lease_id);
+  // Renews several leases of one borrower under one lock: for each, whether it is still held,
+  // whether it is asked back, and its new expiry.
+  struct Renewal {
+    bool held = false;
+    bool reclaim = false;
+    uint64_t expires_ns = 0;
+  };
+  std::vector<Renewal> renew_many(const uint64_t *lease_ids, size_t n);
   void release(uint64_t lease_id);
   // Asks a lease back (kAllLeases: every lease). The borrower answers by release().
   void reclaim(uint64_t lease_id);
@@ -96,6 +109,14 @@ class ElasticRegion {
   // reclaim()), so a coordinator can tell its borrower at once; it must only signal (no call
   // into the region). Empty: none.
   void set_reclaim_listener(std::function<void()> fn);
+  // The same for a borrower in this process, of which there may be several: called when a
+  // lease is newly asked back and when end_all_leases() ends them. Returns a token for
+  // remove_reclaim_watcher.
+  uint64_t add_reclaim_watcher(std::function<void()> fn);
+  void remove_reclaim_watcher(uint64_t token) noexcept;
+  // Waits until no lease is asked back (each asked back by a resize or reclaim() has been
+  // released or has expired), at most timeout_ns of real time. True when none is.
+  bool wait_reclaims(uint64_t timeout_ns);
 
   // The queries expire leases first, so they never report a lease past its expiry.
   Lease lease(uint64_t lease_id);  // ETIMEDOUT / ENOTFOUND for a lease that is not held
@@ -142,6 +163,8 @@ class ElasticRegion {
   uint64_t now() const;
   void expire_leases_locked(uint64_t now);
   void end_lease_locked(std::map<uint64_t, Lease>::iterator it);
+  void set_expiry_locked(Lease &l, uint64_t expires_ns);
+  void notify_reclaim_locked() const;
   ElasticDelta grow_locked(uint64_t units);
   ElasticDelta shrink_locked(uint64_t units);
   void acquire_memory_locked(uint64_t first_unit, uint64_t units);
@@ -178,11 +201,16 @@ class ElasticRegion {
   std::map<uint64_t, uint64_t> free_runs_;      // first unit -> length, every free unit once
   std::set<uint64_t> reclaiming_;               // units in state reclaiming
   std::map<uint64_t, Lease> leases_;            // by id
+  std::set<std::pair<uint64_t, uint64_t>> deadlines_;  // (expires_ns, id) of every lease
+  std::set<uint64_t> asked_;                    // leases asked back, by id
   std::deque<uint64_t> expired_ids_;            // recent expirations, for a precise status
   std::vector<uint32_t> granule_refs_;          // per granule: units not free that touch it
   std::deque<std::pair<uint64_t, uint64_t>> window_;  // (time, tokens), tokens decreasing
   uint64_t next_lease_id_ = 1;
   std::function<void()> on_reclaim_;
+  std::map<uint64_t, std::function<void()>> watchers_;  // by token
+  uint64_t next_watcher_ = 1;
+  std::condition_variable reclaimed_cv_;
   uint64_t free_units_ = 0, lent_units_ = 0;
   ElasticStats counters_{};
 };

@@ -230,6 +230,14 @@ std::optional<Tier> ChunkIndex::peek(const ChunkKey &k) const {
   return static_cast<Tier>(slot->tier);
 }
 
+std::optional<SlotRef> ChunkIndex::locate(const ChunkKey &k) const {
+  const Shard &s = shard(k);
+  std::shared_lock lock(s.mu);
+  const Slot *slot = find(s, k);
+  if (slot == nullptr || !visible(*slot)) return std::nullopt;
+  return where(*slot);
+}
+
 bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
                         uint64_t now_ns) {
   std::lock_guard order(order_mu_);

@@ -86,6 +86,8 @@ class ChunkIndex {
   // A hint that k is needed soon (insert or lookup); no effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
+  // Where a visible chunk is, recording no activity.
+  std::optional<SlotRef> locate(const ChunkKey &k) const;
   bool contains(const ChunkKey &k) const { return peek(k).has_value(); }
 
   // Adds a resident chunk stored at `where`; false (nothing changed) when the key exists.

@@ -25,7 +25,7 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
     fail_invalid("demote_free_percent (" + std::to_string(options_.demote_free_percent) +
                  ") is above 100");
   }
-  peer_ = std::make_unique<PeerTier>();
+  peer_ = std::make_unique<PeerTier>([this] { wake(); });
   host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes);
   const ContextConfig &c = ctx_.config();
   if (c.disk_path) {
@@ -50,7 +50,11 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
   if (options_.maintenance_interval_ms != 0) thread_ = std::thread([this] { run_thread(); });
 }
 
-ChunkCache::~ChunkCache() { stop_thread(); }
+ChunkCache::~ChunkCache() {
+  stop_thread();
+  // The leases go first, with the lenders' watches that would wake this cache.
+  peer_.reset();
+}
 
 void ChunkCache::stop_thread() noexcept {
   if (thread_.joinable()) {
@@ -467,17 +471,28 @@ uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
   return peer_->attach(model, sizes, std::move(lender), max_units);
 }
 
+void ChunkCache::empty_lease(const PeerTier::LeaseStatus &l) {
+  // Only the chunks whose readable copy is in this lease: a slot may hold a copy that is being
+  // replaced, or a reservation not yet published.
+  for (const ChunkKey &k : peer_->keys_in(l.local_id)) {
+    const std::optional<SlotRef> w = index_.locate(k);
+    if (!w || w->tier != Tier::peer || (w->slot >> 32) != l.local_id) continue;
+    if (l.lost) {
+      drop_chunk(k, ChunkMeta{l.model, 0, 0, 0}, Tier::peer, ChunkEventReason::revoked);
+    } else {
+      demote(k, Tier::peer, false, ChunkEventReason::revoked);
+    }
+  }
+  if (peer_->used_slots(l.local_id) == 0) peer_->retire(l.local_id);
+}
+
 void ChunkCache::give_back(const ChunkKey &model) {
   std::lock_guard lock(maint_mu_);
-  std::vector<ChunkKey> keys;
-  index_.for_each([&](const ChunkView &v) {
-    if (v.where.tier == Tier::peer && v.meta.model == model) keys.push_back(v.key);
-  });
   // The leases stop taking chunks first, so nothing new lands in them while they empty.
-  for (uint64_t local : peer_->leases_of(model)) peer_->retire_later(local);
-  for (const ChunkKey &k : keys) demote(k, Tier::peer, false, ChunkEventReason::revoked);
-  for (uint64_t local : peer_->leases_of(model)) {
-    if (peer_->used_slots(local) == 0) peer_->retire(local);
+  const std::vector<uint64_t> leases = peer_->leases_of(model);
+  for (uint64_t local : leases) peer_->retire_later(local);
+  for (uint64_t local : leases) {
+    empty_lease(PeerTier::LeaseStatus{local, 0, model, true, false, 0});
   }
 }
 
@@ -499,25 +514,7 @@ void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
 void ChunkCache::maintain() {
   std::lock_guard lock(maint_mu_);
   // The lease protocol first: a reclaimed lease holds up its lender.
-  for (const PeerTier::LeaseStatus &l : peer_->refresh()) {
-    if (!l.lost && !l.reclaiming) continue;
-    std::vector<ChunkKey> keys;
-    index_.for_each([&](const ChunkView &v) {
-      if (v.where.tier == Tier::peer && (v.where.slot >> 32) == l.local_id) keys.push_back(v.key);
-    });
-    for (const ChunkKey &k : keys) {
-      if (l.lost) {
-        const std::optional<Tier> t = index_.peek(k);
-        if (t == Tier::peer) {
-          const ChunkMeta meta{l.model, 0, 0, 0};
-          drop_chunk(k, meta, Tier::peer, ChunkEventReason::revoked);
-        }
-      } else {
-        demote(k, Tier::peer, false, ChunkEventReason::revoked);
-      }
-    }
-    if (peer_->used_slots(l.local_id) == 0) peer_->retire(l.local_id);
-  }
+  for (const PeerTier::LeaseStatus &l : peer_->refresh()) empty_lease(l);
   if (options_.demote_free_percent == 0) return;
   for (const ChunkKey &m : peer_->models()) demote_ahead(Tier::peer, m);
   if (configured(Tier::host, ChunkKey{}) && lower_tier(Tier::host, ChunkKey{})) {
@@ -526,6 +523,7 @@ void ChunkCache::maintain() {
 }
 
 void ChunkCache::wake() noexcept {
+  peer_->signal();
   {
     std::lock_guard lock(thread_mu_);
     woken_ = true;

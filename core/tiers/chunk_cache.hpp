@@ -202,6 +202,9 @@ class ChunkCache {
   void free_slots(const std::vector<SlotRef> &slots) noexcept;
   void emit(const ChunkEvent &e);
   void demote_ahead(Tier t, const ChunkKey &model);
+  // Moves every chunk of a lease that is asked back down a tier (or drops them, for a lost
+  // lease) and retires the lease once none is left in it.
+  void empty_lease(const PeerTier::LeaseStatus &l);
   void run_thread();
 
   Context &ctx_;

@@ -10,6 +10,11 @@ namespace {
 class LocalLender final : public LenderLink {
  public:
   explicit LocalLender(std::shared_ptr<ElasticRegion> r) : region_(std::move(r)) {}
+  ~LocalLender() override {
+    if (watcher_ != 0) region_->remove_reclaim_watcher(watcher_);
+  }
+  LocalLender(const LocalLender &) = delete;
+  LocalLender &operator=(const LocalLender &) = delete;
 
   void check_geometry(const GeometrySizes &sizes) const override {
     const auto &b = region_->borrower_sizes();
@@ -30,14 +35,27 @@ class LocalLender final : public LenderLink {
     return g;
   }
 
-  LinkLeaseState renew(uint64_t lease_id) override {
-    try {
-      region_->renew(lease_id);
-      return LinkLeaseState{region_->lease(lease_id).reclaim_requested, false};
-    } catch (const Error &) {
-      // ETIMEDOUT or ENOTFOUND: the lender may reuse the bytes; nothing there is ours now.
-      return LinkLeaseState{false, true};
+  LinkLeaseState renew(uint64_t lease_id) override { return renew_many({&lease_id, 1})[0]; }
+
+  std::vector<LinkLeaseState> renew_many(std::span<const uint64_t> ids) override {
+    const std::vector<ElasticRegion::Renewal> r = region_->renew_many(ids.data(), ids.size());
+    std::vector<LinkLeaseState> out(r.size());
+    const uint64_t lease = region_->lease_ns();
+    for (size_t i = 0; i < r.size(); ++i) {
+      // Not held (expired or never ours): the lender may reuse the bytes. Held: renewed again
+      // once a third of the lease has passed.
+      out[i] = r[i].held ? LinkLeaseState{r[i].reclaim, false, r[i].expires_ns - lease + lease / 3}
+                         : LinkLeaseState{false, true, 0};
     }
+    return out;
+  }
+
+  uint64_t clock_now() const override { return region_->clock_now(); }
+  const void *identity() const noexcept override { return region_.get(); }
+
+  void watch_reclaims(std::function<void()> wake) override {
+    if (watcher_ != 0) region_->remove_reclaim_watcher(watcher_);
+    watcher_ = region_->add_reclaim_watcher(std::move(wake));
   }
 
   bool valid(uint64_t lease_id) const noexcept override {
@@ -61,9 +79,17 @@ class LocalLender final : public LenderLink {
 
  private:
   std::shared_ptr<ElasticRegion> region_;
+  uint64_t watcher_ = 0;
 };
 
 }  // namespace
+
+std::vector<LinkLeaseState> LenderLink::renew_many(std::span<const uint64_t> lease_ids) {
+  std::vector<LinkLeaseState> out;
+  out.reserve(lease_ids.size());
+  for (uint64_t id : lease_ids) out.push_back(renew(id));
+  return out;
+}
 
 std::shared_ptr<LenderLink> local_lender(std::shared_ptr<ElasticRegion> region) {
   return std::make_shared<LocalLender>(std::move(region));

@@ -5,8 +5,11 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/elastic/elastic_region.hpp"
 #include "core/geometry/model_geometry.hpp"
@@ -24,6 +27,7 @@ struct LeaseGrant {
 struct LinkLeaseState {
   bool reclaim = false;  // the lender asked for it back: evacuate, then release
   bool lost = false;     // expired or gone: its bytes may already be the lender's again
+  uint64_t renew_at_ns = 0;  // on the link's clock: when the lease next needs renewing
 };
 
 // Thread-safe: every call may come from any thread.
@@ -36,6 +40,16 @@ class LenderLink {
   virtual LeaseGrant lend(uint64_t max_units) = 0;
   // Keeps the lease alive (in-process: renews now; remote: the heartbeat does) and reports it.
   virtual LinkLeaseState renew(uint64_t lease_id) = 0;
+  // renew() for several leases of this lender at once (one lock on its side).
+  virtual std::vector<LinkLeaseState> renew_many(std::span<const uint64_t> lease_ids);
+  // The clock renew_at_ns is on.
+  virtual uint64_t clock_now() const = 0;
+  // Equal for two links to the same lender, so that a borrower keeps one link per lender.
+  virtual const void *identity() const noexcept = 0;
+  // Asks to have `wake` called (with the lender's locks held: it must only signal) whenever a
+  // lease of this lender is asked back or ended; until the link is destroyed. A remote lender
+  // is watched by the coordinator instead.
+  virtual void watch_reclaims(std::function<void()> /*wake*/) {}
   // Whether the lease's bytes are still the borrower's: held, within its lease, lender alive.
   virtual bool valid(uint64_t lease_id) const noexcept = 0;
   // Gives the lease back; nothing reads or writes it any more.

@@ -1,5 +1,5 @@
-// Slots in lent elastic memory and the borrower's half of the lease protocol: renew, notice a
-// reclaim, release once evacuated.
+// Slots in lent elastic memory and the borrower's half of the lease protocol: renew when due,
+// notice a reclaim, release once evacuated.
 #include "core/tiers/peer_tier.hpp"
 
 #include <algorithm>
@@ -8,11 +8,13 @@
 
 namespace swiftkv {
 
+PeerTier::PeerTier(std::function<void()> on_reclaim) : on_reclaim_(std::move(on_reclaim)) {}
+
 PeerTier::~PeerTier() {
   std::lock_guard lock(mu_);
   for (auto &[local, h] : leases_) {
     if (h.lost) continue;
-    h.lender->release(h.lease_id);
+    h.lender->link->release(h.lease_id);
   }
 }
 
@@ -29,19 +31,74 @@ uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
   h.chunks = g.chunks;
   h.free_chunks.reserve(h.chunks);
   for (uint64_t c = h.chunks; c-- > 0;) h.free_chunks.push_back(static_cast<uint32_t>(c));
-  h.lender = std::move(lender);
+  h.keys.resize(h.chunks);
   std::lock_guard lock(mu_);
-  leases_.emplace(next_local_++, std::move(h));
+  // One link per lender, however many leases: renewals go to it in one call.
+  Lender *l = nullptr;
+  for (const auto &x : lenders_) {
+    if (x->link->identity() == lender->identity()) l = x.get();
+  }
+  if (l == nullptr) {
+    lenders_.push_back(std::make_unique<Lender>());
+    l = lenders_.back().get();
+    l->link = std::move(lender);
+    l->link->watch_reclaims([this] {
+      signal();
+      if (on_reclaim_) on_reclaim_();
+    });
+  }
+  h.lender = l;
+  ++l->leases;
+  // Renewed at the next refresh, which learns when it is due next.
+  h.renew_at = 0;
+  const uint64_t local = next_local_++;
+  l->due.emplace(0, local);
+  Room &r = room_[model];
+  r.capacity += h.chunks * h.chunk_bytes;
+  r.free += h.chunks * h.chunk_bytes;
+  ++r.leases;
+  r.open.push_back(local);
+  h.open = true;
+  leases_.emplace(local, std::move(h));
   return g.lease_id;
 }
 
-std::optional<uint64_t> PeerTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
+void PeerTier::unusable_locked(uint64_t local, Held &h) noexcept {
+  if (!h.usable()) return;
+  try {
+    draining_.insert(local);
+  } catch (...) {
+    // Out of memory: refresh() does not report the lease until the next change to it.
+  }
+  Room &r = room_[h.model];
+  r.capacity -= h.chunks * h.chunk_bytes;
+  r.free -= h.free_chunks.size() * h.chunk_bytes;
+  --r.leases;
+}
+
+std::optional<uint64_t> PeerTier::allocate(const ChunkKey &key, const ChunkMeta &meta) {
   std::lock_guard lock(mu_);
-  for (auto &[local, h] : leases_) {
-    if (h.model != meta.model || h.reclaiming || h.lost || h.free_chunks.empty()) continue;
-    if (h.chunk_bytes != meta.bytes) continue;
+  const auto rit = room_.find(meta.model);
+  if (rit == room_.end()) return std::nullopt;
+  Room &r = rit->second;
+  while (!r.open.empty()) {
+    const uint64_t local = r.open.back();
+    const auto it = leases_.find(local);
+    if (it == leases_.end() || !it->second.usable() || it->second.free_chunks.empty() ||
+        it->second.chunk_bytes != meta.bytes) {
+      if (it != leases_.end()) it->second.open = false;
+      r.open.pop_back();
+      continue;
+    }
+    Held &h = it->second;
     const uint32_t c = h.free_chunks.back();
     h.free_chunks.pop_back();
+    h.keys[c] = key;
+    r.free -= h.chunk_bytes;
+    if (h.free_chunks.empty()) {
+      h.open = false;
+      r.open.pop_back();
+    }
     return local << 32 | c;
   }
   return std::nullopt;
@@ -51,7 +108,20 @@ void PeerTier::free(uint64_t slot) noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(slot >> 32);
   if (it == leases_.end()) return;
-  it->second.free_chunks.push_back(static_cast<uint32_t>(slot & 0xffffffffu));
+  Held &h = it->second;
+  h.free_chunks.push_back(static_cast<uint32_t>(slot & 0xffffffffu));  // reserved at attach
+  h.keys[slot & 0xffffffffu] = ChunkKey{};
+  if (!h.usable()) return;
+  Room &r = room_[h.model];
+  r.free += h.chunk_bytes;
+  if (!h.open) {
+    try {
+      r.open.push_back(slot >> 32);
+      h.open = true;
+    } catch (...) {
+      // Out of memory for the list: the lease's free chunks wait for a later free.
+    }
+  }
 }
 
 std::byte *PeerTier::address(uint64_t slot, int32_t *device) noexcept {
@@ -64,41 +134,57 @@ std::byte *PeerTier::address(uint64_t slot, int32_t *device) noexcept {
 
 uint64_t PeerTier::capacity_bytes(const ChunkKey &model) const {
   std::lock_guard lock(mu_);
-  uint64_t n = 0;
-  for (const auto &[local, h] : leases_) {
-    if (h.model == model && !h.reclaiming && !h.lost) n += h.chunks * h.chunk_bytes;
-  }
-  return n;
+  const auto it = room_.find(model);
+  return it == room_.end() ? 0 : it->second.capacity;
 }
 
 uint64_t PeerTier::free_bytes(const ChunkKey &model) const {
   std::lock_guard lock(mu_);
-  uint64_t n = 0;
-  for (const auto &[local, h] : leases_) {
-    if (h.model == model && !h.reclaiming && !h.lost) n += h.free_chunks.size() * h.chunk_bytes;
-  }
-  return n;
+  const auto it = room_.find(model);
+  return it == room_.end() ? 0 : it->second.free;
 }
 
 bool PeerTier::readable(uint64_t slot) const noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(slot >> 32);
   if (it == leases_.end() || it->second.lost) return false;
-  if (it->second.lender->valid(it->second.lease_id)) return true;
-  it->second.lost = true;
+  Held &h = it->second;
+  if (h.lender->link->valid(h.lease_id)) return true;
+  const_cast<PeerTier *>(this)->unusable_locked(it->first, h);
+  h.lost = true;
   return false;
 }
 
+void PeerTier::update_locked(uint64_t local, Held &h, const LinkLeaseState &s) {
+  if (s.reclaim || s.lost) unusable_locked(local, h);
+  if (s.reclaim) h.reclaiming = true;
+  if (s.lost) h.lost = true;
+  h.lender->due.erase({h.renew_at, local});
+  if (h.lost) return;  // nothing more to renew
+  h.renew_at = s.renew_at_ns;
+  h.lender->due.emplace(h.renew_at, local);
+}
+
 std::vector<PeerTier::LeaseStatus> PeerTier::refresh() {
+  const bool all = signalled_.exchange(false, std::memory_order_relaxed);
   std::lock_guard lock(mu_);
-  std::vector<LeaseStatus> out;
-  out.reserve(leases_.size());
-  for (auto &[local, h] : leases_) {
-    if (!h.lost) {
-      const LinkLeaseState s = h.lender->renew(h.lease_id);
-      if (s.reclaim) h.reclaiming = true;
-      if (s.lost) h.lost = true;
+  std::vector<uint64_t> locals, ids;
+  for (const auto &l : lenders_) {
+    locals.clear();
+    ids.clear();
+    const uint64_t now = l->link->clock_now();
+    for (const auto &[at, local] : l->due) {
+      if (!all && at > now) break;
+      locals.push_back(local);
+      ids.push_back(leases_.at(local).lease_id);
     }
+    if (ids.empty()) continue;
+    const std::vector<LinkLeaseState> st = l->link->renew_many(ids);
+    for (size_t i = 0; i < locals.size(); ++i) update_locked(locals[i], leases_.at(locals[i]), st[i]);
+  }
+  std::vector<LeaseStatus> out;
+  for (uint64_t local : draining_) {
+    const Held &h = leases_.at(local);
     out.push_back(LeaseStatus{local, h.lease_id, h.model, h.reclaiming, h.lost,
                               h.chunks - h.free_chunks.size()});
   }
@@ -109,8 +195,17 @@ void PeerTier::retire(uint64_t local_id) noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(local_id);
   if (it == leases_.end()) return;
-  if (!it->second.lost) it->second.lender->release(it->second.lease_id);
+  Held &h = it->second;
+  unusable_locked(local_id, h);
+  if (!h.lost) h.lender->link->release(h.lease_id);
+  Lender *l = h.lender;
+  l->due.erase({h.renew_at, local_id});
+  draining_.erase(local_id);
   leases_.erase(it);
+  // A lender with no lease left is forgotten, with its watch.
+  if (--l->leases != 0) return;
+  lenders_.erase(std::find_if(lenders_.begin(), lenders_.end(),
+                              [&](const std::unique_ptr<Lender> &x) { return x.get() == l; }));
 }
 
 std::vector<uint64_t> PeerTier::leases_of(const ChunkKey &model) const {
@@ -122,18 +217,32 @@ std::vector<uint64_t> PeerTier::leases_of(const ChunkKey &model) const {
   return out;
 }
 
+std::vector<ChunkKey> PeerTier::keys_in(uint64_t local_id) const {
+  std::lock_guard lock(mu_);
+  std::vector<ChunkKey> out;
+  const auto it = leases_.find(local_id);
+  if (it == leases_.end()) return out;
+  const Held &h = it->second;
+  std::vector<bool> free(h.chunks, false);
+  for (uint32_t c : h.free_chunks) free[c] = true;
+  for (uint64_t c = 0; c < h.chunks; ++c) {
+    if (!free[c]) out.push_back(h.keys[c]);
+  }
+  return out;
+}
+
 bool PeerTier::has_leases(const ChunkKey &model) const {
   std::lock_guard lock(mu_);
-  for (const auto &[local, h] : leases_) {
-    if (h.model == model && !h.reclaiming && !h.lost) return true;
-  }
-  return false;
+  const auto it = room_.find(model);
+  return it != room_.end() && it->second.leases != 0;
 }
 
 void PeerTier::retire_later(uint64_t local_id) noexcept {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(local_id);
-  if (it != leases_.end()) it->second.reclaiming = true;
+  if (it == leases_.end()) return;
+  unusable_locked(local_id, it->second);
+  it->second.reclaiming = true;
 }
 
 uint64_t PeerTier::used_slots(uint64_t local_id) const {
@@ -145,9 +254,8 @@ uint64_t PeerTier::used_slots(uint64_t local_id) const {
 std::vector<ChunkKey> PeerTier::models() const {
   std::lock_guard lock(mu_);
   std::vector<ChunkKey> out;
-  for (const auto &[local, h] : leases_) {
-    if (h.reclaiming || h.lost) continue;
-    if (std::find(out.begin(), out.end(), h.model) == out.end()) out.push_back(h.model);
+  for (const auto &[model, r] : room_) {
+    if (r.leases != 0) out.push_back(model);
   }
   return out;
 }
@@ -155,9 +263,7 @@ std::vector<ChunkKey> PeerTier::models() const {
 uint64_t PeerTier::total_capacity_bytes() const {
   std::lock_guard lock(mu_);
   uint64_t n = 0;
-  for (const auto &[local, h] : leases_) {
-    if (!h.reclaiming && !h.lost) n += h.chunks * h.chunk_bytes;
-  }
+  for (const auto &[model, r] : room_) n += r.capacity;
   return n;
 }
 

@@ -1,11 +1,14 @@
 // The peer tier: chunks of a borrower model kept in memory lent by an elastic region (in this
-// process or another, see LenderLink). A lease
-// holds whole borrower chunks, chunk c at offset c * chunk_stride of the lease, one contiguous
-// piece per layer, so a chunk is one contiguous range of the lender's memory.
+// process or another, see LenderLink). A lease holds whole borrower chunks, chunk c at offset
+// c * chunk_stride of the lease, one contiguous piece per layer, so a chunk is one contiguous
+// range of the lender's memory.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <unordered_map>
 #include <vector>
 
@@ -14,7 +17,11 @@
 
 namespace swiftkv {
 
-// Thread-safe: mu_ guards the lease table and every lease's slot state. The lent bytes of a
+// Nothing here grows with the number of leases per call: a model's room is kept as running
+// totals and a list of leases with free chunks, each lender's leases by when they need renewing,
+// and each slot's key, so a reclaimed lease is evacuated without a search.
+//
+// Thread-safe: mu_ guards the lease table, the lenders and the models' room. The lent bytes of a
 // slot belong to whoever holds the slot.
 class PeerTier final : public TierStore {
  public:
@@ -28,6 +35,9 @@ class PeerTier final : public TierStore {
     uint64_t used_slots;
   };
 
+  // on_reclaim: called (with a lender's locks held: it must only signal) when a lender in this
+  // process asks a lease back or ends its leases.
+  explicit PeerTier(std::function<void()> on_reclaim = {});
   ~PeerTier() override;
 
   // Borrows up to max_units lending units of `lender` for `model`, of geometry `sizes`: the
@@ -45,13 +55,17 @@ class PeerTier final : public TierStore {
   uint64_t capacity_bytes(const ChunkKey &model) const override;
   uint64_t free_bytes(const ChunkKey &model) const override;
 
-  // Renews every lease and reads the lender's reclaim requests: the status of each lease after
-  // that. A lease the lender no longer holds comes back lost.
+  // Renews the leases that are due (all of them after signal()), one call per lender, and
+  // returns the leases that are asked back or lost: the ones the cache must empty.
   std::vector<LeaseStatus> refresh();
+  // A lender may have asked for a lease back: the next refresh() renews every lease.
+  void signal() noexcept { signalled_.store(true, std::memory_order_relaxed); }
   // Ends a lease with no used slots: released to its lender (unless lost) and forgotten.
   void retire(uint64_t local_id) noexcept;
   // The leases of `model`, by local id.
   std::vector<uint64_t> leases_of(const ChunkKey &model) const;
+  // The keys the used slots of a lease were allocated for.
+  std::vector<ChunkKey> keys_in(uint64_t local_id) const;
   bool has_leases(const ChunkKey &model) const;
   // Stops a lease from taking new chunks, as a reclaim would.
   void retire_later(uint64_t local_id) noexcept;
@@ -61,21 +75,45 @@ class PeerTier final : public TierStore {
   uint64_t total_capacity_bytes() const;
 
  private:
+  struct Lender {
+    std::shared_ptr<LenderLink> link;
+    std::set<std::pair<uint64_t, uint64_t>> due;  // (renew at, local id) of its leases
+    uint64_t leases = 0;
+  };
   struct Held {
     ChunkKey model;
-    std::shared_ptr<LenderLink> lender;
+    Lender *lender;
     uint64_t lease_id;
     std::byte *data;
     int32_t device;
     uint64_t chunk_bytes;
     std::vector<uint32_t> free_chunks;  // free slots, lowest last
+    std::vector<ChunkKey> keys;         // per slot: the key it was allocated for
     uint64_t chunks;
+    uint64_t renew_at = 0;
     bool reclaiming = false;
     bool lost = false;
+    bool open = false;  // in its model's list of leases with free chunks
+    bool usable() const noexcept { return !reclaiming && !lost; }
+  };
+  // A model's usable leases: their bytes, their free bytes, and those that may have free chunks
+  // (checked when taken: a lease that filled or stopped being usable leaves then).
+  struct Room {
+    uint64_t capacity = 0, free = 0, leases = 0;
+    std::vector<uint64_t> open;
   };
 
+  // Stops a usable lease from counting in its model's room; call with mu_ held.
+  void unusable_locked(uint64_t local, Held &h) noexcept;
+  void update_locked(uint64_t local, Held &h, const LinkLeaseState &s);
+
+  const std::function<void()> on_reclaim_;
+  std::atomic<bool> signalled_{false};
   mutable std::mutex mu_;
   mutable std::unordered_map<uint64_t, Held> leases_;  // readable() may mark a lease lost
+  std::vector<std::unique_ptr<Lender>> lenders_;
+  mutable std::set<uint64_t> draining_;  // leases asked back or lost, until retired
+  mutable std::unordered_map<ChunkKey, Room, ChunkKeyHash> room_;
   uint64_t next_local_ = 1;
 };
 

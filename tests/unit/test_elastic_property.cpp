@@ -241,12 +241,76 @@ void test_failed_commit_changes_nothing(void **) {
   r.check_invariants();
 }
 
+// Many leases, renewed at random times: at every step exactly those past their deadline are
+// gone (counted as expired, their units free), in deadline order, and a renewal moves a lease's
+// place. 2048 one-unit leases.
+void test_lease_expiry_order_under_many_leases(void **) {
+  uint64_t now = 1'000'000'000;
+  swiftkv::ElasticConfig c;
+  c.lender = lender_geometry();
+  c.borrower = borrower_geometry();
+  c.capacity_blocks = 2048 * kUnitBlocks;
+  c.owned_blocks = 0;
+  c.lease_ns = 1'000'000;
+  c.clock = [&now] { return now; };
+  swiftkv::HostRegionOptions o;
+  o.size = ElasticRegion::required_bytes(c);
+  ElasticRegion r(c, swiftkv::create_host_region(o));
+  std::map<uint64_t, uint64_t> deadline;  // lease id -> expiry, the reference
+  std::mt19937_64 rng(9);
+  uint64_t expired = 0;
+  for (int step = 0; step < 20000; ++step) {
+    const uint64_t op = rng() % 8;
+    if (op < 3) {
+      try {
+        const swiftkv::Lease l = r.lend(1);
+        deadline[l.id] = l.expires_ns;
+      } catch (const swiftkv::Error &e) {
+        assert_int_equal(e.status(), SWIFTKV_ENOMEM);
+      }
+    } else if (op < 6 && !deadline.empty()) {
+      auto it = deadline.begin();
+      std::advance(it, static_cast<long>(rng() % deadline.size()));
+      if (rng() % 2 == 0) {
+        r.renew(it->first);
+        it->second = now + c.lease_ns;
+      } else {
+        std::vector<uint64_t> ids{it->first, 999'999'999};
+        const auto st = r.renew_many(ids.data(), ids.size());
+        assert_true(st[0].held && st[0].expires_ns == now + c.lease_ns);
+        assert_false(st[1].held);
+        it->second = now + c.lease_ns;
+      }
+    } else {
+      now += rng() % 300'000;
+      for (auto it = deadline.begin(); it != deadline.end();) {
+        if (it->second <= now) {
+          ++expired;
+          it = deadline.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    const swiftkv::ElasticStats s = r.stats();
+    assert_int_equal(s.leases, deadline.size());
+    assert_int_equal(s.leases_expired, expired);
+    assert_int_equal(s.lent_blocks, deadline.size() * kUnitBlocks);
+    if (step % 1000 == 0) {
+      r.check_invariants();
+      for (const auto &[id, exp] : deadline) assert_int_equal(r.lease(id).expires_ns, exp);
+    }
+  }
+  assert_true(expired > 1000);
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_random_sequences),
       cmocka_unit_test(test_failed_commit_changes_nothing),
+      cmocka_unit_test(test_lease_expiry_order_under_many_leases),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
