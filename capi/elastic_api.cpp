@@ -250,6 +250,21 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_reclaim(swiftkv_elastic *e, uint64_t 
   SWIFTKV_CATCH_ALL
 }
 
+SWIFTKV_API swiftkv_status swiftkv_elastic_wait_reclaims(swiftkv_elastic *e, uint64_t timeout_ms) {
+  try {
+    require(e, "e");
+    const uint64_t ns = timeout_ms > UINT64_MAX / 1'000'000 ? UINT64_MAX : timeout_ms * 1'000'000;
+    if (!e->region->wait_reclaims(ns)) {
+      swiftkv::fail(SWIFTKV_ETIMEDOUT, "leases still asked back after " +
+                                           std::to_string(timeout_ms) + " ms: " +
+                                           std::to_string(e->region->pending_reclaims().size()) +
+                                           " not released by their borrowers");
+    }
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
 SWIFTKV_API swiftkv_status swiftkv_elastic_pending_reclaims(uint64_t *ids_out, size_t ids_capacity,
                                                             size_t *count_out,
                                                             const swiftkv_elastic *e) {

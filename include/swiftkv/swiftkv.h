@@ -528,6 +528,14 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_pending_reclaims(uint64_t *ids_out, s
                                                             size_t *count_out,
                                                             const swiftkv_elastic *e);
 
+/* Blocks the calling thread until no lease is asked back (every lease asked back by a resize or
+ * swiftkv_elastic_reclaim has been released by its borrower or has expired), or timeout_ms
+ * milliseconds have passed. SWIFTKV_OK when none is asked back (at once when none was),
+ * SWIFTKV_ETIMEDOUT when some still are. It waits on a condition signalled by each release, not
+ * by polling. The borrower answers on its own thread (a borrower in this process: its context's
+ * background thread, woken by the request), so waiting never blocks the answer. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_wait_reclaims(swiftkv_elastic *e, uint64_t timeout_ms);
+
 /* Counts and counters of the region, consistent with each other. */
 SWIFTKV_API swiftkv_status swiftkv_elastic_stats_get(swiftkv_elastic_stats *out,
                                                      const swiftkv_elastic *e);

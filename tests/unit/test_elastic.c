@@ -1,8 +1,11 @@
 /* The elastic region through the public API on the host backend: lending-unit sizes, block-major
  * and borrower addresses, Algorithm 1 applied with an injected clock, the reclaim protocol,
  * lease expiry, bad input leaving everything unchanged, and concurrent lenders and borrowers. */
+#define _POSIX_C_SOURCE 200809L /* nanosleep */
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "test_support.h"
 
@@ -373,6 +376,48 @@ static void test_lease_expiry(void **state) {
   assert_status(swiftkv_elastic_renew(f->e, 999), SWIFTKV_ENOTFOUND);
 }
 
+struct release_later {
+  swiftkv_elastic *e;
+  uint64_t id;
+};
+
+static void *release_after_30ms(void *arg) {
+  struct release_later *r = arg;
+  struct timespec ts = {0, 30 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  return (void *)(intptr_t)swiftkv_elastic_release(r->e, r->id);
+}
+
+/* wait_reclaims returns once every lease asked back has ended: at once with none, ETIMEDOUT
+ * while a borrower holds on, OK when another thread releases, and OK when the lease expired. */
+static void test_wait_reclaims(void **state) {
+  fixture *f = *state;
+  swiftkv_lease a = SWIFTKV_LEASE_INIT, b = SWIFTKV_LEASE_INIT;
+  assert_ok(swiftkv_elastic_lend(&a, f->e, 1));
+  assert_ok(swiftkv_elastic_lend(&b, f->e, 1));
+  assert_ok(swiftkv_elastic_wait_reclaims(f->e, 0)); /* nothing asked back */
+  assert_ok(swiftkv_elastic_reclaim(f->e, a.id));
+  assert_status(swiftkv_elastic_wait_reclaims(f->e, 20), SWIFTKV_ETIMEDOUT);
+  assert_message_contains("1 not released");
+  assert_int_equal(stats(f->e).leases, 2); /* waiting changed nothing */
+  struct release_later r = {f->e, a.id};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, release_after_30ms, &r), 0);
+  assert_ok(swiftkv_elastic_wait_reclaims(f->e, 10000));
+  void *rc = NULL;
+  assert_int_equal(pthread_join(t, &rc), 0);
+  assert_int_equal((intptr_t)rc, SWIFTKV_OK);
+  size_t n = 9;
+  assert_ok(swiftkv_elastic_pending_reclaims(NULL, 0, &n, f->e));
+  assert_int_equal(n, 0);
+  /* A lease asked back that expires comes back too. */
+  assert_ok(swiftkv_elastic_reclaim(f->e, b.id));
+  f->now += 600 * MS;
+  assert_ok(swiftkv_elastic_wait_reclaims(f->e, 10000));
+  assert_int_equal(stats(f->e).leases, 0);
+  assert_status(swiftkv_elastic_wait_reclaims(NULL, 1), SWIFTKV_EINVAL);
+}
+
 /* Every bad call returns its status, names the problem and changes nothing. */
 static void test_bad_calls_change_nothing(void **state) {
   fixture *f = *state;
@@ -530,6 +575,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lender_bytes_untouched, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_protocol, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_wait_reclaims, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_calls_change_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_rejects, setup, teardown),
       cmocka_unit_test_setup_teardown(test_no_borrower, setup, teardown),

@@ -839,6 +839,12 @@ func (e *Elastic) Reclaim(id uint64) error {
 	return check(func() C.swiftkv_status { return C.swiftkv_elastic_reclaim(e.raw, C.uint64_t(id)) })
 }
 
+// WaitReclaims blocks until no lease is asked back (each released by its borrower or expired);
+// an Error with StatusETIMEDOUT after timeoutMs milliseconds.
+func (e *Elastic) WaitReclaims(timeoutMs uint64) error {
+	return check(func() C.swiftkv_status { return C.swiftkv_elastic_wait_reclaims(e.raw, C.uint64_t(timeoutMs)) })
+}
+
 func (e *Elastic) PendingReclaims() ([]uint64, error) {
 	var n C.size_t
 	if err := check(func() C.swiftkv_status { return C.swiftkv_elastic_pending_reclaims(nil, 0, &n, e.raw) }); err != nil {

@@ -268,8 +268,12 @@ func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	if err := e2.Reclaim(LeaseAll); err != nil {
 		t.Fatal(err)
 	}
-	for i := 0; i < 2000 && len(val(e2.PendingReclaims())) != 0; i++ {
-		time.Sleep(time.Millisecond)
+	// The borrower's thread answers while this one waits.
+	if err := e2.WaitReclaims(5000); err != nil {
+		t.Fatal(err)
+	}
+	if ids := val(e2.PendingReclaims()); len(ids) != 0 {
+		t.Fatal("still asked back", ids)
 	}
 	out := make([]byte, len(kv))
 	if n := val(m.Retrieve(tok, 0, out)); n != 9*32 || string(out) != string(kv) {

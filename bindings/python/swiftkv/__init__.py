@@ -542,6 +542,10 @@ class Elastic:
     def reclaim(self, lease_id: int = LEASE_ALL) -> None:
         _c.swiftkv_elastic_reclaim(self.handle, lease_id)
 
+    def wait_reclaims(self, timeout_ms: int) -> None:
+        """Blocks (without the GIL) until no lease is asked back; Error(ETIMEDOUT) after timeout_ms."""
+        _c.swiftkv_elastic_wait_reclaims(self.handle, timeout_ms)
+
     def pending_reclaims(self) -> list[int]:
         import numpy as np
 

@@ -2043,6 +2043,12 @@ extern "C" {
     ) -> swiftkv_status;
 }
 extern "C" {
+    pub fn swiftkv_elastic_wait_reclaims(
+        e: *mut swiftkv_elastic,
+        timeout_ms: u64,
+    ) -> swiftkv_status;
+}
+extern "C" {
     pub fn swiftkv_elastic_stats_get(
         out: *mut swiftkv_elastic_stats,
         e: *const swiftkv_elastic,

@@ -854,6 +854,12 @@ impl<'a> Elastic<'a> {
         check(unsafe { sys::swiftkv_elastic_reclaim(self.raw, id) }).map(|_| ())
     }
 
+    /// Blocks until no lease is asked back (each released or expired); `ETIMEDOUT` after
+    /// `timeout_ms` milliseconds.
+    pub fn wait_reclaims(&self, timeout_ms: u64) -> Result<()> {
+        check(unsafe { sys::swiftkv_elastic_wait_reclaims(self.raw, timeout_ms) }).map(|_| ())
+    }
+
     pub fn pending_reclaims(&self) -> Result<Vec<u64>> {
         let mut n = 0;
         check(unsafe { sys::swiftkv_elastic_pending_reclaims(ptr::null_mut(), 0, &mut n, self.raw) })?;
