@@ -321,6 +321,11 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
     v.revocations = s.revocations;
     v.corrupt_files_removed = s.corrupt_files_removed;
     v.demotions_deferred = s.demotions_deferred;
+    v.disk_files_skipped = s.disk_files_skipped;
+    v.disk_records_mismatched = s.disk_records_mismatched;
+    v.disk_segments_cleaned = s.disk_segments_cleaned;
+    v.disk_bytes_relocated = s.disk_bytes_relocated;
+    v.disk_bytes_allocated = s.disk_bytes_allocated;
     swiftkv::capi::write_versioned(out, v, SWIFTKV_STATS_VERSION, swiftkv::capi::kStatsV1Size,
                                    "out", "SWIFTKV_STATS_INIT");
     return SWIFTKV_OK;

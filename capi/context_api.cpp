@@ -16,9 +16,8 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV4Size =
-    offsetof(swiftkv_ctx_config, coord_timeout_ms) + sizeof(uint32_t);
-static_assert(kCtxConfigV4Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV5Size = offsetof(swiftkv_ctx_config, reserved1) + sizeof(uint32_t);
+static_assert(kCtxConfigV5Size == sizeof(swiftkv_ctx_config));
 
 struct ReadConfig {
   swiftkv::ContextConfig context;
@@ -43,6 +42,9 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
   out.host_numa_node = c.host_numa_node;
   if (c.disk_path != nullptr) out.disk_path = std::string(c.disk_path);
   out.disk_budget_bytes = c.disk_budget_bytes;
+  if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
+  out.disk_segment_bytes = c.disk_segment_bytes;
+  out.disk_sync_ns = uint64_t{c.disk_sync_ms} * 1'000'000;
 
   swiftkv::CacheOptions &o = r.cache;
   const int32_t policy = swiftkv::capi::raw_enum_value(c.eviction_policy);
@@ -134,6 +136,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.host_numa_node = c.host_numa_node;
     v.disk_path = c.disk_path ? c.disk_path->c_str() : nullptr;
     v.disk_budget_bytes = c.disk_budget_bytes;
+    v.disk_segment_bytes = ctx->cache.disk() ? ctx->cache.disk()->segment_bytes() : c.disk_segment_bytes;
+    v.disk_sync_ms = static_cast<uint32_t>(c.disk_sync_ns / 1'000'000);
     const swiftkv::CacheOptions &o = ctx->cache.options();
     v.eviction_policy = static_cast<swiftkv_eviction_policy>(o.policy);
     v.demote_free_percent = o.demote_free_percent;

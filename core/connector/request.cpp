@@ -42,14 +42,17 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
     for (size_t c = first; c < spec_.keys.size(); ++c) {
       std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
       if (!use) break;
+      if (use->meta.bytes != sizes.full_chunk_bytes) {
+        // Not this model's chunk whatever its key says: dropped as corrupt, the load ends here.
+        cache_.end_read(spec_.keys[c]);
+        cache_.report_failed_load(spec_.keys[c], use->meta, use->where.tier);
+        break;
+      }
       auto lc = std::make_unique<LoadChunk>();
       lc->key = spec_.keys[c];
       lc->use = *use;
       loads_.push_back(std::move(lc));  // from here the destructor ends the read
       LoadChunk &l = *loads_.back();
-      if (use->meta.bytes != sizes.full_chunk_bytes) {
-        fail(SWIFTKV_EINTERNAL, "a cached chunk's size differs from its model's");
-      }
       l.plan = plan_for(c);
       l.src = cache_.address(use->where, &l.src_device);
       tiers_used[static_cast<size_t>(use->where.tier)] = true;

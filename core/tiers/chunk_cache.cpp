@@ -29,17 +29,22 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
   host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes);
   const ContextConfig &c = ctx_.config();
   if (c.disk_path) {
-    disk_ = std::make_unique<DiskTier>(*c.disk_path, c.disk_budget_bytes);
-    // The files of an earlier context come back as they were written; their conversations are
-    // as idle as the file's age says, so they are the first a policy gives up.
+    DiskOptions d;
+    d.dir = *c.disk_path;
+    d.budget_bytes = c.disk_budget_bytes;
+    d.segment_bytes = c.disk_segment_bytes;
+    d.sync_ns = c.disk_sync_ns;
+    disk_ = std::make_unique<DiskTier>(d);
+    // The records of an earlier context come back as they were written; their conversations are
+    // as idle as the record's age says, so they are the first a policy gives up.
     const uint64_t now_ns = now();
     timespec rt{};
     clock_gettime(CLOCK_REALTIME, &rt);
     const uint64_t real_ns =
         static_cast<uint64_t>(rt.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(rt.tv_nsec);
     std::vector<SlotRef> duplicates;
-    corrupt_removed_ = disk_->rebuild([&](const DiskTier::Found &f) {
-      const uint64_t age = real_ns > f.mtime_ns ? real_ns - f.mtime_ns : 0;
+    disk_->rebuild([&](const DiskTier::Found &f) {
+      const uint64_t age = real_ns > f.written_ns ? real_ns - f.written_ns : 0;
       const uint64_t last = now_ns > age ? now_ns - age : 0;
       if (!index_.insert(f.key, f.meta, SlotRef{Tier::disk, f.slot}, last)) {
         duplicates.push_back(SlotRef{Tier::disk, f.slot});
@@ -307,17 +312,15 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     std::optional<ChunkUse> use = index_.begin_read(keys[i]);
     if (!use) break;
     std::vector<SlotRef> to_free;
-    if (use->meta.bytes != chunk_bytes) {
-      index_.end_read(keys[i], to_free);
-      free_slots(to_free);
-      fail(SWIFTKV_EINTERNAL, "a chunk's size differs from its model's");
-    }
     bool ok = true;
     // Lent memory is checked before and after the copy: a lease lost in between (expired, or its
     // lender gone) may have been overwritten mid-copy, so those bytes are not returned.
     const bool lent = use->where.tier == Tier::peer;
     bool lost = lent && !readable(use->where);
-    if (!lost) {
+    // A chunk of another size than its model's (a record that passed its checks but not this)
+    // is not this chunk: it is dropped as corrupt, never copied.
+    if (use->meta.bytes != chunk_bytes) ok = false;
+    if (!lost && ok) {
       const LoadScope load(*this, use->where.tier);
       try {
         store_of(use->where.tier)->read(use->where.slot, use->meta,
@@ -462,7 +465,7 @@ uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
 void ChunkCache::reserve_for(uint64_t chunk_bytes) {
   const ContextConfig &c = ctx_.config();
   uint64_t n = c.host_budget_bytes / chunk_bytes;
-  if (disk_) n += c.disk_budget_bytes / DiskTier::file_bytes(chunk_bytes);
+  if (disk_) n += disk_->capacity_bytes({}) / DiskTier::record_bytes(chunk_bytes);
   index_.reserve(std::min<uint64_t>(n, uint64_t{1} << 22));
 }
 
@@ -513,6 +516,7 @@ void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
 
 void ChunkCache::maintain() {
   std::lock_guard lock(maint_mu_);
+  if (disk_) disk_->maintain(monotonic_ns());  // group commit when due
   // The lease protocol first: a reclaimed lease holds up its lender.
   for (const PeerTier::LeaseStatus &l : peer_->refresh()) empty_lease(l);
   if (options_.demote_free_percent == 0) return;
@@ -568,7 +572,15 @@ CacheStats ChunkCache::stats() const {
   s.promotions = promotions_.load();
   s.load_failures = load_failures_.load();
   s.revocations = revocations_.load();
-  s.corrupt_files_removed = corrupt_removed_.load();
+  if (disk_) {
+    const DiskStats d = disk_->stats();
+    s.corrupt_files_removed = d.records_dropped;
+    s.disk_files_skipped = d.files_skipped;
+    s.disk_records_mismatched = d.records_mismatched;
+    s.disk_segments_cleaned = d.segments_cleaned;
+    s.disk_bytes_relocated = d.bytes_relocated;
+    s.disk_bytes_allocated = d.allocated_bytes;
+  }
   s.demotions_deferred = deferred_.load();
   return s;
 }

@@ -60,8 +60,14 @@ struct CacheStats {
   uint64_t promotions = 0;       // chunks moved up a tier on request
   uint64_t load_failures = 0;    // reads that failed their check or I/O
   uint64_t revocations = 0;      // chunks that left lent memory because the lender asked or it expired
-  uint64_t corrupt_files_removed = 0;  // torn or corrupt files found by the disk rebuild
+  uint64_t corrupt_files_removed = 0;  // disk records dropped at start-up (torn, failing a check,
+                                       // duplicate, over the budget)
   uint64_t demotions_deferred = 0;     // background passes that let a pending load go first
+  uint64_t disk_files_skipped = 0;       // directory entries the disk tier left alone
+  uint64_t disk_records_mismatched = 0;  // disk reads that found another record than expected
+  uint64_t disk_segments_cleaned = 0;
+  uint64_t disk_bytes_relocated = 0;
+  uint64_t disk_bytes_allocated = 0;     // segment files on disk (what the disk budget counts)
 };
 
 // Residency of a run of chunk keys, as lookup sees it.
@@ -177,6 +183,7 @@ class ChunkCache {
   CacheStats stats() const;
   const CacheOptions &options() const noexcept { return options_; }
   DiskTier *disk() noexcept { return disk_.get(); }
+  const DiskTier *disk() const noexcept { return disk_.get(); }
   uint64_t now() const;
 
  private:
@@ -223,7 +230,7 @@ class ChunkCache {
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};
   std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0},
-      demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0}, corrupt_removed_{0},
+      demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0},
       deferred_{0};
 
   std::mutex thread_mu_;  // guards stop_ and woken_

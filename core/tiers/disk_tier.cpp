@@ -1,238 +1,905 @@
-// Chunk files: a fixed 96-byte header (magic, format, key, model, position, sizes, checksums)
-// followed by the chunk's bytes. The header has its own checksum so a torn header is told apart
-// from a chunk whose bytes went bad.
+// The log-structured disk tier: segment files of records, each a 128-byte header (magic, format,
+// type, model, key, position, sizes, segment generation, sequence, checksums) and its payload;
+// commit records that vouch for what was synced before them; appends, reads that check they
+// found the record the index expects, group commit, recovery and cleaning.
 #include "core/tiers/disk_tier.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
-#include <vector>
+#include <unordered_map>
 
+#include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
-#include "core/common/unique_fd.hpp"
+#include "core/common/log.hpp"
 
 namespace swiftkv {
 
 namespace {
 
-constexpr char kMagic[8] = {'S', 'W', 'K', 'V', 'C', 'H', 'K', '1'};
-constexpr uint32_t kFormat = 1;
-constexpr char kSuffix[] = ".kvc";
-constexpr char kTempPrefix[] = ".tmp-";
+constexpr char kSegMagic[8] = {'S', 'W', 'K', 'V', 'S', 'E', 'G', '\0'};
+constexpr char kRecMagic[8] = {'S', 'W', 'K', 'V', 'R', 'E', 'C', '\0'};
+constexpr uint32_t kChunkRecord = 1;
+constexpr uint32_t kCommitRecord = 2;
+constexpr uint32_t kDeadMark = 0x44414544;  // "DEAD": the record was freed
+constexpr char kSegPrefix[] = "seg-";
+constexpr char kSegSuffix[] = ".kvlog";
+// A header, one record of an empty payload and room for a commit record.
+constexpr uint64_t kMinSegmentBytes = 4 * DiskTier::kHeaderBytes;
 
-struct FileHeader {
+struct SegmentHeader {
   char magic[8];
   uint32_t format;
   uint32_t header_bytes;
-  uint64_t key_lo, key_hi;
-  uint64_t model_lo, model_hi;
+  uint64_t segment_bytes;
+  uint64_t generation;  // bumped each time the segment is reused
+  uint64_t created_ns;  // CLOCK_REALTIME
+  uint64_t reserved[10];
+  uint64_t checksum;  // XXH3-64 of every byte above
+};
+static_assert(sizeof(SegmentHeader) == DiskTier::kHeaderBytes);
+
+struct RecordHeader {
+  char magic[8];
+  uint32_t format;
+  uint32_t header_bytes;
+  uint32_t type;
+  uint32_t dead;  // kDeadMark once freed; the only field written in place, left out of the checksum
   uint32_t position;
   uint32_t tokens;
+  uint64_t key_lo, key_hi;
+  uint64_t model_lo, model_hi;
   uint64_t payload_bytes;
+  uint64_t generation;        // the segment's, when the record was written
+  uint64_t sequence;          // order of writes; the newest copy of a key wins at recovery
+  uint64_t written_ns;        // CLOCK_REALTIME
+  uint64_t covered_to;        // a commit record: records below this offset were synced
   uint64_t payload_checksum;  // XXH3-64 of the payload
-  uint64_t reserved[2];
-  uint64_t header_checksum;   // XXH3-64 of every byte above
+  uint64_t reserved;
+  uint64_t checksum;  // XXH3-64 of every byte above with `dead` as 0: header and payload both
 };
-static_assert(sizeof(FileHeader) == 96);
-constexpr size_t kHeaderChecked = offsetof(FileHeader, header_checksum);
+static_assert(sizeof(RecordHeader) == DiskTier::kHeaderBytes);
+constexpr size_t kDeadOffset = offsetof(RecordHeader, dead);
+
+uint64_t segment_checksum(const SegmentHeader &h) {
+  return XXH3_64bits(&h, offsetof(SegmentHeader, checksum));
+}
+
+uint64_t record_checksum(RecordHeader h) {
+  h.dead = 0;
+  return XXH3_64bits(&h, offsetof(RecordHeader, checksum));
+}
+
+uint64_t realtime_ns() {
+  timespec t{};
+  clock_gettime(CLOCK_REALTIME, &t);
+  return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
-void write_all(int fd, const void *p, size_t n, uint64_t off, const std::string &path) {
-  const char *c = static_cast<const char *>(p);
+// Writes all of iov at off; throws Error(EIO) naming `what`.
+void pwrite_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what) {
   while (n > 0) {
-    const ssize_t w = ::pwrite(fd, c, n, static_cast<off_t>(off));
+    const ssize_t w = ::pwritev(fd, iov, n, static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail(SWIFTKV_EIO, "writing " + path + " failed: " + errno_text(errno));
-    c += w;
-    n -= static_cast<size_t>(w);
+    if (w <= 0) fail(SWIFTKV_EIO, "writing " + what + " failed: " + errno_text(w < 0 ? errno : EIO));
     off += static_cast<uint64_t>(w);
+    auto left = static_cast<size_t>(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char *>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
   }
 }
 
-// False on a short file; throws on an I/O error.
-bool read_all(int fd, void *p, size_t n, uint64_t off, const std::string &path) {
-  char *c = static_cast<char *>(p);
+// Reads all of iov at off: false when the file ends first; throws Error(EIO) on an I/O error.
+bool pread_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what) {
   while (n > 0) {
-    const ssize_t r = ::pread(fd, c, n, static_cast<off_t>(off));
+    const ssize_t r = ::preadv(fd, iov, n, static_cast<off_t>(off));
     if (r < 0 && errno == EINTR) continue;
-    if (r < 0) fail(SWIFTKV_EIO, "reading " + path + " failed: " + errno_text(errno));
+    if (r < 0) fail(SWIFTKV_EIO, "reading " + what + " failed: " + errno_text(errno));
     if (r == 0) return false;
-    c += r;
-    n -= static_cast<size_t>(r);
     off += static_cast<uint64_t>(r);
+    auto left = static_cast<size_t>(r);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char *>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
   }
   return true;
 }
 
-bool header_valid(const FileHeader &h, uint64_t file_size) {
-  return std::memcmp(h.magic, kMagic, sizeof kMagic) == 0 && h.format == kFormat &&
-         h.header_bytes == sizeof(FileHeader) &&
-         XXH3_64bits(&h, kHeaderChecked) == h.header_checksum &&
-         h.payload_bytes == file_size - sizeof(FileHeader) && file_size >= sizeof(FileHeader);
+bool pread_one(int fd, void *p, size_t len, uint64_t off, const std::string &what) {
+  iovec v{p, len};
+  return pread_all(fd, &v, 1, off, what);
 }
 
-bool ends_with(const std::string &s, const char *suffix) {
-  const size_t n = std::strlen(suffix);
-  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+// A record header that is whole and of this format (the payload is not looked at).
+bool header_ok(const RecordHeader &h) {
+  return std::memcmp(h.magic, kRecMagic, sizeof kRecMagic) == 0 && h.format == DiskTier::kFormat &&
+         h.header_bytes == sizeof(RecordHeader) && record_checksum(h) == h.checksum &&
+         (h.type == kChunkRecord || h.type == kCommitRecord);
+}
+
+// The segment number of a file name seg-<8 hex digits>.kvlog.
+std::optional<uint32_t> segment_number(const std::string &name) {
+  const size_t p = sizeof kSegPrefix - 1, s = sizeof kSegSuffix - 1;
+  if (name.size() != p + 8 + s || name.compare(0, p, kSegPrefix) != 0 ||
+      name.compare(p + 8, s, kSegSuffix) != 0) {
+    return std::nullopt;
+  }
+  uint32_t n = 0;
+  for (size_t i = p; i < p + 8; ++i) {
+    const char c = name[i];
+    uint32_t d = 0;
+    if (c >= '0' && c <= '9') d = static_cast<uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f') d = static_cast<uint32_t>(c - 'a' + 10);
+    else return std::nullopt;
+    n = n * 16 + d;
+  }
+  return n;
 }
 
 }  // namespace
 
-DiskTier::DiskTier(std::string dir, uint64_t budget_bytes)
-    : dir_(std::move(dir)), budget_(budget_bytes) {}
-
-uint64_t DiskTier::file_bytes(uint64_t payload) noexcept { return payload + sizeof(FileHeader); }
-
-std::string DiskTier::path_of(uint64_t slot) const {
-  std::lock_guard lock(mu_);
-  const auto it = files_.find(slot);
-  return it == files_.end() || it->second.name.empty() ? std::string() : dir_ + "/" + it->second.name;
+uint64_t DiskTier::record_bytes(uint64_t payload) noexcept {
+  return (kHeaderBytes + payload + kAlign - 1) / kAlign * kAlign;
 }
 
-uint64_t DiskTier::rebuild(const std::function<void(const Found &)> &found) {
-  DIR *d = ::opendir(dir_.c_str());
-  if (d == nullptr) fail(SWIFTKV_EIO, "cannot read disk_path " + dir_ + ": " + errno_text(errno));
-  std::vector<std::string> names;
-  while (const dirent *e = ::readdir(d)) names.emplace_back(e->d_name);
-  ::closedir(d);
-
-  uint64_t removed = 0;
-  auto remove = [&](const std::string &name) {
-    if (::unlink((dir_ + "/" + name).c_str()) == 0) ++removed;
-  };
-  for (const std::string &name : names) {
-    if (name.rfind(kTempPrefix, 0) == 0) {  // a write that never finished
-      remove(name);
-      continue;
-    }
-    if (!ends_with(name, kSuffix)) continue;  // not ours: left alone
-    const std::string path = dir_ + "/" + name;
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-    struct stat st {};
-    FileHeader h{};
-    if (!fd || ::fstat(fd.get(), &st) != 0 ||
-        !read_all(fd.get(), &h, sizeof h, 0, path) ||
-        !header_valid(h, static_cast<uint64_t>(st.st_size))) {
-      remove(name);
-      continue;
-    }
-    const uint64_t bytes = file_bytes(h.payload_bytes);
-    uint64_t slot = 0;
-    {
-      std::lock_guard lock(mu_);
-      if (used_ + bytes > budget_) {  // a smaller budget than last time: the cache sheds the rest
-        remove(name);
-        continue;
-      }
-      slot = next_slot_++;
-      files_.emplace(slot, File{name, bytes});
-      used_ += bytes;
-    }
-    Found f;
-    f.slot = slot;
-    f.key = ChunkKey{h.key_lo, h.key_hi};
-    f.meta = ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens, h.payload_bytes};
-    f.mtime_ns = static_cast<uint64_t>(st.st_mtim.tv_sec) * 1'000'000'000u +
-                 static_cast<uint64_t>(st.st_mtim.tv_nsec);
-    found(f);
-  }
-  return removed;
+uint64_t DiskTier::segment_for(uint64_t payload) noexcept {
+  // The segment's header, the record, and room for a commit record.
+  return 2 * kHeaderBytes + record_bytes(payload);
 }
 
-std::optional<uint64_t> DiskTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
-  const uint64_t bytes = file_bytes(meta.bytes);
-  std::lock_guard lock(mu_);
-  if (bytes > budget_ || used_ > budget_ - bytes) return std::nullopt;
-  const uint64_t slot = next_slot_++;
-  files_.emplace(slot, File{std::string(), bytes});
-  used_ += bytes;
-  return slot;
+uint64_t DiskTier::budget_for(uint64_t records, uint64_t payload) noexcept {
+  // One segment more than the records: the one kept free for cleaning.
+  return (std::max<uint64_t>(records, 1) + 1) * segment_for(payload);
 }
 
-void DiskTier::free(uint64_t slot) noexcept {
-  std::string name;
-  {
-    std::lock_guard lock(mu_);
-    const auto it = files_.find(slot);
-    if (it == files_.end()) return;
-    name = std::move(it->second.name);
-    used_ -= it->second.bytes;
-    files_.erase(it);
-  }
-  if (!name.empty()) (void)::unlink((dir_ + "/" + name).c_str());
-}
-
-void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
-                     const std::byte *src) {
-  // The slot number makes the name unique even while an older file of the same key is still
-  // being read or removed.
-  const std::string name = to_hex(key) + "-" + std::to_string(slot) + "-" +
-                           std::to_string(::getpid()) + kSuffix;
-  const std::string temp = dir_ + "/" + kTempPrefix + name;
-  FileHeader h{};
-  std::memcpy(h.magic, kMagic, sizeof kMagic);
-  h.format = kFormat;
-  h.header_bytes = sizeof(FileHeader);
-  h.key_lo = key.lo;
-  h.key_hi = key.hi;
-  h.model_lo = meta.model.lo;
-  h.model_hi = meta.model.hi;
-  h.position = meta.position;
-  h.tokens = meta.tokens;
-  h.payload_bytes = meta.bytes;
-  h.payload_checksum = XXH3_64bits(src, meta.bytes);
-  h.header_checksum = XXH3_64bits(&h, kHeaderChecked);
-  {
-    UniqueFd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
-    if (!fd) fail(SWIFTKV_EIO, "cannot create " + temp + ": " + errno_text(errno));
-    try {
-      write_all(fd.get(), &h, sizeof h, 0, temp);
-      write_all(fd.get(), src, meta.bytes, sizeof h, temp);
-      if (::fdatasync(fd.get()) != 0) fail(SWIFTKV_EIO, "syncing " + temp + ": " + errno_text(errno));
-    } catch (...) {
-      (void)::unlink(temp.c_str());
-      throw;
-    }
-  }
-  if (::rename(temp.c_str(), (dir_ + "/" + name).c_str()) != 0) {
-    const int e = errno;
-    (void)::unlink(temp.c_str());
-    fail(SWIFTKV_EIO, "renaming " + temp + " failed: " + errno_text(e));
-  }
-  std::lock_guard lock(mu_);
-  files_.at(slot).name = name;
-}
-
-void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
-  const std::string path = path_of(slot);
-  if (path.empty()) fail(SWIFTKV_EIO, "disk slot " + std::to_string(slot) + " has no file");
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd) fail(SWIFTKV_EIO, "cannot open " + path + ": " + errno_text(errno));
+DiskTier::DiskTier(DiskOptions options) : options_(std::move(options)) {
   struct stat st {};
-  FileHeader h{};
-  if (::fstat(fd.get(), &st) != 0 || !read_all(fd.get(), &h, sizeof h, 0, path) ||
-      !header_valid(h, static_cast<uint64_t>(st.st_size))) {
-    fail(SWIFTKV_EIO, path + " has a torn or corrupt header");
+  if (::stat(options_.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not a directory");
   }
-  if (h.payload_bytes != meta.bytes || h.model_lo != meta.model.lo ||
-      h.model_hi != meta.model.hi) {
-    fail(SWIFTKV_EIO, path + " holds another chunk than the index says");
+  if (::access(options_.dir.c_str(), R_OK | W_OK | X_OK) != 0) {
+    fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not writable: " + errno_text(errno));
   }
-  if (!read_all(fd.get(), dst, meta.bytes, sizeof h, path)) fail(SWIFTKV_EIO, path + " is short");
-  if (XXH3_64bits(dst, meta.bytes) != h.payload_checksum) {
-    fail(SWIFTKV_EIO, path + " fails its checksum");
+  // At least two segments (one stays free for cleaning); by default at least four.
+  const uint64_t wanted = options_.segment_bytes != 0 ? options_.segment_bytes : kDefaultSegmentBytes;
+  const uint64_t cap = options_.budget_bytes / (options_.segment_bytes != 0 ? 2 : 4);
+  segment_bytes_ = std::min(wanted, cap) / kAlign * kAlign;
+  if (segment_bytes_ < kMinSegmentBytes) segment_bytes_ = 0;  // the budget holds nothing
+  max_segments_ = segment_bytes_ == 0 ? 0 : options_.budget_bytes / segment_bytes_;
+  counters_.segment_bytes = segment_bytes_;
+}
+
+DiskTier::~DiskTier() {
+  try {
+    sync();
+  } catch (...) {
+    // Nothing to report to: what was not synced is what a crash would lose.
   }
+}
+
+std::string DiskTier::path_of(uint32_t number) const {
+  char name[32];
+  std::snprintf(name, sizeof name, "%s%08x%s", kSegPrefix, number, kSegSuffix);
+  return options_.dir + "/" + name;
+}
+
+uint64_t DiskTier::capacity_bytes(const ChunkKey &) const {
+  return max_segments_ < 2 ? 0 : (max_segments_ - 1) * segment_bytes_;
 }
 
 uint64_t DiskTier::free_bytes(const ChunkKey &) const {
   std::lock_guard lock(mu_);
-  return budget_ - used_;
+  return free_bytes_locked();
+}
+
+uint64_t DiskTier::free_bytes_locked() const {
+  if (max_segments_ < 2) return 0;
+  // The open segment's room, the free segments but one (kept for cleaning), and what cleaning
+  // the cleanable ones gives back; never more than the capacity leaves.
+  uint64_t n = cleanable_gain_;
+  if (open_ != nullptr) n += open_->size - open_->write_at - kHeaderBytes;
+  const uint64_t free_segments = free_segments_ + (max_segments_ - std::min(max_segments_, segment_files_));
+  if (free_segments > 1) n += (free_segments - 1) * (segment_bytes_ - 2 * kHeaderBytes);
+  const uint64_t cap = capacity_bytes({});
+  return std::min(n, cap > live_ ? cap - live_ : 0);
+}
+
+void DiskTier::recount_locked(Segment &s) {
+  const bool is_free = s.state == SegState::free && s.reusable;
+  if (is_free != s.counted_free) {
+    free_segments_ += is_free ? 1 : ~uint64_t{0};
+    s.counted_free = is_free;
+  }
+  if (s.counted_clean) {
+    cleanable_.erase({s.counted_live, s.index});
+    cleanable_gain_ -= s.size - 2 * kHeaderBytes - s.counted_live;
+    s.counted_clean = false;
+  }
+  if (s.state == SegState::sealed && s.reusable && !s.cleaning && s.pending.empty() &&
+      s.live * 8 <= s.size) {
+    cleanable_.emplace(s.live, s.index);
+    cleanable_gain_ += s.size - 2 * kHeaderBytes - s.live;
+    s.counted_clean = true;
+    s.counted_live = s.live;
+  }
+}
+
+uint64_t DiskTier::reserve_slot_locked() {
+  if (!free_slots_.empty()) {
+    const uint64_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    return slot;
+  }
+  records_.emplace_back();
+  return records_.size() - 1;
+}
+
+DiskTier::Segment *DiskTier::new_segment_locked() {
+  if (max_segments_ == 0 || segment_files_ >= max_segments_) return nullptr;
+  auto seg = std::make_unique<Segment>();
+  std::string path;
+  for (int tries = 0;; ++tries) {
+    path = path_of(next_number_++);
+    seg->fd.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (seg->fd) break;
+    if (errno != EEXIST || tries > 64) {
+      log_warn("disk tier: cannot create " + path + ": " + errno_text(errno));
+      return nullptr;
+    }
+  }
+  seg->number = next_number_ - 1;
+  // The whole segment is allocated now: the budget counts it, and a full disk shows here, not
+  // in the middle of a record.
+  const int e = ::posix_fallocate(seg->fd.get(), 0, static_cast<off_t>(segment_bytes_));
+  if (e != 0) {
+    log_warn("disk tier: cannot allocate " + std::to_string(segment_bytes_) + " bytes for " +
+                path + ": " + errno_text(e));
+    (void)::unlink(path.c_str());
+    return nullptr;
+  }
+  seg->size = segment_bytes_;
+  seg->generation = 0;
+  seg->index = segments_.size();
+  seg->state = SegState::free;
+  segments_.push_back(std::move(seg));
+  ++segment_files_;
+  allocated_ += segment_bytes_;
+  Segment &s = *segments_.back();
+  recount_locked(s);
+  return &s;
+}
+
+void DiskTier::open_segment_locked(Segment &s) {
+  // A new generation: records of the segment's earlier lives no longer count.
+  SegmentHeader h{};
+  std::memcpy(h.magic, kSegMagic, sizeof kSegMagic);
+  h.format = kFormat;
+  h.header_bytes = sizeof h;
+  h.segment_bytes = s.size;
+  h.generation = s.generation + 1;
+  h.created_ns = realtime_ns();
+  h.checksum = segment_checksum(h);
+  iovec v{&h, sizeof h};
+  pwrite_all(s.fd.get(), &v, 1, 0, path_of(s.number));
+  s.generation = h.generation;
+  s.state = SegState::open;
+  s.write_at = kHeaderBytes;
+  s.synced_to = kHeaderBytes;
+  s.live = 0;
+  s.pending.clear();
+  s.slots.clear();
+  s.dirty = true;  // the header
+  recount_locked(s);
+  open_ = &s;
+}
+
+void DiskTier::seal_locked(Segment &s) {
+  s.state = SegState::sealed;
+  if (open_ == &s) open_ = nullptr;
+  recount_locked(s);
+  maybe_release_locked(s);
+}
+
+void DiskTier::maybe_release_locked(Segment &s) {
+  if ((s.state != SegState::sealed && s.state != SegState::draining) || s.live != 0 ||
+      !s.pending.empty() || s.cleaning) {
+    return;
+  }
+  if (s.readers != 0) {
+    s.state = SegState::draining;  // freed by its last reader
+  } else if (s.reusable) {
+    s.state = SegState::free;
+  } else {
+    (void)::unlink(path_of(s.number).c_str());
+    s.fd.reset();
+    allocated_ -= s.size;
+    --segment_files_;
+    s.state = SegState::gone;
+  }
+  recount_locked(s);
+}
+
+DiskTier::Segment *DiskTier::room_locked(std::unique_lock<std::mutex> &lock, uint64_t r) {
+  if (segment_bytes_ == 0 || r + 2 * kHeaderBytes > segment_bytes_) return nullptr;
+  auto take_free = [&]() -> Segment * {
+    for (const auto &x : segments_) {
+      if (x->state == SegState::free && x->reusable) return x.get();
+    }
+    return new_segment_locked();
+  };
+  auto free_count = [&] {
+    return free_segments_ + (max_segments_ - std::min(max_segments_, segment_files_));
+  };
+  for (int guard = 0; guard < 256; ++guard) {
+    if (open_ != nullptr && open_->size - open_->write_at >= r + kHeaderBytes) return open_;
+    if (free_count() >= 2) {
+      Segment *f = take_free();
+      if (f == nullptr) return nullptr;  // the file could not be made (disk full)
+      if (open_ != nullptr) seal_locked(*open_);
+      open_segment_locked(*f);
+      continue;
+    }
+    if (cleanable_.empty()) return nullptr;
+    Segment &c = *segments_[cleanable_.begin()->second];
+    // Its live records go to the open segment, or to the free segment kept for this.
+    if (open_ == nullptr || open_->size - open_->write_at < c.live + kHeaderBytes) {
+      if (free_count() == 0) return nullptr;
+      Segment *f = take_free();
+      if (f == nullptr) return nullptr;
+      if (open_ != nullptr) seal_locked(*open_);
+      open_segment_locked(*f);
+    }
+    clean_locked(lock, c);
+  }
+  return nullptr;
+}
+
+void DiskTier::clean_locked(std::unique_lock<std::mutex> &lock, Segment &c) {
+  struct Move {
+    uint64_t slot, from, to, len;
+    bool ok = false;
+  };
+  std::vector<Move> moves;
+  Segment &d = *open_;
+  for (uint64_t slot : c.slots) {
+    const Record &r = records_[slot];
+    if (r.state != RecState::live || r.seg != c.index) continue;
+    moves.push_back(Move{slot, r.off, d.write_at, r.len});
+    d.pending.insert(d.write_at);
+    d.write_at += r.len;
+    d.live += r.len;
+  }
+  c.cleaning = true;
+  ++c.readers;  // not reused while its records are copied out
+  ++d.readers;
+  recount_locked(c);
+  recount_locked(d);
+  const int src = c.fd.get(), dst = d.fd.get();
+  const uint64_t src_gen = c.generation, dst_gen = d.generation;
+  const std::string src_path = path_of(c.number), dst_path = path_of(d.number);
+  lock.unlock();
+  std::vector<std::byte> buf;
+  for (Move &m : moves) {
+    try {
+      buf.resize(m.len);
+      if (!pread_one(src, buf.data(), m.len, m.from, src_path)) continue;
+      RecordHeader h{};
+      std::memcpy(&h, buf.data(), sizeof h);
+      if (!header_ok(h) || h.type != kChunkRecord || h.generation != src_gen ||
+          h.payload_bytes + kHeaderBytes > m.len ||
+          XXH3_64bits(buf.data() + kHeaderBytes, h.payload_bytes) != h.payload_checksum) {
+        continue;  // a bad record stays where it is: its read fails and the cache drops it
+      }
+      h.generation = dst_gen;
+      h.dead = 0;
+      h.checksum = record_checksum(h);
+      std::memcpy(buf.data(), &h, sizeof h);
+      iovec v{buf.data(), kHeaderBytes + h.payload_bytes};
+      pwrite_all(dst, &v, 1, m.to, dst_path);
+      m.ok = true;
+    } catch (const Error &e) {
+      log_warn("disk tier: moving a record out of " + src_path + ": " + e.what());
+    }
+  }
+  lock.lock();
+  uint64_t moved = 0;
+  for (const Move &m : moves) {
+    d.pending.erase(m.to);
+    Record &r = records_[m.slot];
+    if (m.ok && r.state == RecState::live && r.seg == c.index && r.off == m.from) {
+      r.seg = static_cast<uint32_t>(d.index);
+      r.off = m.to;
+      d.slots.push_back(m.slot);
+      c.live -= m.len;
+      moved += m.len;
+    } else {
+      // Freed meanwhile, or not copied: the copy is dead space (marked, so that recovery does
+      // not bring it back).
+      d.live -= m.len;
+      if (m.ok) {
+        const uint32_t mark = kDeadMark;
+        (void)::pwrite(dst, &mark, sizeof mark, static_cast<off_t>(m.to + kDeadOffset));
+      }
+    }
+  }
+  d.dirty = true;
+  --c.readers;
+  --d.readers;
+  c.cleaning = false;
+  counters_.bytes_relocated += moved;
+  if (c.live == 0) ++counters_.segments_cleaned;
+  recount_locked(d);
+  recount_locked(c);
+  maybe_release_locked(c);
+  if (c.live != 0) {
+    // Some record could not move (it fails its checks): the segment waits for the cache to
+    // drop it; it is not chosen again before then.
+    if (c.counted_clean) {
+      cleanable_.erase({c.counted_live, c.index});
+      cleanable_gain_ -= c.size - 2 * kHeaderBytes - c.counted_live;
+      c.counted_clean = false;
+    }
+  }
+}
+
+std::optional<uint64_t> DiskTier::allocate(const ChunkKey &key, const ChunkMeta &meta) {
+  const uint64_t r = record_bytes(meta.bytes);
+  std::unique_lock lock(mu_);
+  if (live_ + r > capacity_bytes({})) return std::nullopt;
+  Segment *s = room_locked(lock, r);
+  if (s == nullptr) return std::nullopt;
+  const uint64_t slot = reserve_slot_locked();
+  Record &rec = records_[slot];
+  rec.seg = static_cast<uint32_t>(s->index);
+  rec.off = s->write_at;
+  rec.len = r;
+  rec.key = key;
+  rec.meta = meta;
+  rec.state = RecState::reserved;
+  s->pending.insert(rec.off);
+  s->slots.push_back(slot);
+  s->write_at += r;
+  s->live += r;
+  live_ += r;
+  recount_locked(*s);
+  return slot;
+}
+
+void DiskTier::mark_dead_locked(const Record &r) noexcept {
+  const Segment &s = *segments_[r.seg];
+  const uint32_t mark = kDeadMark;
+  // Under the lock: the segment cannot be reused (and its bytes rewritten) meanwhile.
+  (void)::pwrite(s.fd.get(), &mark, sizeof mark, static_cast<off_t>(r.off + kDeadOffset));
+}
+
+void DiskTier::free(uint64_t slot) noexcept {
+  std::lock_guard lock(mu_);
+  if (slot >= records_.size()) return;
+  Record &r = records_[slot];
+  if (r.state == RecState::free) return;
+  Segment &s = *segments_[r.seg];
+  if (r.state == RecState::live) mark_dead_locked(r);
+  if (r.state == RecState::reserved) s.pending.erase(r.off);
+  s.live -= r.len;
+  live_ -= r.len;
+  r.state = RecState::free;
+  try {
+    free_slots_.push_back(slot);
+  } catch (...) {
+    // Out of memory: the slot number is not used again.
+  }
+  recount_locked(s);
+  maybe_release_locked(s);
+}
+
+void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
+                     const std::byte *src) {
+  RecordHeader h{};
+  int fd = -1;
+  uint64_t off = 0;
+  std::string path;
+  {
+    std::lock_guard lock(mu_);
+    const Record &r = records_.at(slot);
+    if (r.state != RecState::reserved || !(r.key == key) || r.meta.bytes != meta.bytes) {
+      fail(SWIFTKV_EINTERNAL, "disk slot " + std::to_string(slot) + " was not reserved for this chunk");
+    }
+    const Segment &s = *segments_[r.seg];
+    fd = s.fd.get();
+    off = r.off;
+    path = path_of(s.number);
+    h.generation = s.generation;
+    h.sequence = sequence_++;
+  }
+  std::memcpy(h.magic, kRecMagic, sizeof kRecMagic);
+  h.format = kFormat;
+  h.header_bytes = sizeof h;
+  h.type = kChunkRecord;
+  h.position = meta.position;
+  h.tokens = meta.tokens;
+  h.key_lo = key.lo;
+  h.key_hi = key.hi;
+  h.model_lo = meta.model.lo;
+  h.model_hi = meta.model.hi;
+  h.payload_bytes = meta.bytes;
+  h.written_ns = realtime_ns();
+  h.payload_checksum = XXH3_64bits(src, meta.bytes);
+  h.checksum = record_checksum(h);
+  // One call for header and payload. A record cut short by a crash is caught at recovery: its
+  // payload fails its checksum unless a commit record says it was synced whole.
+  iovec v[2] = {{&h, sizeof h}, {const_cast<std::byte *>(src), meta.bytes}};
+  pwrite_all(fd, v, 2, off, path);
+  std::lock_guard lock(mu_);
+  Record &r = records_[slot];
+  Segment &s = *segments_[r.seg];
+  s.pending.erase(r.off);
+  r.state = RecState::live;
+  r.sequence = h.sequence;
+  r.written_ns = h.written_ns;
+  s.dirty = true;
+  recount_locked(s);
+}
+
+void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
+  int fd = -1;
+  uint64_t off = 0, gen = 0;
+  ChunkKey key;
+  std::string path;
+  Segment *seg = nullptr;
+  {
+    std::lock_guard lock(mu_);
+    if (slot >= records_.size() || records_[slot].state != RecState::live) {
+      fail(SWIFTKV_EIO, "disk slot " + std::to_string(slot) + " holds no record");
+    }
+    const Record &r = records_[slot];
+    seg = segments_[r.seg].get();
+    ++seg->readers;  // the segment is not reused while this reads it
+    fd = seg->fd.get();
+    off = r.off;
+    gen = seg->generation;
+    key = r.key;
+    path = path_of(seg->number);
+  }
+  struct Unpin {
+    DiskTier &t;
+    Segment &s;
+    ~Unpin() {
+      std::lock_guard lock(t.mu_);
+      --s.readers;
+      t.maybe_release_locked(s);
+    }
+  } unpin{*this, *seg};
+  RecordHeader h{};
+  iovec v[2] = {{&h, sizeof h}, {dst, meta.bytes}};
+  if (!pread_all(fd, v, 2, off, path)) fail(SWIFTKV_EIO, path + " ends inside a record");
+  const bool same = header_ok(h) && h.type == kChunkRecord && h.generation == gen &&
+                    h.key_lo == key.lo && h.key_hi == key.hi && h.model_lo == meta.model.lo &&
+                    h.model_hi == meta.model.hi && h.position == meta.position &&
+                    h.tokens == meta.tokens && h.payload_bytes == meta.bytes;
+  if (!same) {
+    std::lock_guard lock(mu_);
+    ++counters_.records_mismatched;
+    fail(SWIFTKV_EIO, path + " at " + std::to_string(off) +
+                          " holds another record than the index says (overwritten or moved)");
+  }
+  if (XXH3_64bits(dst, meta.bytes) != h.payload_checksum) {
+    fail(SWIFTKV_EIO, path + " at " + std::to_string(off) + ": the record fails its checksum");
+  }
+}
+
+void DiskTier::append_commit_locked(Segment &s, uint64_t covered) {
+  if (s.state != SegState::open && s.state != SegState::sealed) return;
+  if (s.size - s.write_at < kHeaderBytes) return;  // cannot happen: appends leave this room
+  RecordHeader h{};
+  std::memcpy(h.magic, kRecMagic, sizeof kRecMagic);
+  h.format = kFormat;
+  h.header_bytes = sizeof h;
+  h.type = kCommitRecord;
+  h.generation = s.generation;
+  h.sequence = sequence_++;
+  h.written_ns = realtime_ns();
+  h.covered_to = covered;
+  h.checksum = record_checksum(h);
+  iovec v{&h, sizeof h};
+  try {
+    pwrite_all(s.fd.get(), &v, 1, s.write_at, path_of(s.number));
+  } catch (const Error &e) {
+    log_warn(std::string("disk tier: ") + e.what());
+    return;
+  }
+  s.write_at += kHeaderBytes;
+  // A sealed segment keeps its commit record inside the room it left; an open one re-checks
+  // its room at the next append.
+  recount_locked(s);
+}
+
+void DiskTier::sync() {
+  struct Job {
+    Segment *s;
+    uint64_t covered, generation;
+    bool ok = false;
+  };
+  std::vector<Job> jobs;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto &s : segments_) {
+      if (!s->dirty || s->state == SegState::gone || !s->fd) continue;
+      s->dirty = false;
+      ++s->readers;  // kept (not reused, not deleted) while it syncs
+      jobs.push_back(Job{s.get(), s->pending.empty() ? s->write_at : *s->pending.begin(),
+                         s->generation});
+    }
+  }
+  for (Job &j : jobs) j.ok = ::fdatasync(j.s->fd.get()) == 0;
+  std::lock_guard lock(mu_);
+  for (Job &j : jobs) {
+    Segment &s = *j.s;
+    if (!j.ok) {
+      log_warn("disk tier: syncing " + path_of(s.number) + " failed: " + errno_text(errno));
+      s.dirty = true;
+    } else if (s.generation == j.generation && j.covered > s.synced_to) {
+      s.synced_to = j.covered;
+      append_commit_locked(s, j.covered);
+    }
+    --s.readers;
+    maybe_release_locked(s);
+  }
+  ++counters_.syncs;
+}
+
+void DiskTier::maintain(uint64_t now_ns) {
+  if (options_.sync_ns == 0) return;
+  {
+    std::lock_guard lock(mu_);
+    if (now_ns < next_sync_ns_) return;
+    next_sync_ns_ = now_ns + options_.sync_ns;
+  }
+  sync();
+}
+
+void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
+  DIR *d = ::opendir(options_.dir.c_str());
+  if (d == nullptr) fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(errno));
+  std::vector<std::pair<uint32_t, std::string>> names;
+  uint64_t skipped = 0;
+  while (const dirent *e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::optional<uint32_t> n = segment_number(name);
+    if (!n) {
+      ++skipped;  // not ours: left alone
+      continue;
+    }
+    names.emplace_back(*n, name);
+  }
+  ::closedir(d);
+  // The newest segments first, so that a budget smaller than last time keeps the newest data.
+  std::sort(names.begin(), names.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+
+  struct Candidate {
+    uint64_t seg, off, len, sequence, written_ns;
+    ChunkKey key;
+    ChunkMeta meta;
+  };
+  std::vector<Candidate> cands;
+  std::vector<std::byte> payload;
+  uint64_t dropped = 0;
+  std::lock_guard lock(mu_);
+  for (const auto &[number, name] : names) {
+    next_number_ = std::max(next_number_, number + 1);
+    const std::string path = options_.dir + "/" + name;
+    // Opened without following links or blocking (a FIFO would), then checked before any read.
+    UniqueFd fd(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+    struct stat st {};
+    if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+      ++skipped;
+      continue;
+    }
+    (void)::fcntl(fd.get(), F_SETFL, 0);
+    const auto size = static_cast<uint64_t>(st.st_size);
+    SegmentHeader sh{};
+    bool readable = false;
+    try {
+      readable = size >= 2 * kHeaderBytes && pread_one(fd.get(), &sh, sizeof sh, 0, path);
+    } catch (const Error &) {
+      readable = false;
+    }
+    const bool whole = readable && std::memcmp(sh.magic, kSegMagic, sizeof kSegMagic) == 0 &&
+                       sh.header_bytes == sizeof sh && segment_checksum(sh) == sh.checksum;
+    const bool ours = whole && sh.format == kFormat && sh.segment_bytes == size;
+    const bool fits = segment_bytes_ != 0 && allocated_ + size <= options_.budget_bytes;
+    if (!whole && readable && size == segment_bytes_ && fits) {
+      // Our name and size, but a header never written whole (made just before a crash): an
+      // empty segment to reuse.
+      auto seg = std::make_unique<Segment>();
+      seg->number = number;
+      seg->fd = std::move(fd);
+      seg->size = size;
+      seg->index = segments_.size();
+      seg->state = SegState::free;
+      allocated_ += size;
+      ++segment_files_;
+      segments_.push_back(std::move(seg));
+      continue;
+    }
+    if (!ours) {
+      ++skipped;  // another format, or another size than its header says: left alone
+      continue;
+    }
+    if (!fits) {
+      // A smaller budget than last time: the oldest segments go.
+      (void)::unlink(path.c_str());
+      continue;
+    }
+    auto seg = std::make_unique<Segment>();
+    seg->number = number;
+    seg->fd = std::move(fd);
+    seg->size = size;
+    seg->generation = sh.generation;
+    seg->index = segments_.size();
+    seg->state = SegState::sealed;  // recovered segments take no appends
+    seg->reusable = size == segment_bytes_;
+    // Walk the record headers; a commit record vouches for every record before it.
+    uint64_t off = kHeaderBytes, covered = kHeaderBytes;
+    const size_t first = cands.size();
+    while (off + kHeaderBytes <= size) {
+      RecordHeader h{};
+      try {
+        if (!pread_one(seg->fd.get(), &h, sizeof h, off, path)) break;
+      } catch (const Error &) {
+        break;
+      }
+      if (std::memcmp(h.magic, kRecMagic, sizeof kRecMagic) != 0) break;  // the end of the log
+      const uint64_t len = h.type == kCommitRecord ? kHeaderBytes : record_bytes(h.payload_bytes);
+      if (!header_ok(h) || h.generation != seg->generation || off + len > size) {
+        // A record of an earlier life of the segment, or a torn header: the log ends here.
+        if (header_ok(h) && h.generation == seg->generation) ++dropped;
+        break;
+      }
+      if (h.type == kCommitRecord) {
+        covered = std::max(covered, std::min(h.covered_to, off));
+      } else if (h.dead != kDeadMark) {
+        cands.push_back(Candidate{seg->index, off, len, h.sequence, h.written_ns,
+                                  ChunkKey{h.key_lo, h.key_hi},
+                                  ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens,
+                                            h.payload_bytes}});
+        // The payload's own checksum is kept to check it below when no commit vouches.
+        cands.back().sequence = h.sequence;
+      }
+      sequence_ = std::max(sequence_, h.sequence + 1);
+      off += len;
+    }
+    seg->write_at = off;
+    seg->synced_to = covered;
+    // Records past the last commit may be torn: their payloads are read and checked.
+    for (size_t i = first; i < cands.size();) {
+      Candidate &c = cands[i];
+      bool ok = c.off < covered;
+      if (!ok) {
+        RecordHeader h{};
+        payload.resize(c.meta.bytes);
+        iovec v[2] = {{&h, sizeof h}, {payload.data(), c.meta.bytes}};
+        try {
+          ok = pread_all(seg->fd.get(), v, 2, c.off, path) &&
+               XXH3_64bits(payload.data(), c.meta.bytes) == h.payload_checksum;
+        } catch (const Error &) {
+          ok = false;
+        }
+      }
+      if (ok) {
+        ++i;
+      } else {
+        ++dropped;
+        cands.erase(cands.begin() + static_cast<long>(i));
+      }
+    }
+    allocated_ += size;
+    ++segment_files_;
+    next_number_ = std::max(next_number_, number + 1);
+    segments_.push_back(std::move(seg));
+  }
+  // The newest copy of each key; the others are dead.
+  std::unordered_map<ChunkKey, size_t, ChunkKeyHash> newest;
+  std::vector<bool> keep(cands.size(), true);
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const auto [it, fresh] = newest.emplace(cands[i].key, i);
+    if (fresh) continue;
+    const bool newer = cands[i].sequence > cands[it->second].sequence;
+    keep[newer ? it->second : i] = false;
+    if (newer) it->second = i;
+    ++dropped;
+  }
+  std::vector<size_t> order;
+  for (size_t i = 0; i < cands.size(); ++i) {
+    const Candidate &c = cands[i];
+    if (keep[i]) {
+      order.push_back(i);
+    } else {
+      Record dead;
+      dead.seg = static_cast<uint32_t>(c.seg);
+      dead.off = c.off;
+      mark_dead_locked(dead);
+    }
+  }
+  // Over the capacity (a smaller budget than the segments held): the oldest records go.
+  std::sort(order.begin(), order.end(),
+            [&](size_t a, size_t b) { return cands[a].written_ns > cands[b].written_ns; });
+  std::vector<Found> out;
+  for (size_t i : order) {
+    const Candidate &c = cands[i];
+    Segment &s = *segments_[c.seg];
+    if (live_ + c.len > capacity_bytes({})) {
+      Record dead;
+      dead.seg = static_cast<uint32_t>(c.seg);
+      dead.off = c.off;
+      mark_dead_locked(dead);
+      ++dropped;
+      continue;
+    }
+    const uint64_t slot = reserve_slot_locked();
+    Record &r = records_[slot];
+    r.seg = static_cast<uint32_t>(c.seg);
+    r.off = c.off;
+    r.len = c.len;
+    r.key = c.key;
+    r.meta = c.meta;
+    r.sequence = c.sequence;
+    r.written_ns = c.written_ns;
+    r.state = RecState::live;
+    s.slots.push_back(slot);
+    s.live += c.len;
+    live_ += c.len;
+    out.push_back(Found{slot, c.key, c.meta, c.written_ns});
+  }
+  for (const auto &s : segments_) {
+    recount_locked(*s);
+    maybe_release_locked(*s);
+  }
+  counters_.files_skipped += skipped;
+  counters_.records_dropped += dropped;
+  // Oldest first: the order the cache's eviction order takes them in at no cost.
+  std::reverse(out.begin(), out.end());
+  for (const Found &f : out) found(f);
+}
+
+DiskStats DiskTier::stats() const {
+  std::lock_guard lock(mu_);
+  DiskStats s = counters_;
+  s.segments = segment_files_;
+  s.allocated_bytes = allocated_;
+  s.live_bytes = live_;
+  return s;
+}
+
+DiskTier::Location DiskTier::location_of(uint64_t slot) const {
+  std::lock_guard lock(mu_);
+  if (slot >= records_.size() || records_[slot].state == RecState::free) return {};
+  const Record &r = records_[slot];
+  return Location{path_of(segments_[r.seg]->number), r.off, r.len};
 }
 
 }  // namespace swiftkv

@@ -1,68 +1,188 @@
-// The disk tier: one file per chunk under a directory and a byte budget. Every file carries its
-// key, its model and an XXH3 checksum of its bytes, so the tier can be rebuilt from the
-// directory when a context starts and a torn or corrupt chunk is never loaded.
+// The disk tier: a log of chunk records in preallocated segment files under a directory and a
+// byte budget, an in-memory index from slot to record, group commit instead of a sync per
+// chunk, recovery by walking record headers, and cleaning of segments whose live data fell low.
+// docs/disk-format.md describes the files.
 #pragma once
 
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <set>
 #include <string>
-#include <unordered_map>
+#include <vector>
 
+#include "core/common/unique_fd.hpp"
 #include "core/tiers/tier_store.hpp"
 
 namespace swiftkv {
 
-// Thread-safe: mu_ guards the file table and the byte count; file I/O runs without the lock (a
-// slot's file belongs to whoever holds the slot).
+struct DiskOptions {
+  std::string dir;
+  uint64_t budget_bytes = 0;
+  // Bytes of one segment file, rounded down to kAlign; 0: kDefaultSegmentBytes, at most a
+  // quarter of the budget. A given size is capped at half the budget: one segment stays free
+  // for cleaning.
+  uint64_t segment_bytes = 0;
+  // Group commit: written records are made durable (fdatasync, then a commit record) at most
+  // this long after they are written, by maintain(); 0: only when a segment fills and at close.
+  uint64_t sync_ns = 1'000'000'000;
+};
+
+struct DiskStats {
+  uint64_t segment_bytes = 0;    // bytes of one segment
+  uint64_t segments = 0;         // segment files held
+  uint64_t allocated_bytes = 0;  // their bytes on disk: what the budget counts
+  uint64_t live_bytes = 0;       // bytes of live records
+  uint64_t files_skipped = 0;    // directory entries left alone: not ours, not regular, unreadable,
+                                 // of another size or a newer format
+  uint64_t records_dropped = 0;  // records dropped at recovery: torn, failing a check, duplicate,
+                                 // or over the budget
+  uint64_t records_mismatched = 0;  // reads that found another record than the index expected
+  uint64_t segments_cleaned = 0;    // segments whose live records moved so they could be reused
+  uint64_t bytes_relocated = 0;     // record bytes those moves copied
+  uint64_t syncs = 0;               // group commits
+};
+
+// Thread-safe: mu_ guards the segment and record tables and every segment's append point,
+// counts and state; record bytes are written and read without it by whoever holds the slot
+// (a reader pins its segment so that it is not reused under it). Cleaning copies records outside
+// the lock and switches them under it.
 class DiskTier final : public TierStore {
  public:
-  // A chunk found in the directory at start-up.
+  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{256} << 20;
+  static constexpr uint32_t kFormat = 2;
+  static constexpr uint64_t kHeaderBytes = 128;  // of a segment and of a record
+  static constexpr uint64_t kAlign = 64;         // records start at multiples of this
+
+  // A chunk found in the directory by rebuild().
   struct Found {
     uint64_t slot;
     ChunkKey key;
     ChunkMeta meta;
-    uint64_t mtime_ns;  // when the file was written, on CLOCK_REALTIME
+    uint64_t written_ns;  // when it was stored, on CLOCK_REALTIME
   };
 
-  // Opens `dir` (which must exist and be writable). Throws Error(EIO) when it cannot be read.
-  DiskTier(std::string dir, uint64_t budget_bytes);
+  // Checks that `dir` is a directory this process can write (Error EIO otherwise).
+  explicit DiskTier(DiskOptions options);
+  // Makes everything written durable.
+  ~DiskTier() override;
+  DiskTier(const DiskTier &) = delete;
+  DiskTier &operator=(const DiskTier &) = delete;
 
-  // Scans the directory: every valid chunk file is handed to `found` and counted against the
-  // budget; leftovers of interrupted writes and files whose header is torn or corrupt are
-  // removed and counted in the return value. Call once, before any other use.
-  uint64_t rebuild(const std::function<void(const Found &)> &found);
+  // Recovery, once before any other use: walks every segment file's record headers, keeps each
+  // complete record (the payload checked too where no commit record vouches for it), drops a
+  // torn tail and what fails a check, and hands the live records to `found`, oldest first, the
+  // newest copy of a key only. Nothing in the directory makes it fail or hang: what is not a
+  // segment of this format and size is skipped, opened without blocking and checked by fstat
+  // before any read.
+  void rebuild(const std::function<void(const Found &)> &found);
 
   Tier tier() const noexcept override { return Tier::disk; }
   std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   std::byte *address(uint64_t, int32_t *) noexcept override { return nullptr; }
-  // Writes a temporary file, syncs it and renames it into place: a crash leaves either nothing
-  // or a whole file. Throws Error(EIO).
+  // Appends the record (one pwritev into the space allocate() reserved). Error(EIO).
   void write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
              const std::byte *src) override;
-  // Reads and checks a file; Error(EIO) when it is missing, short, or fails its checksum.
+  // Reads the record and checks it is the one the index expects (key, model, position, sizes,
+  // segment generation) and its checksum; Error(EIO) otherwise (a record that is not the chunk
+  // is counted as mismatched).
   void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) override;
-  uint64_t capacity_bytes(const ChunkKey &) const override { return budget_; }
+  // Room for records: the budget less the segment kept free for cleaning.
+  uint64_t capacity_bytes(const ChunkKey &) const override;
+  // What allocate() can provide now, cleaning included.
   uint64_t free_bytes(const ChunkKey &) const override;
 
-  // The bytes a chunk of `payload` bytes takes on disk (header included).
-  static uint64_t file_bytes(uint64_t payload) noexcept;
-  // The path of a slot's file (tests corrupt it on purpose).
-  std::string path_of(uint64_t slot) const;
+  // Group commit when it is due (now_ns on CLOCK_MONOTONIC); sync() at once.
+  void maintain(uint64_t now_ns);
+  void sync();
+  DiskStats stats() const;
+  uint64_t segment_bytes() const noexcept { return segment_bytes_; }
+
+  // The bytes a record of `payload` bytes takes in a segment.
+  static uint64_t record_bytes(uint64_t payload) noexcept;
+  // A budget whose segments hold exactly `records` records of `payload` bytes, one record per
+  // segment (segment_bytes = segment_for(payload)); for tests and sizing.
+  static uint64_t segment_for(uint64_t payload) noexcept;
+  static uint64_t budget_for(uint64_t records, uint64_t payload) noexcept;
+
+  // Where a slot's record is (tests corrupt it on purpose): the file, the record's offset and
+  // its length; an empty path when the slot holds no record.
+  struct Location {
+    std::string path;
+    uint64_t offset = 0, length = 0;
+  };
+  Location location_of(uint64_t slot) const;
 
  private:
-  struct File {
-    std::string name;  // empty until written
-    uint64_t bytes;    // file_bytes(payload), counted against the budget
+  enum class SegState : uint8_t { free, open, sealed, draining, gone };
+  struct Segment {
+    uint32_t number = 0;  // its file: seg-<number as 8 hex digits>.kvlog
+    UniqueFd fd;
+    uint64_t size = 0;
+    uint64_t generation = 0;
+    SegState state = SegState::free;
+    bool reusable = true;   // false for a segment recovered with another size: deleted when empty
+    bool cleaning = false;  // its live records are being copied out
+    uint64_t write_at = kHeaderBytes;  // the next append
+    uint64_t live = 0;      // bytes of records reserved or live
+    uint32_t readers = 0;
+    std::set<uint64_t> pending;  // offsets of reservations not yet written
+    uint64_t synced_to = 0;      // records below are durable
+    bool dirty = false;          // written since the last sync
+    std::vector<uint64_t> slots;  // slots placed here (some since freed or moved)
+    uint64_t index = 0;           // in segments_
+    bool counted_free = false;    // in free_segments_
+    bool counted_clean = false;   // in cleanable_, with the live bytes below
+    uint64_t counted_live = 0;
+  };
+  enum class RecState : uint8_t { free, reserved, live };
+  struct Record {
+    uint32_t seg = 0;
+    uint64_t off = 0, len = 0;
+    ChunkKey key;
+    ChunkMeta meta;
+    uint64_t sequence = 0, written_ns = 0;
+    RecState state = RecState::free;
   };
 
-  const std::string dir_;
-  const uint64_t budget_;
+  std::string path_of(uint32_t number) const;
+  // A segment ready to append r bytes, making one (a new file) or cleaning one if needed;
+  // nullptr when neither can. Call with mu_ held; may release it while cleaning.
+  Segment *room_locked(std::unique_lock<std::mutex> &lock, uint64_t r);
+  Segment *new_segment_locked();
+  void open_segment_locked(Segment &s);
+  void seal_locked(Segment &s);
+  // Keeps free_segments_ and cleanable_ true to a segment's state; call after every change to
+  // it. A segment is cleanable when sealed, reusable, not being cleaned, with nothing pending
+  // and at most an eighth of it live.
+  void recount_locked(Segment &s);
+  void clean_locked(std::unique_lock<std::mutex> &lock, Segment &s);
+  // A segment with no live record goes back to free (or is deleted when not reusable).
+  void maybe_release_locked(Segment &s);
+  uint64_t reserve_slot_locked();
+  void append_commit_locked(Segment &s, uint64_t covered);
+  void mark_dead_locked(const Record &r) noexcept;
+  uint64_t free_bytes_locked() const;
+
+  const DiskOptions options_;
+  uint64_t segment_bytes_ = 0;
+  uint64_t max_segments_ = 0;  // budget / segment_bytes_
   mutable std::mutex mu_;
-  std::unordered_map<uint64_t, File> files_;
-  uint64_t used_ = 0;
-  uint64_t next_slot_ = 1;
+  std::vector<std::unique_ptr<Segment>> segments_;  // by index; a segment keeps its index
+  std::vector<Record> records_;                     // by slot
+  std::vector<uint64_t> free_slots_;
+  Segment *open_ = nullptr;
+  uint64_t allocated_ = 0;  // bytes of segment files
+  uint64_t live_ = 0;
+  uint64_t segment_files_ = 0;  // files of segments_ (not gone)
+  uint64_t free_segments_ = 0;  // reusable free segments
+  std::set<std::pair<uint64_t, uint64_t>> cleanable_;  // (live, index), least live first
+  uint64_t cleanable_gain_ = 0;  // the bytes cleaning them all would give back
+  uint32_t next_number_ = 0;
+  uint64_t sequence_ = 1;
+  uint64_t next_sync_ns_ = 0;
+  DiskStats counters_;
 };
 
 }  // namespace swiftkv

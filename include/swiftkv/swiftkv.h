@@ -237,7 +237,7 @@ typedef enum swiftkv_eviction_policy {
 
 /* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
  * the coordinator. */
-#define SWIFTKV_CTX_CONFIG_VERSION 4
+#define SWIFTKV_CTX_CONFIG_VERSION 5
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -288,13 +288,30 @@ typedef struct swiftkv_ctx_config {
                                   >= 1; at least three times per lease in any case) */
   uint32_t coord_timeout_ms;   /* the longest a handshake or a remote lend waits for its lender
                                   (default 5000; >= 1) */
+  /* Version 5: the disk tier's log (see docs/disk-format.md). */
+  uint64_t disk_segment_bytes; /* bytes of one segment file of the disk tier: records are
+                                  appended to preallocated segments of this size, and the budget
+                                  counts whole segments. Default 0: 256 MiB, at most a quarter of
+                                  disk_budget_bytes. A given size is capped at half the budget
+                                  and rounded down to 64 bytes; one segment stays free for cleaning,
+                                  so the disk tier holds records up to the budget less one
+                                  segment. A chunk must fit a segment (with 256 bytes of
+                                  headers) to be stored on disk. */
+  uint32_t disk_sync_ms;       /* group commit: records written to disk are made durable
+                                  (fdatasync, then a commit record) within this many ms, by the
+                                  background thread, and when the context ends. Default 1000;
+                                  0: only when a segment fills and when the context ends. A
+                                  process that dies keeps every record it wrote; a machine that
+                                  crashes loses at most the records of the last period, and
+                                  recovery drops a record cut short whatever the policy. */
+  uint32_t reserved1;          /* must be 0 */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
         SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10, NULL, NULL, NULL, 100, 5000                                                 \
+        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0                                     \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
@@ -696,7 +713,7 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
                                         swiftkv_tier to);
 
-#define SWIFTKV_STATS_VERSION 1
+#define SWIFTKV_STATS_VERSION 2
 
 /* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by
  * swiftkv_tier: peer, host, disk. */
@@ -715,14 +732,25 @@ typedef struct swiftkv_stats {
   uint64_t promotions;          /* chunks moved up a tier by swiftkv_move */
   uint64_t load_failures;       /* chunks that failed their check or could not be read */
   uint64_t revocations;         /* chunks that left lent memory because the lender took it */
-  uint64_t corrupt_files_removed; /* torn or corrupt disk files found at start-up */
+  uint64_t corrupt_files_removed; /* disk records dropped at start-up: torn, failing a check, an
+                                     older copy of a chunk, or over the budget */
   uint64_t demotions_deferred;  /* background demotions that let a pending load go first */
+  /* Version 2: the disk tier's log. */
+  uint64_t disk_files_skipped;      /* entries of disk_path left alone at start-up: not segment
+                                       files, not regular files (FIFO, socket, directory,
+                                       symlink), unreadable, torn, or of another format */
+  uint64_t disk_records_mismatched; /* disk reads that found another record than the chunk (the
+                                       file was overwritten or moved): each a miss */
+  uint64_t disk_segments_cleaned;   /* segments emptied by moving their live records, for reuse */
+  uint64_t disk_bytes_relocated;    /* record bytes those moves copied */
+  uint64_t disk_bytes_allocated;    /* bytes of segment files on disk: what disk_budget_bytes
+                                       bounds */
 } swiftkv_stats;
 
 #define SWIFTKV_STATS_INIT                                                                  \
   {                                                                                         \
     (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
-        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                             \
+        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                              \
   }
 
 SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx);

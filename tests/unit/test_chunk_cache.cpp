@@ -1,12 +1,20 @@
 // The borrower's core: chunk keys, the eviction policies, and the chunk cache over real tiers
 // (a host elastic region as the peer, pinned host slabs, files on disk), including the lease
 // protocol, restart from disk, corruption and concurrent use.
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <mutex>
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
@@ -100,7 +108,9 @@ struct Rig {
     if (disk_chunks != 0) {
       dir = reuse_dir.empty() ? temp_dir() : reuse_dir;
       c.disk_path = dir;
-      c.disk_budget_bytes = disk_chunks * swiftkv::DiskTier::file_bytes(sizes.full_chunk_bytes);
+      // One record per segment: the tier then holds exactly disk_chunks chunks.
+      c.disk_budget_bytes = swiftkv::DiskTier::budget_for(disk_chunks, sizes.full_chunk_bytes);
+      c.disk_segment_bytes = swiftkv::DiskTier::segment_for(sizes.full_chunk_bytes);
     }
     ctx = std::make_unique<swiftkv::Context>(c);
     CacheOptions o;
@@ -690,10 +700,37 @@ void retention_eviction_in_the_cache(void **) {
   assert_true(r.where(2, 0).has_value());
 }
 
+// The slot of a resident chunk in its tier's store.
+uint64_t slot_of(Rig &r, const ChunkKey &k) {
+  const std::optional<swiftkv::ChunkUse> use = r.cache->begin_read(k);
+  assert_true(use.has_value());
+  r.cache->end_read(k);
+  return use->where.slot;
+}
+
+void flip_byte(const std::string &path, uint64_t at) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(at));
+  char b = 0;
+  f.read(&b, 1);
+  b = static_cast<char>(b ^ 0x10);
+  f.seekp(static_cast<std::streamoff>(at));
+  f.write(&b, 1);
+}
+
+std::vector<std::string> segment_files(const std::string &dir) {
+  std::vector<std::string> out;
+  for (const auto &e : std::filesystem::directory_iterator(dir)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("seg-", 0) == 0 && e.is_regular_file()) out.push_back(e.path());
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 void restart_finds_disk_chunks_and_rejects_corrupt_ones(void **) {
   const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
   std::string dir;
-  std::vector<std::string> files;
   {
     Rig r(g, 0, 8, 0);
     r.keep_dir = true;
@@ -701,37 +738,25 @@ void restart_finds_disk_chunks_and_rejects_corrupt_ones(void **) {
     assert_int_equal(r.store(1, 3), 3);
     assert_true(r.where(1, 2) == Tier::disk);
   }
-  for (const auto &e : std::filesystem::directory_iterator(dir)) files.push_back(e.path());
+  // One record per segment here: three segment files, each of the configured size.
+  const std::vector<std::string> files = segment_files(dir);
   assert_int_equal(files.size(), 3);
-  // A leftover of an interrupted write, and a torn file, are removed at start-up.
-  std::ofstream(dir + "/.tmp-junk.kvc") << "partial";
-  std::ofstream(dir + "/torn.kvc") << "not a chunk";
   {
     Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
     r.keep_dir = true;
-    assert_int_equal(r.cache->stats().corrupt_files_removed, 2);
+    assert_int_equal(r.cache->stats().corrupt_files_removed, 0);
     assert_int_equal(r.cache->stats().chunks[2], 3);
     for (size_t i = 0; i < 3; ++i) assert_true(r.intact(1, i));
   }
-  // One flipped byte in the middle of chunk 1's bytes.
-  std::string victim;
+  // One flipped byte in the middle of chunk 1's payload: its record passes recovery (a commit
+  // record vouches for it) and fails its checksum when read.
   {
     Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
     r.keep_dir = true;
-    const std::string hex = swiftkv::to_hex(r.keys(1, 2)[1]);
-    for (const auto &e : std::filesystem::directory_iterator(dir)) {
-      if (e.path().filename().string().rfind(hex, 0) == 0) victim = e.path();
-    }
-  }
-  assert_false(victim.empty());
-  {
-    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(96 + 100);
-    char b = 0;
-    f.read(&b, 1);
-    b = static_cast<char>(b ^ 0x10);
-    f.seekp(96 + 100);
-    f.write(&b, 1);
+    const auto loc = r.cache->disk()->location_of(slot_of(r, r.keys(1, 2)[1]));
+    assert_false(loc.path.empty());
+    r.cache.reset();
+    flip_byte(loc.path, loc.offset + swiftkv::DiskTier::kHeaderBytes + 100);
   }
   {
     Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
@@ -741,6 +766,347 @@ void restart_finds_disk_chunks_and_rejects_corrupt_ones(void **) {
     assert_true(r.where(1, 2).has_value());
     assert_int_equal(r.cache->stats().load_failures, 1);
   }
+}
+
+// Whatever else is in the directory, the context opens and skips it, counted: a FIFO (which
+// would block a plain open), a directory, a socket, a symlink loop, a truncated segment, a
+// segment of another size than its header says, one of a newer format, and a file not ours.
+void disk_skips_what_is_not_a_segment(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  std::string dir;
+  {
+    Rig r(g, 0, 8, 0);
+    r.keep_dir = true;
+    dir = r.dir;
+    assert_int_equal(r.store(1, 2), 2);
+  }
+  const std::vector<std::string> files = segment_files(dir);
+  assert_int_equal(files.size(), 2);
+  const std::string seg = dir + "/seg-000000f";
+  assert_int_equal(mkfifo((seg + "0.kvlog").c_str(), 0644), 0);
+  assert_true(std::filesystem::create_directory(seg + "1.kvlog"));
+  {
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un a{};
+    a.sun_family = AF_UNIX;
+    const std::string p = seg + "2.kvlog";
+    assert_true(p.size() < sizeof a.sun_path);
+    std::memcpy(a.sun_path, p.c_str(), p.size() + 1);
+    assert_int_equal(bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a), 0);
+    close(fd);
+  }
+  std::filesystem::create_symlink(seg + "3.kvlog", seg + "3.kvlog");
+  std::filesystem::copy_file(files[0], seg + "4.kvlog");
+  std::filesystem::resize_file(seg + "4.kvlog", std::filesystem::file_size(files[0]) / 2);
+  std::filesystem::copy_file(files[0], seg + "5.kvlog");
+  std::filesystem::resize_file(seg + "5.kvlog", std::filesystem::file_size(files[0]) * 2);
+  std::filesystem::copy_file(files[0], seg + "6.kvlog");
+  {
+    // A newer format: its header says format 3 (checksum made right, so only the format
+    // differs).
+    std::fstream f(seg + "6.kvlog", std::ios::in | std::ios::out | std::ios::binary);
+    char h[128];
+    f.read(h, sizeof h);
+    const uint32_t fmt = 3;
+    std::memcpy(h + 8, &fmt, 4);
+    const uint64_t sum = XXH3_64bits(h, 120);
+    std::memcpy(h + 120, &sum, 8);
+    f.seekp(0);
+    f.write(h, sizeof h);
+  }
+  std::ofstream(dir + "/notes.txt") << "not a segment";
+  {
+    Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    r.keep_dir = true;
+    const swiftkv::CacheStats s = r.cache->stats();
+    assert_int_equal(s.disk_files_skipped, 8);
+    assert_int_equal(s.chunks[2], 2);
+    assert_true(r.intact(1, 0) && r.intact(1, 1));
+    // And they are left alone: nothing of ours replaces them.
+    assert_int_equal(r.store(2, 4), 4);
+  }
+  assert_true(std::filesystem::is_fifo(seg + "0.kvlog"));
+  assert_true(std::filesystem::is_directory(seg + "1.kvlog"));
+  assert_true(std::filesystem::is_socket(seg + "2.kvlog"));
+  assert_true(std::filesystem::is_symlink(seg + "3.kvlog"));
+  std::filesystem::remove_all(dir);
+}
+
+// A record rewritten under an open context (another writer copies record A over record B) is a
+// miss for B, counted, never A's bytes; A itself still reads.
+void disk_never_returns_another_record(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 0, 8, 0);
+  assert_int_equal(r.store(1, 1), 1);
+  assert_int_equal(r.store(2, 1), 1);
+  const auto a = r.cache->disk()->location_of(slot_of(r, r.keys(1, 1)[0]));
+  const auto b = r.cache->disk()->location_of(slot_of(r, r.keys(2, 1)[0]));
+  assert_true(a.length == b.length && a.path != b.path);
+  {
+    std::vector<char> rec(a.length);
+    std::ifstream in(a.path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(a.offset));
+    in.read(rec.data(), static_cast<std::streamsize>(rec.size()));
+    std::fstream out(b.path, std::ios::in | std::ios::out | std::ios::binary);
+    out.seekp(static_cast<std::streamoff>(b.offset));
+    out.write(rec.data(), static_cast<std::streamsize>(rec.size()));
+  }
+  const std::vector<ChunkKey> kb = r.keys(2, 1);
+  std::vector<std::byte> out(r.sizes.full_chunk_bytes, std::byte{0x77});
+  assert_int_equal(r.cache->retrieve(kb, 0, r.sizes.full_chunk_bytes, out.data()), 0);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.disk_records_mismatched, 1);
+  assert_int_equal(s.load_failures, 1);
+  assert_false(r.where(2, 0).has_value());
+  assert_true(r.intact(1, 0));
+}
+
+// A record whose checksums hold but whose size is not its model's chunk size (written by
+// another build, or crafted) is dropped when asked for: a load failure, never EINTERNAL.
+void disk_record_of_the_wrong_size_is_dropped(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  std::string dir;
+  ChunkKey key;
+  {
+    Rig r(g, 0, 8, 0);
+    r.keep_dir = true;
+    dir = r.dir;
+    key = r.keys(1, 1)[0];
+  }
+  {
+    const auto sizes = swiftkv::geometry_sizes(g, "g");
+    swiftkv::DiskOptions o;
+    o.dir = dir;
+    o.budget_bytes = swiftkv::DiskTier::budget_for(8, sizes.full_chunk_bytes);
+    o.segment_bytes = swiftkv::DiskTier::segment_for(sizes.full_chunk_bytes);
+    swiftkv::DiskTier t(o);
+    t.rebuild([](const swiftkv::DiskTier::Found &) {});
+    const swiftkv::ChunkMeta wrong{swiftkv::model_fingerprint("m", g), 0, 8,
+                                   sizes.full_chunk_bytes - 64};
+    const std::optional<uint64_t> slot = t.allocate(key, wrong);
+    assert_true(slot.has_value());
+    std::vector<std::byte> bytes(wrong.bytes, std::byte{3});
+    t.write(*slot, key, wrong, bytes.data());
+  }
+  Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+  assert_true(r.where(1, 0) == Tier::disk);
+  assert_false(r.intact(1, 0));
+  assert_int_equal(r.cache->stats().load_failures, 1);
+  assert_false(r.where(1, 0).has_value());
+  assert_int_equal(r.store(1, 1), 1);  // stored again, properly
+  assert_true(r.intact(1, 0));
+}
+
+// Killed with SIGKILL at random moments while it stores (and syncs), a process leaves a log from
+// which a new context recovers exactly the chunks whose store returned, with their bytes, at
+// most the one in flight besides, and nothing else. Twenty kills into one directory.
+void disk_survives_sigkill_while_storing(void **) {
+  const auto g = geometry(8, 64, SWIFTKV_DTYPE_F16);  // 32 KiB chunks: kills land mid-write
+  std::string dir;
+  {
+    Rig r(g, 0, 4096, 0);
+    r.keep_dir = true;
+    dir = r.dir;
+  }
+  std::mt19937 rng(17);
+  uint32_t next = 0;  // sequences below this were stored by an earlier child
+  std::vector<bool> stored;       // sequences whose store returned
+  std::vector<uint32_t> in_flight;  // the one each child was storing when killed
+  for (int round = 0; round < 20; ++round) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    const uint32_t first = next;
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(fds[0]);
+      Rig r(g, 0, 4096, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+      r.keep_dir = true;
+      for (uint32_t seq = first;; ++seq) {
+        if (r.store(seq, 2) != 2) _exit(3);
+        if (write(fds[1], &seq, sizeof seq) != sizeof seq) _exit(4);
+        if (seq % 5 == 0) r.cache->disk()->sync();  // commit records too
+      }
+    }
+    close(fds[1]);
+    usleep(1000 + rng() % 20000);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    assert_true(WIFSIGNALED(status));
+    uint32_t seq = 0;
+    uint32_t done = first;  // sequences [first, done) returned
+    while (read(fds[0], &seq, sizeof seq) == sizeof seq) done = seq + 1;
+    close(fds[0]);
+    stored.resize(done + 1, false);
+    for (uint32_t s2 = first; s2 < done; ++s2) stored[s2] = true;
+    in_flight.push_back(done);
+    Rig r(g, 0, 4096, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    r.keep_dir = true;
+    uint64_t expect = 0;
+    for (uint32_t s2 = 0; s2 <= done + 1; ++s2) {
+      const bool maybe = std::find(in_flight.begin(), in_flight.end(), s2) != in_flight.end();
+      for (size_t i = 0; i < 2; ++i) {
+        const bool there = r.where(s2, i).has_value();
+        if (s2 < stored.size() && stored[s2]) {
+          assert_true(there);
+        } else if (!maybe) {
+          assert_false(there);  // never stored
+        }
+        if (there) {
+          assert_true(r.intact(s2, i));  // whole, whichever it is
+          ++expect;
+        }
+      }
+    }
+    assert_int_equal(r.cache->stats().chunks[2], expect);
+    // The next child starts after the one in flight, whose chunks may or may not be back.
+    next = done + 1;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The log under churn: eight records a segment, random frees (as evictions would make), stores
+// that need cleaning to find room, and a reader thread reading records while their segments are
+// cleaned. Every read returns exactly the bytes written; the budget holds; a new tier on the
+// same directory finds exactly the live records.
+void disk_cleaning_moves_records_under_readers(void **) {
+  char t[] = "/tmp/swiftkv-log-XXXXXX";
+  assert_non_null(mkdtemp(t));
+  const std::string dir = t;
+  constexpr uint64_t kPayload = 4096;
+  swiftkv::DiskOptions o;
+  o.dir = dir;
+  o.segment_bytes = 2 * swiftkv::DiskTier::kHeaderBytes + 8 * swiftkv::DiskTier::record_bytes(kPayload);
+  o.budget_bytes = 8 * o.segment_bytes;
+  o.sync_ns = 0;
+  const ChunkKey model{5, 6};
+  auto bytes_of = [&](uint64_t id) {
+    std::vector<std::byte> b(kPayload);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<std::byte>((id * 131 + i * 7) >> 3);
+    return b;
+  };
+  auto key_of = [](uint64_t id) { return ChunkKey{id * 0x9E3779B97F4A7C15ull, id}; };
+  std::mutex mu;
+  std::map<uint64_t, std::pair<uint64_t, int>> live;  // slot -> (id, readers)
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> reads{0}, bad{0};
+  {
+    auto tier = std::make_unique<swiftkv::DiskTier>(o);
+    tier->rebuild([](const swiftkv::DiskTier::Found &) {});
+    std::thread reader([&] {
+      std::mt19937_64 rng(3);
+      std::vector<std::byte> out(kPayload);
+      while (!stop.load()) {
+        uint64_t slot = 0, id = 0;
+        {
+          std::lock_guard lock(mu);
+          if (live.empty()) continue;
+          auto it = live.begin();
+          std::advance(it, static_cast<long>(rng() % live.size()));
+          slot = it->first;
+          id = it->second.first;
+          ++it->second.second;
+        }
+        const swiftkv::ChunkMeta meta{model, static_cast<uint32_t>(id), 16, kPayload};
+        try {
+          tier->read(slot, meta, out.data());
+          if (out != bytes_of(id)) ++bad;
+        } catch (const swiftkv::Error &) {
+          ++bad;
+        }
+        ++reads;
+        std::lock_guard lock(mu);
+        --live.at(slot).second;
+      }
+    });
+    std::mt19937_64 rng(4);
+    for (uint64_t id = 1; id <= 3000; ++id) {
+      const swiftkv::ChunkMeta meta{model, static_cast<uint32_t>(id), 16, kPayload};
+      std::optional<uint64_t> slot;
+      while (!(slot = tier->allocate(key_of(id), meta))) {
+        // Full: free a record nobody reads, as the cache's eviction would.
+        std::lock_guard lock(mu);
+        assert_false(live.empty());
+        auto it = live.begin();
+        std::advance(it, static_cast<long>(rng() % live.size()));
+        if (it->second.second != 0) continue;
+        tier->free(it->first);
+        live.erase(it);
+      }
+      const auto b = bytes_of(id);
+      tier->write(*slot, key_of(id), meta, b.data());
+      {
+        std::lock_guard lock(mu);
+        live[*slot] = {id, 0};
+      }
+      const swiftkv::DiskStats st = tier->stats();
+      assert_true(st.allocated_bytes <= o.budget_bytes);
+      assert_true(st.live_bytes <= tier->capacity_bytes({}));
+    }
+    stop = true;
+    reader.join();
+    const swiftkv::DiskStats st = tier->stats();
+    assert_true(st.segments_cleaned > 10);
+    assert_true(st.bytes_relocated > 0);
+    assert_true(reads.load() > 100);
+    assert_int_equal(bad.load(), 0);
+  }
+  // Reopened: exactly the live records, with their bytes.
+  swiftkv::DiskTier again(o);
+  std::map<uint64_t, uint64_t> found;  // id -> slot
+  again.rebuild([&](const swiftkv::DiskTier::Found &f) {
+    assert_true(f.meta.bytes == kPayload && f.meta.model == model);
+    found[f.meta.position] = f.slot;
+  });
+  assert_int_equal(found.size(), live.size());
+  std::vector<std::byte> out(kPayload);
+  for (const auto &[slot, v] : live) {
+    const uint64_t id = v.first;
+    assert_true(found.count(id) == 1);
+    again.read(found[id], swiftkv::ChunkMeta{model, static_cast<uint32_t>(id), 16, kPayload}, out.data());
+    assert_true(out == bytes_of(id));
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// A full disk (here: a file size limit, as a full filesystem answers) refuses new segments:
+// stores are rejected and counted, nothing stored before is lost, the context works on.
+void disk_full_rejects_stores_and_keeps_the_rest(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  std::string dir;
+  {
+    Rig r(g, 0, 64, 0);
+    r.keep_dir = true;
+    dir = r.dir;
+  }
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    Rig r(g, 0, 64, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
+    r.keep_dir = true;
+    assert_int_equal(r.store(1, 3), 3);
+    // Segments are preallocated files of segment_bytes: a limit one byte short lets the
+    // existing ones be written and no new one be made, as a full filesystem would.
+    rlimit lim{};
+    lim.rlim_cur = lim.rlim_max = r.cache->disk()->segment_bytes() - 1;
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(5);
+    if (r.store(2, 4) != 0) _exit(6);  // no new segment can be made
+    if (r.cache->stats().stores_rejected != 4) _exit(7);
+    for (size_t i = 0; i < 3; ++i) {
+      if (!r.intact(1, i)) _exit(8);
+    }
+    // Room comes back as chunks go: a cleared chunk's segment is reused, no file made.
+    const std::vector<ChunkKey> k = r.keys(1, 1);
+    if (r.cache->clear(std::nullopt, 7, std::span<const ChunkKey>(k)) != 1) _exit(9);
+    if (r.store(2, 1) != 1 || !r.intact(2, 0)) _exit(10);
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  std::filesystem::remove_all(dir);
 }
 
 // The borrower's half of the lease protocol.
@@ -818,8 +1184,10 @@ void budgets_hold_under_random_work(void **) {
     assert_true(s.bytes[0] <= s.capacity_bytes[0]);
     assert_true(r.ctx->host_reserved() <= r.ctx->config().host_budget_bytes);
     assert_true(s.bytes[1] <= r.ctx->config().host_budget_bytes);
-    assert_true(disk_budget - r.cache->disk()->free_bytes({}) <= disk_budget);
-    assert_true(s.chunks[2] * swiftkv::DiskTier::file_bytes(r.sizes.full_chunk_bytes) <= disk_budget);
+    assert_true(r.cache->disk()->free_bytes({}) <= r.cache->disk()->capacity_bytes({}));
+    assert_true(s.chunks[2] * swiftkv::DiskTier::record_bytes(r.sizes.full_chunk_bytes) <=
+                r.cache->disk()->capacity_bytes({}));
+    assert_true(r.cache->disk()->stats().allocated_bytes <= disk_budget);
   }
   for (uint32_t seq = 0; seq < 12; ++seq) {
     for (size_t i = 0; i < 4; ++i) {
@@ -895,6 +1263,12 @@ int main() {
       cmocka_unit_test(lookup_reports_a_dropped_head),
       cmocka_unit_test(retention_eviction_in_the_cache),
       cmocka_unit_test(restart_finds_disk_chunks_and_rejects_corrupt_ones),
+      cmocka_unit_test(disk_skips_what_is_not_a_segment),
+      cmocka_unit_test(disk_never_returns_another_record),
+      cmocka_unit_test(disk_record_of_the_wrong_size_is_dropped),
+      cmocka_unit_test(disk_survives_sigkill_while_storing),
+      cmocka_unit_test(disk_full_rejects_stores_and_keeps_the_rest),
+      cmocka_unit_test(disk_cleaning_moves_records_under_readers),
       cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
       cmocka_unit_test(loads_go_before_background_demotion),

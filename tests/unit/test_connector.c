@@ -344,16 +344,21 @@ static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
   struct dirent *de;
   char path[512] = "";
   while ((de = readdir(dir)) != NULL) {
-    if (strstr(de->d_name, ".kvc") != NULL) {
+    if (strstr(de->d_name, ".kvlog") != NULL) {
       snprintf(path, sizeof path, "%s/%s", e.dir, de->d_name);
     }
   }
   closedir(dir);
   assert_true(path[0] != '\0');
+  /* The segment: a 128-byte header, chunk 0's record (moved back to host since: dead), then
+   * chunk 1's, each a 128-byte header and the payload, rounded up to 64 bytes
+   * (docs/disk-format.md). */
+  const long record = (128 + (long)CHUNK_BYTES + 63) / 64 * 64;
+  const long at = 128 + record + 128 + 100;
   FILE *f = fopen(path, "r+b");
-  fseek(f, 96 + 100, SEEK_SET);
+  fseek(f, at, SEEK_SET);
   const int byte = fgetc(f);
-  fseek(f, 96 + 100, SEEK_SET);
+  fseek(f, at, SEEK_SET);
   fputc(byte ^ 0x40, f);
   fclose(f);
 

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 5");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 6");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -196,6 +196,54 @@ static void version_3_callers_get_coord_defaults(void **state) {
   bad = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   bad.coord_endpoint = "udp://nowhere";
   create_refused(&bad, SWIFTKV_EINVAL, "neither ipc:// nor tcp://");
+}
+
+/* A program built against version 4 (no disk log fields) gets the default segment size and
+ * group commit; get_config writes nothing past its size. reserved1 must be 0. */
+static void version_4_callers_get_disk_log_defaults(void **state) {
+  (void)state;
+  char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  swiftkv_ctx_config v4 = SWIFTKV_CTX_CONFIG_INIT;
+  memset(&v4.disk_segment_bytes, 0x7f, sizeof v4 - offsetof(swiftkv_ctx_config, disk_segment_bytes));
+  v4.size = (uint32_t)offsetof(swiftkv_ctx_config, disk_segment_bytes);
+  v4.version = 4;
+  v4.disk_path = dir;
+  v4.disk_budget_bytes = UINT64_C(1) << 30;
+  swiftkv_ctx *ctx = NULL;
+  assert_status(swiftkv_ctx_create(&ctx, &v4), SWIFTKV_OK);
+  swiftkv_ctx_config got = SWIFTKV_CTX_CONFIG_INIT;
+  assert_status(swiftkv_ctx_get_config(&got, ctx), SWIFTKV_OK);
+  /* 256 MiB is at most a quarter of the budget: the segment size in effect. */
+  assert_int_equal(got.disk_segment_bytes, UINT64_C(256) << 20);
+  assert_int_equal(got.disk_sync_ms, 1000);
+  swiftkv_ctx_config small = v4;
+  assert_status(swiftkv_ctx_get_config(&small, ctx), SWIFTKV_OK);
+  assert_int_equal(small.disk_sync_ms, 0x7f7f7f7f); /* past the caller's size */
+  swiftkv_ctx_destroy(ctx);
+
+  /* A small budget: segments of a quarter of it. A given size: at most half, whole 64 bytes. */
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = dir;
+  c.disk_budget_bytes = UINT64_C(1) << 20;
+  ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).disk_segment_bytes, UINT64_C(1) << 18);
+  swiftkv_ctx_destroy(ctx);
+  c.disk_segment_bytes = (UINT64_C(1) << 19) + 100;
+  c.disk_sync_ms = 0;
+  ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).disk_segment_bytes, UINT64_C(1) << 19);
+  assert_int_equal(effective(ctx).disk_sync_ms, 0);
+  swiftkv_ctx_destroy(ctx);
+  c.disk_segment_bytes = 1000;
+  ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).disk_segment_bytes, 960);
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config bad = SWIFTKV_CTX_CONFIG_INIT;
+  bad.reserved1 = 1;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->reserved1");
+  rmdir(dir);
 }
 
 /* A program built against version 1 of the struct (48 bytes, no cache fields) gets the cache
@@ -396,6 +444,7 @@ int main(void) {
       cmocka_unit_test(config_size_and_version),
       cmocka_unit_test(version_1_callers_get_cache_defaults),
       cmocka_unit_test(version_3_callers_get_coord_defaults),
+      cmocka_unit_test(version_4_callers_get_disk_log_defaults),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
       cmocka_unit_test(the_cache_reads_the_given_clock),

@@ -267,7 +267,14 @@ class Simulation {
     c.host_budget_bytes = host_chunks * chunk_shadow_ + extra_host_bytes;
     if (disk) {
       c.disk_path = disk_dir_.c_str();
-      c.disk_budget_bytes = result_.capacity.disk_tokens / cfg_.chunk_tokens * chunk_shadow_;
+      // Segments of 16 chunks (or 256 MiB of real chunks if that is more), and a budget of one
+      // segment more than the chunks need (the one the log keeps free for cleaning), so the
+      // tier holds the server's disk in chunks (docs/disk-format.md has the sizes).
+      const uint64_t per_segment = std::max<uint64_t>(16, (uint64_t{256} << 20) / chunk_real_);
+      const uint64_t record = (128 + chunk_shadow_ + 63) / 64 * 64;
+      const uint64_t chunks = result_.capacity.disk_tokens / cfg_.chunk_tokens;
+      c.disk_segment_bytes = 2 * 128 + per_segment * record;
+      c.disk_budget_bytes = ((chunks + per_segment - 1) / per_segment + 1) * c.disk_segment_bytes;
     }
     c.eviction_policy = ev;
     c.demote_free_percent = 0;  // demote only when a store needs room: deterministic

@@ -287,12 +287,14 @@ type Config struct {
 	CoordEndpoint          string
 	CoordHeartbeatMs       uint32
 	CoordTimeoutMs         uint32
+	DiskSegmentBytes       uint64 // 0: the library's default
+	DiskSyncMs             uint32 // group commit period; 0: when a segment fills and at close
 }
 
 func DefaultConfig() Config {
 	return Config{HostNUMANode: C.SWIFTKV_NUMA_NODE_AUTO, DemoteFreePercent: 25,
 		RecomputeTokenCost: 1, RecomputeAttentionCost: 1, MaintenanceIntervalMs: 10,
-		CoordHeartbeatMs: 100, CoordTimeoutMs: 5000}
+		CoordHeartbeatMs: 100, CoordTimeoutMs: 5000, DiskSyncMs: 1000}
 }
 
 // ChunkEvent is a chunk that left a tier without the caller asking.
@@ -344,6 +346,8 @@ func NewContext(cfg Config) (*Context, error) {
 	}
 	c.coord_heartbeat_ms = C.uint32_t(cfg.CoordHeartbeatMs)
 	c.coord_timeout_ms = C.uint32_t(cfg.CoordTimeoutMs)
+	c.disk_segment_bytes = C.uint64_t(cfg.DiskSegmentBytes)
+	c.disk_sync_ms = C.uint32_t(cfg.DiskSyncMs)
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -393,7 +397,8 @@ func (c *Context) Config() (Config, error) {
 		EvictionLRU: v.eviction_policy == C.SWIFTKV_EVICT_LRU, DemoteFreePercent: uint32(v.demote_free_percent),
 		RecomputeTokenCost: float64(v.recompute_token_cost), RecomputeAttentionCost: float64(v.recompute_attention_cost),
 		MaintenanceIntervalMs: uint32(v.maintenance_interval_ms), CoordHeartbeatMs: uint32(v.coord_heartbeat_ms),
-		CoordTimeoutMs: uint32(v.coord_timeout_ms)}
+		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
+		DiskSyncMs: uint32(v.disk_sync_ms)}
 	if v.disk_path != nil {
 		out.DiskPath = C.GoString(v.disk_path)
 	}
@@ -421,6 +426,9 @@ type Stats struct {
 	Chunks, Bytes, CapacityBytes, Hits                                [3]uint64
 	Misses, Stores, StoresRejected, Evictions, Demotions, Promotions  uint64
 	LoadFailures, Revocations, CorruptFilesRemoved, DemotionsDeferred uint64
+	// The disk tier's log (swiftkv_stats version 2).
+	DiskFilesSkipped, DiskRecordsMismatched, DiskSegmentsCleaned uint64
+	DiskBytesRelocated, DiskBytesAllocated                        uint64
 }
 
 func (c *Context) Stats() (Stats, error) {
@@ -443,6 +451,9 @@ func (c *Context) Stats() (Stats, error) {
 	out.Evictions, out.Demotions, out.Promotions = uint64(s.evictions), uint64(s.demotions), uint64(s.promotions)
 	out.LoadFailures, out.Revocations = uint64(s.load_failures), uint64(s.revocations)
 	out.CorruptFilesRemoved, out.DemotionsDeferred = uint64(s.corrupt_files_removed), uint64(s.demotions_deferred)
+	out.DiskFilesSkipped, out.DiskRecordsMismatched = uint64(s.disk_files_skipped), uint64(s.disk_records_mismatched)
+	out.DiskSegmentsCleaned, out.DiskBytesRelocated = uint64(s.disk_segments_cleaned), uint64(s.disk_bytes_relocated)
+	out.DiskBytesAllocated = uint64(s.disk_bytes_allocated)
 	return out, nil
 }
 

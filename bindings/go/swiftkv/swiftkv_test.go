@@ -120,11 +120,16 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.EvictionLRU = true
 	cfg.AttentionCostTable = []float64{1, 2}
 	cfg.CoordTimeoutMs = 700
+	cfg.DiskSegmentBytes, cfg.DiskSyncMs = 1<<18, 250
 	c := newCtx(t, cfg)
 	got := val(c.Config())
 	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
-		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" {
+		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
+		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 {
 		t.Fatalf("%+v", got)
+	}
+	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 {
+		t.Fatalf("%+v", st)
 	}
 	bad := DefaultConfig()
 	bad.MaintenanceIntervalMs = 0

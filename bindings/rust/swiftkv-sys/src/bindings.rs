@@ -8,7 +8,7 @@ pub const SWIFTKV_DEVICE_HOST: i32 = -1;
 pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
-pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 4;
+pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 5;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
 pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
@@ -18,7 +18,7 @@ pub const SWIFTKV_MODEL_ALL: u32 = 4294967295;
 pub const SWIFTKV_MODEL_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_TIERS_ALL: u32 = 7;
 pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
-pub const SWIFTKV_STATS_VERSION: u32 = 1;
+pub const SWIFTKV_STATS_VERSION: u32 = 2;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 1;
@@ -499,12 +499,15 @@ pub struct swiftkv_ctx_config {
     pub coord_endpoint: *const ::std::os::raw::c_char,
     pub coord_heartbeat_ms: u32,
     pub coord_timeout_ms: u32,
+    pub disk_segment_bytes: u64,
+    pub disk_sync_ms: u32,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_ctx_config>(),
-        120usize,
+        136usize,
         concat!("Size of: ", stringify!(swiftkv_ctx_config))
     );
     assert_eq!(
@@ -852,6 +855,57 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_coord_timeout_ms();
+    fn test_field_disk_segment_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_segment_bytes) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(disk_segment_bytes)
+            )
+        );
+    }
+    test_field_disk_segment_bytes();
+    fn test_field_disk_sync_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_sync_ms) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(disk_sync_ms)
+            )
+        );
+    }
+    test_field_disk_sync_ms();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            132usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 extern "C" {
     pub fn swiftkv_ctx_create(
@@ -2420,12 +2474,17 @@ pub struct swiftkv_stats {
     pub revocations: u64,
     pub corrupt_files_removed: u64,
     pub demotions_deferred: u64,
+    pub disk_files_skipped: u64,
+    pub disk_records_mismatched: u64,
+    pub disk_segments_cleaned: u64,
+    pub disk_bytes_relocated: u64,
+    pub disk_bytes_allocated: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_stats() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_stats>(),
-        184usize,
+        224usize,
         concat!("Size of: ", stringify!(swiftkv_stats))
     );
     assert_eq!(
@@ -2705,6 +2764,91 @@ fn bindgen_test_layout_swiftkv_stats() {
         );
     }
     test_field_demotions_deferred();
+    fn test_field_disk_files_skipped() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_files_skipped) as usize - ptr as usize
+            },
+            184usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_files_skipped)
+            )
+        );
+    }
+    test_field_disk_files_skipped();
+    fn test_field_disk_records_mismatched() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_records_mismatched) as usize - ptr as usize
+            },
+            192usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_records_mismatched)
+            )
+        );
+    }
+    test_field_disk_records_mismatched();
+    fn test_field_disk_segments_cleaned() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_segments_cleaned) as usize - ptr as usize
+            },
+            200usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_segments_cleaned)
+            )
+        );
+    }
+    test_field_disk_segments_cleaned();
+    fn test_field_disk_bytes_relocated() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_bytes_relocated) as usize - ptr as usize
+            },
+            208usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_bytes_relocated)
+            )
+        );
+    }
+    test_field_disk_bytes_relocated();
+    fn test_field_disk_bytes_allocated() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_bytes_allocated) as usize - ptr as usize
+            },
+            216usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_bytes_allocated)
+            )
+        );
+    }
+    test_field_disk_bytes_allocated();
 }
 extern "C" {
     pub fn swiftkv_stats_get(out: *mut swiftkv_stats, ctx: *const swiftkv_ctx) -> swiftkv_status;

@@ -342,6 +342,10 @@ pub struct ContextConfig {
     pub coord_endpoint: Option<String>,
     pub coord_heartbeat_ms: u32,
     pub coord_timeout_ms: u32,
+    /// Bytes of one disk segment file (0: the library's default).
+    pub disk_segment_bytes: u64,
+    /// Group commit period of the disk tier in ms (0: when a segment fills and at close).
+    pub disk_sync_ms: u32,
 }
 
 impl Default for ContextConfig {
@@ -361,6 +365,8 @@ impl Default for ContextConfig {
             coord_endpoint: None,
             coord_heartbeat_ms: 100,
             coord_timeout_ms: 5000,
+            disk_segment_bytes: 0,
+            disk_sync_ms: 1000,
         }
     }
 }
@@ -428,6 +434,8 @@ impl Context {
         c.coord_endpoint = ep.as_ref().map_or(ptr::null(), |s| s.as_ptr());
         c.coord_heartbeat_ms = config.coord_heartbeat_ms;
         c.coord_timeout_ms = config.coord_timeout_ms;
+        c.disk_segment_bytes = config.disk_segment_bytes;
+        c.disk_sync_ms = config.disk_sync_ms;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -477,6 +485,8 @@ impl Context {
             coord_endpoint: string(c.coord_endpoint),
             coord_heartbeat_ms: c.coord_heartbeat_ms,
             coord_timeout_ms: c.coord_timeout_ms,
+            disk_segment_bytes: c.disk_segment_bytes,
+            disk_sync_ms: c.disk_sync_ms,
         })
     }
 

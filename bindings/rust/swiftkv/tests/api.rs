@@ -79,10 +79,15 @@ fn config_round_trip_and_errors() {
         eviction_policy: EvictionPolicy::Lru,
         attention_cost_table: vec![1.0, 2.0],
         coord_timeout_ms: 700,
+        disk_segment_bytes: 1 << 18,
+        disk_sync_ms: 250,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
+    assert_eq!((got.disk_segment_bytes, got.disk_sync_ms), (1 << 18, 250));
+    let st = c.stats().unwrap();
+    assert_eq!((st.disk_files_skipped, st.disk_bytes_allocated), (0, 0));
     assert_eq!(got.host_budget_bytes, 1 << 20);
     assert_eq!(got.disk_path.as_deref(), Some(dir.to_str().unwrap()));
     assert_eq!(got.eviction_policy, EvictionPolicy::Lru);
