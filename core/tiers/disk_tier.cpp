@@ -87,6 +87,19 @@ uint64_t realtime_ns() {
 
 std::string errno_text(int e) { return std::string(std::strerror(e)); }
 
+// Moves past `done` bytes of an iovec array after a short read or write.
+void consume(iovec *&iov, int &n, size_t done) {
+  while (n > 0 && done >= iov->iov_len) {
+    done -= iov->iov_len;
+    ++iov;
+    --n;
+  }
+  if (n > 0) {
+    iov->iov_base = static_cast<char *>(iov->iov_base) + done;
+    iov->iov_len -= done;
+  }
+}
+
 // Writes all of iov at off; throws Error(EIO) naming `what`.
 void pwrite_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what) {
   while (n > 0) {
@@ -94,16 +107,7 @@ void pwrite_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) fail(SWIFTKV_EIO, "writing " + what + " failed: " + errno_text(w < 0 ? errno : EIO));
     off += static_cast<uint64_t>(w);
-    auto left = static_cast<size_t>(w);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<char *>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    consume(iov, n, static_cast<size_t>(w));
   }
 }
 
@@ -115,16 +119,7 @@ bool pread_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what)
     if (r < 0) fail(SWIFTKV_EIO, "reading " + what + " failed: " + errno_text(errno));
     if (r == 0) return false;
     off += static_cast<uint64_t>(r);
-    auto left = static_cast<size_t>(r);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<char *>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    consume(iov, n, static_cast<size_t>(r));
   }
   return true;
 }
