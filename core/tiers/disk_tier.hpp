@@ -49,7 +49,7 @@ struct DiskStats {
 // the lock and switches them under it.
 class DiskTier final : public TierStore {
  public:
-  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{256} << 20;
+  static constexpr uint64_t kDefaultSegmentBytes = uint64_t{1} << 30;
   static constexpr uint32_t kFormat = 2;
   static constexpr uint64_t kHeaderBytes = 128;  // of a segment and of a record
   static constexpr uint64_t kAlign = 64;         // records start at multiples of this

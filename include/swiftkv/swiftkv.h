@@ -291,7 +291,7 @@ typedef struct swiftkv_ctx_config {
   /* Version 5: the disk tier's log (see docs/disk-format.md). */
   uint64_t disk_segment_bytes; /* bytes of one segment file of the disk tier: records are
                                   appended to preallocated segments of this size, and the budget
-                                  counts whole segments. Default 0: 256 MiB, at most a quarter of
+                                  counts whole segments. Default 0: 1 GiB, at most a quarter of
                                   disk_budget_bytes. A given size is capped at half the budget
                                   and rounded down to 64 bytes; one segment stays free for cleaning,
                                   so the disk tier holds records up to the budget less one

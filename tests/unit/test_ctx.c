@@ -209,13 +209,13 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   v4.size = (uint32_t)offsetof(swiftkv_ctx_config, disk_segment_bytes);
   v4.version = 4;
   v4.disk_path = dir;
-  v4.disk_budget_bytes = UINT64_C(1) << 30;
+  v4.disk_budget_bytes = UINT64_C(1) << 33;
   swiftkv_ctx *ctx = NULL;
   assert_status(swiftkv_ctx_create(&ctx, &v4), SWIFTKV_OK);
   swiftkv_ctx_config got = SWIFTKV_CTX_CONFIG_INIT;
   assert_status(swiftkv_ctx_get_config(&got, ctx), SWIFTKV_OK);
-  /* 256 MiB is at most a quarter of the budget: the segment size in effect. */
-  assert_int_equal(got.disk_segment_bytes, UINT64_C(256) << 20);
+  /* 1 GiB is at most a quarter of the budget: the segment size in effect. */
+  assert_int_equal(got.disk_segment_bytes, UINT64_C(1) << 30);
   assert_int_equal(got.disk_sync_ms, 1000);
   swiftkv_ctx_config small = v4;
   assert_status(swiftkv_ctx_get_config(&small, ctx), SWIFTKV_OK);

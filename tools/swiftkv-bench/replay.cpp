@@ -267,10 +267,10 @@ class Simulation {
     c.host_budget_bytes = host_chunks * chunk_shadow_ + extra_host_bytes;
     if (disk) {
       c.disk_path = disk_dir_.c_str();
-      // Segments of 16 chunks (or 256 MiB of real chunks if that is more), and a budget of one
+      // Segments of 16 chunks (or 1 GiB of real chunks if that is more), and a budget of one
       // segment more than the chunks need (the one the log keeps free for cleaning), so the
       // tier holds the server's disk in chunks (docs/disk-format.md has the sizes).
-      const uint64_t per_segment = std::max<uint64_t>(16, (uint64_t{256} << 20) / chunk_real_);
+      const uint64_t per_segment = std::max<uint64_t>(16, (uint64_t{1} << 30) / chunk_real_);
       const uint64_t record = (128 + chunk_shadow_ + 63) / 64 * 64;
       const uint64_t chunks = result_.capacity.disk_tokens / cfg_.chunk_tokens;
       c.disk_segment_bytes = 2 * 128 + per_segment * record;
