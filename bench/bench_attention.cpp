@@ -1,9 +1,12 @@
 // bench_attention: multi-token paged attention throughput (TFLOP/s of the attended pairs) at
-// page sizes 16 and 64 beside the same KV in one contiguous run of pages, in the same run. On
-// the host the CPU twin (an fp64 reference path, not a fast one); on a GPU the kernels, for
-// prefill (8 sub-requests x 512 new tokens over 8K and 32K cached tokens) and decode (64
-// sub-requests x 1 token). Prints a table and one JSON line. bench/bench_attention_sdpa.py
-// adds PyTorch's scaled_dot_product_attention as the contiguous baseline on a GPU machine.
+// page sizes 16 and 64, each beside the same KV in pages of the same size laid out in order (one
+// contiguous run of memory per sub-request), the two alternated repetition by repetition after
+// a warm-up; median and best over --reps. On the host the CPU twin (an fp64 reference path, not
+// a fast one); on a GPU the kernels, for prefill (8 sub-requests x 512 new tokens over 8K and
+// 32K cached tokens) and decode (64 sub-requests x 1 token). Prints a table and one JSON line.
+// bench/bench_attention_sdpa.py adds PyTorch's scaled_dot_product_attention as the contiguous
+// baseline on a GPU machine.
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -27,10 +30,19 @@ struct Shape {
   uint32_t cached;  // KV before the new tokens
 };
 
+struct Stat {
+  double med = 0, best = 0;
+};
+// TFLOP/s from seconds: the median and the best (least time) repetition.
+Stat tflops_of(std::vector<double> secs, double flop) {
+  std::sort(secs.begin(), secs.end());
+  return Stat{flop / secs[secs.size() / 2] / 1e12, flop / secs.front() / 1e12};
+}
+
 struct Result {
   std::string where, shape;
   uint32_t page;
-  double paged_tflops, contiguous_tflops;
+  Stat paged, contiguous;
 };
 
 [[noreturn]] void die(const char *what) {
@@ -110,79 +122,137 @@ swiftkv_attention_args args_for(const Table &t, uint32_t page, void *q, void *kv
 
 size_t kv_bytes(const Table &t, uint32_t page) { return size_t(t.num_pages) * 2 * page * kHkv * kDim * 2; }
 
-double host_tflops(const Shape &s, uint32_t page, bool shuffled) {
-  const Table t = make_table(s, page, shuffled);
-  const swiftkv_attention_desc d = desc_for(SWIFTKV_DEVICE_HOST, page);
+double flop_of(const Shape &s) { return 4.0 * pairs(s) * kHq * kDim; }
+
+// One layout of one shape on the host, planned once; run() times one call.
+struct HostCase {
+  Table t;
+  swiftkv_attention_desc d;
   uint64_t bytes = 0;
-  if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
-  void *ws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
-  std::vector<uint16_t> q(size_t(s.n_req) * s.q_len * kHq * kDim, 0x3c00), out(q.size());
-  std::vector<uint16_t> kv(kv_bytes(t, page) / 2, 0x3800);
+  void *ws = nullptr;
+  std::vector<uint16_t> q, out, kv;
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
-  if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
-                                  bytes, nullptr) != SWIFTKV_OK) die("plan");
-  const swiftkv_attention_args a = args_for(t, page, q.data(), kv.data(), out.data(), t.indices.data());
-  const auto t0 = std::chrono::steady_clock::now();
-  if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
-  const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::free(ws);
-  return 4.0 * pairs(s) * kHq * kDim / sec / 1e12;
+  swiftkv_attention_args a;
+  HostCase(const Shape &s, uint32_t page, bool shuffled)
+      : t(make_table(s, page, shuffled)), d(desc_for(SWIFTKV_DEVICE_HOST, page)) {
+    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+    ws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
+    q.assign(size_t(s.n_req) * s.q_len * kHq * kDim, 0x3c00);
+    out.assign(q.size(), 0);
+    kv.assign(kv_bytes(t, page) / 2, 0x3800);
+    if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
+                                    bytes, nullptr) != SWIFTKV_OK) die("plan");
+    a = args_for(t, page, q.data(), kv.data(), out.data(), t.indices.data());
+  }
+  ~HostCase() { std::free(ws); }
+  HostCase(const HostCase &) = delete;
+  HostCase &operator=(const HostCase &) = delete;
+  double run() {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+Result host_result(const Shape &s, uint32_t page, int reps) {
+  HostCase paged(s, page, true), contiguous(s, page, false);
+  std::vector<double> p, c;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    const double tc = contiguous.run();
+    const double tp = paged.run();
+    if (rep > 0) {
+      c.push_back(tc);
+      p.push_back(tp);
+    }
+  }
+  return Result{"host", s.name, page, tflops_of(p, flop_of(s)), tflops_of(c, flop_of(s))};
 }
 
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-double device_tflops(const Shape &s, uint32_t page, bool shuffled) {
-  const Table t = make_table(s, page, shuffled);
-  const swiftkv_attention_desc d = desc_for(0, page);
+// One layout of one shape on device 0, planned once; run() times `iters` launches by events.
+struct DeviceCase {
+  Table t;
+  swiftkv_attention_desc d;
   uint64_t bytes = 0;
-  if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
   void *ws = nullptr, *q = nullptr, *kv = nullptr, *out = nullptr, *idx = nullptr;
-  const size_t qb = size_t(s.n_req) * s.q_len * kHq * kDim * 2;
-  cudaMalloc(&ws, bytes);
-  cudaMalloc(&q, qb);
-  cudaMalloc(&out, qb);
-  cudaMalloc(&kv, kv_bytes(t, page));
-  cudaMalloc(&idx, t.indices.size() * sizeof(int32_t));
-  cudaMemset(q, 0x3c, qb);
-  cudaMemset(kv, 0x38, kv_bytes(t, page));
-  cudaMemcpy(idx, t.indices.data(), t.indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
-  if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
-                                  bytes, nullptr) != SWIFTKV_OK) die("plan");
-  const swiftkv_attention_args a = args_for(t, page, q, kv, out, static_cast<const int32_t *>(idx));
-  for (int i = 0; i < 3; ++i) {
-    if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
+  swiftkv_attention_args a;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  DeviceCase(const Shape &s, uint32_t page, bool shuffled)
+      : t(make_table(s, page, shuffled)), d(desc_for(0, page)) {
+    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+    const size_t qb = size_t(s.n_req) * s.q_len * kHq * kDim * 2;
+    cudaMalloc(&ws, bytes);
+    cudaMalloc(&q, qb);
+    cudaMalloc(&out, qb);
+    cudaMalloc(&kv, kv_bytes(t, page));
+    cudaMalloc(&idx, t.indices.size() * sizeof(int32_t));
+    cudaMemset(q, 0x3c, qb);
+    cudaMemset(kv, 0x38, kv_bytes(t, page));
+    cudaMemcpy(idx, t.indices.data(), t.indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+    if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
+                                    bytes, nullptr) != SWIFTKV_OK) die("plan");
+    a = args_for(t, page, q, kv, out, static_cast<const int32_t *>(idx));
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
   }
-  cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  const int iters = 20;
-  cudaEventRecord(e0);
-  for (int i = 0; i < iters; ++i) swiftkv_attention_run(&plan, &a, ws, nullptr);
-  cudaEventRecord(e1);
-  cudaEventSynchronize(e1);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, e0, e1);
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaFree(ws);
-  cudaFree(q);
-  cudaFree(out);
-  cudaFree(kv);
-  cudaFree(idx);
-  return 4.0 * pairs(s) * kHq * kDim / (ms / 1e3 / iters) / 1e12;
+  ~DeviceCase() {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(ws);
+    cudaFree(q);
+    cudaFree(out);
+    cudaFree(kv);
+    cudaFree(idx);
+  }
+  DeviceCase(const DeviceCase &) = delete;
+  DeviceCase &operator=(const DeviceCase &) = delete;
+  double run(int iters) {
+    cudaEventRecord(e0);
+    for (int i = 0; i < iters; ++i) {
+      if (swiftkv_attention_run(&plan, &a, ws, nullptr) != SWIFTKV_OK) die("run");
+    }
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms / 1e3 / iters;
+  }
+};
+
+Result device_result(const Shape &s, uint32_t page, int reps) {
+  DeviceCase paged(s, page, true), contiguous(s, page, false);
+  std::vector<double> p, c;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    const double tc = contiguous.run(20);
+    const double tp = paged.run(20);
+    if (rep > 0) {
+      c.push_back(tc);
+      p.push_back(tp);
+    }
+  }
+  return Result{"gpu", s.name, page, tflops_of(p, flop_of(s)), tflops_of(c, flop_of(s))};
 }
 #endif
 
 }  // namespace
 
 int main(int argc, char **argv) {
-  // --quick: tiny host shapes only, for the test suite's smoke run.
+  // --quick: tiny host shapes and one repetition, for the test suite's smoke run.
   bool quick = false;
+  int reps = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+      reps = 1;
+    } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+      if (reps < 1) {
+        std::fprintf(stderr, "bench_attention: --reps must be at least 1\n");
+        return 2;
+      }
     } else {
-      std::fprintf(stderr, "usage: bench_attention [--quick]\n");
+      std::fprintf(stderr, "usage: bench_attention [--quick] [--reps N]\n");
       return 2;
     }
   }
@@ -192,10 +262,7 @@ int main(int argc, char **argv) {
       quick ? std::vector<Shape>{{"prefill 2x16 over 256", 2, 16, 256}, {"decode 4x1 over 512", 4, 1, 512}}
             : std::vector<Shape>{{"prefill 4x64 over 1K", 4, 64, 1024}, {"decode 16x1 over 4K", 16, 1, 4096}};
   for (const Shape &s : host_shapes) {
-    const double contiguous = host_tflops(s, 256, false);
-    for (uint32_t page : {16u, 64u}) {
-      results.push_back({"host", s.name, page, host_tflops(s, page, true), contiguous});
-    }
+    for (uint32_t page : {16u, 64u}) results.push_back(host_result(s, page, reps));
   }
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) != SWIFTKV_OK) die("device_count");
@@ -206,29 +273,30 @@ int main(int argc, char **argv) {
                                 {"decode 64x1 over 8K", 64, 1, 8192},
                                 {"decode 64x1 over 32K", 64, 1, 32768}};
     for (const Shape &s : gpu_shapes) {
-      const double contiguous = device_tflops(s, 256, false);
-      for (uint32_t page : {16u, 64u}) {
-        results.push_back({"gpu", s.name, page, device_tflops(s, page, true), contiguous});
-      }
+      for (uint32_t page : {16u, 64u}) results.push_back(device_result(s, page, reps));
     }
   }
 #endif
-  std::printf("multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal\n",
-              kHq, kHkv, kDim);
-  std::printf("%-5s %-24s %5s %14s %18s %8s\n", "where", "shape", "page", "paged TFLOP/s",
-              "contiguous TFLOP/s", "ratio");
+  std::printf("multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal; "
+              "TFLOP/s median/best over %d repetitions; contiguous: the same page size in order\n",
+              kHq, kHkv, kDim, reps);
+  std::printf("%-5s %-24s %5s %19s %19s %8s\n", "where", "shape", "page", "paged",
+              "contiguous", "ratio");
   for (const Result &r : results) {
-    std::printf("%-5s %-24s %5u %14.4f %18.4f %8.3f\n", r.where.c_str(), r.shape.c_str(), r.page,
-                r.paged_tflops, r.contiguous_tflops, r.paged_tflops / r.contiguous_tflops);
+    std::printf("%-5s %-24s %5u %9.4f/%9.4f %9.4f/%9.4f %8.3f\n", r.where.c_str(),
+                r.shape.c_str(), r.page, r.paged.med, r.paged.best, r.contiguous.med,
+                r.contiguous.best, r.paged.med / r.contiguous.med);
   }
   if (devices == 0) std::printf("(no GPU here: host figures only)\n");
-  std::printf("{\"bench\":\"attention\",\"gpu\":%s,\"results\":[", devices > 0 ? "true" : "false");
+  std::printf("{\"bench\":\"attention\",\"gpu\":%s,\"reps\":%d,\"results\":[",
+              devices > 0 ? "true" : "false", reps);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result &r = results[i];
     std::printf("%s{\"where\":\"%s\",\"shape\":\"%s\",\"page\":%u,\"paged_tflops\":%.5f,"
-                "\"contiguous_tflops\":%.5f,\"contiguous_over_paged\":%.4f}",
-                i ? "," : "", r.where.c_str(), r.shape.c_str(), r.page, r.paged_tflops,
-                r.contiguous_tflops, r.contiguous_tflops / r.paged_tflops);
+                "\"paged_best_tflops\":%.5f,\"contiguous_tflops\":%.5f,"
+                "\"contiguous_best_tflops\":%.5f,\"contiguous_over_paged\":%.4f}",
+                i ? "," : "", r.where.c_str(), r.shape.c_str(), r.page, r.paged.med, r.paged.best,
+                r.contiguous.med, r.contiguous.best, r.contiguous.med / r.paged.med);
   }
   std::printf("]}\n");
   return 0;

@@ -1,14 +1,15 @@
 // bench_coord: the coordinator's costs, through the public API, with the lender and the borrower
 // in two contexts talking over an ipc:// endpoint (the same protocol as between processes).
 //   1. Reclaim latency against the chunks to evacuate: the borrower fills a lease with N chunks,
-//      the lender grows over it, and the time from the reclaim request to the borrower's ack is
-//      read from the lender's coordinator (the borrower copies the chunks to host meanwhile).
-//      The evacuation rate beside it puts the time per chunk against a plain memcpy of the
-//      same bytes measured in the same run.
-//   2. Heartbeat overhead: the CPU time both contexts spend per second while idle with L leases,
-//      at heartbeat periods of 1, 10 and 100 ms, against the same contexts with no lease.
+//      the lender grows over it and waits (swiftkv_elastic_wait_reclaims), and the time from the
+//      reclaim request to the borrower's ack is read from the lender's coordinator (the borrower
+//      copies the chunks to host meanwhile), beside a memcpy of the same bytes in the same
+//      repetition. Median and min over --reps after a warm-up.
+//   2. Heartbeat overhead: the CPU time both contexts spend per second with L leases at
+//      heartbeat periods of 1, 10 and 100 ms, less the idle baseline measured just before in the
+//      same repetition: the same two contexts with the region offered and nothing borrowed.
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
-// the second part; --reclaims: only the first.
+// the second part; --reclaims: only the first; --reps N.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -124,7 +125,7 @@ ReclaimRow reclaim_once(uint64_t chunks) {
                      kv.size()),
        "store");
   }
-  std::vector<uint8_t> dst(kv.size() + 1);
+  std::vector<uint8_t> dst(kv.size() + 1, 0);
   const auto c0 = Clock::now();
   if (!kv.empty()) std::memcpy(dst.data(), kv.data(), kv.size());
   const double memcpy_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
@@ -132,15 +133,11 @@ ReclaimRow reclaim_once(uint64_t chunks) {
   const auto t0 = Clock::now();
   uint64_t blocks = 0, bc = 0;
   ok(swiftkv_elastic_scale_for_request(&blocks, &bc, p.region, (units + 1) * 4 * 16), "scale");
-  swiftkv_elastic_stats s = SWIFTKV_ELASTIC_STATS_INIT;
-  for (;;) {
-    ok(swiftkv_elastic_stats_get(&s, p.region), "stats");
-    if (s.reclaiming_blocks == 0) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(50));  // leave the cores to the peers
-  }
+  ok(swiftkv_elastic_wait_reclaims(p.region, 60'000), "wait_reclaims");
   const double settle_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
   swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
   ok(swiftkv_coord_stats_get(&cs, p.lender), "coord stats");
+  // The lender counts the ack before the region has the lease back, so this holds at once.
   if (cs.reclaims_acked != 1) die("the reclaim was not acked once");
   end_pair(p);
   return ReclaimRow{chunks, static_cast<double>(cs.reclaim_ns_max) * 1e-6, settle_ms, memcpy_ms};
@@ -149,13 +146,27 @@ ReclaimRow reclaim_once(uint64_t chunks) {
 struct HeartbeatRow {
   uint32_t period_ms;
   uint64_t leases;
-  double cpu_ms_per_s;   // both contexts, idle
-  double heartbeats_per_s;
-  double us_per_heartbeat;  // CPU time per heartbeat and its answer, both sides
+  double cpu_ms_per_s = 0, cpu_ms_per_s_min = 0;  // both contexts, less the idle baseline
+  double idle_ms_per_s = 0;                        // the baseline itself (median)
+  double heartbeats_per_s = 0;
+  double us_per_heartbeat = 0;  // CPU time per heartbeat and its answer, both sides
 };
 
-HeartbeatRow heartbeat_once(uint32_t period_ms, uint64_t leases, double seconds) {
-  Pair p = make_pair(std::max<uint64_t>(leases, 1), period_ms, 64 << 20);
+// CPU ms per second of this process over `seconds` while it sleeps.
+double cpu_over(double seconds) {
+  const double c0 = cpu_seconds();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return (cpu_seconds() - c0) * 1e3 / seconds;
+}
+
+// One repetition: the idle baseline (the region offered, nothing borrowed), then the same two
+// contexts with `leases` leases renewed every period_ms. Returns (with, idle) CPU ms/s and
+// heartbeats/s.
+void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *with,
+                   double *idle, double *beats) {
+  Pair p = make_pair(leases, period_ms, 64 << 20);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  *idle = cpu_over(seconds);
   for (uint64_t i = 0; i < leases; ++i) {
     uint64_t lease = 0;
     ok(swiftkv_borrow_remote(&lease, p.borrower, p.model, p.endpoint.c_str(), "bench", 1),
@@ -164,70 +175,119 @@ HeartbeatRow heartbeat_once(uint32_t period_ms, uint64_t leases, double seconds)
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   swiftkv_coord_stats a = SWIFTKV_COORD_STATS_INIT, b = SWIFTKV_COORD_STATS_INIT;
   ok(swiftkv_coord_stats_get(&a, p.borrower), "coord stats");
-  const double c0 = cpu_seconds();
-  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
-  const double cpu = cpu_seconds() - c0;
+  *with = cpu_over(seconds);
   ok(swiftkv_coord_stats_get(&b, p.borrower), "coord stats");
   end_pair(p);
-  const double hb = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered);
-  return HeartbeatRow{period_ms, leases, cpu * 1e3 / seconds, hb / seconds,
-                      hb > 0 ? cpu * 1e6 / hb : 0.0};
+  *beats = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered) / seconds;
+}
+
+HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
+  std::vector<double> net, idle, beats;
+  for (int r = 0; r <= reps; ++r) {  // r 0 warms up
+    double w = 0, i = 0, b = 0;
+    heartbeat_rep(period_ms, leases, seconds, &w, &i, &b);
+    if (r == 0) continue;
+    net.push_back(w - i);
+    idle.push_back(i);
+    beats.push_back(b);
+  }
+  std::sort(net.begin(), net.end());
+  std::sort(idle.begin(), idle.end());
+  std::sort(beats.begin(), beats.end());
+  HeartbeatRow h;
+  h.period_ms = period_ms;
+  h.leases = leases;
+  h.cpu_ms_per_s = net[net.size() / 2];
+  h.cpu_ms_per_s_min = net.front();
+  h.idle_ms_per_s = idle[idle.size() / 2];
+  h.heartbeats_per_s = beats[beats.size() / 2];
+  h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
+  return h;
 }
 
 }  // namespace
 
 int main(int argc, char **argv) {
-  const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
-  const bool beats_only = argc > 1 && std::strcmp(argv[1], "--heartbeats") == 0;
-  const bool reclaims_only = argc > 1 && std::strcmp(argv[1], "--reclaims") == 0;
+  bool quick = false, beats_only = false, reclaims_only = false;
+  int reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+      reps = 1;
+    } else if (std::strcmp(argv[i], "--heartbeats") == 0) {
+      beats_only = true;
+    } else if (std::strcmp(argv[i], "--reclaims") == 0) {
+      reclaims_only = true;
+    } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
+      reps = std::atoi(argv[++i]);
+      if (reps < 1) {
+        std::fprintf(stderr, "bench_coord: --reps must be at least 1\n");
+        return 2;
+      }
+    } else {
+      std::fprintf(stderr, "usage: bench_coord [--quick] [--heartbeats|--reclaims] [--reps N]\n");
+      return 2;
+    }
+  }
   setenv("SWIFTKV_LOG", "off", 0);
   const std::vector<uint64_t> sizes =
       quick ? std::vector<uint64_t>{0, 4} : std::vector<uint64_t>{0, 1, 4, 16, 64, 256};
-  std::printf("reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk)\n",
-              static_cast<double>(kChunkBytes) / (1 << 20));
-  std::printf("%8s %10s %10s %12s %12s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
+  std::printf("reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
+              "over %d repetitions\n", static_cast<double>(kChunkBytes) / (1 << 20), reps);
+  std::printf("%8s %17s %10s %12s %12s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
               "evac GB/s");
-  std::vector<ReclaimRow> rr;
+  struct Reclaim {
+    ReclaimRow med;
+    double ack_min_ms;
+  };
+  std::vector<Reclaim> rr;
   for (uint64_t n : sizes) {
     if (beats_only) break;
     std::vector<ReclaimRow> runs;
-    for (int r = 0; r < (quick ? 1 : 3); ++r) runs.push_back(reclaim_once(n));
+    for (int r = 0; r <= reps; ++r) {
+      const ReclaimRow row = reclaim_once(n);
+      if (r > 0) runs.push_back(row);  // r 0 warms up
+    }
     std::sort(runs.begin(), runs.end(),
               [](const ReclaimRow &x, const ReclaimRow &y) { return x.ack_ms < y.ack_ms; });
     const ReclaimRow &m = runs[runs.size() / 2];
-    rr.push_back(m);
+    rr.push_back(Reclaim{m, runs.front().ack_ms});
     const double gbs = m.ack_ms > 0 ? static_cast<double>(n * kChunkBytes) / (m.ack_ms * 1e6) : 0;
-    std::printf("%8llu %10.3f %10.3f %12.3f %12.2f\n", static_cast<unsigned long long>(n),
-                m.ack_ms, m.settle_ms, m.memcpy_ms, gbs);
+    std::printf("%8llu %8.3f/%8.3f %10.3f %12.3f %12.2f\n", static_cast<unsigned long long>(n),
+                m.ack_ms, runs.front().ack_ms, m.settle_ms, m.memcpy_ms, gbs);
   }
-  std::printf("\nheartbeats: CPU time of both contexts while idle\n");
-  std::printf("%10s %8s %12s %12s %14s\n", "period ms", "leases", "cpu ms/s", "beats/s",
-              "cpu us/beat");
+  std::printf("\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
+              "region offered, nothing borrowed) measured before it in each repetition\n");
+  std::printf("%10s %8s %18s %12s %12s %14s\n", "period ms", "leases", "cpu ms/s med/min",
+              "idle ms/s", "beats/s", "cpu us/beat");
   std::vector<HeartbeatRow> hr;
-  const double secs = quick ? 0.2 : 2.0;
+  const double secs = quick ? 0.2 : 1.0;
   for (uint32_t period : {1u, 10u, 100u}) {
     if (reclaims_only) break;
-    for (uint64_t leases : {uint64_t{0}, uint64_t{1}, uint64_t{64}}) {
+    for (uint64_t leases : {uint64_t{1}, uint64_t{64}}) {
       if (quick && (period != 10 || leases == 64)) continue;
-      const HeartbeatRow h = heartbeat_once(period, leases, secs);
+      const HeartbeatRow h = heartbeat_row(period, leases, secs, reps);
       hr.push_back(h);
-      std::printf("%10u %8llu %12.3f %12.1f %14.2f\n", h.period_ms,
-                  static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s, h.heartbeats_per_s,
-                  h.us_per_heartbeat);
+      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f\n", h.period_ms,
+                  static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s, h.cpu_ms_per_s_min,
+                  h.idle_ms_per_s, h.heartbeats_per_s, h.us_per_heartbeat);
     }
   }
-  std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reclaim\":[",
-              static_cast<unsigned long long>(kChunkBytes));
+  std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reps\":%d,\"reclaim\":[",
+              static_cast<unsigned long long>(kChunkBytes), reps);
   for (size_t i = 0; i < rr.size(); ++i) {
-    std::printf("%s{\"chunks\":%llu,\"ack_ms\":%.4f,\"settle_ms\":%.4f,\"memcpy_ms\":%.4f}",
-                i ? "," : "", static_cast<unsigned long long>(rr[i].chunks), rr[i].ack_ms,
-                rr[i].settle_ms, rr[i].memcpy_ms);
+    std::printf("%s{\"chunks\":%llu,\"ack_ms\":%.4f,\"ack_min_ms\":%.4f,\"settle_ms\":%.4f,"
+                "\"memcpy_ms\":%.4f}",
+                i ? "," : "", static_cast<unsigned long long>(rr[i].med.chunks), rr[i].med.ack_ms,
+                rr[i].ack_min_ms, rr[i].med.settle_ms, rr[i].med.memcpy_ms);
   }
   std::printf("],\"heartbeat\":[");
   for (size_t i = 0; i < hr.size(); ++i) {
-    std::printf("%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,\"beats_per_s\":%.2f}",
+    std::printf("%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
+                "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f}",
                 i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
-                hr[i].cpu_ms_per_s, hr[i].heartbeats_per_s);
+                hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s,
+                hr[i].heartbeats_per_s);
   }
   std::printf("]}\n");
   return 0;

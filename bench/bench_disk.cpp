@@ -146,11 +146,11 @@ Row measure(const Model &m, const std::string &dir, double gib, int reps) {
   const double bytes = static_cast<double>(n * chunk);
   std::vector<double> lw, pw, lr, pr;
   std::vector<uint32_t> tokens(n * kChunkTokens);
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 7919 + i);
+  // The library: store, then end the context (its sync); retrieve from a new one after the
+  // files' pages are dropped.
+  auto lib_write = [&] {
     clear_dir(lib_dir);
-    // The library: store, then end the context (its sync), then retrieve from a new one.
-    auto t0 = Clock::now();
+    const auto t0 = Clock::now();
     {
       Ctx c(lib_dir, budget, segment, d);
       uint64_t cached = 0;
@@ -159,44 +159,60 @@ Row measure(const Model &m, const std::string &dir, double gib, int reps) {
         die("store");
       }
     }
-    const double tw = s_since(t0);
+    return s_since(t0);
+  };
+  auto lib_read = [&] {
     for (const std::string &f : files_in(lib_dir)) drop_pages(f);
-    double trd = 0;
-    {
-      Ctx c(lib_dir, budget, segment, d);
-      std::memset(back.data(), 0, back.size());
-      t0 = Clock::now();
-      uint64_t loaded = 0;
-      if (swiftkv_retrieve(&loaded, c.ctx, c.model, tokens.data(), tokens.size(), 0, back.data(),
-                           back.size()) != SWIFTKV_OK || loaded != tokens.size()) {
-        die("retrieve");
-      }
-      trd = s_since(t0);
+    Ctx c(lib_dir, budget, segment, d);
+    std::memset(back.data(), 0, back.size());
+    const auto t0 = Clock::now();
+    uint64_t loaded = 0;
+    if (swiftkv_retrieve(&loaded, c.ctx, c.model, tokens.data(), tokens.size(), 0, back.data(),
+                         back.size()) != SWIFTKV_OK || loaded != tokens.size()) {
+      die("retrieve");
     }
+    const double t = s_since(t0);
     if (back != kv) die("the bytes retrieved are not the bytes stored");
-    // The baseline: the same bytes written sequentially to one file, synced, read back cold.
+    return t;
+  };
+  // The baseline: the same bytes written sequentially to one file and synced, read back cold.
+  auto plain_write = [&] {
     std::filesystem::remove(plain);
-    t0 = Clock::now();
-    {
-      const int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (fd < 0) die("open " + plain);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (::write(fd, kv.data() + i * chunk, chunk) != static_cast<ssize_t>(chunk)) die("write");
-      }
-      if (::fdatasync(fd) != 0) die("fdatasync");
-      ::close(fd);
+    const auto t0 = Clock::now();
+    const int fd = ::open(plain.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) die("open " + plain);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (::write(fd, kv.data() + i * chunk, chunk) != static_cast<ssize_t>(chunk)) die("write");
     }
-    const double tpw = s_since(t0);
+    if (::fdatasync(fd) != 0) die("fdatasync");
+    ::close(fd);
+    return s_since(t0);
+  };
+  auto plain_read = [&] {
     drop_pages(plain);
-    t0 = Clock::now();
-    {
-      const int fd = ::open(plain.c_str(), O_RDONLY | O_CLOEXEC);
-      for (uint64_t i = 0; i < n; ++i) {
-        if (::read(fd, back.data() + i * chunk, chunk) != static_cast<ssize_t>(chunk)) die("read");
-      }
-      ::close(fd);
+    const auto t0 = Clock::now();
+    const int fd = ::open(plain.c_str(), O_RDONLY | O_CLOEXEC);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (::read(fd, back.data() + i * chunk, chunk) != static_cast<ssize_t>(chunk)) die("read");
     }
-    const double tpr = s_since(t0);
+    ::close(fd);
+    return s_since(t0);
+  };
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 7919 + i);
+    // Which goes first alternates, so that neither always meets the other's leftovers.
+    double tw = 0, tpw = 0, trd = 0, tpr = 0;
+    if (rep % 2 == 0) {
+      tw = lib_write();
+      tpw = plain_write();
+      trd = lib_read();
+      tpr = plain_read();
+    } else {
+      tpw = plain_write();
+      tw = lib_write();
+      tpr = plain_read();
+      trd = lib_read();
+    }
     if (rep > 0) {
       lw.push_back(bytes / tw / 1e9);
       lr.push_back(bytes / trd / 1e9);

@@ -1,13 +1,22 @@
 // bench_transfer: the connector's chunk loads and saves through the public API on the host
 // backend, per engine page size, beside (a) one memcpy per page and K/V, as an engine copies
-// natively, and (b) one large memcpy of the same bytes, this machine's limit, both on the copy
-// engine's 2 threads, in the same run;
-// and the per-layer hook overhead (wait_layer_load + save_layer with nothing to copy).
+// natively, and (b) one large memcpy of the same bytes, this machine's limit, both on two
+// threads kept for the whole run (as the copy engine's 2 threads are), alternated repetition by
+// repetition with the library's after a warm-up; median and best over --reps. The first save and
+// load of a fresh context (first touch of its memory, its threads' start) are reported apart.
+// Then the layer-wise pipeline: per-layer compute simulated by a busy wait of c per layer while
+// the loads run, for c = 0.5, 1 and 2 times the per-layer transfer time measured in the same
+// run, at 32 and 64 layers: the fraction of the hideable transfer time that was hidden.
+// And the per-layer hook overhead (wait_layer_load + save_layer with nothing to copy).
 // On a CUDA build with a device, the same for a device pool (host chunks to device pages and
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
 // copy of the same bytes from pinned memory.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -39,9 +48,70 @@ void check(swiftkv_status s, const char *what) {
   }
 }
 
+// GB/s: the median and the best repetition.
+struct Rate {
+  double med = 0, best = 0;
+};
+Rate rate_of(std::vector<double> secs, double bytes) {
+  std::sort(secs.begin(), secs.end());
+  return Rate{bytes / secs[secs.size() / 2] / 1e9, bytes / secs.front() / 1e9};
+}
+
 struct Row {
   uint32_t page;
-  double load_gbs, save_gbs, per_page_gbs, large_gbs, hook_us;
+  Rate load, save, per_page, large;
+  double first_save_gbs = 0, first_load_gbs = 0;  // the first requests of a fresh context
+  double hook_us = 0;
+};
+
+// Two threads for the baselines, kept for the whole run: this one and a worker, as the copy
+// engine keeps its 2 threads.
+class Pair {
+ public:
+  Pair() : worker_([this] { loop(); }) {}
+  ~Pair() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    worker_.join();
+  }
+  // fn(0) here and fn(1) on the worker; returns when both are done.
+  void run(const std::function<void(int)> &fn) {
+    {
+      std::lock_guard lock(mu_);
+      job_ = &fn;
+      ++gen_;
+    }
+    cv_.notify_all();
+    fn(0);
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return done_ == gen_; });
+  }
+
+ private:
+  void loop() {
+    uint64_t seen = 0;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || gen_ != seen; });
+      if (stop_) return;
+      seen = gen_;
+      const std::function<void(int)> *job = job_;
+      lock.unlock();
+      (*job)(1);
+      lock.lock();
+      done_ = seen;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  const std::function<void(int)> *job_ = nullptr;
+  uint64_t gen_ = 0, done_ = 0;
+  bool stop_ = false;
+  std::thread worker_;
 };
 
 // One request over tokens [0, n) with the given pages; returns seconds from begin to finish.
@@ -94,25 +164,28 @@ std::vector<int32_t> scattered_pages(uint32_t n) {
   return pages;
 }
 
-// The best of `reps` saves (nothing cached) and loads (everything cached) of `chunks` chunks
-// into r.save_gbs and r.load_gbs.
-void time_requests(Row &r, swiftkv_ctx *ctx, uint32_t model, uint32_t pool,
-                   const std::vector<int32_t> &pages, uint32_t chunks, int reps, void *stream) {
-  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+// One save (nothing cached) then one load (everything cached) of `chunks` chunks, new tokens
+// for repetition `rep`, then the cache cleared: seconds of each.
+void save_and_load(swiftkv_ctx *ctx, uint32_t model, uint32_t pool,
+                   const std::vector<int32_t> &pages, uint32_t chunks, int rep, void *stream,
+                   double *save_s, double *load_s) {
   std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
-  double best_load = 1e30, best_save = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
-    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 10000000u + i);
-    uint64_t loaded = 0, saved = 0;
-    best_save = std::min(best_save, run_request(ctx, pool, tokens, pages, &loaded, &saved, stream));
-    if (saved != tokens.size()) std::fprintf(stderr, "saved only %llu\n", (unsigned long long)saved);
-    best_load = std::min(best_load, run_request(ctx, pool, tokens, pages, &loaded, &saved, stream));
-    if (loaded != tokens.size()) std::fprintf(stderr, "loaded only %llu\n", (unsigned long long)loaded);
-    uint64_t n = 0;
-    check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(rep * 10000000u + i);
+  uint64_t loaded = 0, saved = 0;
+  *save_s = run_request(ctx, pool, tokens, pages, &loaded, &saved, stream);
+  if (saved != tokens.size()) {
+    std::fprintf(stderr, "bench_transfer: saved %llu of %zu tokens\n", (unsigned long long)saved,
+                 tokens.size());
+    std::exit(1);
   }
-  r.load_gbs = bytes / best_load / 1e9;
-  r.save_gbs = bytes / best_save / 1e9;
+  *load_s = run_request(ctx, pool, tokens, pages, &loaded, &saved, stream);
+  if (loaded != tokens.size()) {
+    std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n",
+                 (unsigned long long)loaded, tokens.size());
+    std::exit(1);
+  }
+  uint64_t n = 0;
+  check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
 }
 
 // Hook overhead per layer: requests with no full chunk, so each layer's calls copy nothing.
@@ -120,16 +193,22 @@ double hook_us(swiftkv_ctx *ctx, uint32_t pool, uint32_t page, void *stream) {
   std::vector<uint32_t> few(page > 1 ? page - 1 : 1, 7);
   std::vector<int32_t> one{0};
   const int hook_reps = 200;
-  const double t0 = now_s();
-  for (int i = 0; i < hook_reps; ++i) {
-    uint64_t loaded = 0, saved = 0;
-    run_request(ctx, pool, few, one, &loaded, &saved, stream);
+  std::vector<double> per;
+  for (int batch = 0; batch <= 5; ++batch) {  // batch 0 warms up
+    const double t0 = now_s();
+    for (int i = 0; i < hook_reps; ++i) {
+      uint64_t loaded = 0, saved = 0;
+      run_request(ctx, pool, few, one, &loaded, &saved, stream);
+    }
+    if (batch > 0) per.push_back((now_s() - t0) / hook_reps / kLayers * 1e6);
   }
-  return (now_s() - t0) / hook_reps / kLayers * 1e6;
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
 }
 
-Row measure(uint32_t page, uint32_t chunks, int reps) {
-  Row r{page, 0, 0, 0, 0, 0};
+Row measure(uint32_t page, uint32_t chunks, int reps, Pair &two) {
+  Row r{};
+  r.page = page;
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.host_budget_bytes = 2 * bytes + (64ull << 20);
@@ -143,51 +222,173 @@ Row measure(uint32_t page, uint32_t chunks, int reps) {
   check(swiftkv_model_register(&model, ctx, &mc), "model_register");
   const uint32_t n_pages = chunks * (kChunk / page);
   check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
-  time_requests(r, ctx, model, pool, scattered_pages(n_pages), chunks, reps, nullptr);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
 
-  // Baselines over the same bytes, on as many threads as the library's copy engine (2): per page
-  // and K/V in a scattered order, and one large copy split in halves.
+  // The first requests of the fresh context: its host tier's memory is touched for the first
+  // time and its threads start.
+  double save_s = 0, load_s = 0;
+  save_and_load(ctx, model, pool, pages, chunks, 0, nullptr, &save_s, &load_s);
+  r.first_save_gbs = bytes / save_s / 1e9;
+  r.first_load_gbs = bytes / load_s / 1e9;
+
+  // Baselines over the same bytes on two threads: per page and K/V in a scattered order, and
+  // one large copy split in halves. Their memory is touched before the first repetition.
   std::vector<std::byte> src(bytes), dst(bytes);
   std::memset(src.data(), 1, bytes);
   std::memset(dst.data(), 2, bytes);
   const uint64_t run = uint64_t{page} * kHeads * kDim * 2;  // one page's K (or V)
   const uint64_t runs = bytes / run;
-  auto per_page = [&](uint64_t from, uint64_t to) {
-    for (uint64_t k = from; k < to; ++k) {
+  const std::function<void(int)> per_page = [&](int h) {
+    for (uint64_t k = h * runs / 2; k < (h + 1) * runs / 2; ++k) {
       const uint64_t p = (k * 2654435761u) % runs;
       std::memcpy(dst.data() + p * run, src.data() + k * run, run);
     }
   };
-  auto two = [](auto &&fn) {
-    std::thread t([&] { fn(1); });
-    fn(0);
-    t.join();
+  const std::function<void(int)> large = [&](int h) {
+    std::memcpy(dst.data() + h * (bytes / 2), src.data() + h * (bytes / 2), bytes / 2);
   };
-  double best_pp = 1e30, best_large = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
+  std::vector<double> sv, ld, pp, lg;
+  for (int rep = 1; rep <= reps + 1; ++rep) {  // the first of these warms up
+    save_and_load(ctx, model, pool, pages, chunks, rep, nullptr, &save_s, &load_s);
     double t0 = now_s();
-    two([&](int h) { per_page(h * runs / 2, (h + 1) * runs / 2); });
-    best_pp = std::min(best_pp, now_s() - t0);
+    two.run(per_page);
+    const double tp = now_s() - t0;
     t0 = now_s();
-    two([&](int h) {
-      std::memcpy(dst.data() + h * (bytes / 2), src.data() + h * (bytes / 2), bytes / 2);
-    });
-    best_large = std::min(best_large, now_s() - t0);
+    two.run(large);
+    const double tl = now_s() - t0;
+    if (rep > 1) {
+      sv.push_back(save_s);
+      ld.push_back(load_s);
+      pp.push_back(tp);
+      lg.push_back(tl);
+    }
   }
-  r.per_page_gbs = bytes / best_pp / 1e9;
-  r.large_gbs = bytes / best_large / 1e9;
-
+  r.save = rate_of(sv, static_cast<double>(bytes));
+  r.load = rate_of(ld, static_cast<double>(bytes));
+  r.per_page = rate_of(pp, static_cast<double>(bytes));
+  r.large = rate_of(lg, static_cast<double>(bytes));
   r.hook_us = hook_us(ctx, pool, page, nullptr);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return r;
 }
 
+struct Overlap {
+  uint32_t layers;
+  double factor;          // compute per layer / transfer per layer
+  double transfer_ms;     // per layer, measured
+  double hidden_med = 0, hidden_min = 0;  // hidden / hideable
+};
+
+void spin_for(double seconds) {
+  const double end = now_s() + seconds;
+  while (now_s() < end) {
+  }
+}
+
+// A load of `chunks` cached chunks over `layers` layers with `compute_s` of busy compute after
+// each wait_layer_load: the request's seconds.
+double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
+                      const std::vector<int32_t> &pages, uint32_t layers, double compute_s) {
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = pool;
+  d.tokens = tokens.data();
+  d.n_tokens = tokens.size();
+  d.pages = pages.data();
+  d.n_pages = pages.size();
+  const double t0 = now_s();
+  uint64_t req = 0;
+  check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+  check(swiftkv_start_load(ctx, req, nullptr), "start_load");
+  uint64_t valid = 0;
+  for (uint32_t l = 0; l < layers; ++l) {
+    check(swiftkv_wait_layer_load(&valid, ctx, req, l, nullptr), "wait_layer_load");
+    if (valid != tokens.size()) {
+      std::fprintf(stderr, "bench_transfer: layer %u loaded %llu tokens\n", l,
+                   (unsigned long long)valid);
+      std::exit(1);
+    }
+    if (compute_s > 0) spin_for(compute_s);
+    check(swiftkv_save_layer(ctx, req, l, nullptr), "save_layer");
+  }
+  uint64_t saved = 0;
+  check(swiftkv_wait_save(&saved, ctx, req, nullptr), "wait_save");
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  check(swiftkv_request_finish(&info, ctx, req), "request_finish");
+  return now_s() - t0;
+}
+
+// The layer-wise pipeline: serial time L(t + c) less the measured time, over the hideable part
+// (L - 1) min(t, c): layer 0's load has nothing to hide under, and the longer of the two per
+// layer cannot hide. t is measured in the same repetition by the same load with no compute.
+std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps) {
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * layers;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 2 * bytes + (64ull << 20);
+  c.demote_free_percent = 0;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_model_desc m = bench_model("overlap", 16, SWIFTKV_DEVICE_HOST);
+  m.num_layers = layers;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0, pool = 0;
+  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+  const uint32_t n_pages = chunks * (kChunk / 16);
+  check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 + 3);
+  {
+    // Stored once (a save through the same pool), loaded by every request below.
+    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+    d.pool = pool;
+    d.tokens = tokens.data();
+    d.n_tokens = tokens.size();
+    d.pages = pages.data();
+    d.n_pages = pages.size();
+    uint64_t req = 0, v = 0, saved = 0;
+    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+    check(swiftkv_start_load(ctx, req, nullptr), "start_load");
+    for (uint32_t l = 0; l < layers; ++l) {
+      check(swiftkv_wait_layer_load(&v, ctx, req, l, nullptr), "wait_layer_load");
+      check(swiftkv_save_layer(ctx, req, l, nullptr), "save_layer");
+    }
+    check(swiftkv_wait_save(&saved, ctx, req, nullptr), "wait_save");
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    check(swiftkv_request_finish(&info, ctx, req), "request_finish");
+  }
+  // The per-layer transfer time that sets c: the median of warm loads with no compute.
+  std::vector<double> t0s;
+  for (int i = 0; i < 5; ++i) t0s.push_back(pipelined_load(ctx, pool, tokens, pages, layers, 0));
+  std::sort(t0s.begin(), t0s.end());
+  const double t_layer = t0s[t0s.size() / 2] / layers;
+  std::vector<Overlap> out;
+  for (double factor : {0.5, 1.0, 2.0}) {
+    const double comp = factor * t_layer;
+    std::vector<double> frac;
+    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+      const double plain = pipelined_load(ctx, pool, tokens, pages, layers, 0);
+      const double piped = pipelined_load(ctx, pool, tokens, pages, layers, comp);
+      const double t = plain / layers;
+      const double hideable = (layers - 1) * std::min(t, comp);
+      const double hidden = layers * (t + comp) - piped;
+      if (rep > 0) frac.push_back(hidden / hideable);
+    }
+    std::sort(frac.begin(), frac.end());
+    out.push_back(Overlap{layers, factor, t_layer * 1e3, frac[frac.size() / 2], frac.front()});
+  }
+  check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
+  swiftkv_ctx_destroy(ctx);
+  return out;
+}
+
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
 // The device pool: chunks cached in pinned host memory loaded into device pages and saved back,
 // beside one cudaMemcpyAsync per page and K/V (scattered) and one large copy, pinned -> device.
 Row measure_device(uint32_t page, uint32_t chunks, int reps) {
-  Row r{page, 0, 0, 0, 0, 0};
+  Row r{};
+  r.page = page;
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.device_mask = 1;
@@ -221,13 +422,19 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   check(swiftkv_pool_register(&pool, ctx, model, &pd), "pool_register");
   cudaStream_t s = nullptr;
   cudaStreamCreate(&s);
-  time_requests(r, ctx, model, pool, scattered_pages(n_pages), chunks, reps, s);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  double save_s = 0, load_s = 0;
+  save_and_load(ctx, model, pool, pages, chunks, 0, s, &save_s, &load_s);
+  r.first_save_gbs = bytes / save_s / 1e9;
+  r.first_load_gbs = bytes / load_s / 1e9;
   void *pinned = nullptr;
   cudaMallocHost(&pinned, bytes);
+  std::memset(pinned, 1, bytes);
   const uint64_t run = uint64_t{page} * kHeads * kDim * 2;
   const uint64_t runs = bytes / run;
-  double best_pp = 1e30, best_large = 1e30;
-  for (int rep = 0; rep < reps; ++rep) {
+  std::vector<double> sv, ld, pp, lg;
+  for (int rep = 1; rep <= reps + 1; ++rep) {  // the first of these warms up
+    save_and_load(ctx, model, pool, pages, chunks, rep, s, &save_s, &load_s);
     double t0 = now_s();
     for (uint64_t k = 0; k < runs; ++k) {
       const uint64_t p = (k * 2654435761u) % runs;
@@ -235,14 +442,22 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
                       run, cudaMemcpyHostToDevice, s);
     }
     cudaStreamSynchronize(s);
-    best_pp = std::min(best_pp, now_s() - t0);
+    const double tp = now_s() - t0;
     t0 = now_s();
     cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, s);
     cudaStreamSynchronize(s);
-    best_large = std::min(best_large, now_s() - t0);
+    const double tl = now_s() - t0;
+    if (rep > 1) {
+      sv.push_back(save_s);
+      ld.push_back(load_s);
+      pp.push_back(tp);
+      lg.push_back(tl);
+    }
   }
-  r.per_page_gbs = bytes / best_pp / 1e9;
-  r.large_gbs = bytes / best_large / 1e9;
+  r.save = rate_of(sv, static_cast<double>(bytes));
+  r.load = rate_of(ld, static_cast<double>(bytes));
+  r.per_page = rate_of(pp, static_cast<double>(bytes));
+  r.large = rate_of(lg, static_cast<double>(bytes));
   r.hook_us = hook_us(ctx, pool, page, s);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
@@ -253,26 +468,52 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
 }
 #endif
 
-void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chunks) {
-  std::printf("%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk\n", backend,
-              chunks, kChunk, kLayers, static_cast<unsigned long long>(kLayerPiece >> 10));
-  std::printf("%6s %10s %10s %14s %12s %12s %12s\n", "page", "load_GB/s", "save_GB/s",
-              "per_page_GB/s", "large_GB/s", "load/large", "hook_us");
+void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chunks, int reps) {
+  std::printf("%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk; GB/s median/best "
+              "over %d repetitions\n", backend, chunks, kChunk, kLayers,
+              static_cast<unsigned long long>(kLayerPiece >> 10), reps);
+  std::printf("%5s %13s %13s %13s %13s %10s %10s %10s %8s\n", "page", "load", "save", "per_page",
+              "large", "load/large", "1st_save", "1st_load", "hook_us");
   for (const Row &r : rows) {
-    std::printf("%6u %10.2f %10.2f %14.2f %12.2f %12.2f %12.2f\n", r.page, r.load_gbs, r.save_gbs,
-                r.per_page_gbs, r.large_gbs, r.load_gbs / r.large_gbs, r.hook_us);
+    std::printf("%5u %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %10.2f %10.2f %10.2f %8.2f\n",
+                r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med,
+                r.per_page.best, r.large.med, r.large.best, r.load.med / r.large.med,
+                r.first_save_gbs, r.first_load_gbs, r.hook_us);
   }
 }
 
-void print_json(const char *backend, const std::vector<Row> &rows, uint32_t chunks) {
-  std::printf("{\"bench\":\"transfer\",\"backend\":\"%s\",\"chunks\":%u,\"rows\":[", backend,
-              chunks);
+void print_overlap(const std::vector<Overlap> &rows, uint32_t chunks, int reps) {
+  std::printf("\nlayer-wise pipeline (host), %u chunks per request: compute c per layer as a busy "
+              "wait after each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
+              "t the per-layer load time measured in the same repetition; layer 0's load cannot be "
+              "hidden.\nmedian/min over %d repetitions\n", chunks, reps);
+  std::printf("%7s %6s %14s %16s\n", "layers", "c/t", "t_per_layer_ms", "hidden_fraction");
+  for (const Overlap &o : rows) {
+    std::printf("%7u %6.1f %14.3f %8.3f/%7.3f\n", o.layers, o.factor, o.transfer_ms, o.hidden_med,
+                o.hidden_min);
+  }
+}
+
+void print_json(const char *backend, const std::vector<Row> &rows, const std::vector<Overlap> &ov,
+                uint32_t chunks, int reps) {
+  std::printf("{\"bench\":\"transfer\",\"backend\":\"%s\",\"chunks\":%u,\"reps\":%d,\"rows\":[",
+              backend, chunks, reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row &r = rows[i];
-    std::printf("%s{\"page\":%u,\"load_gbs\":%.3f,\"save_gbs\":%.3f,\"per_page_gbs\":%.3f,"
-                "\"large_gbs\":%.3f,\"hook_us\":%.2f}",
-                i ? "," : "", r.page, r.load_gbs, r.save_gbs, r.per_page_gbs, r.large_gbs,
+    std::printf("%s{\"page\":%u,\"load_gbs\":%.3f,\"load_best_gbs\":%.3f,\"save_gbs\":%.3f,"
+                "\"save_best_gbs\":%.3f,\"per_page_gbs\":%.3f,\"large_gbs\":%.3f,"
+                "\"large_best_gbs\":%.3f,\"first_save_gbs\":%.3f,\"first_load_gbs\":%.3f,"
+                "\"hook_us\":%.2f}",
+                i ? "," : "", r.page, r.load.med, r.load.best, r.save.med, r.save.best,
+                r.per_page.med, r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs,
                 r.hook_us);
+  }
+  std::printf("],\"overlap\":[");
+  for (size_t i = 0; i < ov.size(); ++i) {
+    std::printf("%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
+                "\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f}",
+                i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].hidden_med,
+                ov[i].hidden_min);
   }
   std::printf("]}\n");
 }
@@ -280,29 +521,43 @@ void print_json(const char *backend, const std::vector<Row> &rows, uint32_t chun
 }  // namespace
 
 int main(int argc, char **argv) {
-  uint32_t chunks = 16;
+  uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--chunks") == 0 && i + 1 < argc) {
       chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--overlap-chunks") == 0 && i + 1 < argc) {
+      overlap_chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: bench_transfer [--chunks N] [--reps N]\n");
+      std::fprintf(stderr, "usage: bench_transfer [--chunks N] [--reps N] [--overlap-chunks N]\n");
       return 2;
     }
   }
+  if (chunks == 0 || overlap_chunks == 0 || reps < 1) {
+    std::fprintf(stderr, "bench_transfer: --chunks, --overlap-chunks and --reps must be positive\n");
+    return 2;
+  }
   std::vector<Row> rows;
-  for (uint32_t page : {16u, 64u, 256u}) rows.push_back(measure(page, chunks, reps));
-  print_rows("host", rows, chunks);
-  print_json("host", rows, chunks);
+  {
+    Pair two;
+    for (uint32_t page : {16u, 64u, 256u}) rows.push_back(measure(page, chunks, reps, two));
+  }
+  std::vector<Overlap> overlap;
+  for (uint32_t layers : {32u, 64u}) {
+    for (const Overlap &o : measure_overlap(layers, overlap_chunks, reps)) overlap.push_back(o);
+  }
+  print_rows("host", rows, chunks, reps);
+  print_overlap(overlap, overlap_chunks, reps);
+  print_json("host", rows, overlap, chunks, reps);
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) == SWIFTKV_OK && devices > 0) {
     std::vector<Row> dev_rows;
     for (uint32_t page : {16u, 64u, 256u}) dev_rows.push_back(measure_device(page, chunks, reps));
-    print_rows("cuda", dev_rows, chunks);
-    print_json("cuda", dev_rows, chunks);
+    print_rows("cuda", dev_rows, chunks, reps);
+    print_json("cuda", dev_rows, {}, chunks, reps);
   }
 #endif
   return 0;

@@ -303,6 +303,16 @@ void Coordinator::State::on_heartbeat(Served &srv, const Message &m, const Heart
 }
 
 void Coordinator::State::on_release(Served &srv, const Release &r) {
+  // The ack is counted before the region gets the lease back: whoever sees the blocks come back
+  // (swiftkv_elastic_wait_reclaims) also sees the ack in the stats.
+  if (const auto it = srv.reclaim_sent_ns.find(r.lease); it != srv.reclaim_sent_ns.end()) {
+    const uint64_t ns = monotonic_ns() - it->second;
+    srv.reclaim_sent_ns.erase(it);
+    std::lock_guard lock(mu);
+    ++stats.reclaims_acked;
+    stats.reclaim_ns_total += ns;
+    stats.reclaim_ns_max = std::max(stats.reclaim_ns_max, ns);
+  }
   if (const auto region = srv.region.lock()) {
     try {
       region->release(r.lease);
@@ -312,14 +322,6 @@ void Coordinator::State::on_release(Served &srv, const Release &r) {
   }
   srv.leases.erase(r.lease);
   ++srv.epoch;
-  const auto it = srv.reclaim_sent_ns.find(r.lease);
-  if (it == srv.reclaim_sent_ns.end()) return;
-  const uint64_t ns = monotonic_ns() - it->second;
-  srv.reclaim_sent_ns.erase(it);
-  std::lock_guard lock(mu);
-  ++stats.reclaims_acked;
-  stats.reclaim_ns_total += ns;
-  stats.reclaim_ns_max = std::max(stats.reclaim_ns_max, ns);
 }
 
 void Coordinator::State::end_served(Served &srv) {

@@ -145,8 +145,13 @@ std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, con
   TierStore *s = store_of(t);
   if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
   if (!room) return std::nullopt;
-  make_room(t, meta.model, meta.bytes);
-  return s->allocate(key, meta);
+  // A tier may count room it cannot hand out in one piece (the tail of a disk segment): then
+  // one more victim at a time, a few times.
+  for (int tries = 0; tries < 16; ++tries) {
+    if (!make_room(t, meta.model, meta.bytes, tries > 0)) return std::nullopt;
+    if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
+  }
+  return std::nullopt;
 }
 
 std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &meta, Tier first) {
@@ -158,21 +163,21 @@ std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &m
   return std::nullopt;
 }
 
-void ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes) {
+bool ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one) {
   const TierStore *s = store_of(t);
-  const uint64_t free_now = s->free_bytes(model);
-  if (free_now >= bytes) return;
   // Victims come from the tier's eviction order, one at a time: no scan of the index. A victim
   // another thread takes meanwhile is simply not ours to move, and the order offers the next.
-  const uint64_t need = bytes - free_now;
-  uint64_t freed = 0;
+  // The tier's free bytes are asked after each: a chunk still read frees its slot later, and a
+  // disk segment gives its room back only once it can be cleaned.
+  bool evicted = false;
   std::optional<ChunkKey> last;
-  while (freed < need) {
+  while ((at_least_one && !evicted) || s->free_bytes(model) < bytes) {
     const std::optional<ChunkKey> v = index_.victim(t, model, now());
-    if (!v || v == last) break;  // nothing may go, or a victim that would not move
+    if (!v || v == last) return evicted;  // nothing may go, or a victim that would not move
     last = v;
-    freed += demote(*v, t, true, ChunkEventReason::policy);
+    evicted |= demote(*v, t, true, ChunkEventReason::policy) != 0;
   }
+  return true;
 }
 
 void ChunkCache::abort_move(const ChunkKey &key) noexcept {
@@ -511,14 +516,16 @@ void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
     deferred_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  make_room(t, model, want);
+  make_room(t, model, want, false);
 }
 
 void ChunkCache::maintain() {
   std::lock_guard lock(maint_mu_);
   if (disk_) disk_->maintain(monotonic_ns());  // group commit when due
   // The lease protocol first: a reclaimed lease holds up its lender.
-  for (const PeerTier::LeaseStatus &l : peer_->refresh()) empty_lease(l);
+  // After a wake-up every lease is renewed (and so learns whether it is asked back).
+  const bool all = leases_signalled_.exchange(false, std::memory_order_relaxed);
+  for (const PeerTier::LeaseStatus &l : peer_->refresh(all)) empty_lease(l);
   if (options_.demote_free_percent == 0) return;
   for (const ChunkKey &m : peer_->models()) demote_ahead(Tier::peer, m);
   if (configured(Tier::host, ChunkKey{}) && lower_tier(Tier::host, ChunkKey{})) {
@@ -527,7 +534,7 @@ void ChunkCache::maintain() {
 }
 
 void ChunkCache::wake() noexcept {
-  peer_->signal();
+  leases_signalled_.store(true, std::memory_order_relaxed);
   {
     std::lock_guard lock(thread_mu_);
     woken_ = true;

@@ -191,9 +191,10 @@ class ChunkCache {
   std::optional<SlotRef> place(const ChunkKey &key, const ChunkMeta &meta, Tier first);
   std::optional<uint64_t> allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
                                       bool make_room);
-  // Frees at least `bytes` of tier t for `model` by demoting the policy's victims (never a
-  // pinned or moving chunk: those are not in the eviction order).
-  void make_room(Tier t, const ChunkKey &model, uint64_t bytes);
+  // Demotes the policy's victims out of tier t until it has `bytes` free for `model` (and at
+  // least one with at_least_one); never a pinned or moving chunk (those are not in the eviction
+  // order). False when it stopped short: nothing left that may go.
+  bool make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one);
   std::optional<Tier> lower_tier(Tier t, const ChunkKey &model) const;
   // Moves one chunk down a tier, or drops it from the last: the bytes it took in `from`, or 0
   // when it could not be touched (moving, pinned with respect_pins, no longer in `from`).
@@ -233,6 +234,7 @@ class ChunkCache {
       demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0},
       deferred_{0};
 
+  std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
   std::mutex thread_mu_;  // guards stop_ and woken_
   std::condition_variable thread_cv_;
   bool stop_ = false;

@@ -14,6 +14,10 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <mutex>
+#include <system_error>
+#include <thread>
 #include <cstddef>
 #include <cstring>
 #include <unordered_map>
@@ -35,6 +39,8 @@ constexpr char kSegPrefix[] = "seg-";
 constexpr char kSegSuffix[] = ".kvlog";
 // A header, one record of an empty payload and room for a commit record.
 constexpr uint64_t kMinSegmentBytes = 4 * DiskTier::kHeaderBytes;
+// Reads of a large payload go in pieces of this size, checked while the next is read.
+constexpr uint64_t kReadPiece = uint64_t{4} << 20;
 
 struct SegmentHeader {
   char magic[8];
@@ -203,7 +209,8 @@ std::string DiskTier::path_of(uint32_t number) const {
 }
 
 uint64_t DiskTier::capacity_bytes(const ChunkKey &) const {
-  return max_segments_ < 2 ? 0 : (max_segments_ - 1) * segment_bytes_;
+  // Each segment holds records in all but its header and the room kept for a commit record.
+  return max_segments_ < 2 ? 0 : (max_segments_ - 1) * (segment_bytes_ - 2 * kHeaderBytes);
 }
 
 uint64_t DiskTier::free_bytes(const ChunkKey &) const {
@@ -588,8 +595,12 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
       t.maybe_release_locked(s);
     }
   } unpin{*this, *seg};
+  // The header and the payload's first piece in one call; then piece by piece, each piece's
+  // checksum computed while the kernel reads the next (asked for ahead), so the check costs
+  // little beyond the read.
   RecordHeader h{};
-  iovec v[2] = {{&h, sizeof h}, {dst, meta.bytes}};
+  const uint64_t first = std::min(meta.bytes, kReadPiece);
+  iovec v[2] = {{&h, sizeof h}, {dst, first}};
   if (!pread_all(fd, v, 2, off, path)) fail(SWIFTKV_EIO, path + " ends inside a record");
   const bool same = header_ok(h) && h.type == kChunkRecord && h.generation == gen &&
                     h.key_lo == key.lo && h.key_hi == key.hi && h.model_lo == meta.model.lo &&
@@ -601,9 +612,79 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
     fail(SWIFTKV_EIO, path + " at " + std::to_string(off) +
                           " holds another record than the index says (overwritten or moved)");
   }
-  if (XXH3_64bits(dst, meta.bytes) != h.payload_checksum) {
+  uint64_t sum = 0;
+  if (first == meta.bytes) {
+    sum = XXH3_64bits(dst, meta.bytes);
+  } else {
+    sum = checked_read_rest(fd, off + kHeaderBytes, meta.bytes, first, dst, path);
+  }
+  if (sum != h.payload_checksum) {
     fail(SWIFTKV_EIO, path + " at " + std::to_string(off) + ": the record fails its checksum");
   }
+}
+
+uint64_t DiskTier::checked_read_rest(int fd, uint64_t payload_at, uint64_t bytes, uint64_t first,
+                                     std::byte *dst, const std::string &path) {
+  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t *)> st(XXH3_createState(),
+                                                                    XXH3_freeState);
+  if (!st || XXH3_64bits_reset(st.get()) != XXH_OK) fail(SWIFTKV_ENOMEM, "no memory for a checksum");
+  // A second thread checksums the pieces already read while this one reads the next: the check
+  // then costs nothing beside the disk. `ready` bytes are read; the hasher follows behind.
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t ready = first;
+  bool stop = false;
+  auto hash_behind = [&] {
+    uint64_t done = 0;
+    std::unique_lock lock(mu);
+    for (;;) {
+      cv.wait(lock, [&] { return ready > done || stop; });
+      const uint64_t upto = ready;
+      if (upto == done) return;  // stopped
+      lock.unlock();
+      XXH3_64bits_update(st.get(), dst + done, upto - done);
+      done = upto;
+      lock.lock();
+      if (done == bytes) return;
+    }
+  };
+  std::thread hasher;
+  bool threaded = true;
+  try {
+    hasher = std::thread(hash_behind);
+  } catch (const std::system_error &) {
+    threaded = false;  // no thread to be had: the checksum is taken here at the end
+  }
+  auto finish = [&] {
+    {
+      std::lock_guard lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    if (hasher.joinable()) hasher.join();
+  };
+  try {
+    for (uint64_t at = first; at < bytes;) {
+      const uint64_t len = std::min(bytes - at, kReadPiece);
+      if (!pread_one(fd, dst + at, len, payload_at + at, path)) {
+        fail(SWIFTKV_EIO, path + " ends inside a record");
+      }
+      at += len;
+      if (threaded) {
+        {
+          std::lock_guard lock(mu);
+          ready = at;
+        }
+        cv.notify_one();
+      }
+    }
+  } catch (...) {
+    finish();
+    throw;
+  }
+  finish();
+  if (!threaded) XXH3_64bits_update(st.get(), dst, bytes);
+  return XXH3_64bits_digest(st.get());
 }
 
 void DiskTier::append_commit_locked(Segment &s, uint64_t covered) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -163,6 +164,10 @@ class DiskTier final : public TierStore {
   uint64_t reserve_slot_locked();
   void append_commit_locked(Segment &s, uint64_t covered);
   void mark_dead_locked(const Record &r) noexcept;
+  // Reads the rest of a payload whose first `first` bytes are at dst, piece by piece, each
+  // checksummed while the next is read; returns the payload's XXH3-64.
+  static uint64_t checked_read_rest(int fd, uint64_t payload_at, uint64_t bytes, uint64_t first,
+                                    std::byte *dst, const std::string &path);
   uint64_t free_bytes_locked() const;
 
   const DiskOptions options_;

@@ -42,10 +42,7 @@ uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
     lenders_.push_back(std::make_unique<Lender>());
     l = lenders_.back().get();
     l->link = std::move(lender);
-    l->link->watch_reclaims([this] {
-      signal();
-      if (on_reclaim_) on_reclaim_();
-    });
+    if (on_reclaim_) l->link->watch_reclaims(on_reclaim_);
   }
   h.lender = l;
   ++l->leases;
@@ -165,8 +162,7 @@ void PeerTier::update_locked(uint64_t local, Held &h, const LinkLeaseState &s) {
   h.lender->due.emplace(h.renew_at, local);
 }
 
-std::vector<PeerTier::LeaseStatus> PeerTier::refresh() {
-  const bool all = signalled_.exchange(false, std::memory_order_relaxed);
+std::vector<PeerTier::LeaseStatus> PeerTier::refresh(bool all) {
   std::lock_guard lock(mu_);
   std::vector<uint64_t> locals, ids;
   for (const auto &l : lenders_) {

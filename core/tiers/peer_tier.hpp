@@ -4,7 +4,6 @@
 // range of the lender's memory.
 #pragma once
 
-#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -55,11 +54,9 @@ class PeerTier final : public TierStore {
   uint64_t capacity_bytes(const ChunkKey &model) const override;
   uint64_t free_bytes(const ChunkKey &model) const override;
 
-  // Renews the leases that are due (all of them after signal()), one call per lender, and
-  // returns the leases that are asked back or lost: the ones the cache must empty.
-  std::vector<LeaseStatus> refresh();
-  // A lender may have asked for a lease back: the next refresh() renews every lease.
-  void signal() noexcept { signalled_.store(true, std::memory_order_relaxed); }
+  // Renews the leases that are due (with `all`, every lease: a lender signalled), one call per
+  // lender, and returns the leases that are asked back or lost: the ones the cache must empty.
+  std::vector<LeaseStatus> refresh(bool all);
   // Ends a lease with no used slots: released to its lender (unless lost) and forgotten.
   void retire(uint64_t local_id) noexcept;
   // The leases of `model`, by local id.
@@ -108,7 +105,6 @@ class PeerTier final : public TierStore {
   void update_locked(uint64_t local, Held &h, const LinkLeaseState &s);
 
   const std::function<void()> on_reclaim_;
-  std::atomic<bool> signalled_{false};
   mutable std::mutex mu_;
   mutable std::unordered_map<uint64_t, Held> leases_;  // readable() may mark a lease lost
   std::vector<std::unique_ptr<Lender>> lenders_;

@@ -1069,9 +1069,43 @@ void disk_cleaning_moves_records_under_readers(void **) {
   std::filesystem::remove_all(dir);
 }
 
-// A full disk (here: a file size limit, as a full filesystem answers) refuses new segments:
-// stores are rejected and counted, nothing stored before is lost, the context works on.
-void disk_full_rejects_stores_and_keeps_the_rest(void **) {
+// A payload read in pieces (larger than one piece): the bytes come back exactly, and a byte
+// flipped in a later piece fails the checksum.
+void disk_reads_large_records_in_pieces(void **) {
+  char t[] = "/tmp/swiftkv-big-XXXXXX";
+  assert_non_null(mkdtemp(t));
+  constexpr uint64_t kPayload = (uint64_t{9} << 20) + 4096 + 64;
+  swiftkv::DiskOptions o;
+  o.dir = t;
+  o.segment_bytes = swiftkv::DiskTier::segment_for(kPayload);
+  o.budget_bytes = swiftkv::DiskTier::budget_for(2, kPayload);
+  swiftkv::DiskTier tier(o);
+  tier.rebuild([](const swiftkv::DiskTier::Found &) {});
+  const ChunkKey key{1, 2};
+  const swiftkv::ChunkMeta meta{ChunkKey{3, 4}, 0, 256, kPayload};
+  const std::vector<std::byte> b = chunk_bytes(kPayload, 9, 1);
+  const std::optional<uint64_t> slot = tier.allocate(key, meta);
+  assert_true(slot.has_value());
+  tier.write(*slot, key, meta, b.data());
+  std::vector<std::byte> out(kPayload);
+  tier.read(*slot, meta, out.data());
+  assert_true(out == b);
+  const auto loc = tier.location_of(*slot);
+  flip_byte(loc.path, loc.offset + swiftkv::DiskTier::kHeaderBytes + (uint64_t{8} << 20) + 5);
+  bool failed = false;
+  try {
+    tier.read(*slot, meta, out.data());
+  } catch (const swiftkv::Error &e) {
+    failed = e.status() == SWIFTKV_EIO && std::strstr(e.what(), "checksum") != nullptr;
+  }
+  assert_true(failed);
+  std::filesystem::remove_all(t);
+}
+
+// A full disk (here: a file size limit, as a full filesystem answers) refuses new segments: the
+// tier lives within the segments it has, evicting by its policy; with nothing it may evict,
+// stores are rejected and counted; nothing is corrupted and the budget's count stays true.
+void disk_full_lives_within_its_segments(void **) {
   const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
   std::string dir;
   {
@@ -1083,23 +1117,28 @@ void disk_full_rejects_stores_and_keeps_the_rest(void **) {
   assert_true(pid >= 0);
   if (pid == 0) {
     signal(SIGXFSZ, SIG_IGN);
+    setenv("SWIFTKV_LOG", "off", 1);
     Rig r(g, 0, 64, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
     r.keep_dir = true;
-    assert_int_equal(r.store(1, 3), 3);
+    if (r.store(1, 3) != 3) _exit(2);
+    const uint64_t allocated = r.cache->stats().disk_bytes_allocated;
     // Segments are preallocated files of segment_bytes: a limit one byte short lets the
-    // existing ones be written and no new one be made, as a full filesystem would.
+    // existing ones be written and no new one be made.
     rlimit lim{};
     lim.rlim_cur = lim.rlim_max = r.cache->disk()->segment_bytes() - 1;
-    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(5);
-    if (r.store(2, 4) != 0) _exit(6);  // no new segment can be made
-    if (r.cache->stats().stores_rejected != 4) _exit(7);
-    for (size_t i = 0; i < 3; ++i) {
-      if (!r.intact(1, i)) _exit(8);
-    }
-    // Room comes back as chunks go: a cleared chunk's segment is reused, no file made.
-    const std::vector<ChunkKey> k = r.keys(1, 1);
-    if (r.cache->clear(std::nullopt, 7, std::span<const ChunkKey>(k)) != 1) _exit(9);
-    if (r.store(2, 1) != 1 || !r.intact(2, 0)) _exit(10);
+    if (setrlimit(RLIMIT_FSIZE, &lim) != 0) _exit(3);
+    r.now += 10;
+    if (r.store(2, 2) != 2) _exit(4);  // the two least recently used made room
+    if (r.where(1, 0) || r.where(1, 1) || !r.intact(1, 2)) _exit(5);
+    if (!r.intact(2, 0) || !r.intact(2, 1)) _exit(6);
+    const swiftkv::CacheStats s = r.cache->stats();
+    if (s.disk_bytes_allocated != allocated || s.evictions != 2 || s.stores_rejected != 0) _exit(7);
+    // Nothing may go: rejected and counted, the pinned chunks intact.
+    r.cache->pin(r.keys(2, 2));
+    r.cache->pin(std::vector<ChunkKey>{r.keys(1, 3)[2]});
+    r.now += 10;
+    if (r.store(3, 1) != 0 || r.cache->stats().stores_rejected != 1) _exit(8);
+    if (!r.intact(1, 2) || !r.intact(2, 0) || !r.intact(2, 1)) _exit(9);
     _exit(0);
   }
   int status = 0;
@@ -1267,7 +1306,8 @@ int main() {
       cmocka_unit_test(disk_never_returns_another_record),
       cmocka_unit_test(disk_record_of_the_wrong_size_is_dropped),
       cmocka_unit_test(disk_survives_sigkill_while_storing),
-      cmocka_unit_test(disk_full_rejects_stores_and_keeps_the_rest),
+      cmocka_unit_test(disk_full_lives_within_its_segments),
+      cmocka_unit_test(disk_reads_large_records_in_pieces),
       cmocka_unit_test(disk_cleaning_moves_records_under_readers),
       cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
