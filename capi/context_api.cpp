@@ -16,7 +16,8 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV5Size = offsetof(swiftkv_ctx_config, reserved1) + sizeof(uint32_t);
+constexpr size_t kCtxConfigV5Size =
+    offsetof(swiftkv_ctx_config, transfer_threads) + sizeof(uint32_t);
 static_assert(kCtxConfigV5Size == sizeof(swiftkv_ctx_config));
 
 struct ReadConfig {
@@ -25,6 +26,7 @@ struct ReadConfig {
   swiftkv::coord::CoordOptions coord;
   swiftkv_clock_fn clock = nullptr;  // as given, for swiftkv_ctx_get_config
   void *clock_user_data = nullptr;
+  uint32_t transfer_threads = 0;     // 0: the default for this machine
 };
 
 ReadConfig read_config(const swiftkv_ctx_config *config) {
@@ -42,7 +44,11 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
   out.host_numa_node = c.host_numa_node;
   if (c.disk_path != nullptr) out.disk_path = std::string(c.disk_path);
   out.disk_budget_bytes = c.disk_budget_bytes;
-  if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
+  if (c.transfer_threads > 64) {
+    swiftkv::fail_invalid("config->transfer_threads (" + std::to_string(c.transfer_threads) +
+                          ") is above 64");
+  }
+  r.transfer_threads = c.transfer_threads;
   out.disk_segment_bytes = c.disk_segment_bytes;
   out.disk_sync_ns = uint64_t{c.disk_sync_ms} * 1'000'000;
 
@@ -112,7 +118,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
     require(out, "out");
     ReadConfig c = read_config(config);
     auto ctx = std::make_unique<swiftkv_ctx>(std::move(c.context), std::move(c.cache),
-                                             std::move(c.coord));
+                                             std::move(c.coord), c.transfer_threads);
     ctx->clock = c.clock;
     ctx->clock_user_data = c.clock_user_data;
     *out = ctx.release();
@@ -152,6 +158,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.coord_endpoint = co.endpoint ? co.endpoint->c_str() : nullptr;
     v.coord_heartbeat_ms = static_cast<uint32_t>(co.heartbeat_ns / 1'000'000);
     v.coord_timeout_ms = static_cast<uint32_t>(co.timeout_ns / 1'000'000);
+    v.transfer_threads = ctx->executor.threads();
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <shared_mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -36,8 +37,12 @@ struct RegisteredPool {
   ChunkKey fingerprint;
 };
 
-// Transfer threads of a context's CPU executor.
-inline constexpr unsigned kTransferThreads = 2;
+// Transfer threads of a context's CPU executor when the config leaves it to the library: one
+// less than the cores (an engine computes beside the copies), at least 1, at most 2.
+inline unsigned default_transfer_threads() noexcept {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores <= 2 ? 1u : 2u;
+}
 
 }  // namespace swiftkv::capi
 
@@ -47,9 +52,12 @@ inline constexpr unsigned kTransferThreads = 2;
 // with the coordinator), the coordinator's sockets, then the context whose budget the cache's
 // memory came from.
 struct swiftkv_ctx {
-  swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o, swiftkv::coord::CoordOptions co)
+  swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o, swiftkv::coord::CoordOptions co,
+              unsigned transfer_threads)
       : core(std::move(c)), attention_table(o.cost.attention_table), coord(std::move(co)),
-        cache(core, std::move(o)) {}
+        cache(core, std::move(o)),
+        executor(transfer_threads != 0 ? transfer_threads
+                                       : swiftkv::capi::default_transfer_threads()) {}
   ~swiftkv_ctx() {
     cache.stop_thread();
     coord.shutdown();
@@ -65,7 +73,7 @@ struct swiftkv_ctx {
   std::unordered_map<uint32_t, swiftkv::capi::RegisteredModel> models;
   uint32_t next_model = 0;
 
-  swiftkv::CpuExecutor executor{swiftkv::capi::kTransferThreads};
+  swiftkv::CpuExecutor executor;
   mutable std::mutex io_mu;  // guards pools, requests and their id counters
   std::unordered_map<uint32_t, swiftkv::capi::RegisteredPool> pools;
   uint32_t next_pool = 0;

@@ -304,7 +304,10 @@ typedef struct swiftkv_ctx_config {
                                   process that dies keeps every record it wrote; a machine that
                                   crashes loses at most the records of the last period, and
                                   recovery drops a record cut short whatever the policy. */
-  uint32_t reserved1;          /* must be 0 */
+  uint32_t transfer_threads;   /* threads of the context's host copy engine (loads and saves of
+                                  host pools). Default 0: one less than the machine's cores, at
+                                  least 1 and at most 2, so that an engine computing beside the
+                                  copies keeps a core; at most 64. */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \

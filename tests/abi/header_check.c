@@ -25,6 +25,7 @@ STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.le
 STATIC_CHECK(sizeof(swiftkv_ctx_config) == 136, "swiftkv_ctx_config size");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_segment_bytes) == 120, "config.disk_segment_bytes (v5)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_sync_ms) == 128, "config.disk_sync_ms");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, transfer_threads) == 132, "config.transfer_threads");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_endpoint) == 104, "config.coord_endpoint (v4)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_heartbeat_ms) == 112, "config.coord_heartbeat_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_timeout_ms) == 116, "config.coord_timeout_ms");
@@ -121,7 +122,7 @@ int main(void) {
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
   CHECK(cc.version == 5 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
-  CHECK(cc.disk_segment_bytes == 0 && cc.disk_sync_ms == 1000 && cc.reserved1 == 0);
+  CHECK(cc.disk_segment_bytes == 0 && cc.disk_sync_ms == 1000 && cc.transfer_threads == 0);
   CHECK(cc.coord_endpoint == NULL && cc.coord_heartbeat_ms == 100 && cc.coord_timeout_ms == 5000);
   swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
   CHECK(cs.size == sizeof cs && cs.version == SWIFTKV_COORD_STATS_VERSION && cs.lenders_lost == 0);

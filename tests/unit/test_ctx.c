@@ -198,8 +198,8 @@ static void version_3_callers_get_coord_defaults(void **state) {
   create_refused(&bad, SWIFTKV_EINVAL, "neither ipc:// nor tcp://");
 }
 
-/* A program built against version 4 (no disk log fields) gets the default segment size and
- * group commit; get_config writes nothing past its size. reserved1 must be 0. */
+/* A program built against version 4 (no disk log fields) gets the default segment size, group
+ * commit and transfer threads; get_config writes nothing past its size. At most 64 threads. */
 static void version_4_callers_get_disk_log_defaults(void **state) {
   (void)state;
   char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
@@ -217,6 +217,9 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   /* 1 GiB is at most a quarter of the budget: the segment size in effect. */
   assert_int_equal(got.disk_segment_bytes, UINT64_C(1) << 30);
   assert_int_equal(got.disk_sync_ms, 1000);
+  /* The default: one less than the cores, 1 or 2. */
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  assert_int_equal(got.transfer_threads, cores <= 2 ? 1 : 2);
   swiftkv_ctx_config small = v4;
   assert_status(swiftkv_ctx_get_config(&small, ctx), SWIFTKV_OK);
   assert_int_equal(small.disk_sync_ms, 0x7f7f7f7f); /* past the caller's size */
@@ -240,9 +243,14 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   assert_int_equal(effective(ctx).disk_segment_bytes, 960);
   swiftkv_ctx_destroy(ctx);
 
+  swiftkv_ctx_config t = SWIFTKV_CTX_CONFIG_INIT;
+  t.transfer_threads = 3;
+  ctx = create_ok(&t);
+  assert_int_equal(effective(ctx).transfer_threads, 3);
+  swiftkv_ctx_destroy(ctx);
   swiftkv_ctx_config bad = SWIFTKV_CTX_CONFIG_INIT;
-  bad.reserved1 = 1;
-  create_refused(&bad, SWIFTKV_EINVAL, "config->reserved1");
+  bad.transfer_threads = 65;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->transfer_threads (65) is above 64");
   rmdir(dir);
 }
 

@@ -289,6 +289,7 @@ type Config struct {
 	CoordTimeoutMs         uint32
 	DiskSegmentBytes       uint64 // 0: the library's default
 	DiskSyncMs             uint32 // group commit period; 0: when a segment fills and at close
+	TransferThreads        uint32 // host copy engine threads; 0: the library's default
 }
 
 func DefaultConfig() Config {
@@ -348,6 +349,7 @@ func NewContext(cfg Config) (*Context, error) {
 	c.coord_timeout_ms = C.uint32_t(cfg.CoordTimeoutMs)
 	c.disk_segment_bytes = C.uint64_t(cfg.DiskSegmentBytes)
 	c.disk_sync_ms = C.uint32_t(cfg.DiskSyncMs)
+	c.transfer_threads = C.uint32_t(cfg.TransferThreads)
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -398,7 +400,7 @@ func (c *Context) Config() (Config, error) {
 		RecomputeTokenCost: float64(v.recompute_token_cost), RecomputeAttentionCost: float64(v.recompute_attention_cost),
 		MaintenanceIntervalMs: uint32(v.maintenance_interval_ms), CoordHeartbeatMs: uint32(v.coord_heartbeat_ms),
 		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
-		DiskSyncMs: uint32(v.disk_sync_ms)}
+		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads)}
 	if v.disk_path != nil {
 		out.DiskPath = C.GoString(v.disk_path)
 	}

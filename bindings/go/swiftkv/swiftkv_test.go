@@ -120,12 +120,12 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.EvictionLRU = true
 	cfg.AttentionCostTable = []float64{1, 2}
 	cfg.CoordTimeoutMs = 700
-	cfg.DiskSegmentBytes, cfg.DiskSyncMs = 1<<18, 250
+	cfg.DiskSegmentBytes, cfg.DiskSyncMs, cfg.TransferThreads = 1<<18, 250, 3
 	c := newCtx(t, cfg)
 	got := val(c.Config())
 	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
 		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
-		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 {
+		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 {
 		t.Fatalf("%+v", got)
 	}
 	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 {

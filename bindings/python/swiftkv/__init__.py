@@ -247,7 +247,8 @@ class Context:
                "disk_budget_bytes", "eviction_policy", "demote_free_percent",
                "recompute_token_cost", "recompute_attention_cost", "attention_cost_table",
                "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
-               "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms")
+               "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms",
+               "transfer_threads")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         import numpy as np

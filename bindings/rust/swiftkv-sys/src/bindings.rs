@@ -501,7 +501,7 @@ pub struct swiftkv_ctx_config {
     pub coord_timeout_ms: u32,
     pub disk_segment_bytes: u64,
     pub disk_sync_ms: u32,
-    pub reserved1: u32,
+    pub transfer_threads: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
@@ -889,23 +889,23 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_disk_sync_ms();
-    fn test_field_reserved1() {
+    fn test_field_transfer_threads() {
         assert_eq!(
             unsafe {
                 let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
                 let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+                ::std::ptr::addr_of!((*ptr).transfer_threads) as usize - ptr as usize
             },
             132usize,
             concat!(
                 "Offset of field: ",
                 stringify!(swiftkv_ctx_config),
                 "::",
-                stringify!(reserved1)
+                stringify!(transfer_threads)
             )
         );
     }
-    test_field_reserved1();
+    test_field_transfer_threads();
 }
 extern "C" {
     pub fn swiftkv_ctx_create(

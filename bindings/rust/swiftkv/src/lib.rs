@@ -346,6 +346,8 @@ pub struct ContextConfig {
     pub disk_segment_bytes: u64,
     /// Group commit period of the disk tier in ms (0: when a segment fills and at close).
     pub disk_sync_ms: u32,
+    /// Threads of the host copy engine (0: the library's default for this machine).
+    pub transfer_threads: u32,
 }
 
 impl Default for ContextConfig {
@@ -367,6 +369,7 @@ impl Default for ContextConfig {
             coord_timeout_ms: 5000,
             disk_segment_bytes: 0,
             disk_sync_ms: 1000,
+            transfer_threads: 0,
         }
     }
 }
@@ -436,6 +439,7 @@ impl Context {
         c.coord_timeout_ms = config.coord_timeout_ms;
         c.disk_segment_bytes = config.disk_segment_bytes;
         c.disk_sync_ms = config.disk_sync_ms;
+        c.transfer_threads = config.transfer_threads;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -487,6 +491,7 @@ impl Context {
             coord_timeout_ms: c.coord_timeout_ms,
             disk_segment_bytes: c.disk_segment_bytes,
             disk_sync_ms: c.disk_sync_ms,
+            transfer_threads: c.transfer_threads,
         })
     }
 

@@ -81,11 +81,13 @@ fn config_round_trip_and_errors() {
         coord_timeout_ms: 700,
         disk_segment_bytes: 1 << 18,
         disk_sync_ms: 250,
+        transfer_threads: 3,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
     assert_eq!((got.disk_segment_bytes, got.disk_sync_ms), (1 << 18, 250));
+    assert_eq!(got.transfer_threads, 3);
     let st = c.stats().unwrap();
     assert_eq!((st.disk_files_skipped, st.disk_bytes_allocated), (0, 0));
     assert_eq!(got.host_budget_bytes, 1 << 20);
