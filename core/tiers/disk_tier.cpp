@@ -39,8 +39,9 @@ constexpr char kSegPrefix[] = "seg-";
 constexpr char kSegSuffix[] = ".kvlog";
 // A header, one record of an empty payload and room for a commit record.
 constexpr uint64_t kMinSegmentBytes = 4 * DiskTier::kHeaderBytes;
-// Reads of a large payload go in pieces of this size, checked while the next is read.
-constexpr uint64_t kReadPiece = uint64_t{4} << 20;
+// A payload larger than this is read or written in pieces of it, checksummed on a second thread
+// while the next piece is read or written.
+constexpr uint64_t kPiece = uint64_t{4} << 20;
 
 struct SegmentHeader {
   char magic[8];
@@ -141,6 +142,78 @@ bool header_ok(const RecordHeader &h) {
          h.header_bytes == sizeof(RecordHeader) && record_checksum(h) == h.checksum &&
          (h.type == kChunkRecord || h.type == kCommitRecord);
 }
+
+// XXH3-64 of a buffer that another thread fills (reads) or drains (writes) piece by piece: a
+// second thread hashes the bytes already published while the caller works on the next piece,
+// so the checksum costs little beside the I/O. Without a thread to be had, it hashes at the end.
+class PieceHasher {
+ public:
+  PieceHasher(const std::byte *p, uint64_t bytes) : p_(p), bytes_(bytes), st_(XXH3_createState()) {
+    if (st_ == nullptr || XXH3_64bits_reset(st_) != XXH_OK) {
+      XXH3_freeState(st_);
+      fail(SWIFTKV_ENOMEM, "no memory for a checksum");
+    }
+    try {
+      thread_ = std::thread([this] { run(); });
+    } catch (const std::system_error &) {
+      // No thread: digest() hashes everything.
+    }
+  }
+  ~PieceHasher() {
+    stop();
+    XXH3_freeState(st_);
+  }
+  PieceHasher(const PieceHasher &) = delete;
+  PieceHasher &operator=(const PieceHasher &) = delete;
+  // Bytes [0, upto) are ready.
+  void publish(uint64_t upto) {
+    if (!thread_.joinable()) return;
+    {
+      std::lock_guard lock(mu_);
+      ready_ = upto;
+    }
+    cv_.notify_one();
+  }
+  // The checksum of all the bytes, every one published.
+  uint64_t digest() {
+    const bool threaded = thread_.joinable();
+    stop();
+    if (!threaded) XXH3_64bits_update(st_, p_, bytes_);
+    return XXH3_64bits_digest(st_);
+  }
+
+ private:
+  void run() {
+    uint64_t done = 0;
+    std::unique_lock lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return ready_ > done || stop_; });
+      const uint64_t upto = ready_;
+      if (upto == done) return;  // stopped
+      lock.unlock();
+      XXH3_64bits_update(st_, p_ + done, upto - done);
+      done = upto;
+      lock.lock();
+    }
+  }
+  void stop() {
+    {
+      std::lock_guard lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const std::byte *p_;
+  const uint64_t bytes_;
+  XXH3_state_t *st_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  uint64_t ready_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
 
 // The segment number of a file name seg-<8 hex digits>.kvlog.
 std::optional<uint32_t> segment_number(const std::string &name) {
@@ -549,12 +622,30 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
   h.model_hi = meta.model.hi;
   h.payload_bytes = meta.bytes;
   h.written_ns = realtime_ns();
-  h.payload_checksum = XXH3_64bits(src, meta.bytes);
-  h.checksum = record_checksum(h);
-  // One call for header and payload. A record cut short by a crash is caught at recovery: its
-  // payload fails its checksum unless a commit record says it was synced whole.
-  iovec v[2] = {{&h, sizeof h}, {const_cast<std::byte *>(src), meta.bytes}};
-  pwrite_all(fd, v, 2, off, path);
+  if (meta.bytes <= kPiece) {
+    h.payload_checksum = XXH3_64bits(src, meta.bytes);
+    h.checksum = record_checksum(h);
+    // One call for header and payload. A record cut short by a crash is caught at recovery: its
+    // payload fails its checksum unless a commit record says it was synced whole.
+    iovec v[2] = {{&h, sizeof h}, {const_cast<std::byte *>(src), meta.bytes}};
+    pwrite_all(fd, v, 2, off, path);
+  } else {
+    // The payload first, piece by piece, checksummed behind on a second thread; the header
+    // last, once the checksum is known. Until the header is written the record does not exist.
+    PieceHasher hash(src, meta.bytes);
+    hash.publish(0);
+    for (uint64_t at = 0; at < meta.bytes;) {
+      const uint64_t len = std::min(meta.bytes - at, kPiece);
+      hash.publish(at + len);  // the hasher reads what this thread writes: both only read src
+      iovec v{const_cast<std::byte *>(src) + at, len};
+      pwrite_all(fd, &v, 1, off + kHeaderBytes + at, path);
+      at += len;
+    }
+    h.payload_checksum = hash.digest();
+    h.checksum = record_checksum(h);
+    iovec v{&h, sizeof h};
+    pwrite_all(fd, &v, 1, off, path);
+  }
   std::lock_guard lock(mu_);
   Record &r = records_[slot];
   Segment &s = *segments_[r.seg];
@@ -599,7 +690,7 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   // checksum computed while the kernel reads the next (asked for ahead), so the check costs
   // little beyond the read.
   RecordHeader h{};
-  const uint64_t first = std::min(meta.bytes, kReadPiece);
+  const uint64_t first = std::min(meta.bytes, kPiece);
   iovec v[2] = {{&h, sizeof h}, {dst, first}};
   if (!pread_all(fd, v, 2, off, path)) fail(SWIFTKV_EIO, path + " ends inside a record");
   const bool same = header_ok(h) && h.type == kChunkRecord && h.generation == gen &&
@@ -625,66 +716,17 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
 
 uint64_t DiskTier::checked_read_rest(int fd, uint64_t payload_at, uint64_t bytes, uint64_t first,
                                      std::byte *dst, const std::string &path) {
-  std::unique_ptr<XXH3_state_t, XXH_errorcode (*)(XXH3_state_t *)> st(XXH3_createState(),
-                                                                    XXH3_freeState);
-  if (!st || XXH3_64bits_reset(st.get()) != XXH_OK) fail(SWIFTKV_ENOMEM, "no memory for a checksum");
-  // A second thread checksums the pieces already read while this one reads the next: the check
-  // then costs nothing beside the disk. `ready` bytes are read; the hasher follows behind.
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t ready = first;
-  bool stop = false;
-  auto hash_behind = [&] {
-    uint64_t done = 0;
-    std::unique_lock lock(mu);
-    for (;;) {
-      cv.wait(lock, [&] { return ready > done || stop; });
-      const uint64_t upto = ready;
-      if (upto == done) return;  // stopped
-      lock.unlock();
-      XXH3_64bits_update(st.get(), dst + done, upto - done);
-      done = upto;
-      lock.lock();
-      if (done == bytes) return;
+  PieceHasher hash(dst, bytes);
+  hash.publish(first);
+  for (uint64_t at = first; at < bytes;) {
+    const uint64_t len = std::min(bytes - at, kPiece);
+    if (!pread_one(fd, dst + at, len, payload_at + at, path)) {
+      fail(SWIFTKV_EIO, path + " ends inside a record");
     }
-  };
-  std::thread hasher;
-  bool threaded = true;
-  try {
-    hasher = std::thread(hash_behind);
-  } catch (const std::system_error &) {
-    threaded = false;  // no thread to be had: the checksum is taken here at the end
+    at += len;
+    hash.publish(at);
   }
-  auto finish = [&] {
-    {
-      std::lock_guard lock(mu);
-      stop = true;
-    }
-    cv.notify_all();
-    if (hasher.joinable()) hasher.join();
-  };
-  try {
-    for (uint64_t at = first; at < bytes;) {
-      const uint64_t len = std::min(bytes - at, kReadPiece);
-      if (!pread_one(fd, dst + at, len, payload_at + at, path)) {
-        fail(SWIFTKV_EIO, path + " ends inside a record");
-      }
-      at += len;
-      if (threaded) {
-        {
-          std::lock_guard lock(mu);
-          ready = at;
-        }
-        cv.notify_one();
-      }
-    }
-  } catch (...) {
-    finish();
-    throw;
-  }
-  finish();
-  if (!threaded) XXH3_64bits_update(st.get(), dst, bytes);
-  return XXH3_64bits_digest(st.get());
+  return hash.digest();
 }
 
 void DiskTier::append_commit_locked(Segment &s, uint64_t covered) {
