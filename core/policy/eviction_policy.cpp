@@ -1,9 +1,7 @@
-// LRU and Pensieve retention-value ordering of eviction candidates.
+// The recompute cost model of the retention policy.
 #include "core/policy/eviction_policy.hpp"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <string>
 
 #include "core/common/error.hpp"
@@ -49,37 +47,6 @@ void check_recompute_cost(const RecomputeCost &c, const char *arg) {
                    " is below the one before it; attention cost cannot fall with context");
     }
   }
-}
-
-std::vector<size_t> eviction_order(std::span<const EvictionCandidate> c, EvictionPolicy policy,
-                                   const RecomputeCost &cost, uint64_t now_ns) {
-  std::vector<size_t> order(c.size());
-  std::iota(order.begin(), order.end(), size_t{0});
-  if (policy == EvictionPolicy::lru) {
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return c[a].last_active_ns < c[b].last_active_ns;
-    });
-    return order;
-  }
-  std::vector<double> value(c.size());
-  for (size_t i = 0; i < c.size(); ++i) {
-    const uint64_t idle = now_ns > c[i].last_active_ns ? now_ns - c[i].last_active_ns : 1;
-    value[i] = cost.chunk_cost(c[i].tokens, c[i].end_tokens) / static_cast<double>(idle);
-  }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return value[a] < value[b]; });
-  return order;
-}
-
-std::vector<size_t> select_victims(std::span<const EvictionCandidate> c, EvictionPolicy policy,
-                                   const RecomputeCost &cost, uint64_t now_ns,
-                                   uint64_t bytes_needed) {
-  std::vector<size_t> order = eviction_order(c, policy, cost, now_ns);
-  uint64_t freed = 0;
-  size_t n = 0;
-  while (n < order.size() && freed < bytes_needed) freed += c[order[n++]].bytes;
-  order.resize(n);
-  return order;
 }
 
 }  // namespace swiftkv

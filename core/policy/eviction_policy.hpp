@@ -1,11 +1,10 @@
 // Which chunks a full tier gives up first: LRU, or Pensieve's retention value (cost of
-// recomputing a chunk over the time since its conversation was last active). Pure functions
-// over plain structs; the tiers call them with a snapshot of their candidates.
+// recomputing a chunk over the time since its conversation was last active). The cost model is
+// a pure function over a plain struct; EvictionOrder keeps the order the policies define.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 namespace swiftkv {
@@ -30,26 +29,5 @@ struct RecomputeCost {
 // Checks a cost model: costs finite and >= 0, table entries finite, >= 0 and non-decreasing.
 // Throws Error(EINVAL) naming `arg`.
 void check_recompute_cost(const RecomputeCost &c, const char *arg);
-
-// One chunk a tier may give up.
-struct EvictionCandidate {
-  uint64_t last_active_ns = 0;  // the last lookup or store that touched the chunk
-  uint64_t end_tokens = 0;      // l: tokens up to and including this chunk in its sequence
-  uint32_t tokens = 0;          // s: tokens in the chunk
-  uint64_t bytes = 0;           // bytes it frees
-};
-
-// Indices of `c` in the order the policy gives them up (first evicted first). LRU: oldest
-// last_active first. Retention: ascending chunk_cost(s, l) / T with T = now - last_active
-// (at least 1 ns), so idle conversations go first and, within one, leading chunks first. Ties
-// keep the candidates' order.
-std::vector<size_t> eviction_order(std::span<const EvictionCandidate> c, EvictionPolicy policy,
-                                   const RecomputeCost &cost, uint64_t now_ns);
-
-// The shortest prefix of eviction_order whose bytes reach `bytes_needed` (all of them when they
-// do not).
-std::vector<size_t> select_victims(std::span<const EvictionCandidate> c, EvictionPolicy policy,
-                                   const RecomputeCost &cost, uint64_t now_ns,
-                                   uint64_t bytes_needed);
 
 }  // namespace swiftkv

@@ -334,31 +334,44 @@ void index_frees_moved_and_dropped_copies_after_their_last_reader(void **) {
 
 // --- Policies --------------------------------------------------------------------------------
 
+// The victims an order gives, one after another, each removed before the next is asked.
+std::vector<uint32_t> victims_in_turn(swiftkv::EvictionOrder &o, uint64_t now, size_t n) {
+  std::vector<uint32_t> out;
+  for (size_t i = 0; i < n; ++i) {
+    const uint32_t v = o.victim(0, now);
+    out.push_back(v);
+    o.remove(v);
+  }
+  return out;
+}
+
 void lru_order(void **) {
-  std::vector<swiftkv::EvictionCandidate> c = {{30, 8, 8, 10}, {10, 16, 8, 10}, {20, 24, 8, 10}};
-  const auto o = swiftkv::eviction_order(c, swiftkv::EvictionPolicy::lru, {}, 100);
-  assert_true((o == std::vector<size_t>{1, 2, 0}));
-  const auto v = swiftkv::select_victims(c, swiftkv::EvictionPolicy::lru, {}, 100, 15);
-  assert_true((v == std::vector<size_t>{1, 2}));
+  swiftkv::EvictionOrder o(swiftkv::EvictionPolicy::lru, {});
+  const uint32_t a = o.add({1, 1}, 0, 8, 30), b = o.add({2, 2}, 1, 8, 10), c = o.add({3, 3}, 2, 8, 20);
+  for (uint32_t n : {a, b, c}) o.link(n, 0);
+  assert_true((victims_in_turn(o, 100, 3) == std::vector<uint32_t>{b, c, a}));
+  assert_int_equal(o.victim(0, 100), swiftkv::EvictionOrder::kNoNode);
 }
 
 void retention_prefers_idle_conversations_and_leading_chunks(void **) {
   swiftkv::RecomputeCost cost;  // s * (1 + l_mid / 1024)
   const uint64_t now = 1'000'000;
-  // Conversation A, idle for 900: chunks at 256, 512, 768 tokens. Conversation B, idle for 100.
-  std::vector<swiftkv::EvictionCandidate> c = {
-      {now - 100, 256, 256, 1}, {now - 900, 768, 256, 1}, {now - 900, 256, 256, 1},
-      {now - 900, 512, 256, 1}, {now - 100, 512, 256, 1}};
-  const auto o = swiftkv::eviction_order(c, swiftkv::EvictionPolicy::retention, cost, now);
+  // Conversation A, idle for 900: its chunks 0, 1, 2 of 256 tokens. Conversation B, idle for 100.
+  swiftkv::EvictionOrder o(swiftkv::EvictionPolicy::retention, cost);
+  const uint32_t b0 = o.add({1, 0}, 0, 256, now - 100), a2 = o.add({2, 2}, 2, 256, now - 900);
+  const uint32_t a0 = o.add({2, 0}, 0, 256, now - 900), a1 = o.add({2, 1}, 1, 256, now - 900);
+  const uint32_t b1 = o.add({1, 1}, 1, 256, now - 100);
+  for (uint32_t n : {b0, a2, a0, a1, b1}) o.link(n, 0);
   // A first (idle longer), and in each conversation the leading chunk first.
-  assert_true((o == std::vector<size_t>{2, 3, 1, 0, 4}));
+  assert_true((victims_in_turn(o, now, 5) == std::vector<uint32_t>{a0, a1, a2, b0, b1}));
   // Exact values: A's first chunk costs 256 * (1 + 128/1024) = 288, over 900 ns.
   assert_true(cost.chunk_cost(256, 256) == 288.0);
   assert_true(cost.chunk_cost(256, 768) == 256.0 * (1.0 + 640.0 / 1024.0));
-  // A conversation active now is kept over any idle one (T = 1 ns).
-  std::vector<swiftkv::EvictionCandidate> d = {{now, 8, 8, 1}, {0, 1 << 20, 8, 1}};
-  const auto o2 = swiftkv::eviction_order(d, swiftkv::EvictionPolicy::retention, cost, now);
-  assert_int_equal(o2[0], 1);
+  // A conversation active now is kept over any idle one, however costly the idle one.
+  const uint32_t fresh = o.add({3, 0}, 0, 8, now), old = o.add({4, 0}, 1 << 16, 8, 0);
+  o.link(fresh, 0);
+  o.link(old, 0);
+  assert_int_equal(o.victim(0, now), old);
 }
 
 void cost_table_interpolates_between_powers_of_two(void **) {
