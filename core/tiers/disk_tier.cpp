@@ -905,8 +905,6 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
                                   ChunkKey{h.key_lo, h.key_hi},
                                   ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens,
                                             h.payload_bytes}});
-        // The payload's own checksum is kept to check it below when no commit vouches.
-        cands.back().sequence = h.sequence;
       }
       sequence_ = std::max(sequence_, h.sequence + 1);
       off += len;
@@ -937,7 +935,6 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
     }
     allocated_ += size;
     ++segment_files_;
-    next_number_ = std::max(next_number_, number + 1);
     segments_.push_back(std::move(seg));
   }
   // The newest copy of each key; the others are dead.
