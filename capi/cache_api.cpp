@@ -92,6 +92,10 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
 SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t model) {
   try {
     require(ctx, "ctx");
+    if (ctx->cache.in_event_callback()) {
+      // The chunks it gives back may be the ones this thread is moving.
+      swiftkv::fail(SWIFTKV_ESTATE, "called from the context's chunk event callback");
+    }
     swiftkv::capi::RegisteredModel m;
     {
       std::unique_lock lock(ctx->models_mu);

@@ -8,6 +8,7 @@
 #include "capi/context_handle.hpp"
 #include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
+#include "core/common/log.hpp"
 #include "core/context/context.hpp"
 #include "core/memory/device_query.hpp"
 
@@ -128,7 +129,15 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
 }
 
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
-  // Destruction of an immutable context cannot fail; the unique_ptr ends it.
+  if (ctx != nullptr && ctx->cache.in_event_callback()) {
+    // The context would wait for the very thread that is running its callback. It stays; the
+    // refusal is the thread's last error, and a line on stderr.
+    static constexpr char kWhy[] = "called from the context's chunk event callback; the context "
+                                   "was not destroyed";
+    swiftkv::capi::set_error(__func__, SWIFTKV_ESTATE, kWhy);
+    swiftkv::log_warn(std::string("swiftkv_ctx_destroy: ") + kWhy);
+    return;
+  }
   std::unique_ptr<swiftkv_ctx> owned(ctx);
 }
 

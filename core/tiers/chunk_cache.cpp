@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "core/common/clock.hpp"
 #include "core/common/error.hpp"
@@ -75,14 +76,54 @@ void ChunkCache::stop_thread() noexcept {
 
 uint64_t ChunkCache::now() const { return options_.clock ? options_.clock() : monotonic_ns(); }
 
+namespace {
+// The event callbacks the calling thread is running, innermost last, with their caches (a
+// callback may store, and so evict, and so run a callback again).
+struct RunningSlot {
+  const void *cache;
+  const void *slot;
+};
+thread_local std::vector<RunningSlot> t_running_slots;
+}  // namespace
+
 void ChunkCache::set_event_callback(ChunkEventFn fn) {
+  auto slot = fn ? std::make_shared<EventSlot>() : nullptr;
+  if (slot) slot->fn = std::move(fn);
   std::unique_lock lock(cb_mu_);
-  on_event_ = std::move(fn);
+  std::shared_ptr<EventSlot> old = std::exchange(on_event_, std::move(slot));
+  if (!old) return;
+  // A call of the old callback on this very thread is below us on the stack: not waited for.
+  const auto mine = static_cast<uint32_t>(std::count_if(
+      t_running_slots.begin(), t_running_slots.end(),
+      [&](const RunningSlot &r) { return r.slot == old.get(); }));
+  cb_cv_.wait(lock, [&] { return old->running == mine; });
+}
+
+bool ChunkCache::in_event_callback() const noexcept {
+  return std::any_of(t_running_slots.begin(), t_running_slots.end(),
+                     [this](const RunningSlot &r) { return r.cache == this; });
 }
 
 void ChunkCache::emit(const ChunkEvent &e) {
-  std::shared_lock lock(cb_mu_);
-  if (on_event_) on_event_(e);
+  std::shared_ptr<EventSlot> slot;
+  {
+    std::lock_guard lock(cb_mu_);
+    if (!on_event_) return;
+    slot = on_event_;
+    ++slot->running;
+  }
+  t_running_slots.push_back(RunningSlot{this, slot.get()});
+  try {
+    slot->fn(e);
+  } catch (...) {
+    // The C callback cannot throw; a failure of the wrapper around it loses one event only.
+  }
+  t_running_slots.pop_back();
+  {
+    std::lock_guard lock(cb_mu_);
+    --slot->running;
+  }
+  cb_cv_.notify_all();
 }
 
 TierStore *ChunkCache::store_of(Tier t) const noexcept {

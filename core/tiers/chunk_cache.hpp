@@ -79,7 +79,7 @@ struct LookupResult {
 };
 
 // Thread-safe: the index and the stores guard themselves (see their comments); cb_mu_ guards
-// the event callback; maint_mu_ serialises maintenance passes; the counters are atomics.
+// the event callback (which runs with no lock held and may call back into the cache); maint_mu_ serialises maintenance passes; the counters are atomics.
 class ChunkCache {
  public:
   ChunkCache(Context &ctx, CacheOptions options);
@@ -87,7 +87,12 @@ class ChunkCache {
   ChunkCache(const ChunkCache &) = delete;
   ChunkCache &operator=(const ChunkCache &) = delete;
 
+  // Replaces the event callback. Returns once no thread runs the old one, except the calling
+  // thread itself when it is inside that callback (it goes on with its own call).
   void set_event_callback(ChunkEventFn fn);
+  // Whether the calling thread is inside this cache's event callback, where giving the cache
+  // back (unregistering a model, destroying the context) would wait on itself.
+  bool in_event_callback() const noexcept;
 
   // Whether tier t can hold chunks of `model`: peer when the model borrows lent memory, host
   // with a host budget, disk with a disk path.
@@ -222,10 +227,16 @@ class ChunkCache {
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
 
-  // Held shared while the callback runs, so that set_event_callback returns only once the old
-  // callback is no longer running.
-  mutable std::shared_mutex cb_mu_;
-  ChunkEventFn on_event_;
+  // One callback as set, with the number of threads running it: set_event_callback swaps in a
+  // new one under cb_mu_ and waits on cb_cv_ for the old one's count to fall to the calls of
+  // its own thread.
+  struct EventSlot {
+    ChunkEventFn fn;
+    uint32_t running = 0;  // guarded by cb_mu_
+  };
+  std::mutex cb_mu_;
+  std::condition_variable cb_cv_;
+  std::shared_ptr<EventSlot> on_event_;
   std::mutex maint_mu_;
 
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};

@@ -321,7 +321,9 @@ typedef struct swiftkv_ctx_config {
  * nothing is allocated. Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_ctx_config *config);
 
-/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one. */
+/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one. Called
+ * from the context's own chunk event callback it would wait for itself: it then does nothing,
+ * and says so in swiftkv_last_error_message (ESTATE) and on stderr. */
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx);
 
 /* The configuration in effect, with defaults filled in, written into the caller's struct: set
@@ -594,7 +596,8 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
 
 /* Unregisters a model. Its chunks in lent memory move down to host or disk (or are dropped) and
  * its leases are given back; its host and disk chunks stay, for a later registration of the same
- * model. ENOTFOUND for an id that is not registered. */
+ * model. ENOTFOUND for an id that is not registered; ESTATE, with nothing changed, when called
+ * from the context's chunk event callback. */
 SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t model);
 
 /* ---------------------------------------------------------------------------------------------
@@ -776,12 +779,15 @@ typedef struct swiftkv_chunk_event {
 
 /* Called after a chunk was demoted or dropped by the cache, on the thread that moved it (a
  * caller's thread inside swiftkv_store or swiftkv_move, or the context's background thread), with
- * no lock of the library held. It may call libswiftkv, except swiftkv_model_unregister and
- * swiftkv_ctx_destroy. */
+ * no lock of the library held. It may call libswiftkv, swiftkv_set_chunk_event_callback and calls
+ * that move chunks (and so call it again, on the same thread) included. Only
+ * swiftkv_model_unregister (ESTATE) and swiftkv_ctx_destroy (ignored, see there) are refused
+ * on the context whose callback this is: both would wait for the callback's own thread. */
 typedef void (*swiftkv_chunk_event_fn)(const swiftkv_chunk_event *event, void *user_data);
 
 /* Sets (fn NULL: removes) the context's chunk event callback. Once this returns, the previous
- * callback is not called again. */
+ * callback is not called again and no other thread is still running it (a call made from inside
+ * that callback does not wait for its own thread's run, which goes on to its end). */
 SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
                                                             swiftkv_chunk_event_fn fn,
                                                             void *user_data);

@@ -350,6 +350,141 @@ static void borrow_and_give_back(void **state) {
   rig_down(&r);
 }
 
+/* What a chunk event callback does with the library: every call the header allows, from the
+ * thread that moved the chunk, and the two refusals instead of a hang. */
+struct reentry {
+  swiftkv_ctx *ctx;
+  uint32_t model;
+  int events, nested, depth, stored;
+  swiftkv_status set_self, unregister, stats, lookup, store, unset;
+  int remove_self;
+  char destroy_message[160];
+};
+
+static void reentrant_event(const swiftkv_chunk_event *e, void *user_data) {
+  (void)e;
+  struct reentry *s = user_data;
+  ++s->events;
+  if (s->depth > 0) ++s->nested;
+  if (s->remove_self) {
+    s->unset = swiftkv_set_chunk_event_callback(s->ctx, NULL, NULL);
+    return;
+  }
+  /* Replacing itself must not wait for this very call to end. */
+  s->set_self = swiftkv_set_chunk_event_callback(s->ctx, reentrant_event, s);
+  s->unregister = swiftkv_model_unregister(s->ctx, s->model);
+  swiftkv_ctx_destroy(s->ctx); /* refused: the context stays */
+  snprintf(s->destroy_message, sizeof s->destroy_message, "%s", swiftkv_last_error_message());
+  swiftkv_stats st = SWIFTKV_STATS_INIT;
+  s->stats = swiftkv_stats_get(&st, s->ctx);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 900u + (uint32_t)s->events);
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  s->lookup = swiftkv_lookup(&l, NULL, 0, s->ctx, s->model, tokens, CHUNK_TOKENS);
+  if (s->depth == 0 && !s->stored) {
+    /* Two chunks stored from inside the callback: one takes the room just made, the other
+     * evicts, and so calls the callback again on this thread. (Once: a callback that stores on
+     * every eviction refills the room its caller is making.) */
+    s->stored = 1;
+    static unsigned char kv[2 * CHUNK_BYTES];
+    fill_kv(kv, sizeof kv, 900u);
+    uint64_t n = 0;
+    ++s->depth;
+    s->store = swiftkv_store(&n, s->ctx, s->model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv);
+    --s->depth;
+  }
+}
+
+static void callback_calls_the_library(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 16 * 1024, 0);
+  const uint64_t capacity = stats(&r).capacity_bytes[SWIFTKV_TIER_HOST] / CHUNK_BYTES;
+  assert_true(capacity >= 2 && capacity <= 16);
+  struct reentry s;
+  memset(&s, 0, sizeof s);
+  s.ctx = r.ctx;
+  s.model = r.model;
+  s.set_self = s.unregister = s.stats = s.lookup = s.store = s.unset = SWIFTKV_EINTERNAL;
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, reentrant_event, &s));
+  static unsigned char kv[CHUNK_BYTES];
+  uint32_t tokens[CHUNK_TOKENS];
+  uint64_t n = 0;
+  /* Fill the host tier; the next store evicts, on this thread. */
+  for (uint32_t i = 0; i <= capacity; ++i) {
+    fill_tokens(tokens, CHUNK_TOKENS, 100u + i);
+    fill_kv(kv, sizeof kv, 100u + i);
+    assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, sizeof kv));
+    assert_int_equal(n, CHUNK_TOKENS);
+  }
+  assert_true(s.events >= 2);
+  assert_true(s.nested >= 1);
+  assert_int_equal(s.set_self, SWIFTKV_OK);
+  assert_int_equal(s.unregister, SWIFTKV_ESTATE);
+  assert_non_null(strstr(s.destroy_message, "not destroyed"));
+  assert_int_equal(s.stats, SWIFTKV_OK);
+  assert_int_equal(s.lookup, SWIFTKV_OK);
+  assert_int_equal(s.store, SWIFTKV_OK);
+  /* The model and the context are whole: the last store is there, byte for byte. */
+  static unsigned char out[CHUNK_BYTES];
+  fill_tokens(tokens, CHUNK_TOKENS, 100u + (uint32_t)capacity);
+  fill_kv(kv, sizeof kv, 100u + (uint32_t)capacity);
+  assert_ok(swiftkv_retrieve(&n, r.ctx, r.model, tokens, CHUNK_TOKENS, 0, out, sizeof out));
+  assert_int_equal(n, CHUNK_TOKENS);
+  assert_memory_equal(out, kv, sizeof kv);
+  /* A callback that removes itself is not called again. */
+  s.remove_self = 1;
+  const int before = s.events;
+  for (uint32_t i = 0; i < 3; ++i) {
+    fill_tokens(tokens, CHUNK_TOKENS, 200u + i);
+    assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, sizeof kv));
+  }
+  assert_int_equal(s.events, before + 1);
+  assert_int_equal(s.unset, SWIFTKV_OK);
+  assert_ok(swiftkv_model_unregister(r.ctx, r.model));
+  rig_down(&r);
+}
+
+/* The same from the context's background thread, which answers a lender's reclaim. */
+static void callback_on_the_background_thread(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  struct reentry s;
+  memset(&s, 0, sizeof s);
+  s.ctx = r.ctx;
+  s.model = r.model;
+  s.depth = 1; /* no store from this thread */
+  s.set_self = s.unregister = s.stats = s.lookup = SWIFTKV_EINTERNAL;
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, reentrant_event, &s));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &d;
+  ec.borrower = &d;
+  ec.capacity_blocks = 8;
+  swiftkv_elastic *e = NULL;
+  assert_ok(swiftkv_elastic_create(&e, r.ctx, &ec));
+  uint64_t lease = 0, n = 0;
+  assert_ok(swiftkv_borrow(&lease, r.ctx, r.model, e, 100));
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 4);
+  static unsigned char kv[2 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 4);
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_ok(swiftkv_elastic_reclaim(e, SWIFTKV_LEASE_ALL));
+  assert_ok(swiftkv_elastic_wait_reclaims(e, 60000));
+  assert_int_equal(s.events, 2);
+  assert_int_equal(s.set_self, SWIFTKV_OK);
+  assert_int_equal(s.unregister, SWIFTKV_ESTATE);
+  assert_int_equal(s.stats, SWIFTKV_OK);
+  assert_int_equal(s.lookup, SWIFTKV_OK);
+  /* From another thread the setter waits for nothing: no callback is running. */
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, NULL, NULL));
+  assert_ok(swiftkv_model_unregister(r.ctx, r.model));
+  swiftkv_elastic_destroy(e);
+  rig_down(&r);
+}
+
 /* Chunks on disk are found again by a new context that registers the same model. */
 static void a_new_context_finds_disk_chunks(void **state) {
   (void)state;
@@ -392,6 +527,8 @@ int main(void) {
       cmocka_unit_test(bad_input_changes_nothing),
       cmocka_unit_test(pins_clear_and_move),
       cmocka_unit_test(borrow_and_give_back),
+      cmocka_unit_test(callback_calls_the_library),
+      cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
