@@ -113,6 +113,8 @@ void bad_traces_name_their_line(void **) {
     const char *needle;
   } cases[] = {
       {"{not json", ":2: not JSON"},
+      {"{\"session\":\"a\",\"turn\":1,\"arrival_s\":1e400,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: not JSON"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":-1e999}", ":2: not JSON"},
       {"[1,2]", ":2: a line must be a JSON object"},
       {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4}", ":2: missing \"output_tokens\""},
       {"{\"session\":\"a\",\"turn\":2,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: session \"a\": turn 2 where turn 1"},

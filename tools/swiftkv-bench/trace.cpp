@@ -140,7 +140,9 @@ Trace load_trace(const std::string &path) {
     json j;
     try {
       j = json::parse(text);
-    } catch (const json::parse_error &e) {
+    } catch (const json::exception &e) {
+      // Syntax errors, and numbers beyond the range of a double (1e400), which the parser
+      // reports as out of range rather than as a parse error.
       bad_line(path, line, std::string("not JSON: ") + e.what());
     }
     if (!j.is_object()) bad_line(path, line, "a line must be a JSON object");
