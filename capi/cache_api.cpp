@@ -172,8 +172,15 @@ SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ct
                             std::to_string(keys.size()) + " chunks of " +
                             std::to_string(chunk_bytes) + " bytes");
     }
-    const uint64_t leading = ctx->cache.store(m.fingerprint, keys, m.geometry.chunk_tokens,
-                                              chunk_bytes, static_cast<const std::byte *>(kv));
+    // A chunk that fails to write ends the call; what was stored before it stays, and says so.
+    uint64_t leading = 0;
+    try {
+      ctx->cache.store(m.fingerprint, keys, m.geometry.chunk_tokens, chunk_bytes,
+                       static_cast<const std::byte *>(kv), &leading);
+    } catch (...) {
+      *cached_tokens_out = leading * m.geometry.chunk_tokens;
+      throw;
+    }
     *cached_tokens_out = leading * m.geometry.chunk_tokens;
     return SWIFTKV_OK;
   }

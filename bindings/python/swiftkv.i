@@ -122,6 +122,10 @@ Error = _capi.Error
   $result = PyLong_FromLong((long)$1);
 }
 
+/* swiftkv_store keeps the chunks it wrote before a failure and says how many tokens they are:
+ * its status comes back unraised, with that count, and swiftkv.Model.store raises with both. */
+%typemap(out) swiftkv_status swiftkv_store { $result = PyLong_FromLong((long)$1); }
+
 /* --- Outputs ------------------------------------------------------------------------------- */
 %apply uint64_t *OUTPUT {
   uint64_t *out, uint64_t *borrower_blocks_out, uint64_t *lender_blocks_out,

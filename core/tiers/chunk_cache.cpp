@@ -315,9 +315,11 @@ bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to) {
 }
 
 uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys,
-                           uint32_t chunk_tokens, uint64_t chunk_bytes, const std::byte *src) {
+                           uint32_t chunk_tokens, uint64_t chunk_bytes, const std::byte *src,
+                           uint64_t *leading_so_far) {
   const uint64_t t = now();
   uint64_t leading = 0;
+  if (leading_so_far != nullptr) *leading_so_far = 0;
   bool run_open = true;
   std::vector<std::optional<Tier>> tiers(keys.size());
   index_.touch_many(keys, t, tiers.data());
@@ -345,6 +347,7 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
     }
     if (!resident) run_open = false;
     if (run_open) ++leading;
+    if (leading_so_far != nullptr) *leading_so_far = leading;
   }
   if (options_.demote_free_percent != 0) thread_cv_.notify_one();
   return leading;

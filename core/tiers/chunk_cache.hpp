@@ -105,9 +105,11 @@ class ChunkCache {
 
   // Stores chunk i (bytes at src + i * chunk_bytes) under keys[i] unless it is resident: in the
   // best configured tier (peer first), making room by the policy. Returns how many leading keys
-  // are resident afterwards.
+  // are resident afterwards. A chunk that fails to write (EIO) ends the call with that error;
+  // the chunks before it stay stored, and *leading_so_far (when given) holds their leading run
+  // at every point of the call.
   uint64_t store(const ChunkKey &model, std::span<const ChunkKey> keys, uint32_t chunk_tokens,
-                 uint64_t chunk_bytes, const std::byte *src);
+                 uint64_t chunk_bytes, const std::byte *src, uint64_t *leading_so_far = nullptr);
   // Copies chunks keys[start..] to dst (chunk i - start at dst + (i - start) * chunk_bytes)
   // while they are resident and intact; returns how many. A chunk that fails its check is
   // dropped and counted as a load failure.

@@ -669,7 +669,10 @@ SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *r
  * exactly n_tokens / chunk_tokens chunks (kv_bytes). Chunks already cached are left as they are.
  * A chunk becomes visible to swiftkv_lookup only once it is stored whole. *cached_tokens_out:
  * the leading tokens cached after the call; fewer than n_tokens when some chunk found no room in
- * any tier (pinned chunks fill it, or no tier is configured), which is counted in the stats. */
+ * any tier (pinned chunks fill it, or no tier is configured), which is counted in the stats.
+ * A chunk that cannot be written (EIO: a disk error) ends the call with that status; the chunks
+ * before it stay cached, whole, and *cached_tokens_out is then still written with the leading
+ * tokens cached (for any failure after the arguments were checked; on EINVAL it is untouched). */
 SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ctx *ctx,
                                          uint32_t model, const uint32_t *tokens, size_t n_tokens,
                                          const void *kv, size_t kv_bytes);

@@ -1,6 +1,8 @@
 """The chunk cache: store, lookup, retrieve bit-exact, the controller calls, stats, the event
 callback, and the disk tier found again by a later context."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,44 @@ def test_unregister(ctx, small_model):
     with pytest.raises(swiftkv.Error) as e:
         m.lookup(tokens_of(1, 32))
     assert e.value.status == swiftkv.Status.ENOTFOUND
+
+
+def test_a_failed_store_says_what_it_kept(tmp_path):
+    """A disk that fails mid-store (a file size limit, in a child process): Error(EIO) carries
+    the leading tokens cached, and those are there, bit-exact."""
+    import subprocess
+    import sys
+    import textwrap
+
+    child = textwrap.dedent(f"""
+        import resource, signal
+        import numpy as np
+        import swiftkv
+        from conftest import chunks_of, tokens_of
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        desc = swiftkv.ModelDesc("pytest-model", num_layers=2, num_kv_heads=2, head_dim=16,
+                                 block_tokens=16, chunk_tokens=32)
+        with swiftkv.Context(disk_path={str(tmp_path)!r}, disk_budget_bytes=1 << 20) as ctx:
+            m = ctx.register_model(desc)
+            assert m.store(tokens_of(9, 32), chunks_of(9, 1, desc.chunk_bytes)) == 32
+            resource.setrlimit(resource.RLIMIT_FSIZE, (32768, 32768))
+            tokens, kv = tokens_of(8, 8 * 32), chunks_of(8, 8, desc.chunk_bytes)
+            try:
+                m.store(tokens, kv)
+                raise SystemExit("the store did not fail")
+            except swiftkv.Error as e:
+                assert e.status == swiftkv.Status.EIO, e
+                n = e.cached_tokens
+            assert 0 < n < 8 * 32 and n % 32 == 0, n
+            assert m.lookup(tokens)["prefix_tokens"] == n
+            out = np.zeros_like(kv)
+            assert m.retrieve(tokens, 0, out) == n
+            assert np.array_equal(out[:n // 32 * desc.chunk_bytes], kv[:n // 32 * desc.chunk_bytes])
+        print("child ok", n)
+    """)
+    env = dict(os.environ, SWIFTKV_LOG="off")
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(__file__), env.get("PYTHONPATH", "")])
+    r = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "child ok" in r.stdout

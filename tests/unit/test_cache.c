@@ -2,7 +2,10 @@
  * region, the controller calls and their statuses on bad input (with nothing changed), and the
  * chunk event callback. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -485,6 +488,56 @@ static void callback_on_the_background_thread(void **state) {
   rig_down(&r);
 }
 
+/* A disk that fails mid-store: the call says EIO and how many leading tokens it did cache, and
+ * those are there, byte for byte. (In a child: the failure is a file size limit, which fails
+ * every write past it as a full or broken disk would.) */
+static int store_fails_midway_child(void) {
+  setenv("SWIFTKV_LOG", "off", 1);
+  signal(SIGXFSZ, SIG_IGN);
+  struct rig r;
+  rig_up(&r, 0, 1);
+  uint32_t tokens[8 * CHUNK_TOKENS];
+  fill_tokens(tokens, 8 * CHUNK_TOKENS, 11);
+  static unsigned char kv[8 * CHUNK_BYTES], out[8 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 11);
+  uint64_t n = 0;
+  /* One chunk first, so that the segment the others go to exists. */
+  uint32_t first[CHUNK_TOKENS];
+  fill_tokens(first, CHUNK_TOKENS, 12);
+  if (swiftkv_store(&n, r.ctx, r.model, first, CHUNK_TOKENS, kv, CHUNK_BYTES) != SWIFTKV_OK) return 2;
+  const struct rlimit lim = {4096, 4096};
+  if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return 3;
+  n = SENTINEL;
+  if (swiftkv_store(&n, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, kv, sizeof kv) != SWIFTKV_EIO) return 4;
+  if (n == SENTINEL || n % CHUNK_TOKENS != 0 || n == 0 || n >= 8 * CHUNK_TOKENS) return 5;
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  if (swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS) != SWIFTKV_OK) return 6;
+  if (l.prefix_tokens != n || l.chunks_per_tier[SWIFTKV_TIER_DISK] != n / CHUNK_TOKENS) return 7;
+  uint64_t loaded = 0;
+  if (swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, 0, out, sizeof out) != SWIFTKV_OK) return 8;
+  if (loaded != n || memcmp(out, kv, (size_t)(n / CHUNK_TOKENS) * CHUNK_BYTES) != 0) return 9;
+  if (stats(&r).stores != 1 + n / CHUNK_TOKENS) return 10;
+  /* Bad arguments leave the count untouched. */
+  n = SENTINEL;
+  if (swiftkv_store(&n, r.ctx, r.model, tokens, 3, kv, sizeof kv) != SWIFTKV_EINVAL || n != SENTINEL) return 11;
+  const struct rlimit none = {RLIM_INFINITY, RLIM_INFINITY};
+  setrlimit(RLIMIT_FSIZE, &none);
+  rig_down(&r);
+  return 0;
+}
+
+static void a_failed_store_reports_what_it_kept(void **state) {
+  (void)state;
+  fflush(NULL);
+  const pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) _exit(store_fails_midway_child());
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+}
+
 /* Chunks on disk are found again by a new context that registers the same model. */
 static void a_new_context_finds_disk_chunks(void **state) {
   (void)state;
@@ -530,6 +583,7 @@ int main(void) {
       cmocka_unit_test(callback_calls_the_library),
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
+      cmocka_unit_test(a_failed_store_reports_what_it_kept),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -430,7 +430,7 @@ type Stats struct {
 	LoadFailures, Revocations, CorruptFilesRemoved, DemotionsDeferred uint64
 	// The disk tier's log (swiftkv_stats version 2).
 	DiskFilesSkipped, DiskRecordsMismatched, DiskSegmentsCleaned uint64
-	DiskBytesRelocated, DiskBytesAllocated                        uint64
+	DiskBytesRelocated, DiskBytesAllocated                       uint64
 }
 
 func (c *Context) Stats() (Stats, error) {
@@ -607,7 +607,9 @@ func (m *Model) Lookup(tokens []uint32) (Lookup, error) {
 	return l, err
 }
 
-// Store stores the chunks of tokens from kv; the leading tokens cached afterwards.
+// Store stores the chunks of tokens from kv; the leading tokens cached afterwards. A chunk that
+// cannot be written ends the call with an EIO error, and the count is then the leading tokens
+// cached before it, which stay cached (as io.Writer reports a short write).
 func (m *Model) Store(tokens []uint32, kv []byte) (uint64, error) {
 	h, err := m.ctx.handle()
 	if err != nil {

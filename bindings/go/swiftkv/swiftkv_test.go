@@ -5,7 +5,11 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -541,4 +545,50 @@ func TestOneContextManyGoroutines(t *testing.T) {
 func TestMain(m *testing.M) {
 	os.Setenv("SWIFTKV_LOG", "off")
 	os.Exit(m.Run())
+}
+
+// A disk that fails in the middle of a store: the error comes with the leading tokens cached,
+// and those read back bit-exact. The failure is a file size limit, which holds for the whole
+// process, so the case runs in a child of the test binary.
+func TestFailedStoreSaysWhatItKept(t *testing.T) {
+	if os.Getenv("SWIFTKV_GO_STORE_CHILD") == "" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestFailedStoreSaysWhatItKept$")
+		cmd.Env = append(os.Environ(), "SWIFTKV_GO_STORE_CHILD="+t.TempDir(), "SWIFTKV_LOG=off")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "child ok") {
+			t.Fatalf("child: %v\n%s", err, out)
+		}
+		return
+	}
+	cfg := DefaultConfig()
+	cfg.DiskPath, cfg.DiskBudgetBytes = os.Getenv("SWIFTKV_GO_STORE_CHILD"), 1<<20
+	ctx := newCtx(t, cfg)
+	m := val(ctx.RegisterModel(small(), false))
+	chunk := int(val(small().ChunkBytes()))
+	if n := val(m.Store(tokensOf(9, 32), kvOf(9, chunk))); n != 32 {
+		t.Fatalf("first store cached %d", n)
+	}
+	signal.Ignore(syscall.SIGXFSZ)
+	noErr(t, syscall.Setrlimit(syscall.RLIMIT_FSIZE, &syscall.Rlimit{Cur: 32768, Max: 32768}))
+	tokens, kv := tokensOf(8, 8*32), kvOf(8, 8*chunk)
+	n, err := m.Store(tokens, kv)
+	var e *Error
+	if !errors.As(err, &e) || e.Status != EIO {
+		t.Fatalf("store: %v", err)
+	}
+	if n == 0 || n >= 8*32 || n%32 != 0 {
+		t.Fatalf("cached %d tokens", n)
+	}
+	if l := val(m.Lookup(tokens)); l.PrefixTokens != n {
+		t.Fatalf("lookup finds %d, store said %d", l.PrefixTokens, n)
+	}
+	out := make([]byte, len(kv))
+	if got := val(m.Retrieve(tokens, 0, out)); got != n {
+		t.Fatalf("retrieved %d of %d", got, n)
+	}
+	kept := int(n/32) * chunk
+	if string(out[:kept]) != string(kv[:kept]) {
+		t.Fatal("the kept chunks differ")
+	}
+	fmt.Println("child ok")
 }

@@ -46,6 +46,7 @@ Error = _c.Error
 Error.__doc__ = "A libswiftkv call failed: .status (a Status) and .message (the library's words)."
 Error.status = property(lambda self: Status(self.args[0]))
 Error.message = property(lambda self: self.args[1])
+Error.cached_tokens = None  # set by Model.store when it failed after caching a leading part
 Error.__str__ = lambda self: f"{Status(self.args[0]).name}: {self.args[1]}"
 
 
@@ -405,8 +406,15 @@ class Model:
         return d
 
     def store(self, tokens, kv) -> int:
-        """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached."""
-        _, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens), kv)
+        """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached.
+
+        A chunk that cannot be written raises Error(EIO) with ``.cached_tokens``: the leading
+        tokens cached before it, which stay cached."""
+        st, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens), kv)
+        if st < 0:
+            e = Error(st, _c.swiftkv_last_error_message())
+            e.cached_tokens = n
+            raise e
         return n
 
     def retrieve(self, tokens, start_token: int, out) -> int:

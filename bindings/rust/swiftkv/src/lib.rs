@@ -61,6 +61,9 @@ impl Status {
 pub struct Error {
     pub status: Status,
     pub message: String,
+    /// Set by `Model::store` when it failed after its arguments were checked: the leading
+    /// tokens it cached before the failure, which stay cached.
+    pub cached_tokens: Option<u64>,
 }
 
 impl fmt::Display for Error {
@@ -81,11 +84,11 @@ fn check(st: sys::swiftkv_status) -> Result<Status> {
     let message = unsafe { CStr::from_ptr(sys::swiftkv_last_error_message()) }
         .to_string_lossy()
         .into_owned();
-    Err(Error { status: Status(st), message })
+    Err(Error { status: Status(st), message, cached_tokens: None })
 }
 
 fn invalid(message: &str) -> Error {
-    Error { status: Status::EINVAL, message: message.to_string() }
+    Error { status: Status::EINVAL, message: message.to_string(), cached_tokens: None }
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
@@ -632,11 +635,17 @@ impl<'a> Model<'a> {
     }
 
     /// Stores the chunks of `tokens` from `kv` (chunk after chunk); the leading tokens cached.
+    /// A chunk that cannot be written fails the call (EIO) with `Error::cached_tokens` set to
+    /// the leading tokens cached before it.
     pub fn store(&self, tokens: &[u32], kv: &[u8]) -> Result<u64> {
         let mut n = 0;
-        check(unsafe {
+        let st = unsafe {
             sys::swiftkv_store(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(),
                                kv.as_ptr() as *const c_void, kv.len())
+        };
+        check(st).map_err(|e| {
+            let cached = if e.status == Status::EINVAL { None } else { Some(n) };
+            Error { cached_tokens: cached, ..e }
         })?;
         Ok(n)
     }
