@@ -4,6 +4,7 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -146,11 +147,13 @@ Coordinator::Coordinator(CoordOptions options) : s_(std::make_shared<State>()) {
       zmq_ctx_term(s_->zctx);
       fail(SWIFTKV_EPEER, "cannot bind coord_endpoint \"" + ep + "\": " + why);
     }
+    s_->note_ipc_file();
     try {
       s_->listener = fd_listen(&s_->fd_name);
     } catch (...) {
       zmq_close(s_->router);
       zmq_ctx_term(s_->zctx);
+      s_->remove_ipc_file();
       throw;
     }
     std::lock_guard lock(s_->mu);
@@ -209,6 +212,30 @@ void Coordinator::State::stop_all() noexcept {
   router = nullptr;
   if (zctx != nullptr) zmq_ctx_term(zctx);
   zctx = nullptr;
+  remove_ipc_file();
+}
+
+void Coordinator::State::note_ipc_file() noexcept {
+  char ep[512] = {};
+  size_t len = sizeof ep - 1;
+  if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) != 0) return;
+  const std::string bound(ep);
+  // "ipc://@name" is an abstract socket: no file.
+  if (bound.rfind("ipc://", 0) != 0 || bound.size() <= 6 || bound[6] == '@') return;
+  struct stat st {};
+  if (::stat(bound.c_str() + 6, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  ipc_file = bound.substr(6);
+  ipc_dev = st.st_dev;
+  ipc_ino = st.st_ino;
+}
+
+void Coordinator::State::remove_ipc_file() noexcept {
+  if (ipc_file.empty()) return;
+  struct stat st {};
+  if (::stat(ipc_file.c_str(), &st) == 0 && st.st_dev == ipc_dev && st.st_ino == ipc_ino) {
+    ::unlink(ipc_file.c_str());
+  }
+  ipc_file.clear();
 }
 
 void Coordinator::State::run() {

@@ -3,6 +3,8 @@
 // with remote lenders). Not installed; nothing outside core/coord includes it.
 #pragma once
 
+#include <sys/types.h>
+
 #include <zmq.h>
 
 #include <algorithm>
@@ -185,6 +187,11 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   // The thread's alone (set up before it starts).
   void *zctx = nullptr;
   void *router = nullptr;
+  // The socket file an ipc:// endpoint made, with its identity, so that closing removes this
+  // very file and never one that another process bound at the same path since.
+  std::string ipc_file;
+  dev_t ipc_dev = 0;
+  ino_t ipc_ino = 0;
   UniqueFd wake_fd;
   UniqueFd listener;
   std::string fd_name;
@@ -221,6 +228,8 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   void start_locked();
   void run();
   void stop_all() noexcept;
+  void note_ipc_file() noexcept;    // after the bind
+  void remove_ipc_file() noexcept;  // after the router is closed
 
   // Lender side.
   void send_served(Served &srv, Payload p);

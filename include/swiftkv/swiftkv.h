@@ -283,7 +283,8 @@ typedef struct swiftkv_ctx_config {
                                   borrowers in other processes reach the regions this context
                                   offers (swiftkv_elastic_offer); bound at creation (SWIFTKV_EPEER
                                   when it cannot be). NULL (default): none. The context copies
-                                  the string. */
+                                  the string. An ipc:// socket file is removed when the context
+                                  is destroyed (unless another socket took its path since). */
   uint32_t coord_heartbeat_ms; /* how often a borrower renews its remote leases (default 100;
                                   >= 1; at least three times per lease in any case) */
   uint32_t coord_timeout_ms;   /* the longest a handshake or a remote lend waits for its lender

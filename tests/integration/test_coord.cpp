@@ -817,6 +817,31 @@ void unconnected_sessions_are_forgotten(void **) {
   lender_down(&l);
 }
 
+// An ipc:// endpoint's socket file goes with the context that bound it; a file another process
+// bound at the same path since is left alone.
+void ipc_socket_files_go_with_the_context(void **) {
+  const std::string ep = fresh_endpoint("file");
+  const std::string path = ep.substr(6);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.coord_endpoint = ep.c_str();
+  swiftkv_ctx *ctx = nullptr;
+  assert_ok(swiftkv_ctx_create(&ctx, &c));
+  assert_int_equal(::access(path.c_str(), F_OK), 0);
+  swiftkv_ctx_destroy(ctx);
+  assert_int_equal(::access(path.c_str(), F_OK), -1);
+  // Bound again, then taken over by another socket at the same path: that one stays.
+  assert_ok(swiftkv_ctx_create(&ctx, &c));
+  assert_int_equal(::unlink(path.c_str()), 0);
+  void *zctx = zmq_ctx_new();
+  void *other = zmq_socket(zctx, ZMQ_ROUTER);
+  assert_int_equal(zmq_bind(other, ep.c_str()), 0);
+  swiftkv_ctx_destroy(ctx);
+  assert_int_equal(::access(path.c_str(), F_OK), 0);
+  zmq_close(other);
+  zmq_ctx_term(zctx);
+  ::unlink(path.c_str());
+}
+
 // A fake lender answering a real borrower with junk or a welcome that does not add up: the
 // handshake fails with a clear status and the borrower has borrowed nothing.
 void borrower_drops_bad_messages(void **) {
@@ -995,6 +1020,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(borrower_killed),
       cmocka_unit_test(lender_drops_bad_messages),
       cmocka_unit_test(unconnected_sessions_are_forgotten),
+      cmocka_unit_test(ipc_socket_files_go_with_the_context),
       cmocka_unit_test(borrower_drops_bad_messages),
       cmocka_unit_test(many_lenders_and_borrowers),
   };
