@@ -41,11 +41,24 @@ void Coordinator::State::on_command(const Command &c) {
       set_int(s.sock, ZMQ_LINGER, 0);
       const int64_t max = kMaxMessageBytes;
       zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+      // Until the handshake is done, a refused connection (nothing listens: the lender is gone
+      // or not started) or a dropped one fails it at once, not at the timeout.
+      const std::string mon = "inproc://swiftkv-monitor-" + std::to_string(next_monitor++);
+      if (zmq_socket_monitor(s.sock, mon.c_str(),
+                             ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED) == 0) {
+        s.monitor = zmq_socket(zctx, ZMQ_PAIR);
+        if (s.monitor != nullptr) {
+          set_int(s.monitor, ZMQ_LINGER, 0);
+          if (zmq_connect(s.monitor, mon.c_str()) != 0) {
+            zmq_close(s.monitor);
+            s.monitor = nullptr;
+          }
+        }
+      }
       if (zmq_connect(s.sock, s.endpoint.c_str()) != 0) {
         fail_session(s, SWIFTKV_EINVAL,
                      "cannot connect to \"" + s.endpoint + "\": " + zmq_strerror(zmq_errno()));
-        zmq_close(s.sock);
-        s.sock = nullptr;
+        close_session(c.session);
         return;
       }
       active.push_back(c.session);
@@ -74,7 +87,48 @@ void Coordinator::State::on_command(const Command &c) {
 void Coordinator::State::close_session(const std::shared_ptr<Session> &s) {
   if (s->sock != nullptr) zmq_close(s->sock);
   s->sock = nullptr;
+  stop_monitor(*s);
   std::erase(active, s);
+}
+
+void Coordinator::State::stop_monitor(Session &s) noexcept {
+  if (s.monitor == nullptr) return;
+  if (s.sock != nullptr) zmq_socket_monitor(s.sock, nullptr, 0);
+  zmq_close(s.monitor);
+  s.monitor = nullptr;
+}
+
+void Coordinator::State::on_monitor(const std::shared_ptr<Session> &sp) {
+  Session &s = *sp;
+  // Each event is two frames: 2 bytes of event and 4 of value, then the endpoint.
+  bool refused = false;
+  for (;;) {
+    zmq_msg_t frame;
+    zmq_msg_init(&frame);
+    if (zmq_msg_recv(&frame, s.monitor, ZMQ_DONTWAIT) < 0) {
+      zmq_msg_close(&frame);
+      break;
+    }
+    uint16_t event = 0;
+    if (zmq_msg_size(&frame) >= sizeof event) std::memcpy(&event, zmq_msg_data(&frame), sizeof event);
+    bool more = zmq_msg_more(&frame) != 0;
+    zmq_msg_close(&frame);
+    while (more) {
+      zmq_msg_init(&frame);
+      more = zmq_msg_recv(&frame, s.monitor, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&frame) != 0;
+      zmq_msg_close(&frame);
+    }
+    refused |= event == ZMQ_EVENT_CONNECT_RETRIED || event == ZMQ_EVENT_DISCONNECTED;
+  }
+  if (!refused) return;
+  {
+    std::lock_guard lock(mu);
+    if (s.phase != Phase::connecting && s.phase != Phase::awaiting_pieces) return;
+  }
+  fail_session(s, SWIFTKV_EPEER,
+               "nothing answers at " + s.endpoint + " (the connection was refused or dropped: "
+               "no lender runs there now)");
+  close_session(sp);
 }
 
 void Coordinator::State::fail_session(Session &s, swiftkv_status st, const std::string &why) {
@@ -327,6 +381,8 @@ void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
     fail_session(s, e.status(), std::string("mapping the lender's region: ") + e.what());
     return close_session(sp);
   }
+  // From here a lost lender is found by its fd channel and heartbeats.
+  stop_monitor(s);
   cv.notify_all();
 }
 

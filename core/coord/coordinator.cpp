@@ -206,6 +206,7 @@ void Coordinator::State::stop_all() noexcept {
   for (const auto &s : active) {
     if (s->sock != nullptr) zmq_close(s->sock);
     s->sock = nullptr;
+    stop_monitor(*s);
   }
   active.clear();
   if (router != nullptr) zmq_close(router);
@@ -265,6 +266,7 @@ void Coordinator::State::run() {
     for (const auto &s : active) {
       items.push_back({s->sock, 0, ZMQ_POLLIN, 0});
       items.push_back({nullptr, s->fdconn ? s->fdconn.get() : -1, ZMQ_POLLIN, 0});
+      items.push_back({s->monitor, -1, ZMQ_POLLIN, 0});
       polled.push_back(s);
     }
     // Sleep until the next heartbeat or lease scan is due (messages and callers wake it early).
@@ -312,10 +314,10 @@ void Coordinator::State::run() {
       for (size_t i = 0; i < polled.size(); ++i) {
         const auto &s = polled[i];
         if (s->sock == nullptr) continue;
-        if (items[first_session + 2 * i].revents != 0) on_session(s);
-        if (s->sock != nullptr && s->fdconn && items[first_session + 2 * i + 1].revents != 0) {
-          on_session_fd(s);
-        }
+        const zmq_pollitem_t *it = &items[first_session + 3 * i];
+        if (it[0].revents != 0) on_session(s);
+        if (s->sock != nullptr && s->fdconn && it[1].revents != 0) on_session_fd(s);
+        if (s->sock != nullptr && s->monitor != nullptr && it[2].revents != 0) on_monitor(s);
       }
       const uint64_t now = monotonic_ns();
       scan_served(now);

@@ -141,6 +141,7 @@ struct Session {
 
   // The thread's alone, but fdconn: closed only here, so other threads may poll it.
   void *sock = nullptr;
+  void *monitor = nullptr;  // sock's connection events, until the handshake is done
   UniqueFd fdconn;
   uint64_t send_seq = 0, recv_seq = 0;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
@@ -200,6 +201,7 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   std::deque<std::string> ended;         // routing ids of sessions closed lately
   std::vector<std::shared_ptr<Session>> active;
   uint64_t next_session = 1;
+  uint64_t next_monitor = 1;
   uint64_t next_expiry_scan_ns = 0;
 
   void wake() const noexcept {
@@ -250,6 +252,8 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   void on_command(const Command &c);
   void on_session(const std::shared_ptr<Session> &s);
   void on_session_fd(const std::shared_ptr<Session> &s);
+  void on_monitor(const std::shared_ptr<Session> &s);
+  void stop_monitor(Session &s) noexcept;
   void on_welcome(Session &s, const Welcome &w);
   void on_grant(Session &s, const Grant &g);
   bool on_ack(Session &s, const HeartbeatAck &a);

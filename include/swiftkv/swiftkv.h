@@ -831,8 +831,10 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_offer(swiftkv_elastic *e, const char 
  * (in another process, or this one) into the peer tier of `model`, as swiftkv_borrow does; the
  * first call per endpoint and name makes the handshake, later ones reuse it. *lease_id_out: the
  * lender's lease id. EINVAL: a malformed endpoint, or a region lending to another geometry;
- * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; ETIMEDOUT: no answer
- * within coord_timeout_ms; EPEER: the lender broke the protocol or went away. */
+ * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; EPEER: nothing
+ * listens at the endpoint (the connection is refused or dropped during the handshake: the lender
+ * is gone or not started; returned at once), or the lender broke the protocol or went away;
+ * ETIMEDOUT: something accepted the connection but gave no answer within coord_timeout_ms. */
 SWIFTKV_API swiftkv_status swiftkv_borrow_remote(uint64_t *lease_id_out, swiftkv_ctx *ctx,
                                                  uint32_t model, const char *endpoint,
                                                  const char *lender_name, uint64_t max_units);

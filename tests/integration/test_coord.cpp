@@ -575,11 +575,15 @@ void lender_killed(void **) {
   store(b, 4, 4, 4 * kChunkTokens);
   assert_int_equal(lookup(b, 4, 4).chunks_per_tier[SWIFTKV_TIER_HOST], 4);
   assert_int_equal(retrieve_checked(b, 4, 4), 4 * kChunkTokens);
+  // A new handshake with the dead lender (its socket file is still there) fails with EPEER, not
+  // at the timeout (which would be ETIMEDOUT).
   uint64_t again = SENTINEL;
   assert_status(swiftkv_borrow_remote(&again, b.ctx, b.model, ep.c_str(), "lender", 1),
-                SWIFTKV_ETIMEDOUT);
+                SWIFTKV_EPEER);
+  assert_message_contains("nothing answers");
   assert_true(again == SENTINEL);
   swiftkv_ctx_destroy(b.ctx);
+  ::unlink(ep.c_str() + 6);
 }
 
 // The borrower is killed: the lender keeps its leases lent until they expire, then has them back.
@@ -817,6 +821,35 @@ void unconnected_sessions_are_forgotten(void **) {
   lender_down(&l);
 }
 
+// A handshake with nothing at the endpoint fails with EPEER at once, within a timeout of a
+// minute that it would otherwise wait out (ETIMEDOUT); the context borrows from none.
+void handshake_with_no_lender(void **) {
+  Borrower b;
+  borrower_up(&b, 4 << 20, 60000);
+  const std::string never = fresh_endpoint("never-bound");
+  uint64_t lease = SENTINEL;
+  assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, never.c_str(), "lender", 1),
+                SWIFTKV_EPEER);
+  assert_message_contains("nothing answers");
+  assert_true(lease == SENTINEL);
+  // A socket file whose process is gone: the connection is refused.
+  const std::string stale = fresh_endpoint("stale");
+  {
+    Lender l;
+    assert_ok(lender_up(&l, stale, 10000, "lender"));
+    const std::string keep = std::string(stale.c_str() + 6) + ".kept";
+    assert_int_equal(::link(stale.c_str() + 6, keep.c_str()), 0);
+    lender_down(&l);
+    assert_int_equal(::rename(keep.c_str(), stale.c_str() + 6), 0);
+  }
+  assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, stale.c_str(), "lender", 1),
+                SWIFTKV_EPEER);
+  assert_true(lease == SENTINEL);
+  assert_int_equal(coord_stats(b.ctx).lenders_connected, 0);
+  swiftkv_ctx_destroy(b.ctx);
+  ::unlink(stale.c_str() + 6);
+}
+
 // An ipc:// endpoint's socket file goes with the context that bound it; a file another process
 // bound at the same path since is left alone.
 void ipc_socket_files_go_with_the_context(void **) {
@@ -1021,6 +1054,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(lender_drops_bad_messages),
       cmocka_unit_test(unconnected_sessions_are_forgotten),
       cmocka_unit_test(ipc_socket_files_go_with_the_context),
+      cmocka_unit_test(handshake_with_no_lender),
       cmocka_unit_test(borrower_drops_bad_messages),
       cmocka_unit_test(many_lenders_and_borrowers),
   };

@@ -79,8 +79,14 @@ def test_close_is_idempotent_and_final(small_model):
 
 
 def test_gil_released_while_waiting(small_model, tmp_path):
-    # A borrow from an endpoint nobody answers waits coord_timeout_ms; other Python threads run.
-    with swiftkv.Context(host_budget_bytes=1 << 20, coord_timeout_ms=300) as ctx:
+    # A borrow from an endpoint that accepts but never answers (a bare listening socket) waits
+    # coord_timeout_ms; other Python threads run.
+    import socket
+
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.bind(f"{tmp_path}/silent")
+    silent.listen(4)
+    with silent, swiftkv.Context(host_budget_bytes=1 << 20, coord_timeout_ms=300) as ctx:
         m = ctx.register_model(small_model)
         ticks = [0]
         stop = threading.Event()
@@ -95,7 +101,7 @@ def test_gil_released_while_waiting(small_model, tmp_path):
         time.sleep(0.02)
         before = ticks[0]
         with pytest.raises(swiftkv.Error) as e:
-            m.borrow_remote(f"ipc://{tmp_path}/nobody", "x", 1)
+            m.borrow_remote(f"ipc://{tmp_path}/silent", "x", 1)
         during = ticks[0] - before
         stop.set()
         t.join()
