@@ -42,11 +42,14 @@ ReadConfig read_config(const swiftkv_elastic_config *config) {
   if (c.borrower != nullptr) r.core.borrower = read_model_desc(c.borrower, "config->borrower").geometry;
   r.core.capacity_blocks = c.capacity_blocks;
   r.core.owned_blocks = c.owned_blocks;
-  if (c.window_ms > UINT64_MAX / 1'000'000 || c.lease_ms > UINT64_MAX / 1'000'000) {
-    fail_invalid("config->window_ms or config->lease_ms does not fit in 64-bit nanoseconds");
+  if (c.window_ms > UINT64_MAX / 1'000'000 || c.lease_ms > UINT64_MAX / 1'000'000 ||
+      c.reclaim_deadline_ms > UINT64_MAX / 1'000'000) {
+    fail_invalid("config->window_ms, lease_ms or reclaim_deadline_ms does not fit in 64-bit "
+                 "nanoseconds");
   }
   r.core.window_ns = c.window_ms * 1'000'000;
   r.core.lease_ns = c.lease_ms * 1'000'000;
+  r.core.reclaim_deadline_ns = c.reclaim_deadline_ms * 1'000'000;
   if ((c.flags & ~SWIFTKV_ELASTIC_KEEP_COMMITTED) != 0) {
     fail_invalid("config->flags has unknown bits " +
                  std::to_string(c.flags & ~SWIFTKV_ELASTIC_KEEP_COMMITTED));

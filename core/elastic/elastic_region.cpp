@@ -54,6 +54,9 @@ ElasticRegion::Layout ElasticRegion::checked_layout(const ElasticConfig &c) {
   }
   if (c.window_ns == 0) fail_invalid("config->window_ms is 0; the ScaleDown window must be > 0");
   if (c.lease_ns == 0) fail_invalid("config->lease_ms is 0; a lease must last > 0");
+  if (c.reclaim_deadline_ns == 0) {
+    fail_invalid("config->reclaim_deadline_ms is 0; a borrower needs time to give a lease back");
+  }
   // A unit's bytes must fit too: lending computes offsets from them.
   (void)checked_mul(l.unit_blocks, l.lender.full_block_bytes, "bytes of one lending unit");
   l.bytes = checked_mul(c.capacity_blocks, l.lender.full_block_bytes,
@@ -78,6 +81,7 @@ ElasticRegion::ElasticRegion(const ElasticConfig &config, const Layout &layout,
       capacity_units_(config.capacity_blocks / unit_blocks_),
       window_ns_(config.window_ns),
       lease_ns_(config.lease_ns),
+      reclaim_deadline_ns_(config.reclaim_deadline_ns),
       keep_committed_(config.keep_committed),
       clock_(config.clock ? config.clock : std::function<uint64_t()>(monotonic_ns)),
       memory_(std::move(memory)),
@@ -190,9 +194,7 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     --lent_units_;
     Lease &l = leases_.at(unit_lease_[u]);
     if (!l.reclaim_requested) {
-      l.reclaim_requested = true;
-      asked_.insert(l.id);
-      ++counters_.reclaims_requested;
+      ask_back_locked(l, now());
       asked = true;
     }
   }
@@ -332,7 +334,7 @@ Lease ElasticRegion::lend(uint64_t max_units) {
   }
   free_units_ -= n;
   lent_units_ += n;
-  const Lease l{id, first, n, t + lease_ns_, false};
+  const Lease l{id, first, n, t + lease_ns_, false, UINT64_MAX};
   leases_.emplace(id, l);
   deadlines_.emplace(l.expires_ns, id);
   ++counters_.leases_granted;
@@ -357,11 +359,24 @@ void ElasticRegion::set_expiry_locked(Lease &l, uint64_t expires_ns) {
   deadlines_.emplace(expires_ns, l.id);
 }
 
+void ElasticRegion::ask_back_locked(Lease &l, uint64_t t) {
+  l.reclaim_requested = true;
+  l.reclaim_by_ns = t > UINT64_MAX - reclaim_deadline_ns_ ? UINT64_MAX : t + reclaim_deadline_ns_;
+  asked_.insert(l.id);
+  ++counters_.reclaims_requested;
+}
+
+void ElasticRegion::renew_locked(Lease &l, uint64_t t) {
+  // A lease asked back is renewed up to its reclaim deadline only; what was granted stays.
+  const uint64_t want = std::min(t + lease_ns_, l.reclaim_by_ns);
+  if (want > l.expires_ns) set_expiry_locked(l, want);
+}
+
 void ElasticRegion::renew(uint64_t lease_id) {
   std::lock_guard lock(mu_);
   const uint64_t t = now();
   expire_leases_locked(t);
-  set_expiry_locked(find_lease_locked(lease_id, "renew")->second, t + lease_ns_);
+  renew_locked(find_lease_locked(lease_id, "renew")->second, t);
 }
 
 std::vector<ElasticRegion::Renewal> ElasticRegion::renew_many(const uint64_t *lease_ids,
@@ -373,7 +388,7 @@ std::vector<ElasticRegion::Renewal> ElasticRegion::renew_many(const uint64_t *le
   for (size_t i = 0; i < n; ++i) {
     const auto it = leases_.find(lease_ids[i]);
     if (it == leases_.end()) continue;
-    set_expiry_locked(it->second, t + lease_ns_);
+    renew_locked(it->second, t);
     out[i] = Renewal{true, it->second.reclaim_requested, it->second.expires_ns};
   }
   return out;
@@ -387,15 +402,14 @@ void ElasticRegion::release(uint64_t lease_id) {
 
 void ElasticRegion::reclaim(uint64_t lease_id) {
   std::lock_guard lock(mu_);
-  expire_leases_locked(now());
+  const uint64_t t = now();
+  expire_leases_locked(t);
   bool asked = false;
   auto ask = [&](Lease &l) {
     if (!l.reclaim_requested) {
-      ++counters_.reclaims_requested;
-      asked_.insert(l.id);
+      ask_back_locked(l, t);
       asked = true;
     }
-    l.reclaim_requested = true;
   };
   if (lease_id == kAllLeases) {
     for (auto &[id, l] : leases_) ask(l);

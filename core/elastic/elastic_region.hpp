@@ -28,6 +28,9 @@ struct ElasticConfig {
   uint64_t owned_blocks = 0;              // initially owned; a whole number of lending units
   uint64_t window_ns = 60'000'000'000;    // ScaleDown looks at requests this recent
   uint64_t lease_ns = 10'000'000'000;     // a lease lives this long unless renewed
+  // Once a lease is asked back, renewals extend it to at most this long after the asking (never
+  // shortening what was granted); then it expires as any lease does, held or not.
+  uint64_t reclaim_deadline_ns = 30'000'000'000;
   bool keep_committed = false;            // never return free memory to the system
   std::function<uint64_t()> clock;        // monotonic nanoseconds; empty: CLOCK_MONOTONIC
 };
@@ -39,6 +42,7 @@ struct Lease {
   uint64_t units = 0;
   uint64_t expires_ns = 0;
   bool reclaim_requested = false;
+  uint64_t reclaim_by_ns = UINT64_MAX;  // once asked back: the last expiry a renewal may give
 };
 
 struct ElasticStats {
@@ -164,6 +168,8 @@ class ElasticRegion {
   void expire_leases_locked(uint64_t now);
   void end_lease_locked(std::map<uint64_t, Lease>::iterator it);
   void set_expiry_locked(Lease &l, uint64_t expires_ns);
+  void ask_back_locked(Lease &l, uint64_t t);  // marks it asked back, with its deadline
+  void renew_locked(Lease &l, uint64_t t);
   void notify_reclaim_locked() const;
   ElasticDelta grow_locked(uint64_t units);
   ElasticDelta shrink_locked(uint64_t units);
@@ -189,6 +195,7 @@ class ElasticRegion {
   const uint64_t capacity_units_;
   const uint64_t window_ns_;
   const uint64_t lease_ns_;
+  const uint64_t reclaim_deadline_ns_;
   const bool keep_committed_;
   const std::function<uint64_t()> clock_;
   const std::shared_ptr<MemoryRegion> memory_;

@@ -378,7 +378,7 @@ typedef enum swiftkv_cuda_alloc {
 /* flags: never return free memory to the system (resizes then never map or unmap). */
 #define SWIFTKV_ELASTIC_KEEP_COMMITTED (1u << 0)
 
-#define SWIFTKV_ELASTIC_CONFIG_VERSION 1
+#define SWIFTKV_ELASTIC_CONFIG_VERSION 2
 
 typedef struct swiftkv_elastic_config {
   uint32_t size;                      /* sizeof(swiftkv_elastic_config) as compiled */
@@ -394,12 +394,17 @@ typedef struct swiftkv_elastic_config {
   uint32_t flags;                     /* SWIFTKV_ELASTIC_* flags (default 0) */
   swiftkv_clock_fn clock;             /* NULL (default): CLOCK_MONOTONIC */
   void *clock_user_data;              /* passed to clock */
+  /* Version 2. */
+  uint64_t reclaim_deadline_ms;       /* once a lease is asked back, renewals extend it to at
+                                         most this long after the asking (what was granted
+                                         before stays); then it expires whether or not the
+                                         borrower released it (default 30000, > 0) */
 } swiftkv_elastic_config;
 
 #define SWIFTKV_ELASTIC_CONFIG_INIT                                                         \
   {                                                                                         \
     (uint32_t)sizeof(swiftkv_elastic_config), SWIFTKV_ELASTIC_CONFIG_VERSION, NULL, NULL, 0, \
-        0, 60000, 10000, SWIFTKV_CUDA_ALLOC_AUTO, 0, NULL, NULL                             \
+        0, 60000, 10000, SWIFTKV_CUDA_ALLOC_AUTO, 0, NULL, NULL, 30000                      \
   }
 
 #define SWIFTKV_LAYER_VIEW_VERSION 1
@@ -542,7 +547,9 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_renew(swiftkv_elastic *e, uint64_t le
 SWIFTKV_API swiftkv_status swiftkv_elastic_release(swiftkv_elastic *e, uint64_t lease_id);
 
 /* The lender asks a lease (or SWIFTKV_LEASE_ALL) back; the borrower answers by releasing it.
- * ENOTFOUND for a lease that is not held. */
+ * A borrower that does not loses it anyway: from the asking on, renewals extend the lease to at
+ * most reclaim_deadline_ms later, and then it expires (the borrower's own lease mirror has it
+ * stop reading by then, as for any expiry). ENOTFOUND for a lease that is not held. */
 SWIFTKV_API swiftkv_status swiftkv_elastic_reclaim(swiftkv_elastic *e, uint64_t lease_id);
 
 /* The ids of leases asked back and not yet released, lowest first: min(count, ids_capacity) are

@@ -98,3 +98,28 @@ def test_remote_lender(tmp_path, small_model):
         with pytest.raises(swiftkv.Error) as err:
             m.borrow_remote(ep, "nobody", 1)
         assert err.value.status == swiftkv.Status.ENOTFOUND
+
+
+def test_reclaim_deadline(ctx, small_model):
+    # A borrower that renews a lease asked back and never releases it loses it at the deadline.
+    now = [10**9]
+    e = ctx.elastic(lender_desc(), small_model, capacity_blocks=64, lease_ms=500,
+                    reclaim_deadline_ms=1200, clock=lambda: now[0])
+    lease = e.lend(1)
+    start = now[0]
+    now[0] += 100_000_000
+    e.reclaim(lease["id"])
+    for _ in range(11):
+        now[0] += 100_000_000
+        e.renew(lease["id"])
+        assert e.lease(lease["id"])["expires_ns"] == min(now[0] + 500_000_000,
+                                                         start + 1_300_000_000)
+    now[0] = start + 1_300_000_000
+    with pytest.raises(swiftkv.Error) as err:
+        e.renew(lease["id"])
+    assert err.value.status == swiftkv.Status.ETIMEDOUT
+    assert e.pending_reclaims() == []
+    with pytest.raises(swiftkv.Error) as err:
+        ctx.elastic(lender_desc(), small_model, capacity_blocks=64, reclaim_deadline_ms=0)
+    assert err.value.status == swiftkv.Status.EINVAL
+    e.close()

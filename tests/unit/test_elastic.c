@@ -376,6 +376,56 @@ static void test_lease_expiry(void **state) {
   assert_status(swiftkv_elastic_renew(f->e, 999), SWIFTKV_ENOTFOUND);
 }
 
+/* A borrower that keeps renewing a lease asked back and never releases it loses it at the
+ * reclaim deadline; an expiry granted before the asking is never cut short. */
+static void test_reclaim_deadline(void **state) {
+  fixture *f = *state;
+  swiftkv_elastic_config c = small_config(f, 30, 6);
+  c.reclaim_deadline_ms = 1200;
+  swiftkv_elastic *e = NULL;
+  assert_ok(swiftkv_elastic_create(&e, f->ctx, &c));
+  swiftkv_lease l = SWIFTKV_LEASE_INIT, got = SWIFTKV_LEASE_INIT;
+  assert_ok(swiftkv_elastic_lend(&l, e, 1));
+  const uint64_t start = f->now;
+  f->now += 100 * MS;
+  assert_ok(swiftkv_elastic_reclaim(e, l.id)); /* deadline: start + 1300 ms */
+  for (int i = 0; i < 11; ++i) {
+    f->now += 100 * MS; /* up to start + 1200 ms */
+    assert_ok(swiftkv_elastic_renew(e, l.id));
+    assert_ok(swiftkv_elastic_lease_get(&got, e, l.id));
+    const uint64_t want = f->now + 500 * MS < start + 1300 * MS ? f->now + 500 * MS
+                                                               : start + 1300 * MS;
+    assert_int_equal(got.expires_ns, want);
+    assert_true(got.reclaim_requested);
+  }
+  f->now = start + 1300 * MS;
+  assert_status(swiftkv_elastic_renew(e, l.id), SWIFTKV_ETIMEDOUT);
+  size_t pending = 1;
+  assert_ok(swiftkv_elastic_pending_reclaims(NULL, 0, &pending, e));
+  assert_int_equal(pending, 0);
+  assert_ok(swiftkv_elastic_wait_reclaims(e, 0));
+  swiftkv_elastic_stats s = stats(e);
+  assert_int_equal(s.leases, 0);
+  assert_int_equal(s.lent_blocks, 0);
+  assert_int_equal(s.leases_expired, 1);
+  /* A deadline shorter than what was granted: the grant stands, renewals add nothing. */
+  c.reclaim_deadline_ms = 100;
+  swiftkv_elastic *short_e = NULL;
+  assert_ok(swiftkv_elastic_create(&short_e, f->ctx, &c));
+  assert_ok(swiftkv_elastic_lend(&l, short_e, 1));
+  const uint64_t granted = l.expires_ns;
+  f->now += 50 * MS;
+  assert_ok(swiftkv_elastic_reclaim(short_e, l.id));
+  f->now += 300 * MS;
+  assert_ok(swiftkv_elastic_renew(short_e, l.id));
+  assert_ok(swiftkv_elastic_lease_get(&got, short_e, l.id));
+  assert_int_equal(got.expires_ns, granted);
+  f->now = granted;
+  assert_status(swiftkv_elastic_renew(short_e, l.id), SWIFTKV_ETIMEDOUT);
+  swiftkv_elastic_destroy(short_e);
+  swiftkv_elastic_destroy(e);
+}
+
 struct release_later {
   swiftkv_elastic *e;
   uint64_t id;
@@ -465,6 +515,9 @@ static void test_create_rejects(void **state) {
   expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "30 or 33 would be");
   c = small_config(f, 30, 7);
   expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "config->owned_blocks (7)");
+  c = small_config(f, 30, 6);
+  c.reclaim_deadline_ms = 0;
+  expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "reclaim_deadline_ms is 0");
   c = small_config(f, 30, 33);
   expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "exceeds config->capacity_blocks");
   c = small_config(f, 0, 0);
@@ -487,8 +540,16 @@ static void test_create_rejects(void **state) {
   c.lender = &dev;
   expect_create_fails(f->ctx, &c, SWIFTKV_ENODEV, "device_mask");
   c = small_config(f, 30, 6);
-  c.version = 2;
-  expect_create_fails(f->ctx, &c, SWIFTKV_EVERSION, "config->version is 2");
+  c.version = 3;
+  expect_create_fails(f->ctx, &c, SWIFTKV_EVERSION, "config->version is 3");
+  /* A version 1 struct (no reclaim_deadline_ms) is read with the default deadline. */
+  c = small_config(f, 30, 6);
+  c.version = 1;
+  c.size = (uint32_t)offsetof(swiftkv_elastic_config, reclaim_deadline_ms);
+  c.reclaim_deadline_ms = 0; /* past its size: not read */
+  swiftkv_elastic *v1 = NULL;
+  assert_ok(swiftkv_elastic_create(&v1, f->ctx, &c));
+  swiftkv_elastic_destroy(v1);
   expect_create_fails(f->ctx, NULL, SWIFTKV_EINVAL, "config is NULL");
   /* The budget: 64 MiB minus this fixture's 120 KiB leaves room for 16383 more 4 KiB blocks
    * only if nothing leaked from the failures above. */
@@ -575,6 +636,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lender_bytes_untouched, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_protocol, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_reclaim_deadline, setup, teardown),
       cmocka_unit_test_setup_teardown(test_wait_reclaims, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_calls_change_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_rejects, setup, teardown),

@@ -723,6 +723,9 @@ type ElasticConfig struct {
 	LeaseMs        uint64 // 0: the default 10000
 	CudaAlloc      int32  // 0 auto, 1 VMM, 2 cudaMalloc
 	KeepCommitted  bool
+	// A lease asked back is renewed to at most this long after the asking, then expires
+	// whether or not the borrower released it. 0: the default 30000.
+	ReclaimDeadlineMs uint64
 }
 
 // Elastic is a lender's elastic region; safe from any goroutine.
@@ -756,6 +759,10 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	}
 	if cfg.LeaseMs != 0 {
 		ec.lease_ms = C.uint64_t(cfg.LeaseMs)
+	}
+	ec.reclaim_deadline_ms = 30000
+	if cfg.ReclaimDeadlineMs != 0 {
+		ec.reclaim_deadline_ms = C.uint64_t(cfg.ReclaimDeadlineMs)
 	}
 	ec.cuda_alloc = C.swiftkv_cuda_alloc(cfg.CudaAlloc)
 	if cfg.KeepCommitted {

@@ -592,3 +592,27 @@ func TestFailedStoreSaysWhatItKept(t *testing.T) {
 	}
 	fmt.Println("child ok")
 }
+
+// A borrower that keeps renewing a lease asked back, and never releases it, loses it: the lease
+// (300 ms) is renewed to at most 100 ms after the asking, so renewing every 20 ms meets
+// ETIMEDOUT soon after the 300 ms first granted.
+func TestReclaimDeadline(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 8 << 20
+	c := newCtx(t, cfg)
+	b := small()
+	e := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64,
+		LeaseMs: 300, ReclaimDeadlineMs: 100}))
+	defer e.Close()
+	l := val(e.Lend(1))
+	noErr(t, e.Reclaim(l.ID))
+	var err error
+	for i := 0; i < 250 && err == nil; i++ {
+		time.Sleep(20 * time.Millisecond)
+		err = e.Renew(l.ID)
+	}
+	wantStatus(t, err, ETIMEDOUT)
+	if p := val(e.PendingReclaims()); len(p) != 0 {
+		t.Fatalf("still pending: %v", p)
+	}
+}

@@ -336,10 +336,13 @@ class Context:
                 capacity_blocks: int, owned_blocks: int = 0, window_ms: int = 60000,
                 lease_ms: int = 10000, cuda_alloc: CudaAlloc = CudaAlloc.AUTO,
                 keep_committed: bool = False,
-                clock: Optional[Callable[[], int]] = None) -> "Elastic":
-        """A lender's elastic region (swiftkv_elastic_create)."""
+                clock: Optional[Callable[[], int]] = None,
+                reclaim_deadline_ms: int = 30000) -> "Elastic":
+        """A lender's elastic region (swiftkv_elastic_create). A lease asked back is renewed
+        to at most reclaim_deadline_ms after the asking, then expires, released or not."""
         return self._adopt(Elastic(self, lender, borrower, capacity_blocks, owned_blocks,
-                                   window_ms, lease_ms, cuda_alloc, keep_committed, clock))
+                                   window_ms, lease_ms, cuda_alloc, keep_committed, clock,
+                                   reclaim_deadline_ms))
 
     def stats(self) -> dict:
         out = _c.swiftkv_stats_init()
@@ -491,7 +494,7 @@ class Elastic:
     """A lender's elastic region (swiftkv_elastic)."""
 
     def __init__(self, ctx, lender, borrower, capacity_blocks, owned_blocks, window_ms, lease_ms,
-                 cuda_alloc, keep_committed, clock):
+                 cuda_alloc, keep_committed, clock, reclaim_deadline_ms=30000):
         self.ctx = ctx
         cfg = _c.swiftkv_elastic_config_init()
         self._keep = (lender.struct(), borrower.struct() if borrower else None, clock)
@@ -501,6 +504,7 @@ class Elastic:
         cfg.owned_blocks = owned_blocks
         cfg.window_ms = window_ms
         cfg.lease_ms = lease_ms
+        cfg.reclaim_deadline_ms = reclaim_deadline_ms
         cfg.cuda_alloc = int(cuda_alloc)
         cfg.flags = _c.SWIFTKV_ELASTIC_KEEP_COMMITTED if keep_committed else 0
         if clock is not None:

@@ -10,7 +10,7 @@ pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
 pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 5;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
-pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 1;
+pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
 pub const SWIFTKV_LEASE_VERSION: u32 = 1;
 pub const SWIFTKV_ELASTIC_STATS_VERSION: u32 = 1;
@@ -953,12 +953,13 @@ pub struct swiftkv_elastic_config {
     pub flags: u32,
     pub clock: swiftkv_clock_fn,
     pub clock_user_data: *mut ::std::os::raw::c_void,
+    pub reclaim_deadline_ms: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_elastic_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_elastic_config>(),
-        80usize,
+        88usize,
         concat!("Size of: ", stringify!(swiftkv_elastic_config))
     );
     assert_eq!(
@@ -1170,6 +1171,23 @@ fn bindgen_test_layout_swiftkv_elastic_config() {
         );
     }
     test_field_clock_user_data();
+    fn test_field_reclaim_deadline_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_elastic_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reclaim_deadline_ms) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_elastic_config),
+                "::",
+                stringify!(reclaim_deadline_ms)
+            )
+        );
+    }
+    test_field_reclaim_deadline_ms();
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -772,6 +772,9 @@ pub struct ElasticConfig {
     pub lease_ms: u64,
     pub cuda_alloc: CudaAlloc,
     pub keep_committed: bool,
+    /// A lease asked back is renewed to at most this long after the asking, then expires
+    /// whether or not the borrower released it.
+    pub reclaim_deadline_ms: u64,
 }
 
 impl ElasticConfig {
@@ -785,6 +788,7 @@ impl ElasticConfig {
             lease_ms: 10000,
             cuda_alloc: CudaAlloc::Auto,
             keep_committed: false,
+            reclaim_deadline_ms: 30000,
         }
     }
 }
@@ -821,6 +825,7 @@ impl<'a> Elastic<'a> {
         cfg.owned_blocks = c.owned_blocks;
         cfg.window_ms = c.window_ms;
         cfg.lease_ms = c.lease_ms;
+        cfg.reclaim_deadline_ms = c.reclaim_deadline_ms;
         cfg.cuda_alloc = match c.cuda_alloc {
             CudaAlloc::Auto => sys::SWIFTKV_CUDA_ALLOC_AUTO,
             CudaAlloc::Vmm => sys::SWIFTKV_CUDA_ALLOC_VMM,

@@ -163,6 +163,32 @@ fn events_on_eviction() {
 }
 
 #[test]
+fn reclaim_deadline() {
+    // A borrower that keeps renewing a lease asked back, and never releases it, loses it: the
+    // lease (300 ms) is renewed to at most 100 ms after the asking, so renewing every 20 ms
+    // meets ETIMEDOUT soon after the 300 ms first granted.
+    let c = ctx(8 << 20);
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 64);
+    cfg.lease_ms = 300;
+    cfg.reclaim_deadline_ms = 100;
+    let e = c.elastic(&cfg).unwrap();
+    let l = e.lend(1).unwrap();
+    e.reclaim(l.id).unwrap();
+    let mut ended = None;
+    for _ in 0..250 {
+        thread::sleep(Duration::from_millis(20));
+        if let Err(err) = e.renew(l.id) {
+            ended = Some(err.status);
+            break;
+        }
+    }
+    assert_eq!(ended, Some(Status::ETIMEDOUT));
+    assert!(e.pending_reclaims().unwrap().is_empty());
+    cfg.reclaim_deadline_ms = 0;
+    assert_eq!(c.elastic(&cfg).err().unwrap().status, Status::EINVAL);
+}
+
+#[test]
 fn elastic_region_and_local_borrow() {
     let c = ctx(8 << 20);
     let mut cfg = ElasticConfig::new(lender(), Some(small()), 64);
