@@ -55,10 +55,11 @@ type Pool struct {
 
 // PoolCreate makes a pool: regular pages, then stream pages shared by every layer.
 func (m *Model) PoolCreate(regularPages, streamPages uint32) (*Pool, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	var id C.uint32_t
 	if err := check(func() C.swiftkv_status {
 		return C.swiftkv_pool_create(&id, h, C.uint32_t(m.ID), C.uint32_t(regularPages), C.uint32_t(streamPages))
@@ -71,10 +72,11 @@ func (m *Model) PoolCreate(regularPages, streamPages uint32) (*Pool, error) {
 // PoolRegister registers the engine's own tensors; every base must stay valid (C or device
 // memory) while the pool lives.
 func (m *Model) PoolRegister(l PoolLayout) (*Pool, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	d := cnew[C.swiftkv_pool_desc]()
 	defer cfree(d)
 	bases := cslice(l.LayerBase)
@@ -95,10 +97,11 @@ func (m *Model) PoolRegister(l PoolLayout) (*Pool, error) {
 
 // Layout is where the pool's layers are (for a library-made pool, where the library put them).
 func (p *Pool) Layout() (PoolLayout, error) {
-	h, err := p.model.ctx.handle()
+	h, done, err := p.model.ctx.acquire()
 	if err != nil {
 		return PoolLayout{}, err
 	}
+	defer done()
 	var d C.swiftkv_pool_desc
 	d.size = C.uint32_t(unsafe.Sizeof(d))
 	d.version = C.SWIFTKV_POOL_DESC_VERSION
@@ -114,10 +117,11 @@ func (p *Pool) Layout() (PoolLayout, error) {
 
 // Close ends the pool (EBUSY while a request uses it).
 func (p *Pool) Close() error {
-	h, err := p.model.ctx.handle()
+	h, done, err := p.model.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status { return C.swiftkv_pool_destroy(h, C.uint32_t(p.ID)) })
 }
 
@@ -143,10 +147,11 @@ func toInfo(i *C.swiftkv_request_info) RequestInfo {
 
 // Begin begins a request over the pool's pages (pages[b] holds tokens [b*B, (b+1)*B)).
 func (m *Model) Begin(p *Pool, tokens []uint32, pages []int32, loadFromTokens uint64) (*Request, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	d := cnew[C.swiftkv_request_desc]()
 	defer cfree(d)
 	ct, cp := cslice(tokens), cslice(pages)
@@ -171,19 +176,21 @@ func (m *Model) Begin(p *Pool, tokens []uint32, pages []int32, loadFromTokens ui
 
 // StartLoad starts the loads; stream is a CUDA stream for device pools (0 on the host).
 func (r *Request) StartLoad(stream uintptr) error {
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status { return C.swiftkv_start_load(h, C.uint64_t(r.ID), unsafe.Pointer(stream)) })
 }
 
 // WaitLayerLoad waits for layer l; the end of the valid loaded tokens.
 func (r *Request) WaitLayerLoad(layer uint32, stream uintptr) (uint64, error) {
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var v C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_wait_layer_load(&v, h, C.uint64_t(r.ID), C.uint32_t(layer), unsafe.Pointer(stream))
@@ -192,30 +199,33 @@ func (r *Request) WaitLayerLoad(layer uint32, stream uintptr) (uint64, error) {
 }
 
 func (r *Request) SaveLayer(layer uint32, stream uintptr) error {
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status {
 		return C.swiftkv_save_layer(h, C.uint64_t(r.ID), C.uint32_t(layer), unsafe.Pointer(stream))
 	})
 }
 
 func (r *Request) WaitSave(stream uintptr) (uint64, error) {
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status { return C.swiftkv_wait_save(&n, h, C.uint64_t(r.ID), unsafe.Pointer(stream)) })
 	return uint64(n), err
 }
 
 func (r *Request) Info() (RequestInfo, error) {
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return RequestInfo{}, err
 	}
+	defer done()
 	var i C.swiftkv_request_info
 	i.size = C.uint32_t(unsafe.Sizeof(i))
 	i.version = C.SWIFTKV_REQUEST_INFO_VERSION
@@ -228,10 +238,11 @@ func (r *Request) Finish() (RequestInfo, error) {
 	if r.done {
 		return RequestInfo{}, nil
 	}
-	h, err := r.ctx.handle()
+	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return RequestInfo{}, err
 	}
+	defer done()
 	r.done = true
 	var i C.swiftkv_request_info
 	i.size = C.uint32_t(unsafe.Sizeof(i))

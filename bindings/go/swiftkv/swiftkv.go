@@ -309,8 +309,9 @@ type ChunkEvent struct {
 
 // Context is one per engine process; every method is safe from any goroutine.
 type Context struct {
-	mu     sync.Mutex
+	g      guard
 	raw    *C.swiftkv_ctx
+	evMu   sync.Mutex // guards events
 	events cgo.Handle
 }
 
@@ -358,36 +359,43 @@ func NewContext(cfg Config) (*Context, error) {
 	return ctx, nil
 }
 
-// Close ends the context; regions, pools and requests made from it must be closed first.
+// Close ends the context once the calls in flight on it have returned; regions, pools and
+// requests made from it must be closed first (each keeps its context alive, so finalizers end
+// them first). Not from inside the chunk event callback, which would wait for itself.
 func (c *Context) Close() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.raw == nil {
+	if !c.g.close() {
 		return
 	}
 	C.swiftkv_ctx_destroy(c.raw)
 	c.raw = nil
-	if c.events != 0 {
-		c.events.Delete()
-		c.events = 0
+	c.evMu.Lock()
+	ev := c.events
+	c.events = 0
+	c.evMu.Unlock()
+	if ev != 0 {
+		ev.Delete()
 	}
 }
 
-func (c *Context) handle() (*C.swiftkv_ctx, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.raw == nil {
-		return nil, &Error{ESTATE, "the context is closed"}
+// acquire enters a call on the context: its handle, and done, to call once the C call has
+// returned (it keeps the context open and reachable until then).
+func (c *Context) acquire() (*C.swiftkv_ctx, func(), error) {
+	if !c.g.enter() {
+		return nil, nil, &Error{ESTATE, "the context is closed"}
 	}
-	return c.raw, nil
+	return c.raw, func() {
+		c.g.leave()
+		runtime.KeepAlive(c)
+	}, nil
 }
 
 // Config is the configuration in effect.
 func (c *Context) Config() (Config, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return Config{}, err
 	}
+	defer done()
 	var v C.swiftkv_ctx_config
 	v.size = C.uint32_t(unsafe.Sizeof(v))
 	v.version = C.SWIFTKV_CTX_CONFIG_VERSION
@@ -414,10 +422,11 @@ func (c *Context) Config() (Config, error) {
 }
 
 func (c *Context) DeviceCount() (uint32, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint32_t
 	err = check(func() C.swiftkv_status { return C.swiftkv_ctx_device_count(&n, h) })
 	return uint32(n), err
@@ -434,10 +443,11 @@ type Stats struct {
 }
 
 func (c *Context) Stats() (Stats, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return Stats{}, err
 	}
+	defer done()
 	var s C.swiftkv_stats
 	s.size = C.uint32_t(unsafe.Sizeof(s))
 	s.version = C.SWIFTKV_STATS_VERSION
@@ -467,10 +477,11 @@ type CoordStats struct {
 }
 
 func (c *Context) CoordStats() (CoordStats, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return CoordStats{}, err
 	}
+	defer done()
 	var s C.swiftkv_coord_stats
 	s.size = C.uint32_t(unsafe.Sizeof(s))
 	s.version = C.SWIFTKV_COORD_STATS_VERSION
@@ -486,10 +497,11 @@ func (c *Context) CoordStats() (CoordStats, error) {
 
 // ClearAll drops the unpinned chunks of every model in the tiers of tierMask.
 func (c *Context) ClearAll(tierMask uint32) (uint64, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_clear(&n, h, C.uint32_t(ModelAll), C.uint32_t(tierMask), nil, 0)
@@ -499,10 +511,11 @@ func (c *Context) ClearAll(tierMask uint32) (uint64, error) {
 
 // OnChunkEvent sets (nil: removes) the chunk event callback; it runs on a library thread.
 func (c *Context) OnChunkEvent(f func(ChunkEvent)) error {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	var handle cgo.Handle
 	if f != nil {
 		handle = cgo.NewHandle(f)
@@ -513,10 +526,10 @@ func (c *Context) OnChunkEvent(f func(ChunkEvent)) error {
 		}
 		return err
 	}
-	c.mu.Lock()
+	c.evMu.Lock()
 	old := c.events
 	c.events = handle
-	c.mu.Unlock()
+	c.evMu.Unlock()
 	if old != 0 {
 		old.Delete() // the library no longer calls it
 	}
@@ -532,10 +545,11 @@ type Model struct {
 
 // RegisterModel registers a borrower (lender: false) or a lender model.
 func (c *Context) RegisterModel(desc ModelDesc, lender bool) (*Model, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	d, free := desc.cdesc()
 	defer free()
 	cfg := cnew[C.swiftkv_model_config]()
@@ -555,10 +569,11 @@ func (c *Context) RegisterModel(desc ModelDesc, lender bool) (*Model, error) {
 }
 
 func (m *Model) Unregister() error {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status { return C.swiftkv_model_unregister(h, C.uint32_t(m.ID)) })
 }
 
@@ -584,10 +599,11 @@ func bytesPtr(b []byte) unsafe.Pointer {
 }
 
 func (m *Model) Lookup(tokens []uint32) (Lookup, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return Lookup{}, err
 	}
+	defer done()
 	var out C.swiftkv_lookup_result
 	out.size = C.uint32_t(unsafe.Sizeof(out))
 	out.version = C.SWIFTKV_LOOKUP_RESULT_VERSION
@@ -611,10 +627,11 @@ func (m *Model) Lookup(tokens []uint32) (Lookup, error) {
 // cannot be written ends the call with an EIO error, and the count is then the leading tokens
 // cached before it, which stay cached (as io.Writer reports a short write).
 func (m *Model) Store(tokens []uint32, kv []byte) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_store(&n, h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)), bytesPtr(kv), C.size_t(len(kv)))
@@ -624,10 +641,11 @@ func (m *Model) Store(tokens []uint32, kv []byte) (uint64, error) {
 
 // Retrieve copies cached chunks from startToken into kv; the tokens copied.
 func (m *Model) Retrieve(tokens []uint32, startToken uint64, kv []byte) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_retrieve(&n, h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)),
@@ -638,23 +656,25 @@ func (m *Model) Retrieve(tokens []uint32, startToken uint64, kv []byte) (uint64,
 
 // Borrow takes a lease of an elastic region of this process; the lease id.
 func (m *Model) Borrow(e *Elastic, maxUnits uint64) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var id C.uint64_t
-	err = check(func() C.swiftkv_status {
-		return C.swiftkv_borrow(&id, h, C.uint32_t(m.ID), e.raw, C.uint64_t(maxUnits))
+	err = e.check(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_borrow(&id, h, C.uint32_t(m.ID), r, C.uint64_t(maxUnits))
 	})
 	return uint64(id), err
 }
 
 // BorrowRemote takes a lease of the region offered as lenderName at endpoint.
 func (m *Model) BorrowRemote(endpoint, lenderName string, maxUnits uint64) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	ep, name := C.CString(endpoint), C.CString(lenderName)
 	defer C.free(unsafe.Pointer(ep))
 	defer C.free(unsafe.Pointer(name))
@@ -666,20 +686,22 @@ func (m *Model) BorrowRemote(endpoint, lenderName string, maxUnits uint64) (uint
 }
 
 func (m *Model) Pin(tokens []uint32) error {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status {
 		return C.swiftkv_pin(h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)))
 	})
 }
 
 func (m *Model) Unpin(tokens []uint32) error {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return err
 	}
+	defer done()
 	return check(func() C.swiftkv_status {
 		return C.swiftkv_unpin(h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)))
 	})
@@ -687,10 +709,11 @@ func (m *Model) Unpin(tokens []uint32) error {
 
 // Clear drops the unpinned chunks of tokens (nil: all of this model's) in the tiers of the mask.
 func (m *Model) Clear(tokens []uint32, tierMask uint32) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_clear(&n, h, C.uint32_t(m.ID), C.uint32_t(tierMask), tokensPtr(tokens), C.size_t(len(tokens)))
@@ -700,10 +723,11 @@ func (m *Model) Clear(tokens []uint32, tierMask uint32) (uint64, error) {
 
 // Move moves the chunks of tokens to tier `to`; how many are there afterwards.
 func (m *Model) Move(tokens []uint32, to Tier) (uint64, error) {
-	h, err := m.ctx.handle()
+	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
+	defer done()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
 		return C.swiftkv_move(&n, h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)), C.swiftkv_tier(to))
@@ -730,15 +754,17 @@ type ElasticConfig struct {
 
 // Elastic is a lender's elastic region; safe from any goroutine.
 type Elastic struct {
-	mu  sync.Mutex
+	g   guard
+	ctx *Context // the region lives in its context: the context outlives it
 	raw *C.swiftkv_elastic
 }
 
 func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
-	h, err := c.handle()
+	h, done, err := c.acquire()
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	l, fl := cfg.Lender.cdesc()
 	defer fl()
 	ec := cnew[C.swiftkv_elastic_config]()
@@ -768,7 +794,7 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	if cfg.KeepCommitted {
 		ec.flags = C.SWIFTKV_ELASTIC_KEEP_COMMITTED
 	}
-	e := &Elastic{}
+	e := &Elastic{ctx: c}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_elastic_create(&e.raw, h, ec) }); err != nil {
 		return nil, err
 	}
@@ -776,14 +802,31 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	return e, nil
 }
 
-// Close ends the region and every lease on it.
+// Close ends the region and every lease on it, once the calls in flight on it have returned.
 func (e *Elastic) Close() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.raw != nil {
-		C.swiftkv_elastic_destroy(e.raw)
-		e.raw = nil
+	if !e.g.close() {
+		return
 	}
+	C.swiftkv_elastic_destroy(e.raw)
+	e.raw = nil
+	runtime.KeepAlive(e.ctx)
+}
+
+// call runs f on the region's handle, which stays open and reachable until f returns.
+func (e *Elastic) call(f func(r *C.swiftkv_elastic) C.swiftkv_status) (Status, error) {
+	if !e.g.enter() {
+		return ESTATE, &Error{ESTATE, "the region is closed"}
+	}
+	defer func() {
+		e.g.leave()
+		runtime.KeepAlive(e)
+	}()
+	return call(func() C.swiftkv_status { return f(e.raw) })
+}
+
+func (e *Elastic) check(f func(r *C.swiftkv_elastic) C.swiftkv_status) error {
+	_, err := e.call(f)
+	return err
 }
 
 // LayerView is one layer of the region as a paged cache.
@@ -797,7 +840,9 @@ func (e *Elastic) LayerView(layer uint32) (LayerView, error) {
 	var v C.swiftkv_layer_view
 	v.size = C.uint32_t(unsafe.Sizeof(v))
 	v.version = C.SWIFTKV_LAYER_VIEW_VERSION
-	err := check(func() C.swiftkv_status { return C.swiftkv_elastic_layer_view(&v, e.raw, C.uint32_t(layer)) })
+	err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_layer_view(&v, r, C.uint32_t(layer))
+	})
 	return LayerView{uintptr(v.base), uint64(v.page_stride), uint64(v.k_offset), uint64(v.v_offset),
 		uint64(v.token_stride), uint64(v.head_stride), uint64(v.num_pages), int32(v.device)}, err
 }
@@ -806,8 +851,8 @@ func (e *Elastic) LayerView(layer uint32) (LayerView, error) {
 // borrower chunks lost.
 func (e *Elastic) ScaleForRequest(requestTokens uint64) (Status, uint64, uint64, error) {
 	var b, c C.uint64_t
-	st, err := call(func() C.swiftkv_status {
-		return C.swiftkv_elastic_scale_for_request(&b, &c, e.raw, C.uint64_t(requestTokens))
+	st, err := e.call(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_scale_for_request(&b, &c, r, C.uint64_t(requestTokens))
 	})
 	return st, uint64(b), uint64(c), err
 }
@@ -815,7 +860,9 @@ func (e *Elastic) ScaleForRequest(requestTokens uint64) (Status, uint64, uint64,
 // Tick applies the periodic ScaleDown.
 func (e *Elastic) Tick(inUseBlocks uint64) (Status, uint64, uint64, error) {
 	var b, c C.uint64_t
-	st, err := call(func() C.swiftkv_status { return C.swiftkv_elastic_tick(&b, &c, e.raw, C.uint64_t(inUseBlocks)) })
+	st, err := e.call(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_tick(&b, &c, r, C.uint64_t(inUseBlocks))
+	})
 	return st, uint64(b), uint64(c), err
 }
 
@@ -837,7 +884,9 @@ func (e *Elastic) Lend(maxUnits uint64) (Lease, error) {
 	var l C.swiftkv_lease
 	l.size = C.uint32_t(unsafe.Sizeof(l))
 	l.version = C.SWIFTKV_LEASE_VERSION
-	err := check(func() C.swiftkv_status { return C.swiftkv_elastic_lend(&l, e.raw, C.uint64_t(maxUnits)) })
+	err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_lend(&l, r, C.uint64_t(maxUnits))
+	})
 	return toLease(&l), err
 }
 
@@ -845,36 +894,38 @@ func (e *Elastic) Lease(id uint64) (Lease, error) {
 	var l C.swiftkv_lease
 	l.size = C.uint32_t(unsafe.Sizeof(l))
 	l.version = C.SWIFTKV_LEASE_VERSION
-	err := check(func() C.swiftkv_status { return C.swiftkv_elastic_lease_get(&l, e.raw, C.uint64_t(id)) })
+	err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_lease_get(&l, r, C.uint64_t(id)) })
 	return toLease(&l), err
 }
 
 func (e *Elastic) Renew(id uint64) error {
-	return check(func() C.swiftkv_status { return C.swiftkv_elastic_renew(e.raw, C.uint64_t(id)) })
+	return e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_renew(r, C.uint64_t(id)) })
 }
 
 func (e *Elastic) Release(id uint64) error {
-	return check(func() C.swiftkv_status { return C.swiftkv_elastic_release(e.raw, C.uint64_t(id)) })
+	return e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_release(r, C.uint64_t(id)) })
 }
 
 func (e *Elastic) Reclaim(id uint64) error {
-	return check(func() C.swiftkv_status { return C.swiftkv_elastic_reclaim(e.raw, C.uint64_t(id)) })
+	return e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_reclaim(r, C.uint64_t(id)) })
 }
 
 // WaitReclaims blocks until no lease is asked back (each released by its borrower or expired);
 // an Error with StatusETIMEDOUT after timeoutMs milliseconds.
 func (e *Elastic) WaitReclaims(timeoutMs uint64) error {
-	return check(func() C.swiftkv_status { return C.swiftkv_elastic_wait_reclaims(e.raw, C.uint64_t(timeoutMs)) })
+	return e.check(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_wait_reclaims(r, C.uint64_t(timeoutMs))
+	})
 }
 
 func (e *Elastic) PendingReclaims() ([]uint64, error) {
 	var n C.size_t
-	if err := check(func() C.swiftkv_status { return C.swiftkv_elastic_pending_reclaims(nil, 0, &n, e.raw) }); err != nil {
+	if err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_pending_reclaims(nil, 0, &n, r) }); err != nil {
 		return nil, err
 	}
 	ids := make([]uint64, int(n)+1)
-	err := check(func() C.swiftkv_status {
-		return C.swiftkv_elastic_pending_reclaims((*C.uint64_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), &n, e.raw)
+	err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_pending_reclaims((*C.uint64_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), &n, r)
 	})
 	if int(n) < len(ids) {
 		ids = ids[:n]
@@ -893,7 +944,7 @@ func (e *Elastic) Stats() (ElasticStats, error) {
 	var s C.swiftkv_elastic_stats
 	s.size = C.uint32_t(unsafe.Sizeof(s))
 	s.version = C.SWIFTKV_ELASTIC_STATS_VERSION
-	err := check(func() C.swiftkv_status { return C.swiftkv_elastic_stats_get(&s, e.raw) })
+	err := e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_stats_get(&s, r) })
 	return ElasticStats{uint64(s.capacity_blocks), uint64(s.owned_blocks), uint64(s.ready_blocks),
 		uint64(s.reclaiming_blocks), uint64(s.lent_blocks), uint64(s.free_blocks), uint64(s.unit_lender_blocks),
 		uint64(s.unit_borrower_chunks), uint64(s.leases), uint64(s.region_bytes), uint64(s.committed_bytes),
@@ -905,5 +956,5 @@ func (e *Elastic) Stats() (ElasticStats, error) {
 func (e *Elastic) Offer(name string) error {
 	n := C.CString(name)
 	defer C.free(unsafe.Pointer(n))
-	return check(func() C.swiftkv_status { return C.swiftkv_elastic_offer(e.raw, n) })
+	return e.check(func(r *C.swiftkv_elastic) C.swiftkv_status { return C.swiftkv_elastic_offer(r, n) })
 }
