@@ -4,6 +4,8 @@
 #                                 (for Debian's /usr/bin/python3), all tests
 #   tools/test.sh --asan          CPU build with ASan+UBSan in build-asan/, CPU tests
 #   tools/test.sh --tsan          CPU build with TSan in build-tsan/, CPU tests
+#   tools/test.sh --fuzz          clang build of the libFuzzer targets in build-fuzz/, each fuzz_*
+#                                 test for SWIFTKV_FUZZ_SECONDS (default 30; 600 for a long run)
 set -euo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 cd "$top"
@@ -14,7 +16,12 @@ case "$mode" in
   "")     dir=build;      flags=(-DSWIFTKV_BUILD_BINDINGS=ON -DPython3_EXECUTABLE=/usr/bin/python3) ;;
   --asan) dir=build-asan; flags=(-DSWIFTKV_ENABLE_ASAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
   --tsan) dir=build-tsan; flags=(-DSWIFTKV_ENABLE_TSAN=ON -DSWIFTKV_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug) ;;
-  *) echo "usage: tools/test.sh [--asan|--tsan]" >&2; exit 2 ;;
+  --fuzz) dir=build-fuzz
+          flags=(-DSWIFTKV_BUILD_FUZZ=ON -DSWIFTKV_BUILD_TESTS=OFF -DSWIFTKV_WITH_CUDA=OFF
+                 -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang-14
+                 -DCMAKE_CXX_COMPILER=clang++-14
+                 "-DSWIFTKV_FUZZ_SECONDS=${SWIFTKV_FUZZ_SECONDS:-30}") ;;
+  *) echo "usage: tools/test.sh [--asan|--tsan|--fuzz]" >&2; exit 2 ;;
 esac
 
 cmake -S . -B "$dir" -G Ninja -DSWIFTKV_BUILD_TESTS=ON -DSWIFTKV_BUILD_BENCH=ON "${flags[@]}"
