@@ -65,6 +65,25 @@ struct Row {
   double hook_us = 0;
 };
 
+// The seconds of each measured repetition (save, load, per-page and one-copy baselines), made
+// into a row's rates at the end.
+struct Samples {
+  std::vector<double> save, load, per_page, large;
+  void add(double s, double l, double p, double g) {
+    save.push_back(s);
+    load.push_back(l);
+    per_page.push_back(p);
+    large.push_back(g);
+  }
+  void into(Row &r, uint64_t bytes) const {
+    const auto b = static_cast<double>(bytes);
+    r.save = rate_of(save, b);
+    r.load = rate_of(load, b);
+    r.per_page = rate_of(per_page, b);
+    r.large = rate_of(large, b);
+  }
+};
+
 // Threads for the baselines, as many as the copy engine's and kept for the whole run as it keeps
 // its own: this one and n - 1 workers.
 class Workers {
@@ -276,7 +295,7 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
     const uint64_t from = h * bytes / n, to = (h + 1) * bytes / n;
     std::memcpy(dst.data() + from, src.data() + from, to - from);
   };
-  std::vector<double> sv, ld, pp, lg;
+  Samples samples;
   for (int rep = 1; rep <= reps + 1; ++rep) {  // the first of these warms up
     save_and_load(ctx, model, pool, pages, chunks, rep, nullptr, &save_s, &load_s);
     double t0 = now_s();
@@ -285,17 +304,9 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
     t0 = now_s();
     workers.run(large);
     const double tl = now_s() - t0;
-    if (rep > 1) {
-      sv.push_back(save_s);
-      ld.push_back(load_s);
-      pp.push_back(tp);
-      lg.push_back(tl);
-    }
+    if (rep > 1) samples.add(save_s, load_s, tp, tl);
   }
-  r.save = rate_of(sv, static_cast<double>(bytes));
-  r.load = rate_of(ld, static_cast<double>(bytes));
-  r.per_page = rate_of(pp, static_cast<double>(bytes));
-  r.large = rate_of(lg, static_cast<double>(bytes));
+  samples.into(r, bytes);
   r.hook_us = hook_us(ctx, pool, page, nullptr);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
@@ -469,7 +480,7 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   std::memset(pinned, 1, bytes);
   const uint64_t run = uint64_t{page} * kHeads * kDim * 2;
   const uint64_t runs = bytes / run;
-  std::vector<double> sv, ld, pp, lg;
+  Samples samples;
   for (int rep = 1; rep <= reps + 1; ++rep) {  // the first of these warms up
     save_and_load(ctx, model, pool, pages, chunks, rep, s, &save_s, &load_s);
     double t0 = now_s();
@@ -484,17 +495,9 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
     cudaMemcpyAsync(dev, pinned, bytes, cudaMemcpyHostToDevice, s);
     cudaStreamSynchronize(s);
     const double tl = now_s() - t0;
-    if (rep > 1) {
-      sv.push_back(save_s);
-      ld.push_back(load_s);
-      pp.push_back(tp);
-      lg.push_back(tl);
-    }
+    if (rep > 1) samples.add(save_s, load_s, tp, tl);
   }
-  r.save = rate_of(sv, static_cast<double>(bytes));
-  r.load = rate_of(ld, static_cast<double>(bytes));
-  r.per_page = rate_of(pp, static_cast<double>(bytes));
-  r.large = rate_of(lg, static_cast<double>(bytes));
+  samples.into(r, bytes);
   r.hook_us = hook_us(ctx, pool, page, s);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);

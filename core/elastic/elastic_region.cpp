@@ -187,6 +187,7 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     free_units_ -= n;
   }
   bool asked = false;
+  const uint64_t t = now();
   for (uint64_t u = owned_units_; u < end; ++u) {
     if (state_[u] != UnitState::lent) continue;
     state_[u] = UnitState::reclaiming;
@@ -194,7 +195,7 @@ ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
     --lent_units_;
     Lease &l = leases_.at(unit_lease_[u]);
     if (!l.reclaim_requested) {
-      ask_back_locked(l, now());
+      ask_back_locked(l, t);
       asked = true;
     }
   }
