@@ -337,6 +337,12 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
     v.disk_segments_cleaned = s.disk_segments_cleaned;
     v.disk_bytes_relocated = s.disk_bytes_relocated;
     v.disk_bytes_allocated = s.disk_bytes_allocated;
+    v.index_bytes = ctx->cache.index_bytes();
+    v.index_capacity_chunks = ctx->cache.index_capacity();
+    {
+      std::lock_guard lock(ctx->io_mu);
+      v.requests_open = ctx->requests.size();
+    }
     swiftkv::capi::write_versioned(out, v, SWIFTKV_STATS_VERSION, swiftkv::capi::kStatsV1Size,
                                    "out", "SWIFTKV_STATS_INIT");
     return SWIFTKV_OK;

@@ -261,6 +261,23 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
     spec.pages = std::move(pages);
     spec.n_tokens = d.n_tokens;
     spec.load_from = d.load_from_tokens;
+    {
+      std::lock_guard lock(ctx->io_mu);
+      if (ctx->requests.size() + ctx->requests_beginning >= ctx->max_open_requests) {
+        swiftkv::fail(SWIFTKV_EBUSY, std::to_string(ctx->max_open_requests) +
+                                         " requests are open (config->max_open_requests); "
+                                         "finish one first");
+      }
+      ++ctx->requests_beginning;
+    }
+    // The place taken above is given back however the request's construction ends.
+    struct Beginning {
+      swiftkv_ctx *ctx;
+      ~Beginning() {
+        std::lock_guard lock(ctx->io_mu);
+        --ctx->requests_beginning;
+      }
+    } beginning{ctx};
     auto r = std::make_shared<swiftkv::Request>(ctx->cache, ctx->executor, rp.pool, std::move(spec));
     std::lock_guard lock(ctx->io_mu);
     const uint64_t id = ctx->next_request++;

@@ -17,9 +17,10 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV5Size =
-    offsetof(swiftkv_ctx_config, transfer_threads) + sizeof(uint32_t);
-static_assert(kCtxConfigV5Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV6Size =
+    offsetof(swiftkv_ctx_config, reserved1) + sizeof(uint32_t);
+static_assert(kCtxConfigV6Size == sizeof(swiftkv_ctx_config));
+constexpr uint32_t kMaxOpenRequestsLimit = uint32_t{1} << 20;
 
 struct ReadConfig {
   swiftkv::ContextConfig context;
@@ -28,6 +29,7 @@ struct ReadConfig {
   swiftkv_clock_fn clock = nullptr;  // as given, for swiftkv_ctx_get_config
   void *clock_user_data = nullptr;
   uint32_t transfer_threads = 0;     // 0: the default for this machine
+  uint32_t max_open_requests = 0;
 };
 
 ReadConfig read_config(const swiftkv_ctx_config *config) {
@@ -38,6 +40,11 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
           : swiftkv::capi::read_versioned(config, defaults, SWIFTKV_CTX_CONFIG_VERSION,
                                           kCtxConfigV1Size, "config", "SWIFTKV_CTX_CONFIG_INIT");
   if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
+  if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
+  if (c.max_open_requests == 0 || c.max_open_requests > kMaxOpenRequestsLimit) {
+    swiftkv::fail_invalid("config->max_open_requests (" + std::to_string(c.max_open_requests) +
+                          ") is not in 1.." + std::to_string(kMaxOpenRequestsLimit));
+  }
   ReadConfig r;
   swiftkv::ContextConfig &out = r.context;
   out.device_mask = c.device_mask;
@@ -50,6 +57,7 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
                           ") is above 64");
   }
   r.transfer_threads = c.transfer_threads;
+  r.max_open_requests = c.max_open_requests;
   out.disk_segment_bytes = c.disk_segment_bytes;
   out.disk_sync_ns = uint64_t{c.disk_sync_ms} * 1'000'000;
 
@@ -122,6 +130,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
                                              std::move(c.coord), c.transfer_threads);
     ctx->clock = c.clock;
     ctx->clock_user_data = c.clock_user_data;
+    ctx->max_open_requests = c.max_open_requests;
     *out = ctx.release();
     return SWIFTKV_OK;
   }
@@ -168,6 +177,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.coord_heartbeat_ms = static_cast<uint32_t>(co.heartbeat_ns / 1'000'000);
     v.coord_timeout_ms = static_cast<uint32_t>(co.timeout_ns / 1'000'000);
     v.transfer_threads = ctx->executor.threads();
+    v.max_open_requests = ctx->max_open_requests;
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

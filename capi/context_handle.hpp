@@ -79,4 +79,6 @@ struct swiftkv_ctx {
   uint32_t next_pool = 0;
   std::unordered_map<uint64_t, std::shared_ptr<swiftkv::Request>> requests;
   uint64_t next_request = 1;
+  uint64_t requests_beginning = 0;  // requests being built by swiftkv_request_begin
+  uint32_t max_open_requests = 4096;  // bounds requests plus requests_beginning
 };

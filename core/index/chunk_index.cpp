@@ -3,6 +3,7 @@
 // lookup, an insert or a drop touches one cache line (about 160 bytes of table per reserved chunk).
 #include "core/index/chunk_index.hpp"
 
+#include <cmath>
 #include <mutex>
 #include <stdexcept>
 
@@ -10,7 +11,15 @@ namespace swiftkv {
 
 namespace {
 constexpr uint64_t kFirstCapacity = 16;
-uint64_t home(uint64_t hi, uint64_t mask) noexcept { return hi & mask; }
+// A key's first slot in a table of `cap` slots: the high bits of hi scaled to [0, cap), so that a
+// table may have any size and be sized to what it must hold rather than to a power of two.
+uint64_t home(uint64_t hi, uint64_t cap) noexcept {
+  __extension__ using u128 = unsigned __int128;
+  return static_cast<uint64_t>((static_cast<u128>(hi) * cap) >> 64);
+}
+uint64_t next(uint64_t i, uint64_t cap) noexcept { return i + 1 == cap ? 0 : i + 1; }
+// Slots from a to b going forward, wrapping at the table's end.
+uint64_t ahead(uint64_t a, uint64_t b, uint64_t cap) noexcept { return b >= a ? b - a : b + cap - a; }
 }  // namespace
 
 const char *tier_name(Tier t) noexcept {
@@ -23,12 +32,14 @@ const char *tier_name(Tier t) noexcept {
 }
 
 ChunkIndex::ChunkIndex(EvictionPolicy policy, RecomputeCost cost)
-    : shards_(std::make_unique<Shard[]>(kShards)), order_(policy, std::move(cost)) {
+    : shards_(std::make_unique<Shard[]>(kShards)),
+      table_bytes_(kShards * kFirstCapacity * sizeof(Slot)),
+      order_(policy, std::move(cost)) {
   for (size_t i = 0; i < kShards; ++i) {
     Shard &s = shards_[i];
     s.slots = std::make_unique<Slot[]>(kFirstCapacity);
     s.table.store(s.slots.get(), std::memory_order_relaxed);
-    s.mask.store(kFirstCapacity - 1, std::memory_order_relaxed);
+    s.cap.store(kFirstCapacity, std::memory_order_relaxed);
   }
 }
 ChunkIndex::~ChunkIndex() = default;
@@ -67,9 +78,9 @@ uint16_t ChunkIndex::model_index(Shard &s, const ChunkKey &model) {
 }
 
 ChunkIndex::Slot *ChunkIndex::find(const Shard &s, const ChunkKey &k) noexcept {
-  const uint64_t mask = s.mask.load(std::memory_order_relaxed);
+  const uint64_t cap = s.cap.load(std::memory_order_relaxed);
   Slot *t = s.slots.get();
-  for (uint64_t i = home(k.hi, mask);; i = (i + 1) & mask) {
+  for (uint64_t i = home(k.hi, cap);; i = next(i, cap)) {
     Slot &slot = t[i];
     if (slot.flags == 0) return nullptr;
     if (slot.lo == k.lo && slot.hi == k.hi) return &slot;
@@ -91,33 +102,32 @@ void ChunkIndex::copy_slot(Slot &d, const Slot &o) noexcept {
   d.flags = o.flags;
 }
 
-void ChunkIndex::grow(Shard &s) {
-  const uint64_t old_cap = s.mask.load(std::memory_order_relaxed) + 1;
-  const uint64_t cap = old_cap * 2;
+void ChunkIndex::grow(Shard &s, uint64_t cap) {
+  const uint64_t old_cap = s.cap.load(std::memory_order_relaxed);
   auto fresh = std::make_unique<Slot[]>(cap);
-  const uint64_t mask = cap - 1;
   for (uint64_t i = 0; i < old_cap; ++i) {
     const Slot &o = s.slots[i];
     if (o.flags == 0) continue;
-    uint64_t j = home(o.hi, mask);
-    while (fresh[j].flags != 0) j = (j + 1) & mask;
+    uint64_t j = home(o.hi, cap);
+    while (fresh[j].flags != 0) j = next(j, cap);
     copy_slot(fresh[j], o);
   }
   s.slots = std::move(fresh);
   s.table.store(s.slots.get(), std::memory_order_relaxed);
-  s.mask.store(mask, std::memory_order_relaxed);
+  s.cap.store(cap, std::memory_order_relaxed);
+  table_bytes_.fetch_add((cap - old_cap) * sizeof(Slot), std::memory_order_relaxed);
 }
 
 void ChunkIndex::erase(Shard &s, Slot *slot) {
-  const uint64_t mask = s.mask.load(std::memory_order_relaxed);
+  const uint64_t cap = s.cap.load(std::memory_order_relaxed);
   Slot *t = s.slots.get();
   --s.used;
   // Backward-shift deletion: later slots of the same probe run move into the hole, so a lookup
   // never needs tombstones.
   uint64_t hole = static_cast<uint64_t>(slot - t);
-  for (uint64_t j = (hole + 1) & mask; t[j].flags != 0; j = (j + 1) & mask) {
-    const uint64_t h = home(t[j].hi, mask);
-    if (((j - h) & mask) >= ((j - hole) & mask)) {
+  for (uint64_t j = next(hole, cap); t[j].flags != 0; j = next(j, cap)) {
+    const uint64_t h = home(t[j].hi, cap);
+    if (ahead(h, j, cap) >= ahead(hole, j, cap)) {
       copy_slot(t[hole], t[j]);
       hole = j;
     }
@@ -125,26 +135,54 @@ void ChunkIndex::erase(Shard &s, Slot *slot) {
   t[hole].flags = 0;
 }
 
+namespace {
+// Keys spread over the shards as a binomial draw: a shard's table is sized for its even share
+// plus four standard deviations (about 1 in 30,000 shards gets more), so that the tables are
+// within a few percent of what they must hold, and at most 40% full: a miss probes about two
+// slots (at half full, 2.5; inserts grow a table only past half full).
+uint64_t shard_slots_for(uint64_t chunks, uint64_t shards) noexcept {
+  const uint64_t mean = (chunks + shards - 1) / shards;
+  const auto spread = static_cast<uint64_t>(std::ceil(4.0 * std::sqrt(static_cast<double>(mean))));
+  return 5 * (mean + spread + 4) / 2;
+}
+}  // namespace
+
+uint64_t ChunkIndex::reserve_bytes(uint64_t chunks) noexcept {
+  const uint64_t slots = std::max(shard_slots_for(chunks, kShards), kFirstCapacity);
+  return kShards * slots * sizeof(Slot) + EvictionOrder::node_bytes(chunks);
+}
+
 void ChunkIndex::reserve(uint64_t chunks) {
   {
     std::lock_guard order(order_mu_);
     order_.reserve(chunks);
   }
-  // A quarter more than the even share: keys spread over the shards unevenly.
-  const uint64_t per_shard = (chunks + kShards - 1) / kShards * 5 / 4 + 1;
+  const uint64_t cap = shard_slots_for(chunks, kShards);
   for (size_t i = 0; i < kShards; ++i) {
     Shard &s = shards_[i];
     std::unique_lock lock(s.mu);
-    while (s.mask.load(std::memory_order_relaxed) + 1 < 2 * per_shard) grow(s);
+    if (s.cap.load(std::memory_order_relaxed) < cap) grow(s, cap);
   }
+}
+
+uint64_t ChunkIndex::capacity() const noexcept {
+  uint64_t n = 0;
+  for (size_t i = 0; i < kShards; ++i) n += shards_[i].cap.load(std::memory_order_relaxed) / 2;
+  return n;
+}
+
+uint64_t ChunkIndex::memory_bytes() const {
+  uint64_t n = table_bytes_.load(std::memory_order_relaxed) + kShards * sizeof(Shard);
+  std::lock_guard order(order_mu_);
+  return n + order_.memory_bytes();
 }
 
 void ChunkIndex::prefetch(const ChunkKey &k) const noexcept {
   const Shard &s = shard(k);
   const Slot *t = s.table.load(std::memory_order_relaxed);
-  const uint64_t mask = s.mask.load(std::memory_order_relaxed);
+  const uint64_t cap = s.cap.load(std::memory_order_relaxed);
   // A stale table (the shard grew meanwhile) only makes the hint useless: prefetch never faults.
-  __builtin_prefetch(t + home(k.hi, mask), 1, 1);
+  __builtin_prefetch(t + home(k.hi, cap), 1, 1);
 }
 
 std::optional<Tier> ChunkIndex::find_node(const ChunkKey &k, uint32_t *node) const {
@@ -245,7 +283,8 @@ bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
   std::unique_lock lock(s.mu);
   if (find(s, k) != nullptr) return false;
   const uint16_t model = model_index(s, meta.model);
-  if ((s.used + 1) * 2 > s.mask.load(std::memory_order_relaxed) + 1) grow(s);
+  const uint64_t cap_now = s.cap.load(std::memory_order_relaxed);
+  if ((s.used + 1) * 2 > cap_now) grow(s, cap_now * 2);
   const uint32_t node = order_.add(k, meta.position, meta.tokens, now_ns);
   try {
     order_.link(node, domain_locked(where.tier, meta.model));
@@ -253,9 +292,9 @@ bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
     order_.remove(node);
     throw;
   }
-  const uint64_t mask = s.mask.load(std::memory_order_relaxed);
-  uint64_t i = home(k.hi, mask);
-  while (s.slots[i].flags != 0) i = (i + 1) & mask;
+  const uint64_t cap = s.cap.load(std::memory_order_relaxed);
+  uint64_t i = home(k.hi, cap);
+  while (s.slots[i].flags != 0) i = next(i, cap);
   Slot &slot = s.slots[i];
   slot.lo = k.lo;
   slot.hi = k.hi;
@@ -419,7 +458,7 @@ void ChunkIndex::for_each(const std::function<void(const ChunkView &)> &fn) cons
   for (size_t i = 0; i < kShards; ++i) {
     const Shard &s = shards_[i];
     std::shared_lock lock(s.mu);
-    const uint64_t cap = s.mask.load(std::memory_order_relaxed) + 1;
+    const uint64_t cap = s.cap.load(std::memory_order_relaxed);
     for (uint64_t j = 0; j < cap; ++j) {
       const Slot &slot = s.slots[j];
       if (!visible(slot)) continue;

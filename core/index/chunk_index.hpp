@@ -81,8 +81,16 @@ class ChunkIndex {
   // handles earlier ones: at a million chunks one lookup is a cache miss, and a run overlaps them.
   void touch_many(std::span<const ChunkKey> keys, uint64_t now_ns, std::optional<Tier> *out);
   // Sizes the tables and pools for `chunks` resident chunks, so that inserts up to that many
-  // never rehash (growing a table touches all of it). Never shrinks.
+  // (almost always: a shard sized four standard deviations over its share may still grow) never
+  // rehash (growing a table touches all of it). Never shrinks. About 160 bytes of table (at most
+  // 40% full) and 40 of eviction order per chunk, a few percent more for uneven shards.
   void reserve(uint64_t chunks);
+  // The bytes of tables and eviction nodes that reserve(chunks) makes the index hold.
+  static uint64_t reserve_bytes(uint64_t chunks) noexcept;
+  // Resident chunks the tables hold before one of them grows, if keys spread evenly.
+  uint64_t capacity() const noexcept;
+  // Bytes of memory the index holds: its tables, its shards and its eviction order.
+  uint64_t memory_bytes() const;
   // A hint that k is needed soon (insert or lookup); no effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
@@ -153,11 +161,12 @@ class ChunkIndex {
   static constexpr uint8_t kRetired = 8;  // old copies wait in the shard's `retired` map
   struct Shard {
     mutable std::shared_mutex mu;
-    // The table: replaced whole when it grows, under the exclusive lock. Its pointer and mask are
-    // atomics only so that prefetch() may read them without the lock.
+    // The table: replaced whole when it grows, under the exclusive lock. Its pointer and size are
+    // atomics only so that prefetch() may read them without the lock. Any size: a key's home is
+    // its hash scaled to the size.
     std::unique_ptr<Slot[]> slots;
     std::atomic<Slot *> table{nullptr};
-    std::atomic<uint64_t> mask{0};
+    std::atomic<uint64_t> cap{0};
     uint64_t used = 0;
     // Resident chunks and bytes per tier in this shard: written only under the exclusive lock
     // (a plain load and store, no locked instruction), read by chunks() and bytes() without it.
@@ -183,7 +192,8 @@ class ChunkIndex {
   // The slot holding k, or nullptr. Call with the shard locked.
   static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
   static void copy_slot(Slot &dst, const Slot &src) noexcept;
-  static void grow(Shard &s);
+  // Rehashes a shard into a table of `cap` slots (more than it holds).
+  void grow(Shard &s, uint64_t cap);
   static void erase(Shard &s, Slot *slot);
   static void count(Shard &s, Tier t, uint64_t bytes, int sign) noexcept;
   static uint16_t model_index(Shard &s, const ChunkKey &model);
@@ -198,6 +208,7 @@ class ChunkIndex {
   void link_locked(const Shard &s, const Slot &slot);
 
   std::unique_ptr<Shard[]> shards_;
+  std::atomic<uint64_t> table_bytes_;  // of all shards' tables
   mutable std::mutex order_mu_;  // guards order_ and peer_models_; taken before a shard's lock
   EvictionOrder order_;
   std::vector<ChunkKey> peer_models_;  // peer domain 2 + i holds model i's lent chunks

@@ -18,6 +18,18 @@ void EvictionOrder::reserve(uint64_t nodes) {
   nodes_.reserve(nodes);
 }
 
+uint64_t EvictionOrder::memory_bytes() const noexcept {
+  // A tree entry is a red-black tree node: three pointers, a colour and the pair, rounded to
+  // the allocator's 16 bytes.
+  constexpr uint64_t kTreeEntryBytes = 48;
+  uint64_t n = nodes_.capacity() * sizeof(Node) + domains_.capacity() * sizeof(domains_[0]) +
+               tree_entries_ * kTreeEntryBytes;
+  for (const auto &d : domains_) {
+    if (d) n += sizeof(Domain) + d->classes.capacity() * sizeof(Class);
+  }
+  return n;
+}
+
 uint32_t EvictionOrder::cost_class(double cost) noexcept {
   if (!(cost > 0)) return 0;  // free to recompute (or a cost model that says nothing)
   const double k = std::floor(kClassesPerOctave * std::log2(cost)) + kClasses / 2;
@@ -113,6 +125,7 @@ void EvictionOrder::link(uint32_t node, uint32_t d) {
     append(c.fifo[static_cast<size_t>(best)], node, static_cast<uint8_t>(best));
   } else {
     c.tree.emplace(n.la, node);
+    ++tree_entries_;
     n.list = kTree;
   }
   n.domain = static_cast<uint16_t>(d);
@@ -132,6 +145,7 @@ void EvictionOrder::unlink(uint32_t node) noexcept {
   Class &c = dom.classes[n.cls];
   if (n.list == kTree) {
     c.tree.erase({n.la, node});
+    --tree_entries_;
   } else {
     Fifo &f = c.fifo[n.list];
     if (n.prev != kNoNode) {

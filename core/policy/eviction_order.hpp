@@ -54,6 +54,11 @@ class EvictionOrder {
   EvictionPolicy policy() const noexcept { return policy_; }
   // Room for `nodes` nodes without reallocation.
   void reserve(uint64_t nodes);
+  // Bytes of memory the order holds: its nodes (40 bytes each, as reserved), its domains' class
+  // tables and its tree entries.
+  uint64_t memory_bytes() const noexcept;
+  // The bytes of `nodes` nodes.
+  static uint64_t node_bytes(uint64_t nodes) noexcept { return nodes * sizeof(Node); }
 
   // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
   // last active at `now`, in no domain yet.
@@ -127,6 +132,7 @@ class EvictionOrder {
   const RecomputeCost cost_;
   std::vector<Node> nodes_;
   uint32_t free_ = kNoNode;
+  uint64_t tree_entries_ = 0;
   std::vector<std::unique_ptr<Domain>> domains_;
 };
 

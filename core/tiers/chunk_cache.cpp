@@ -511,11 +511,25 @@ uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
   return n;
 }
 
+uint64_t ChunkCache::chunks_that_fit(uint64_t chunk_bytes) const noexcept {
+  uint64_t n = ctx_.config().host_budget_bytes / chunk_bytes;
+  if (disk_) n += disk_->records_that_fit(chunk_bytes);
+  return n;
+}
+
 void ChunkCache::reserve_for(uint64_t chunk_bytes) {
-  const ContextConfig &c = ctx_.config();
-  uint64_t n = c.host_budget_bytes / chunk_bytes;
-  if (disk_) n += disk_->capacity_bytes({}) / DiskTier::record_bytes(chunk_bytes);
-  index_.reserve(std::min<uint64_t>(n, uint64_t{1} << 22));
+  // Tiny chunks would otherwise reserve more index than KV: up front, the index's tables and
+  // nodes take at most a quarter of the host budget, or 16 MiB when that is more.
+  const uint64_t limit = std::max<uint64_t>(ctx_.config().host_budget_bytes / 4, uint64_t{16} << 20);
+  uint64_t lo = 0, hi = chunks_that_fit(chunk_bytes);
+  if (ChunkIndex::reserve_bytes(hi) > limit) {
+    while (lo + 1 < hi) {  // the most chunks whose reservation fits the limit
+      const uint64_t mid = lo + (hi - lo) / 2;
+      (ChunkIndex::reserve_bytes(mid) <= limit ? lo : hi) = mid;
+    }
+    hi = lo;
+  }
+  index_.reserve(hi);
 }
 
 uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,

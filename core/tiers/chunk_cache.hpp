@@ -126,9 +126,16 @@ class ChunkCache {
   uint64_t clear(std::optional<ChunkKey> model, uint32_t tier_mask,
                  std::optional<std::span<const ChunkKey>> keys);
 
-  // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold (at most
-  // 4M chunks), so that storing never rehashes it: called when a borrower registers.
+  // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold, so that
+  // storing never rehashes it: called when a borrower registers. Up front it takes at most a
+  // quarter of the host budget (or 16 MiB, whichever is more); past that the index grows as
+  // chunks arrive, never past what the tiers can hold.
   void reserve_for(uint64_t chunk_bytes);
+  // Chunks of `chunk_bytes` the host and disk tiers hold when full.
+  uint64_t chunks_that_fit(uint64_t chunk_bytes) const noexcept;
+  // The index's memory (bytes) and the resident chunks it holds before it grows.
+  uint64_t index_bytes() const { return index_.memory_bytes(); }
+  uint64_t index_capacity() const noexcept { return index_.capacity(); }
   // Borrows from a lender for `model` (of geometry `sizes`); returns the lender's lease id.
   uint64_t borrow(const ChunkKey &model, const GeometrySizes &sizes,
                   std::shared_ptr<LenderLink> lender, uint64_t max_units);

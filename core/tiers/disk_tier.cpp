@@ -286,6 +286,11 @@ uint64_t DiskTier::capacity_bytes(const ChunkKey &) const {
   return max_segments_ < 2 ? 0 : (max_segments_ - 1) * (segment_bytes_ - 2 * kHeaderBytes);
 }
 
+uint64_t DiskTier::records_that_fit(uint64_t payload) const noexcept {
+  if (max_segments_ < 2) return 0;
+  return (max_segments_ - 1) * ((segment_bytes_ - 2 * kHeaderBytes) / record_bytes(payload));
+}
+
 uint64_t DiskTier::free_bytes(const ChunkKey &) const {
   std::lock_guard lock(mu_);
   return free_bytes_locked();

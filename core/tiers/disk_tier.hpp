@@ -102,6 +102,8 @@ class DiskTier final : public TierStore {
 
   // The bytes a record of `payload` bytes takes in a segment.
   static uint64_t record_bytes(uint64_t payload) noexcept;
+  // How many records of `payload` bytes the tier holds when full (whole records per segment).
+  uint64_t records_that_fit(uint64_t payload) const noexcept;
   // A budget whose segments hold exactly `records` records of `payload` bytes, one record per
   // segment (segment_bytes = segment_for(payload)); for tests and sizing.
   static uint64_t segment_for(uint64_t payload) noexcept;

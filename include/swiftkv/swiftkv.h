@@ -237,7 +237,7 @@ typedef enum swiftkv_eviction_policy {
 
 /* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
  * the coordinator. */
-#define SWIFTKV_CTX_CONFIG_VERSION 5
+#define SWIFTKV_CTX_CONFIG_VERSION 6
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -309,13 +309,20 @@ typedef struct swiftkv_ctx_config {
                                   host pools). Default 0: one less than the machine's cores, at
                                   least 1 and at most 2, so that an engine computing beside the
                                   copies keeps a core; at most 64. */
+  /* Version 6. */
+  uint32_t max_open_requests;  /* connector requests open at once (begun, not finished):
+                                  swiftkv_request_begin beyond is SWIFTKV_EBUSY with nothing
+                                  changed. Each open request holds its cached run and the room
+                                  reserved for its new chunks until it is finished. Default
+                                  4096; 1 to 1048576. */
+  uint32_t reserved1;          /* must be 0 */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
         SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0                                     \
+        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0, 4096, 0                            \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
@@ -730,7 +737,7 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
                                         swiftkv_tier to);
 
-#define SWIFTKV_STATS_VERSION 2
+#define SWIFTKV_STATS_VERSION 3
 
 /* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by
  * swiftkv_tier: peer, host, disk. */
@@ -762,12 +769,18 @@ typedef struct swiftkv_stats {
   uint64_t disk_bytes_relocated;    /* record bytes those moves copied */
   uint64_t disk_bytes_allocated;    /* bytes of segment files on disk: what disk_budget_bytes
                                        bounds */
+  /* Version 3: memory beside the budgets. */
+  uint64_t index_bytes;           /* host memory of the chunk index (tables and eviction order;
+                                     about 170 bytes per chunk it is sized for, see
+                                     docs/api.md): not part of host_budget_bytes */
+  uint64_t index_capacity_chunks; /* resident chunks the index holds before it grows */
+  uint64_t requests_open;         /* connector requests begun and not finished */
 } swiftkv_stats;
 
 #define SWIFTKV_STATS_INIT                                                                  \
   {                                                                                         \
     (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
-        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                              \
+        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                     \
   }
 
 SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx);
@@ -1028,7 +1041,7 @@ typedef struct swiftkv_request_info {
 
 /* Begins a request; *request_out is its id. EINVAL: tokens, pages (out of the pool, repeated,
  * too few) or load_from_tokens (not a chunk boundary, past the tokens) are wrong; ENOTFOUND: an
- * unknown pool. */
+ * unknown pool; EBUSY: config->max_open_requests requests are open (nothing held or reserved). */
 SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_ctx *ctx,
                                                  const swiftkv_request_desc *desc);
 SWIFTKV_API swiftkv_status swiftkv_start_load(swiftkv_ctx *ctx, uint64_t request, void *stream);

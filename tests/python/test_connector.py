@@ -67,6 +67,22 @@ def test_engine_tensors_round_trip(ctx, small_model):
             assert np.array_equal(layers[l][:, pages2[tok // 16], tok % 16], truth[l][:, tok])
 
 
+def test_open_requests_are_bounded(small_model):
+    with swiftkv.Context(host_budget_bytes=8 << 20, max_open_requests=1) as ctx:
+        m = ctx.register_model(small_model)
+        assert ctx.stats()["index_capacity_chunks"] >= (8 << 20) // (8 << 10)
+        pool = m.pool_create(4)
+        with m.request(pool, tokens_of(1, 32), [0, 1]):
+            assert ctx.stats()["requests_open"] == 1
+            with pytest.raises(swiftkv.Error) as e:
+                m.request(pool, tokens_of(2, 32), [2, 3])
+            assert e.value.status == swiftkv.Status.EBUSY and "max_open_requests" in str(e.value)
+        with m.request(pool, tokens_of(2, 32), [2, 3]):
+            assert ctx.stats()["requests_open"] == 1
+        assert ctx.stats()["requests_open"] == 0
+        pool.close()
+
+
 def test_request_errors(ctx, small_model):
     m = ctx.register_model(small_model)
     pool = m.pool_create(4)

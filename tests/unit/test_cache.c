@@ -538,6 +538,75 @@ static void a_failed_store_reports_what_it_kept(void **state) {
   assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* Resident memory of this process in bytes (VmRSS). */
+static uint64_t rss_bytes(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  assert_non_null(f);
+  char line[256];
+  uint64_t kib = 0;
+  while (fgets(line, sizeof line, f) != NULL) {
+    if (sscanf(line, "VmRSS: %lu kB", &kib) == 1) break;
+  }
+  fclose(f);
+  assert_true(kib > 0);
+  return kib * 1024;
+}
+
+/* The index is memory beside the budgets: swiftkv_stats counts it, and registering a model of
+ * tiny chunks (4 bytes: 16M of them fit a 64 MiB host budget) reserves at most 16 MiB of it up
+ * front (a quarter of the budget, or 16 MiB), not an index for every chunk that fits. It grows
+ * as chunks arrive, at under 400 bytes per chunk. */
+static void the_index_is_counted_and_bounded(void **state) {
+  (void)state;
+  const uint64_t fixed = UINT64_C(1) << 20; /* shards, first tables, order domains */
+  struct rig r;
+  rig_up(&r, 1 << 20, 1);
+  swiftkv_stats s = stats(&r);
+  /* 1 MiB of 1 KiB chunks on host, and the disk's records: the index holds them all. */
+  assert_true(s.index_capacity_chunks >= 1024 + 32);
+  assert_true(s.index_bytes <= 200 * s.index_capacity_chunks + fixed);
+  assert_int_equal(s.requests_open, 0);
+  rig_down(&r);
+
+  swiftkv_ctx *ctx = NULL;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = UINT64_C(64) << 20;
+  assert_ok(swiftkv_ctx_create(&ctx, &c));
+  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
+  d.name = "tiny-chunks";
+  d.num_layers = d.num_kv_heads = d.head_dim = d.block_tokens = d.chunk_tokens = 1;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  const uint64_t rss_before = rss_bytes();
+  uint32_t model = 0;
+  assert_ok(swiftkv_model_register(&model, ctx, &mc));
+  const uint64_t rss_after = rss_bytes();
+  s = (swiftkv_stats)SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, ctx));
+  assert_true(s.index_bytes <= (UINT64_C(16) << 20) + fixed);
+  assert_true(s.index_capacity_chunks >= 80000); /* 16 MiB, counted to half-full tables */
+  assert_true(rss_after - rss_before <= (UINT64_C(16) << 20) + fixed);
+
+  /* 200,000 chunks of 4 bytes: past the reservation, the index grows with them. */
+  enum { N = 200000 };
+  uint32_t *tokens = malloc(N * sizeof *tokens);
+  unsigned char *kv = malloc(N * 4);
+  assert_non_null(tokens);
+  assert_non_null(kv);
+  fill_tokens(tokens, N, 7);
+  fill_kv(kv, N * 4, 7);
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, ctx, model, tokens, N, kv, N * 4));
+  assert_int_equal(cached, N);
+  assert_ok(swiftkv_stats_get(&s, ctx));
+  assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], N);
+  assert_true(s.index_capacity_chunks >= N);
+  assert_true(s.index_bytes <= 400 * (uint64_t)N + fixed);
+  free(tokens);
+  free(kv);
+  swiftkv_ctx_destroy(ctx);
+}
+
 /* Chunks on disk are found again by a new context that registers the same model. */
 static void a_new_context_finds_disk_chunks(void **state) {
   (void)state;
@@ -584,6 +653,7 @@ int main(void) {
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
+      cmocka_unit_test(the_index_is_counted_and_bounded),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

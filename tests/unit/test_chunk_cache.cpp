@@ -238,8 +238,10 @@ void index_keeps_every_key_through_collisions_drops_and_growth(void **) {
   std::vector<ChunkKey> gone;
   const ChunkKey models[2] = {{1, 2}, {3, 4}};
   auto key = [&] {
-    // All in shard 0x2a, homes in a few slots: long probe runs that wrap around.
-    return ChunkKey{(uint64_t{0x2a} << 56) | (rng() >> 8), (rng() << 3) | (rng() % 3)};
+    // All in shard 0x2a, homes in the first and the last slot of the table (a home is hi scaled
+    // to the table's size): long probe runs that wrap around.
+    const uint64_t near = rng() & 7;
+    return ChunkKey{(uint64_t{0x2a} << 56) | (rng() >> 8), rng() % 2 ? near : ~near};
   };
   for (int step = 0; step < 4000; ++step) {
     if (live.empty() || rng() % 3 != 0) {
@@ -282,6 +284,29 @@ void index_keeps_every_key_through_collisions_drops_and_growth(void **) {
   }
   index.reserve(100000);  // growing a populated index keeps it whole
   for (const auto &[k, w] : live) assert_true(index.peek(k) == Tier::host);
+}
+
+// The index's memory per chunk it is sized for, as docs/api.md states it: 160 bytes of table
+// (64-byte slots, at most 40% full), 40 of eviction node, and the shards' margin for uneven
+// shares (four standard deviations of a shard's share: 1.6% of it at 4M chunks, 26% at 64K),
+// plus a fixed part (shards, first tables, order domains) under 1 MiB.
+void index_memory_per_chunk_is_as_documented(void **) {
+  const uint64_t sizes[] = {1u << 16, 1u << 20, 1u << 22};
+  const double most[] = {255, 212, 207};
+  for (size_t i = 0; i < 3; ++i) {
+    swiftkv::ChunkIndex index;
+    const uint64_t empty = index.memory_bytes();
+    index.reserve(sizes[i]);
+    assert_true(index.capacity() >= sizes[i]);
+    const uint64_t grown = index.memory_bytes() - empty;
+    assert_true(grown <= swiftkv::ChunkIndex::reserve_bytes(sizes[i]));
+    const double per_chunk = static_cast<double>(index.memory_bytes()) / static_cast<double>(sizes[i]);
+    assert_true(per_chunk >= 200.0);
+    assert_true(per_chunk <= most[i]);
+    const uint64_t before = index.memory_bytes();
+    index.reserve(sizes[i] / 2);  // never shrinks, never grows for less
+    assert_int_equal(index.memory_bytes(), before);
+  }
 }
 
 // A move while readers read: the old copy is freed only after the last of them, the new copy is
@@ -1304,6 +1329,7 @@ int main() {
       cmocka_unit_test(fingerprint_covers_the_kv_shape),
       cmocka_unit_test(index_keeps_every_key_through_collisions_drops_and_growth),
       cmocka_unit_test(index_frees_moved_and_dropped_copies_after_their_last_reader),
+      cmocka_unit_test(index_memory_per_chunk_is_as_documented),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),

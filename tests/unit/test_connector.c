@@ -100,10 +100,12 @@ static void engine_scramble(const struct engine *e) {
 
 enum layout { VLLM, NHD, HND, CROSS, CREATED_STREAM };
 
-static void engine_up(struct engine *e, enum layout layout, uint64_t host_bytes, int disk) {
+static void engine_up_bounded(struct engine *e, enum layout layout, uint64_t host_bytes, int disk,
+                              uint32_t max_open_requests) {
   memset(e, 0, sizeof *e);
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.host_budget_bytes = host_bytes;
+  c.max_open_requests = max_open_requests;
   c.eviction_policy = SWIFTKV_EVICT_LRU;
   c.demote_free_percent = 0;
   if (disk) {
@@ -161,6 +163,10 @@ static void engine_up(struct engine *e, enum layout layout, uint64_t host_bytes,
   uint32_t owner = 99;
   assert_ok(swiftkv_pool_get(&e->d, &owner, e->ctx, e->pool));
   assert_int_equal(owner, e->model);
+}
+
+static void engine_up(struct engine *e, enum layout layout, uint64_t host_bytes, int disk) {
+  engine_up_bounded(e, layout, host_bytes, disk, 4096);
 }
 
 static void engine_down(struct engine *e) {
@@ -529,6 +535,67 @@ static void bad_input_changes_nothing(void **state) {
   engine_down(&e);
 }
 
+static uint64_t requests_open(const struct engine *e) {
+  swiftkv_stats s = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, e->ctx));
+  return s.requests_open;
+}
+
+/* Requests begun and never finished hold the room reserved for their chunks: at most
+ * max_open_requests of them, and a begin beyond is EBUSY with nothing reserved, so later stores
+ * still find room. Finishing one makes room for the next. The host tier holds 6 chunks (8192
+ * bytes in slabs of whole pages: 3 chunks of 1152 bytes per page); each request reserves 2. */
+static void open_requests_are_bounded(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up_bounded(&e, VLLM, 8192, 0, 2);
+  uint32_t tokens[3][2 * CHUNK];
+  int32_t pages[3][4];
+  uint64_t req[3] = {0, 0, 0};
+  for (uint32_t i = 0; i < 3; ++i) {
+    fill_tokens(tokens[i], 2 * CHUNK, 10 + i);
+    for (uint32_t p = 0; p < 4; ++p) pages[i][p] = (int32_t)(4 * i + p);
+  }
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.n_tokens = 2 * CHUNK;
+  d.n_pages = 4;
+  for (uint32_t i = 0; i < 2; ++i) {
+    d.tokens = tokens[i];
+    d.pages = pages[i];
+    assert_ok(swiftkv_request_begin(&req[i], e.ctx, &d));
+  }
+  assert_int_equal(requests_open(&e), 2);
+  /* The third is refused and reserves nothing: 2 chunks of room stay free. */
+  d.tokens = tokens[2];
+  d.pages = pages[2];
+  uint64_t refused = 777;
+  assert_status(swiftkv_request_begin(&refused, e.ctx, &d), SWIFTKV_EBUSY);
+  assert_message_contains("2 requests are open (config->max_open_requests)");
+  assert_int_equal(refused, 777);
+  assert_int_equal(requests_open(&e), 2);
+  uint32_t kv_tokens[2 * CHUNK];
+  fill_tokens(kv_tokens, 2 * CHUNK, 99);
+  static unsigned char kv[2 * CHUNK_BYTES];
+  memset(kv, 0x5a, sizeof kv);
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, e.ctx, e.model, kv_tokens, 2 * CHUNK, kv, sizeof kv));
+  assert_int_equal(cached, 2 * CHUNK);
+  swiftkv_stats s = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, e.ctx));
+  assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], 2);
+  assert_int_equal(s.stores_rejected, 0);
+  /* A finished request makes room for the next. */
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req[1]));
+  assert_int_equal(requests_open(&e), 1);
+  assert_ok(swiftkv_request_begin(&req[2], e.ctx, &d));
+  assert_int_equal(requests_open(&e), 2);
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req[0]));
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req[2]));
+  assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+}
+
 static void bad_pool_descriptors_are_rejected(void **state) {
   (void)state;
   struct engine e;
@@ -619,6 +686,7 @@ int main(void) {
       cmocka_unit_test(clear_during_a_request_loses_nothing),
       cmocka_unit_test(bad_input_changes_nothing),
       cmocka_unit_test(bad_pool_descriptors_are_rejected),
+      cmocka_unit_test(open_requests_are_bounded),
       cmocka_unit_test(device_pools_need_their_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

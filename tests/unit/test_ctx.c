@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 6");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 7");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -252,6 +252,38 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   bad.transfer_threads = 65;
   create_refused(&bad, SWIFTKV_EINVAL, "config->transfer_threads (65) is above 64");
   rmdir(dir);
+}
+
+/* A program built against version 5 (no request bound) gets 4096 open requests; get_config
+ * writes nothing past its size. The bound and the reserved word are checked. */
+static void version_5_callers_get_the_request_bound(void **state) {
+  (void)state;
+  swiftkv_ctx_config v5 = SWIFTKV_CTX_CONFIG_INIT;
+  memset(&v5.max_open_requests, 0x7f, sizeof v5 - offsetof(swiftkv_ctx_config, max_open_requests));
+  v5.size = (uint32_t)offsetof(swiftkv_ctx_config, max_open_requests);
+  v5.version = 5;
+  swiftkv_ctx *ctx = create_ok(&v5);
+  swiftkv_ctx_config got = SWIFTKV_CTX_CONFIG_INIT;
+  assert_ok(swiftkv_ctx_get_config(&got, ctx));
+  assert_int_equal(got.max_open_requests, 4096);
+  assert_int_equal(got.reserved1, 0);
+  swiftkv_ctx_config small = v5;
+  assert_ok(swiftkv_ctx_get_config(&small, ctx));
+  assert_int_equal(small.max_open_requests, 0x7f7f7f7f); /* past the caller's size */
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.max_open_requests = 1u << 20;
+  ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).max_open_requests, 1u << 20);
+  swiftkv_ctx_destroy(ctx);
+  c.max_open_requests = 0;
+  create_refused(&c, SWIFTKV_EINVAL, "config->max_open_requests (0) is not in 1..1048576");
+  c.max_open_requests = (1u << 20) + 1;
+  create_refused(&c, SWIFTKV_EINVAL, "config->max_open_requests (1048577)");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.reserved1 = 1;
+  create_refused(&c, SWIFTKV_EINVAL, "config->reserved1 is not 0");
 }
 
 /* A program built against version 1 of the struct (48 bytes, no cache fields) gets the cache
@@ -453,6 +485,7 @@ int main(void) {
       cmocka_unit_test(version_1_callers_get_cache_defaults),
       cmocka_unit_test(version_3_callers_get_coord_defaults),
       cmocka_unit_test(version_4_callers_get_disk_log_defaults),
+      cmocka_unit_test(version_5_callers_get_the_request_bound),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
       cmocka_unit_test(the_cache_reads_the_given_clock),

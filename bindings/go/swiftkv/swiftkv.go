@@ -290,12 +290,13 @@ type Config struct {
 	DiskSegmentBytes       uint64 // 0: the library's default
 	DiskSyncMs             uint32 // group commit period; 0: when a segment fills and at close
 	TransferThreads        uint32 // host copy engine threads; 0: the library's default
+	MaxOpenRequests        uint32 // requests open at once (1 to 2^20); Request beyond: EBUSY
 }
 
 func DefaultConfig() Config {
 	return Config{HostNUMANode: C.SWIFTKV_NUMA_NODE_AUTO, DemoteFreePercent: 25,
 		RecomputeTokenCost: 1, RecomputeAttentionCost: 1, MaintenanceIntervalMs: 10,
-		CoordHeartbeatMs: 100, CoordTimeoutMs: 5000, DiskSyncMs: 1000}
+		CoordHeartbeatMs: 100, CoordTimeoutMs: 5000, DiskSyncMs: 1000, MaxOpenRequests: 4096}
 }
 
 // ChunkEvent is a chunk that left a tier without the caller asking.
@@ -351,6 +352,7 @@ func NewContext(cfg Config) (*Context, error) {
 	c.disk_segment_bytes = C.uint64_t(cfg.DiskSegmentBytes)
 	c.disk_sync_ms = C.uint32_t(cfg.DiskSyncMs)
 	c.transfer_threads = C.uint32_t(cfg.TransferThreads)
+	c.max_open_requests = C.uint32_t(cfg.MaxOpenRequests)
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -408,7 +410,8 @@ func (c *Context) Config() (Config, error) {
 		RecomputeTokenCost: float64(v.recompute_token_cost), RecomputeAttentionCost: float64(v.recompute_attention_cost),
 		MaintenanceIntervalMs: uint32(v.maintenance_interval_ms), CoordHeartbeatMs: uint32(v.coord_heartbeat_ms),
 		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
-		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads)}
+		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads),
+		MaxOpenRequests: uint32(v.max_open_requests)}
 	if v.disk_path != nil {
 		out.DiskPath = C.GoString(v.disk_path)
 	}
@@ -440,6 +443,8 @@ type Stats struct {
 	// The disk tier's log (swiftkv_stats version 2).
 	DiskFilesSkipped, DiskRecordsMismatched, DiskSegmentsCleaned uint64
 	DiskBytesRelocated, DiskBytesAllocated                       uint64
+	// Memory beside the budgets and open requests (swiftkv_stats version 3).
+	IndexBytes, IndexCapacityChunks, RequestsOpen uint64
 }
 
 func (c *Context) Stats() (Stats, error) {
@@ -466,6 +471,8 @@ func (c *Context) Stats() (Stats, error) {
 	out.DiskFilesSkipped, out.DiskRecordsMismatched = uint64(s.disk_files_skipped), uint64(s.disk_records_mismatched)
 	out.DiskSegmentsCleaned, out.DiskBytesRelocated = uint64(s.disk_segments_cleaned), uint64(s.disk_bytes_relocated)
 	out.DiskBytesAllocated = uint64(s.disk_bytes_allocated)
+	out.IndexBytes, out.IndexCapacityChunks = uint64(s.index_bytes), uint64(s.index_capacity_chunks)
+	out.RequestsOpen = uint64(s.requests_open)
 	return out, nil
 }
 

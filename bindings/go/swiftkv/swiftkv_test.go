@@ -125,14 +125,17 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.AttentionCostTable = []float64{1, 2}
 	cfg.CoordTimeoutMs = 700
 	cfg.DiskSegmentBytes, cfg.DiskSyncMs, cfg.TransferThreads = 1<<18, 250, 3
+	cfg.MaxOpenRequests = 7
 	c := newCtx(t, cfg)
 	got := val(c.Config())
 	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
 		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
-		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 {
+		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 ||
+		got.MaxOpenRequests != 7 {
 		t.Fatalf("%+v", got)
 	}
-	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 {
+	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 ||
+		st.RequestsOpen != 0 || st.IndexBytes == 0 || st.IndexCapacityChunks == 0 {
 		t.Fatalf("%+v", st)
 	}
 	bad := DefaultConfig()
@@ -331,6 +334,28 @@ func TestRemoteLender(t *testing.T) {
 	}
 	_, err := m.BorrowRemote(ep, "nobody", 1)
 	wantStatus(t, err, ENOTFOUND)
+}
+
+func TestOpenRequestsAreBounded(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	cfg.MaxOpenRequests = 1
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), false))
+	pool := val(m.PoolCreate(4, 0))
+	defer pool.Close()
+	r := val(m.Begin(pool, tokensOf(1, 32), []int32{0, 1}, 0))
+	_, err := m.Begin(pool, tokensOf(2, 32), []int32{2, 3}, 0)
+	wantStatus(t, err, EBUSY)
+	if st := val(c.Stats()); st.RequestsOpen != 1 {
+		t.Fatalf("%+v", st)
+	}
+	val(r.Finish())
+	r = val(m.Begin(pool, tokensOf(2, 32), []int32{2, 3}, 0))
+	val(r.Finish())
+	if st := val(c.Stats()); st.RequestsOpen != 0 {
+		t.Fatalf("%+v", st)
+	}
 }
 
 func TestPoolsAndTheConnector(t *testing.T) {

@@ -249,7 +249,7 @@ class Context:
                "recompute_token_cost", "recompute_attention_cost", "attention_cost_table",
                "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
                "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms",
-               "transfer_threads")
+               "transfer_threads", "max_open_requests")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         import numpy as np

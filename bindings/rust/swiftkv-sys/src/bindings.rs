@@ -8,7 +8,7 @@ pub const SWIFTKV_DEVICE_HOST: i32 = -1;
 pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
-pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 5;
+pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 6;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
 pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
@@ -18,7 +18,7 @@ pub const SWIFTKV_MODEL_ALL: u32 = 4294967295;
 pub const SWIFTKV_MODEL_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_TIERS_ALL: u32 = 7;
 pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
-pub const SWIFTKV_STATS_VERSION: u32 = 2;
+pub const SWIFTKV_STATS_VERSION: u32 = 3;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 1;
@@ -502,12 +502,14 @@ pub struct swiftkv_ctx_config {
     pub disk_segment_bytes: u64,
     pub disk_sync_ms: u32,
     pub transfer_threads: u32,
+    pub max_open_requests: u32,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_ctx_config>(),
-        136usize,
+        144usize,
         concat!("Size of: ", stringify!(swiftkv_ctx_config))
     );
     assert_eq!(
@@ -906,6 +908,40 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_transfer_threads();
+    fn test_field_max_open_requests() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_open_requests) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(max_open_requests)
+            )
+        );
+    }
+    test_field_max_open_requests();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            140usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 extern "C" {
     pub fn swiftkv_ctx_create(
@@ -2497,12 +2533,15 @@ pub struct swiftkv_stats {
     pub disk_segments_cleaned: u64,
     pub disk_bytes_relocated: u64,
     pub disk_bytes_allocated: u64,
+    pub index_bytes: u64,
+    pub index_capacity_chunks: u64,
+    pub requests_open: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_stats() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_stats>(),
-        224usize,
+        248usize,
         concat!("Size of: ", stringify!(swiftkv_stats))
     );
     assert_eq!(
@@ -2867,6 +2906,57 @@ fn bindgen_test_layout_swiftkv_stats() {
         );
     }
     test_field_disk_bytes_allocated();
+    fn test_field_index_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_bytes) as usize - ptr as usize
+            },
+            224usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(index_bytes)
+            )
+        );
+    }
+    test_field_index_bytes();
+    fn test_field_index_capacity_chunks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_capacity_chunks) as usize - ptr as usize
+            },
+            232usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(index_capacity_chunks)
+            )
+        );
+    }
+    test_field_index_capacity_chunks();
+    fn test_field_requests_open() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).requests_open) as usize - ptr as usize
+            },
+            240usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(requests_open)
+            )
+        );
+    }
+    test_field_requests_open();
 }
 extern "C" {
     pub fn swiftkv_stats_get(out: *mut swiftkv_stats, ctx: *const swiftkv_ctx) -> swiftkv_status;

@@ -351,6 +351,8 @@ pub struct ContextConfig {
     pub disk_sync_ms: u32,
     /// Threads of the host copy engine (0: the library's default for this machine).
     pub transfer_threads: u32,
+    /// Connector requests open at once; a `request` beyond is `Status::EBUSY` (1 to 2^20).
+    pub max_open_requests: u32,
 }
 
 impl Default for ContextConfig {
@@ -373,6 +375,7 @@ impl Default for ContextConfig {
             disk_segment_bytes: 0,
             disk_sync_ms: 1000,
             transfer_threads: 0,
+            max_open_requests: 4096,
         }
     }
 }
@@ -443,6 +446,7 @@ impl Context {
         c.disk_segment_bytes = config.disk_segment_bytes;
         c.disk_sync_ms = config.disk_sync_ms;
         c.transfer_threads = config.transfer_threads;
+        c.max_open_requests = config.max_open_requests;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -495,6 +499,7 @@ impl Context {
             disk_segment_bytes: c.disk_segment_bytes,
             disk_sync_ms: c.disk_sync_ms,
             transfer_threads: c.transfer_threads,
+            max_open_requests: c.max_open_requests,
         })
     }
 

@@ -82,14 +82,18 @@ fn config_round_trip_and_errors() {
         disk_segment_bytes: 1 << 18,
         disk_sync_ms: 250,
         transfer_threads: 3,
+        max_open_requests: 7,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
     assert_eq!((got.disk_segment_bytes, got.disk_sync_ms), (1 << 18, 250));
-    assert_eq!(got.transfer_threads, 3);
+    assert_eq!((got.transfer_threads, got.max_open_requests), (3, 7));
+    assert_eq!(ContextConfig::default().max_open_requests, 4096);
     let st = c.stats().unwrap();
     assert_eq!((st.disk_files_skipped, st.disk_bytes_allocated), (0, 0));
+    assert_eq!(st.requests_open, 0);
+    assert!(st.index_bytes > 0 && st.index_capacity_chunks > 0);
     assert_eq!(got.host_budget_bytes, 1 << 20);
     assert_eq!(got.disk_path.as_deref(), Some(dir.to_str().unwrap()));
     assert_eq!(got.eviction_policy, EvictionPolicy::Lru);
@@ -364,8 +368,30 @@ fn pools_and_the_connector() {
     // Bad requests leave nothing behind.
     assert_eq!(m.request(&pool, &tokens[..64], &[0, 0, 1, 2], 0).err().unwrap().status,
                Status::EINVAL);
+    assert_eq!(c.stats().unwrap().requests_open, 0);
     let r = m.request(&pool, &tokens[..32], &[0, 1], 0).unwrap();
     assert_eq!(r.wait_layer_load(0, ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+}
+
+#[test]
+fn open_requests_are_bounded() {
+    let c = Context::new(&ContextConfig {
+        host_budget_bytes: 4 << 20,
+        max_open_requests: 1,
+        ..Default::default()
+    })
+    .unwrap();
+    let m = c.register_model(&small()).unwrap();
+    let pool = m.pool_create(4, 0).unwrap();
+    let r = m.request(&pool, &tokens_of(1, 32), &[0, 1], 0).unwrap();
+    let e = m.request(&pool, &tokens_of(2, 32), &[2, 3], 0).err().unwrap();
+    assert_eq!(e.status, Status::EBUSY);
+    assert!(e.message.contains("max_open_requests"), "{}", e.message);
+    assert_eq!(c.stats().unwrap().requests_open, 1);
+    drop(r);
+    let r = m.request(&pool, &tokens_of(2, 32), &[2, 3], 0).unwrap();
+    drop(r);
+    assert_eq!(c.stats().unwrap().requests_open, 0);
 }
 
 #[test]
