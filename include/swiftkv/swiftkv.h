@@ -1091,7 +1091,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swi
  * workspace, q, k, v, kv_indices, out and lse are that device's memory (the plan's host arrays
  * stay host memory) and the kernels accumulate in fp32. On a device, page ids are not checked
  * against num_pages (the host cannot see them without a copy): an id out of range is skipped,
- * never read, and the rows that needed it are wrong; on the host every id is checked.
+ * never read, and the rows that needed it are wrong; on the host every id a run reads is checked
+ * (a sub-request without queries reads no page).
  * ------------------------------------------------------------------------------------------- */
 
 #define SWIFTKV_ATTENTION_DESC_VERSION 1
@@ -1151,7 +1152,9 @@ typedef struct swiftkv_attention_plan {
  * h*head_stride + d) elements, of V likewise from v_base. That covers vLLM's
  * [2, pages, B, H, D] (v_base = k_base + pages*B*H*D), FlashInfer's NHD and HND, cross-layer
  * pages [pages, L, 2, B, H, D] (the layer's K as k_base) and the library's own pools
- * (swiftkv_pool_get: k_base = layer_base[l], v_base = k_base + kv_stride). */
+ * (swiftkv_pool_get: k_base = layer_base[l], v_base = k_base + kv_stride). A run checks only
+ * what it reads: with no query tokens q, out and their strides are not read (NULL and 0 pass), with
+ * no KV tokens k_base, v_base, kv_indices, num_pages and the page strides likewise. */
 typedef struct swiftkv_attention_args {
   uint32_t size;              /* sizeof(swiftkv_attention_args) as the caller compiled it */
   uint32_t version;           /* SWIFTKV_ATTENTION_ARGS_VERSION */

@@ -64,12 +64,40 @@ static inline float att_bf16_to_f32(uint16_t h) {
   return f;
 }
 
+#ifdef __FLT16_MAX__
+typedef _Float16 att_f16;
+static inline att_f16 att_to_f16(float f) { return (att_f16)f; }
+static inline double att_from_f16(att_f16 h) { return (double)h; }
+#else
+/* Compilers without _Float16 on this target (clang 14 on x86-64): IEEE binary16 by hand,
+ * rounding to nearest even as the conversion instruction does. */
+typedef uint16_t att_f16;
+static inline att_f16 att_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  x &= 0x7fffffffu;
+  if (x >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (x > 0x7f800000u ? 0x200u : 0u));
+  if (x >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds past 65504 */
+  if (x < 0x38800000u) { /* a subnormal half: a multiple of 2^-24, exact scaling then rint */
+    return (uint16_t)(sign | (uint16_t)lrintf(fabsf(f) * 16777216.0f));
+  }
+  x += 0xc8000000u; /* exponent bias 127 -> 15 */
+  return (uint16_t)(sign | ((x + 0xfffu + ((x >> 13) & 1u)) >> 13));
+}
+static inline double att_from_f16(att_f16 h) {
+  const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  const double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+  return (h & 0x8000u) ? -v : v;
+}
+#endif
+
 /* Rounds v to the dtype and stores it at dst; returns the rounded value. */
 static inline double att_store(swiftkv_dtype t, void *dst, double v) {
   if (t == SWIFTKV_DTYPE_F16) {
-    _Float16 h = (_Float16)(float)v;
+    att_f16 h = att_to_f16((float)v);
     memcpy(dst, &h, 2);
-    return (double)h;
+    return att_from_f16(h);
   }
   if (t == SWIFTKV_DTYPE_BF16) {
     uint16_t b = att_f32_to_bf16((float)v);
@@ -83,9 +111,9 @@ static inline double att_store(swiftkv_dtype t, void *dst, double v) {
 
 static inline double att_load(swiftkv_dtype t, const void *src) {
   if (t == SWIFTKV_DTYPE_F16) {
-    _Float16 h;
+    att_f16 h;
     memcpy(&h, src, 2);
-    return (double)h;
+    return att_from_f16(h);
   }
   if (t == SWIFTKV_DTYPE_BF16) {
     uint16_t b;
