@@ -139,6 +139,47 @@ class Workers {
   std::vector<std::thread> threads_;
 };
 
+// The machine's copy limit for `bytes` of KV on a number of threads: one memcpy per page and K/V
+// (a page of `page_tokens` tokens) in a scattered order, or one large copy split evenly. The
+// memory is touched when it is made, before the first timing.
+class CopyLimit {
+ public:
+  CopyLimit(uint64_t bytes, uint32_t page_tokens, Workers &workers)
+      : workers_(workers), bytes_(bytes), src_(bytes), dst_(bytes),
+        run_(uint64_t{page_tokens} * kHeads * kDim * 2), runs_(bytes / run_) {
+    std::memset(src_.data(), 1, bytes);
+    std::memset(dst_.data(), 2, bytes);
+  }
+  // Seconds of one copy of the bytes each way.
+  double per_page_s() {
+    const uint64_t n = workers_.size();
+    return timed([&](unsigned h) {
+      for (uint64_t k = h * runs_ / n; k < (h + 1) * runs_ / n; ++k) {
+        const uint64_t p = (k * 2654435761u) % runs_;
+        std::memcpy(dst_.data() + p * run_, src_.data() + k * run_, run_);
+      }
+    });
+  }
+  double large_s() {
+    const uint64_t n = workers_.size();
+    return timed([&](unsigned h) {
+      const uint64_t from = h * bytes_ / n, to = (h + 1) * bytes_ / n;
+      std::memcpy(dst_.data() + from, src_.data() + from, to - from);
+    });
+  }
+
+ private:
+  double timed(const std::function<void(unsigned)> &fn) {
+    const double t0 = now_s();
+    workers_.run(fn);
+    return now_s() - t0;
+  }
+  Workers &workers_;
+  const uint64_t bytes_;
+  std::vector<std::byte> src_, dst_;
+  const uint64_t run_, runs_;  // one page's K (or V), and how many of them
+};
+
 // The copy engine's threads in a context made with the default config.
 unsigned engine_threads() {
   swiftkv_ctx *ctx = nullptr;
@@ -276,34 +317,13 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
   r.first_save_gbs = bytes / save_s / 1e9;
   r.first_load_gbs = bytes / load_s / 1e9;
 
-  // Baselines over the same bytes on the copy engine's number of threads: per page and K/V in a
-  // scattered order, and one large copy split evenly. Their memory is touched before the first
-  // repetition.
-  std::vector<std::byte> src(bytes), dst(bytes);
-  std::memset(src.data(), 1, bytes);
-  std::memset(dst.data(), 2, bytes);
-  const uint64_t run = uint64_t{page} * kHeads * kDim * 2;  // one page's K (or V)
-  const uint64_t runs = bytes / run;
-  const uint64_t n = workers.size();
-  const std::function<void(unsigned)> per_page = [&](unsigned h) {
-    for (uint64_t k = h * runs / n; k < (h + 1) * runs / n; ++k) {
-      const uint64_t p = (k * 2654435761u) % runs;
-      std::memcpy(dst.data() + p * run, src.data() + k * run, run);
-    }
-  };
-  const std::function<void(unsigned)> large = [&](unsigned h) {
-    const uint64_t from = h * bytes / n, to = (h + 1) * bytes / n;
-    std::memcpy(dst.data() + from, src.data() + from, to - from);
-  };
+  // Baselines over the same bytes on the copy engine's number of threads.
+  CopyLimit limit(bytes, page, workers);
   Samples samples;
   for (int rep = 1; rep <= reps + 1; ++rep) {  // the first of these warms up
     save_and_load(ctx, model, pool, pages, chunks, rep, nullptr, &save_s, &load_s);
-    double t0 = now_s();
-    workers.run(per_page);
-    const double tp = now_s() - t0;
-    t0 = now_s();
-    workers.run(large);
-    const double tl = now_s() - t0;
+    const double tp = limit.per_page_s();
+    const double tl = limit.large_s();
     if (rep > 1) samples.add(save_s, load_s, tp, tl);
   }
   samples.into(r, bytes);
@@ -370,31 +390,9 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
       std::exit(1);
     }
   }
-  // The copy limit: the request's bytes as one memcpy per page and K/V, scattered, or one large.
-  std::vector<std::byte> src(bytes), dst(bytes);
-  std::memset(src.data(), 1, bytes);
-  std::memset(dst.data(), 2, bytes);
-  const uint64_t run = uint64_t{16} * kHeads * kDim * 2;
-  const uint64_t runs = bytes / run, n = threads.size();
-  const std::function<void(unsigned)> per_page = [&](unsigned h) {
-    for (uint64_t k = h * runs / n; k < (h + 1) * runs / n; ++k) {
-      const uint64_t p = (k * 2654435761u) % runs;
-      std::memcpy(dst.data() + p * run, src.data() + k * run, run);
-    }
-  };
-  const std::function<void(unsigned)> large = [&](unsigned h) {
-    const uint64_t from = h * bytes / n, to = (h + 1) * bytes / n;
-    std::memcpy(dst.data() + from, src.data() + from, to - from);
-  };
-  // The faster of the two ways to copy the bytes, as in the table above.
-  auto copy_limit_s = [&] {
-    double t0 = now_s();
-    threads.run(per_page);
-    const double a = now_s() - t0;
-    t0 = now_s();
-    threads.run(large);
-    return std::min(a, now_s() - t0);
-  };
+  // The copy limit: the faster of the two ways to copy the bytes, as in the table above.
+  CopyLimit limit(bytes, 16, threads);
+  auto copy_limit_s = [&] { return std::min(limit.per_page_s(), limit.large_s()); };
   std::vector<double> t0s;
   for (int i = 0; i < 5; ++i) t0s.push_back(copy_limit_s());
   std::sort(t0s.begin(), t0s.end());
