@@ -115,6 +115,7 @@ Error = _capi.Error
 /* These handle Python objects, so they keep the GIL. */
 %nothread swiftkv_py_pointer_array;
 %nothread swiftkv_py_address;
+%nothread swiftkv_py_lookup;
 
 /* --- Statuses ------------------------------------------------------------------------------ */
 %typemap(out) swiftkv_status {
@@ -308,5 +309,47 @@ PyObject *swiftkv_py_address(PyObject *o) {
   PyObject *r = PyLong_FromVoidPtr(view.buf);
   PyBuffer_Release(&view);
   return r;
+}
+
+/* Model.lookup in one call with no struct proxies (a lookup is on an engine's hot path): tokens
+ * is a C-contiguous buffer of uint32 (format "I"), used in place. Returns (chunks, prefix_tokens,
+ * dropped_head_tokens, loadable_tokens, (peer, host, disk), residency) with residency a
+ * bytearray of one swiftkv_tier per full chunk. The GIL is released around the lookup. */
+PyObject *swiftkv_py_lookup(swiftkv_ctx *ctx, uint32_t model, PyObject *tokens,
+                            uint32_t chunk_tokens) {
+  Py_buffer view;
+  if (!swiftkv_py_buffer(tokens, &view, 0, 4, "lookup")) return NULL;
+  const char *fmt = view.format == NULL ? "B" : view.format;
+  if (fmt[0] == '<' || fmt[0] == '=' || fmt[0] == '@') ++fmt;
+  if (strcmp(fmt, "I") != 0) { /* 4-byte items that are not uint32 (int32, float) */
+    PyBuffer_Release(&view);
+    PyErr_SetString(PyExc_TypeError, "lookup: tokens must be uint32");
+    return NULL;
+  }
+  const size_t n_tokens = (size_t)(view.len / 4);
+  const size_t chunks = chunk_tokens == 0 ? 0 : n_tokens / chunk_tokens;
+  PyObject *residency = PyByteArray_FromStringAndSize(NULL, (Py_ssize_t)chunks);
+  if (residency == NULL) {
+    PyBuffer_Release(&view);
+    return NULL;
+  }
+  swiftkv_lookup_result r = SWIFTKV_LOOKUP_RESULT_INIT;
+  swiftkv_status st;
+  Py_BEGIN_ALLOW_THREADS
+  st = swiftkv_lookup(&r, (uint8_t *)PyByteArray_AS_STRING(residency), chunks, ctx, model,
+                      (const uint32_t *)view.buf, n_tokens);
+  Py_END_ALLOW_THREADS
+  PyBuffer_Release(&view);
+  if (!swiftkv_py_check(st)) {
+    Py_DECREF(residency);
+    return NULL;
+  }
+  return Py_BuildValue("(KKKK(KKK)N)", (unsigned long long)r.chunks,
+                       (unsigned long long)r.prefix_tokens,
+                       (unsigned long long)r.dropped_head_tokens,
+                       (unsigned long long)r.loadable_tokens,
+                       (unsigned long long)r.chunks_per_tier[0],
+                       (unsigned long long)r.chunks_per_tier[1],
+                       (unsigned long long)r.chunks_per_tier[2], residency);
 }
 %}

@@ -250,14 +250,29 @@ void Request::start_load(void *stream) {
   }
 }
 
+void Request::fail_order(const std::string &call) const {
+  std::string next;
+  if (info_.layers_loaded > info_.layers_saved) {
+    next = "save_layer(" + std::to_string(info_.layers_saved) + ")";
+  } else if (info_.layers_loaded < layers_) {
+    next = "wait_layer_load(" + std::to_string(info_.layers_loaded) + ")";
+  } else {
+    next = "wait_save";
+  }
+  fail(SWIFTKV_ESTATE, call + " out of order: a request goes layer by layer, wait_layer_load(l) "
+                       "then save_layer(l) before layer l+1 (layer l's pages are loaded before "
+                       "the engine computes into them, and saved before the next layer's load "
+                       "may reuse stream pages); " + std::to_string(info_.layers_loaded) +
+                       " of " + std::to_string(layers_) + " layers waited for, " +
+                       std::to_string(info_.layers_saved) + " saved, next is " + next);
+}
+
 uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
   std::unique_lock lock(mu_);
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
   check_layer(layer);
   if (layer != info_.layers_loaded || info_.layers_saved != layer) {
-    fail(SWIFTKV_ESTATE, "wait_layer_load(" + std::to_string(layer) + ") out of order: layer " +
-                             std::to_string(info_.layers_loaded) + " is next to wait for, and " +
-                             std::to_string(info_.layers_saved) + " layers are saved");
+    fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   }
   if (device()) {
     if (peer_loads_) {
@@ -287,9 +302,7 @@ void Request::save_layer(uint32_t layer, void *stream) {
   std::lock_guard lock(mu_);
   check_layer(layer);
   if (layer != info_.layers_saved || info_.layers_loaded != layer + 1) {
-    fail(SWIFTKV_ESTATE, "save_layer(" + std::to_string(layer) + ") out of order: " +
-                             std::to_string(info_.layers_loaded) + " layers waited for, " +
-                             std::to_string(info_.layers_saved) + " saved");
+    fail_order("save_layer(" + std::to_string(layer) + ")");
   }
   if (device()) {
     std::vector<std::byte *> dsts;

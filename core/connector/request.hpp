@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "core/pool/kv_pool.hpp"
@@ -94,6 +95,8 @@ class Request {
   void task_done(bool load, uint32_t layer);
   void fail_chunk(size_t i);
   void check_layer(uint32_t layer) const;  // EINVAL past the model's layers
+  // The ESTATE message of a call out of order: what came, the order, what is due next.
+  [[noreturn]] void fail_order(const std::string &call) const;
   // The device path.
   void make_device_transfer();
   void enqueue_device_load_locked(uint32_t layer, int after_save_layer);

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 from . import capi as _c
+from .tensors import HOST as _HOST, TensorInfo, host_array as _host_array, stream_handle, tensor_info
 
 __all__ = [
     "Error", "Status", "DType", "Tier", "Role", "EvictionPolicy", "MemoryKind", "CudaAlloc",
@@ -37,7 +38,8 @@ __all__ = [
     "device_count",
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
     "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
-    "MODEL_ALL", "TIERS_ALL",
+    "MODEL_ALL", "TIERS_ALL", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
+    "POOL_LAYOUTS",
 ]
 
 # --- Errors and enums ----------------------------------------------------------------------------
@@ -79,10 +81,44 @@ class DType(enum.IntEnum):
 
 
 class Tier(enum.IntEnum):
+    """A tier's number (swiftkv_tier): what residency and events report. Masks of tiers (clear's
+    tier_mask) are bits: ``Tier.HOST.bit`` or ``tier_mask(Tier.HOST, Tier.DISK)``."""
+
     PEER = _c.SWIFTKV_TIER_PEER
     HOST = _c.SWIFTKV_TIER_HOST
     DISK = _c.SWIFTKV_TIER_DISK
     DROPPED = _c.SWIFTKV_TIER_DROPPED
+
+    @property
+    def bit(self) -> int:
+        """This tier's bit in a tier mask (SWIFTKV_TIER_BIT)."""
+        if self is Tier.DROPPED:
+            raise ValueError("DROPPED is not a tier a mask can name")
+        return 1 << int(self)
+
+
+def tier_mask(*tiers) -> int:
+    """The mask of the given tiers (each a Tier, or an iterable of them)."""
+    mask = 0
+    for t in tiers:
+        if isinstance(t, Tier):
+            mask |= t.bit
+        elif isinstance(t, int):
+            raise TypeError("tier_mask takes Tier values; a plain int is ambiguous (a tier "
+                            "number or already a mask)")
+        else:
+            mask |= tier_mask(*t)
+    return mask
+
+
+def _mask(tiers) -> int:
+    """clear's tier_mask argument: a Tier or an iterable of them means their bits; a plain int
+    is a mask already (TIERS_ALL, Tier.HOST.bit)."""
+    if isinstance(tiers, Tier):
+        return tiers.bit
+    if isinstance(tiers, int):
+        return tiers
+    return tier_mask(*tiers)
 
 
 class Role(enum.IntEnum):
@@ -272,7 +308,7 @@ class Context:
             _c.swiftkv_py_ctx_config_set_clock(c, clock)
         self._clock = clock  # the library calls it for the context's life
         _, self._h = _c.swiftkv_ctx_create(c)
-        self._children: list = []
+        self._children: dict = {}  # id -> open child, in creation order
         self._event_fn = None
         self._lock = threading.Lock()
 
@@ -287,7 +323,7 @@ class Context:
         with self._lock:
             if self._h is None:
                 return
-            for child in reversed(self._children):
+            for child in reversed(list(self._children.values())):
                 child.close()
             self._children.clear()
             if self._event_fn is not None:
@@ -309,8 +345,12 @@ class Context:
             pass
 
     def _adopt(self, child):
-        self._children.append(child)
+        self._children[id(child)] = child
         return child
+
+    def _forget(self, child) -> None:
+        """child was closed by its owner: the context stops holding it."""
+        self._children.pop(id(child), None)
 
     def config(self) -> dict:
         out = _c.swiftkv_ctx_config_init()
@@ -369,9 +409,10 @@ class Context:
         _c.swiftkv_py_set_chunk_event_callback(self.handle, trampoline)
         self._event_fn = trampoline  # held until replaced: the library points to it
 
-    def clear(self, tier_mask: int = TIERS_ALL) -> int:
-        """Drops the unpinned chunks of every model in the tiers of tier_mask."""
-        _, n = _c.swiftkv_clear(self.handle, MODEL_ALL, tier_mask, None)
+    def clear(self, tier_mask=TIERS_ALL) -> int:
+        """Drops the unpinned chunks of every model in the given tiers: a Tier, several, or a
+        mask (TIERS_ALL, tier_mask(...))."""
+        _, n = _c.swiftkv_clear(self.handle, MODEL_ALL, _mask(tier_mask), None)
         return n
 
 
@@ -379,9 +420,25 @@ class Context:
 
 
 def _tokens(tokens):
+    """Tokens as a C-contiguous uint32 numpy array: a uint32 array passes as it is (no copy);
+    other integer arrays (torch int64 input_ids, lists) are converted, values checked."""
     import numpy as np
 
-    return np.ascontiguousarray(tokens, dtype=np.uint32)
+    if type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.flags.c_contiguous:
+        return tokens
+    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # a torch tensor
+        tokens = tokens.detach().cpu().numpy()
+    a = np.asarray(tokens)
+    if a.dtype == np.uint32:
+        return np.ascontiguousarray(a)
+    if a.size == 0:
+        return np.zeros(0, np.uint32)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"tokens must be integers, not {a.dtype}")
+    # One pass: a negative value or one of 2**32 and more has bits above the low 32.
+    if (a < 0).any() if a.itemsize <= 4 else (a >> 32).any():
+        raise ValueError("tokens must be in [0, 2**32)")
+    return np.ascontiguousarray(a, dtype=np.uint32)
 
 
 class Model:
@@ -398,22 +455,21 @@ class Model:
         chunk, as a numpy uint8 array)."""
         import numpy as np
 
-        t = _tokens(tokens)
-        res = np.zeros(len(t) // self.desc.chunk_tokens, dtype=np.uint8)
-        out = _c.swiftkv_lookup_result_init()
-        _c.swiftkv_lookup(out, res, self.ctx.handle, self.id, t)
-        d = _struct_fields(out)
-        d["chunks_per_tier"] = list(d["chunks_per_tier"]) if not isinstance(
-            d["chunks_per_tier"], list) else d["chunks_per_tier"]
-        d["residency"] = res
-        return d
+        if (type(tokens) is not np.ndarray or tokens.dtype.char != "I"
+                or not tokens.flags.c_contiguous):
+            tokens = _tokens(tokens)  # a list, int64 arrays and tensors: converted, checked
+        r = _c.swiftkv_py_lookup(self.ctx.handle, self.id, tokens, self.desc.chunk_tokens)
+        return {"chunks": r[0], "prefix_tokens": r[1], "dropped_head_tokens": r[2],
+                "loadable_tokens": r[3], "chunks_per_tier": list(r[4]),
+                "residency": np.frombuffer(r[5], dtype=np.uint8)}
 
     def store(self, tokens, kv) -> int:
         """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached.
 
         A chunk that cannot be written raises Error(EIO) with ``.cached_tokens``: the leading
         tokens cached before it, which stay cached."""
-        st, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens), kv)
+        st, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens),
+                                 _host_array(kv, writable=False, what="store"))
         if st < 0:
             e = Error(st, _c.swiftkv_last_error_message())
             e.cached_tokens = n
@@ -422,7 +478,8 @@ class Model:
 
     def retrieve(self, tokens, start_token: int, out) -> int:
         """Copies cached chunks from start_token into out; the tokens copied."""
-        _, n = _c.swiftkv_retrieve(self.ctx.handle, self.id, _tokens(tokens), start_token, out)
+        _, n = _c.swiftkv_retrieve(self.ctx.handle, self.id, _tokens(tokens), start_token,
+                                   _host_array(out, writable=True, what="retrieve"))
         return n
 
     def borrow(self, lender: "Elastic", max_units: int) -> int:
@@ -442,9 +499,11 @@ class Model:
     def unpin(self, tokens) -> None:
         _c.swiftkv_unpin(self.ctx.handle, self.id, _tokens(tokens))
 
-    def clear(self, tokens=None, tier_mask: int = TIERS_ALL) -> int:
+    def clear(self, tokens=None, tier_mask=TIERS_ALL) -> int:
+        """Drops this model's unpinned chunks (of tokens, or all) in the given tiers: a Tier,
+        several, or a mask."""
         t = None if tokens is None else _tokens(tokens)
-        _, n = _c.swiftkv_clear(self.ctx.handle, self.id, tier_mask, t)
+        _, n = _c.swiftkv_clear(self.ctx.handle, self.id, _mask(tier_mask), t)
         return n
 
     def move(self, tokens, to: Tier) -> int:
@@ -456,35 +515,163 @@ class Model:
         return self.ctx._adopt(Pool(self, pid, None))
 
     def pool_register(self, layers: Sequence, *, page_stride: int, kv_stride: int,
-                      token_stride: int, head_stride: int, stream_first: int = 0,
-                      stream_pages: int = 0, num_pages: Optional[int] = None,
+                      token_stride: int, head_stride: int, num_pages: int,
+                      stream_first: int = 0, stream_pages: int = 0,
                       layer_span_bytes: Optional[int] = None) -> "Pool":
-        """Registers the engine's own per-layer tensors (numpy arrays, or int addresses with
-        num_pages and layer_span_bytes); strides in elements. The tensors must outlive the pool."""
-        import numpy as np
-
-        addrs, keep = [], list(layers)
-        for t in layers:
-            addrs.append(t if isinstance(t, int) else _c.swiftkv_py_address(t))
-        if num_pages is None:
-            num_pages = int(layers[0].shape[0])
+        """Registers the engine's own per-layer tensors, described by hand: strides in
+        elements, num_pages pages per layer. Each layer is any array object (see
+        swiftkv.tensors) or an int address; layer_span_bytes defaults to the first layer's
+        reach. pool_from_tensors reads all of this from the tensors. The tensors must outlive
+        the pool."""
+        infos = [tensor_info(t) for t in layers]
+        for i, t in enumerate(infos):
+            self._check_device(t, f"layer {i}")
         if layer_span_bytes is None:
-            layer_span_bytes = int(layers[0].nbytes)
-        bases = _c.swiftkv_py_pointer_array(addrs)
+            if not infos or not infos[0].shape:
+                raise TypeError("pool_register: pass layer_span_bytes with int addresses")
+            layer_span_bytes = infos[0].span_bytes
+        return self._register(layers, [t.address for t in infos], num_pages, stream_first,
+                              stream_pages, layer_span_bytes,
+                              (page_stride, kv_stride, token_stride, head_stride))
+
+    def pool_from_tensors(self, layers, layout: str = "auto", *, stream_first: int = 0,
+                          stream_pages: int = 0) -> "Pool":
+        """Registers an engine's KV tensors as a pool, reading pages, strides, element type and
+        device from the tensors themselves (torch, numpy, cupy: anything swiftkv.tensors
+        reads). ``layers`` is one tensor per layer, or one cross-layer tensor. Layouts (see
+        POOL_LAYOUTS): 'vllm' [2, pages, B, H, D], 'nhd' [pages, 2, B, H, D], 'hnd'
+        [pages, 2, H, B, D], 'cross_layer' [pages, L, 2, B, H, D]; 'auto' picks the one the
+        shapes fit. A shape that contradicts the model raises ValueError naming the dimension.
+        The tensors must outlive the pool."""
+        m = self.desc
+        single = not isinstance(layers, (list, tuple))
+        tensors = [layers] if single else list(layers)
+        if not tensors:
+            raise ValueError("pool_from_tensors: no tensors")
+        infos = [tensor_info(t) for t in tensors]
+        expect = {"kv": 2, "pages": None, "block_tokens": m.block_tokens,
+                  "kv_heads": m.num_kv_heads, "head_dim": m.head_dim, "layers": m.num_layers}
+        model_field = {"block_tokens": "block_tokens",
+                       "kv_heads": "num_kv_heads", "head_dim": "head_dim",
+                       "layers": "num_layers"}
+
+        def mismatches(shape, name):
+            dims = POOL_LAYOUTS[name]
+            if len(shape) != len(dims):
+                return [f"{len(shape)} dimensions, layout {name!r} has {len(dims)} "
+                        f"{list(dims)}"]
+            return [f"dimension {i} ({d}) is {shape[i]}, not 2 (K and V)" if d == "kv" else
+                    f"dimension {i} ({d}) is {shape[i]} but model {m.name!r} has "
+                    f"{model_field[d]}={expect[d]}"
+                    for i, d in enumerate(dims) if expect[d] is not None and shape[i] != expect[d]]
+
+        shape0 = infos[0].shape
+        if layout == "auto":
+            names = ["cross_layer"] if single else ["vllm", "nhd", "hnd"]
+            fits = [n for n in names if not mismatches(shape0, n)]
+            if len(fits) > 1:
+                raise ValueError(f"pool_from_tensors: shape {shape0} fits layouts {fits}; pass "
+                                 "layout=")
+            if not fits:
+                guess = names[0] if single or shape0[:1] == (2,) else "nhd"
+                raise ValueError(f"pool_from_tensors: layer 0 has shape {shape0}: as layout "
+                                 f"{guess!r}, " + "; ".join(mismatches(shape0, guess)))
+            layout = fits[0]
+        if layout not in POOL_LAYOUTS:
+            raise ValueError(f"unknown layout {layout!r}: one of {sorted(POOL_LAYOUTS)} or 'auto'")
+        if (layout == "cross_layer") != single:
+            raise ValueError("layout 'cross_layer' takes one tensor; the others a list of "
+                             "one tensor per layer")
+        if not single and len(infos) != m.num_layers:
+            raise ValueError(f"pool_from_tensors: {len(infos)} tensors but model {m.name!r} has "
+                             f"num_layers={m.num_layers}")
+        item = dtype_size(m.dtype)
+        for i, t in enumerate(infos):
+            what = f"layer {i}" if not single else "the tensor"
+            bad = mismatches(t.shape, layout)
+            if bad:
+                raise ValueError(f"pool_from_tensors: {what} has shape {t.shape}: " +
+                                 "; ".join(bad))
+            if (t.shape, t.strides, t.itemsize, t.device) != (
+                    shape0, infos[0].strides, infos[0].itemsize, infos[0].device):
+                raise ValueError(f"pool_from_tensors: {what} differs from layer 0 in shape, "
+                                 "strides, element type or device")
+            if not _dtype_fits(m.dtype, t):
+                raise ValueError(f"pool_from_tensors: {what} has {t.itemsize}-byte "
+                                 f"{_KIND_NAMES.get(t.kind, t.kind)} elements but model "
+                                 f"{m.name!r} is {DType(m.dtype).name} ({item} bytes)")
+            self._check_device(t, what)
+        dims = POOL_LAYOUTS[layout]
+        stride = dict(zip(dims, infos[0].strides))
+        if stride["head_dim"] != 1:
+            raise ValueError(f"pool_from_tensors: head_dim must be the innermost, contiguous "
+                             f"dimension (its stride is {stride['head_dim']} elements)")
+        num_pages = shape0[dims.index("pages")]
+        if single:
+            t = infos[0]
+            sub = [i for i, d in enumerate(dims) if d != "layers"]
+            view = TensorInfo(t.address, tuple(t.shape[i] for i in sub),
+                              tuple(t.strides[i] for i in sub), t.itemsize, t.kind, t.device)
+            bases = [t.address + l * stride["layers"] * t.itemsize for l in range(m.num_layers)]
+            span = view.span_bytes
+        else:
+            bases = [t.address for t in infos]
+            span = infos[0].span_bytes
+        return self._register(tensors, bases, num_pages, stream_first, stream_pages, span,
+                              (stride["pages"], stride["kv"], stride["block_tokens"],
+                               stride["kv_heads"]))
+
+    def _check_device(self, t: TensorInfo, what: str) -> None:
+        if not t.shape:
+            return  # an int address: nothing known
+        dev = self.desc.device
+        if dev == DEVICE_HOST and t.device != _HOST:
+            raise ValueError(f"{what} is CUDA memory (device {t.device}) but model "
+                             f"{self.desc.name!r} is on the host")
+        if dev != DEVICE_HOST and t.device != dev:
+            where = "host memory" if t.device == _HOST else f"on CUDA device {t.device}"
+            raise ValueError(f"{what} is {where} but model {self.desc.name!r} is on CUDA "
+                             f"device {dev}")
+
+    def _register(self, keep, addresses, num_pages, stream_first, stream_pages, span,
+                  strides) -> "Pool":
+        bases = _c.swiftkv_py_pointer_array(addresses)
         d = _c.swiftkv_pool_desc_init()
         d.num_pages = num_pages
         d.stream_first = stream_first
         d.stream_pages = stream_pages
         d.layer_base = bases
-        d.layer_span_bytes = layer_span_bytes
-        d.page_stride, d.kv_stride = page_stride, kv_stride
-        d.token_stride, d.head_stride = token_stride, head_stride
+        d.layer_span_bytes = span
+        d.page_stride, d.kv_stride, d.token_stride, d.head_stride = strides
         _, pid = _c.swiftkv_pool_register(self.ctx.handle, self.id, d)
-        return self.ctx._adopt(Pool(self, pid, (keep, bases)))
+        return self.ctx._adopt(Pool(self, pid, (list(keep) if isinstance(keep, (list, tuple))
+                                                else [keep], bases)))
 
     def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0) -> "Request":
         """Begins an engine request (swiftkv_request_begin); use it as a context manager."""
         return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens))
+
+
+# Dimension names of the pool layouts pool_from_tensors reads.
+POOL_LAYOUTS = {
+    "vllm": ("kv", "pages", "block_tokens", "kv_heads", "head_dim"),
+    "nhd": ("pages", "kv", "block_tokens", "kv_heads", "head_dim"),
+    "hnd": ("pages", "kv", "kv_heads", "block_tokens", "head_dim"),
+    "cross_layer": ("pages", "layers", "kv", "block_tokens", "kv_heads", "head_dim"),
+}
+_KIND_NAMES = {"f": "float", "bf": "bfloat", "i": "int", "u": "uint"}
+
+
+def _dtype_fits(dtype, t: TensorInfo) -> bool:
+    """Whether elements of t can hold the model's dtype (same size; floats where it is one)."""
+    if t.itemsize != dtype_size(dtype):
+        return False
+    d = DType(dtype)
+    if d in (DType.F16, DType.F32):
+        return t.kind == "f"
+    if d == DType.BF16:
+        return t.kind in ("bf", "u", "i")  # bfloat16, or its bits as 16-bit integers
+    return True  # FP8 and I8: any 1-byte element
 
 
 # --- The lender's elastic region ------------------------------------------------------------------
@@ -521,6 +708,7 @@ class Elastic:
         if self._h is not None:
             _c.swiftkv_elastic_destroy(self._h)
             self._h = None
+            self.ctx._forget(self)
 
     def layer_view(self, layer: int) -> dict:
         out = _c.swiftkv_layer_view_init()
@@ -592,6 +780,7 @@ class Pool:
         if self._open and self.model.ctx._h is not None:
             _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
         self._open = False
+        self.model.ctx._forget(self)
 
     def describe(self) -> dict:
         d = _c.swiftkv_pool_desc_init()
@@ -631,8 +820,10 @@ class Request:
     def __init__(self, model, pool, tokens, pages, load_from_tokens):
         import numpy as np
 
-        self.model = model
+        self.model, self.pool = model, pool
         self._tokens = _tokens(tokens)
+        if hasattr(pages, "detach") and hasattr(pages, "cpu"):  # a torch tensor
+            pages = pages.detach().cpu().numpy()
         self._pages = np.ascontiguousarray(pages, dtype=np.int32)
         d = _c.swiftkv_request_desc_init()
         d.pool = pool.id
@@ -646,18 +837,21 @@ class Request:
         self.final: Optional[dict] = None
 
     def start_load(self, stream=None) -> None:
-        _c.swiftkv_start_load(self.model.ctx.handle, self.id, stream)
+        """Starts the loads; stream: the engine's CUDA stream for a device pool (an int, a
+        torch.cuda.Stream or a cupy Stream), None on the host."""
+        _c.swiftkv_start_load(self.model.ctx.handle, self.id, stream_handle(stream))
 
     def wait_layer_load(self, layer: int, stream=None) -> int:
         """Layer `layer` is loaded; returns valid_end_tokens (the engine recomputes the rest)."""
-        _, v = _c.swiftkv_wait_layer_load(self.model.ctx.handle, self.id, layer, stream)
+        _, v = _c.swiftkv_wait_layer_load(self.model.ctx.handle, self.id, layer,
+                                          stream_handle(stream))
         return v
 
     def save_layer(self, layer: int, stream=None) -> None:
-        _c.swiftkv_save_layer(self.model.ctx.handle, self.id, layer, stream)
+        _c.swiftkv_save_layer(self.model.ctx.handle, self.id, layer, stream_handle(stream))
 
     def wait_save(self, stream=None) -> int:
-        _, n = _c.swiftkv_wait_save(self.model.ctx.handle, self.id, stream)
+        _, n = _c.swiftkv_wait_save(self.model.ctx.handle, self.id, stream_handle(stream))
         return n
 
     def info(self) -> dict:
@@ -671,6 +865,7 @@ class Request:
             _c.swiftkv_request_finish(out, self.model.ctx.handle, self.id)
             self.final = _struct_fields(out)
             self._open = False
+            self.model.ctx._forget(self)  # the context holds open requests only
         return self.final
 
     close = finish
@@ -680,6 +875,26 @@ class Request:
 
     def __exit__(self, *exc):
         self.finish()
+
+
+def _address(obj) -> Optional[int]:
+    """The address of an array object's first element (None stays None: NULL)."""
+    return None if obj is None else tensor_info(obj).address
+
+
+def _device_of(obj) -> int:
+    """Where an array object's memory is; a plain sequence (a list) is host data."""
+    if isinstance(obj, (list, tuple, range)):
+        return _HOST
+    return tensor_info(obj).device
+
+
+def _tokens_like(values, dtype):
+    import numpy as np
+
+    if hasattr(values, "detach") and hasattr(values, "cpu"):
+        values = values.detach().cpu().numpy()
+    return np.ascontiguousarray(values, dtype=dtype)
 
 
 # --- Multi-token paged attention -------------------------------------------------------------------
@@ -738,11 +953,13 @@ class AttentionPlan:
         kv = np.ascontiguousarray(kv_indptr, dtype=np.int32)
         last = np.ascontiguousarray(kv_last_page_len, dtype=np.int32)
         if workspace_bytes is None:
-            workspace_bytes = workspace.nbytes
+            workspace_bytes = tensor_info(workspace).nbytes
         self.workspace = workspace
+        self._workspace_address = _address(workspace)
         self.plan = _c.swiftkv_attention_plan_init()
         _c.swiftkv_attention_plan_make(self.plan, desc.struct(), qo, kv, last, len(last),
-                                       workspace, workspace_bytes, stream)
+                                       self._workspace_address, workspace_bytes,
+                                       stream_handle(stream))
 
     def counts(self) -> dict:
         d = _struct_fields(self.plan)
@@ -752,24 +969,31 @@ class AttentionPlan:
     def run(self, q, k_base, v_base, kv_indices, out, *, page_stride, token_stride, head_stride,
             num_pages, lse=None, q_strides=None, out_strides=None, stream=None) -> None:
         """q and out: [tokens, heads, head_dim]; k_base/v_base: page 0 of K and V; strides in
-        elements (q_strides / out_strides default to the arrays' own)."""
+        elements (q_strides / out_strides default to the arrays' own). Every array may be any
+        array object (numpy, torch, cupy; see swiftkv.tensors) or an int address."""
         import numpy as np
 
         a = _c.swiftkv_attention_args_init()
-        idx = np.ascontiguousarray(kv_indices, dtype=np.int32)
+        if isinstance(kv_indices, int) or _device_of(kv_indices) != _HOST:
+            idx = kv_indices
+        else:
+            idx = _tokens_like(kv_indices, np.int32)
 
         def elem_strides(arr, given):
             if given is not None:
                 return given
-            return arr.strides[0] // arr.itemsize, arr.strides[1] // arr.itemsize
+            t = tensor_info(arr)
+            if len(t.strides) < 2:
+                raise TypeError("pass q_strides / out_strides with int addresses")
+            return t.strides[0], t.strides[1]
 
-        a.q = q
+        a.q = _address(q)
         a.q_token_stride, a.q_head_stride = elem_strides(q, q_strides)
-        a.k_base, a.v_base = k_base, v_base
+        a.k_base, a.v_base = _address(k_base), _address(v_base)
         a.page_stride, a.token_stride, a.head_stride = page_stride, token_stride, head_stride
         a.num_pages = num_pages
-        a.kv_indices = idx
-        a.out = out
+        a.kv_indices = _address(idx)
+        a.out = _address(out)
         a.out_token_stride, a.out_head_stride = elem_strides(out, out_strides)
-        a.lse = lse
-        _c.swiftkv_attention_run(self.plan, a, self.workspace, stream)
+        a.lse = _address(lse)
+        _c.swiftkv_attention_run(self.plan, a, self._workspace_address, stream_handle(stream))
