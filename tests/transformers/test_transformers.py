@@ -1,0 +1,162 @@
+"""SwiftKVCache under transformers: small Llama and Qwen2 models with random weights (configs
+built here; nothing downloaded) serve multi-turn conversations through libswiftkv, from host
+memory, from disk (also through a new context on the same disk path) and from lent memory.
+Every turn computes only the tokens after the cached prefix, and its logits are compared with a
+full recompute of the whole conversation.
+
+Tolerance: none. With eager attention on the CPU in float32 the logits are bit-identical
+(torch.equal): the cached K/V are the very bytes the model computed, and each row computed is
+the same row with the same reductions. (Fused SDPA attention needs torch >= 2.1.1 in this
+transformers, newer than Debian's 1.13.)"""
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+import swiftkv
+from swiftkv.integrations.transformers import SwiftKVCache, model_desc
+
+CHUNK = 32
+VOCAB = 256
+
+
+def make_model(family: str):
+    torch.manual_seed({"llama": 1, "qwen2": 2}[family])
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    if family == "llama":
+        cfg, cls = LlamaConfig(**common), LlamaForCausalLM
+    else:
+        cfg, cls = Qwen2Config(**common), Qwen2ForCausalLM
+    cfg._attn_implementation = "eager"
+    return cls(cfg).eval()
+
+
+def conversation(seed: int, turns: int):
+    """Turn k's whole conversation: the previous one plus an answer and a new question."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (1, 70), generator=g)
+    out = [ids]
+    for _ in range(turns - 1):
+        ids = torch.cat([ids, torch.randint(0, VOCAB, (1, 45), generator=g)], 1)
+        out.append(ids)
+    return out
+
+
+def serve(cache, model, turns, prev_tokens=0):
+    """Runs the turns; checks cached tokens and logits against a full recompute."""
+    cached = []
+    with torch.no_grad():
+        for ids in turns:
+            out = cache.prefill(model, ids)
+            full = model(ids).logits[0, out.cached_tokens:]
+            assert torch.equal(out.logits[0], full)
+            # Everything the last turn saw is cached, in whole chunks.
+            assert out.cached_tokens == (prev_tokens // CHUNK) * CHUNK
+            cached.append(out.cached_tokens)
+            prev_tokens = ids.shape[1]
+    return cached
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_host_tier_multi_turn(family):
+    model = make_model(family)
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(model_desc(model.config, f"{family}-random-1", chunk_tokens=CHUNK))
+        cache = SwiftKVCache(km, max_tokens=512)
+        cached = serve(cache, model, conversation(3, 4))
+        assert cached == [0, 64, 96, 160]
+        assert ctx.stats()["chunks"][swiftkv.Tier.HOST] == 205 // CHUNK
+
+
+def test_disk_tier_and_a_new_context(tmp_path):
+    model = make_model("llama")
+    desc = model_desc(model.config, "llama-random-1", chunk_tokens=CHUNK)
+    turns = conversation(4, 4)
+    # No host memory: every chunk saved goes to disk.
+    with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(desc)
+        serve(SwiftKVCache(km, max_tokens=512), model, turns[:3])
+        assert km.lookup(turns[2][0])["chunks_per_tier"] == [0, 0, 160 // CHUNK]
+    # A later process: the same disk path serves the conversation's next turn.
+    with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(desc)
+        assert km.lookup(turns[3][0])["prefix_tokens"] == 160
+        serve(SwiftKVCache(km, max_tokens=512), model, turns[3:], prev_tokens=turns[2].shape[1])
+
+
+def test_lent_memory():
+    model = make_model("qwen2")
+    desc = model_desc(model.config, "qwen2-random-1", chunk_tokens=CHUNK)
+    lender = swiftkv.ModelDesc("lender", num_layers=4, num_kv_heads=2, head_dim=16,
+                               dtype=swiftkv.DType.F32)
+    _, unit_blocks = swiftkv.lend_unit(desc, lender)
+    region_bytes = unit_blocks * 8 * lender.block_tokens * lender.bytes_per_token
+    # The host budget holds the region (host memory here, as a lender's GPU memory on a GPU
+    # machine) and nothing more: no host tier, no disk tier, only the borrowed memory.
+    with swiftkv.Context(host_budget_bytes=region_bytes) as ctx:
+        km = ctx.register_model(desc)
+        region = ctx.elastic(lender, desc, capacity_blocks=unit_blocks * 8)
+        km.borrow(region, 8)
+        turns = conversation(5, 3)
+        serve(SwiftKVCache(km, max_tokens=512), model, turns)
+        assert km.lookup(turns[-1][0])["chunks_per_tier"][swiftkv.Tier.PEER] == 160 // CHUNK
+
+
+def test_different_weights_under_different_names_never_share():
+    a, b = make_model("llama"), make_model("llama")
+    with torch.no_grad():
+        b.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        ka = ctx.register_model(model_desc(a.config, "llama-rev-a", chunk_tokens=CHUNK))
+        kb = ctx.register_model(model_desc(b.config, "llama-rev-b", chunk_tokens=CHUNK))
+        turns = conversation(6, 2)
+        serve(SwiftKVCache(ka, max_tokens=512), a, turns)
+        # b has its own keys: nothing of a's is served to it.
+        assert serve(SwiftKVCache(kb, max_tokens=512), b, turns) == [0, 64]
+
+
+def test_decoding_after_a_turn():
+    model = make_model("llama")
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(model_desc(model.config, "llama-decode", chunk_tokens=CHUNK))
+        cache = SwiftKVCache(km, max_tokens=512)
+        turns = conversation(7, 3)
+        serve(cache, model, turns)
+        # Greedy decoding after the last turn's prefill, as with DynamicCache.
+        ids = turns[-1]
+        with torch.no_grad():
+            out = cache.prefill(model, ids)
+            got = []
+            nxt = out.logits[0, -1].argmax()
+            for i in range(6):
+                got.append(int(nxt))
+                pos = torch.tensor([[ids.shape[1] + i]])
+                step = model(input_ids=nxt.view(1, 1), past_key_values=cache, use_cache=True,
+                             position_ids=pos, cache_position=pos[0])
+                nxt = step.logits[0, -1].argmax()
+            want, seq = [], ids
+            for _ in range(6):
+                t = model(seq).logits[0, -1].argmax()
+                want.append(int(t))
+                seq = torch.cat([seq, t.view(1, 1)], 1)
+        assert got == want
+
+
+def test_wrong_use_is_refused():
+    model = make_model("llama")
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(model_desc(model.config, "llama-misuse", chunk_tokens=CHUNK))
+        cache = SwiftKVCache(km, max_tokens=128)
+        with pytest.raises(ValueError, match="1..128"):
+            cache.begin(torch.zeros((1, 200), dtype=torch.long))
+        with pytest.raises(ValueError, match="batch 1"):
+            cache.begin(torch.zeros((2, 10), dtype=torch.long))
+        ids = torch.randint(0, VOCAB, (1, 64))
+        cache.prefill(model, ids)
+        start = cache.begin(ids)
+        assert start == 63  # all cached: the last token is computed again
+        with torch.no_grad(), pytest.raises(ValueError, match="input_ids\\[..., cached_tokens:\\]"):
+            model(input_ids=ids, past_key_values=cache, use_cache=True)  # whole turn again
+        cache.abort()
+        assert ctx.stats()["requests_open"] == 0
