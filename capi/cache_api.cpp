@@ -64,14 +64,15 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
     if (role != SWIFTKV_ROLE_LENDER && role != SWIFTKV_ROLE_BORROWER) {
       swiftkv::fail_invalid("config->role (" + std::to_string(role) + ") is not a swiftkv_role");
     }
-    swiftkv::capi::RegisteredModel r{c.desc->name, m.geometry, m.sizes,
-                                     swiftkv::model_fingerprint(c.desc->name, m.geometry),
-                                     static_cast<swiftkv_role>(role)};
+    swiftkv::capi::RegisteredModel r{
+        c.desc->name, m.geometry, m.sizes,
+        swiftkv::model_fingerprint(c.desc->name, m.geometry, m.identity),
+        static_cast<swiftkv_role>(role)};
     std::unique_lock lock(ctx->models_mu);
     for (const auto &[id, other] : ctx->models) {
       if (other.fingerprint == r.fingerprint) {
-        swiftkv::fail(SWIFTKV_EBUSY, "model '" + r.name + "' with this geometry is registered "
-                                         "already as model " + std::to_string(id));
+        swiftkv::fail(SWIFTKV_EBUSY, "model '" + r.name + "' with this geometry and identity is "
+                                         "registered already as model " + std::to_string(id));
       }
     }
     if (ctx->next_model == SWIFTKV_MODEL_ALL) {

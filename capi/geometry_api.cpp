@@ -1,6 +1,7 @@
 // The planning entry points (SwiftCache Eq. 1-9 and Algorithm 1): pure functions that validate,
 // compute into locals, and write the caller's outputs only when everything succeeded.
 #include <cstddef>
+#include <cstring>
 #include <span>
 #include <string>
 
@@ -16,6 +17,9 @@ namespace swiftkv::capi {
 namespace {
 
 constexpr size_t kModelDescV1Size = offsetof(swiftkv_model_desc, device) + sizeof(int32_t);
+// An identity is a revision, an adapter name, a salt: short. The bound keeps a pointer to
+// something that is not a string from being read far.
+constexpr size_t kMaxIdentityBytes = 4096;
 constexpr size_t kCapacityPlanV1Size =
     offsetof(swiftkv_capacity_plan, lender_full_blocks) + sizeof(uint64_t);
 
@@ -48,7 +52,16 @@ CheckedModel read_model_desc(const swiftkv_model_desc *desc, const char *arg) {
   }
   g.dtype = static_cast<swiftkv_dtype>(raw_dtype);
   g.device = d.device;
-  return CheckedModel{g, geometry_sizes(g, arg)};
+  std::string identity;
+  if (d.identity != nullptr) {
+    const size_t n = strnlen(d.identity, kMaxIdentityBytes + 1);
+    if (n > kMaxIdentityBytes) {
+      fail_invalid(std::string(arg) + "->identity is longer than " +
+                   std::to_string(kMaxIdentityBytes) + " bytes");
+    }
+    identity.assign(d.identity, n);
+  }
+  return CheckedModel{g, geometry_sizes(g, arg), std::move(identity)};
 }
 
 }  // namespace swiftkv::capi

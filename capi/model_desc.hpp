@@ -2,6 +2,8 @@
 // point that takes a swiftkv_model_desc.
 #pragma once
 
+#include <string>
+
 #include "core/geometry/model_geometry.hpp"
 #include "swiftkv/swiftkv.h"
 
@@ -12,6 +14,7 @@ namespace swiftkv::capi {
 struct CheckedModel {
   ModelGeometry geometry;
   GeometrySizes sizes;
+  std::string identity;  // "" when the caller gave none (or is version 1)
 };
 CheckedModel read_model_desc(const swiftkv_model_desc *desc, const char *arg);
 

@@ -28,7 +28,8 @@ ChunkKey from_xxh(XXH128_hash_t h) { return ChunkKey{h.low64, h.high64}; }
 
 }  // namespace
 
-ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g) {
+ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
+                           std::string_view identity) {
   // A tag and a format number first, so a later encoding can never collide with this one.
   static constexpr char kTag[] = "swiftkv-model-fingerprint-v1";
   const std::array<uint32_t, 7> fields = {
@@ -41,6 +42,12 @@ ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g) {
   XXH3_128bits_update(s.get(), kTag, sizeof kTag - 1);
   XXH3_128bits_update(s.get(), fields.data(), sizeof fields);
   XXH3_128bits_update(s.get(), name.data(), name.size());
+  if (!identity.empty()) {
+    // After the name, whose length is hashed above: its length, then its bytes.
+    const uint32_t n = static_cast<uint32_t>(identity.size());
+    XXH3_128bits_update(s.get(), &n, sizeof n);
+    XXH3_128bits_update(s.get(), identity.data(), identity.size());
+  }
   return from_xxh(XXH3_128bits_digest(s.get()));
 }
 

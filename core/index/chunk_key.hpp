@@ -23,10 +23,13 @@ struct ChunkKeyHash {
   size_t operator()(const ChunkKey &k) const noexcept { return static_cast<size_t>(k.lo); }
 };
 
-// The fingerprint of a model: XXH3-128 over its name and every field that shapes its KV bytes
-// (layers, heads, head_dim, block and chunk tokens, dtype). The device is left out: the same
-// model on another GPU has the same bytes.
-ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g);
+// The fingerprint of a model: XXH3-128 over its name, every field that shapes its KV bytes
+// (layers, heads, head_dim, block and chunk tokens, dtype) and its identity (weights revision,
+// adapter, tenant, salt). The device is left out: the same model on another GPU has the same
+// bytes. An empty identity hashes exactly as before identities existed, so disk tiers written
+// then keep their keys.
+ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
+                           std::string_view identity = {});
 
 // The keys of the leading full chunks of `tokens`: out[i] for chunk i, i < n_tokens /
 // chunk_tokens. Token ids are hashed as little-endian 32-bit words.

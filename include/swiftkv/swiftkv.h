@@ -101,10 +101,18 @@ SWIFTKV_API uint32_t swiftkv_dtype_size(swiftkv_dtype dtype);
 /* The device value of a model whose KV lives in host memory. */
 #define SWIFTKV_DEVICE_HOST (-1)
 
-#define SWIFTKV_MODEL_DESC_VERSION 1
+#define SWIFTKV_MODEL_DESC_VERSION 2
 
 /* The KV geometry of one model. A block is `block_tokens` tokens (the engine's page); a chunk,
- * the unit the library caches, is `chunk_tokens` tokens and a multiple of block_tokens. */
+ * the unit the library caches, is `chunk_tokens` tokens and a multiple of block_tokens.
+ *
+ * Model identity: the chunk cache keys every chunk by the model's name, its geometry and its
+ * `identity`, and stores the same fingerprint in every disk record. The library cannot see the
+ * weights, so new weights under an unchanged name, geometry and identity are served the old
+ * weights' KV without any error. Put into `identity` whatever changes the K/V a model computes
+ * and the name does not say: a weights revision or checksum, a LoRA adapter, a tenant (to keep
+ * tenants' prefixes apart), a salt. Two registrations that differ only in it never share a
+ * chunk. NULL and "" are the same: no identity (the keys of version 1 callers). */
 typedef struct swiftkv_model_desc {
   uint32_t size;          /* sizeof(swiftkv_model_desc) as the caller compiled it */
   uint32_t version;       /* SWIFTKV_MODEL_DESC_VERSION as the caller compiled it */
@@ -116,12 +124,16 @@ typedef struct swiftkv_model_desc {
   uint32_t chunk_tokens;  /* tokens per chunk, a multiple of block_tokens (default 256) */
   swiftkv_dtype dtype;    /* element type of K and V (default SWIFTKV_DTYPE_F16) */
   int32_t device;         /* CUDA device ordinal, or SWIFTKV_DEVICE_HOST (default) */
+  /* Version 2. */
+  const char *identity;   /* weights revision, adapter, tenant or salt: any NUL-terminated
+                             bytes that go into every chunk key (see above); NULL (default) or
+                             "": none. Copied by swiftkv_model_register. */
 } swiftkv_model_desc;
 
 #define SWIFTKV_MODEL_DESC_INIT                                                   \
   {                                                                               \
     (uint32_t)sizeof(swiftkv_model_desc), SWIFTKV_MODEL_DESC_VERSION, NULL, 0, 0, \
-        0, 16, 256, SWIFTKV_DTYPE_F16, SWIFTKV_DEVICE_HOST                        \
+        0, 16, 256, SWIFTKV_DTYPE_F16, SWIFTKV_DEVICE_HOST, NULL                  \
   }
 
 /* ---------------------------------------------------------------------------------------------
@@ -604,8 +616,8 @@ typedef struct swiftkv_model_config {
   { (uint32_t)sizeof(swiftkv_model_config), SWIFTKV_MODEL_CONFIG_VERSION, NULL, SWIFTKV_ROLE_BORROWER, 0 }
 
 /* Registers a model; *model_out is its id in this context (never SWIFTKV_MODEL_ALL, never
- * reused). EINVAL: a bad descriptor or no name; EBUSY: a model with the same name and geometry
- * is registered already. Thread-safe. */
+ * reused). EINVAL: a bad descriptor or no name; EBUSY: a model with the same name, identity and
+ * geometry is registered already. Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_ctx *ctx,
                                                   const swiftkv_model_config *config);
 

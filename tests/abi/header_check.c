@@ -13,12 +13,13 @@
 #endif
 
 /* LP64 layouts, pinned: a change here is an ABI break and needs a new soname. */
-STATIC_CHECK(sizeof(swiftkv_model_desc) == 48, "swiftkv_model_desc size");
+STATIC_CHECK(sizeof(swiftkv_model_desc) == 56, "swiftkv_model_desc size");
 STATIC_CHECK(offsetof(swiftkv_model_desc, name) == 8, "swiftkv_model_desc.name");
 STATIC_CHECK(offsetof(swiftkv_model_desc, num_layers) == 16, "swiftkv_model_desc.num_layers");
 STATIC_CHECK(offsetof(swiftkv_model_desc, chunk_tokens) == 32, "swiftkv_model_desc.chunk_tokens");
 STATIC_CHECK(offsetof(swiftkv_model_desc, dtype) == 36, "swiftkv_model_desc.dtype");
 STATIC_CHECK(offsetof(swiftkv_model_desc, device) == 40, "swiftkv_model_desc.device");
+STATIC_CHECK(offsetof(swiftkv_model_desc, identity) == 48, "swiftkv_model_desc.identity");
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");

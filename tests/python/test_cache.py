@@ -137,3 +137,20 @@ def test_a_failed_store_says_what_it_kept(tmp_path):
                        timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "child ok" in r.stdout
+
+
+def test_identity_keeps_models_apart(ctx, small_model):
+    import dataclasses
+
+    rev1 = ctx.register_model(dataclasses.replace(small_model, identity="weights-rev-1"))
+    t = tokens_of(8, 64)
+    rev1.store(t, chunks_of(8, 2, small_model.chunk_bytes))
+    rev2 = ctx.register_model(dataclasses.replace(small_model, identity="weights-rev-2"))
+    none = ctx.register_model(small_model)
+    assert [m.lookup(t)["prefix_tokens"] for m in (rev1, rev2, none)] == [64, 0, 0]
+    with pytest.raises(swiftkv.Error) as e:
+        ctx.register_model(dataclasses.replace(small_model, identity="weights-rev-1"))
+    assert e.value.status == swiftkv.Status.EBUSY and "geometry and identity" in e.value.message
+    with pytest.raises(swiftkv.Error) as e:
+        ctx.register_model(dataclasses.replace(small_model, identity=""))  # "" is none
+    assert e.value.status == swiftkv.Status.EBUSY

@@ -103,17 +103,24 @@ def test_lent_memory():
         assert km.lookup(turns[-1][0])["chunks_per_tier"][swiftkv.Tier.PEER] == 160 // CHUNK
 
 
-def test_different_weights_under_different_names_never_share():
+def test_a_changed_identity_never_hits():
+    """New weights under the same name: with their revision as the identity, nothing of the old
+    weights' KV is served (it would be wrong, silently), and each revision keeps its own."""
     a, b = make_model("llama"), make_model("llama")
     with torch.no_grad():
         b.model.layers[0].self_attn.k_proj.weight.mul_(1.5)
     with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
-        ka = ctx.register_model(model_desc(a.config, "llama-rev-a", chunk_tokens=CHUNK))
-        kb = ctx.register_model(model_desc(b.config, "llama-rev-b", chunk_tokens=CHUNK))
+        ka = ctx.register_model(model_desc(a.config, "llama", identity="rev-a", chunk_tokens=CHUNK))
+        kb = ctx.register_model(model_desc(b.config, "llama", identity="rev-b", chunk_tokens=CHUNK))
         turns = conversation(6, 2)
         serve(SwiftKVCache(ka, max_tokens=512), a, turns)
-        # b has its own keys: nothing of a's is served to it.
         assert serve(SwiftKVCache(kb, max_tokens=512), b, turns) == [0, 64]
+        # Served the old revision's KV, the new weights' logits would be wrong: the test above
+        # would catch it (logits are compared with b's own recompute).
+        cache = SwiftKVCache(ka, max_tokens=512)
+        stale = cache.prefill(b, turns[1])
+        assert stale.cached_tokens == 96
+        assert not torch.equal(stale.logits[0], b(turns[1]).logits[0, 96:])
 
 
 def test_decoding_after_a_turn():

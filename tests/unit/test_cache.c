@@ -649,6 +649,74 @@ static void a_new_context_finds_disk_chunks(void **state) {
   rig_down(&r);
 }
 
+static uint32_t register_as(swiftkv_ctx *ctx, const char *identity, swiftkv_status want) {
+  swiftkv_model_desc d = borrower_desc();
+  d.identity = identity;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  uint32_t id = 0;
+  assert_int_equal(swiftkv_model_register(&id, ctx, &mc), want);
+  return id;
+}
+
+static uint64_t prefix_of(swiftkv_ctx *ctx, uint32_t model, const uint32_t *tokens, size_t n) {
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, NULL, 0, ctx, model, tokens, n));
+  return l.prefix_tokens;
+}
+
+/* Model identity: registrations differing only in it never share chunks, in memory or on disk
+ * through a later context; NULL, "" and a version 1 descriptor are the same (no identity). */
+static void identity_keeps_models_apart(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 0, 1); /* r.model: "tiny-borrower", no identity */
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 9);
+  static unsigned char kv[2 * CHUNK_BYTES], out[2 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 9);
+  const uint32_t rev1 = register_as(r.ctx, "weights-rev-1", SWIFTKV_OK);
+  uint64_t n = 0;
+  assert_ok(swiftkv_store(&n, r.ctx, rev1, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_int_equal(prefix_of(r.ctx, rev1, tokens, 2 * CHUNK_TOKENS), 2 * CHUNK_TOKENS);
+  assert_int_equal(prefix_of(r.ctx, r.model, tokens, 2 * CHUNK_TOKENS), 0);
+  const uint32_t rev2 = register_as(r.ctx, "weights-rev-2", SWIFTKV_OK);
+  assert_int_equal(prefix_of(r.ctx, rev2, tokens, 2 * CHUNK_TOKENS), 0);
+  register_as(r.ctx, "weights-rev-1", SWIFTKV_EBUSY);
+  register_as(r.ctx, "", SWIFTKV_EBUSY); /* "" is no identity, like r.model's */
+  assert_message_contains("with this geometry and identity");
+  /* A caller built against version 1 (no identity field) is the model without identity. */
+  swiftkv_model_desc v1 = borrower_desc();
+  v1.identity = "never read";
+  v1.size = (uint32_t)offsetof(swiftkv_model_desc, identity);
+  v1.version = 1;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &v1;
+  uint32_t id = 0;
+  assert_int_equal(swiftkv_model_register(&id, r.ctx, &mc), SWIFTKV_EBUSY);
+  /* Too long to be an identity: refused, nothing registered. */
+  static char long_identity[5000];
+  memset(long_identity, 'x', sizeof long_identity - 1);
+  register_as(r.ctx, long_identity, SWIFTKV_EINVAL);
+  assert_message_contains("identity is longer than 4096 bytes");
+  swiftkv_ctx_destroy(r.ctx);
+
+  /* On disk: a later context finds the chunks for the same identity only. */
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = r.dir;
+  c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  assert_ok(swiftkv_ctx_create(&r.ctx, &c));
+  const uint32_t other = register_as(r.ctx, "weights-rev-2", SWIFTKV_OK);
+  const uint32_t none = register_as(r.ctx, NULL, SWIFTKV_OK);
+  const uint32_t same = register_as(r.ctx, "weights-rev-1", SWIFTKV_OK);
+  assert_int_equal(prefix_of(r.ctx, other, tokens, 2 * CHUNK_TOKENS), 0);
+  assert_int_equal(prefix_of(r.ctx, none, tokens, 2 * CHUNK_TOKENS), 0);
+  assert_int_equal(prefix_of(r.ctx, same, tokens, 2 * CHUNK_TOKENS), 2 * CHUNK_TOKENS);
+  assert_ok(swiftkv_retrieve(&n, r.ctx, same, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_memory_equal(out, kv, sizeof kv);
+  rig_down(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_retrieve_lookup),
@@ -658,6 +726,7 @@ int main(void) {
       cmocka_unit_test(callback_calls_the_library),
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
+      cmocka_unit_test(identity_keeps_models_apart),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
   };

@@ -221,6 +221,16 @@ void fingerprint_covers_the_kv_shape(void **) {
   o.device = 3;  // same bytes on another GPU: same chunks
   assert_false(differs(o));
   assert_false(swiftkv::model_fingerprint("n", g) == base);
+  // The identity is part of it; none at all is the fingerprint from before identities, which
+  // disk tiers already hold: that value is pinned here.
+  assert_true(swiftkv::model_fingerprint("m", g, "") == base);
+  assert_false(swiftkv::model_fingerprint("m", g, "rev-2") == base);
+  assert_false(swiftkv::model_fingerprint("m", g, "rev-2") ==
+               swiftkv::model_fingerprint("m", g, "rev-3"));
+  // The name and the identity do not run into each other.
+  assert_false(swiftkv::model_fingerprint("mr", g, "ev") ==
+               swiftkv::model_fingerprint("m", g, "rev"));
+  assert_string_equal(swiftkv::to_hex(base).c_str(), "a07d226135cffd48e34be95d1af08aa7");
 }
 
 // The open-addressing shards under crowding: keys of one shard whose home slots collide, random

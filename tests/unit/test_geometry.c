@@ -164,7 +164,7 @@ static void struct_size_and_version(void **state) {
   m = qwen3_8b();
   m.version = SWIFTKV_MODEL_DESC_VERSION + 1;
   assert_status(swiftkv_geometry_bytes_per_token(&m, &out), SWIFTKV_EVERSION);
-  assert_message_contains("m->version is 2");
+  assert_message_contains("m->version is 3");
   m = qwen3_8b();
   m.version = 0;
   assert_status(swiftkv_geometry_bytes_per_token(&m, &out), SWIFTKV_EVERSION);

@@ -163,11 +163,14 @@ type ModelDesc struct {
 	ChunkTokens uint32
 	DType       DType
 	Device      int32
+	// Identity goes into every chunk key with the name: a weights revision, an adapter, a
+	// tenant or a salt. Models differing only in it never share chunks. "" is none.
+	Identity string
 }
 
 // NewModelDesc is a host f16 model with 16-token blocks and 256-token chunks.
 func NewModelDesc(name string, layers, kvHeads, headDim uint32) ModelDesc {
-	return ModelDesc{name, layers, kvHeads, headDim, 16, 256, F16, DeviceHost}
+	return ModelDesc{name, layers, kvHeads, headDim, 16, 256, F16, DeviceHost, ""}
 }
 
 // cdesc returns the descriptor in C memory and a function that frees it.
@@ -187,7 +190,12 @@ func (m ModelDesc) cdesc() (*C.swiftkv_model_desc, func()) {
 	d.chunk_tokens = C.uint32_t(m.ChunkTokens)
 	d.dtype = C.swiftkv_dtype(m.DType)
 	d.device = C.int32_t(m.Device)
-	return d, func() { C.free(unsafe.Pointer(name)); cfree(d) }
+	var identity *C.char
+	if m.Identity != "" {
+		identity = C.CString(m.Identity)
+	}
+	d.identity = identity
+	return d, func() { C.free(unsafe.Pointer(name)); C.free(unsafe.Pointer(identity)); cfree(d) }
 }
 
 // BytesPerToken is the KV bytes of one token over all layers.

@@ -200,6 +200,29 @@ func TestCacheRoundTripAndController(t *testing.T) {
 	}
 }
 
+func TestIdentityKeepsModelsApart(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	d1 := small()
+	d1.Identity = "weights-rev-1"
+	rev1 := val(c.RegisterModel(d1, false))
+	tok := tokensOf(2, 64)
+	if n := val(rev1.Store(tok, kvOf(2, 2*int(val(small().ChunkBytes()))))); n != 64 {
+		t.Fatal(n)
+	}
+	d2 := small()
+	d2.Identity = "weights-rev-2"
+	rev2 := val(c.RegisterModel(d2, false))
+	none := val(c.RegisterModel(small(), false))
+	if p1, p2, p0 := val(rev1.Lookup(tok)).PrefixTokens, val(rev2.Lookup(tok)).PrefixTokens,
+		val(none.Lookup(tok)).PrefixTokens; p1 != 64 || p2 != 0 || p0 != 0 {
+		t.Fatal(p1, p2, p0)
+	}
+	_, err := c.RegisterModel(d1, false)
+	wantStatus(t, err, EBUSY)
+}
+
 func TestEventsThroughTheHandleTable(t *testing.T) {
 	cb := val(small().ChunkBytes())
 	cfg := DefaultConfig()

@@ -192,7 +192,9 @@ def _struct_fields(s) -> dict:
 
 @dataclass
 class ModelDesc:
-    """A model's KV geometry (swiftkv_model_desc)."""
+    """A model's KV geometry (swiftkv_model_desc). ``identity`` goes into every chunk key with
+    the name: a weights revision, an adapter, a tenant or a salt; models differing only in it
+    never share chunks (None or "": none)."""
 
     name: Optional[str] = None
     num_layers: int = 0
@@ -202,6 +204,7 @@ class ModelDesc:
     chunk_tokens: int = 256
     dtype: DType = DType.F16
     device: int = DEVICE_HOST
+    identity: Optional[str] = None
 
     def struct(self):
         """The C struct; it points to self.name, so keep this object alive while it is used."""
@@ -214,6 +217,7 @@ class ModelDesc:
         d.chunk_tokens = self.chunk_tokens
         d.dtype = int(self.dtype)
         d.device = self.device
+        d.identity = self.identity
         return d
 
     @property

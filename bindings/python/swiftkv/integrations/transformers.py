@@ -5,7 +5,7 @@ the library (lent peer memory, host, disk) and saves what the model computes, la
     from swiftkv.integrations.transformers import SwiftKVCache, model_desc
 
     ctx = swiftkv.Context(host_budget_bytes=1 << 30, disk_path="/ssd/kv", disk_budget_bytes=16 << 30)
-    kv_model = ctx.register_model(model_desc(hf_model.config, "llama-3-8b@rev1", chunk_tokens=256))
+    kv_model = ctx.register_model(model_desc(hf_model.config, "llama-3-8b", identity="rev-8c22764"))
     cache = SwiftKVCache(kv_model, max_tokens=8192)
     for turn in conversation:                       # ids: the whole conversation so far
         out = cache.prefill(hf_model, ids)          # computes only ids[out.cached_tokens:]
@@ -21,7 +21,7 @@ layer's whole K/V; ``end`` waits for the saves. Decoding after ``end`` works as 
 One sequence at a time (batch 1). The K/V the library holds are what the model's attention
 layers hand to the cache (after rotary embedding), so a prefix is reused only at the positions
 it was computed at: the start of a conversation. Models differing in weights must differ in
-their ModelDesc name (it is part of every chunk key).
+name or identity (see model_desc): both are part of every chunk key.
 """
 
 from __future__ import annotations
@@ -38,11 +38,13 @@ __all__ = ["SwiftKVCache", "model_desc", "PrefixLoadFailed"]
 _DTYPES = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32}
 
 
-def model_desc(config, name: str, *, dtype: torch.dtype = torch.float32, chunk_tokens: int = 256,
+def model_desc(config, name: str, *, identity: Optional[str] = None,
+               dtype: torch.dtype = torch.float32, chunk_tokens: int = 256,
                block_tokens: int = 16, device: Optional[int] = None) -> ModelDesc:
     """The KV geometry of a transformers decoder config (Llama, Qwen2, Mistral and the like):
-    layers, KV heads and head dim read from it. ``name`` identifies the weights: two models
-    whose K/V differ must have different names."""
+    layers, KV heads and head dim read from it. ``name`` and ``identity`` (a weights revision
+    such as the checkpoint's commit hash, an adapter, a tenant) go into every chunk key: two
+    models whose K/V differ must differ in one of them."""
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -51,7 +53,7 @@ def model_desc(config, name: str, *, dtype: torch.dtype = torch.float32, chunk_t
     kw = {} if device is None else {"device": device}
     return ModelDesc(name, num_layers=config.num_hidden_layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, block_tokens=block_tokens, chunk_tokens=chunk_tokens,
-                     dtype=_DTYPES[dtype], **kw)
+                     dtype=_DTYPES[dtype], identity=identity, **kw)
 
 
 class PrefixLoadFailed(RuntimeError):

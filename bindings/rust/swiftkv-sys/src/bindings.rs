@@ -5,7 +5,7 @@ pub const SWIFTKV_VERSION_MINOR: u32 = 1;
 pub const SWIFTKV_VERSION_PATCH: u32 = 0;
 pub const SWIFTKV_VERSION_NUMBER: u32 = 100;
 pub const SWIFTKV_DEVICE_HOST: i32 = -1;
-pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 1;
+pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
 pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 6;
@@ -83,12 +83,13 @@ pub struct swiftkv_model_desc {
     pub chunk_tokens: u32,
     pub dtype: swiftkv_dtype,
     pub device: i32,
+    pub identity: *const ::std::os::raw::c_char,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_model_desc() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_model_desc>(),
-        48usize,
+        56usize,
         concat!("Size of: ", stringify!(swiftkv_model_desc))
     );
     assert_eq!(
@@ -266,6 +267,23 @@ fn bindgen_test_layout_swiftkv_model_desc() {
         );
     }
     test_field_device();
+    fn test_field_identity() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_model_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).identity) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_model_desc),
+                "::",
+                stringify!(identity)
+            )
+        );
+    }
+    test_field_identity();
 }
 extern "C" {
     pub fn swiftkv_geometry_bytes_per_token(

@@ -185,7 +185,13 @@ pub struct ModelDesc {
     pub chunk_tokens: u32,
     pub dtype: DType,
     pub device: i32,
+    /// Goes into every chunk key with the name: a weights revision, an adapter, a tenant or a
+    /// salt. Models differing only in it never share chunks. Empty: none.
+    pub identity: String,
 }
+
+/// The strings a raw `swiftkv_model_desc` points to.
+struct RawStrings(#[allow(dead_code)] CString, #[allow(dead_code)] Option<CString>);
 
 impl ModelDesc {
     /// A host model in f16 with the header's defaults (16-token blocks, 256-token chunks).
@@ -199,6 +205,7 @@ impl ModelDesc {
             chunk_tokens: 256,
             dtype: DType::F16,
             device: DEVICE_HOST,
+            identity: String::new(),
         }
     }
     pub fn block_tokens(mut self, v: u32) -> Self {
@@ -217,10 +224,19 @@ impl ModelDesc {
         self.device = v;
         self
     }
+    pub fn identity(mut self, v: &str) -> Self {
+        self.identity = v.to_string();
+        self
+    }
 
-    /// The C struct and the name it points to (keep both alive while the struct is used).
-    fn raw(&self) -> Result<(sys::swiftkv_model_desc, CString)> {
+    /// The C struct and the strings it points to (keep both alive while the struct is used).
+    fn raw(&self) -> Result<(sys::swiftkv_model_desc, RawStrings)> {
         let name = cstring(&self.name, "name")?;
+        let identity = if self.identity.is_empty() {
+            None
+        } else {
+            Some(cstring(&self.identity, "identity")?)
+        };
         let d = sys::swiftkv_model_desc {
             size: std::mem::size_of::<sys::swiftkv_model_desc>() as u32,
             version: sys::SWIFTKV_MODEL_DESC_VERSION,
@@ -232,8 +248,9 @@ impl ModelDesc {
             chunk_tokens: self.chunk_tokens,
             dtype: self.dtype as sys::swiftkv_dtype,
             device: self.device,
+            identity: identity.as_ref().map_or(ptr::null(), |s| s.as_ptr()),
         };
-        Ok((d, name))
+        Ok((d, RawStrings(name, identity)))
     }
 
     /// KV bytes of one token over all layers.

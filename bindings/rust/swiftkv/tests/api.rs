@@ -144,6 +144,25 @@ fn cache_round_trip_and_controller() {
 }
 
 #[test]
+fn identity_keeps_models_apart() {
+    let c = ctx(4 << 20);
+    let rev1 = c.register_model(&small().identity("weights-rev-1")).unwrap();
+    let t = tokens_of(2, 64);
+    let kv = kv_of(2, 2 * small().chunk_bytes().unwrap() as usize);
+    assert_eq!(rev1.store(&t, &kv).unwrap(), 64);
+    let rev2 = c.register_model(&small().identity("weights-rev-2")).unwrap();
+    let none = c.register_model(&small()).unwrap();
+    assert_eq!(rev1.lookup(&t).unwrap().prefix_tokens, 64);
+    assert_eq!(rev2.lookup(&t).unwrap().prefix_tokens, 0);
+    assert_eq!(none.lookup(&t).unwrap().prefix_tokens, 0);
+    let e = c.register_model(&small().identity("weights-rev-1")).err().unwrap();
+    assert_eq!(e.status, Status::EBUSY);
+    assert!(e.message.contains("geometry and identity"), "{}", e.message);
+    let e = c.register_model(&small().identity("a\0b")).err().unwrap();
+    assert_eq!(e.status, Status::EINVAL);
+}
+
+#[test]
 fn events_on_eviction() {
     let cb = small().chunk_bytes().unwrap();
     let c = Context::new(&ContextConfig {
