@@ -17,9 +17,9 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV6Size =
-    offsetof(swiftkv_ctx_config, reserved1) + sizeof(uint32_t);
-static_assert(kCtxConfigV6Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV7Size =
+    offsetof(swiftkv_ctx_config, reserved2) + sizeof(uint32_t);
+static_assert(kCtxConfigV7Size == sizeof(swiftkv_ctx_config));
 constexpr uint32_t kMaxOpenRequestsLimit = uint32_t{1} << 20;
 
 struct ReadConfig {
@@ -30,6 +30,7 @@ struct ReadConfig {
   void *clock_user_data = nullptr;
   uint32_t transfer_threads = 0;     // 0: the default for this machine
   uint32_t max_open_requests = 0;
+  bool write_back_on_close = true;
 };
 
 ReadConfig read_config(const swiftkv_ctx_config *config) {
@@ -41,6 +42,11 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
                                           kCtxConfigV1Size, "config", "SWIFTKV_CTX_CONFIG_INIT");
   if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
   if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
+  if (c.reserved2 != 0) swiftkv::fail_invalid("config->reserved2 is not 0");
+  if (c.write_back_on_close > 1) {
+    swiftkv::fail_invalid("config->write_back_on_close (" +
+                          std::to_string(c.write_back_on_close) + ") is not 0 or 1");
+  }
   if (c.max_open_requests == 0 || c.max_open_requests > kMaxOpenRequestsLimit) {
     swiftkv::fail_invalid("config->max_open_requests (" + std::to_string(c.max_open_requests) +
                           ") is not in 1.." + std::to_string(kMaxOpenRequestsLimit));
@@ -58,6 +64,7 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
   }
   r.transfer_threads = c.transfer_threads;
   r.max_open_requests = c.max_open_requests;
+  r.write_back_on_close = c.write_back_on_close != 0;
   out.disk_segment_bytes = c.disk_segment_bytes;
   out.disk_sync_ns = uint64_t{c.disk_sync_ms} * 1'000'000;
 
@@ -131,6 +138,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
     ctx->clock = c.clock;
     ctx->clock_user_data = c.clock_user_data;
     ctx->max_open_requests = c.max_open_requests;
+    ctx->write_back_on_close = c.write_back_on_close ? 1 : 0;
     *out = ctx.release();
     return SWIFTKV_OK;
   }
@@ -148,6 +156,20 @@ SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
     return;
   }
   std::unique_ptr<swiftkv_ctx> owned(ctx);
+  if (ctx != nullptr && ctx->write_back_on_close && ctx->cache.disk() != nullptr) {
+    // Open requests end first: their saves land (or are given back) before the write-back.
+    ctx->finish_requests();
+    try {
+      const uint64_t n = ctx->cache.write_back(SWIFTKV_TIER_BIT(SWIFTKV_TIER_HOST) |
+                                               SWIFTKV_TIER_BIT(SWIFTKV_TIER_PEER));
+      if (n != 0) swiftkv::log_info("swiftkv_ctx_destroy: wrote " + std::to_string(n) +
+                                    " chunks back to disk");
+    } catch (const std::exception &e) {
+      // A context always ends; what could not be written is lost, and said so.
+      swiftkv::log_warn(std::string("swiftkv_ctx_destroy: write-back to disk failed: ") +
+                        e.what());
+    }
+  }
 }
 
 SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const swiftkv_ctx *ctx) {
@@ -178,6 +200,7 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.coord_timeout_ms = static_cast<uint32_t>(co.timeout_ns / 1'000'000);
     v.transfer_threads = ctx->executor.threads();
     v.max_open_requests = ctx->max_open_requests;
+    v.write_back_on_close = ctx->write_back_on_close ? 1 : 0;
     swiftkv::capi::write_versioned(out, v, SWIFTKV_CTX_CONFIG_VERSION, kCtxConfigV1Size, "out",
                                    "SWIFTKV_CTX_CONFIG_INIT");
     return SWIFTKV_OK;

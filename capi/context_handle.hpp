@@ -81,4 +81,15 @@ struct swiftkv_ctx {
   uint64_t next_request = 1;
   uint64_t requests_beginning = 0;  // requests being built by swiftkv_request_begin
   uint32_t max_open_requests = 4096;  // bounds requests plus requests_beginning
+  uint32_t write_back_on_close = 1;   // swiftkv_ctx_destroy moves host and peer chunks to disk
+
+  // Ends every open request (each waits for its copies in flight and gives back what it held).
+  void finish_requests() {
+    std::unordered_map<uint64_t, std::shared_ptr<swiftkv::Request>> open;
+    {
+      std::lock_guard lock(io_mu);
+      open.swap(requests);
+    }
+    open.clear();
+  }
 };

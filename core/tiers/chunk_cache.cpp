@@ -511,6 +511,32 @@ uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
   return n;
 }
 
+uint64_t ChunkCache::write_back(uint32_t from_mask) {
+  if (!disk_) return 0;
+  std::vector<std::pair<ChunkKey, Tier>> targets;
+  index_.for_each([&](const ChunkView &v) {
+    if (v.where.tier != Tier::disk && (from_mask & (1u << idx(v.where.tier))) != 0) {
+      targets.emplace_back(v.key, v.where.tier);
+    }
+  });
+  uint64_t moved = 0;
+  for (const auto &[key, from] : targets) {
+    std::optional<ChunkUse> use = index_.begin_move(key, from, false);
+    if (!use) continue;  // dropped or moved meanwhile
+    const std::optional<uint64_t> slot = allocate_in(Tier::disk, key, use->meta, false);
+    if (!slot) {
+      abort_move(key);
+      continue;  // the disk is full: what is there stays
+    }
+    if (complete_move(key, *use, SlotRef{Tier::disk, *slot})) {
+      demotions_.fetch_add(1, std::memory_order_relaxed);
+      ++moved;
+    }
+  }
+  disk_->sync();
+  return moved;
+}
+
 uint64_t ChunkCache::chunks_that_fit(uint64_t chunk_bytes) const noexcept {
   uint64_t n = ctx_.config().host_budget_bytes / chunk_bytes;
   if (disk_) n += disk_->records_that_fit(chunk_bytes);

@@ -125,6 +125,10 @@ class ChunkCache {
   uint64_t move(std::span<const ChunkKey> keys, Tier to);
   uint64_t clear(std::optional<ChunkKey> model, uint32_t tier_mask,
                  std::optional<std::span<const ChunkKey>> keys);
+  // Moves the chunks of the tiers in from_mask (tier bits) down to the disk tier as far as its
+  // free room goes, evicting nothing there for them, then makes the disk tier durable; returns
+  // how many moved. No disk tier: 0. What the context does when it ends (write-back on close).
+  uint64_t write_back(uint32_t from_mask);
 
   // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold, so that
   // storing never rehashes it: called when a borrower registers. Up front it takes at most a

@@ -249,7 +249,7 @@ typedef enum swiftkv_eviction_policy {
 
 /* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
  * the coordinator. */
-#define SWIFTKV_CTX_CONFIG_VERSION 6
+#define SWIFTKV_CTX_CONFIG_VERSION 7
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -328,13 +328,21 @@ typedef struct swiftkv_ctx_config {
                                   reserved for its new chunks until it is finished. Default
                                   4096; 1 to 1048576. */
   uint32_t reserved1;          /* must be 0 */
+  /* Version 7. */
+  uint32_t write_back_on_close; /* with a disk tier: 1 (default) makes swiftkv_ctx_destroy, once
+                                   the open requests are finished, move the chunks in host
+                                   memory and in lent memory down to disk as far as the disk
+                                   tier's free room goes (nothing on disk is evicted for them)
+                                   and make the disk tier durable, so that a later context on
+                                   the same disk_path finds them. 0: they are dropped. */
+  uint32_t reserved2;           /* must be 0 */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                                                         \
   {                                                                                     \
     (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
         SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0, 4096, 0                            \
+        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0, 4096, 0, 1, 0                      \
   }
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and

@@ -23,7 +23,9 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, identity) == 48, "swiftkv_model_desc.i
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 144, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 152, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, write_back_on_close) == 144, "config.write_back_on_close (v7)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved2) == 148, "config.reserved2");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, max_open_requests) == 136, "config.max_open_requests (v6)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved1) == 140, "config.reserved1");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_segment_bytes) == 120, "config.disk_segment_bytes (v5)");
@@ -129,7 +131,8 @@ int main(void) {
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
-  CHECK(cc.version == 6 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.version == 7 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.write_back_on_close == 1 && cc.reserved2 == 0);
   CHECK(cc.max_open_requests == 4096 && cc.reserved1 == 0);
   CHECK(cc.disk_segment_bytes == 0 && cc.disk_sync_ms == 1000 && cc.transfer_threads == 0);
   CHECK(cc.coord_endpoint == NULL && cc.coord_heartbeat_ms == 100 && cc.coord_timeout_ms == 5000);

@@ -154,3 +154,22 @@ def test_identity_keeps_models_apart(ctx, small_model):
     with pytest.raises(swiftkv.Error) as e:
         ctx.register_model(dataclasses.replace(small_model, identity=""))  # "" is none
     assert e.value.status == swiftkv.Status.EBUSY
+
+
+@pytest.mark.parametrize("write_back", [True, False])
+def test_host_chunks_written_back_on_close(small_model, tmp_path, write_back):
+    t = tokens_of(11, 96)
+    kv = chunks_of(11, 3, small_model.chunk_bytes)
+    with swiftkv.Context(host_budget_bytes=1 << 20, disk_path=str(tmp_path),
+                         disk_budget_bytes=1 << 20, write_back_on_close=write_back) as ctx:
+        m = ctx.register_model(small_model)
+        m.store(t, kv)
+        assert m.lookup(t)["chunks_per_tier"] == [0, 3, 0]  # in host memory only
+    with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=1 << 20) as ctx:
+        m = ctx.register_model(small_model)
+        if not write_back:
+            assert m.lookup(t)["prefix_tokens"] == 0
+            return
+        assert m.lookup(t)["chunks_per_tier"] == [0, 0, 3]
+        out = np.zeros_like(kv)
+        assert m.retrieve(t, 0, out) == 96 and np.array_equal(out, kv)

@@ -15,7 +15,8 @@ def test_config_round_trip(tmp_path):
                          attention_cost_table=[1.0, 2.0, 4.0], maintenance_interval_ms=5,
                          coord_heartbeat_ms=50, coord_timeout_ms=700,
                          disk_segment_bytes=1 << 18, disk_sync_ms=250,
-                         transfer_threads=3, max_open_requests=7) as ctx:
+                         transfer_threads=3, max_open_requests=7,
+                         write_back_on_close=False) as ctx:
         c = ctx.config()
         assert c["host_budget_bytes"] == 1 << 20
         assert c["disk_path"] == str(tmp_path)
@@ -28,6 +29,7 @@ def test_config_round_trip(tmp_path):
         assert (c["coord_heartbeat_ms"], c["coord_timeout_ms"]) == (50, 700)
         assert (c["disk_segment_bytes"], c["disk_sync_ms"]) == (1 << 18, 250)
         assert c["transfer_threads"] == 3 and c["max_open_requests"] == 7
+        assert c["write_back_on_close"] == 0
         s = ctx.stats()
         assert s["disk_files_skipped"] == 0 and s["disk_bytes_allocated"] == 0
         assert s["requests_open"] == 0 and 0 < s["index_capacity_chunks"] <= 4096  # no model

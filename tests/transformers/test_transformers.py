@@ -70,14 +70,22 @@ def test_host_tier_multi_turn(family):
 
 
 def test_disk_tier_and_a_new_context(tmp_path):
+    (tmp_path / "direct").mkdir()
     model = make_model("llama")
     desc = model_desc(model.config, "llama-random-1", chunk_tokens=CHUNK)
     turns = conversation(4, 4)
     # No host memory: every chunk saved goes to disk.
-    with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=64 << 20) as ctx:
+    with swiftkv.Context(disk_path=str(tmp_path / "direct"), disk_budget_bytes=64 << 20) as ctx:
         km = ctx.register_model(desc)
         serve(SwiftKVCache(km, max_tokens=512), model, turns[:3])
         assert km.lookup(turns[2][0])["chunks_per_tier"] == [0, 0, 160 // CHUNK]
+    # Host memory and disk: the chunks stay in host memory while the context lives and are
+    # written to disk when it closes (write_back_on_close, on by default).
+    with swiftkv.Context(host_budget_bytes=64 << 20, disk_path=str(tmp_path),
+                         disk_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(desc)
+        serve(SwiftKVCache(km, max_tokens=512), model, turns[:3])
+        assert km.lookup(turns[2][0])["chunks_per_tier"] == [0, 160 // CHUNK, 0]
     # A later process: the same disk path serves the conversation's next turn.
     with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=64 << 20) as ctx:
         km = ctx.register_model(desc)

@@ -717,6 +717,109 @@ static void identity_keeps_models_apart(void **state) {
   rig_down(&r);
 }
 
+static swiftkv_ctx *disk_ctx(const char *dir, uint64_t host_bytes, uint32_t write_back) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = host_bytes;
+  c.eviction_policy = SWIFTKV_EVICT_LRU;
+  c.demote_free_percent = 0;
+  c.disk_path = dir;
+  c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  c.write_back_on_close = write_back;
+  swiftkv_ctx *ctx = NULL;
+  assert_ok(swiftkv_ctx_create(&ctx, &c));
+  return ctx;
+}
+
+static uint32_t model_in(swiftkv_ctx *ctx) {
+  return register_as(ctx, NULL, SWIFTKV_OK);
+}
+
+/* Chunks of conversations seq first..first+n-1 (one chunk each) found on disk. */
+static uint64_t on_disk(swiftkv_ctx *ctx, uint32_t model, uint32_t first, uint32_t n) {
+  uint64_t found = 0;
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t t[CHUNK_TOKENS];
+    fill_tokens(t, CHUNK_TOKENS, first + i);
+    swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+    assert_ok(swiftkv_lookup(&l, NULL, 0, ctx, model, t, CHUNK_TOKENS));
+    found += l.chunks_per_tier[SWIFTKV_TIER_DISK];
+  }
+  return found;
+}
+
+static void store_conversations(swiftkv_ctx *ctx, uint32_t model, uint32_t first, uint32_t n) {
+  static unsigned char kv[CHUNK_BYTES];
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t t[CHUNK_TOKENS];
+    fill_tokens(t, CHUNK_TOKENS, first + i);
+    fill_kv(kv, sizeof kv, first + i);
+    uint64_t got = 0;
+    assert_ok(swiftkv_store(&got, ctx, model, t, CHUNK_TOKENS, kv, sizeof kv));
+  }
+}
+
+/* Write-back on close: host chunks reach disk for a later context, by default and for a
+ * version 6 caller; not when turned off; into a full disk only as far as its free room goes,
+ * evicting nothing that was there. */
+static void host_chunks_are_written_back_on_close(void **state) {
+  (void)state;
+  char dir[] = "/tmp/swiftkv-writeback-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s/*", dir);
+
+  swiftkv_ctx *ctx = disk_ctx(dir, 1 << 20, 1);
+  uint32_t m = model_in(ctx);
+  store_conversations(ctx, m, 100, 4);
+  assert_int_equal(on_disk(ctx, m, 100, 4), 0); /* in host memory */
+  swiftkv_ctx_destroy(ctx);
+  ctx = disk_ctx(dir, 0, 1);
+  assert_int_equal(on_disk(ctx, model_in(ctx), 100, 4), 4);
+  swiftkv_ctx_destroy(ctx);
+  assert_int_equal(system(cmd), 0);
+
+  /* Off: dropped. A version 6 caller (no such field) gets the default, on. */
+  ctx = disk_ctx(dir, 1 << 20, 0);
+  store_conversations(ctx, model_in(ctx), 200, 4);
+  swiftkv_ctx_destroy(ctx);
+  swiftkv_ctx_config v6 = SWIFTKV_CTX_CONFIG_INIT;
+  v6.host_budget_bytes = 1 << 20;
+  v6.disk_path = dir;
+  v6.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  v6.write_back_on_close = 0; /* past the caller's size: never read */
+  v6.size = (uint32_t)offsetof(swiftkv_ctx_config, write_back_on_close);
+  v6.version = 6;
+  assert_ok(swiftkv_ctx_create(&ctx, &v6));
+  store_conversations(ctx, model_in(ctx), 300, 4);
+  swiftkv_ctx_destroy(ctx);
+  ctx = disk_ctx(dir, 0, 1);
+  m = model_in(ctx);
+  assert_int_equal(on_disk(ctx, m, 200, 4), 0);
+  assert_int_equal(on_disk(ctx, m, 300, 4), 4);
+  swiftkv_ctx_destroy(ctx);
+  assert_int_equal(system(cmd), 0);
+
+  /* More than the disk holds (64 records of budget, less the segment kept for cleaning):
+   * what was on disk stays, and the write-back fills the rest. */
+  const uint32_t resident = 24, in_host = 60;
+  ctx = disk_ctx(dir, 0, 1);
+  m = model_in(ctx);
+  store_conversations(ctx, m, 2000, resident);
+  assert_int_equal(on_disk(ctx, m, 2000, resident), resident);
+  swiftkv_ctx_destroy(ctx);
+  ctx = disk_ctx(dir, 1 << 20, 1);
+  store_conversations(ctx, model_in(ctx), 3000, in_host);
+  swiftkv_ctx_destroy(ctx);
+  ctx = disk_ctx(dir, 0, 1);
+  m = model_in(ctx);
+  assert_int_equal(on_disk(ctx, m, 2000, resident), resident); /* nothing evicted */
+  const uint64_t written = on_disk(ctx, m, 3000, in_host);
+  assert_true(written > 0 && written < in_host && resident + written <= 64);
+  swiftkv_ctx_destroy(ctx);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_retrieve_lookup),
@@ -727,6 +830,7 @@ int main(void) {
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
       cmocka_unit_test(identity_keeps_models_apart),
+      cmocka_unit_test(host_chunks_are_written_back_on_close),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
   };

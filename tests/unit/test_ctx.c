@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 7");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 8");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -284,6 +284,32 @@ static void version_5_callers_get_the_request_bound(void **state) {
   c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   c.reserved1 = 1;
   create_refused(&c, SWIFTKV_EINVAL, "config->reserved1 is not 0");
+}
+
+/* Version 7's write-back flag: 1 by default (also for a version 6 caller, which get_config
+ * does not write past), 0 or 1 only, and the reserved word checked. */
+static void write_back_on_close_is_checked(void **state) {
+  (void)state;
+  swiftkv_ctx_config v6 = SWIFTKV_CTX_CONFIG_INIT;
+  v6.size = (uint32_t)offsetof(swiftkv_ctx_config, write_back_on_close);
+  v6.version = 6;
+  swiftkv_ctx *ctx = create_ok(&v6);
+  assert_int_equal(effective(ctx).write_back_on_close, 1);
+  swiftkv_ctx_config small = v6;
+  small.write_back_on_close = 7;
+  assert_ok(swiftkv_ctx_get_config(&small, ctx));
+  assert_int_equal(small.write_back_on_close, 7); /* past the caller's size */
+  swiftkv_ctx_destroy(ctx);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.write_back_on_close = 0;
+  ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).write_back_on_close, 0);
+  swiftkv_ctx_destroy(ctx);
+  c.write_back_on_close = 2;
+  create_refused(&c, SWIFTKV_EINVAL, "config->write_back_on_close (2) is not 0 or 1");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.reserved2 = 1;
+  create_refused(&c, SWIFTKV_EINVAL, "config->reserved2 is not 0");
 }
 
 /* A program built against version 1 of the struct (48 bytes, no cache fields) gets the cache
@@ -486,6 +512,7 @@ int main(void) {
       cmocka_unit_test(version_3_callers_get_coord_defaults),
       cmocka_unit_test(version_4_callers_get_disk_log_defaults),
       cmocka_unit_test(version_5_callers_get_the_request_bound),
+      cmocka_unit_test(write_back_on_close_is_checked),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),
       cmocka_unit_test(the_cache_reads_the_given_clock),

@@ -299,6 +299,10 @@ type Config struct {
 	DiskSyncMs             uint32 // group commit period; 0: when a segment fills and at close
 	TransferThreads        uint32 // host copy engine threads; 0: the library's default
 	MaxOpenRequests        uint32 // requests open at once (1 to 2^20); Request beyond: EBUSY
+	// With a disk tier the context moves host and lent-memory chunks to disk when it closes,
+	// as far as the disk's free room goes, so that a later context on the same path finds them;
+	// NoWriteBackOnClose drops them instead (the zero value keeps the library's default).
+	NoWriteBackOnClose bool
 }
 
 func DefaultConfig() Config {
@@ -361,6 +365,11 @@ func NewContext(cfg Config) (*Context, error) {
 	c.disk_sync_ms = C.uint32_t(cfg.DiskSyncMs)
 	c.transfer_threads = C.uint32_t(cfg.TransferThreads)
 	c.max_open_requests = C.uint32_t(cfg.MaxOpenRequests)
+	if cfg.NoWriteBackOnClose {
+		c.write_back_on_close = 0
+	} else {
+		c.write_back_on_close = 1
+	}
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -419,7 +428,7 @@ func (c *Context) Config() (Config, error) {
 		MaintenanceIntervalMs: uint32(v.maintenance_interval_ms), CoordHeartbeatMs: uint32(v.coord_heartbeat_ms),
 		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
 		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads),
-		MaxOpenRequests: uint32(v.max_open_requests)}
+		MaxOpenRequests: uint32(v.max_open_requests), NoWriteBackOnClose: v.write_back_on_close == 0}
 	if v.disk_path != nil {
 		out.DiskPath = C.GoString(v.disk_path)
 	}

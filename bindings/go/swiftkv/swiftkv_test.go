@@ -126,8 +126,12 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.CoordTimeoutMs = 700
 	cfg.DiskSegmentBytes, cfg.DiskSyncMs, cfg.TransferThreads = 1<<18, 250, 3
 	cfg.MaxOpenRequests = 7
+	cfg.NoWriteBackOnClose = true
 	c := newCtx(t, cfg)
 	got := val(c.Config())
+	if !got.NoWriteBackOnClose || DefaultConfig().NoWriteBackOnClose {
+		t.Fatalf("write-back on close: %+v", got)
+	}
 	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
 		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
 		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 ||

@@ -289,7 +289,7 @@ class Context:
                "recompute_token_cost", "recompute_attention_cost", "attention_cost_table",
                "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
                "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms",
-               "transfer_threads", "max_open_requests")
+               "transfer_threads", "max_open_requests", "write_back_on_close")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         import numpy as np
@@ -307,7 +307,7 @@ class Context:
                 raise TypeError(f"unknown context option {k!r}")
             if isinstance(v, str):
                 keep.append(v)
-            setattr(c, k, int(v) if isinstance(v, enum.IntEnum) else v)
+            setattr(c, k, int(v) if isinstance(v, (enum.IntEnum, bool)) else v)
         if clock is not None:
             _c.swiftkv_py_ctx_config_set_clock(c, clock)
         self._clock = clock  # the library calls it for the context's life

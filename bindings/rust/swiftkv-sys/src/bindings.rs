@@ -8,7 +8,7 @@ pub const SWIFTKV_DEVICE_HOST: i32 = -1;
 pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
-pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 6;
+pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 7;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
 pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
@@ -522,12 +522,14 @@ pub struct swiftkv_ctx_config {
     pub transfer_threads: u32,
     pub max_open_requests: u32,
     pub reserved1: u32,
+    pub write_back_on_close: u32,
+    pub reserved2: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_ctx_config>(),
-        144usize,
+        152usize,
         concat!("Size of: ", stringify!(swiftkv_ctx_config))
     );
     assert_eq!(
@@ -960,6 +962,40 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_reserved1();
+    fn test_field_write_back_on_close() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).write_back_on_close) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(write_back_on_close)
+            )
+        );
+    }
+    test_field_write_back_on_close();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            148usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 extern "C" {
     pub fn swiftkv_ctx_create(

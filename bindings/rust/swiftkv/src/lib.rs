@@ -370,6 +370,9 @@ pub struct ContextConfig {
     pub transfer_threads: u32,
     /// Connector requests open at once; a `request` beyond is `Status::EBUSY` (1 to 2^20).
     pub max_open_requests: u32,
+    /// With a disk tier: when the context ends, move host and lent-memory chunks to disk as far
+    /// as its free room goes, so a later context on the same path finds them (default true).
+    pub write_back_on_close: bool,
 }
 
 impl Default for ContextConfig {
@@ -393,6 +396,7 @@ impl Default for ContextConfig {
             disk_sync_ms: 1000,
             transfer_threads: 0,
             max_open_requests: 4096,
+            write_back_on_close: true,
         }
     }
 }
@@ -464,6 +468,7 @@ impl Context {
         c.disk_sync_ms = config.disk_sync_ms;
         c.transfer_threads = config.transfer_threads;
         c.max_open_requests = config.max_open_requests;
+        c.write_back_on_close = config.write_back_on_close as u32;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -517,6 +522,7 @@ impl Context {
             disk_sync_ms: c.disk_sync_ms,
             transfer_threads: c.transfer_threads,
             max_open_requests: c.max_open_requests,
+            write_back_on_close: c.write_back_on_close != 0,
         })
     }
 

@@ -83,10 +83,12 @@ fn config_round_trip_and_errors() {
         disk_sync_ms: 250,
         transfer_threads: 3,
         max_open_requests: 7,
+        write_back_on_close: false,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
+    assert!(!got.write_back_on_close && ContextConfig::default().write_back_on_close);
     assert_eq!((got.disk_segment_bytes, got.disk_sync_ms), (1 << 18, 250));
     assert_eq!((got.transfer_threads, got.max_open_requests), (3, 7));
     assert_eq!(ContextConfig::default().max_open_requests, 4096);
