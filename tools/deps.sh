@@ -6,6 +6,7 @@ set -euo pipefail
 pkgs=(cmake ninja-build g++ gcc pkg-config binutils libcmocka-dev libnuma-dev libzmq3-dev
       libxxhash-dev nlohmann-json3-dev python3
       swig python3-dev python3-numpy python3-pytest python3-torch python3-venv python3-pip
+      python3-prometheus-client
       cargo rustc bindgen golang-go
       clang-14 libclang-rt-14-dev)
 missing=()

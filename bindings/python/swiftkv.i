@@ -136,7 +136,7 @@ Error = _capi.Error
   uint64_t *valid_end_tokens_out, uint64_t *saved_tokens_out, uint64_t *bytes_out
 };
 %apply uint32_t *OUTPUT { uint32_t *out, uint32_t *model_out, uint32_t *pool_out };
-%apply size_t *OUTPUT { size_t *count_out };
+%apply size_t *OUTPUT { size_t *count_out, size_t *length_out };
 
 %define SWIFTKV_HANDLE_OUT(TYPE)
 %typemap(in, numinputs=0) TYPE **out (TYPE *tmp = NULL) { $1 = &tmp; }
@@ -169,6 +169,7 @@ SWIFTKV_BUFFER_IN(void *kv, size_t kv_bytes, 0, 1)
 SWIFTKV_BUFFER_IN(uint8_t *residency_out, size_t residency_capacity, 1, 1)
 SWIFTKV_BUFFER_IN(const uint64_t *lender_kv_bytes, size_t n_lenders, 8, 0)
 SWIFTKV_BUFFER_IN(uint64_t *ids_out, size_t ids_capacity, 8, 1)
+SWIFTKV_BUFFER_IN(char *buf, size_t capacity, 1, 1)
 
 /* --- Raw pointers ---------------------------------------------------------------------------- */
 %define SWIFTKV_RAW_POINTER(TYPE, WRITABLE)

@@ -805,6 +805,15 @@ typedef struct swiftkv_stats {
 
 SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx);
 
+/* The context's counters (swiftkv_stats and swiftkv_coord_stats) in Prometheus' text exposition
+ * format 0.0.4, each with its HELP and TYPE lines; per-tier families carry a label
+ * tier="peer|host|disk". The names and units are listed in docs/api.md (counters end in _total,
+ * sizes are bytes, times seconds). *length_out is the text's length without its NUL; when
+ * capacity > that length the text and a NUL are written to buf, else nothing is written (call
+ * again with a larger buffer). buf may be NULL when capacity is 0. Thread-safe. */
+SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size_t *length_out,
+                                                const swiftkv_ctx *ctx);
+
 /* Why a chunk left a tier without the caller asking. */
 typedef enum swiftkv_chunk_event_reason {
   SWIFTKV_CHUNK_EVICTED = 0, /* its tier needed room */

@@ -173,3 +173,33 @@ def test_host_chunks_written_back_on_close(small_model, tmp_path, write_back):
         assert m.lookup(t)["chunks_per_tier"] == [0, 0, 3]
         out = np.zeros_like(kv)
         assert m.retrieve(t, 0, out) == 96 and np.array_equal(out, kv)
+
+
+def test_metrics_text_and_collector(ctx, small_model):
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from swiftkv.metrics import Collector
+
+    m = ctx.register_model(small_model)
+    t = tokens_of(12, 64)
+    m.store(t, chunks_of(12, 2, small_model.chunk_bytes))
+    m.lookup(tokens_of(13, 96))  # 3 misses
+    m.lookup(t)  # 2 host hits
+    text = ctx.metrics_text()
+    assert 'swiftkv_chunks{tier="host"} 2\n' in text
+    assert "swiftkv_stores_total 2\n" in text and "swiftkv_lookup_misses_total 3\n" in text
+    assert 'swiftkv_lookup_hits_total{tier="host"} 2\n' in text
+    # Every family parses, with HELP and TYPE, and values agree with stats().
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    s = ctx.stats()
+    assert fams["swiftkv_stores"].type == "counter" and fams["swiftkv_chunks"].type == "gauge"
+    assert all(f.documentation for f in fams.values())
+    assert {x.labels["tier"]: x.value for x in fams["swiftkv_tier_bytes"].samples} == {
+        "peer": 0, "host": s["bytes"][1], "disk": 0}
+    assert fams["swiftkv_index_bytes"].samples[0].value == s["index_bytes"]
+    reg = CollectorRegistry()
+    reg.register(Collector(ctx, prefix="engine_a_"))
+    out = generate_latest(reg).decode()
+    assert 'engine_a_swiftkv_chunks{tier="host"} 2.0' in out
+    assert "engine_a_swiftkv_stores_total 2.0" in out

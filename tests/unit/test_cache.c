@@ -820,6 +820,54 @@ static void host_chunks_are_written_back_on_close(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* The Prometheus text: exact values after known traffic; a buffer too small gets nothing and
+ * learns the length; bad arguments are refused. */
+static void metrics_text_exposes_the_counters(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  store_conversations(r.ctx, r.model, 1, 3);
+  uint32_t t[CHUNK_TOKENS];
+  fill_tokens(t, CHUNK_TOKENS, 99);
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, t, CHUNK_TOKENS)); /* a miss */
+  size_t n = 0;
+  assert_ok(swiftkv_metrics_text(NULL, 0, &n, r.ctx));
+  assert_true(n > 1000);
+  char small[16];
+  memset(small, 'x', sizeof small);
+  size_t m = 0;
+  assert_ok(swiftkv_metrics_text(small, sizeof small, &m, r.ctx));
+  assert_int_equal(m, n);
+  assert_int_equal(small[0], 'x'); /* nothing written */
+  char *text = malloc(n + 1);
+  assert_non_null(text);
+  assert_ok(swiftkv_metrics_text(text, n + 1, &m, r.ctx));
+  assert_int_equal(m, n);
+  assert_int_equal(strlen(text), n);
+  assert_non_null(strstr(text, "# TYPE swiftkv_chunks gauge\nswiftkv_chunks{tier=\"peer\"} 0\n"
+                               "swiftkv_chunks{tier=\"host\"} 3\n"));
+  assert_non_null(strstr(text, "\nswiftkv_stores_total 3\n"));
+  assert_non_null(strstr(text, "\nswiftkv_lookup_misses_total 1\n"));
+  assert_non_null(strstr(text, "\nswiftkv_requests_open 0\n"));
+  assert_non_null(strstr(text, "\nswiftkv_coord_reclaim_seconds_total 0.000000000\n"));
+  /* Every family has HELP then TYPE, and every sample line starts with swiftkv_. */
+  size_t families = 0;
+  for (char *line = strtok(text, "\n"); line != NULL; line = strtok(NULL, "\n")) {
+    if (strncmp(line, "# HELP ", 7) == 0) {
+      ++families;
+    } else if (strncmp(line, "# TYPE ", 7) != 0) {
+      assert_true(strncmp(line, "swiftkv_", 8) == 0);
+    }
+  }
+  assert_true(families >= 30);
+  free(text);
+  assert_int_equal(swiftkv_metrics_text(NULL, 0, NULL, r.ctx), SWIFTKV_EINVAL);
+  assert_int_equal(swiftkv_metrics_text(NULL, 8, &m, r.ctx), SWIFTKV_EINVAL);
+  assert_int_equal(swiftkv_metrics_text(NULL, 0, &m, NULL), SWIFTKV_EINVAL);
+  rig_down(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_retrieve_lookup),
@@ -831,6 +879,7 @@ int main(void) {
       cmocka_unit_test(a_new_context_finds_disk_chunks),
       cmocka_unit_test(identity_keeps_models_apart),
       cmocka_unit_test(host_chunks_are_written_back_on_close),
+      cmocka_unit_test(metrics_text_exposes_the_counters),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
   };

@@ -500,6 +500,35 @@ type CoordStats struct {
 	ReclaimNsTotal, ReclaimNsMax, LeasesLost, LendersLost                            uint64
 }
 
+// MetricsText is the context's counters in Prometheus' text exposition format
+// (swiftkv_metrics_text; the names are listed in docs/api.md).
+func (c *Context) MetricsText() (string, error) {
+	h, done, err := c.acquire()
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	var n C.size_t
+	if err := check(func() C.swiftkv_status { return C.swiftkv_metrics_text(nil, 0, &n, h) }); err != nil {
+		return "", err
+	}
+	for {
+		buf := (*C.char)(C.malloc(n + 1))
+		var got C.size_t
+		err := check(func() C.swiftkv_status { return C.swiftkv_metrics_text(buf, n+1, &got, h) })
+		if err == nil && got <= n {
+			s := C.GoStringN(buf, C.int(got))
+			C.free(unsafe.Pointer(buf))
+			return s, nil
+		}
+		C.free(unsafe.Pointer(buf))
+		if err != nil {
+			return "", err
+		}
+		n = got // the counters grew between the two calls
+	}
+}
+
 func (c *Context) CoordStats() (CoordStats, error) {
 	h, done, err := c.acquire()
 	if err != nil {

@@ -225,6 +225,11 @@ func TestIdentityKeepsModelsApart(t *testing.T) {
 	}
 	_, err := c.RegisterModel(d1, false)
 	wantStatus(t, err, EBUSY)
+	text := val(c.MetricsText())
+	if !strings.Contains(text, "\nswiftkv_stores_total 2\n") ||
+		!strings.Contains(text, "swiftkv_chunks{tier=\"host\"} 2\n") {
+		t.Fatal(text)
+	}
 }
 
 func TestEventsThroughTheHandleTable(t *testing.T) {

@@ -393,6 +393,18 @@ class Context:
         _c.swiftkv_stats_get(out, self.handle)
         return _struct_fields(out)
 
+    def metrics_text(self) -> str:
+        """The context's counters in Prometheus' text exposition format (swiftkv_metrics_text;
+        the names are listed in docs/api.md). swiftkv.metrics.Collector(ctx) serves them to a
+        prometheus_client registry."""
+        size = 16 << 10
+        while True:
+            buf = bytearray(size)
+            _, n = _c.swiftkv_metrics_text(buf, self.handle)
+            if n < size:
+                return bytes(buf[:n]).decode()
+            size = n + 1
+
     def coord_stats(self) -> dict:
         out = _c.swiftkv_coord_stats_init()
         _c.swiftkv_coord_stats_get(out, self.handle)

@@ -3015,6 +3015,14 @@ fn bindgen_test_layout_swiftkv_stats() {
 extern "C" {
     pub fn swiftkv_stats_get(out: *mut swiftkv_stats, ctx: *const swiftkv_ctx) -> swiftkv_status;
 }
+extern "C" {
+    pub fn swiftkv_metrics_text(
+        buf: *mut ::std::os::raw::c_char,
+        capacity: usize,
+        length_out: *mut usize,
+        ctx: *const swiftkv_ctx,
+    ) -> swiftkv_status;
+}
 pub const SWIFTKV_CHUNK_EVICTED: swiftkv_chunk_event_reason = 0;
 pub const SWIFTKV_CHUNK_REVOKED: swiftkv_chunk_event_reason = 1;
 pub const SWIFTKV_CHUNK_CORRUPT: swiftkv_chunk_event_reason = 2;

@@ -562,6 +562,26 @@ impl Context {
         Ok(s)
     }
 
+    /// The context's counters in Prometheus' text exposition format (`swiftkv_metrics_text`;
+    /// the names are listed in docs/api.md).
+    pub fn metrics_text(&self) -> Result<String> {
+        let mut len = 0usize;
+        check(unsafe { sys::swiftkv_metrics_text(ptr::null_mut(), 0, &mut len, self.raw) })?;
+        loop {
+            let mut buf = vec![0u8; len + 1];
+            let mut got = 0usize;
+            check(unsafe {
+                sys::swiftkv_metrics_text(buf.as_mut_ptr() as *mut std::os::raw::c_char, buf.len(),
+                                          &mut got, self.raw)
+            })?;
+            if got < buf.len() {
+                buf.truncate(got);
+                return String::from_utf8(buf).map_err(|_| invalid("metrics text is not UTF-8"));
+            }
+            len = got; // the counters grew between the two calls
+        }
+    }
+
     /// The coordinator's counts and counters.
     pub fn coord_stats(&self) -> Result<sys::swiftkv_coord_stats> {
         let mut s: sys::swiftkv_coord_stats = unsafe { std::mem::zeroed() };

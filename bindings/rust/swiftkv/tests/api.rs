@@ -162,6 +162,9 @@ fn identity_keeps_models_apart() {
     assert!(e.message.contains("geometry and identity"), "{}", e.message);
     let e = c.register_model(&small().identity("a\0b")).err().unwrap();
     assert_eq!(e.status, Status::EINVAL);
+    let text = c.metrics_text().unwrap();
+    assert!(text.contains("\nswiftkv_stores_total 2\n"), "{}", text);
+    assert!(text.contains("swiftkv_chunks{tier=\"host\"} 2\n"), "{}", text);
 }
 
 #[test]
