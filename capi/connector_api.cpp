@@ -11,6 +11,7 @@
 #include "capi/borrower.hpp"
 #include "capi/capi_guard.hpp"
 #include "capi/context_handle.hpp"
+#include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
 
 namespace swiftkv::capi {
@@ -219,6 +220,12 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
         desc, defaults, SWIFTKV_REQUEST_DESC_VERSION, swiftkv::capi::kRequestDescV1Size, "desc",
         "SWIFTKV_REQUEST_DESC_INIT");
     if (d.reserved0 != 0) swiftkv::fail_invalid("desc->reserved0 is not 0");
+    if (d.reserved1 != 0) swiftkv::fail_invalid("desc->reserved1 is not 0");
+    const int32_t shape = swiftkv::capi::raw_enum_value(d.shape);
+    if (shape < SWIFTKV_REQUEST_LOAD_AND_SAVE || shape > SWIFTKV_REQUEST_SAVE_ONLY) {
+      swiftkv::fail_invalid("desc->shape (" + std::to_string(shape) +
+                            ") is not a swiftkv_request_shape");
+    }
     swiftkv::capi::RegisteredPool rp;
     {
       std::lock_guard lock(ctx->io_mu);
@@ -261,6 +268,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
     spec.pages = std::move(pages);
     spec.n_tokens = d.n_tokens;
     spec.load_from = d.load_from_tokens;
+    spec.load = shape != SWIFTKV_REQUEST_SAVE_ONLY;
+    spec.save = shape != SWIFTKV_REQUEST_LOAD_ONLY;
     {
       std::lock_guard lock(ctx->io_mu);
       if (ctx->requests.size() + ctx->requests_beginning >= ctx->max_open_requests) {

@@ -39,7 +39,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   const size_t first = spec_.load_from / chunk_tokens_;
   bool tiers_used[kTierCount] = {};
   try {
-    for (size_t c = first; c < spec_.keys.size(); ++c) {
+    for (size_t c = first; spec_.load && c < spec_.keys.size(); ++c) {
       std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
       if (!use) break;
       if (use->meta.bytes != sizes.full_chunk_bytes) {
@@ -69,7 +69,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
 
     // The saves: every full chunk that is neither loaded nor cached, into a reserved slot that
     // becomes visible only in wait_save.
-    for (size_t c = 0; c < spec_.keys.size(); ++c) {
+    for (size_t c = 0; spec_.save && c < spec_.keys.size(); ++c) {
       if (c >= first && c < first + loads_.size()) continue;
       if (cache_.resident(spec_.keys[c])) continue;
       const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c), g.chunk_tokens,
@@ -92,6 +92,14 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
         s.dst = s.staging.data();
       }
       info_.save_tokens += chunk_tokens_;
+    }
+    const bool any_stream_page =
+        std::any_of(spec_.pages.begin(), spec_.pages.end(),
+                    [&](int32_t p) { return layout.is_stream(static_cast<uint32_t>(p)); });
+    if (any_stream_page && !(spec_.load && spec_.save)) {
+      fail_invalid(std::string("a ") + (spec_.load ? "load-only" : "save-only") +
+                   " request cannot use stream pages: they hold one layer at a time, and only "
+                   "a request that both loads and saves says when a layer is done with");
     }
     if (device()) make_device_transfer();
   } catch (...) {
@@ -231,6 +239,7 @@ void Request::check_layer(uint32_t layer) const {
 
 void Request::start_load(void *stream) {
   std::lock_guard lock(mu_);
+  if (!spec_.load) fail_order("start_load");
   if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
   if (device()) {
     dev_->after(stream);  // the pages' previous users on the engine's stream go first
@@ -259,19 +268,38 @@ void Request::fail_order(const std::string &call) const {
   } else {
     next = "wait_save";
   }
+  const std::string counts = std::to_string(info_.layers_loaded) + " of " +
+                             std::to_string(layers_) + " layers waited for, " +
+                             std::to_string(info_.layers_saved) + " saved";
+  if (!spec_.save) {
+    fail(SWIFTKV_ESTATE, call + " out of order: a load-only request waits for its layers in "
+                         "order, wait_layer_load(0) to wait_layer_load(" +
+                         std::to_string(layers_ - 1) + "), and saves nothing; " + counts +
+                         (info_.layers_loaded < layers_
+                              ? ", next is wait_layer_load(" +
+                                    std::to_string(info_.layers_loaded) + ")"
+                              : ", next is request_finish"));
+  }
+  if (!spec_.load) {
+    fail(SWIFTKV_ESTATE, call + " out of order: a save-only request loads nothing and saves its "
+                         "layers in order, save_layer(0) to save_layer(" +
+                         std::to_string(layers_ - 1) + "), then wait_save; " + counts +
+                         (info_.layers_saved < layers_
+                              ? ", next is save_layer(" + std::to_string(info_.layers_saved) + ")"
+                              : ", next is wait_save"));
+  }
   fail(SWIFTKV_ESTATE, call + " out of order: a request goes layer by layer, wait_layer_load(l) "
                        "then save_layer(l) before layer l+1 (layer l's pages are loaded before "
                        "the engine computes into them, and saved before the next layer's load "
-                       "may reuse stream pages); " + std::to_string(info_.layers_loaded) +
-                       " of " + std::to_string(layers_) + " layers waited for, " +
-                       std::to_string(info_.layers_saved) + " saved, next is " + next);
+                       "may reuse stream pages); " + counts + ", next is " + next);
 }
 
 uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
   std::unique_lock lock(mu_);
+  if (!spec_.load) fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
   check_layer(layer);
-  if (layer != info_.layers_loaded || info_.layers_saved != layer) {
+  if (layer != info_.layers_loaded || (spec_.save && info_.layers_saved != layer)) {
     fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   }
   if (device()) {
@@ -300,8 +328,9 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
 
 void Request::save_layer(uint32_t layer, void *stream) {
   std::lock_guard lock(mu_);
+  if (!spec_.save) fail_order("save_layer(" + std::to_string(layer) + ")");
   check_layer(layer);
-  if (layer != info_.layers_saved || info_.layers_loaded != layer + 1) {
+  if (layer != info_.layers_saved || (spec_.load && info_.layers_loaded != layer + 1)) {
     fail_order("save_layer(" + std::to_string(layer) + ")");
   }
   if (device()) {
@@ -321,6 +350,7 @@ void Request::save_layer(uint32_t layer, void *stream) {
 
 uint64_t Request::wait_save(void *) {
   std::unique_lock lock(mu_);
+  if (!spec_.save) fail_order("wait_save");
   if (save_done_) fail(SWIFTKV_ESTATE, "wait_save was already called for this request");
   if (info_.layers_saved != layers_) {
     fail(SWIFTKV_ESTATE, "wait_save with " + std::to_string(info_.layers_saved) + " of " +

@@ -38,10 +38,17 @@ struct RequestSpec {
   std::vector<int32_t> pages;   // checked by the caller: in range, distinct, enough of them
   uint64_t n_tokens = 0;
   uint64_t load_from = 0;       // a chunk boundary
+  // The request's shape: both (the engine's per-layer loop), loads only (the cached prefix into
+  // the pages, nothing saved) or saves only (pages the engine computed, nothing loaded). A
+  // shape without one half cannot use stream pages (no call says when a layer is done with).
+  bool load = true;
+  bool save = true;
 };
 
 // The call order is the engine's loop: start_load, then per layer wait_layer_load(l) and
-// save_layer(l), then wait_save. A call out of order throws Error(ESTATE) and changes nothing.
+// save_layer(l), then wait_save. A load-only request is start_load, then wait_layer_load(l) for
+// each layer; a save-only one save_layer(l) for each layer, then wait_save. A call out of order,
+// or of the half a shape lacks, throws Error(ESTATE) and changes nothing.
 // Thread-safe: mu_ guards the per-layer counters and the call state; tasks on the executor touch
 // only their own chunk's fields and report through mu_. The destructor waits for every task.
 //

@@ -1030,7 +1030,20 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * every chunk, on a load stream of the highest priority and a save stream.
  * ------------------------------------------------------------------------------------------- */
 
-#define SWIFTKV_REQUEST_DESC_VERSION 1
+#define SWIFTKV_REQUEST_DESC_VERSION 2
+
+/* What a request does (swiftkv_request_desc.shape). */
+typedef enum swiftkv_request_shape {
+  /* The engine's per-layer loop: start_load, per layer wait_layer_load(l) then save_layer(l),
+   * then wait_save. */
+  SWIFTKV_REQUEST_LOAD_AND_SAVE = 0,
+  /* Loads the cached run into the pages and saves nothing: start_load, then wait_layer_load(l)
+   * for l = 0..L-1 in order (an engine that loads first and runs the model after). */
+  SWIFTKV_REQUEST_LOAD_ONLY = 1,
+  /* Stores pages the engine has computed and loads nothing: save_layer(l) for l = 0..L-1 in
+   * order, then wait_save. Chunks cached at request_begin are not saved again. */
+  SWIFTKV_REQUEST_SAVE_ONLY = 2
+} swiftkv_request_shape;
 
 typedef struct swiftkv_request_desc {
   uint32_t size;              /* sizeof(swiftkv_request_desc) as the caller compiled it */
@@ -1043,10 +1056,20 @@ typedef struct swiftkv_request_desc {
   uint64_t n_pages;           /* at least ceil(n_tokens / block_tokens); extra ones unused */
   uint64_t load_from_tokens;  /* a chunk boundary where loading starts: 0, or the
                                  dropped_head_tokens of swiftkv_lookup */
+  /* Version 2. */
+  swiftkv_request_shape shape; /* default SWIFTKV_REQUEST_LOAD_AND_SAVE. A load-only or
+                                  save-only request cannot use stream pages (EINVAL): they hold
+                                  one layer at a time, and only the interleaved loop says when
+                                  a layer is done with. Calls of the half a shape lacks are
+                                  SWIFTKV_ESTATE. */
+  uint32_t reserved1;          /* must be 0 */
 } swiftkv_request_desc;
 
-#define SWIFTKV_REQUEST_DESC_INIT \
-  { (uint32_t)sizeof(swiftkv_request_desc), SWIFTKV_REQUEST_DESC_VERSION, 0, 0, NULL, 0, NULL, 0, 0 }
+#define SWIFTKV_REQUEST_DESC_INIT                                                         \
+  {                                                                                       \
+    (uint32_t)sizeof(swiftkv_request_desc), SWIFTKV_REQUEST_DESC_VERSION, 0, 0, NULL, 0, \
+        NULL, 0, 0, SWIFTKV_REQUEST_LOAD_AND_SAVE, 0                                      \
+  }
 
 #define SWIFTKV_REQUEST_INFO_VERSION 1
 

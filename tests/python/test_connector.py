@@ -101,3 +101,35 @@ def test_request_errors(ctx, small_model):
     with pytest.raises(swiftkv.Error) as e:
         m.request(pool, tokens_of(1, 32), [0, 1])
     assert e.value.status == swiftkv.Status.ENOTFOUND
+
+
+def test_load_only_and_save_only(ctx, small_model):
+    """An engine that ran the model first stores its pages (save-only); one that loads first
+    and computes after loads them (load-only): each a single request, nothing loaded twice."""
+    m = ctx.register_model(small_model)
+    layers = [np.zeros((2, 8, 16, 2, 16), np.float16) for _ in range(2)]
+    pool = m.pool_from_tensors(layers)
+    rng = np.random.default_rng(3)
+    for l in layers:
+        l[:] = rng.standard_normal(l.shape)
+    want = [l.copy() for l in layers]
+    tokens, pages = tokens_of(3, 96), [5, 1, 7, 0, 3, 2]
+    with m.request(pool, tokens, pages, shape=swiftkv.RequestShape.SAVE_ONLY) as r:
+        with pytest.raises(swiftkv.Error) as e:
+            r.start_load()
+        assert e.value.status == swiftkv.Status.ESTATE and "save-only" in e.value.message
+        for l in range(2):
+            r.save_layer(l)
+        assert r.wait_save() == 96
+    for l in layers:
+        l[:] = 0
+    with m.request(pool, tokens, pages, shape=swiftkv.RequestShape.LOAD_ONLY) as r:
+        r.start_load()
+        assert [r.wait_layer_load(l) for l in range(2)] == [96, 96]
+        with pytest.raises(swiftkv.Error) as e:
+            r.wait_save()
+        assert "next is request_finish" in e.value.message
+    for l in range(2):
+        for p in pages:
+            assert np.array_equal(layers[l][:, p], want[l][:, p])
+    assert ctx.stats()["stores"] == 3

@@ -307,6 +307,118 @@ static void round_trip(enum layout layout) {
   engine_down(&e);
 }
 
+static uint64_t requests_open(const struct engine *e);
+
+static uint64_t begin_shaped(const struct engine *e, const uint32_t *tokens, size_t n,
+                             const int32_t *pages, swiftkv_request_shape shape) {
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e->pool;
+  d.tokens = tokens;
+  d.n_tokens = n;
+  d.pages = pages;
+  d.n_pages = (n + BLOCK - 1) / BLOCK;
+  d.shape = shape;
+  uint64_t req = 0;
+  assert_ok(swiftkv_request_begin(&req, e->ctx, &d));
+  return req;
+}
+
+/* The save-only shape stores what the engine computed (no loads, chunks cached at begin not
+ * saved again); the load-only shape loads the cached run into other pages and saves nothing;
+ * calls of the half a shape lacks are refused with the order in the message, changing
+ * nothing; neither shape takes stream pages. */
+static void load_only_and_save_only(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  uint32_t tokens[5 * CHUNK];
+  fill_tokens(tokens, 5 * CHUNK, 4);
+  int32_t pages[10];
+  pick_pages(pages, 10, 0, PAGES, 4);
+  /* Chunk 0 is cached beforehand: a save-only request leaves it as it is. */
+  struct turn_result t0 = run_turn(&e, tokens, CHUNK, pages, 4, 0, NULL);
+  assert_int_equal(t0.info.saved_tokens, CHUNK);
+
+  for (uint32_t l = 0; l < LAYERS; ++l) engine_write(&e, pages, 4, l, 0, 5 * CHUNK);
+  uint64_t req = begin_shaped(&e, tokens, 5 * CHUNK, pages, SWIFTKV_REQUEST_SAVE_ONLY);
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
+  assert_int_equal(info.load_end_tokens, 0);
+  assert_int_equal(info.save_tokens, 4 * CHUNK);
+  uint64_t v = 0;
+  assert_status(swiftkv_start_load(e.ctx, req, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("a save-only request loads nothing");
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
+  assert_status(swiftkv_save_layer(e.ctx, req, 1, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("next is save_layer(0)");
+  assert_status(swiftkv_wait_save(&v, e.ctx, req, NULL), SWIFTKV_ESTATE);
+  for (uint32_t l = 0; l < LAYERS; ++l) assert_ok(swiftkv_save_layer(e.ctx, req, l, NULL));
+  assert_ok(swiftkv_wait_save(&v, e.ctx, req, NULL));
+  assert_int_equal(v, 4 * CHUNK);
+  assert_ok(swiftkv_request_finish(&info, e.ctx, req));
+  assert_int_equal(info.layers_loaded, 0);
+  for (size_t i = 0; i < 5; ++i) assert_chunk_bytes(&e, tokens, 5 * CHUNK, 4, i);
+
+  /* Load-only into other pages: every byte where the engine reads it, nothing saved. */
+  engine_scramble(&e);
+  int32_t other[10];
+  pick_pages(other, 10, 0, PAGES, 5);
+  swiftkv_stats before = SWIFTKV_STATS_INIT, after = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&before, e.ctx));
+  req = begin_shaped(&e, tokens, 5 * CHUNK, other, SWIFTKV_REQUEST_LOAD_ONLY);
+  assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
+  assert_int_equal(info.load_end_tokens, 5 * CHUNK);
+  assert_int_equal(info.save_tokens, 0);
+  assert_status(swiftkv_save_layer(e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("a load-only request");
+  assert_ok(swiftkv_start_load(e.ctx, req, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    assert_ok(swiftkv_wait_layer_load(&v, e.ctx, req, l, NULL));
+    assert_int_equal(v, 5 * CHUNK);
+    assert_int_equal(engine_wrong(&e, other, 4, l, 0, 5 * CHUNK), 0);
+  }
+  assert_status(swiftkv_wait_save(&v, e.ctx, req, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("next is request_finish");
+  assert_ok(swiftkv_request_finish(&info, e.ctx, req));
+  assert_int_equal(info.layers_loaded, LAYERS);
+  assert_int_equal(info.saved_tokens, 0);
+  assert_ok(swiftkv_stats_get(&after, e.ctx));
+  assert_int_equal(after.stores, before.stores);
+
+  /* Bad shapes: nothing begun. */
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.tokens = tokens;
+  d.n_tokens = CHUNK;
+  d.pages = pages;
+  d.n_pages = 2;
+  d.shape = (swiftkv_request_shape)3;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("desc->shape (3)");
+  d.shape = SWIFTKV_REQUEST_LOAD_AND_SAVE;
+  d.reserved1 = 1;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+
+  /* Stream pages hold one layer at a time: only the interleaved shape may use them. */
+  engine_up(&e, CREATED_STREAM, 1 << 20, 0);
+  pick_pages(pages, 2, e.d.stream_first, e.d.stream_pages, 6);
+  d = (swiftkv_request_desc)SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.tokens = tokens;
+  d.n_tokens = CHUNK;
+  d.pages = pages;
+  d.n_pages = 2;
+  d.shape = SWIFTKV_REQUEST_SAVE_ONLY;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("cannot use stream pages");
+  d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
+  assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+}
+
 static void round_trip_vllm(void **state) { (void)state; round_trip(VLLM); }
 static void round_trip_nhd(void **state) { (void)state; round_trip(NHD); }
 static void round_trip_hnd(void **state) { (void)state; round_trip(HND); }
@@ -676,6 +788,7 @@ static void device_pools_need_their_device(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_vllm),
+      cmocka_unit_test(load_only_and_save_only),
       cmocka_unit_test(round_trip_nhd),
       cmocka_unit_test(round_trip_hnd),
       cmocka_unit_test(round_trip_cross_layer),

@@ -145,8 +145,26 @@ func toInfo(i *C.swiftkv_request_info) RequestInfo {
 		i.stream_ordered != 0}
 }
 
+// RequestShape is what a request does (swiftkv_request_shape).
+type RequestShape uint32
+
+const (
+	// LoadAndSave: per layer WaitLayerLoad(l) then SaveLayer(l), then WaitSave.
+	LoadAndSave RequestShape = C.SWIFTKV_REQUEST_LOAD_AND_SAVE
+	// LoadOnly: StartLoad, then WaitLayerLoad(l) for every layer; nothing saved.
+	LoadOnly RequestShape = C.SWIFTKV_REQUEST_LOAD_ONLY
+	// SaveOnly: SaveLayer(l) for every layer, then WaitSave; nothing loaded.
+	SaveOnly RequestShape = C.SWIFTKV_REQUEST_SAVE_ONLY
+)
+
 // Begin begins a request over the pool's pages (pages[b] holds tokens [b*B, (b+1)*B)).
 func (m *Model) Begin(p *Pool, tokens []uint32, pages []int32, loadFromTokens uint64) (*Request, error) {
+	return m.BeginShaped(p, tokens, pages, loadFromTokens, LoadAndSave)
+}
+
+// BeginShaped is Begin for a request of the given shape.
+func (m *Model) BeginShaped(p *Pool, tokens []uint32, pages []int32, loadFromTokens uint64,
+	shape RequestShape) (*Request, error) {
 	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return nil, err
@@ -165,6 +183,7 @@ func (m *Model) Begin(p *Pool, tokens []uint32, pages []int32, loadFromTokens ui
 	d.pages = (*C.int32_t)(unsafe.Pointer(cp))
 	d.n_pages = C.uint64_t(len(pages))
 	d.load_from_tokens = C.uint64_t(loadFromTokens)
+	d.shape = C.swiftkv_request_shape(shape)
 	var id C.uint64_t
 	if err := check(func() C.swiftkv_status { return C.swiftkv_request_begin(&id, h, d) }); err != nil {
 		return nil, err

@@ -474,6 +474,43 @@ func TestPoolsAndTheConnector(t *testing.T) {
 			}
 		}
 	}
+	// The other shapes: save-only stores what pages2 holds under other tokens; load-only brings
+	// it back into the first pages, saving nothing.
+	tok2 := tokensOf(8, 96)
+	rs := val(m.BeginShaped(p, tok2, pages2, 0, SaveOnly))
+	wantStatus(t, rs.StartLoad(0), ESTATE)
+	for l := 0; l < 2; l++ {
+		noErr(t, rs.SaveLayer(uint32(l), 0))
+	}
+	if n := val(rs.WaitSave(0)); n != 96 {
+		t.Fatal(n)
+	}
+	val(rs.Finish())
+	for l := 0; l < 2; l++ {
+		for i := range layer(l) {
+			layer(l)[i] = 0
+		}
+	}
+	rl := val(m.BeginShaped(p, tok2, pages, 0, LoadOnly))
+	noErr(t, rl.StartLoad(0))
+	for l := 0; l < 2; l++ {
+		if v := val(rl.WaitLayerLoad(uint32(l), 0)); v != 96 {
+			t.Fatal(v)
+		}
+	}
+	wantStatus(t, rl.SaveLayer(0, 0), ESTATE)
+	val(rl.Finish())
+	for l := 0; l < 2; l++ {
+		for tk := 0; tk < 96; tk++ {
+			for c := 0; c < 2; c++ {
+				for i := 0; i < 32; i++ {
+					if layer(l)[at(c, pages[tk/16], (tk%16)*32+i)] != value(l, c, tk, i) {
+						t.Fatalf("load-only: layer %d token %d differs", l, tk)
+					}
+				}
+			}
+		}
+	}
 	_, err := m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
 	wantStatus(t, err, EINVAL)
 	r3 := val(m.Begin(p, tok[:32], []int32{0, 1}, 0))

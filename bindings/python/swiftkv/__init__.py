@@ -32,7 +32,8 @@ from . import capi as _c
 from .tensors import HOST as _HOST, TensorInfo, host_array as _host_array, stream_handle, tensor_info
 
 __all__ = [
-    "Error", "Status", "DType", "Tier", "Role", "EvictionPolicy", "MemoryKind", "CudaAlloc",
+    "Error", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
+    "CudaAlloc",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
     "version", "version_string", "status_string", "last_error_message", "dtype_size",
     "device_count",
@@ -119,6 +120,16 @@ def _mask(tiers) -> int:
     if isinstance(tiers, int):
         return tiers
     return tier_mask(*tiers)
+
+
+class RequestShape(enum.IntEnum):
+    """What a connector request does: LOAD_AND_SAVE (per layer wait_layer_load then save_layer,
+    then wait_save), LOAD_ONLY (start_load, then wait_layer_load per layer; nothing saved) or
+    SAVE_ONLY (save_layer per layer, then wait_save; nothing loaded)."""
+
+    LOAD_AND_SAVE = _c.SWIFTKV_REQUEST_LOAD_AND_SAVE
+    LOAD_ONLY = _c.SWIFTKV_REQUEST_LOAD_ONLY
+    SAVE_ONLY = _c.SWIFTKV_REQUEST_SAVE_ONLY
 
 
 class Role(enum.IntEnum):
@@ -663,9 +674,11 @@ class Model:
         return self.ctx._adopt(Pool(self, pid, (list(keep) if isinstance(keep, (list, tuple))
                                                 else [keep], bases)))
 
-    def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0) -> "Request":
-        """Begins an engine request (swiftkv_request_begin); use it as a context manager."""
-        return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens))
+    def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0,
+                shape: RequestShape = RequestShape.LOAD_AND_SAVE) -> "Request":
+        """Begins an engine request (swiftkv_request_begin); use it as a context manager.
+        shape: LOAD_AND_SAVE (the per-layer loop), LOAD_ONLY or SAVE_ONLY."""
+        return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens, shape))
 
 
 # Dimension names of the pool layouts pool_from_tensors reads.
@@ -833,7 +846,8 @@ class Request:
     """An engine request through the connector: begin (here), start_load, per layer
     wait_layer_load / save_layer, wait_save, finish (also on leaving a with block)."""
 
-    def __init__(self, model, pool, tokens, pages, load_from_tokens):
+    def __init__(self, model, pool, tokens, pages, load_from_tokens,
+                 shape=RequestShape.LOAD_AND_SAVE):
         import numpy as np
 
         self.model, self.pool = model, pool
@@ -848,6 +862,7 @@ class Request:
         d.pages = _c.swiftkv_py_address(self._pages) if len(self._pages) else 0
         d.n_pages = len(self._pages)
         d.load_from_tokens = load_from_tokens
+        d.shape = int(shape)
         _, self.id = _c.swiftkv_request_begin(model.ctx.handle, d)
         self._open = True
         self.final: Optional[dict] = None

@@ -21,7 +21,7 @@ pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
 pub const SWIFTKV_STATS_VERSION: u32 = 3;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
-pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 1;
+pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_REQUEST_INFO_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_PLAN_VERSION: u32 = 1;
@@ -3750,6 +3750,10 @@ extern "C" {
 extern "C" {
     pub fn swiftkv_pool_destroy(ctx: *mut swiftkv_ctx, pool: u32) -> swiftkv_status;
 }
+pub const SWIFTKV_REQUEST_LOAD_AND_SAVE: swiftkv_request_shape = 0;
+pub const SWIFTKV_REQUEST_LOAD_ONLY: swiftkv_request_shape = 1;
+pub const SWIFTKV_REQUEST_SAVE_ONLY: swiftkv_request_shape = 2;
+pub type swiftkv_request_shape = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_request_desc {
@@ -3762,12 +3766,14 @@ pub struct swiftkv_request_desc {
     pub pages: *const i32,
     pub n_pages: u64,
     pub load_from_tokens: u64,
+    pub shape: swiftkv_request_shape,
+    pub reserved1: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_request_desc() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_request_desc>(),
-        56usize,
+        64usize,
         concat!("Size of: ", stringify!(swiftkv_request_desc))
     );
     assert_eq!(
@@ -3928,6 +3934,40 @@ fn bindgen_test_layout_swiftkv_request_desc() {
         );
     }
     test_field_load_from_tokens();
+    fn test_field_shape() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).shape) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(shape)
+            )
+        );
+    }
+    test_field_shape();
+    fn test_field_reserved1() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved1) as usize - ptr as usize
+            },
+            60usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(reserved1)
+            )
+        );
+    }
+    test_field_reserved1();
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]

@@ -123,6 +123,18 @@ impl DType {
     }
 }
 
+/// What a connector request does (`swiftkv_request_shape`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub enum RequestShape {
+    /// Per layer `wait_layer_load(l)` then `save_layer(l)`, then `wait_save`.
+    LoadAndSave = sys::SWIFTKV_REQUEST_LOAD_AND_SAVE as u32,
+    /// `start_load`, then `wait_layer_load(l)` for every layer; nothing saved.
+    LoadOnly = sys::SWIFTKV_REQUEST_LOAD_ONLY as u32,
+    /// `save_layer(l)` for every layer, then `wait_save`; nothing loaded.
+    SaveOnly = sys::SWIFTKV_REQUEST_SAVE_ONLY as u32,
+}
+
 /// Where a chunk lives (`swiftkv_tier`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u32)]
@@ -792,6 +804,12 @@ impl<'a> Model<'a> {
     /// Begins an engine request over `pool`'s `pages`; finished when dropped.
     pub fn request(&self, pool: &Pool<'_>, tokens: &[u32], pages: &[i32],
                    load_from_tokens: u64) -> Result<Request<'a>> {
+        self.request_shaped(pool, tokens, pages, load_from_tokens, RequestShape::LoadAndSave)
+    }
+
+    /// `request` of a given shape: load-only, save-only or both.
+    pub fn request_shaped(&self, pool: &Pool<'_>, tokens: &[u32], pages: &[i32],
+                          load_from_tokens: u64, shape: RequestShape) -> Result<Request<'a>> {
         let mut d: sys::swiftkv_request_desc = unsafe { std::mem::zeroed() };
         d.size = std::mem::size_of::<sys::swiftkv_request_desc>() as u32;
         d.version = sys::SWIFTKV_REQUEST_DESC_VERSION;
@@ -801,6 +819,7 @@ impl<'a> Model<'a> {
         d.pages = pages.as_ptr();
         d.n_pages = pages.len() as u64;
         d.load_from_tokens = load_from_tokens;
+        d.shape = shape as sys::swiftkv_request_shape;
         let mut id = 0;
         check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
         Ok(Request { ctx: self.ctx, id, open: true, _not_sync: PhantomData })

@@ -389,6 +389,37 @@ fn pools_and_the_connector() {
             }
         }
     }
+    // The other shapes: save-only stores what pages2 holds under other tokens; load-only
+    // brings it back into the first pages, saving nothing.
+    let tokens2 = tokens_of(8, 96);
+    let r = m.request_shaped(&pool, &tokens2, &pages2, 0, RequestShape::SaveOnly).unwrap();
+    assert_eq!(r.start_load(ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+    for l in 0..2u32 {
+        r.save_layer(l, ptr::null_mut()).unwrap();
+    }
+    assert_eq!(r.wait_save(ptr::null_mut()).unwrap(), 96);
+    drop(r);
+    for l in layers.iter_mut() {
+        l.iter_mut().for_each(|x| *x = 0);
+    }
+    let r = m.request_shaped(&pool, &tokens2, &pages, 0, RequestShape::LoadOnly).unwrap();
+    r.start_load(ptr::null_mut()).unwrap();
+    for l in 0..2u32 {
+        assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 96);
+    }
+    assert_eq!(r.save_layer(0, ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+    assert_eq!(r.info().unwrap().save_tokens, 0);
+    drop(r);
+    for l in 0..2 {
+        for tok in 0..96 {
+            for c in 0..2 {
+                for i in 0..32 {
+                    assert_eq!(layers[l][at(c, pages[tok / 16], (tok % 16) * 32 + i)],
+                               value(l, c, tok, i));
+                }
+            }
+        }
+    }
     // Bad requests leave nothing behind.
     assert_eq!(m.request(&pool, &tokens[..64], &[0, 0, 1, 2], 0).err().unwrap().status,
                Status::EINVAL);
