@@ -2,7 +2,8 @@
 """bench_python: the fixed cost of the Python binding's hot calls, per call, against the raw
 SWIG call under it measured in the same run (interleaved, same thread): Model.lookup with
 tokens as a uint32 numpy array, an int64 numpy array, a torch int64 tensor (when torch is
-there) and a list, over a prompt whose chunks are all cached in the host tier.
+there) and a list, over a prompt whose chunks are all cached in the host tier; and the
+connector's per-layer calls for a batch of 64 open requests over 32 layers.
 
     PYTHONPATH=build/bindings/python python3 bench/bench_python.py [--tokens 256] [--reps 9]
 
@@ -25,6 +26,57 @@ def per_call_us(fn, calls: int) -> float:
     for _ in range(calls):
         fn()
     return (time.perf_counter_ns() - t0) / calls / 1000.0
+
+
+BATCH, LAYERS = 64, 32
+
+
+def connector_calls(reps: int) -> dict:
+    """Microseconds per connector call for a batch of BATCH requests (one 16-token chunk saved
+    each, nothing loaded) over LAYERS layers: through swiftkv.Request, and through the raw SWIG
+    calls (the baseline), batch after batch, interleaved."""
+    desc = swiftkv.ModelDesc("bench-connector", num_layers=LAYERS, num_kv_heads=2, head_dim=16,
+                             block_tokens=16, chunk_tokens=16)
+    out = {"Request.wait_layer_load/save_layer": [], "raw SWIG wait_layer_load/save_layer": []}
+    with swiftkv.Context(host_budget_bytes=256 << 20) as ctx:
+        model = ctx.register_model(desc)
+        pool = model.pool_create(BATCH)
+        seq = 0
+
+        def batch(raw: bool) -> float:
+            nonlocal seq
+            reqs = []
+            for i in range(BATCH):
+                seq += 1
+                reqs.append(model.request(pool, np.arange(16, dtype=np.uint32) + seq * 16, [i]))
+            for r in reqs:
+                r.start_load()
+            h = ctx.handle
+            t0 = time.perf_counter_ns()
+            for layer in range(LAYERS):
+                if raw:
+                    for r in reqs:
+                        capi.swiftkv_wait_layer_load(h, r.id, layer, None)
+                    for r in reqs:
+                        capi.swiftkv_save_layer(h, r.id, layer, None)
+                else:
+                    for r in reqs:
+                        r.wait_layer_load(layer)
+                    for r in reqs:
+                        r.save_layer(layer)
+            t1 = time.perf_counter_ns()
+            for r in reqs:
+                r.wait_save()
+                r.finish()
+            ctx.clear()
+            return (t1 - t0) / (BATCH * LAYERS * 2) / 1000.0
+
+        batch(False)  # warm-up
+        batch(True)
+        for _ in range(reps):
+            out["Request.wait_layer_load/save_layer"].append(batch(False))
+            out["raw SWIG wait_layer_load/save_layer"].append(batch(True))
+    return out
 
 
 def main() -> None:
@@ -66,11 +118,19 @@ def main() -> None:
                 samples[name].append(per_call_us(fn, args.calls))
         assert model.lookup(tokens)["prefix_tokens"] == args.tokens
 
+    connector = connector_calls(args.reps)
+
     print(f"per-call cost, {args.tokens} tokens ({chunks} cached chunks), "
           f"median / min of {args.reps} x {args.calls} calls")
     print(f"{'call':40} {'median us':>10} {'min us':>10}")
     report = {}
     for name, xs in samples.items():
+        med, lo = statistics.median(xs), min(xs)
+        report[name] = {"median_us": round(med, 3), "min_us": round(lo, 3)}
+        print(f"{name:40} {med:10.2f} {lo:10.2f}")
+    print(f"connector, {BATCH} open requests x {LAYERS} layers, wait_layer_load + save_layer "
+          f"per request and layer, median / min of {args.reps} batches")
+    for name, xs in connector.items():
         med, lo = statistics.median(xs), min(xs)
         report[name] = {"median_us": round(med, 3), "min_us": round(lo, 3)}
         print(f"{name:40} {med:10.2f} {lo:10.2f}")
