@@ -68,6 +68,9 @@ def test_tokens_of_any_integer_type(ctx, small_model):
     for form in (t, list(map(int, t)), t.astype(np.int64), torch.from_numpy(t.astype(np.int64))):
         r = m.lookup(form)
         assert r["prefix_tokens"] == 64 and list(r["residency"]) == [swiftkv.Tier.HOST] * 2
+    assert m.lookup(torch.from_numpy(t.astype(np.int64))[None])["prefix_tokens"] == 64  # [1, T]
+    with pytest.raises(ValueError, match="one sequence"):
+        m.lookup(np.zeros((2, 32), np.uint32))
     with pytest.raises(ValueError, match="2\\*\\*32"):
         m.lookup(np.array([-1] * 32))
     with pytest.raises(TypeError, match="integers"):

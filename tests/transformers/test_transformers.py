@@ -175,3 +175,54 @@ def test_wrong_use_is_refused():
             model(input_ids=ids, past_key_values=cache, use_cache=True)  # whole turn again
         cache.abort()
         assert ctx.stats()["requests_open"] == 0
+
+
+def test_save_only_and_load_only_shapes():
+    """An engine that runs the model first (its own DynamicCache) stores the result with one
+    save-only request; a later turn loads the prefix with one load-only request into the pages,
+    builds its DynamicCache from them and computes only the rest: logits equal a recompute."""
+    from transformers.cache_utils import DynamicCache
+
+    model = make_model("llama")
+    cfg = model.config
+    desc = model_desc(cfg, "llama-shapes", chunk_tokens=CHUNK)
+    B, H, D = desc.block_tokens, desc.num_kv_heads, desc.head_dim
+    pages_n = 512 // B
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(desc)
+        layers = [torch.zeros((2, pages_n, B, H, D)) for _ in range(desc.num_layers)]
+        pool = km.pool_from_tensors(layers, layout="vllm")
+        turn1, turn2 = conversation(8, 2)
+        n1 = turn1.shape[1]
+        with torch.no_grad():
+            out = model(turn1, use_cache=True, past_key_values=DynamicCache())
+        # Save-only: the engine's K/V ([1, H, T, D] per layer) into pages 0.., then one request.
+        for l, t in enumerate(layers):
+            t[0].view(-1, H, D)[:n1] = out.past_key_values.key_cache[l][0].transpose(0, 1)
+            t[1].view(-1, H, D)[:n1] = out.past_key_values.value_cache[l][0].transpose(0, 1)
+        pages = torch.arange(-(-n1 // B), dtype=torch.int32)
+        with km.request(pool, turn1, pages, shape=swiftkv.RequestShape.SAVE_ONLY) as r:
+            for l in range(desc.num_layers):
+                r.save_layer(l)
+            assert r.wait_save() == (n1 // CHUNK) * CHUNK
+        for t in layers:
+            t.zero_()
+        # Load-only: the cached prefix of the next turn into the pages, nothing saved.
+        n2 = turn2.shape[1]
+        pages = torch.arange(-(-n2 // B), dtype=torch.int32)
+        with km.request(pool, turn2, pages, shape=swiftkv.RequestShape.LOAD_ONLY) as r:
+            r.start_load()
+            cached = [r.wait_layer_load(l) for l in range(desc.num_layers)]
+            assert r.info()["save_tokens"] == 0
+        p = cached[0]
+        assert cached == [(n1 // CHUNK) * CHUNK] * desc.num_layers
+        dc = DynamicCache()
+        for l, t in enumerate(layers):
+            dc.update(t[0].view(-1, H, D)[:p].transpose(0, 1)[None].contiguous(),
+                      t[1].view(-1, H, D)[:p].transpose(0, 1)[None].contiguous(), l)
+        with torch.no_grad():
+            pos = torch.arange(p, n2)
+            got = model(input_ids=turn2[:, p:], past_key_values=dc, use_cache=True,
+                        position_ids=pos[None], cache_position=pos).logits[0]
+            assert torch.equal(got, model(turn2).logits[0, p:])
+        assert ctx.stats()["stores"] == n1 // CHUNK

@@ -451,11 +451,16 @@ def _tokens(tokens):
     other integer arrays (torch int64 input_ids, lists) are converted, values checked."""
     import numpy as np
 
-    if type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.flags.c_contiguous:
+    if (type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.ndim == 1
+            and tokens.flags.c_contiguous):
         return tokens
     if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # a torch tensor
         tokens = tokens.detach().cpu().numpy()
     a = np.asarray(tokens)
+    if a.ndim == 2 and a.shape[0] == 1:  # a batch of one, as transformers' input_ids
+        a = a[0]
+    if a.ndim != 1:
+        raise ValueError(f"tokens must be one sequence: 1-D or [1, T], not shape {a.shape}")
     if a.dtype == np.uint32:
         return np.ascontiguousarray(a)
     if a.size == 0:
@@ -482,7 +487,7 @@ class Model:
         chunk, as a numpy uint8 array)."""
         import numpy as np
 
-        if (type(tokens) is not np.ndarray or tokens.dtype.char != "I"
+        if (type(tokens) is not np.ndarray or tokens.dtype.char != "I" or tokens.ndim != 1
                 or not tokens.flags.c_contiguous):
             tokens = _tokens(tokens)  # a list, int64 arrays and tensors: converted, checked
         r = _c.swiftkv_py_lookup(self.ctx.handle, self.id, tokens, self.desc.chunk_tokens)
@@ -855,6 +860,8 @@ class Request:
         if hasattr(pages, "detach") and hasattr(pages, "cpu"):  # a torch tensor
             pages = pages.detach().cpu().numpy()
         self._pages = np.ascontiguousarray(pages, dtype=np.int32)
+        if self._pages.ndim != 1:
+            raise ValueError(f"pages must be 1-D, not shape {self._pages.shape}")
         d = _c.swiftkv_request_desc_init()
         d.pool = pool.id
         d.tokens = _c.swiftkv_py_address(self._tokens) if len(self._tokens) else 0
