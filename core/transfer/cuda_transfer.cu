@@ -32,7 +32,10 @@ class CudaTransfer final : public DeviceTransfer {
     try {
       int lo = 0, hi = 0;
       check_cuda(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
-      // Loads first on the links: the load stream has the highest priority there is.
+      // The load stream has the highest priority there is. That orders kernels only (the
+      // load's scatter kernel is scheduled on the SMs before the save's gather); copy engines
+      // take DMA work in the order it was issued, whatever the stream's priority, so a save
+      // issued first still goes first on the link.
       check_cuda(cudaStreamCreateWithPriority(&load_stream_, cudaStreamNonBlocking, hi),
                  "cudaStreamCreateWithPriority (loads)");
       check_cuda(cudaStreamCreateWithPriority(&save_stream_, cudaStreamNonBlocking, lo),

@@ -1,5 +1,6 @@
 // The CUDA executor of the transfer engine, for one request on a device pool: a load stream (high
-// priority) and a save stream, a staging buffer each, an event per layer each. Per layer, each
+// priority, which orders its kernels before the save's on the SMs but does not reorder copy-engine
+// work) and a save stream, a staging buffer each, an event per layer each. Per layer, each
 // chunk's layer piece is one contiguous cudaMemcpyAsync (host, disk-staged or lent memory to
 // staging, or back) and one gather/scatter kernel moves every chunk's segments between staging
 // and the pages: never one copy per page. Two twins: cuda_transfer.cu and cuda_transfer_host.cpp

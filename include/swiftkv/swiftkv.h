@@ -1027,7 +1027,8 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * first, so that the lease is checked after the copy and valid_end_tokens is exact); save_layer
  * copies the layer out after the stream's work so far; wait_save waits on the host for every
  * save. Per layer, each chunk's layer piece is one copy and one gather/scatter kernel serves
- * every chunk, on a load stream of the highest priority and a save stream.
+ * every chunk, on a load stream of the highest priority (which puts its kernels first on the
+ * SMs; copy engines still take copies in the order they were issued) and a save stream.
  * ------------------------------------------------------------------------------------------- */
 
 #define SWIFTKV_REQUEST_DESC_VERSION 2

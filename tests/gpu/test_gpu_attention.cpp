@@ -9,6 +9,8 @@
 #include <cstring>
 #include <vector>
 
+#include "gpu_skip.h"
+
 #if defined(SWIFTKV_TEST_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -223,9 +225,12 @@ void graph_capture_replays_the_run() {
 
 int main() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no usable CUDA device: skipped\n");
-    return 77;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    char why[160];
+    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
+                  cudaGetErrorName(e), n);
+    return swiftkv_test_no_gpu(why);
   }
   kernels_match_the_cpu_twin();
   automatic_splits_match();
@@ -236,7 +241,6 @@ int main() {
 
 #else
 int main() {
-  std::printf("libswiftkv built without CUDA: skipped\n");
-  return 77;
+  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
 }
 #endif

@@ -16,6 +16,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
+
 #if defined(SWIFTKV_TEST_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -320,9 +322,12 @@ void stream_pages(const Geometry &g) {
 
 int main() {
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no usable CUDA device: skipped\n");
-    return 77;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    char why[160];
+    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
+                  cudaGetErrorName(e), n);
+    return swiftkv_test_no_gpu(why);
   }
   const Geometry geometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
                                  {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
@@ -340,7 +345,6 @@ int main() {
 
 #else
 int main() {
-  std::printf("libswiftkv built without CUDA: skipped\n");
-  return 77;
+  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
 }
 #endif

@@ -2,6 +2,7 @@
  * those, and CUDA_VISIBLE_DEVICES is honoured. Without a usable device it exits 77 (skipped). */
 #include <stdlib.h>
 
+#include "gpu_skip.h"
 #include "test_support.h"
 
 static uint32_t usable;
@@ -53,10 +54,7 @@ int main(void) {
     fprintf(stderr, "swiftkv_device_count failed: %s\n", swiftkv_last_error_message());
     return 1;
   }
-  if (usable == 0) {
-    printf("no usable CUDA device: skipped\n");
-    return 77;
-  }
+  if (usable == 0) return swiftkv_test_no_gpu("no usable CUDA device (swiftkv_device_count: 0)");
   printf("%u usable CUDA device(s)\n", usable);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(each_device_can_be_used),

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gpu_check.h"
+#include "gpu_skip.h"
 #include "swiftkv/swiftkv.h"
 
 extern char **environ;
@@ -210,8 +211,7 @@ int main(int argc, char **argv) {
   g_self = argv[0];
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) != SWIFTKV_OK || devices == 0) {
-    std::printf("no usable CUDA device: skipped\n");
-    return 77;
+    return swiftkv_test_no_gpu("no usable CUDA device (swiftkv_device_count: 0)");
   }
   share_device_region(SWIFTKV_CUDA_ALLOC_VMM, "vmm");
   share_device_region(SWIFTKV_CUDA_ALLOC_MALLOC, "cudamalloc");

@@ -12,6 +12,8 @@
 #include <string>
 #include <vector>
 
+#include "gpu_skip.h"
+
 #if defined(SWIFTKV_TEST_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
@@ -219,9 +221,12 @@ int main(int argc, char **argv) {
   if (argc >= 7 && std::strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
   g_self = argv[0];
   int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    std::printf("no usable CUDA device: skipped\n");
-    return 77;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    char why[160];
+    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
+                  cudaGetErrorName(e), n);
+    return swiftkv_test_no_gpu(why);
   }
   try {
     test_vmm_region();
@@ -237,7 +242,6 @@ int main(int argc, char **argv) {
 
 #else
 int main() {
-  std::printf("libswiftkv built without CUDA: skipped\n");
-  return 77;
+  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
 }
 #endif
