@@ -24,7 +24,8 @@ case "$mode" in
   *) echo "usage: tools/test.sh [--asan|--tsan|--fuzz]" >&2; exit 2 ;;
 esac
 
-cmake -S . -B "$dir" -G Ninja -DSWIFTKV_BUILD_TESTS=ON -DSWIFTKV_BUILD_BENCH=ON "${flags[@]}"
+cmake -S . -B "$dir" -G Ninja -DSWIFTKV_BUILD_TESTS=ON -DSWIFTKV_BUILD_BENCH=ON -DSWIFTKV_WERROR=ON \
+  "${flags[@]}"
 cmake --build "$dir" -j "$(nproc)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -13,6 +13,18 @@ pc=$(find "$stage" -name swiftkv.pc -print -quit)
 libdir=$(PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --variable=libdir swiftkv)
 [ -e "$libdir/libswiftkv.so.0" ] || { echo "pkg-config libdir $libdir has no libswiftkv.so.0"; exit 1; }
 
+echo "== pkg-config sees only swiftkv.pc (the library's own dependencies are private)"
+empty=$work/no-pc && mkdir -p "$empty"
+flags=$(PKG_CONFIG_LIBDIR=$empty PKG_CONFIG_PATH=$(dirname "$pc") pkg-config --cflags --libs swiftkv)
+case "$flags" in
+  *xxhash*|*zmq*|*numa*) echo "private dependencies leak into '$flags'"; exit 1 ;;
+esac
+
+echo "== the installed swiftkv-bench runs without LD_LIBRARY_PATH"
+if [ -x "$stage/bin/swiftkv-bench" ]; then
+  env -u LD_LIBRARY_PATH "$stage/bin/swiftkv-bench" plan --help >/dev/null
+fi
+
 echo "== C consumer through pkg-config"
 # shellcheck disable=SC2046
 "$cc" -std=c11 -Wall -Wextra -pedantic -Werror "$src/tests/install/consumer.c" -o "$work/c_consumer" \
