@@ -106,6 +106,19 @@ void trace_round_trips(void **) {
   std::remove(q.c_str());
 }
 
+void a_session_id_is_a_number_or_a_string_not_both(void **) {
+  const std::string p = temp_path("mixed.jsonl");
+  write(p, "{\"session\":\"1\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n"
+           "{\"session\":1,\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":1}\n");
+  try {
+    (void)load_trace(p);
+    fail_msg("1 and \"1\" were taken as one session");
+  } catch (const TraceError &e) {
+    assert_non_null(std::strstr(e.what(), ":2: session 1 is written as a number here and as a string"));
+  }
+  std::remove(p.c_str());
+}
+
 void bad_traces_name_their_line(void **) {
   const std::string good = "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n";
   const struct {
@@ -290,6 +303,7 @@ int main() {
       cmocka_unit_test(generator_is_reproducible),
       cmocka_unit_test(trace_round_trips),
       cmocka_unit_test(bad_traces_name_their_line),
+      cmocka_unit_test(a_session_id_is_a_number_or_a_string_not_both),
       cmocka_unit_test(tiny_capacities),
       cmocka_unit_test(tiny_trace_exact_numbers),
       cmocka_unit_test(long_turns_need_streaming),

@@ -63,7 +63,10 @@ ModelSpec lookup(const Options &o, const std::string &name) {
     if (m.name == name) return m;
   }
   if (auto p = find_preset(name)) return *p;
-  throw UsageError("unknown model '" + name + "' (see --list-models, or define it with --model)");
+  std::string known;
+  for (const ModelSpec &m : model_presets()) known += (known.empty() ? "" : ", ") + m.name;
+  throw UsageError("unknown model '" + name + "': the presets are " + known +
+                   "; or define it with --model");
 }
 
 Placement parse_placement(const Options &o, const std::string &flag, const std::string &text) {

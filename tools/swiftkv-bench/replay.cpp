@@ -33,6 +33,11 @@ namespace swiftkv::bench {
 
 namespace {
 
+// Set by request_stop (from a signal handler): lock-free atomics only.
+std::atomic<bool> g_stop{false};
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<bool>::is_always_lock_free && std::atomic<int>::is_always_lock_free);
+
 void check(swiftkv_status st, const char *what) {
   if (st != SWIFTKV_OK && st != SWIFTKV_IN_PROGRESS) {
     throw std::runtime_error(std::string(what) + ": " + swiftkv_status_string(st) + ": " +
@@ -190,6 +195,9 @@ struct Lender {
 
 class Simulation {
  public:
+  ~Simulation() { teardown(); }
+  Simulation(const Simulation &) = delete;
+  Simulation &operator=(const Simulation &) = delete;
   Simulation(const ServerConfig &cfg, const Trace &trace, Policy p, const ProgressFn &progress)
       : cfg_(cfg), trace_(trace), policy_(p), progress_(progress), shadow_(make_shadow(cfg)),
         chunk_real_(bytes_per_token(cfg.borrower) * cfg.chunk_tokens),
@@ -228,6 +236,7 @@ class Simulation {
     total_turns_ = n;
     double last = first;
     while (!queue_.empty() && (done_turns_ < total_turns_ || busy_)) {
+      if (g_stop.load(std::memory_order_relaxed)) throw Interrupted();
       const Event e = queue_.top();
       queue_.pop();
       clock_.set(e.t);
@@ -366,6 +375,8 @@ class Simulation {
     }
   }
 
+  // Ends the contexts and removes the disk tier's directory; again (from the destructor, after
+  // a failure or an interruption) it does nothing more.
   void teardown() {
     tiers_.reset();
     lenders_.clear();
@@ -374,6 +385,7 @@ class Simulation {
     if (!disk_dir_.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(disk_dir_, ec);
+      disk_dir_.clear();
     }
   }
 
@@ -723,6 +735,10 @@ Capacity policy_capacity(const ServerConfig &cfg, Policy p) {
   c.max_context = plan.max_context_tokens;
   return c;
 }
+
+void request_stop() noexcept { g_stop.store(true, std::memory_order_relaxed); }
+int stop_signal() noexcept { return g_stop_signal.load(std::memory_order_relaxed); }
+void note_stop_signal(int sig) noexcept { g_stop_signal.store(sig, std::memory_order_relaxed); }
 
 PolicyResult run_policy(const ServerConfig &cfg, const Trace &trace, Policy p,
                         const ProgressFn &progress) {

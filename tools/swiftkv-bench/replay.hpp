@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,19 @@ Capacity policy_capacity(const ServerConfig &cfg, Policy p);
 
 using ProgressFn = std::function<void(uint64_t done, uint64_t total)>;
 
+// Asks a replay running on any thread to stop at its next event: it throws Interrupted, after
+// removing its disk tier's directory. Async-signal-safe (a SIGINT or SIGTERM handler calls it).
+void request_stop() noexcept;
+// The signal that asked for the stop (0: none yet).
+int stop_signal() noexcept;
+void note_stop_signal(int sig) noexcept;
+
+struct Interrupted : std::runtime_error {
+  Interrupted() : std::runtime_error("interrupted") {}
+};
+
 // Replays the trace under one policy. Throws std::runtime_error on a library failure or a
-// configuration the library refuses.
+// configuration the library refuses, Interrupted after request_stop.
 PolicyResult run_policy(const ServerConfig &cfg, const Trace &trace, Policy p,
                         const ProgressFn &progress = {});
 

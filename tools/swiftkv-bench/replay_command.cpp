@@ -1,6 +1,7 @@
 // The replay subcommand: options, the run of each policy with a progress bar, and the report.
 #include "replay_command.hpp"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +25,23 @@
 namespace swiftkv::bench {
 
 namespace {
+
+// SIGINT and SIGTERM stop the replay at its next event, which removes its disk tier's directory
+// on the way out (a killed replay once left thousands of files in the temp dir). A second
+// signal takes the default action.
+void on_stop_signal(int sig) {
+  note_stop_signal(sig);
+  request_stop();
+  signal(sig, SIG_DFL);
+}
+
+void stop_on_signals() {
+  struct sigaction sa = {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
 
 
 struct Options {
@@ -322,7 +340,8 @@ void print_replay_usage() {
       "  --chunk-tokens N --block-tokens N   256, 16\n"
       "  --long-tokens N          the 'long' TTFT column: contexts of at least N tokens (20000)\n"
       "  --out-dir DIR            JSON and plots go here (replay-out)\n"
-      "  --work-dir DIR           the disk tier's files go under DIR (the system's temp dir)\n"
+      "  --work-dir DIR           the disk tier's files go under DIR, made if missing (the\n"
+      "                           system's temp dir)\n"
       "  --format table|json      what goes to stdout (table); the JSON file is always written\n"
       "  --no-progress            no progress bar\n");
 }
@@ -343,7 +362,10 @@ int run_replay(const std::vector<std::string> &args) {
   }
   try {
     std::filesystem::create_directories(o.out_dir);
+    // Both directories are made when missing (--work-dir once had to exist already).
+    if (!o.server.work_dir.empty()) std::filesystem::create_directories(o.server.work_dir);
     std::vector<PolicyResult> results;
+    stop_on_signals();
     const bool bar = o.progress && isatty(STDERR_FILENO);
     for (Policy p : o.policies) {
       int shown = -1;
@@ -357,7 +379,8 @@ int run_replay(const std::vector<std::string> &args) {
         std::fflush(stderr);
       };
       results.push_back(run_policy(o.server, trace, p, progress));
-      if (bar) std::fprintf(stderr, "\r%-60s\r", "");
+      // The bar is 61 columns ("%-13s [%-40s] %3d%%"): all of them are cleared.
+      if (bar) std::fprintf(stderr, "\r%-61s\r", "");
       if (o.progress) {
         std::fprintf(stderr, "replay: %s done in %.1f s\n", policy_name(p),
                      results.back().wall_seconds);
@@ -375,6 +398,10 @@ int run_replay(const std::vector<std::string> &args) {
       std::printf("%s\n", j.dump().c_str());
     }
     return 0;
+  } catch (const Interrupted &) {
+    std::fprintf(stderr, "\nswiftkv-bench replay: stopped by signal %d; its disk tier's files "
+                         "are removed\n", stop_signal());
+    return 128 + stop_signal();
   } catch (const std::exception &e) {
     std::fprintf(stderr, "swiftkv-bench replay: %s\n", e.what());
     return 1;

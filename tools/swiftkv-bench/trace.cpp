@@ -132,6 +132,7 @@ Trace load_trace(const std::string &path) {
   if (!in) throw TraceError(path + ": cannot open the trace file");
   Trace t;
   std::unordered_map<std::string, size_t> index;
+  std::vector<bool> numeric_id;  // per session: its id was a JSON number
   std::string text;
   uint64_t line = 0;
   while (std::getline(in, text)) {
@@ -179,7 +180,17 @@ Trace load_trace(const std::string &path) {
     if (j.contains("arrival_s")) turn.arrival_s = seconds_field(j, "arrival_s", path, line);
     if (j.contains("think_s")) turn.think_s = seconds_field(j, "think_s", path, line);
     auto [it, added] = index.emplace(sid, t.sessions.size());
-    if (added) t.sessions.push_back(Session{sid, {}});
+    if (added) {
+      t.sessions.push_back(Session{sid, {}});
+      numeric_id.push_back(sj.is_number_integer());
+    } else if (numeric_id[it->second] != sj.is_number_integer()) {
+      // 1 and "1" would otherwise be one session without a word.
+      bad_line(path, line, "session " + sid + " is written as " +
+                               (sj.is_number_integer() ? "a number" : "a string") +
+                               " here and as " +
+                               (sj.is_number_integer() ? "a string" : "a number") +
+                               " on an earlier line; write it one way");
+    }
     Session &s = t.sessions[it->second];
     if (turn.index != s.turns.size()) {
       bad_line(path, line, "session \"" + sid + "\": turn " + std::to_string(turn.index) +
