@@ -16,14 +16,23 @@
 #define SWIG_FILE_WITH_INIT
 #include "swiftkv/swiftkv.h"
 
-static PyObject *swiftkv_py_error = NULL;
+static PyObject *swiftkv_py_error = NULL;          /* the base class, swiftkv.Error */
+static PyObject *swiftkv_py_error_classes = NULL;  /* status -> its subclass (the package's) */
 
-/* Raises swiftkv.Error for a failed status; 0 when it raised. */
+/* Raises swiftkv.Error (the subclass of the status) for a failed status; 0 when it raised. */
 static int swiftkv_py_check(swiftkv_status st) {
   if (st >= 0) return 1;
   SWIG_PYTHON_THREAD_BEGIN_BLOCK;
   PyObject *args = Py_BuildValue("(is)", (int)st, swiftkv_last_error_message());
-  PyErr_SetObject(swiftkv_py_error, args);
+  PyObject *cls = swiftkv_py_error;
+  if (swiftkv_py_error_classes != NULL) {
+    PyObject *key = PyLong_FromLong((long)st);
+    PyObject *sub = key == NULL ? NULL : PyDict_GetItemWithError(swiftkv_py_error_classes, key);
+    Py_XDECREF(key);
+    if (sub != NULL) cls = sub;
+    PyErr_Clear();
+  }
+  PyErr_SetObject(cls, args);
   Py_XDECREF(args);
   SWIG_PYTHON_THREAD_END_BLOCK;
   return 0;
@@ -116,6 +125,7 @@ Error = _capi.Error
 %nothread swiftkv_py_pointer_array;
 %nothread swiftkv_py_address;
 %nothread swiftkv_py_lookup;
+%nothread swiftkv_py_set_error_classes;
 
 /* --- Statuses ------------------------------------------------------------------------------ */
 %typemap(out) swiftkv_status {
@@ -352,5 +362,19 @@ PyObject *swiftkv_py_lookup(swiftkv_ctx *ctx, uint32_t model, PyObject *tokens,
                        (unsigned long long)r.chunks_per_tier[0],
                        (unsigned long long)r.chunks_per_tier[1],
                        (unsigned long long)r.chunks_per_tier[2], residency);
+}
+
+/* The package's exception classes: `base` for every failure, `by_status` (a dict from status
+ * to a subclass of base) for the statuses it names. Called once when swiftkv is imported. */
+PyObject *swiftkv_py_set_error_classes(PyObject *base, PyObject *by_status) {
+  if (!PyType_Check(base) || !PyDict_Check(by_status)) {
+    PyErr_SetString(PyExc_TypeError, "expected an exception class and a dict");
+    return NULL;
+  }
+  Py_INCREF(base);
+  Py_INCREF(by_status);
+  Py_XSETREF(swiftkv_py_error, base);
+  Py_XSETREF(swiftkv_py_error_classes, by_status);
+  Py_RETURN_NONE;
 }
 %}

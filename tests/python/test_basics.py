@@ -68,3 +68,38 @@ def test_planning():
 
 def test_devices():
     assert swiftkv.device_count() >= 0
+
+
+def test_each_status_raises_its_own_error_class(tmp_path):
+    with swiftkv.Context(host_budget_bytes=1 << 20) as ctx:
+        m = ctx.register_model(swiftkv.ModelDesc("errs", num_layers=1, num_kv_heads=1,
+                                                 head_dim=8, chunk_tokens=16))
+        with pytest.raises(swiftkv.InvalidArgument) as e:
+            m.store(np.arange(17, dtype=np.uint32), np.zeros(64, np.uint8))
+        assert isinstance(e.value, ValueError) and e.value.status == swiftkv.Status.EINVAL
+        with pytest.raises(swiftkv.NotFound) as e:
+            m.unpin(np.arange(16, dtype=np.uint32))
+        assert isinstance(e.value, LookupError) and e.value.status == swiftkv.Status.ENOTFOUND
+        with pytest.raises(swiftkv.Busy):
+            ctx.register_model(m.desc)
+        assert swiftkv.Error.of(swiftkv.Status.ETIMEDOUT) is swiftkv.TimedOut
+        assert swiftkv.capi.Error is swiftkv.Error
+    with pytest.raises(swiftkv.StateError):
+        ctx.stats()  # closed
+
+
+def test_pools_and_regions_close_with_with():
+    d = swiftkv.ModelDesc("with", num_layers=3, num_kv_heads=2, head_dim=16, chunk_tokens=32)
+    with swiftkv.Context(host_budget_bytes=8 << 20) as ctx:
+        m = ctx.register_model(d)
+        with m.pool_create(4) as pool:
+            pid = pool.id
+            assert pool.describe()["num_pages"] >= 4
+        with pytest.raises(swiftkv.NotFound):
+            m.request(pool, np.arange(32, dtype=np.uint32), [0, 1])  # the pool is gone
+        lender = swiftkv.ModelDesc("with-lender", num_layers=3, num_kv_heads=2, head_dim=16)
+        with ctx.elastic(lender, d, capacity_blocks=64) as region:
+            assert region.stats()["capacity_blocks"] == 64
+        with pytest.raises(swiftkv.StateError):
+            region.stats()
+        assert pid == pool.id

@@ -28,11 +28,15 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+import numpy as np
+
 from . import capi as _c
 from .tensors import HOST as _HOST, TensorInfo, host_array as _host_array, stream_handle, tensor_info
 
 __all__ = [
-    "Error", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
+    "Error", "InvalidArgument", "OutOfMemory", "NotFound", "Busy", "IOFailure", "CudaError",
+    "NoDevice", "PeerError", "TimedOut", "VersionMismatch", "Unsupported", "UserError",
+    "StateError", "InternalError", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
     "CudaAlloc",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
     "version", "version_string", "status_string", "last_error_message", "dtype_size",
@@ -45,12 +49,87 @@ __all__ = [
 
 # --- Errors and enums ----------------------------------------------------------------------------
 
-Error = _c.Error
-Error.__doc__ = "A libswiftkv call failed: .status (a Status) and .message (the library's words)."
-Error.status = property(lambda self: Status(self.args[0]))
-Error.message = property(lambda self: self.args[1])
-Error.cached_tokens = None  # set by Model.store when it failed after caching a leading part
-Error.__str__ = lambda self: f"{Status(self.args[0]).name}: {self.args[1]}"
+class Error(Exception):
+    """A libswiftkv call failed: .status (a Status) and .message (the library's words). Each
+    status raises its own subclass (InvalidArgument for EINVAL, NotFound for ENOTFOUND, ...;
+    Error.of(status) names it), so ``except swiftkv.Busy`` works as well as checking .status."""
+
+    cached_tokens = None  # set by Model.store when it failed after caching a leading part
+
+    def __init__(self, status: int, message: str):
+        super().__init__(int(status), message)
+
+    @property
+    def status(self) -> "Status":
+        return Status(self.args[0])
+
+    @property
+    def message(self) -> str:
+        return self.args[1]
+
+    def __str__(self) -> str:
+        return f"{Status(self.args[0]).name}: {self.args[1]}"
+
+    @staticmethod
+    def of(status: int) -> type:
+        """The class that a failure of `status` raises."""
+        return _ERRORS.get(int(status), Error)
+
+
+class InvalidArgument(Error, ValueError):
+    """EINVAL: an argument is wrong (the message names it); nothing changed."""
+
+
+class OutOfMemory(Error):
+    """ENOMEM: no memory, budget or room for it."""
+
+
+class NotFound(Error, LookupError):
+    """ENOTFOUND: the named object (chunk, model, request, lease) does not exist."""
+
+
+class Busy(Error):
+    """EBUSY: in use, registered already, or a bound reached."""
+
+
+class IOFailure(Error):
+    """EIO: a disk read or write failed."""
+
+
+class CudaError(Error):
+    """ECUDA: a CUDA call failed."""
+
+
+class NoDevice(Error):
+    """ENODEV: no usable CUDA device for it."""
+
+
+class PeerError(Error):
+    """EPEER: the other process broke the protocol or went away."""
+
+
+class TimedOut(Error):
+    """ETIMEDOUT: a wait ran out of time."""
+
+
+class VersionMismatch(Error):
+    """EVERSION: an unknown struct size or version, or another protocol version."""
+
+
+class Unsupported(Error):
+    """EUNSUPPORTED: not in this build or on this device."""
+
+
+class UserError(Error):
+    """EUSER: a callback failed."""
+
+
+class StateError(Error):
+    """ESTATE: a call out of order, or on something closed."""
+
+
+class InternalError(Error):
+    """EINTERNAL: a bug in libswiftkv."""
 
 
 class Status(enum.IntEnum):
@@ -160,6 +239,15 @@ class ChunkEventReason(enum.IntEnum):
     CORRUPT = _c.SWIFTKV_CHUNK_CORRUPT
 
 
+_ERRORS = {int(s): cls for s, cls in (
+    (Status.EINVAL, InvalidArgument), (Status.ENOMEM, OutOfMemory), (Status.ENOTFOUND, NotFound),
+    (Status.EBUSY, Busy), (Status.EIO, IOFailure), (Status.ECUDA, CudaError),
+    (Status.ENODEV, NoDevice), (Status.EPEER, PeerError), (Status.ETIMEDOUT, TimedOut),
+    (Status.EVERSION, VersionMismatch), (Status.EUNSUPPORTED, Unsupported),
+    (Status.EUSER, UserError), (Status.ESTATE, StateError), (Status.EINTERNAL, InternalError))}
+_c.swiftkv_py_set_error_classes(Error, _ERRORS)
+_c.Error = Error
+
 DEVICE_HOST = _c.SWIFTKV_DEVICE_HOST
 LEASE_ALL = _c.swiftkv_py_lease_all()
 MODEL_ALL = _c.swiftkv_py_model_all()
@@ -261,8 +349,6 @@ def lend_unit(borrower: ModelDesc, lender: ModelDesc) -> tuple[int, int]:
 def plan_borrower(borrower: ModelDesc, borrower_kv_bytes: int,
                   lender_kv_bytes: Sequence[int] = ()) -> dict:
     """The borrower's layer stream cache and regular cache (Eq. 1-5)."""
-    import numpy as np
-
     out = _c.swiftkv_capacity_plan_init()
     lenders = np.asarray(lender_kv_bytes, dtype=np.uint64) if len(lender_kv_bytes) else None
     _c.swiftkv_plan_borrower(borrower.struct(), borrower_kv_bytes, lenders, out)
@@ -303,8 +389,6 @@ class Context:
                "transfer_threads", "max_open_requests", "write_back_on_close")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
-        import numpy as np
-
         c = _c.swiftkv_ctx_config_init()
         keep = []
         table = config.pop("attention_cost_table", None)
@@ -330,7 +414,7 @@ class Context:
     @property
     def handle(self):
         if self._h is None:
-            raise Error(int(Status.ESTATE), "the context is closed")
+            raise StateError(Status.ESTATE, "the context is closed")
         return self._h
 
     def close(self) -> None:
@@ -449,8 +533,6 @@ class Context:
 def _tokens(tokens):
     """Tokens as a C-contiguous uint32 numpy array: a uint32 array passes as it is (no copy);
     other integer arrays (torch int64 input_ids, lists) are converted, values checked."""
-    import numpy as np
-
     if (type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.ndim == 1
             and tokens.flags.c_contiguous):
         return tokens
@@ -485,8 +567,6 @@ class Model:
     def lookup(self, tokens) -> dict:
         """Where each full chunk of tokens is: the lookup result, with 'residency' (a Tier per
         chunk, as a numpy uint8 array)."""
-        import numpy as np
-
         if (type(tokens) is not np.ndarray or tokens.dtype.char != "I" or tokens.ndim != 1
                 or not tokens.flags.c_contiguous):
             tokens = _tokens(tokens)  # a list, int64 arrays and tensors: converted, checked
@@ -503,7 +583,7 @@ class Model:
         st, n = _c.swiftkv_store(self.ctx.handle, self.id, _tokens(tokens),
                                  _host_array(kv, writable=False, what="store"))
         if st < 0:
-            e = Error(st, _c.swiftkv_last_error_message())
+            e = Error.of(st)(st, _c.swiftkv_last_error_message())
             e.cached_tokens = n
             raise e
         return n
@@ -735,7 +815,7 @@ class Elastic:
     @property
     def handle(self):
         if self._h is None:
-            raise Error(int(Status.ESTATE), "the region is closed")
+            raise StateError(Status.ESTATE, "the region is closed")
         return self._h
 
     def close(self) -> None:
@@ -743,6 +823,12 @@ class Elastic:
             _c.swiftkv_elastic_destroy(self._h)
             self._h = None
             self.ctx._forget(self)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     def layer_view(self, layer: int) -> dict:
         out = _c.swiftkv_layer_view_init()
@@ -782,8 +868,6 @@ class Elastic:
         _c.swiftkv_elastic_wait_reclaims(self.handle, timeout_ms)
 
     def pending_reclaims(self) -> list[int]:
-        import numpy as np
-
         _, n = _c.swiftkv_elastic_pending_reclaims(None, self.handle)
         ids = np.zeros(max(n, 1), dtype=np.uint64)
         _, n = _c.swiftkv_elastic_pending_reclaims(ids, self.handle)
@@ -816,6 +900,12 @@ class Pool:
         self._open = False
         self.model.ctx._forget(self)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def describe(self) -> dict:
         d = _c.swiftkv_pool_desc_init()
         _, mid = _c.swiftkv_pool_get(d, self.model.ctx.handle, self.id)
@@ -828,12 +918,10 @@ class Pool:
     def layer(self, layer: int):
         """Layer `layer` as a numpy array [pages, 2, block_tokens, kv_heads, head_dim] viewing
         the pool's memory (stride-exact; the pool must outlive it)."""
-        import numpy as np
-
         d = self.describe()
         m = self.model.desc
         if m.device != DEVICE_HOST:
-            raise Error(int(Status.EINVAL), "a device pool's memory is not host memory; use "
+            raise InvalidArgument(Status.EINVAL, "a device pool's memory is not host memory; use "
                         "describe()['layer_base'] addresses with the engine's tensor library")
         item = dtype_size(m.dtype)
         np_dtype = {1: np.uint8, 2: np.float16, 4: np.float32}[item]
@@ -853,8 +941,6 @@ class Request:
 
     def __init__(self, model, pool, tokens, pages, load_from_tokens,
                  shape=RequestShape.LOAD_AND_SAVE):
-        import numpy as np
-
         self.model, self.pool = model, pool
         self._tokens = _tokens(tokens)
         if hasattr(pages, "detach") and hasattr(pages, "cpu"):  # a torch tensor
@@ -928,8 +1014,6 @@ def _device_of(obj) -> int:
 
 
 def _tokens_like(values, dtype):
-    import numpy as np
-
     if hasattr(values, "detach") and hasattr(values, "cpu"):
         values = values.detach().cpu().numpy()
     return np.ascontiguousarray(values, dtype=dtype)
@@ -970,8 +1054,6 @@ def attention_workspace_size(desc: AttentionDesc, max_requests: int, max_q_token
 
 def attention_workspace(desc: AttentionDesc, max_requests: int, max_q_tokens: int):
     """A host workspace (numpy uint8, 256-byte aligned) for plans on the host."""
-    import numpy as np
-
     n = attention_workspace_size(desc, max_requests, max_q_tokens)
     raw = np.zeros(n + 256, np.uint8)
     skip = (-_c.swiftkv_py_address(raw)) % 256
@@ -984,8 +1066,6 @@ class AttentionPlan:
 
     def __init__(self, desc: AttentionDesc, qo_indptr, kv_indptr, kv_last_page_len, workspace,
                  workspace_bytes: Optional[int] = None, stream=None):
-        import numpy as np
-
         self.desc = desc
         qo = np.ascontiguousarray(qo_indptr, dtype=np.int32)
         kv = np.ascontiguousarray(kv_indptr, dtype=np.int32)
@@ -1009,8 +1089,6 @@ class AttentionPlan:
         """q and out: [tokens, heads, head_dim]; k_base/v_base: page 0 of K and V; strides in
         elements (q_strides / out_strides default to the arrays' own). Every array may be any
         array object (numpy, torch, cupy; see swiftkv.tensors) or an int address."""
-        import numpy as np
-
         a = _c.swiftkv_attention_args_init()
         if isinstance(kv_indices, int) or _device_of(kv_indices) != _HOST:
             idx = kv_indices

@@ -18,6 +18,8 @@ import ctypes
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+
 from . import capi as _c
 
 HOST = -1  # the device of host memory (swiftkv.DEVICE_HOST)
@@ -204,8 +206,6 @@ def host_array(obj, *, writable: bool, what: str):
         return obj
     except TypeError:
         pass
-    import numpy as np
-
     t = tensor_info(obj)
     if t.device != HOST:
         raise TypeError(f"{what}: the tensor is in CUDA memory (device {t.device}); this call "
