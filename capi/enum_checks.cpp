@@ -1,0 +1,34 @@
+// The core's enums are cast to and from the public ones at the ABI (cache_api.cpp,
+// context_api.cpp, elastic_api.cpp): each value is checked here to be the public number, so a
+// change on either side fails the build instead of mislabelling a tier or a policy.
+#include "core/index/chunk_index.hpp"
+#include "core/memory/memory_region.hpp"
+#include "core/policy/eviction_policy.hpp"
+#include "core/tiers/chunk_cache.hpp"
+#include "swiftkv/swiftkv.h"
+
+namespace swiftkv::capi {
+namespace {
+
+template <typename Core>
+constexpr bool same(Core core, long public_value) {
+  return static_cast<long>(core) == public_value;
+}
+
+static_assert(same(Tier::peer, SWIFTKV_TIER_PEER));
+static_assert(same(Tier::host, SWIFTKV_TIER_HOST));
+static_assert(same(Tier::disk, SWIFTKV_TIER_DISK));
+static_assert(kTierCount == 3 && SWIFTKV_TIERS_ALL == (1u << kTierCount) - 1,
+              "the public tier mask covers every tier");
+static_assert(ChunkCache::kDropped == SWIFTKV_TIER_DROPPED);
+static_assert(same(EvictionPolicy::lru, SWIFTKV_EVICT_LRU));
+static_assert(same(EvictionPolicy::retention, SWIFTKV_EVICT_RETENTION));
+static_assert(same(ChunkEventReason::policy, SWIFTKV_CHUNK_EVICTED));
+static_assert(same(ChunkEventReason::revoked, SWIFTKV_CHUNK_REVOKED));
+static_assert(same(ChunkEventReason::corrupt, SWIFTKV_CHUNK_CORRUPT));
+static_assert(same(MemoryKind::host_memfd, SWIFTKV_MEMORY_HOST_MEMFD));
+static_assert(same(MemoryKind::cuda_vmm, SWIFTKV_MEMORY_CUDA_VMM));
+static_assert(same(MemoryKind::cuda_ipc, SWIFTKV_MEMORY_CUDA_IPC));
+
+}  // namespace
+}  // namespace swiftkv::capi
