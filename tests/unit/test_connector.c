@@ -205,13 +205,10 @@ struct turn_result {
   uint64_t valid_end[LAYERS];
 };
 
-/* One engine step over tokens[0, n): loads what is cached from load_from, checks the loaded
- * tokens of each layer at its wait_layer_load, computes (writes) the rest, saves. */
-static struct turn_result run_turn(const struct engine *e, const uint32_t *tokens, size_t n,
-                                   const int32_t *pages, uint32_t seq, uint64_t load_from,
-                                   void (*during)(const struct engine *, uint64_t)) {
-  struct turn_result r;
-  memset(&r, 0, sizeof r);
+/* Begins a request of `shape` over tokens[0, n) in `pages`, loading from load_from. */
+static uint64_t begin_shaped(const struct engine *e, const uint32_t *tokens, size_t n,
+                             const int32_t *pages, uint64_t load_from,
+                             swiftkv_request_shape shape) {
   swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
   d.pool = e->pool;
   d.tokens = tokens;
@@ -219,8 +216,21 @@ static struct turn_result run_turn(const struct engine *e, const uint32_t *token
   d.pages = pages;
   d.n_pages = (n + BLOCK - 1) / BLOCK;
   d.load_from_tokens = load_from;
+  d.shape = shape;
   uint64_t req = 0;
   assert_ok(swiftkv_request_begin(&req, e->ctx, &d));
+  return req;
+}
+
+/* One engine step over tokens[0, n): loads what is cached from load_from, checks the loaded
+ * tokens of each layer at its wait_layer_load, computes (writes) the rest, saves. */
+static struct turn_result run_turn(const struct engine *e, const uint32_t *tokens, size_t n,
+                                   const int32_t *pages, uint32_t seq, uint64_t load_from,
+                                   void (*during)(const struct engine *, uint64_t)) {
+  struct turn_result r;
+  memset(&r, 0, sizeof r);
+  const uint64_t req =
+      begin_shaped(e, tokens, n, pages, load_from, SWIFTKV_REQUEST_LOAD_AND_SAVE);
   if (during != NULL) during(e, req);
   assert_ok(swiftkv_start_load(e->ctx, req, NULL));
   r.info = (swiftkv_request_info)SWIFTKV_REQUEST_INFO_INIT;
@@ -309,20 +319,6 @@ static void round_trip(enum layout layout) {
 
 static uint64_t requests_open(const struct engine *e);
 
-static uint64_t begin_shaped(const struct engine *e, const uint32_t *tokens, size_t n,
-                             const int32_t *pages, swiftkv_request_shape shape) {
-  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
-  d.pool = e->pool;
-  d.tokens = tokens;
-  d.n_tokens = n;
-  d.pages = pages;
-  d.n_pages = (n + BLOCK - 1) / BLOCK;
-  d.shape = shape;
-  uint64_t req = 0;
-  assert_ok(swiftkv_request_begin(&req, e->ctx, &d));
-  return req;
-}
-
 /* The save-only shape stores what the engine computed (no loads, chunks cached at begin not
  * saved again); the load-only shape loads the cached run into other pages and saves nothing;
  * calls of the half a shape lacks are refused with the order in the message, changing
@@ -340,7 +336,7 @@ static void load_only_and_save_only(void **state) {
   assert_int_equal(t0.info.saved_tokens, CHUNK);
 
   for (uint32_t l = 0; l < LAYERS; ++l) engine_write(&e, pages, 4, l, 0, 5 * CHUNK);
-  uint64_t req = begin_shaped(&e, tokens, 5 * CHUNK, pages, SWIFTKV_REQUEST_SAVE_ONLY);
+  uint64_t req = begin_shaped(&e, tokens, 5 * CHUNK, pages, 0, SWIFTKV_REQUEST_SAVE_ONLY);
   swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
   assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
   assert_int_equal(info.load_end_tokens, 0);
@@ -365,7 +361,7 @@ static void load_only_and_save_only(void **state) {
   pick_pages(other, 10, 0, PAGES, 5);
   swiftkv_stats before = SWIFTKV_STATS_INIT, after = SWIFTKV_STATS_INIT;
   assert_ok(swiftkv_stats_get(&before, e.ctx));
-  req = begin_shaped(&e, tokens, 5 * CHUNK, other, SWIFTKV_REQUEST_LOAD_ONLY);
+  req = begin_shaped(&e, tokens, 5 * CHUNK, other, 0, SWIFTKV_REQUEST_LOAD_ONLY);
   assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
   assert_int_equal(info.load_end_tokens, 5 * CHUNK);
   assert_int_equal(info.save_tokens, 0);
