@@ -302,11 +302,10 @@ void ChunkCache::transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef sr
   }
 }
 
-bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to) {
-  // A move the caller asked for: pins do not hold it, and `to` makes room by its policy.
+bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to, bool make_room) {
   std::optional<ChunkUse> use = index_.begin_move(key, from, false);
   if (!use) return false;
-  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, true);
+  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, make_room);
   if (!slot) {
     abort_move(key);
     return false;
@@ -521,14 +520,8 @@ uint64_t ChunkCache::write_back(uint32_t from_mask) {
   });
   uint64_t moved = 0;
   for (const auto &[key, from] : targets) {
-    std::optional<ChunkUse> use = index_.begin_move(key, from, false);
-    if (!use) continue;  // dropped or moved meanwhile
-    const std::optional<uint64_t> slot = allocate_in(Tier::disk, key, use->meta, false);
-    if (!slot) {
-      abort_move(key);
-      continue;  // the disk is full: what is there stays
-    }
-    if (complete_move(key, *use, SlotRef{Tier::disk, *slot})) {
+    // No room made on disk: what is there stays, and a chunk that does not fit is left behind.
+    if (move_chunk(key, from, Tier::disk, false)) {
       demotions_.fetch_add(1, std::memory_order_relaxed);
       ++moved;
     }

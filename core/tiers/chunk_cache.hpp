@@ -217,7 +217,9 @@ class ChunkCache {
   // Moves one chunk down a tier, or drops it from the last: the bytes it took in `from`, or 0
   // when it could not be touched (moving, pinned with respect_pins, no longer in `from`).
   uint64_t demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
-  bool move_chunk(const ChunkKey &key, Tier from, Tier to);
+  // A move the caller asked for (pins do not hold it); `make_room`: `to` evicts by its policy
+  // when full, else the move fails there.
+  bool move_chunk(const ChunkKey &key, Tier from, Tier to, bool make_room = true);
   // The second half of every move begun with begin_move: copy to dst, then switch the index to
   // it. False when the chunk was dropped meanwhile or its source failed its check (then it is
   // dropped as corrupt).

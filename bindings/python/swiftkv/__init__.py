@@ -530,15 +530,20 @@ class Context:
 # --- Models and the chunk cache ----------------------------------------------------------------
 
 
+def _host_values(values):
+    """A torch tensor (any device) as a host numpy array; anything else as it is."""
+    if hasattr(values, "detach") and hasattr(values, "cpu"):
+        return values.detach().cpu().numpy()
+    return values
+
+
 def _tokens(tokens):
     """Tokens as a C-contiguous uint32 numpy array: a uint32 array passes as it is (no copy);
     other integer arrays (torch int64 input_ids, lists) are converted, values checked."""
     if (type(tokens) is np.ndarray and tokens.dtype == np.uint32 and tokens.ndim == 1
             and tokens.flags.c_contiguous):
         return tokens
-    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # a torch tensor
-        tokens = tokens.detach().cpu().numpy()
-    a = np.asarray(tokens)
+    a = np.asarray(_host_values(tokens))
     if a.ndim == 2 and a.shape[0] == 1:  # a batch of one, as transformers' input_ids
         a = a[0]
     if a.ndim != 1:
@@ -943,9 +948,7 @@ class Request:
                  shape=RequestShape.LOAD_AND_SAVE):
         self.model, self.pool = model, pool
         self._tokens = _tokens(tokens)
-        if hasattr(pages, "detach") and hasattr(pages, "cpu"):  # a torch tensor
-            pages = pages.detach().cpu().numpy()
-        self._pages = np.ascontiguousarray(pages, dtype=np.int32)
+        self._pages = _tokens_like(pages, np.int32)
         if self._pages.ndim != 1:
             raise ValueError(f"pages must be 1-D, not shape {self._pages.shape}")
         d = _c.swiftkv_request_desc_init()
@@ -1014,9 +1017,8 @@ def _device_of(obj) -> int:
 
 
 def _tokens_like(values, dtype):
-    if hasattr(values, "detach") and hasattr(values, "cpu"):
-        values = values.detach().cpu().numpy()
-    return np.ascontiguousarray(values, dtype=dtype)
+    """Small index arrays (pages, kv_indices) as C-contiguous numpy of dtype, on the host."""
+    return np.ascontiguousarray(_host_values(values), dtype=dtype)
 
 
 # --- Multi-token paged attention -------------------------------------------------------------------
