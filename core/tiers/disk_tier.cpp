@@ -42,6 +42,10 @@ constexpr uint64_t kMinSegmentBytes = 4 * DiskTier::kHeaderBytes;
 // A payload larger than this is read or written in pieces of it, checksummed on a second thread
 // while the next piece is read or written.
 constexpr uint64_t kPiece = uint64_t{4} << 20;
+// Once this many record bytes are written to a segment, the kernel is asked to start writing
+// them back (without waiting), so a group commit finds most pages already on their way and the
+// disk is busy while the engine stores. Smaller kicks would split the writes into small I/Os.
+constexpr uint64_t kKickBytes = uint64_t{8} << 20;
 
 struct SegmentHeader {
   char magic[8];
@@ -389,6 +393,8 @@ void DiskTier::open_segment_locked(Segment &s) {
   s.state = SegState::open;
   s.write_at = kHeaderBytes;
   s.synced_to = kHeaderBytes;
+  s.kicked_to = 0;
+  s.unkicked = 0;
   s.live = 0;
   s.pending.clear();
   s.slots.clear();
@@ -651,6 +657,7 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
     iovec v{&h, sizeof h};
     pwrite_all(fd, &v, 1, off, path);
   }
+  start_writeback(slot);
   std::lock_guard lock(mu_);
   Record &r = records_[slot];
   Segment &s = *segments_[r.seg];
@@ -660,6 +667,31 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
   r.written_ns = h.written_ns;
   s.dirty = true;
   recount_locked(s);
+}
+
+void DiskTier::start_writeback(uint64_t slot) {
+  int fd = -1;
+  uint64_t from = 0, to = 0;
+  {
+    std::lock_guard lock(mu_);
+    const Record &r = records_.at(slot);
+    Segment &s = *segments_[r.seg];
+    s.unkicked += r.len;
+    if (s.unkicked < kKickBytes) return;
+    // Up to the end of the appends: a record still being written by another thread is started
+    // partly, and the rest of it goes with the next kick or the sync.
+    from = s.kicked_to;
+    to = s.write_at;
+    s.kicked_to = to;
+    s.unkicked = 0;
+    fd = s.fd.get();
+  }
+  // The segment cannot go while this thread's record is reserved in it. No wait and no error:
+  // this only starts I/O early; a failed write shows at the sync, which reports it.
+  if (to > from) {
+    (void)::sync_file_range(fd, static_cast<off_t>(from), static_cast<off_t>(to - from),
+                            SYNC_FILE_RANGE_WRITE);
+  }
 }
 
 void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
@@ -915,6 +947,7 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
       off += len;
     }
     seg->write_at = off;
+    seg->kicked_to = off;
     seg->synced_to = covered;
     // Records past the last commit may be torn: their payloads are read and checked.
     for (size_t i = first; i < cands.size();) {

@@ -133,6 +133,8 @@ class DiskTier final : public TierStore {
     std::set<uint64_t> pending;  // offsets of reservations not yet written
     uint64_t synced_to = 0;      // records below are durable
     bool dirty = false;          // written since the last sync
+    uint64_t kicked_to = 0;      // writeback was started for the bytes below
+    uint64_t unkicked = 0;       // record bytes written since the last start of writeback
     std::vector<uint64_t> slots;  // slots placed here (some since freed or moved)
     uint64_t index = 0;           // in segments_
     bool counted_free = false;    // in free_segments_
@@ -149,6 +151,9 @@ class DiskTier final : public TierStore {
     RecState state = RecState::free;
   };
 
+  // After a record is written: asks the kernel to start writing back the segment's appends
+  // once kKickBytes have gathered since the last time.
+  void start_writeback(uint64_t slot);
   std::string path_of(uint32_t number) const;
   // A segment ready to append r bytes, making one (a new file) or cleaning one if needed;
   // nullptr when neither can. Call with mu_ held; may release it while cleaning.
