@@ -1,41 +1,68 @@
-// The gather/scatter kernel of the transfer engine: copies a copy plan's segments between a
-// contiguous staging buffer (a chunk's layer pieces, one after another) and an engine's pages.
-// Every page layout becomes segments on the host (core/transfer/copy_plan), so one kernel serves
-// them all, and any dtype: it moves bytes. The CPU twin is scatter_piece / gather_piece.
+// The gather/scatter kernel of the transfer engine: moves a request's copy items (its chunks'
+// copy plans cut into pieces of at most kItemBytes, core/transfer/copy_items.hpp) between each
+// chunk's layer piece and an engine's pages. Every page layout becomes segments on the host
+// (core/transfer/copy_plan), so one kernel serves them all, and any dtype: it moves bytes.
+//
+// One warp per item, so a launch has work for every SM whatever the segment sizes: HND pages
+// give 256-byte segments, which one block per segment left 16 of 256 threads to copy. Each lane
+// issues all its 16-byte loads (up to 8) before its first store, so 8 loads per lane are in flight
+// instead of one. A chunk's piece is read from (or written to) its own memory when that memory is
+// on a device (ChunkSource::direct, peer or IPC-mapped), else from the staging buffer the copy
+// engine filled. The CPU twin is copy_items_cpu.
 #pragma once
 
 #include <cstdint>
 
+#include "core/transfer/copy_items.hpp"
+
 namespace swiftkv::kernels {
 
-// The device form of a CopySegment (same fields, same layout).
-struct DeviceSegment {
-  uint64_t page_offset;   // from the layer's base in the pool
-  uint64_t piece_offset;  // in the staging buffer
-  uint64_t bytes;
-};
+constexpr int kCopyThreads = 256;
+constexpr int kCopyWarps = kCopyThreads / 32;
+constexpr uint32_t kWordsPerLane = kItemBytes / 16 / 32;  // 8
+static_assert(kItemBytes % (16 * 32) == 0, "an item is whole 16-byte words for every lane");
 
-// scatter != 0: staging -> pages; else pages -> staging. Blocks take segments in turn; a
-// segment moves in 16-byte words when both ends and its length allow, else 4 bytes, else bytes.
-__global__ void copy_segments(const DeviceSegment *segments, uint32_t n,
-                              const unsigned char *src_base, unsigned char *dst_base,
-                              int scatter) {
-  for (uint32_t s = blockIdx.x; s < n; s += gridDim.x) {
-    const DeviceSegment g = segments[s];
-    const unsigned char *from = src_base + (scatter ? g.piece_offset : g.page_offset);
-    unsigned char *to = dst_base + (scatter ? g.page_offset : g.piece_offset);
-    const uint64_t align = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
-                           g.bytes;
+// scatter != 0: pieces -> pages; else pages -> pieces. Layer `layer`'s piece of a direct chunk
+// is layer * piece_bytes past its address.
+__global__ void __launch_bounds__(kCopyThreads)
+    copy_items(const CopyItem *__restrict__ items, uint32_t n,
+               const ChunkSource *__restrict__ chunks, uint64_t layer_offset,
+               unsigned char *staging, unsigned char *pages, int scatter) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = gridDim.x * kCopyWarps;
+  for (uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32; w < n; w += warps) {
+    const CopyItem it = items[w];
+    const ChunkSource c = chunks[it.chunk];
+    unsigned char *piece =
+        (c.direct != 0 ? reinterpret_cast<unsigned char *>(c.direct) + layer_offset
+                       : staging + c.staged_at) +
+        it.piece_offset;
+    unsigned char *page = pages + it.page_offset;
+    const unsigned char *from = scatter ? piece : page;
+    unsigned char *to = scatter ? page : piece;
+    const uint64_t align =
+        reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) | it.bytes;
     if (align % 16 == 0) {
       const uint4 *f = reinterpret_cast<const uint4 *>(from);
       uint4 *t = reinterpret_cast<uint4 *>(to);
-      for (uint64_t i = threadIdx.x; i < g.bytes / 16; i += blockDim.x) t[i] = f[i];
+      const uint32_t words = it.bytes / 16;
+      uint4 r[kWordsPerLane];
+#pragma unroll
+      for (uint32_t k = 0; k < kWordsPerLane; ++k) {
+        const uint32_t i = lane + 32 * k;
+        if (i < words) r[k] = f[i];
+      }
+#pragma unroll
+      for (uint32_t k = 0; k < kWordsPerLane; ++k) {
+        const uint32_t i = lane + 32 * k;
+        if (i < words) t[i] = r[k];
+      }
     } else if (align % 4 == 0) {
       const uint32_t *f = reinterpret_cast<const uint32_t *>(from);
       uint32_t *t = reinterpret_cast<uint32_t *>(to);
-      for (uint64_t i = threadIdx.x; i < g.bytes / 4; i += blockDim.x) t[i] = f[i];
+      for (uint32_t i = lane; i < it.bytes / 4; i += 32) t[i] = f[i];
     } else {
-      for (uint64_t i = threadIdx.x; i < g.bytes; i += blockDim.x) to[i] = from[i];
+      for (uint32_t i = lane; i < it.bytes; i += 32) to[i] = from[i];
     }
   }
 }

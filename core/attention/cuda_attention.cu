@@ -92,7 +92,7 @@ void attention_copy_plan(int32_t device, void *workspace, const void *plan, uint
 
 void attention_run_cuda(const AttentionShape &s, const AttentionParams &p, bool vectorised,
                         void *stream) {
-  DeviceGuard guard(s.device, /*init_context=*/false);
+  DeviceGuard guard(s.device);
   switch (s.dtype) {
     case SWIFTKV_DTYPE_F16: return launch_typed<half>(s, p, vectorised, as_stream(stream));
     case SWIFTKV_DTYPE_BF16: return launch_typed<__nv_bfloat16>(s, p, vectorised, as_stream(stream));

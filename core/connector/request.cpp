@@ -88,7 +88,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       // A host pool reaches lent device memory through host staging; a device pool copies to
       // any memory directly, and stages only for the disk.
       if (s.dst == nullptr || (device >= 0 && pool_->layout().device < 0)) {
-        s.staging.resize(sizes.full_chunk_bytes);
+        s.staging.allocate(sizes.full_chunk_bytes, *pool_);
         s.dst = s.staging.data();
       }
       info_.save_tokens += chunk_tokens_;
@@ -123,6 +123,14 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   }
 }
 
+void Request::HostBytes::allocate(uint64_t bytes, const KvPool &pool) {
+  if (pool.layout().device >= 0) {
+    pinned_ = take_pinned(pool.device_lanes(), bytes);
+  } else {
+    plain_.resize(bytes);
+  }
+}
+
 Request::~Request() {
   std::unique_lock lock(mu_);
   cv_.wait(lock, [this] { return tasks_in_flight_ == 0; });
@@ -139,12 +147,12 @@ bool Request::stage(LoadChunk &c) {
   if (c.staged) return true;
   if (c.stage_failed) return false;
   try {
-    c.staging.resize(c.use.meta.bytes);
+    c.staging.allocate(c.use.meta.bytes, *pool_);
     cache_.read_slot(c.use.where, c.use.meta, c.staging.data());
     c.staged = true;
   } catch (...) {
     c.stage_failed = true;
-    c.staging = {};
+    c.staging.clear();
     try {
       cache_.report_failed_load(c.key, c.use.meta, c.use.where.tier);
     } catch (...) {
@@ -242,6 +250,7 @@ void Request::start_load(void *stream) {
   if (!spec_.load) fail_order("start_load");
   if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
   if (device()) {
+    refuse_capture(stream, "start_load");
     dev_->after(stream);  // the pages' previous users on the engine's stream go first
     started_ = true;
     if (info_.stream_ordered) {
@@ -303,6 +312,7 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
     fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   }
   if (device()) {
+    refuse_capture(stream, "wait_layer_load");
     if (peer_loads_) {
       // Lent memory: the lease is checked again once the copy is done, on the host.
       lock.unlock();
@@ -334,6 +344,7 @@ void Request::save_layer(uint32_t layer, void *stream) {
     fail_order("save_layer(" + std::to_string(layer) + ")");
   }
   if (device()) {
+    refuse_capture(stream, "save_layer");
     std::vector<std::byte *> dsts;
     dsts.reserve(saves_.size());
     for (auto &sc : saves_) dsts.push_back(sc->dst);
@@ -348,9 +359,10 @@ void Request::save_layer(uint32_t layer, void *stream) {
   submit_save_locked(layer);
 }
 
-uint64_t Request::wait_save(void *) {
+uint64_t Request::wait_save(void *stream) {
   std::unique_lock lock(mu_);
   if (!spec_.save) fail_order("wait_save");
+  if (device()) refuse_capture(stream, "wait_save");
   if (save_done_) fail(SWIFTKV_ESTATE, "wait_save was already called for this request");
   if (info_.layers_saved != layers_) {
     fail(SWIFTKV_ESTATE, "wait_save with " + std::to_string(info_.layers_saved) + " of " +
@@ -378,19 +390,36 @@ uint64_t Request::wait_save(void *) {
 }
 
 void Request::make_device_transfer() {
-  std::vector<StagedSegment> load_segs, save_segs;
-  std::vector<uint32_t> load_prefix{0}, save_prefix{0};
-  auto append = [&](const std::vector<CopySegment> &plan, size_t chunk,
-                    std::vector<StagedSegment> &out, std::vector<uint32_t> &prefix) {
-    for (const CopySegment &g : plan) {
-      out.push_back(StagedSegment{g.page_offset, chunk * piece_bytes_ + g.piece_offset, g.bytes});
+  const std::shared_ptr<DeviceLanes> &lanes = pool_->device_lanes();
+  // A chunk in memory the pool's device reaches (its own, or a peer's) is copied in place by the
+  // kernel; the rest (host memory, disk staging) goes through the staging buffers.
+  auto add = [&](DeviceSide &side, const std::vector<CopySegment> &plan, std::byte *mem,
+                 int32_t mem_device) {
+    const auto chunk = static_cast<uint32_t>(side.chunks.size());
+    ChunkSource src{0, 0};
+    if (mem != nullptr && mem_device >= 0 && reads_in_place(*lanes, mem_device)) {
+      src.direct = reinterpret_cast<uint64_t>(mem);
+    } else {
+      src.staged_at = side.staged_bytes;
+      side.staged_bytes += piece_bytes_;
     }
-    prefix.push_back(static_cast<uint32_t>(out.size()));
+    side.chunks.push_back(src);
+    static_assert(sizeof(CopySegment) == 3 * sizeof(uint64_t));
+    append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), chunk,
+                      side.items);
+    side.items_before.push_back(static_cast<uint32_t>(side.items.size()));
   };
-  for (size_t i = 0; i < loads_.size(); ++i) append(loads_[i]->plan, i, load_segs, load_prefix);
-  for (size_t i = 0; i < saves_.size(); ++i) append(saves_[i]->plan, i, save_segs, save_prefix);
-  dev_ = DeviceTransfer::create(pool_->layout().device, layers_, piece_bytes_, load_segs,
-                                load_prefix, save_segs, save_prefix);
+  DeviceSide load, save;
+  for (const auto &l : loads_) add(load, l->plan, l->src, l->src_device);
+  for (const auto &sc : saves_) {
+    int32_t device = -1;
+    std::byte *slot = sc->staging.empty() ? cache_.address(sc->where, &device) : nullptr;
+    add(save, sc->plan, slot, device);
+  }
+  if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
+    fail_invalid("a request of more than 2^32 copy items");
+  }
+  dev_ = DeviceTransfer::create(lanes, layers_, piece_bytes_, std::move(load), std::move(save));
 }
 
 // Enqueues the loads of one layer for the chunks still valid: disk chunks are staged (read and

@@ -75,6 +75,23 @@ class Request {
   const KvPool &pool() const noexcept { return *pool_; }
 
  private:
+  // A chunk's bytes in host memory on their way to or from the disk (or, for a host pool, lent
+  // device memory): page-locked from the pool's cache when the pool is on a device, so that its
+  // copies are asynchronous, else a plain vector.
+  class HostBytes {
+   public:
+    void allocate(uint64_t bytes, const KvPool &pool);
+    std::byte *data() noexcept { return pinned_.data() != nullptr ? pinned_.data() : plain_.data(); }
+    bool empty() const noexcept { return pinned_.data() == nullptr && plain_.empty(); }
+    void clear() noexcept {
+      pinned_ = PinnedBuffer();
+      plain_ = std::vector<std::byte>();
+    }
+
+   private:
+    std::vector<std::byte> plain_;
+    PinnedBuffer pinned_;
+  };
   struct LoadChunk {
     ChunkKey key;
     ChunkUse use;
@@ -82,7 +99,7 @@ class Request {
     std::byte *src = nullptr;       // the chunk's bytes in memory, or nullptr (disk: staged)
     int32_t src_device = -1;
     std::mutex stage_mu;            // guards staging, staged, stage_failed
-    std::vector<std::byte> staging;
+    HostBytes staging;
     bool staged = false, stage_failed = false;
   };
   struct SaveChunk {
@@ -91,7 +108,7 @@ class Request {
     SlotRef where;
     std::vector<CopySegment> plan;
     std::byte *dst = nullptr;       // the slot's bytes, or the staging buffer (disk)
-    std::vector<std::byte> staging;
+    HostBytes staging;
     bool published = false;
   };
 

@@ -18,19 +18,15 @@ inline void check_cuda(cudaError_t err, const std::string &what) {
        what + " failed: " + cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
 }
 
-// Makes `device` current (creating its primary context) for the guard's scope, then restores
-// the caller's device: the library never leaves a thread on another device than it found.
-// Calls that may run inside a CUDA graph capture pass init_context = false: cudaFree is not
-// allowed there, and cudaSetDevice alone is.
+// Makes `device` current for the guard's scope, then restores the caller's device: the library
+// never leaves a thread on another device than it found. Since CUDA 12 cudaSetDevice also
+// initialises the device's primary context, so no cudaFree(nullptr) is needed, and the guard is
+// allowed inside a CUDA graph capture.
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int32_t device, bool init_context = true) {
+  explicit DeviceGuard(int32_t device) {
     check_cuda(cudaGetDevice(&prev_), "cudaGetDevice");
     check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
-    if (init_context) {
-      check_cuda(cudaFree(nullptr), "initialising the primary context of device " +
-                                        std::to_string(device));
-    }
   }
   DeviceGuard(const DeviceGuard &) = delete;
   DeviceGuard &operator=(const DeviceGuard &) = delete;

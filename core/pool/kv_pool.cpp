@@ -27,6 +27,12 @@ KvPool::KvPool(const ModelGeometry &g, PageLayout layout) : geometry_(g), layout
   check_page_layout(layout_, g, "desc");
 }
 
+const std::shared_ptr<DeviceLanes> &KvPool::device_lanes() const {
+  std::lock_guard lock(lanes_mu_);
+  if (!lanes_) lanes_ = make_device_lanes(layout_.device);
+  return lanes_;
+}
+
 std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t regular,
                                             uint32_t stream) {
   const uint64_t os_page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));

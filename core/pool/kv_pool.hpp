@@ -4,14 +4,17 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 
 #include "core/common/unique_fd.hpp"
 #include "core/memory/cuda_region.hpp"
 #include "core/pool/page_layout.hpp"
+#include "core/transfer/cuda_transfer.hpp"
 
 namespace swiftkv {
 
-// Immutable after construction, so any thread may read it.
+// Immutable after construction (but for its device lanes, made at first use under a lock), so
+// any thread may read it.
 class KvPool {
  public:
   // An engine's tensors, checked against the model (EINVAL). The engine keeps the memory.
@@ -34,6 +37,9 @@ class KvPool {
   const PageLayout &layout() const noexcept { return layout_; }
   const ModelGeometry &geometry() const noexcept { return geometry_; }
   bool owned() const noexcept { return fd_.get() >= 0 || device_memory_ != nullptr; }
+  // A device pool's reusable CUDA objects for its requests' copies (cuda_transfer.hpp), made
+  // at the first call; ENODEV without CUDA.
+  const std::shared_ptr<DeviceLanes> &device_lanes() const;
 
  private:
   KvPool() = default;
@@ -42,6 +48,8 @@ class KvPool {
   UniqueFd fd_;                // the memfd of a library-made host pool
   std::unique_ptr<AliasedLayers> device_memory_;  // a library-made device pool's memory
   uint64_t mapped_bytes_ = 0;  // reserved address range per layer
+  mutable std::mutex lanes_mu_;
+  mutable std::shared_ptr<DeviceLanes> lanes_;
 };
 
 }  // namespace swiftkv

@@ -1,10 +1,27 @@
-// The CUDA executor of the transfer engine, for one request on a device pool: a load stream (high
-// priority, which orders its kernels before the save's on the SMs but does not reorder copy-engine
-// work) and a save stream, a staging buffer each, an event per layer each. Per layer, each
-// chunk's layer piece is one contiguous cudaMemcpyAsync (host, disk-staged or lent memory to
-// staging, or back) and one gather/scatter kernel moves every chunk's segments between staging
-// and the pages: never one copy per page. Two twins: cuda_transfer.cu and cuda_transfer_host.cpp
-// (without CUDA: ENODEV). C++17, so that nvcc compiles the twin.
+// The CUDA executor of the transfer engine for requests on a device pool.
+//
+// Per pool, DeviceLanes keeps what a request needs and reuses it: lanes (four streams, events
+// per layer, staging and table buffers on the device, a page-locked upload buffer) and a cache of
+// page-locked host buffers for chunks staged through the host (disk). A request takes a lane at
+// begin and gives it back at its end, so in the steady state a request creates no stream or event
+// and allocates no memory; its copy items and chunk table go up with one asynchronous copy.
+//
+// Per layer of a load: the pieces of the chunks that live in host memory are copied into one of
+// two staging buffers on the load-copy stream (one copy per chunk, batched), and the scatter
+// kernel runs on the load-kernel stream, reading device-resident chunks (peer or IPC-mapped lent
+// memory) in place and the rest from staging. Layer l+1's copy overlaps layer l's scatter; it
+// waits only for the scatter of layer l-1, the last reader of its buffer. Saves mirror this: the
+// gather kernel writes device-resident slots in place and the rest into staging, and the
+// save-copy stream copies staging out. The load-kernel stream has the highest priority, which
+// orders its kernels before the save's on the SMs; copy engines take DMA work in the order it was
+// issued whatever the stream's priority.
+//
+// None of the calls may be captured into a CUDA graph: a call whose engine stream is capturing
+// fails with EUNSUPPORTED and changes nothing (its waits would pull the library's streams into
+// the capture, and a replayed graph would copy the chunks of another request).
+//
+// Two twins: cuda_transfer.cu and cuda_transfer_host.cpp (without CUDA: ENODEV). C++17, so that
+// nvcc compiles it.
 #pragma once
 
 #include <cstddef>
@@ -12,46 +29,89 @@
 #include <memory>
 #include <vector>
 
+#include "core/transfer/copy_items.hpp"
+
 namespace swiftkv {
 
-// A CopySegment whose piece_offset counts from the start of a layer's staging buffer (chunk i's
-// piece at i * piece_bytes).
-struct StagedSegment {
-  uint64_t page_offset;
-  uint64_t piece_offset;
-  uint64_t bytes;
+class DeviceLanes;
+
+// A device pool's lanes and page-locked buffers (ENODEV without CUDA or for a device this
+// process cannot use).
+std::shared_ptr<DeviceLanes> make_device_lanes(int32_t device);
+// Whether the lanes' device reads and writes memory of `memory_device` in place (the same device,
+// or a peer it can access).
+bool reads_in_place(DeviceLanes &lanes, int32_t memory_device);
+
+// Page-locked host memory from a pool's cache, given back when destroyed. Empty by default.
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(std::shared_ptr<DeviceLanes> owner, std::byte *p, uint64_t size) noexcept
+      : owner_(std::move(owner)), p_(p), size_(size) {}
+  PinnedBuffer(PinnedBuffer &&o) noexcept { swap(o); }
+  PinnedBuffer &operator=(PinnedBuffer &&o) noexcept {
+    PinnedBuffer(std::move(o)).swap(*this);
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer &) = delete;
+  PinnedBuffer &operator=(const PinnedBuffer &) = delete;
+  ~PinnedBuffer();
+  std::byte *data() const noexcept { return p_; }
+  uint64_t size() const noexcept { return size_; }
+
+ private:
+  void swap(PinnedBuffer &o) noexcept {
+    std::swap(owner_, o.owner_);
+    std::swap(p_, o.p_);
+    std::swap(size_, o.size_);
+  }
+  std::shared_ptr<DeviceLanes> owner_;
+  std::byte *p_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// `bytes` of page-locked memory, from the cache when a buffer of that size is free.
+PinnedBuffer take_pinned(const std::shared_ptr<DeviceLanes> &lanes, uint64_t bytes);
+
+// One direction of a request: its copy items, items_before[i] = the items of chunks [0, i)
+// (size: chunks + 1), where each chunk's piece is, and the staging its staged chunks need.
+struct DeviceSide {
+  std::vector<CopyItem> items;
+  std::vector<uint32_t> items_before{0};
+  std::vector<ChunkSource> chunks;
+  uint64_t staged_bytes = 0;
 };
 
 class DeviceTransfer {
  public:
-  // load_prefix[i]: the segments of load chunks [0, i) (size: load chunks + 1); likewise
-  // save_prefix. Allocates the staging buffers and uploads the segments once.
-  static std::unique_ptr<DeviceTransfer> create(int32_t device, uint32_t layers,
-                                                uint64_t piece_bytes,
-                                                const std::vector<StagedSegment> &load_segments,
-                                                const std::vector<uint32_t> &load_prefix,
-                                                const std::vector<StagedSegment> &save_segments,
-                                                const std::vector<uint32_t> &save_prefix);
-  // Waits for everything enqueued, then frees.
+  // Takes a lane of `lanes` (or makes one) and uploads both sides' tables.
+  static std::unique_ptr<DeviceTransfer> create(const std::shared_ptr<DeviceLanes> &lanes,
+                                                uint32_t layers, uint64_t piece_bytes,
+                                                DeviceSide load, DeviceSide save);
+  // Waits for everything enqueued, then gives the lane back.
   virtual ~DeviceTransfer() = default;
 
-  // The load stream waits for what `stream` has enqueued so far (the pages' previous users).
+  // The scatters wait for what `stream` has enqueued so far (the pages' previous users).
   virtual void after(void *stream) = 0;
-  // Enqueues layer `layer` of the first `chunks` load chunks: sources[i] + layer * piece_bytes
-  // to staging (any memory, UVA), then the scatter into the pages at `layer_base`. With
-  // after_save_layer >= 0 the load stream first waits for that layer's save (stream pages).
+  // Enqueues layer `layer` of the first `chunks` load chunks: sources[i] + layer * piece_bytes is
+  // chunk i's piece for a staged chunk (host memory); a direct chunk's entry is not read. With
+  // after_save_layer >= 0 the scatter first waits for that layer's gather (stream pages). Layers
+  // are enqueued in increasing order.
   virtual void enqueue_load(uint32_t layer, const std::vector<const std::byte *> &sources,
                             uint32_t chunks, std::byte *layer_base, int after_save_layer) = 0;
   // `stream` waits for layer's loads (enqueue only); sync_load waits on the host.
   virtual void stream_wait_load(uint32_t layer, void *stream) = 0;
   virtual void sync_load(uint32_t layer) = 0;
-  // After `stream`'s work so far (the engine wrote the layer's K/V): gathers the save chunks'
-  // segments of the pages at `layer_base` into staging, then staging piece i to
-  // dsts[i] + layer * piece_bytes.
+  // After `stream`'s work so far (the engine wrote the layer's K/V): gathers every save chunk's
+  // segments of the pages at `layer_base`, in place for a direct chunk, else through staging to
+  // dsts[i] + layer * piece_bytes. Layers are enqueued in increasing order.
   virtual void enqueue_save(uint32_t layer, void *stream, const std::byte *layer_base,
                             const std::vector<std::byte *> &dsts) = 0;
   // Waits on the host for every save enqueued.
   virtual void sync_saves() = 0;
 };
+
+// EUNSUPPORTED when `stream` is capturing into a CUDA graph (see above); `call` names the call.
+void refuse_capture(void *stream, const char *call);
 
 }  // namespace swiftkv

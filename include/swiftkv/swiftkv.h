@@ -1026,9 +1026,11 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * wait for layer l's loads (and, when the request reads lent memory, waits on the host for them
  * first, so that the lease is checked after the copy and valid_end_tokens is exact); save_layer
  * copies the layer out after the stream's work so far; wait_save waits on the host for every
- * save. Per layer, each chunk's layer piece is one copy and one gather/scatter kernel serves
- * every chunk, on a load stream of the highest priority (which puts its kernels first on the
- * SMs; copy engines still take copies in the order they were issued) and a save stream.
+ * save. Per layer, one gather/scatter kernel serves every chunk, reading chunks in device
+ * memory (lent or mapped) in place and the rest after one copy per chunk into staging; the load's
+ * kernels go first on the SMs (copy engines still take copies in the order they were issued).
+ * These calls cannot be captured into a CUDA graph: on a device pool, a call whose stream is
+ * capturing returns SWIFTKV_EUNSUPPORTED and changes nothing.
  * ------------------------------------------------------------------------------------------- */
 
 #define SWIFTKV_REQUEST_DESC_VERSION 2

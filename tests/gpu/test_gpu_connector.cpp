@@ -5,7 +5,8 @@
 // odd head dim and fp8 with head dim 5 (unaligned segments), and for a library-made pool whose
 // stream pages are aliased into every layer (checked to hold layer l at each wait). The device
 // images are also compared with the same requests run on host pools, whose copies are the
-// kernel's CPU twin. Exits 77 without a usable device or without CUDA.
+// kernel's CPU twin. The same loop also runs with no host synchronisation between its steps, and
+// under graph capture (refused). Exits 77 without a usable device or without CUDA.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -274,6 +275,189 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
               tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
 }
 
+// Holds the stream back, so that a copy the library forgets to order after the engine's work
+// (or the engine's read forgotten after the library's) sees the wrong bytes instead of
+// winning the race by luck.
+void CUDART_CB hold_stream(void *) { ::usleep(20000); }
+
+// The engine's loop with no host synchronisation anywhere: each layer is written by an
+// asynchronous copy queued behind a delay on the engine's stream, saved, moved to `tier`, then
+// loaded into other pages after a clearing memset (also behind a delay) and read back by copies
+// on the same stream. Only the final stream synchronisation precedes the comparison, so a missing
+// cross-stream wait in the library shows as wrong bytes.
+void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
+  const uint32_t pages_n = 16;
+  const Layout lay = layout_of(layout_name, g, pages_n);
+  const uint64_t span = lay.span_elems * g.bytes;
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  Rig r;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.host_budget_bytes = 16 << 20;
+  r.disk = "/tmp/swiftkv-gpu-async-" + std::to_string(::getpid()) + "-" + layout_name;
+  std::system(("rm -rf " + r.disk + " && mkdir -p " + r.disk).c_str());
+  c.disk_path = r.disk.c_str();
+  c.disk_budget_bytes = 64 << 20;
+  CHECK_OK(swiftkv_ctx_create(&r.ctx, &c));
+  swiftkv_model_desc m = desc_of(g, 0);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  CHECK_OK(swiftkv_model_register(&r.model, r.ctx, &mc));
+  std::vector<void *> bases(kLayers);
+  void *dmem = nullptr;
+  CHECK_CUDA(cudaMalloc(&dmem, span * kLayers));
+  CHECK_CUDA(cudaMemset(dmem, 0, span * kLayers));
+  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * span;
+  uint32_t pool = 0;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = pages_n;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = span;
+  pd.page_stride = lay.page;
+  pd.kv_stride = lay.kv;
+  pd.token_stride = lay.token;
+  pd.head_stride = lay.head;
+  CHECK_OK(swiftkv_pool_register(&pool, r.ctx, r.model, &pd));
+  const std::vector<int32_t> first{9, 2, 14, 0, 5, 11}, second{3, 15, 1, 8, 12, 6};
+  // Page-locked images: what the engine writes per layer, and where it reads the layers back.
+  uint8_t *write_img = nullptr, *read_img = nullptr;
+  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(&write_img), span * kLayers));
+  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(&read_img), span * kLayers));
+  std::memset(write_img, 0, span * kLayers);
+  std::memset(read_img, 0, span * kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) write_layer(write_img + l * span, lay, g, l, first);
+  std::vector<uint32_t> tokens(kTokens);
+  for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
+  // A request over `pages` (0 when begin fails: the check has counted it).
+  auto begin = [&](const std::vector<int32_t> &pages) -> uint64_t {
+    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+    d.pool = pool;
+    d.tokens = tokens.data();
+    d.n_tokens = kTokens;
+    d.pages = pages.data();
+    d.n_pages = pages.size();
+    uint64_t req = 0;
+    if (swiftkv_request_begin(&req, r.ctx, &d) != SWIFTKV_OK) {
+      std::fprintf(stderr, "request_begin: %s\n", swiftkv_last_error_message());
+      ++g_failures;
+      return 0;
+    }
+    return req;
+  };
+  // Save: nothing cached; each layer written behind a delay, then handed to save_layer.
+  uint64_t req = begin(first);
+  CHECK(req != 0);
+  CHECK_OK(swiftkv_start_load(r.ctx, req, s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v = 1;
+    CHECK_OK(swiftkv_wait_layer_load(&v, r.ctx, req, l, s));
+    CHECK(v == 0);
+    CHECK_CUDA(cudaLaunchHostFunc(s, hold_stream, nullptr));
+    CHECK_CUDA(cudaMemcpyAsync(bases[l], write_img + l * span, span, cudaMemcpyHostToDevice, s));
+    CHECK_OK(swiftkv_save_layer(r.ctx, req, l, s));
+  }
+  uint64_t saved = 0;
+  CHECK_OK(swiftkv_wait_save(&saved, r.ctx, req, s));
+  CHECK(saved == kTokens);
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  CHECK_OK(swiftkv_request_finish(&info, r.ctx, req));
+  uint64_t there = 0;
+  CHECK_OK(swiftkv_move(&there, r.ctx, r.model, tokens.data(), kTokens, tier));
+  CHECK(there == kTokens / kChunk);
+  // Load: the pages are cleared behind a delay on the engine's stream, so the loads must wait
+  // for it; the engine reads each layer back on its stream, so it must wait for the loads.
+  CHECK_CUDA(cudaLaunchHostFunc(s, hold_stream, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(dmem, 0, span * kLayers, s));
+  req = begin(second);
+  CHECK(req != 0);
+  CHECK_OK(swiftkv_start_load(r.ctx, req, s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v = 0;
+    CHECK_OK(swiftkv_wait_layer_load(&v, r.ctx, req, l, s));
+    CHECK(v == kTokens);
+    CHECK_CUDA(cudaMemcpyAsync(read_img + l * span, bases[l], span, cudaMemcpyDeviceToHost, s));
+    CHECK_OK(swiftkv_save_layer(r.ctx, req, l, s));
+  }
+  CHECK_OK(swiftkv_wait_save(&saved, r.ctx, req, s));
+  CHECK_OK(swiftkv_request_finish(&info, r.ctx, req));
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    CHECK(layer_holds(read_img + l * span, lay, g, l, second, kTokens));
+  }
+  swiftkv_ctx_destroy(r.ctx);
+  std::system(("rm -rf " + r.disk).c_str());
+  cudaFreeHost(write_img);
+  cudaFreeHost(read_img);
+  cudaFree(dmem);
+  cudaStreamDestroy(s);
+  std::printf("%s %s via %s, no host syncs: %u tokens of %u layers back bit-exact\n", g.name,
+              layout_name, tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
+}
+
+// The connector calls refuse a stream that is capturing a CUDA graph, and change nothing.
+void capture_refused(const Geometry &g) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.host_budget_bytes = 16 << 20;
+  swiftkv_ctx *ctx = nullptr;
+  CHECK_OK(swiftkv_ctx_create(&ctx, &c));
+  swiftkv_model_desc m = desc_of(g, 0);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0;
+  CHECK_OK(swiftkv_model_register(&model, ctx, &mc));
+  const Layout lay = layout_of("nhd", g, 16);
+  const uint64_t span = lay.span_elems * g.bytes;
+  void *dmem = nullptr;
+  CHECK_CUDA(cudaMalloc(&dmem, span * kLayers));
+  std::vector<void *> bases(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * span;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = 16;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = span;
+  pd.page_stride = lay.page;
+  pd.kv_stride = lay.kv;
+  pd.token_stride = lay.token;
+  pd.head_stride = lay.head;
+  uint32_t pool = 0;
+  CHECK_OK(swiftkv_pool_register(&pool, ctx, model, &pd));
+  std::vector<uint32_t> tokens(kTokens);
+  for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
+  const std::vector<int32_t> pages{9, 2, 14, 0, 5, 11};
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = pool;
+  d.tokens = tokens.data();
+  d.n_tokens = kTokens;
+  d.pages = pages.data();
+  d.n_pages = pages.size();
+  uint64_t req = 0;
+  CHECK_OK(swiftkv_request_begin(&req, ctx, &d));
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  CHECK_CUDA(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  CHECK(swiftkv_start_load(ctx, req, s) == SWIFTKV_EUNSUPPORTED);
+  cudaGraph_t graph = nullptr;
+  CHECK_CUDA(cudaStreamEndCapture(s, &graph));
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  // Nothing changed: the request starts normally outside the capture.
+  CHECK_OK(swiftkv_start_load(ctx, req, s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v = 0;
+    CHECK_OK(swiftkv_wait_layer_load(&v, ctx, req, l, s));
+    CHECK_OK(swiftkv_save_layer(ctx, req, l, s));
+  }
+  uint64_t saved = 0;
+  CHECK_OK(swiftkv_wait_save(&saved, ctx, req, s));
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  CHECK_OK(swiftkv_request_finish(&info, ctx, req));
+  swiftkv_ctx_destroy(ctx);
+  cudaFree(dmem);
+  cudaStreamDestroy(s);
+  std::printf("graph capture: start_load refused with EUNSUPPORTED, the request unchanged\n");
+}
+
 // A library-made device pool with stream pages: at each wait_layer_load(l) the stream pages
 // hold layer l of the loaded tokens.
 void stream_pages(const Geometry &g) {
@@ -339,6 +523,12 @@ int main() {
     round_trip(g, "nhd", SWIFTKV_TIER_DISK);
     stream_pages(g);
   }
+  // Without host synchronisation: the library's own stream waits are all that order the steps.
+  for (const char *layout : {"nhd", "hnd"}) {
+    async_round_trip(geometries[0], layout, SWIFTKV_TIER_HOST);
+    async_round_trip(geometries[0], layout, SWIFTKV_TIER_DISK);
+  }
+  capture_refused(geometries[0]);
   std::printf("%s\n", g_failures == 0 ? "all GPU connector checks passed" : "FAILED");
   return g_failures == 0 ? 0 : 1;
 }

@@ -1,0 +1,48 @@
+// The work items of the gather/scatter kernel: a request's copy plans cut into pieces of at most
+// kItemBytes, one warp each, so that every kernel launch has work for every SM whatever the page
+// layout (HND pages give 256-byte segments, 256-token pages a few large ones). Built once per
+// request on the host, the same for every layer. copy_items_cpu is the kernel's CPU twin: the
+// kernel must move exactly the bytes it moves. C++17, so that nvcc compiles it too.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace swiftkv {
+
+constexpr uint32_t kItemBytes = 4096;
+
+// `bytes` (at most kItemBytes) at `page_offset` from a layer's base in the pool and at
+// `piece_offset` in chunk `chunk`'s piece of that layer. 24 bytes, the kernel reads it whole.
+struct CopyItem {
+  uint64_t page_offset;
+  uint64_t piece_offset;
+  uint32_t chunk;
+  uint32_t bytes;
+};
+static_assert(sizeof(CopyItem) == 24, "the kernel's layout");
+
+// Where chunk i's layer piece is for the kernel: `direct` != 0 is the address of its layer-0
+// piece in memory the pool's device reads and writes in place (its own or a peer's, through a
+// mapping; layer l's piece is l * piece_bytes further), so no copy to staging; 0 means the piece
+// goes through the staging buffer, at `staged_at`.
+struct ChunkSource {
+  uint64_t direct;
+  uint64_t staged_at;
+};
+static_assert(sizeof(ChunkSource) == 16, "the kernel's layout");
+
+// Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
+// fields of CopySegment, `n` of them): each segment is cut at kItemBytes from its start, so a
+// 16-byte aligned segment gives 16-byte aligned items.
+void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
+                       std::vector<CopyItem> &out);
+
+// The kernel on the CPU: for each of the `n` items, the chunk's piece of layer `layer` (direct,
+// or staging + staged_at) to the pages at `layer_base` when scatter, else back.
+void copy_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks, uint32_t layer,
+                    uint64_t piece_bytes, std::byte *staging, std::byte *layer_base,
+                    bool scatter) noexcept;
+
+}  // namespace swiftkv

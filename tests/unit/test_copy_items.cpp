@@ -1,0 +1,219 @@
+// The gather/scatter kernel's work items and its CPU twin: for every page layout, a request's
+// chunks cut into items move exactly the bytes the copy plans move (scatter and gather), whether
+// a chunk is read in place (direct) or through staging; items never exceed kItemBytes, keep a
+// segment's 16-byte alignment, and a prefix of the chunks touches only those chunks' pages.
+#include <algorithm>
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "core/transfer/copy_items.hpp"
+#include "core/transfer/copy_plan.hpp"
+
+// After the core headers: CMocka defines a macro named fail.
+extern "C" {
+#include <cmocka.h>
+}
+
+namespace {
+
+using swiftkv::ChunkSource;
+using swiftkv::CopyItem;
+using swiftkv::CopySegment;
+using swiftkv::PageLayout;
+
+enum class Kind { nhd, hnd, vllm, cross_layer };
+
+struct Case {
+  Kind kind;
+  uint32_t page_tokens, heads, head_dim, dtype_bytes;
+};
+
+// One layer of a pool of `pages` pages in the given layout (layer 1 of 3 for cross-layer pages,
+// so its base is not the allocation's start).
+struct Pool {
+  PageLayout layout;
+  std::vector<std::byte> memory;
+  std::byte *base = nullptr;
+  Pool(const Case &c, uint32_t pages) {
+    const int64_t row = c.head_dim;
+    const int64_t b = c.page_tokens, h = c.heads, d = c.head_dim;
+    layout.num_pages = pages;
+    layout.page_tokens = c.page_tokens;
+    layout.heads = c.heads;
+    layout.head_dim = c.head_dim;
+    layout.dtype_bytes = c.dtype_bytes;
+    uint64_t elements = uint64_t{pages} * 2 * b * h * d;
+    uint64_t base_at = 0;
+    switch (c.kind) {
+      case Kind::nhd:
+        layout.page_stride = 2 * b * h * d, layout.kv_stride = b * h * d;
+        layout.token_stride = h * d, layout.head_stride = row;
+        break;
+      case Kind::hnd:
+        layout.page_stride = 2 * h * b * d, layout.kv_stride = h * b * d;
+        layout.head_stride = b * d, layout.token_stride = row;
+        break;
+      case Kind::vllm:
+        layout.kv_stride = int64_t{pages} * b * h * d, layout.page_stride = b * h * d;
+        layout.token_stride = h * d, layout.head_stride = row;
+        break;
+      case Kind::cross_layer:
+        layout.page_stride = 3 * 2 * b * h * d, layout.kv_stride = b * h * d;
+        layout.token_stride = h * d, layout.head_stride = row;
+        base_at = uint64_t{2} * b * h * d * c.dtype_bytes;  // layer 1
+        elements *= 3;
+        break;
+    }
+    memory.assign(elements * c.dtype_bytes, std::byte{0});
+    base = memory.data() + base_at;
+  }
+};
+
+std::vector<std::byte> random_bytes(std::mt19937_64 &rng, size_t n) {
+  std::vector<std::byte> v(n);
+  for (auto &b : v) b = static_cast<std::byte>(rng() & 0xff);
+  return v;
+}
+
+void check_case(const Case &c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const uint32_t pages_per_chunk = 1 + static_cast<uint32_t>(rng() % 3);
+  const uint32_t chunks = 1 + static_cast<uint32_t>(rng() % 4);
+  const uint32_t pool_pages = chunks * pages_per_chunk + 3;
+  const uint32_t chunk_tokens = pages_per_chunk * c.page_tokens;
+  const uint64_t piece_bytes = uint64_t{2} * chunk_tokens * c.heads * c.head_dim * c.dtype_bytes;
+  constexpr uint32_t kLayer = 1;  // direct chunks are read at layer 1 of 2
+
+  std::vector<int32_t> order(pool_pages);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+
+  Pool want(c, pool_pages), got(c, pool_pages);
+  std::vector<std::vector<CopySegment>> plans;
+  std::vector<CopyItem> items;
+  std::vector<uint32_t> items_before{0};
+  std::vector<ChunkSource> sources;
+  std::vector<std::vector<std::byte>> direct;  // two layers of pieces per chunk
+  std::vector<std::byte> staging(chunks * piece_bytes);
+  uint64_t staged = 0;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    const std::span<const int32_t> pages(order.data() + i * pages_per_chunk, pages_per_chunk);
+    plans.push_back(swiftkv::chunk_copy_plan(want.layout, pages, chunk_tokens));
+    const std::vector<CopySegment> &plan = plans.back();
+    swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
+                               items);
+    items_before.push_back(static_cast<uint32_t>(items.size()));
+    direct.push_back(random_bytes(rng, 2 * piece_bytes));
+    if (rng() % 2 == 0) {
+      sources.push_back(ChunkSource{reinterpret_cast<uint64_t>(direct.back().data()), 0});
+    } else {
+      sources.push_back(ChunkSource{0, staged});
+      std::memcpy(staging.data() + staged, direct.back().data() + kLayer * piece_bytes,
+                  piece_bytes);
+      staged += piece_bytes;
+    }
+    // Every segment's bytes, cut at kItemBytes from its start, in order.
+    uint64_t seg_bytes = 0;
+    for (const CopySegment &s : plan) seg_bytes += s.bytes;
+    uint64_t item_bytes = 0;
+    for (uint32_t k = items_before[i]; k < items_before[i + 1]; ++k) {
+      const CopyItem &it = items[k];
+      assert_int_equal(it.chunk, i);
+      assert_true(it.bytes > 0 && it.bytes <= swiftkv::kItemBytes);
+      item_bytes += it.bytes;
+    }
+    assert_int_equal(item_bytes, seg_bytes);
+    assert_int_equal(seg_bytes, piece_bytes);
+  }
+  for (const CopyItem &it : items) {
+    // A segment aligned to 16 bytes on both sides gives items aligned the same way.
+    const auto seg = std::find_if(plans[it.chunk].begin(), plans[it.chunk].end(),
+                                  [&](const CopySegment &s) {
+                                    return it.piece_offset >= s.piece_offset &&
+                                           it.piece_offset < s.piece_offset + s.bytes;
+                                  });
+    assert_true(seg != plans[it.chunk].end());
+    assert_int_equal(it.page_offset - seg->page_offset, it.piece_offset - seg->piece_offset);
+    assert_int_equal((it.piece_offset - seg->piece_offset) % swiftkv::kItemBytes, 0);
+  }
+
+  // Scatter of a prefix: only those chunks' pages change, exactly as the plans put them.
+  const uint32_t prefix = static_cast<uint32_t>(rng() % (chunks + 1));
+  for (uint32_t i = 0; i < prefix; ++i) {
+    swiftkv::scatter_piece(plans[i], direct[i].data() + kLayer * piece_bytes, want.base);
+  }
+  swiftkv::copy_items_cpu(items.data(), items_before[prefix], sources.data(), kLayer, piece_bytes,
+                          staging.data(), got.base, true);
+  assert_true(got.memory == want.memory);
+
+  // Gather every chunk back out of pages filled at random.
+  const std::vector<std::byte> fill = random_bytes(rng, want.memory.size());
+  want.memory = fill;
+  got.memory = fill;
+  std::vector<std::vector<std::byte>> back_direct(chunks, std::vector<std::byte>(2 * piece_bytes));
+  std::vector<ChunkSource> back_sources = sources;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    if (back_sources[i].direct != 0) {
+      back_sources[i].direct = reinterpret_cast<uint64_t>(back_direct[i].data());
+    }
+  }
+  std::vector<std::byte> back_staging(staging.size());
+  swiftkv::copy_items_cpu(items.data(), items.size(), back_sources.data(), kLayer, piece_bytes,
+                          back_staging.data(), got.base, false);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    std::vector<std::byte> expect(piece_bytes);
+    swiftkv::gather_piece(plans[i], want.base, expect.data());
+    const std::byte *out = back_sources[i].direct != 0
+                               ? back_direct[i].data() + kLayer * piece_bytes
+                               : back_staging.data() + back_sources[i].staged_at;
+    assert_memory_equal(out, expect.data(), piece_bytes);
+  }
+  assert_true(got.memory == fill);  // a gather leaves the pages alone
+}
+
+void every_layout_moves_the_plans_bytes(void **) {
+  const Case cases[] = {
+      {Kind::nhd, 16, 8, 128, 2},   {Kind::nhd, 1, 4, 64, 2},      {Kind::hnd, 16, 8, 128, 2},
+      {Kind::hnd, 256, 2, 128, 2},  {Kind::vllm, 16, 8, 128, 2},   {Kind::vllm, 4, 3, 5, 1},
+      {Kind::cross_layer, 16, 2, 64, 4}, {Kind::hnd, 8, 3, 6, 1},  {Kind::nhd, 32, 1, 2, 1},
+  };
+  uint64_t seed = 1;
+  for (const Case &c : cases) {
+    for (int rep = 0; rep < 8; ++rep) check_case(c, seed++);
+  }
+}
+
+void a_long_segment_is_cut_at_item_size(void **) {
+  const uint64_t segs[] = {0, 0, 3 * swiftkv::kItemBytes + 48, 1 << 20, 1 << 16, 16};
+  std::vector<CopyItem> items;
+  swiftkv::append_copy_items(segs, 2, 7, items);
+  assert_int_equal(items.size(), 5);
+  const uint32_t bytes[] = {swiftkv::kItemBytes, swiftkv::kItemBytes, swiftkv::kItemBytes, 48, 16};
+  for (size_t k = 0; k < items.size(); ++k) {
+    assert_int_equal(items[k].bytes, bytes[k]);
+    assert_int_equal(items[k].chunk, 7);
+  }
+  assert_int_equal(items[3].page_offset, 3 * swiftkv::kItemBytes);
+  assert_int_equal(items[3].piece_offset, 3 * swiftkv::kItemBytes);
+  assert_int_equal(items[4].page_offset, 1 << 20);
+  assert_int_equal(items[4].piece_offset, 1 << 16);
+  items.clear();
+  swiftkv::append_copy_items(segs, 0, 0, items);
+  assert_int_equal(items.size(), 0);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(every_layout_moves_the_plans_bytes),
+      cmocka_unit_test(a_long_segment_is_cut_at_item_size),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
