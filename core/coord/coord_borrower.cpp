@@ -77,9 +77,18 @@ void Coordinator::State::on_command(const Command &c) {
       send(s, Lend{c.value, max_units});
       return;
     }
-    case Command::Kind::release:
-      if (s.sock != nullptr) send(s, Release{c.value});
+    case Command::Kind::release: {
+      // The lease's memory leaves this process before the lender hears it is free: granules no
+      // other lease uses are unmapped (the caller has drained every reader of the lease).
+      std::shared_ptr<RegionMapping> m;
+      {
+        std::lock_guard lock(mu);
+        m = s.mapping;
+      }
+      if (m) m->drop(c.offset, c.bytes);
+      if (c.tell && s.sock != nullptr) send(s, Release{c.value});
       return;
+    }
     case Command::Kind::close: close_session(c.session); return;
   }
 }
@@ -371,7 +380,7 @@ void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
     // A VMM region passes its granules with each grant: it is mapped at the first one.
     std::shared_ptr<RegionMapping> m;
     if (!(s.pieces.empty() && s.info.memory_kind == static_cast<uint32_t>(MemoryKind::cuda_vmm))) {
-      m = open_region(export_of(s.info, std::move(s.pieces)));
+      m = open_region(export_of(s.info, std::move(s.pieces)), s.device);
     }
     std::lock_guard lock(mu);
     s.mapping = std::move(m);
@@ -448,10 +457,15 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
     }
     if (!mapping) {
       if (pieces.empty()) return refuse(SWIFTKV_EPEER, "the lender passed no memory for a lease");
-      mapping = open_region(export_of(s.info, std::move(pieces)));
+      mapping = open_region(export_of(s.info, std::move(pieces)), s.device);
     } else if (!pieces.empty()) {
       mapping->adopt(export_of(s.info, std::move(pieces)));
     }
+  } catch (const Error &e) {
+    return refuse(e.status(), std::string("mapping the lease: ") + e.what());
+  }
+  try {
+    mapping->hold(g.first_unit * s.info.unit_bytes, g.units * s.info.unit_bytes);
   } catch (const Error &e) {
     return refuse(e.status(), std::string("mapping the lease: ") + e.what());
   }

@@ -99,11 +99,12 @@ class RemoteLender final : public LenderLink {
       const auto it = s_->leases.find(lease_id);
       if (it == s_->leases.end()) return;
       const bool tell = !it->second.lost && !s_->lost;
+      const uint64_t unit = s_->info.unit_bytes;
+      Command c{Command::Kind::release, s_, lease_id, it->second.first_unit * unit,
+                it->second.units * unit, tell};
       s_->leases.erase(it);
-      if (tell) {
-        st_->commands.push_back(Command{Command::Kind::release, s_, lease_id});
-        st_->wake();
-      }
+      st_->commands.push_back(std::move(c));
+      st_->wake();
     } catch (...) {
       // Out of memory queueing the message: the lease expires on the lender's side instead.
     }
@@ -391,6 +392,12 @@ std::shared_ptr<LenderLink> Coordinator::connect(const std::string &endpoint,
         fail_invalid("the session with " + name + " at " + endpoint +
                      " is for a borrower of " + geometry_text(s->mine));
       }
+      if (s->device != g.device) {
+        fail_invalid("the session with " + name + " at " + endpoint + " maps its memory for " +
+                     (s->device < 0 ? std::string("the host") :
+                                      "CUDA device " + std::to_string(s->device)) +
+                     ", not the borrower's device " + std::to_string(g.device));
+      }
       return std::make_shared<RemoteLender>(s_, s);
     }
     if (s->phase != Phase::connecting && s->phase != Phase::awaiting_pieces) {
@@ -404,6 +411,7 @@ std::shared_ptr<LenderLink> Coordinator::connect(const std::string &endpoint,
   s->name = name;
   s->mine = wire_geometry(g);
   s->sizes = geometry_sizes(g, "the borrower");
+  s->device = g.device;
   s->on_reclaim = std::move(on_reclaim);
   s_->start_locked();
   s_->sessions[key] = s;

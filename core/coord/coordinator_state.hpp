@@ -125,6 +125,7 @@ struct Session {
   std::string endpoint, name;
   WireGeometry mine;
   GeometrySizes sizes{};
+  int32_t device = -1;  // the borrower's CUDA device: lent device memory is mapped for it
   std::function<void()> on_reclaim;
 
   // Guarded by State::mu.
@@ -170,6 +171,10 @@ struct Command {
   enum class Kind { connect, lend, release, close } kind;
   std::shared_ptr<Session> session;
   uint64_t value = 0;  // lend: the request; release: the lease
+  // release: the lease's bytes in the mapping, and whether the lender is told (not when the
+  // lease or the lender was already lost).
+  uint64_t offset = 0, bytes = 0;
+  bool tell = true;
 };
 
 

@@ -243,11 +243,10 @@ class VmmRegion final : public MemoryRegion {
   uint64_t next_generation_ = 0;   // guarded by mu_
 };
 
-// An importer's mapping of another process's VMM region, on the importer's current device.
+// An importer's mapping of another process's VMM region, read-write for the importer's device.
 class ImportedVmmRegion final : public RegionMapping {
  public:
-  explicit ImportedVmmRegion(const RegionExport &e) : size_(e.size) {
-    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  ImportedVmmRegion(const RegionExport &e, int32_t device) : device_(device), size_(e.size) {
     DeviceGuard guard(device_);
     if (e.pieces.empty()) fail_invalid("a CUDA VMM export carries no pieces");
     granule_ = e.pieces.front().size;
@@ -256,6 +255,7 @@ class ImportedVmmRegion final : public RegionMapping {
     }
     check_cu(driver().address_reserve(&base_, size_, 0, 0, 0), "cuMemAddressReserve (import)");
     granules_.resize(size_ / granule_);
+    holds_.assign(granules_.size(), 0);
     try {
       adopt(e);
     } catch (...) {
@@ -269,6 +269,31 @@ class ImportedVmmRegion final : public RegionMapping {
   uint64_t size() const noexcept override { return size_; }
   MemoryKind kind() const noexcept override { return MemoryKind::cuda_vmm; }
   int32_t device() const noexcept override { return device_; }
+
+  void hold(uint64_t offset, uint64_t size) override {
+    std::lock_guard lock(mu_);
+    const auto [first, end] = granules_of(offset, size);
+    for (uint64_t i = first; i < end; ++i) {
+      if (granules_[i].handle == 0) {
+        fail(SWIFTKV_EPEER, "the lender granted bytes at " + std::to_string(offset) +
+                                " without passing the memory behind granule " + std::to_string(i));
+      }
+    }
+    for (uint64_t i = first; i < end; ++i) ++holds_[i];
+  }
+
+  void drop(uint64_t offset, uint64_t size) noexcept override {
+    std::lock_guard lock(mu_);
+    const auto [first, end] = granules_of(offset, size);
+    try {
+      DeviceGuard guard(device_);
+      for (uint64_t i = first; i < end; ++i) {
+        if (holds_[i] > 0 && --holds_[i] == 0) unmap_granule(base_, i, granule_, granules_[i]);
+      }
+    } catch (...) {
+      // The device is gone: its mappings went with it.
+    }
+  }
 
   void adopt(const RegionExport &e) override {
     std::lock_guard lock(mu_);
@@ -292,6 +317,13 @@ class ImportedVmmRegion final : public RegionMapping {
   }
 
  private:
+  // The granules [first, end) that [offset, offset + size) touches, clipped to the region.
+  std::pair<uint64_t, uint64_t> granules_of(uint64_t offset, uint64_t size) const noexcept {
+    const uint64_t end = std::min(size_, offset + size);
+    if (offset >= end) return {0, 0};
+    return {offset / granule_, (end + granule_ - 1) / granule_};
+  }
+
   void release_all() noexcept {
     for (uint64_t i = 0; i < granules_.size(); ++i) unmap_granule(base_, i, granule_, granules_[i]);
     if (base_ != 0) (void)driver().address_free(base_, size_);
@@ -304,6 +336,7 @@ class ImportedVmmRegion final : public RegionMapping {
   CUdeviceptr base_ = 0;
   std::mutex mu_;
   std::vector<Granule> granules_;  // guarded by mu_
+  std::vector<uint32_t> holds_;    // guarded by mu_: leases on each granule
 };
 
 // The fallback owner: one cudaMalloc, committed whole, shared by an IPC handle.
@@ -362,10 +395,12 @@ class IpcRegion final : public MemoryRegion {
   std::string identity_;
 };
 
+// An importer's mapping of another process's cudaMalloc, opened in the importer's device's
+// context.
 class ImportedIpcRegion final : public RegionMapping {
  public:
-  explicit ImportedIpcRegion(const RegionExport &e) : size_(e.size) {
-    check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+  ImportedIpcRegion(const RegionExport &e, int32_t device) : device_(device), size_(e.size) {
+    DeviceGuard guard(device_);
     cudaIpcMemHandle_t h{};
     std::memcpy(&h, e.ipc_handle.data(), sizeof h);
     void *p = nullptr;
@@ -374,7 +409,12 @@ class ImportedIpcRegion final : public RegionMapping {
     data_ = static_cast<std::byte *>(p);
   }
   ~ImportedIpcRegion() override {
-    if (cudaIpcCloseMemHandle(data_) != cudaSuccess) (void)cudaGetLastError();
+    try {
+      DeviceGuard guard(device_);
+      if (cudaIpcCloseMemHandle(data_) != cudaSuccess) (void)cudaGetLastError();
+    } catch (...) {
+      // The device is gone: its mappings went with it.
+    }
   }
   std::byte *data() const noexcept override { return data_; }
   uint64_t size() const noexcept override { return size_; }
@@ -525,17 +565,28 @@ std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
   return r;
 }
 
-std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e) {
+std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e, int32_t device) {
   if (usable_cuda_devices() == 0) {
     fail(SWIFTKV_ENODEV, "opening CUDA device memory needs a usable CUDA device");
   }
+  if (device < 0) check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_device(device);
+  std::shared_ptr<RegionMapping> m;
   if (e.kind == MemoryKind::cuda_vmm) {
     if (!driver().ok) fail(SWIFTKV_EUNSUPPORTED, "the CUDA driver lacks the VMM entry points");
-    auto m = find_or_open_region(e.identity, [&] { return std::make_shared<ImportedVmmRegion>(e); });
-    m->adopt(e);
-    return m;
+    m = find_or_open_region(e.identity,
+                            [&] { return std::make_shared<ImportedVmmRegion>(e, device); });
+  } else {
+    m = find_or_open_region(e.identity,
+                            [&] { return std::make_shared<ImportedIpcRegion>(e, device); });
   }
-  return find_or_open_region(e.identity, [&] { return std::make_shared<ImportedIpcRegion>(e); });
+  if (m->device() != device) {
+    fail_invalid("the lent memory " + e.identity + " is already mapped for CUDA device " +
+                 std::to_string(m->device()) + " of this process, not device " +
+                 std::to_string(device) + "; a borrower on another device needs its own lender");
+  }
+  if (e.kind == MemoryKind::cuda_vmm) m->adopt(e);
+  return m;
 }
 
 }  // namespace swiftkv

@@ -24,7 +24,7 @@ std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t, u
                            " needs a libswiftkv built with CUDA");
 }
 
-std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &) {
+std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &, int32_t) {
   fail(SWIFTKV_ENODEV, "opening CUDA device memory needs a libswiftkv built with CUDA");
 }
 

@@ -54,6 +54,13 @@ class RegionMapping {
   virtual int32_t device() const noexcept = 0;  // -1: host memory
   // Maps pieces of `e` this mapping lacks or holds in an older generation. Owners ignore it.
   virtual void adopt(const RegionExport &e) = 0;
+  // An importer's lease on [offset, offset + size), after adopt() brought its pieces: hold()
+  // checks they are mapped (EPEER otherwise) and counts the lease on them; drop() uncounts it
+  // and unmaps what no lease holds any more, so a released lease leaves no mapping of the
+  // lender's memory behind. Only memory no queued work still reads may be dropped. Mappings
+  // whose memory is fixed (host, IPC, owners) ignore both.
+  virtual void hold(uint64_t, uint64_t) {}
+  virtual void drop(uint64_t, uint64_t) noexcept {}
 };
 
 // The owner's side: decides which granules hold physical memory and exports them. Every range
@@ -71,6 +78,9 @@ class MemoryRegion : public RegionMapping {
 
 // Opens an exported region in this process. The same region opened again, or opened by its own
 // process, yields the same mapping (extended by adopt()) while any holder keeps it alive.
-std::shared_ptr<RegionMapping> open_region(const RegionExport &e);
+// Device memory is imported for `device`, the CUDA device of this process that will read it
+// (-1: the calling thread's current device); a mapping already open for another device is
+// EINVAL. Host memory ignores `device`.
+std::shared_ptr<RegionMapping> open_region(const RegionExport &e, int32_t device = -1);
 
 }  // namespace swiftkv

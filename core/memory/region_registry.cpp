@@ -58,11 +58,11 @@ std::shared_ptr<RegionMapping> find_or_open_region(
   return m;
 }
 
-std::shared_ptr<RegionMapping> open_region(const RegionExport &e) {
+std::shared_ptr<RegionMapping> open_region(const RegionExport &e, int32_t device) {
   switch (e.kind) {
     case MemoryKind::host_memfd: return open_host_region(e);
     case MemoryKind::cuda_vmm:
-    case MemoryKind::cuda_ipc: return open_cuda_region(e);
+    case MemoryKind::cuda_ipc: return open_cuda_region(e, device);
   }
   fail_invalid("region export has an unknown memory kind " +
                std::to_string(static_cast<int32_t>(e.kind)));

@@ -21,7 +21,7 @@ std::shared_ptr<RegionMapping> find_or_open_region(
 
 // The backends' own openers, behind open_region().
 std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e);
-std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e);
+std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e, int32_t device);
 // The identity under which an exported memfd's mapping is registered (its device and inode).
 std::string memfd_identity(int fd);
 
