@@ -11,7 +11,9 @@
 // And the per-layer hook overhead (wait_layer_load + save_layer with nothing to copy).
 // On a CUDA build with a device, the same for a device pool (host chunks to device pages and
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
-// copy of the same bytes from pinned memory.
+// copy of the same bytes from pinned memory; and the gather/scatter kernel alone (NHD and HND,
+// 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
+// chunks are) beside a device-to-device copy of the same bytes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -30,6 +32,9 @@
 
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
 #include <cuda_runtime_api.h>
+
+#include "core/transfer/copy_items.hpp"
+#include "core/transfer/cuda_transfer.hpp"
 #endif
 
 namespace {
@@ -506,6 +511,135 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
 }
 #endif
 
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+// The gather/scatter kernel alone, reading chunk pieces in place from device memory (as it reads
+// lent or IPC-mapped chunks) into scattered pages and back, against one cudaMemcpyAsync of the
+// same bytes device to device, interleaved repetition by repetition on one stream, timed by
+// events. GB/s counts the bytes copied once (each is read once and written once by both).
+struct KernelRow {
+  const char *layout;
+  uint32_t page;
+  Rate scatter, gather, copy;
+};
+
+KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps) {
+  const uint64_t piece = kLayerPiece;  // one layer of one chunk, F16, [2, T, H, D]
+  const uint64_t bytes = piece * chunks;
+  const uint32_t pages = chunks * (kChunk / page);
+  const int64_t b = page, h = kHeads, d = kDim;
+  const std::vector<int32_t> order = scattered_pages(pages);
+  // Element offsets of one page in NHD [pages, 2, B, H, D] or HND [pages, 2, H, B, D].
+  const bool hnd = std::string(layout) == "hnd";
+  auto offset = [&](int32_t p, uint32_t c, uint32_t t, uint32_t head) -> uint64_t {
+    const int64_t at = p * 2 * b * h * d + c * b * h * d +
+                       (hnd ? head * b * d + t * d : t * h * d + head * d);
+    return static_cast<uint64_t>(at) * 2;
+  };
+  // The copy plan of chunk i, built the way the library builds it: per (K/V, token, head) one
+  // row of D elements, merged where both sides run on.
+  std::vector<swiftkv::CopyItem> items;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    std::vector<uint64_t> segs;  // {page_offset, piece_offset, bytes} triples
+    uint64_t at = 0;
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t t = 0; t < kChunk; ++t) {
+        const int32_t p = order[i * (kChunk / page) + t / page];
+        for (uint32_t head = 0; head < kHeads; ++head, at += kDim * 2) {
+          const uint64_t po = offset(p, c, t % page, head);
+          const size_t n = segs.size();
+          if (n != 0 && segs[n - 3] + segs[n - 1] == po && segs[n - 2] + segs[n - 1] == at) {
+            segs[n - 1] += kDim * 2;
+          } else {
+            segs.insert(segs.end(), {po, at, kDim * 2});
+          }
+        }
+      }
+    }
+    swiftkv::append_copy_items(segs.data(), segs.size() / 3, i, items);
+  }
+  void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_items = nullptr, *d_chunks = nullptr;
+  cudaMalloc(&src, bytes);
+  cudaMalloc(&dst, bytes);
+  cudaMalloc(&pool, uint64_t{pages} * 2 * b * h * d * 2);
+  cudaMemset(src, 1, bytes);
+  std::vector<swiftkv::ChunkSource> table(chunks);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    table[i].direct = reinterpret_cast<uint64_t>(src) + uint64_t{i} * piece;
+  }
+  cudaMalloc(&d_items, items.size() * sizeof(swiftkv::CopyItem));
+  cudaMalloc(&d_chunks, table.size() * sizeof(swiftkv::ChunkSource));
+  cudaMemcpy(d_items, items.data(), items.size() * sizeof(swiftkv::CopyItem),
+             cudaMemcpyHostToDevice);
+  cudaMemcpy(d_chunks, table.data(), table.size() * sizeof(swiftkv::ChunkSource),
+             cudaMemcpyHostToDevice);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  auto timed = [&](auto &&work) {
+    cudaEventRecord(e0, s);
+    work();
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms / 1e3;
+  };
+  const auto n = static_cast<uint32_t>(items.size());
+  auto scatter = [&] {
+    swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
+                               static_cast<swiftkv::ChunkSource *>(d_chunks), 0, nullptr,
+                               static_cast<std::byte *>(pool), true, s);
+  };
+  auto gather = [&] {
+    swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
+                               static_cast<swiftkv::ChunkSource *>(d_chunks), 0, nullptr,
+                               static_cast<std::byte *>(pool), false, s);
+  };
+  auto copy = [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s); };
+  for (int w = 0; w < 3; ++w) {  // warm-up
+    timed(scatter);
+    timed(gather);
+    timed(copy);
+  }
+  std::vector<double> ts, tg, tc;
+  for (int r = 0; r < reps; ++r) {
+    ts.push_back(timed(scatter));
+    tg.push_back(timed(gather));
+    tc.push_back(timed(copy));
+  }
+  KernelRow row{layout, page, rate_of(ts, static_cast<double>(bytes)),
+                rate_of(tg, static_cast<double>(bytes)), rate_of(tc, static_cast<double>(bytes))};
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  for (void *p : {src, dst, pool, d_items, d_chunks}) cudaFree(p);
+  return row;
+}
+
+void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps) {
+  std::printf("\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
+              "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
+              chunks, static_cast<unsigned long long>(kLayerPiece), reps);
+  std::printf("%-7s %5s %16s %16s %16s %8s %8s\n", "layout", "page", "scatter", "gather",
+              "device copy", "sc/copy", "ga/copy");
+  for (const KernelRow &r : rows) {
+    std::printf("%-7s %5u %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout,
+                r.page, r.scatter.med, r.scatter.best, r.gather.med, r.gather.best, r.copy.med,
+                r.copy.best, r.scatter.med / r.copy.med, r.gather.med / r.copy.med);
+  }
+  std::printf("{\"bench\":\"copy_kernel\",\"reps\":%d,\"rows\":[", reps);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const KernelRow &r = rows[i];
+    std::printf("%s{\"layout\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,"
+                "\"copy_gbs\":%.2f}",
+                i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.copy.med);
+  }
+  std::printf("]}\n");
+}
+#endif
+
 void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chunks, int reps) {
   std::printf("%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk; GB/s median/best "
               "over %d repetitions\n", backend, chunks, kChunk, kLayers,
@@ -609,6 +743,13 @@ int main(int argc, char **argv) {
     for (uint32_t page : {16u, 64u, 256u}) dev_rows.push_back(measure_device(page, chunks, reps));
     print_rows("cuda", dev_rows, chunks, reps);
     print_json("cuda", dev_rows, {}, chunks, reps);
+    std::vector<KernelRow> kernel_rows;
+    for (const char *layout : {"nhd", "hnd"}) {
+      for (uint32_t page : {16u, 256u}) {
+        kernel_rows.push_back(measure_kernel(layout, page, std::max(chunks, 64u), reps));
+      }
+    }
+    print_kernel(kernel_rows, std::max(chunks, 64u), reps);
   }
 #endif
   return 0;

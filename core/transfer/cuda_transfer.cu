@@ -47,6 +47,20 @@ void wait(cudaStream_t s, cudaEvent_t e) {
 
 uint64_t round16(uint64_t n) { return (n + 15) / 16 * 16; }
 
+// One warp per item; at most 8 blocks of 256 threads per SM are resident, so a larger grid only
+// queues blocks that the grid-stride loop covers anyway.
+void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
+                   uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
+                   bool scatter, cudaStream_t s) {
+  if (n == 0) return;
+  const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
+  const auto blocks = static_cast<unsigned>(
+      std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
+  kernels::copy_items<<<blocks, kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset,
+                                                               staging, pages, scatter ? 1 : 0);
+  check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
+}
+
 }  // namespace
 
 // One request's CUDA objects at a time; see cuda_transfer.hpp.
@@ -447,18 +461,10 @@ class CudaTransfer final : public DeviceTransfer {
   // table 0: the load side's items (its chunks at table 1); 2: the save side's.
   void launch(int table, uint32_t n, uint64_t layer_offset, unsigned char *staging,
               unsigned char *pages, bool scatter, cudaStream_t s) {
-    if (n == 0) return;
     const auto *items = reinterpret_cast<const CopyItem *>(lane_->tables.p + table_at_[table]);
     const auto *chunks =
         reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[table + 1]);
-    // One warp per item; at most 8 blocks of 256 threads per SM stay resident, so a larger grid
-    // only queues blocks that the grid-stride loop covers anyway.
-    const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
-    const auto blocks = static_cast<unsigned>(
-        std::min<uint64_t>(want, static_cast<uint64_t>(std::max(lanes_->sms(), 1)) * 8));
-    kernels::copy_items<<<blocks, kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset,
-                                                                 staging, pages, scatter ? 1 : 0);
-    check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
+    launch_kernel(lanes_->sms(), items, n, chunks, layer_offset, staging, pages, scatter, s);
   }
 
   std::shared_ptr<DeviceLanes> lanes_;
@@ -469,6 +475,19 @@ class CudaTransfer final : public DeviceTransfer {
 };
 
 }  // namespace
+
+void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n,
+                       const ChunkSource *chunks, uint64_t layer_offset, std::byte *staging,
+                       std::byte *pages, bool scatter, void *stream) {
+  check_device(device);
+  DeviceGuard guard(device);
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute (SM count)");
+  launch_kernel(sms, items, n, chunks, layer_offset, reinterpret_cast<unsigned char *>(staging),
+                reinterpret_cast<unsigned char *>(pages), scatter,
+                static_cast<cudaStream_t>(stream));
+}
 
 std::unique_ptr<DeviceTransfer> DeviceTransfer::create(const std::shared_ptr<DeviceLanes> &lanes,
                                                        uint32_t layers, uint64_t piece_bytes,

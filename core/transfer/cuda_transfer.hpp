@@ -111,6 +111,12 @@ class DeviceTransfer {
   virtual void sync_saves() = 0;
 };
 
+// The gather/scatter kernel alone, once, on `stream` of `device`: what a request does for one
+// layer, with `items` and `chunks` in device memory. For benchmarks and tests of the kernel.
+void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n,
+                       const ChunkSource *chunks, uint64_t layer_offset, std::byte *staging,
+                       std::byte *pages, bool scatter, void *stream);
+
 // EUNSUPPORTED when `stream` is capturing into a CUDA graph (see above); `call` names the call.
 void refuse_capture(void *stream, const char *call);
 
