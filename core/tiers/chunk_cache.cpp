@@ -27,7 +27,8 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
                  ") is above 100");
   }
   peer_ = std::make_unique<PeerTier>([this] { wake(); });
-  host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes);
+  host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes,
+                                     ctx_.effective_device_mask() != 0);
   const ContextConfig &c = ctx_.config();
   if (c.disk_path) {
     DiskOptions d;
@@ -549,6 +550,7 @@ void ChunkCache::reserve_for(uint64_t chunk_bytes) {
     hi = lo;
   }
   index_.reserve(hi);
+  host_->prepare(chunk_bytes);
 }
 
 uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,

@@ -7,6 +7,7 @@
 
 #include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
+#include "core/common/log.hpp"
 #include "core/memory/host_region.hpp"
 
 namespace swiftkv {
@@ -15,11 +16,18 @@ namespace {
 uint64_t page_bytes() { return static_cast<uint64_t>(sysconf(_SC_PAGESIZE)); }
 }  // namespace
 
-HostTier::HostTier(Context &ctx, uint64_t slab_bytes) : ctx_(ctx), slab_bytes_(slab_bytes) {
+HostTier::HostTier(Context &ctx, uint64_t slab_bytes, bool ahead)
+    : ctx_(ctx), slab_bytes_(slab_bytes), ahead_(ahead) {
   if (slab_bytes == 0) fail_invalid("host tier slab size is 0");
 }
 
 HostTier::~HostTier() {
+  {
+    std::lock_guard lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
   std::lock_guard lock(mu_);
   for (Slab &s : slabs_) {
     s.memory.reset();
@@ -27,58 +35,132 @@ HostTier::~HostTier() {
   }
 }
 
+std::optional<HostTier::SlabPlan> HostTier::plan_slab_locked(uint64_t bytes) {
+  // As many whole chunks as fit in a slab and in what is left of the budget.
+  const uint64_t page = page_bytes();
+  const uint64_t budget = ctx_.config().host_budget_bytes;
+  const uint64_t used = ctx_.host_reserved();
+  const uint64_t left = budget > used ? budget - used : 0;
+  // Slabs of at most an eighth of the budget: the budget is shared with host elastic regions,
+  // and the tier takes it as it fills rather than all at once.
+  // Whole pages, so that a slab of small chunks wastes nothing to rounding.
+  const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8 / page * page, bytes, page}));
+  uint64_t slots = std::max<uint64_t>(1, slab_max / bytes);
+  while (slots > 0 && round_up(slots * bytes, page) > left) {
+    slots = std::min(slots - 1, left / bytes);
+  }
+  if (slots == 0 || slabs_.size() >= (uint64_t{1} << 31)) return std::nullopt;
+  const uint64_t reserve = round_up(slots * bytes, page);
+  try {
+    ctx_.reserve_host(reserve, "the host tier");
+  } catch (const Error &e) {
+    if (e.status() == SWIFTKV_ENOMEM) return std::nullopt;  // another user took the budget
+    throw;
+  }
+  return SlabPlan{bytes, slots, reserve};
+}
+
+std::shared_ptr<MemoryRegion> HostTier::make_slab_memory(const SlabPlan &plan) {
+  HostRegionOptions o;
+  o.size = plan.reserve;
+  o.numa_node = ctx_.host_numa_node();
+  o.page_lock = ctx_.effective_device_mask() != 0;
+  o.name = "swiftkv-host-tier";
+  try {
+    std::shared_ptr<MemoryRegion> mem = create_host_region(o);
+    mem->commit(0, plan.reserve);
+    return mem;
+  } catch (...) {
+    ctx_.release_host(plan.reserve);
+    throw;
+  }
+}
+
+void HostTier::add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory) {
+  const uint64_t slab = slabs_.size();
+  slabs_.push_back(Slab{std::move(memory), plan.slot_bytes, plan.reserve});
+  reserved_ += plan.reserve;
+  // The list never holds more than the class's slots, so free() never has to grow it.
+  std::vector<uint64_t> &list = free_[plan.slot_bytes];
+  class_slots_[plan.slot_bytes] += plan.slots;
+  list.reserve(class_slots_[plan.slot_bytes]);
+  for (uint64_t i = plan.slots; i-- > 0;) list.push_back(slab << 32 | i);
+  free_slot_bytes_ += plan.slots * plan.slot_bytes;
+  last_slots_[plan.slot_bytes] = plan.slots;
+}
+
 std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
   const uint64_t bytes = meta.bytes;
-  std::lock_guard lock(mu_);
-  auto &list = free_[bytes];
+  std::unique_lock lock(mu_);
+  std::vector<uint64_t> &list = free_[bytes];
+  // The thread is making a slab of this size: wait for it rather than make a second one.
+  cv_.wait(lock, [&] { return !list.empty() || making_.count(bytes) == 0; });
   if (list.empty()) {
-    // A new slab: as many whole chunks as fit in a slab and in what is left of the budget.
-    const uint64_t page = page_bytes();
-    const uint64_t budget = ctx_.config().host_budget_bytes;
-    const uint64_t used = ctx_.host_reserved();
-    const uint64_t left = budget > used ? budget - used : 0;
-    // Slabs of at most an eighth of the budget: the budget is shared with host elastic regions,
-    // and the tier takes it as it fills rather than all at once.
-    // Whole pages, so that a slab of small chunks wastes nothing to rounding.
-    const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8 / page * page, bytes, page}));
-    uint64_t slots = std::max<uint64_t>(1, slab_max / bytes);
-    while (slots > 0 && round_up(slots * bytes, page) > left) {
-      slots = std::min(slots - 1, left / bytes);
-    }
-    if (slots == 0 || slabs_.size() >= (uint64_t{1} << 31)) return std::nullopt;
-    const uint64_t reserve = round_up(slots * bytes, page);
-    try {
-      ctx_.reserve_host(reserve, "the host tier");
-    } catch (const Error &e) {
-      if (e.status() == SWIFTKV_ENOMEM) return std::nullopt;  // another user took the budget
-      throw;
-    }
-    HostRegionOptions o;
-    o.size = reserve;
-    o.numa_node = ctx_.host_numa_node();
-    o.page_lock = ctx_.effective_device_mask() != 0;
-    o.name = "swiftkv-host-tier";
-    std::shared_ptr<MemoryRegion> mem;
-    try {
-      mem = create_host_region(o);
-      mem->commit(0, reserve);
-    } catch (...) {
-      ctx_.release_host(reserve);
-      throw;
-    }
-    const uint64_t slab = slabs_.size();
-    slabs_.push_back(Slab{std::move(mem), bytes, reserve});
-    reserved_ += reserve;
-    // The list never holds more than the class's slots, so free() never has to grow it.
-    class_slots_[bytes] += slots;
-    list.reserve(class_slots_[bytes]);
-    for (uint64_t i = slots; i-- > 0;) list.push_back(slab << 32 | i);
-    free_slot_bytes_ += slots * bytes;
+    const std::optional<SlabPlan> plan = plan_slab_locked(bytes);
+    if (!plan) return std::nullopt;
+    add_slab_locked(*plan, make_slab_memory(*plan));
   }
   const uint64_t slot = list.back();
   list.pop_back();
   free_slot_bytes_ -= bytes;
+  maybe_prepare_locked(bytes);
   return slot;
+}
+
+void HostTier::prepare(uint64_t bytes) {
+  if (!ahead_) return;
+  std::lock_guard lock(mu_);
+  if (!free_[bytes].empty() || making_.count(bytes) != 0 || wanted_.count(bytes) != 0) return;
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+  wanted_.insert(bytes);
+  cv_.notify_all();
+}
+
+void HostTier::maybe_prepare_locked(uint64_t bytes) {
+  if (!ahead_) return;
+  const auto last = last_slots_.find(bytes);
+  if (last == last_slots_.end() || free_[bytes].size() * 2 >= last->second) return;
+  if (making_.count(bytes) != 0 || wanted_.count(bytes) != 0 || stop_) return;
+  try {
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    wanted_.insert(bytes);
+  } catch (...) {
+    return;  // no thread or no memory: the next store makes its slab itself
+  }
+  cv_.notify_all();
+}
+
+void HostTier::run() {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !wanted_.empty(); });
+    if (stop_) return;
+    const uint64_t bytes = *wanted_.begin();
+    wanted_.erase(wanted_.begin());
+    // Still wanted: no free slot yet (a registration), or below half of the last slab.
+    const auto last = last_slots_.find(bytes);
+    const size_t free_now = free_[bytes].size();
+    if (last == last_slots_.end() ? free_now != 0 : free_now * 2 >= last->second) continue;
+    std::optional<SlabPlan> plan;
+    try {
+      plan = plan_slab_locked(bytes);
+    } catch (const Error &e) {
+      log_warn(std::string("host tier: ") + e.what());
+    }
+    if (!plan) continue;
+    making_.insert(bytes);
+    lock.unlock();
+    std::shared_ptr<MemoryRegion> memory;
+    try {
+      memory = make_slab_memory(*plan);
+    } catch (const std::exception &e) {
+      log_warn(std::string("host tier: making a slab ahead: ") + e.what());
+    }
+    lock.lock();
+    making_.erase(bytes);
+    if (memory) add_slab_locked(*plan, std::move(memory));
+    cv_.notify_all();
+  }
 }
 
 void HostTier::free(uint64_t slot) noexcept {

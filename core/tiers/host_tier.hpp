@@ -2,9 +2,13 @@
 // slabs so that storing a chunk never calls malloc, under the context's host budget.
 #pragma once
 
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
 #include <vector>
 
 #include "core/context/context.hpp"
@@ -15,12 +19,22 @@ namespace swiftkv {
 
 // Thread-safe: mu_ guards the slab list and the free lists; the bytes of a slot belong to
 // whoever holds the slot and are copied without the lock.
+//
+// Making a slab takes time when the context has a device: its memory is page-locked, which for
+// a slab of gigabytes takes seconds. So slabs are made ahead (when asked) on the tier's own
+// thread: the first
+// one for a chunk size when a model of that size is registered on such a context, and the next
+// one whenever a size's free slots fall below half of its last slab. A store finds its slot
+// ready; only when the thread falls behind does it wait for the slab being made (never making a
+// second one beside it), or make one itself.
 class HostTier final : public TierStore {
  public:
   // slab_bytes: the largest slab (at most an eighth of the budget, rounded down to whole chunks;
   // a chunk larger than that gets a slab of its own). Slabs are reserved from the context's host budget as they are needed
   // and kept until the tier ends.
-  HostTier(Context &ctx, uint64_t slab_bytes);
+  // ahead: make slabs ahead on the tier's thread (see above); the cache asks for it when the
+  // context has a device, where a slab is page-locked.
+  HostTier(Context &ctx, uint64_t slab_bytes, bool ahead);
   ~HostTier() override;
 
   Tier tier() const noexcept override { return Tier::host; }
@@ -31,6 +45,9 @@ class HostTier final : public TierStore {
   uint64_t free_bytes(const ChunkKey &) const override;
 
   uint64_t slab_bytes_reserved() const;
+  // Asks the thread for a slab of `bytes` chunks if the size has no free slot yet (the cache
+  // calls it when a model is registered). Nothing without `ahead`.
+  void prepare(uint64_t bytes);
 
  private:
   struct Slab {
@@ -38,15 +55,34 @@ class HostTier final : public TierStore {
     uint64_t slot_bytes;
     uint64_t reserved;  // bytes taken from the budget
   };
+  struct SlabPlan {
+    uint64_t slot_bytes, slots, reserve;
+  };
+  // Sizes the next slab of `bytes` chunks and takes its bytes from the budget; nullopt when
+  // none is left.
+  std::optional<SlabPlan> plan_slab_locked(uint64_t bytes);
+  // Its memory (no lock needed); gives the budget back when it fails.
+  std::shared_ptr<MemoryRegion> make_slab_memory(const SlabPlan &plan);
+  void add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory);
+  // Wakes the thread for `bytes` when its free slots fall below half of its last slab.
+  void maybe_prepare_locked(uint64_t bytes);
+  void run();
 
   Context &ctx_;
   const uint64_t slab_bytes_;
+  const bool ahead_;
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;
   std::map<uint64_t, std::vector<uint64_t>> free_;  // slot bytes -> free slot ids
   std::map<uint64_t, uint64_t> class_slots_;         // slot bytes -> slots in all its slabs
   uint64_t reserved_ = 0;   // bytes of all slabs
   uint64_t free_slot_bytes_ = 0;
+  std::map<uint64_t, uint64_t> last_slots_;  // slot bytes -> slots of its newest slab
+  // The thread: sizes asked for, the size being made (allocate waits for it), stop.
+  std::condition_variable cv_;
+  std::set<uint64_t> wanted_, making_;
+  bool stop_ = false;
+  std::thread thread_;  // started at the first request for a slab ahead
 };
 
 }  // namespace swiftkv

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <cstdarg>
 #include <cstddef>
 #include <csetjmp>
@@ -24,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -33,6 +35,7 @@
 #include "core/elastic/elastic_region.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/memory/host_region.hpp"
+#include "core/tiers/host_tier.hpp"
 #include "core/policy/eviction_order.hpp"
 #include "core/policy/eviction_policy.hpp"
 #include "core/tiers/chunk_cache.hpp"
@@ -1285,6 +1288,51 @@ void budgets_hold_under_random_work(void **) {
 
 // Lookups, stores, loads, moves, clears and pins from several threads while the background
 // thread demotes and keeps the leases. Every chunk a reader gets has exactly its bytes.
+// Host slabs made ahead on the tier's thread: prepare() makes the first; taking a slab's slots
+// past half makes the next; two threads taking slots meanwhile get distinct slots, exactly as
+// many as the budget holds, and the budget is never exceeded.
+void host_slabs_are_made_ahead(void **) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t bytes = 3 * page;  // a chunk
+  swiftkv::ContextConfig c;
+  c.host_budget_bytes = 64 * bytes;  // slabs of an eighth: 8 chunks
+  swiftkv::Context ctx(c);
+  swiftkv::HostTier tier(ctx, uint64_t{1} << 30, true);
+  auto reserved_after_wait = [&](uint64_t want) {
+    for (int i = 0; i < 10000 && tier.slab_bytes_reserved() < want; ++i) ::usleep(1000);
+    return tier.slab_bytes_reserved();
+  };
+  assert_int_equal(tier.slab_bytes_reserved(), 0);
+  tier.prepare(bytes);
+  assert_int_equal(reserved_after_wait(8 * bytes), 8 * bytes);
+  const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
+  std::vector<uint64_t> slots;
+  for (int i = 0; i < 5; ++i) {  // 3 of 8 left: below half
+    const std::optional<uint64_t> s = tier.allocate(ChunkKey{}, meta);
+    assert_true(s.has_value());
+    slots.push_back(*s);
+  }
+  assert_int_equal(reserved_after_wait(16 * bytes), 16 * bytes);
+  std::mutex mu;
+  auto take_all = [&] {
+    while (const std::optional<uint64_t> s = tier.allocate(ChunkKey{}, meta)) {
+      std::lock_guard lock(mu);
+      slots.push_back(*s);
+    }
+  };
+  std::thread other(take_all);
+  take_all();
+  other.join();
+  assert_int_equal(slots.size(), 64);
+  std::set<std::byte *> where;
+  for (uint64_t s : slots) where.insert(tier.address(s, nullptr));
+  assert_int_equal(where.size(), 64);
+  assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
+  assert_true(ctx.host_reserved() <= c.host_budget_bytes);
+  for (uint64_t s : slots) tier.free(s);
+  assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
+}
+
 void concurrent_use(void **) {
   Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 8, 4, swiftkv::EvictionPolicy::lru, 25, 1);
   std::atomic<int> bad{0};
@@ -1362,6 +1410,7 @@ int main() {
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
       cmocka_unit_test(loads_go_before_background_demotion),
       cmocka_unit_test(budgets_hold_under_random_work),
+      cmocka_unit_test(host_slabs_are_made_ahead),
       cmocka_unit_test(concurrent_use),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
