@@ -1137,9 +1137,12 @@ SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swi
  * Plan / run: swiftkv_attention_plan reads the batch's lengths on the host and writes the work
  * partition (query tiles x KV heads x KV pieces: long KV is split and merged after) into the
  * caller's workspace; swiftkv_attention_run reads only the workspace and the tensors, allocates
- * nothing and does not synchronise, so a run on a device can be captured in a CUDA graph (the
- * graph replays the plan that was in the workspace when it runs). A plan is valid for any run
- * with the same lengths; make a new plan when they change.
+ * nothing and does not synchronise, so a run on a device can be captured in a CUDA graph. The
+ * graph keeps the plan it was captured with: its grid, tile size and work counts are fixed in
+ * the graph, and it reads the work list from the workspace when it replays. So a new plan
+ * written into that workspace makes the graph wrong: plan once per captured shape and keep one
+ * workspace per graph, or capture again after planning. A plan is valid for any run with the
+ * same lengths; make a new plan when they change.
  *
  * Where the memory is: with desc.device = SWIFTKV_DEVICE_HOST every pointer is host memory and
  * the CPU path computes (fp64 accumulation, then rounded to the dtype); with a CUDA device,
