@@ -1,5 +1,5 @@
-// The CUDA half of paged attention as the rest of the library sees it. Two twins implement
-// it: cuda_attention.cu (CUDA builds) and cuda_attention_host.cpp (SWIFTKV_ENODEV otherwise).
+// The CUDA half of paged attention as the rest of the library sees it. Two implementations provide
+// it: cuda_attention.cu (CUDA builds) and cuda_attention_nocuda.cpp (SWIFTKV_ENODEV otherwise).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// The CUDA memory backend: device memory another process on the node can map. Two twins:
-// cuda_region.cu (CUDA builds) and cuda_region_host.cpp (without CUDA: every call is ENODEV).
+// The CUDA memory backend: device memory another process on the node can map. Two implementations:
+// cuda_region.cu (CUDA builds) and cuda_region_nocuda.cpp (without CUDA: every call is ENODEV).
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,5 @@
-// How many CUDA devices this process can use. Two twins implement it: cuda_device_query.cu
-// (CUDA builds) and device_query_host.cpp (builds without CUDA, always 0).
+// How many CUDA devices this process can use. Two implementations provide it: cuda_device_query.cu
+// (CUDA builds) and device_query_nocuda.cpp (builds without CUDA, always 0).
 #pragma once
 
 #include <cstdint>

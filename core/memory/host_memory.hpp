@@ -1,5 +1,5 @@
 // What host memory needs from CUDA: page-locking a range for DMA and the NUMA node nearest a
-// device. Two twins: cuda_host_memory.cu (CUDA builds) and host_memory_host.cpp (without CUDA).
+// device. Two implementations: cuda_host_memory.cu (CUDA builds) and host_memory_nocuda.cpp (without CUDA).
 #pragma once
 
 #include <cstddef>

@@ -20,7 +20,7 @@
 // fails with EUNSUPPORTED and changes nothing (its waits would pull the library's streams into
 // the capture, and a replayed graph would copy the chunks of another request).
 //
-// Two twins: cuda_transfer.cu and cuda_transfer_host.cpp (without CUDA: ENODEV). C++17, so that
+// Two implementations: cuda_transfer.cu and cuda_transfer_nocuda.cpp (without CUDA: ENODEV). C++17, so that
 // nvcc compiles it.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The host twin of the CUDA attention launcher for builds without CUDA: there is no device,
+// The no-CUDA stand-in of the CUDA attention launcher for builds without CUDA: there is no device,
 // which is SWIFTKV_ENODEV for every caller, as DESIGN.md asks of GPU-only calls.
 #include "core/attention/cuda_attention.hpp"
 #include "core/common/error.hpp"

@@ -1,4 +1,4 @@
-// The CUDA executor's twin in builds without CUDA: a device pool cannot exist there, so nothing
+// The no-CUDA stand-in of the CUDA executor: a device pool cannot exist there, so nothing
 // reaches it but a caller's mistake, which is ENODEV.
 #include <string>
 

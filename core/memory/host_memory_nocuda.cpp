@@ -1,4 +1,4 @@
-// The host twin of host_memory.hpp for builds without CUDA: nothing to page-lock for, no device
+// The no-CUDA stand-in of host_memory.hpp for builds without CUDA: nothing to page-lock for, no device
 // to be near.
 #include "core/memory/host_memory.hpp"
 

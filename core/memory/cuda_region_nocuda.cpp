@@ -1,4 +1,4 @@
-// The host twin of the CUDA backend for builds without CUDA: there is no device to allocate on,
+// The no-CUDA stand-in of the CUDA backend for builds without CUDA: there is no device to allocate on,
 // which is SWIFTKV_ENODEV for every caller, as DESIGN.md asks of GPU-only calls.
 #include "core/common/error.hpp"
 #include "core/memory/cuda_region.hpp"
