@@ -1,8 +1,9 @@
 # Checks the built library's dynamic symbol table against the public header: every exported
-# symbol is swiftkv_*, every SWIFTKV_API function of the header is exported, and the soname is
-# libswiftkv.so.<major>.  Usage: cmake -DLIB=... -DHEADER=... -DNM=... -DREADELF=... -DMAJOR=... -P
+# symbol is swiftkv_*, every SWIFTKV_API function of the header is exported, the version script
+# names exactly those functions, and the soname is libswiftkv.so.<major>.
+# Usage: cmake -DLIB=... -DHEADER=... -DNM=... -DREADELF=... -DMAJOR=... -DMAP=... -P
 cmake_minimum_required(VERSION 3.25)
-foreach(v LIB HEADER NM READELF MAJOR)
+foreach(v LIB HEADER NM READELF MAJOR MAP)
   if(NOT DEFINED ${v})
     message(FATAL_ERROR "check_exports.cmake: -D${v}= is required")
   endif()
@@ -63,6 +64,39 @@ if(missing)
 endif()
 if(undeclared)
   message(FATAL_ERROR "exported but not declared with SWIFTKV_API in the header: ${undeclared}")
+endif()
+
+# The version script lists each function by name (no wildcard): exactly the header's.
+file(READ ${MAP} map_text)
+if(map_text MATCHES "swiftkv_[a-z0-9_]*\\*")
+  message(FATAL_ERROR "${MAP} exports by wildcard; list each function")
+endif()
+# Entries are lines of an indented name and a semicolon ("    swiftkv_x;"); semicolons become
+# commas first, as CMake lists are made of semicolons.
+string(REPLACE ";" "," map_text "${map_text}")
+string(REGEX MATCHALL "\n[ \t]+swiftkv_[a-z0-9_]+," map_entries "${map_text}")
+set(listed "")
+foreach(e IN LISTS map_entries)
+  string(REGEX REPLACE "[ \t\n,]" "" name "${e}")
+  list(APPEND listed "${name}")
+endforeach()
+set(unlisted "")
+foreach(fn IN LISTS declared)
+  if(NOT fn IN_LIST listed)
+    list(APPEND unlisted "${fn}")
+  endif()
+endforeach()
+set(stale "")
+foreach(fn IN LISTS listed)
+  if(NOT fn IN_LIST declared)
+    list(APPEND stale "${fn}")
+  endif()
+endforeach()
+if(unlisted)
+  message(FATAL_ERROR "declared in the header but not listed in ${MAP}: ${unlisted}")
+endif()
+if(stale)
+  message(FATAL_ERROR "listed in ${MAP} but not declared in the header: ${stale}")
 endif()
 
 execute_process(COMMAND ${READELF} -d ${LIB} OUTPUT_VARIABLE dyn)
