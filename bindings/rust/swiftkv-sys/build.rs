@@ -1,13 +1,15 @@
-//! Generates the raw bindings from the public header with the `bindgen` command (Debian's
-//! bindgen CLI; no crates are fetched), checks them against the committed copy so that a header
-//! change nobody regenerated for fails the build, and finds libswiftkv.
+//! Uses the committed raw bindings (`src/bindings.rs`) and finds libswiftkv. A consumer needs no
+//! bindgen: the bindings are regenerated only on request, with the `bindgen` command (Debian's
+//! bindgen CLI; no crates are fetched), and the project's own tests do that to check that the
+//! committed copy is what the header gives.
 //!
-//! Where things are:
-//!   SWIFTKV_INCLUDE_DIR  the directory holding swiftkv/swiftkv.h (default: pkg-config's, else
-//!                        the source tree's include/)
-//!   SWIFTKV_LIB_DIR      the directory holding libswiftkv.so (default: pkg-config's)
-//!   BINDGEN              the bindgen command (default: bindgen)
-//!   SWIFTKV_SYS_BLESS=1  overwrite src/bindings.rs with what the header gives now
+//! Where things are, and what to do:
+//!   SWIFTKV_INCLUDE_DIR       the directory holding swiftkv/swiftkv.h (default: pkg-config's,
+//!                             else the source tree's include/), for regeneration
+//!   SWIFTKV_LIB_DIR           the directory holding libswiftkv.so (default: pkg-config's)
+//!   BINDGEN                   the bindgen command (default: bindgen)
+//!   SWIFTKV_SYS_REGENERATE=1  run bindgen and fail when src/bindings.rs differs (the drift check)
+//!   SWIFTKV_SYS_BLESS=1       run bindgen and overwrite src/bindings.rs with what it gives
 use std::env;
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -39,11 +41,22 @@ fn main() {
     let header = include.join("swiftkv/swiftkv.h");
     println!("cargo:rerun-if-changed={}", header.display());
     for v in ["SWIFTKV_INCLUDE_DIR", "SWIFTKV_LIB_DIR", "BINDGEN", "SWIFTKV_SYS_BLESS",
-              "PKG_CONFIG_PATH"] {
+              "SWIFTKV_SYS_REGENERATE", "PKG_CONFIG_PATH"] {
         println!("cargo:rerun-if-env-changed={}", v);
     }
+    let committed_path = manifest.join("src/bindings.rs");
+    println!("cargo:rerun-if-changed={}", committed_path.display());
 
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
+    let bless = env::var("SWIFTKV_SYS_BLESS").as_deref() == Ok("1");
+    let regenerate = bless || env::var("SWIFTKV_SYS_REGENERATE").as_deref() == Ok("1");
+    if !regenerate {
+        fs::copy(&committed_path, &out).unwrap_or_else(|e| {
+            panic!("cannot copy {}: {}", committed_path.display(), e)
+        });
+        link(&include);
+        return;
+    }
     let bindgen = env::var("BINDGEN").unwrap_or_else(|_| "bindgen".to_string());
     let status = Command::new(&bindgen)
         .arg(&header)
@@ -61,9 +74,8 @@ fn main() {
 
     // Drift check: the committed bindings must be what the header gives.
     let generated = fs::read_to_string(&out).unwrap();
-    let committed_path = manifest.join("src/bindings.rs");
     let committed = fs::read_to_string(&committed_path).unwrap_or_default();
-    if env::var("SWIFTKV_SYS_BLESS").as_deref() == Ok("1") {
+    if bless {
         fs::write(&committed_path, &generated).unwrap();
     } else if generated != committed {
         panic!(
@@ -72,6 +84,11 @@ fn main() {
             header.display()
         );
     }
+    link(&include);
+}
+
+// Where libswiftkv is, for the linker (and a run path for this package's own tests).
+fn link(include: &Path) {
 
     let lib_dir = env::var("SWIFTKV_LIB_DIR").ok().or_else(|| pkg_config(&["--variable=libdir"]));
     if let Some(dir) = lib_dir {
