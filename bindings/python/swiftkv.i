@@ -210,6 +210,24 @@ SWIFTKV_RAW_POINTER(const uint32_t *, 0)
 
 /* Callbacks are set through the helpers below, never as raw fields. */
 %ignore swiftkv_set_chunk_event_callback;
+/* Wrapped below as functions that return the struct. */
+%ignore swiftkv_model_desc_init;
+%ignore swiftkv_capacity_plan_init;
+%ignore swiftkv_ctx_config_init;
+%ignore swiftkv_elastic_config_init;
+%ignore swiftkv_layer_view_init;
+%ignore swiftkv_lease_init;
+%ignore swiftkv_elastic_stats_init;
+%ignore swiftkv_model_config_init;
+%ignore swiftkv_lookup_result_init;
+%ignore swiftkv_stats_init;
+%ignore swiftkv_coord_stats_init;
+%ignore swiftkv_pool_desc_init;
+%ignore swiftkv_request_desc_init;
+%ignore swiftkv_request_info_init;
+%ignore swiftkv_attention_desc_init;
+%ignore swiftkv_attention_plan_init;
+%ignore swiftkv_attention_args_init;
 %immutable swiftkv_ctx_config::clock;
 %immutable swiftkv_ctx_config::clock_user_data;
 %immutable swiftkv_elastic_config::clock;
@@ -243,32 +261,36 @@ uint32_t swiftkv_py_model_all(void) { return SWIFTKV_MODEL_ALL; }
 uint64_t swiftkv_py_device_mask_all(void) { return SWIFTKV_DEVICE_MASK_ALL; }
 %}
 
-/* --- Defaults from the header's INIT macros, and callback helpers ----------------------------- */
-%define SWIFTKV_INIT(TYPE, MACRO)
+/* --- Defaults from the library's swiftkv_<struct>_init, and callback helpers -------------------
+ * Python gets each as swiftkv_<struct>_init() returning the struct (the C function fills a
+ * pointer, which SWIG would not turn into a return value). */
+%define SWIFTKV_INIT(TYPE)
+%rename(TYPE ## _init) swiftkv_py_ ## TYPE ## _defaults;
 %inline %{
-TYPE TYPE ## _init(void) {
-  TYPE v = MACRO;
+TYPE swiftkv_py_ ## TYPE ## _defaults(void) {
+  TYPE v;
+  TYPE ## _init(&v);
   return v;
 }
 %}
 %enddef
-SWIFTKV_INIT(swiftkv_model_desc, SWIFTKV_MODEL_DESC_INIT)
-SWIFTKV_INIT(swiftkv_capacity_plan, SWIFTKV_CAPACITY_PLAN_INIT)
-SWIFTKV_INIT(swiftkv_ctx_config, SWIFTKV_CTX_CONFIG_INIT)
-SWIFTKV_INIT(swiftkv_elastic_config, SWIFTKV_ELASTIC_CONFIG_INIT)
-SWIFTKV_INIT(swiftkv_layer_view, SWIFTKV_LAYER_VIEW_INIT)
-SWIFTKV_INIT(swiftkv_lease, SWIFTKV_LEASE_INIT)
-SWIFTKV_INIT(swiftkv_elastic_stats, SWIFTKV_ELASTIC_STATS_INIT)
-SWIFTKV_INIT(swiftkv_model_config, SWIFTKV_MODEL_CONFIG_INIT)
-SWIFTKV_INIT(swiftkv_lookup_result, SWIFTKV_LOOKUP_RESULT_INIT)
-SWIFTKV_INIT(swiftkv_stats, SWIFTKV_STATS_INIT)
-SWIFTKV_INIT(swiftkv_coord_stats, SWIFTKV_COORD_STATS_INIT)
-SWIFTKV_INIT(swiftkv_pool_desc, SWIFTKV_POOL_DESC_INIT)
-SWIFTKV_INIT(swiftkv_request_desc, SWIFTKV_REQUEST_DESC_INIT)
-SWIFTKV_INIT(swiftkv_request_info, SWIFTKV_REQUEST_INFO_INIT)
-SWIFTKV_INIT(swiftkv_attention_desc, SWIFTKV_ATTENTION_DESC_INIT)
-SWIFTKV_INIT(swiftkv_attention_plan, SWIFTKV_ATTENTION_PLAN_INIT)
-SWIFTKV_INIT(swiftkv_attention_args, SWIFTKV_ATTENTION_ARGS_INIT)
+SWIFTKV_INIT(swiftkv_model_desc)
+SWIFTKV_INIT(swiftkv_capacity_plan)
+SWIFTKV_INIT(swiftkv_ctx_config)
+SWIFTKV_INIT(swiftkv_elastic_config)
+SWIFTKV_INIT(swiftkv_layer_view)
+SWIFTKV_INIT(swiftkv_lease)
+SWIFTKV_INIT(swiftkv_elastic_stats)
+SWIFTKV_INIT(swiftkv_model_config)
+SWIFTKV_INIT(swiftkv_lookup_result)
+SWIFTKV_INIT(swiftkv_stats)
+SWIFTKV_INIT(swiftkv_coord_stats)
+SWIFTKV_INIT(swiftkv_pool_desc)
+SWIFTKV_INIT(swiftkv_request_desc)
+SWIFTKV_INIT(swiftkv_request_info)
+SWIFTKV_INIT(swiftkv_attention_desc)
+SWIFTKV_INIT(swiftkv_attention_plan)
+SWIFTKV_INIT(swiftkv_attention_args)
 
 %inline %{
 /* Sets (fn None: removes) the chunk event callback: fn(model, from, to, reason, key_lo, key_hi)

@@ -7,8 +7,10 @@
  *    error is negative. After a failing call, swiftkv_last_error_message() says what was wrong with
  *    which argument; outputs are left untouched by every failing call.
  *  - Versioned structs start with `size` and `version`; initialise them with their SWIFTKV_*_INIT
- *    macro. They only ever grow at the end: the library reads min(size, sizeof) bytes and fills
- *    defaults for fields a caller built against an older header does not know.
+ *    macro or, from a language that cannot expand C macros, with swiftkv_<struct>_init(&s), which
+ *    fills the same values from the library itself: the one owner of every default. They only
+ *    ever grow at the end: the library reads min(size, sizeof) bytes and fills defaults for
+ *    fields a caller built against an older header does not know.
  *  - Opaque handles are made by *_create(&out, ...) and ended by *_destroy, which accepts NULL.
  */
 #ifndef SWIFTKV_SWIFTKV_H
@@ -130,11 +132,22 @@ typedef struct swiftkv_model_desc {
                              "": none. Copied by swiftkv_model_register. */
 } swiftkv_model_desc;
 
-#define SWIFTKV_MODEL_DESC_INIT                                                   \
-  {                                                                               \
-    (uint32_t)sizeof(swiftkv_model_desc), SWIFTKV_MODEL_DESC_VERSION, NULL, 0, 0, \
-        0, 16, 256, SWIFTKV_DTYPE_F16, SWIFTKV_DEVICE_HOST, NULL                  \
+#define SWIFTKV_MODEL_DESC_INIT                       \
+  {                                                   \
+    /* size */ (uint32_t)sizeof(swiftkv_model_desc),  \
+    /* version */ SWIFTKV_MODEL_DESC_VERSION,         \
+    /* name */ NULL,                                  \
+    /* num_layers */ 0,                               \
+    /* num_kv_heads */ 0,                             \
+    /* head_dim */ 0,                                 \
+    /* block_tokens */ 16,                            \
+    /* chunk_tokens */ 256,                           \
+    /* dtype */ SWIFTKV_DTYPE_F16,                    \
+    /* device */ SWIFTKV_DEVICE_HOST,                 \
+    /* identity */ NULL                               \
   }
+/* Fills *out with SWIFTKV_MODEL_DESC_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_model_desc_init(swiftkv_model_desc *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Planning: pure functions of the models' geometry (SwiftCache Eq. 1-9 and Algorithm 1). They
@@ -188,6 +201,8 @@ typedef struct swiftkv_capacity_plan {
 
 #define SWIFTKV_CAPACITY_PLAN_INIT \
   { (uint32_t)sizeof(swiftkv_capacity_plan), SWIFTKV_CAPACITY_PLAN_VERSION, 0, 0, 0, 0, 0 }
+/* Fills *out with SWIFTKV_CAPACITY_PLAN_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_capacity_plan_init(swiftkv_capacity_plan *out);
 
 /* Plans the borrower's layer stream cache and regular cache from its own KV bytes and the KV
  * bytes each lender offers (Eq. 1-5). lender_kv_bytes may be NULL when n_lenders is 0. */
@@ -338,12 +353,38 @@ typedef struct swiftkv_ctx_config {
   uint32_t reserved2;           /* must be 0 */
 } swiftkv_ctx_config;
 
-#define SWIFTKV_CTX_CONFIG_INIT                                                         \
-  {                                                                                     \
-    (uint32_t)sizeof(swiftkv_ctx_config), SWIFTKV_CTX_CONFIG_VERSION, 0, 0,             \
-        SWIFTKV_NUMA_NODE_AUTO, 0, NULL, 0, SWIFTKV_EVICT_RETENTION, 25, 1.0, 1.0, NULL, 0, \
-        10, NULL, NULL, NULL, 100, 5000, 0, 1000, 0, 4096, 0, 1, 0                      \
+#define SWIFTKV_CTX_CONFIG_INIT                       \
+  {                                                   \
+    /* size */ (uint32_t)sizeof(swiftkv_ctx_config),  \
+    /* version */ SWIFTKV_CTX_CONFIG_VERSION,         \
+    /* device_mask */ 0,                              \
+    /* host_budget_bytes */ 0,                        \
+    /* host_numa_node */ SWIFTKV_NUMA_NODE_AUTO,      \
+    /* reserved0 */ 0,                                \
+    /* disk_path */ NULL,                             \
+    /* disk_budget_bytes */ 0,                        \
+    /* eviction_policy */ SWIFTKV_EVICT_RETENTION,    \
+    /* demote_free_percent */ 25,                     \
+    /* recompute_token_cost */ 1.0,                   \
+    /* recompute_attention_cost */ 1.0,               \
+    /* attention_cost_table */ NULL,                  \
+    /* attention_cost_entries */ 0,                   \
+    /* maintenance_interval_ms */ 10,                 \
+    /* clock */ NULL,                                 \
+    /* clock_user_data */ NULL,                       \
+    /* coord_endpoint */ NULL,                        \
+    /* coord_heartbeat_ms */ 100,                     \
+    /* coord_timeout_ms */ 5000,                      \
+    /* disk_segment_bytes */ 0,                       \
+    /* disk_sync_ms */ 1000,                          \
+    /* transfer_threads */ 0,                         \
+    /* max_open_requests */ 4096,                     \
+    /* reserved1 */ 0,                                \
+    /* write_back_on_close */ 1,                      \
+    /* reserved2 */ 0                                 \
   }
+/* Fills *out with SWIFTKV_CTX_CONFIG_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_ctx_config_init(swiftkv_ctx_config *out);
 
 /* Creates a context from `config` (NULL: all defaults). On failure *out is left unchanged and
  * nothing is allocated. Thread-safe. */
@@ -428,11 +469,24 @@ typedef struct swiftkv_elastic_config {
                                          borrower released it (default 30000, > 0) */
 } swiftkv_elastic_config;
 
-#define SWIFTKV_ELASTIC_CONFIG_INIT                                                         \
-  {                                                                                         \
-    (uint32_t)sizeof(swiftkv_elastic_config), SWIFTKV_ELASTIC_CONFIG_VERSION, NULL, NULL, 0, \
-        0, 60000, 10000, SWIFTKV_CUDA_ALLOC_AUTO, 0, NULL, NULL, 30000                      \
+#define SWIFTKV_ELASTIC_CONFIG_INIT                       \
+  {                                                       \
+    /* size */ (uint32_t)sizeof(swiftkv_elastic_config),  \
+    /* version */ SWIFTKV_ELASTIC_CONFIG_VERSION,         \
+    /* lender */ NULL,                                    \
+    /* borrower */ NULL,                                  \
+    /* capacity_blocks */ 0,                              \
+    /* owned_blocks */ 0,                                 \
+    /* window_ms */ 60000,                                \
+    /* lease_ms */ 10000,                                 \
+    /* cuda_alloc */ SWIFTKV_CUDA_ALLOC_AUTO,             \
+    /* flags */ 0,                                        \
+    /* clock */ NULL,                                     \
+    /* clock_user_data */ NULL,                           \
+    /* reclaim_deadline_ms */ 30000                       \
   }
+/* Fills *out with SWIFTKV_ELASTIC_CONFIG_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_elastic_config_init(swiftkv_elastic_config *out);
 
 #define SWIFTKV_LAYER_VIEW_VERSION 1
 
@@ -457,6 +511,8 @@ typedef struct swiftkv_layer_view {
 
 #define SWIFTKV_LAYER_VIEW_INIT \
   { (uint32_t)sizeof(swiftkv_layer_view), SWIFTKV_LAYER_VIEW_VERSION, NULL, 0, 0, 0, 0, 0, 0, 0, 0 }
+/* Fills *out with SWIFTKV_LAYER_VIEW_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_layer_view_init(swiftkv_layer_view *out);
 
 #define SWIFTKV_LEASE_VERSION 1
 
@@ -483,6 +539,8 @@ typedef struct swiftkv_lease {
 
 #define SWIFTKV_LEASE_INIT \
   { (uint32_t)sizeof(swiftkv_lease), SWIFTKV_LEASE_VERSION, 0, 0, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0 }
+/* Fills *out with SWIFTKV_LEASE_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_lease_init(swiftkv_lease *out);
 
 /* lease_id value for swiftkv_elastic_reclaim: every lease. */
 #define SWIFTKV_LEASE_ALL UINT64_MAX
@@ -518,6 +576,8 @@ typedef struct swiftkv_elastic_stats {
     (uint32_t)sizeof(swiftkv_elastic_stats), SWIFTKV_ELASTIC_STATS_VERSION, 0, 0, 0, 0, 0, 0, \
         0, 0, 0, 0, 0, 0, 0, 0, 0, 0, SWIFTKV_MEMORY_HOST_MEMFD, 0                           \
   }
+/* Fills *out with SWIFTKV_ELASTIC_STATS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_elastic_stats_init(swiftkv_elastic_stats *out);
 
 /* Creates a region and commits its owned part. On failure *out is unchanged and nothing is
  * held. EINVAL: a bad config (a count not a whole number of lending units, owned > capacity,
@@ -620,8 +680,16 @@ typedef struct swiftkv_model_config {
   uint32_t reserved0;             /* must be 0 */
 } swiftkv_model_config;
 
-#define SWIFTKV_MODEL_CONFIG_INIT \
-  { (uint32_t)sizeof(swiftkv_model_config), SWIFTKV_MODEL_CONFIG_VERSION, NULL, SWIFTKV_ROLE_BORROWER, 0 }
+#define SWIFTKV_MODEL_CONFIG_INIT                       \
+  {                                                     \
+    /* size */ (uint32_t)sizeof(swiftkv_model_config),  \
+    /* version */ SWIFTKV_MODEL_CONFIG_VERSION,         \
+    /* desc */ NULL,                                    \
+    /* role */ SWIFTKV_ROLE_BORROWER,                   \
+    /* reserved0 */ 0                                   \
+  }
+/* Fills *out with SWIFTKV_MODEL_CONFIG_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_model_config_init(swiftkv_model_config *out);
 
 /* Registers a model; *model_out is its id in this context (never SWIFTKV_MODEL_ALL, never
  * reused). EINVAL: a bad descriptor or no name; EBUSY: a model with the same name, identity and
@@ -690,6 +758,8 @@ typedef struct swiftkv_lookup_result {
 
 #define SWIFTKV_LOOKUP_RESULT_INIT \
   { (uint32_t)sizeof(swiftkv_lookup_result), SWIFTKV_LOOKUP_RESULT_VERSION, 0, 0, 0, 0, {0, 0, 0} }
+/* Fills *out with SWIFTKV_LOOKUP_RESULT_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_lookup_result_init(swiftkv_lookup_result *out);
 
 /* Where each full chunk of `tokens` (any length; a partial last chunk is ignored) is cached:
  * residency_out[i] (a swiftkv_tier) for the first min(chunks, residency_capacity) chunks;
@@ -802,6 +872,8 @@ typedef struct swiftkv_stats {
     (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
         {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                     \
   }
+/* Fills *out with SWIFTKV_STATS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_stats_init(swiftkv_stats *out);
 
 SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_ctx *ctx);
 
@@ -915,6 +987,8 @@ typedef struct swiftkv_coord_stats {
     (uint32_t)sizeof(swiftkv_coord_stats), SWIFTKV_COORD_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, \
         0, 0, 0, 0, 0, 0, 0                                                               \
   }
+/* Fills *out with SWIFTKV_COORD_STATS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_coord_stats_init(swiftkv_coord_stats *out);
 
 SWIFTKV_API swiftkv_status swiftkv_coord_stats_get(swiftkv_coord_stats *out,
                                                    const swiftkv_ctx *ctx);
@@ -952,8 +1026,23 @@ typedef struct swiftkv_pool_desc {
   int64_t head_stride;
 } swiftkv_pool_desc;
 
-#define SWIFTKV_POOL_DESC_INIT \
-  { (uint32_t)sizeof(swiftkv_pool_desc), SWIFTKV_POOL_DESC_VERSION, 0, 0, 0, 0, NULL, 0, 0, 0, 0, 0 }
+#define SWIFTKV_POOL_DESC_INIT                       \
+  {                                                  \
+    /* size */ (uint32_t)sizeof(swiftkv_pool_desc),  \
+    /* version */ SWIFTKV_POOL_DESC_VERSION,         \
+    /* num_pages */ 0,                               \
+    /* stream_first */ 0,                            \
+    /* stream_pages */ 0,                            \
+    /* reserved0 */ 0,                               \
+    /* layer_base */ NULL,                           \
+    /* layer_span_bytes */ 0,                        \
+    /* page_stride */ 0,                             \
+    /* kv_stride */ 0,                               \
+    /* token_stride */ 0,                            \
+    /* head_stride */ 0                              \
+  }
+/* Fills *out with SWIFTKV_POOL_DESC_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_pool_desc_init(swiftkv_pool_desc *out);
 
 /* Registers an engine's own tensors as a pool of borrower `model`; *pool_out is its id (never
  * reused). The descriptor is checked against the model (layers, heads, head dim, dtype) and
@@ -1068,11 +1157,22 @@ typedef struct swiftkv_request_desc {
   uint32_t reserved1;          /* must be 0 */
 } swiftkv_request_desc;
 
-#define SWIFTKV_REQUEST_DESC_INIT                                                         \
-  {                                                                                       \
-    (uint32_t)sizeof(swiftkv_request_desc), SWIFTKV_REQUEST_DESC_VERSION, 0, 0, NULL, 0, \
-        NULL, 0, 0, SWIFTKV_REQUEST_LOAD_AND_SAVE, 0                                      \
+#define SWIFTKV_REQUEST_DESC_INIT                       \
+  {                                                     \
+    /* size */ (uint32_t)sizeof(swiftkv_request_desc),  \
+    /* version */ SWIFTKV_REQUEST_DESC_VERSION,         \
+    /* pool */ 0,                                       \
+    /* reserved0 */ 0,                                  \
+    /* tokens */ NULL,                                  \
+    /* n_tokens */ 0,                                   \
+    /* pages */ NULL,                                   \
+    /* n_pages */ 0,                                    \
+    /* load_from_tokens */ 0,                           \
+    /* shape */ SWIFTKV_REQUEST_LOAD_AND_SAVE,          \
+    /* reserved1 */ 0                                   \
   }
+/* Fills *out with SWIFTKV_REQUEST_DESC_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_request_desc_init(swiftkv_request_desc *out);
 
 #define SWIFTKV_REQUEST_INFO_VERSION 1
 
@@ -1093,6 +1193,8 @@ typedef struct swiftkv_request_info {
 
 #define SWIFTKV_REQUEST_INFO_INIT \
   { (uint32_t)sizeof(swiftkv_request_info), SWIFTKV_REQUEST_INFO_VERSION, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+/* Fills *out with SWIFTKV_REQUEST_INFO_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_request_info_init(swiftkv_request_info *out);
 
 /* Begins a request; *request_out is its id. EINVAL: tokens, pages (out of the pool, repeated,
  * too few) or load_from_tokens (not a chunk boundary, past the tokens) are wrong; ENOTFOUND: an
@@ -1172,11 +1274,23 @@ typedef struct swiftkv_attention_desc {
   float logits_soft_cap;      /* >= 0; 0 means no cap */
 } swiftkv_attention_desc;
 
-#define SWIFTKV_ATTENTION_DESC_INIT                                                        \
-  {                                                                                       \
-    (uint32_t)sizeof(swiftkv_attention_desc), SWIFTKV_ATTENTION_DESC_VERSION,             \
-        SWIFTKV_DEVICE_HOST, SWIFTKV_DTYPE_F16, 0, 0, 0, 16, 1, 0, 0.0f, 0.0f             \
+#define SWIFTKV_ATTENTION_DESC_INIT                       \
+  {                                                       \
+    /* size */ (uint32_t)sizeof(swiftkv_attention_desc),  \
+    /* version */ SWIFTKV_ATTENTION_DESC_VERSION,         \
+    /* device */ SWIFTKV_DEVICE_HOST,                     \
+    /* dtype */ SWIFTKV_DTYPE_F16,                        \
+    /* num_qo_heads */ 0,                                 \
+    /* num_kv_heads */ 0,                                 \
+    /* head_dim */ 0,                                     \
+    /* page_tokens */ 16,                                 \
+    /* causal */ 1,                                       \
+    /* kv_chunk_tokens */ 0,                              \
+    /* sm_scale */ 0.0f,                                  \
+    /* logits_soft_cap */ 0.0f                            \
   }
+/* Fills *out with SWIFTKV_ATTENTION_DESC_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_attention_desc_init(swiftkv_attention_desc *out);
 
 #define SWIFTKV_ATTENTION_PLAN_VERSION 1
 
@@ -1201,6 +1315,8 @@ typedef struct swiftkv_attention_plan {
     (uint32_t)sizeof(swiftkv_attention_plan), SWIFTKV_ATTENTION_PLAN_VERSION, 0, 0, 0, 0, 0, \
         0, 0, { 0 }                                                                          \
   }
+/* Fills *out with SWIFTKV_ATTENTION_PLAN_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_attention_plan_init(swiftkv_attention_plan *out);
 
 #define SWIFTKV_ATTENTION_ARGS_VERSION 1
 
@@ -1233,11 +1349,28 @@ typedef struct swiftkv_attention_args {
   float *lse;                 /* [q_tokens, num_qo_heads] fp32, or NULL: not written */
 } swiftkv_attention_args;
 
-#define SWIFTKV_ATTENTION_ARGS_INIT                                                          \
-  {                                                                                         \
-    (uint32_t)sizeof(swiftkv_attention_args), SWIFTKV_ATTENTION_ARGS_VERSION, NULL, 0, 0,  \
-        NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0, NULL                                   \
+#define SWIFTKV_ATTENTION_ARGS_INIT                       \
+  {                                                       \
+    /* size */ (uint32_t)sizeof(swiftkv_attention_args),  \
+    /* version */ SWIFTKV_ATTENTION_ARGS_VERSION,         \
+    /* q */ NULL,                                         \
+    /* q_token_stride */ 0,                               \
+    /* q_head_stride */ 0,                                \
+    /* k_base */ NULL,                                    \
+    /* v_base */ NULL,                                    \
+    /* page_stride */ 0,                                  \
+    /* token_stride */ 0,                                 \
+    /* head_stride */ 0,                                  \
+    /* num_pages */ 0,                                    \
+    /* reserved0 */ 0,                                    \
+    /* kv_indices */ NULL,                                \
+    /* out */ NULL,                                       \
+    /* out_token_stride */ 0,                             \
+    /* out_head_stride */ 0,                              \
+    /* lse */ NULL                                        \
   }
+/* Fills *out with SWIFTKV_ATTENTION_ARGS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_attention_args_init(swiftkv_attention_args *out);
 
 /* The workspace bytes any batch of at most max_requests sub-requests and max_q_tokens query
  * tokens needs under `desc` (with room for the plan's KV splits). Pure; thread-safe. */

@@ -110,6 +110,98 @@ static void version_agrees_with_header(void **state) {
                        SWIFTKV_VERSION_PATCH);
 }
 
+/* Each swiftkv_<struct>_init fills what its INIT macro says: size and version for every one
+ * (over a struct filled with 0xa5, so nothing is left unwritten there), and the non-zero
+ * defaults field by field. NULL is accepted. */
+#define CHECK_INIT(TYPE, MACRO)                 \
+  do {                                          \
+    TYPE want = MACRO, got;                     \
+    memset(&got, 0xa5, sizeof got);             \
+    TYPE##_init(&got);                          \
+    assert_int_equal(got.size, want.size);      \
+    assert_int_equal(got.version, want.version); \
+    TYPE##_init(NULL);                          \
+  } while (0)
+
+static void init_functions_fill_the_macros(void **state) {
+  (void)state;
+  CHECK_INIT(swiftkv_model_desc, SWIFTKV_MODEL_DESC_INIT);
+  CHECK_INIT(swiftkv_capacity_plan, SWIFTKV_CAPACITY_PLAN_INIT);
+  CHECK_INIT(swiftkv_ctx_config, SWIFTKV_CTX_CONFIG_INIT);
+  CHECK_INIT(swiftkv_elastic_config, SWIFTKV_ELASTIC_CONFIG_INIT);
+  CHECK_INIT(swiftkv_layer_view, SWIFTKV_LAYER_VIEW_INIT);
+  CHECK_INIT(swiftkv_lease, SWIFTKV_LEASE_INIT);
+  CHECK_INIT(swiftkv_elastic_stats, SWIFTKV_ELASTIC_STATS_INIT);
+  CHECK_INIT(swiftkv_model_config, SWIFTKV_MODEL_CONFIG_INIT);
+  CHECK_INIT(swiftkv_lookup_result, SWIFTKV_LOOKUP_RESULT_INIT);
+  CHECK_INIT(swiftkv_stats, SWIFTKV_STATS_INIT);
+  CHECK_INIT(swiftkv_coord_stats, SWIFTKV_COORD_STATS_INIT);
+  CHECK_INIT(swiftkv_pool_desc, SWIFTKV_POOL_DESC_INIT);
+  CHECK_INIT(swiftkv_request_desc, SWIFTKV_REQUEST_DESC_INIT);
+  CHECK_INIT(swiftkv_request_info, SWIFTKV_REQUEST_INFO_INIT);
+  CHECK_INIT(swiftkv_attention_desc, SWIFTKV_ATTENTION_DESC_INIT);
+  CHECK_INIT(swiftkv_attention_plan, SWIFTKV_ATTENTION_PLAN_INIT);
+  CHECK_INIT(swiftkv_attention_args, SWIFTKV_ATTENTION_ARGS_INIT);
+  swiftkv_model_desc m;
+  memset(&m, 0xa5, sizeof m);
+  swiftkv_model_desc_init(&m);
+  assert_null(m.name);
+  assert_null(m.identity);
+  assert_int_equal(m.num_layers, 0);
+  assert_int_equal(m.block_tokens, 16);
+  assert_int_equal(m.chunk_tokens, 256);
+  assert_int_equal(m.dtype, SWIFTKV_DTYPE_F16);
+  assert_int_equal(m.device, SWIFTKV_DEVICE_HOST);
+  swiftkv_ctx_config c;
+  memset(&c, 0xa5, sizeof c);
+  swiftkv_ctx_config_init(&c);
+  const swiftkv_ctx_config cw = SWIFTKV_CTX_CONFIG_INIT;
+  assert_int_equal(c.device_mask, cw.device_mask);
+  assert_int_equal(c.host_budget_bytes, 0);
+  assert_int_equal(c.host_numa_node, SWIFTKV_NUMA_NODE_AUTO);
+  assert_null(c.disk_path);
+  assert_int_equal(c.eviction_policy, SWIFTKV_EVICT_RETENTION);
+  assert_int_equal(c.demote_free_percent, 25);
+  assert_true(c.recompute_token_cost == 1.0 && c.recompute_attention_cost == 1.0);
+  assert_null(c.attention_cost_table);
+  assert_int_equal(c.maintenance_interval_ms, 10);
+  assert_null(c.clock);
+  assert_null(c.coord_endpoint);
+  assert_int_equal(c.coord_heartbeat_ms, 100);
+  assert_int_equal(c.coord_timeout_ms, 5000);
+  assert_int_equal(c.disk_sync_ms, 1000);
+  assert_int_equal(c.max_open_requests, 4096);
+  assert_int_equal(c.write_back_on_close, 1);
+  assert_int_equal(c.reserved0 | c.reserved1 | c.reserved2, 0);
+  swiftkv_elastic_config e;
+  memset(&e, 0xa5, sizeof e);
+  swiftkv_elastic_config_init(&e);
+  assert_null(e.lender);
+  assert_int_equal(e.window_ms, 60000);
+  assert_int_equal(e.lease_ms, 10000);
+  assert_int_equal(e.cuda_alloc, SWIFTKV_CUDA_ALLOC_AUTO);
+  assert_int_equal(e.flags, 0);
+  assert_int_equal(e.reclaim_deadline_ms, 30000);
+  swiftkv_request_desc r;
+  memset(&r, 0xa5, sizeof r);
+  swiftkv_request_desc_init(&r);
+  assert_int_equal(r.shape, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+  assert_null(r.tokens);
+  assert_int_equal(r.load_from_tokens, 0);
+  swiftkv_attention_desc a;
+  memset(&a, 0xa5, sizeof a);
+  swiftkv_attention_desc_init(&a);
+  assert_int_equal(a.page_tokens, 16);
+  assert_int_equal(a.causal, 1);
+  assert_int_equal(a.device, SWIFTKV_DEVICE_HOST);
+  assert_true(a.sm_scale == 0.0f && a.logits_soft_cap == 0.0f);
+  swiftkv_model_config mc;
+  memset(&mc, 0xa5, sizeof mc);
+  swiftkv_model_config_init(&mc);
+  assert_null(mc.desc);
+  assert_int_equal(mc.role, SWIFTKV_ROLE_BORROWER);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(status_numbers_are_pinned),
@@ -117,6 +209,7 @@ int main(void) {
       cmocka_unit_test(message_names_function_and_argument),
       cmocka_unit_test(message_is_thread_local),
       cmocka_unit_test(version_agrees_with_header),
+      cmocka_unit_test(init_functions_fill_the_macros),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -168,9 +168,13 @@ type ModelDesc struct {
 	Identity string
 }
 
-// NewModelDesc is a host f16 model with 16-token blocks and 256-token chunks.
+// NewModelDesc is a model with the library's defaults for the rest (swiftkv_model_desc_init: a
+// host f16 model with 16-token blocks and 256-token chunks).
 func NewModelDesc(name string, layers, kvHeads, headDim uint32) ModelDesc {
-	return ModelDesc{name, layers, kvHeads, headDim, 16, 256, F16, DeviceHost, ""}
+	var d C.swiftkv_model_desc
+	C.swiftkv_model_desc_init(&d)
+	return ModelDesc{name, layers, kvHeads, headDim, uint32(d.block_tokens),
+		uint32(d.chunk_tokens), DType(d.dtype), int32(d.device), ""}
 }
 
 // cdesc returns the descriptor in C memory and a function that frees it.
@@ -305,10 +309,22 @@ type Config struct {
 	NoWriteBackOnClose bool
 }
 
+// DefaultConfig is the library's defaults (swiftkv_ctx_config_init).
 func DefaultConfig() Config {
-	return Config{HostNUMANode: C.SWIFTKV_NUMA_NODE_AUTO, DemoteFreePercent: 25,
-		RecomputeTokenCost: 1, RecomputeAttentionCost: 1, MaintenanceIntervalMs: 10,
-		CoordHeartbeatMs: 100, CoordTimeoutMs: 5000, DiskSyncMs: 1000, MaxOpenRequests: 4096}
+	var c C.swiftkv_ctx_config
+	C.swiftkv_ctx_config_init(&c)
+	return Config{DeviceMask: uint64(c.device_mask), HostBudgetBytes: uint64(c.host_budget_bytes),
+		HostNUMANode: int32(c.host_numa_node), DiskBudgetBytes: uint64(c.disk_budget_bytes),
+		EvictionLRU:            c.eviction_policy == C.SWIFTKV_EVICT_LRU,
+		DemoteFreePercent:      uint32(c.demote_free_percent),
+		RecomputeTokenCost:     float64(c.recompute_token_cost),
+		RecomputeAttentionCost: float64(c.recompute_attention_cost),
+		MaintenanceIntervalMs:  uint32(c.maintenance_interval_ms),
+		CoordHeartbeatMs:       uint32(c.coord_heartbeat_ms),
+		CoordTimeoutMs:         uint32(c.coord_timeout_ms),
+		DiskSegmentBytes:       uint64(c.disk_segment_bytes), DiskSyncMs: uint32(c.disk_sync_ms),
+		TransferThreads: uint32(c.transfer_threads), MaxOpenRequests: uint32(c.max_open_requests),
+		NoWriteBackOnClose: c.write_back_on_close == 0}
 }
 
 // ChunkEvent is a chunk that left a tier without the caller asking.
@@ -822,8 +838,7 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	defer fl()
 	ec := cnew[C.swiftkv_elastic_config]()
 	defer cfree(ec)
-	ec.size = C.uint32_t(unsafe.Sizeof(*ec))
-	ec.version = C.SWIFTKV_ELASTIC_CONFIG_VERSION
+	C.swiftkv_elastic_config_init(ec) // the library's defaults for what cfg leaves at zero
 	ec.lender = l
 	if cfg.Borrower != nil {
 		b, fb := cfg.Borrower.cdesc()
@@ -832,14 +847,12 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	}
 	ec.capacity_blocks = C.uint64_t(cfg.CapacityBlocks)
 	ec.owned_blocks = C.uint64_t(cfg.OwnedBlocks)
-	ec.window_ms, ec.lease_ms = 60000, 10000
 	if cfg.WindowMs != 0 {
 		ec.window_ms = C.uint64_t(cfg.WindowMs)
 	}
 	if cfg.LeaseMs != 0 {
 		ec.lease_ms = C.uint64_t(cfg.LeaseMs)
 	}
-	ec.reclaim_deadline_ms = 30000
 	if cfg.ReclaimDeadlineMs != 0 {
 		ec.reclaim_deadline_ms = C.uint64_t(cfg.ReclaimDeadlineMs)
 	}

@@ -286,6 +286,12 @@ def _struct_fields(s) -> dict:
     return {n: getattr(s, n) for n in names if n not in ("size", "version", "this", "thisown")}
 
 
+# The library's defaults (swiftkv_<struct>_init), read once: the numbers live in the library only.
+_MODEL_DEFAULTS = _c.swiftkv_model_desc_init()
+_ELASTIC_DEFAULTS = _c.swiftkv_elastic_config_init()
+_ATTENTION_DEFAULTS = _c.swiftkv_attention_desc_init()
+
+
 # --- Geometry and planning ---------------------------------------------------------------------
 
 
@@ -299,8 +305,8 @@ class ModelDesc:
     num_layers: int = 0
     num_kv_heads: int = 0
     head_dim: int = 0
-    block_tokens: int = 16
-    chunk_tokens: int = 256
+    block_tokens: int = _MODEL_DEFAULTS.block_tokens
+    chunk_tokens: int = _MODEL_DEFAULTS.chunk_tokens
     dtype: DType = DType.F16
     device: int = DEVICE_HOST
     identity: Optional[str] = None
@@ -472,11 +478,12 @@ class Context:
         return Model(self, mid, desc, role)
 
     def elastic(self, lender: ModelDesc, borrower: Optional[ModelDesc] = None, *,
-                capacity_blocks: int, owned_blocks: int = 0, window_ms: int = 60000,
-                lease_ms: int = 10000, cuda_alloc: CudaAlloc = CudaAlloc.AUTO,
+                capacity_blocks: int, owned_blocks: int = 0,
+                window_ms: int = _ELASTIC_DEFAULTS.window_ms,
+                lease_ms: int = _ELASTIC_DEFAULTS.lease_ms, cuda_alloc: CudaAlloc = CudaAlloc.AUTO,
                 keep_committed: bool = False,
                 clock: Optional[Callable[[], int]] = None,
-                reclaim_deadline_ms: int = 30000) -> "Elastic":
+                reclaim_deadline_ms: int = _ELASTIC_DEFAULTS.reclaim_deadline_ms) -> "Elastic":
         """A lender's elastic region (swiftkv_elastic_create). A lease asked back is renewed
         to at most reclaim_deadline_ms after the asking, then expires, released or not."""
         return self._adopt(Elastic(self, lender, borrower, capacity_blocks, owned_blocks,
@@ -800,7 +807,8 @@ class Elastic:
     """A lender's elastic region (swiftkv_elastic)."""
 
     def __init__(self, ctx, lender, borrower, capacity_blocks, owned_blocks, window_ms, lease_ms,
-                 cuda_alloc, keep_committed, clock, reclaim_deadline_ms=30000):
+                 cuda_alloc, keep_committed, clock,
+                 reclaim_deadline_ms=_ELASTIC_DEFAULTS.reclaim_deadline_ms):
         self.ctx = ctx
         cfg = _c.swiftkv_elastic_config_init()
         self._keep = (lender.struct(), borrower.struct() if borrower else None, clock)
@@ -1031,10 +1039,10 @@ class AttentionDesc:
     num_qo_heads: int
     num_kv_heads: int
     head_dim: int
-    page_tokens: int = 16
+    page_tokens: int = _ATTENTION_DEFAULTS.page_tokens
     dtype: DType = DType.F16
     device: int = DEVICE_HOST
-    causal: bool = True
+    causal: bool = bool(_ATTENTION_DEFAULTS.causal)
     kv_chunk_tokens: int = 0
     sm_scale: float = 0.0
     logits_soft_cap: float = 0.0

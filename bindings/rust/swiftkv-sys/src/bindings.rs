@@ -286,6 +286,9 @@ fn bindgen_test_layout_swiftkv_model_desc() {
     test_field_identity();
 }
 extern "C" {
+    pub fn swiftkv_model_desc_init(out: *mut swiftkv_model_desc);
+}
+extern "C" {
     pub fn swiftkv_geometry_bytes_per_token(
         m: *const swiftkv_model_desc,
         out: *mut u64,
@@ -449,6 +452,9 @@ fn bindgen_test_layout_swiftkv_capacity_plan() {
         );
     }
     test_field_lender_full_blocks();
+}
+extern "C" {
+    pub fn swiftkv_capacity_plan_init(out: *mut swiftkv_capacity_plan);
 }
 extern "C" {
     pub fn swiftkv_plan_borrower(
@@ -998,6 +1004,9 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
     test_field_reserved2();
 }
 extern "C" {
+    pub fn swiftkv_ctx_config_init(out: *mut swiftkv_ctx_config);
+}
+extern "C" {
     pub fn swiftkv_ctx_create(
         out: *mut *mut swiftkv_ctx,
         config: *const swiftkv_ctx_config,
@@ -1279,6 +1288,9 @@ fn bindgen_test_layout_swiftkv_elastic_config() {
     }
     test_field_reclaim_deadline_ms();
 }
+extern "C" {
+    pub fn swiftkv_elastic_config_init(out: *mut swiftkv_elastic_config);
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_layer_view {
@@ -1493,6 +1505,9 @@ fn bindgen_test_layout_swiftkv_layer_view() {
         );
     }
     test_field_reserved0();
+}
+extern "C" {
+    pub fn swiftkv_layer_view_init(out: *mut swiftkv_layer_view);
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -1762,6 +1777,9 @@ fn bindgen_test_layout_swiftkv_lease() {
         );
     }
     test_field_reserved0();
+}
+extern "C" {
+    pub fn swiftkv_lease_init(out: *mut swiftkv_lease);
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -2141,6 +2159,9 @@ fn bindgen_test_layout_swiftkv_elastic_stats() {
     test_field_device();
 }
 extern "C" {
+    pub fn swiftkv_elastic_stats_init(out: *mut swiftkv_elastic_stats);
+}
+extern "C" {
     pub fn swiftkv_elastic_create(
         out: *mut *mut swiftkv_elastic,
         ctx: *mut swiftkv_ctx,
@@ -2327,6 +2348,9 @@ fn bindgen_test_layout_swiftkv_model_config() {
     test_field_reserved0();
 }
 extern "C" {
+    pub fn swiftkv_model_config_init(out: *mut swiftkv_model_config);
+}
+extern "C" {
     pub fn swiftkv_model_register(
         model_out: *mut u32,
         ctx: *mut swiftkv_ctx,
@@ -2483,6 +2507,9 @@ fn bindgen_test_layout_swiftkv_lookup_result() {
         );
     }
     test_field_chunks_per_tier();
+}
+extern "C" {
+    pub fn swiftkv_lookup_result_init(out: *mut swiftkv_lookup_result);
 }
 extern "C" {
     pub fn swiftkv_lookup(
@@ -3013,6 +3040,9 @@ fn bindgen_test_layout_swiftkv_stats() {
     test_field_requests_open();
 }
 extern "C" {
+    pub fn swiftkv_stats_init(out: *mut swiftkv_stats);
+}
+extern "C" {
     pub fn swiftkv_stats_get(out: *mut swiftkv_stats, ctx: *const swiftkv_ctx) -> swiftkv_status;
 }
 extern "C" {
@@ -3484,6 +3514,9 @@ fn bindgen_test_layout_swiftkv_coord_stats() {
     test_field_lenders_lost();
 }
 extern "C" {
+    pub fn swiftkv_coord_stats_init(out: *mut swiftkv_coord_stats);
+}
+extern "C" {
     pub fn swiftkv_coord_stats_get(
         out: *mut swiftkv_coord_stats,
         ctx: *const swiftkv_ctx,
@@ -3721,6 +3754,9 @@ fn bindgen_test_layout_swiftkv_pool_desc() {
         );
     }
     test_field_head_stride();
+}
+extern "C" {
+    pub fn swiftkv_pool_desc_init(out: *mut swiftkv_pool_desc);
 }
 extern "C" {
     pub fn swiftkv_pool_register(
@@ -3969,6 +4005,9 @@ fn bindgen_test_layout_swiftkv_request_desc() {
     }
     test_field_reserved1();
 }
+extern "C" {
+    pub fn swiftkv_request_desc_init(out: *mut swiftkv_request_desc);
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_request_info {
@@ -4183,6 +4222,9 @@ fn bindgen_test_layout_swiftkv_request_info() {
         );
     }
     test_field_reserved0();
+}
+extern "C" {
+    pub fn swiftkv_request_info_init(out: *mut swiftkv_request_info);
 }
 extern "C" {
     pub fn swiftkv_request_begin(
@@ -4470,6 +4512,9 @@ fn bindgen_test_layout_swiftkv_attention_desc() {
     }
     test_field_logits_soft_cap();
 }
+extern "C" {
+    pub fn swiftkv_attention_desc_init(out: *mut swiftkv_attention_desc);
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_attention_plan {
@@ -4666,6 +4711,9 @@ fn bindgen_test_layout_swiftkv_attention_plan() {
         );
     }
     test_field_internal();
+}
+extern "C" {
+    pub fn swiftkv_attention_plan_init(out: *mut swiftkv_attention_plan);
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -4989,6 +5037,9 @@ fn bindgen_test_layout_swiftkv_attention_args() {
         );
     }
     test_field_lse();
+}
+extern "C" {
+    pub fn swiftkv_attention_args_init(out: *mut swiftkv_attention_args);
 }
 extern "C" {
     pub fn swiftkv_attention_workspace_size(

@@ -121,6 +121,22 @@ impl DType {
     pub fn size(self) -> u32 {
         unsafe { sys::swiftkv_dtype_size(self as sys::swiftkv_dtype) }
     }
+    fn from_raw(v: sys::swiftkv_dtype) -> DType {
+        [DType::F16, DType::BF16, DType::F32, DType::Fp8E4M3, DType::Fp8E5M2, DType::I8]
+            .into_iter()
+            .find(|d| *d as sys::swiftkv_dtype == v)
+            .unwrap_or(DType::F16)
+    }
+}
+
+/// A versioned struct as the library's `swiftkv_<struct>_init` fills it: the library owns every
+/// default, so none is written again here.
+fn library_defaults<T>(init: unsafe extern "C" fn(*mut T)) -> T {
+    let mut v = std::mem::MaybeUninit::<T>::zeroed();
+    unsafe {
+        init(v.as_mut_ptr());
+        v.assume_init()
+    }
 }
 
 /// What a connector request does (`swiftkv_request_shape`).
@@ -206,17 +222,19 @@ pub struct ModelDesc {
 struct RawStrings(#[allow(dead_code)] CString, #[allow(dead_code)] Option<CString>);
 
 impl ModelDesc {
-    /// A host model in f16 with the header's defaults (16-token blocks, 256-token chunks).
+    /// A model with the library's defaults (`swiftkv_model_desc_init`: a host model in f16,
+    /// 16-token blocks, 256-token chunks).
     pub fn new(name: &str, num_layers: u32, num_kv_heads: u32, head_dim: u32) -> ModelDesc {
+        let d = library_defaults(sys::swiftkv_model_desc_init);
         ModelDesc {
             name: name.to_string(),
             num_layers,
             num_kv_heads,
             head_dim,
-            block_tokens: 16,
-            chunk_tokens: 256,
-            dtype: DType::F16,
-            device: DEVICE_HOST,
+            block_tokens: d.block_tokens,
+            chunk_tokens: d.chunk_tokens,
+            dtype: DType::from_raw(d.dtype),
+            device: d.device,
             identity: String::new(),
         }
     }
@@ -388,27 +406,54 @@ pub struct ContextConfig {
 }
 
 impl Default for ContextConfig {
+    /// The library's defaults (`swiftkv_ctx_config_init`).
     fn default() -> Self {
+        ContextConfig::from_raw(&library_defaults(sys::swiftkv_ctx_config_init))
+    }
+}
+
+impl ContextConfig {
+    /// The safe form of a C configuration (the strings and the table copied).
+    fn from_raw(c: &sys::swiftkv_ctx_config) -> ContextConfig {
+        let string = |p: *const c_char| {
+            if p.is_null() {
+                None
+            } else {
+                Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            }
+        };
+        let table = if c.attention_cost_table.is_null() {
+            Vec::new()
+        } else {
+            unsafe {
+                std::slice::from_raw_parts(c.attention_cost_table, c.attention_cost_entries as usize)
+            }
+            .to_vec()
+        };
         ContextConfig {
-            device_mask: 0,
-            host_budget_bytes: 0,
-            host_numa_node: sys::SWIFTKV_NUMA_NODE_AUTO,
-            disk_path: None,
-            disk_budget_bytes: 0,
-            eviction_policy: EvictionPolicy::Retention,
-            demote_free_percent: 25,
-            recompute_token_cost: 1.0,
-            recompute_attention_cost: 1.0,
-            attention_cost_table: Vec::new(),
-            maintenance_interval_ms: 10,
-            coord_endpoint: None,
-            coord_heartbeat_ms: 100,
-            coord_timeout_ms: 5000,
-            disk_segment_bytes: 0,
-            disk_sync_ms: 1000,
-            transfer_threads: 0,
-            max_open_requests: 4096,
-            write_back_on_close: true,
+            device_mask: c.device_mask,
+            host_budget_bytes: c.host_budget_bytes,
+            host_numa_node: c.host_numa_node,
+            disk_path: string(c.disk_path),
+            disk_budget_bytes: c.disk_budget_bytes,
+            eviction_policy: if c.eviction_policy == sys::SWIFTKV_EVICT_LRU {
+                EvictionPolicy::Lru
+            } else {
+                EvictionPolicy::Retention
+            },
+            demote_free_percent: c.demote_free_percent,
+            recompute_token_cost: c.recompute_token_cost,
+            recompute_attention_cost: c.recompute_attention_cost,
+            attention_cost_table: table,
+            maintenance_interval_ms: c.maintenance_interval_ms,
+            coord_endpoint: string(c.coord_endpoint),
+            coord_heartbeat_ms: c.coord_heartbeat_ms,
+            coord_timeout_ms: c.coord_timeout_ms,
+            disk_segment_bytes: c.disk_segment_bytes,
+            disk_sync_ms: c.disk_sync_ms,
+            transfer_threads: c.transfer_threads,
+            max_open_requests: c.max_open_requests,
+            write_back_on_close: c.write_back_on_close != 0,
         }
     }
 }
@@ -496,46 +541,7 @@ impl Context {
         c.size = std::mem::size_of::<sys::swiftkv_ctx_config>() as u32;
         c.version = sys::SWIFTKV_CTX_CONFIG_VERSION;
         check(unsafe { sys::swiftkv_ctx_get_config(&mut c, self.raw) })?;
-        let string = |p: *const c_char| {
-            if p.is_null() {
-                None
-            } else {
-                Some(unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-            }
-        };
-        let table = if c.attention_cost_table.is_null() {
-            Vec::new()
-        } else {
-            unsafe {
-                std::slice::from_raw_parts(c.attention_cost_table, c.attention_cost_entries as usize)
-            }
-            .to_vec()
-        };
-        Ok(ContextConfig {
-            device_mask: c.device_mask,
-            host_budget_bytes: c.host_budget_bytes,
-            host_numa_node: c.host_numa_node,
-            disk_path: string(c.disk_path),
-            disk_budget_bytes: c.disk_budget_bytes,
-            eviction_policy: if c.eviction_policy == sys::SWIFTKV_EVICT_LRU {
-                EvictionPolicy::Lru
-            } else {
-                EvictionPolicy::Retention
-            },
-            demote_free_percent: c.demote_free_percent,
-            recompute_token_cost: c.recompute_token_cost,
-            recompute_attention_cost: c.recompute_attention_cost,
-            attention_cost_table: table,
-            maintenance_interval_ms: c.maintenance_interval_ms,
-            coord_endpoint: string(c.coord_endpoint),
-            coord_heartbeat_ms: c.coord_heartbeat_ms,
-            coord_timeout_ms: c.coord_timeout_ms,
-            disk_segment_bytes: c.disk_segment_bytes,
-            disk_sync_ms: c.disk_sync_ms,
-            transfer_threads: c.transfer_threads,
-            max_open_requests: c.max_open_requests,
-            write_back_on_close: c.write_back_on_close != 0,
-        })
+        Ok(ContextConfig::from_raw(&c))
     }
 
     pub fn device_count(&self) -> Result<u32> {
@@ -845,17 +851,23 @@ pub struct ElasticConfig {
 }
 
 impl ElasticConfig {
+    /// The library's defaults (`swiftkv_elastic_config_init`) for the rest.
     pub fn new(lender: ModelDesc, borrower: Option<ModelDesc>, capacity_blocks: u64) -> Self {
+        let c = library_defaults(sys::swiftkv_elastic_config_init);
         ElasticConfig {
             lender,
             borrower,
             capacity_blocks,
-            owned_blocks: 0,
-            window_ms: 60000,
-            lease_ms: 10000,
-            cuda_alloc: CudaAlloc::Auto,
-            keep_committed: false,
-            reclaim_deadline_ms: 30000,
+            owned_blocks: c.owned_blocks,
+            window_ms: c.window_ms,
+            lease_ms: c.lease_ms,
+            cuda_alloc: match c.cuda_alloc {
+                sys::SWIFTKV_CUDA_ALLOC_VMM => CudaAlloc::Vmm,
+                sys::SWIFTKV_CUDA_ALLOC_MALLOC => CudaAlloc::Malloc,
+                _ => CudaAlloc::Auto,
+            },
+            keep_committed: c.flags & sys::SWIFTKV_ELASTIC_KEEP_COMMITTED != 0,
+            reclaim_deadline_ms: c.reclaim_deadline_ms,
         }
     }
 }
@@ -1118,18 +1130,20 @@ pub struct AttentionDesc {
 }
 
 impl AttentionDesc {
+    /// The library's defaults (`swiftkv_attention_desc_init`) for the rest.
     pub fn new(num_qo_heads: u32, num_kv_heads: u32, head_dim: u32, dtype: DType) -> Self {
+        let d = library_defaults(sys::swiftkv_attention_desc_init);
         AttentionDesc {
-            device: DEVICE_HOST,
+            device: d.device,
             dtype,
             num_qo_heads,
             num_kv_heads,
             head_dim,
-            page_tokens: 16,
-            causal: true,
-            kv_chunk_tokens: 0,
-            sm_scale: 0.0,
-            logits_soft_cap: 0.0,
+            page_tokens: d.page_tokens,
+            causal: d.causal != 0,
+            kv_chunk_tokens: d.kv_chunk_tokens,
+            sm_scale: d.sm_scale,
+            logits_soft_cap: d.logits_soft_cap,
         }
     }
 

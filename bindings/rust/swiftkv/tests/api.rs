@@ -37,6 +37,23 @@ fn ctx(host: u64) -> Context {
     Context::new(&ContextConfig { host_budget_bytes: host, ..Default::default() }).unwrap()
 }
 
+// The defaults are the library's (swiftkv_<struct>_init), the values its header documents.
+#[test]
+fn defaults_come_from_the_library() {
+    let m = ModelDesc::new("m", 2, 4, 64);
+    assert_eq!((m.block_tokens, m.chunk_tokens, m.dtype, m.device), (16, 256, DType::F16, -1));
+    let c = ContextConfig::default();
+    assert_eq!((c.demote_free_percent, c.maintenance_interval_ms), (25, 10));
+    assert_eq!((c.coord_heartbeat_ms, c.coord_timeout_ms, c.disk_sync_ms), (100, 5000, 1000));
+    assert_eq!((c.max_open_requests, c.write_back_on_close), (4096, true));
+    assert_eq!(c.eviction_policy, EvictionPolicy::Retention);
+    let e = ElasticConfig::new(m.clone(), None, 8);
+    assert_eq!((e.window_ms, e.lease_ms, e.reclaim_deadline_ms), (60000, 10000, 30000));
+    assert_eq!((e.cuda_alloc, e.keep_committed), (CudaAlloc::Auto, false));
+    let a = AttentionDesc::new(8, 2, 64, DType::F16);
+    assert_eq!((a.page_tokens, a.causal, a.device), (16, true, -1));
+}
+
 #[test]
 fn version_and_statuses() {
     assert_eq!(version(), 100);
