@@ -56,6 +56,12 @@ impl Status {
     }
 }
 
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// A failed call: its status and the library's message (read on the failing thread).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Error {
@@ -572,12 +578,10 @@ impl Context {
     }
 
     /// The chunk cache's counts and counters.
-    pub fn stats(&self) -> Result<sys::swiftkv_stats> {
-        let mut s: sys::swiftkv_stats = unsafe { std::mem::zeroed() };
-        s.size = std::mem::size_of::<sys::swiftkv_stats>() as u32;
-        s.version = sys::SWIFTKV_STATS_VERSION;
+    pub fn stats(&self) -> Result<Stats> {
+        let mut s = library_defaults(sys::swiftkv_stats_init);
         check(unsafe { sys::swiftkv_stats_get(&mut s, self.raw) })?;
-        Ok(s)
+        Ok(Stats::from(&s))
     }
 
     /// The context's counters in Prometheus' text exposition format (`swiftkv_metrics_text`;
@@ -601,12 +605,10 @@ impl Context {
     }
 
     /// The coordinator's counts and counters.
-    pub fn coord_stats(&self) -> Result<sys::swiftkv_coord_stats> {
-        let mut s: sys::swiftkv_coord_stats = unsafe { std::mem::zeroed() };
-        s.size = std::mem::size_of::<sys::swiftkv_coord_stats>() as u32;
-        s.version = sys::SWIFTKV_COORD_STATS_VERSION;
+    pub fn coord_stats(&self) -> Result<CoordStats> {
+        let mut s = library_defaults(sys::swiftkv_coord_stats_init);
         check(unsafe { sys::swiftkv_coord_stats_get(&mut s, self.raw) })?;
-        Ok(s)
+        Ok(CoordStats::from(&s))
     }
 
     /// Drops the unpinned chunks of every model in the tiers of tier_mask.
@@ -665,7 +667,8 @@ pub struct Lookup {
     pub dropped_head_tokens: u64,
     pub loadable_tokens: u64,
     pub chunks_per_tier: [u64; 3],
-    pub residency: Vec<u8>,
+    /// The tier of each full chunk of the tokens (`Tier::Dropped`: not cached).
+    pub residency: Vec<Tier>,
 }
 
 impl<'a> Model<'a> {
@@ -696,7 +699,7 @@ impl<'a> Model<'a> {
             dropped_head_tokens: out.dropped_head_tokens,
             loadable_tokens: out.loadable_tokens,
             chunks_per_tier: out.chunks_per_tier,
-            residency: res,
+            residency: res.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
         })
     }
 
@@ -916,10 +919,10 @@ impl<'a> Elastic<'a> {
         Ok(Elastic { raw, _ctx: PhantomData })
     }
 
-    pub fn layer_view(&self, layer: u32) -> Result<sys::swiftkv_layer_view> {
-        let mut v = zeroed_versioned(sys::SWIFTKV_LAYER_VIEW_VERSION);
+    pub fn layer_view(&self, layer: u32) -> Result<LayerView> {
+        let mut v = library_defaults(sys::swiftkv_layer_view_init);
         check(unsafe { sys::swiftkv_elastic_layer_view(&mut v, self.raw, layer) })?;
-        Ok(v)
+        Ok(LayerView::from(&v))
     }
 
     /// Algorithm 1 ScaleUp, applied: (OK or IN_PROGRESS, lender blocks, borrower chunks).
@@ -938,16 +941,16 @@ impl<'a> Elastic<'a> {
         Ok((st, b, c))
     }
 
-    pub fn lend(&self, max_units: u64) -> Result<sys::swiftkv_lease> {
-        let mut l = zeroed_versioned(sys::SWIFTKV_LEASE_VERSION);
+    pub fn lend(&self, max_units: u64) -> Result<Lease> {
+        let mut l = library_defaults(sys::swiftkv_lease_init);
         check(unsafe { sys::swiftkv_elastic_lend(&mut l, self.raw, max_units) })?;
-        Ok(l)
+        Ok(Lease::from(&l))
     }
 
-    pub fn lease(&self, id: u64) -> Result<sys::swiftkv_lease> {
-        let mut l = zeroed_versioned(sys::SWIFTKV_LEASE_VERSION);
+    pub fn lease(&self, id: u64) -> Result<Lease> {
+        let mut l = library_defaults(sys::swiftkv_lease_init);
         check(unsafe { sys::swiftkv_elastic_lease_get(&mut l, self.raw, id) })?;
-        Ok(l)
+        Ok(Lease::from(&l))
     }
 
     pub fn renew(&self, id: u64) -> Result<()> {
@@ -979,10 +982,10 @@ impl<'a> Elastic<'a> {
         Ok(ids)
     }
 
-    pub fn stats(&self) -> Result<sys::swiftkv_elastic_stats> {
-        let mut s = zeroed_versioned(sys::SWIFTKV_ELASTIC_STATS_VERSION);
+    pub fn stats(&self) -> Result<ElasticStats> {
+        let mut s = library_defaults(sys::swiftkv_elastic_stats_init);
         check(unsafe { sys::swiftkv_elastic_stats_get(&mut s, self.raw) })?;
-        Ok(s)
+        Ok(ElasticStats::from(&s))
     }
 
     /// Offers the region to other processes through the context's coord_endpoint.
@@ -1089,18 +1092,18 @@ impl Request<'_> {
         Ok(n)
     }
 
-    pub fn info(&self) -> Result<sys::swiftkv_request_info> {
-        let mut i = zeroed_versioned(sys::SWIFTKV_REQUEST_INFO_VERSION);
+    pub fn info(&self) -> Result<RequestInfo> {
+        let mut i = library_defaults(sys::swiftkv_request_info_init);
         check(unsafe { sys::swiftkv_request_info_get(&mut i, self.ctx.raw, self.id) })?;
-        Ok(i)
+        Ok(RequestInfo::from(&i))
     }
 
     /// Ends the request and returns its final info.
-    pub fn finish(mut self) -> Result<sys::swiftkv_request_info> {
+    pub fn finish(mut self) -> Result<RequestInfo> {
         self.open = false;
-        let mut i = zeroed_versioned(sys::SWIFTKV_REQUEST_INFO_VERSION);
+        let mut i = library_defaults(sys::swiftkv_request_info_init);
         check(unsafe { sys::swiftkv_request_finish(&mut i, self.ctx.raw, self.id) })?;
-        Ok(i)
+        Ok(RequestInfo::from(&i))
     }
 }
 
@@ -1241,5 +1244,242 @@ impl AttentionPlan {
         a.out_head_stride = args.out_head_stride;
         a.lse = args.lse;
         check(sys::swiftkv_attention_run(&self.raw, &a, workspace, stream)).map(|_| ())
+    }
+}
+
+// --- Safe forms of the structs the library fills: the sys structs' fields but size, version and
+// the reserved ones, flags as bool. ----------------------------------------------------------
+
+/// A context's counters (`swiftkv_stats`); per-tier arrays are indexed by `Tier as usize` (peer, host, disk).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Stats {
+    pub chunks: [u64; 3],
+    pub bytes: [u64; 3],
+    pub capacity_bytes: [u64; 3],
+    pub hits: [u64; 3],
+    pub misses: u64,
+    pub stores: u64,
+    pub stores_rejected: u64,
+    pub evictions: u64,
+    pub demotions: u64,
+    pub promotions: u64,
+    pub load_failures: u64,
+    pub revocations: u64,
+    pub corrupt_files_removed: u64,
+    pub demotions_deferred: u64,
+    pub disk_files_skipped: u64,
+    pub disk_records_mismatched: u64,
+    pub disk_segments_cleaned: u64,
+    pub disk_bytes_relocated: u64,
+    pub disk_bytes_allocated: u64,
+    pub index_bytes: u64,
+    pub index_capacity_chunks: u64,
+    pub requests_open: u64,
+}
+
+impl From<&sys::swiftkv_stats> for Stats {
+    fn from(c: &sys::swiftkv_stats) -> Stats {
+        Stats {
+            chunks: c.chunks,
+            bytes: c.bytes,
+            capacity_bytes: c.capacity_bytes,
+            hits: c.hits,
+            misses: c.misses,
+            stores: c.stores,
+            stores_rejected: c.stores_rejected,
+            evictions: c.evictions,
+            demotions: c.demotions,
+            promotions: c.promotions,
+            load_failures: c.load_failures,
+            revocations: c.revocations,
+            corrupt_files_removed: c.corrupt_files_removed,
+            demotions_deferred: c.demotions_deferred,
+            disk_files_skipped: c.disk_files_skipped,
+            disk_records_mismatched: c.disk_records_mismatched,
+            disk_segments_cleaned: c.disk_segments_cleaned,
+            disk_bytes_relocated: c.disk_bytes_relocated,
+            disk_bytes_allocated: c.disk_bytes_allocated,
+            index_bytes: c.index_bytes,
+            index_capacity_chunks: c.index_capacity_chunks,
+            requests_open: c.requests_open,
+        }
+    }
+}
+
+/// The coordinator's counters (`swiftkv_coord_stats`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CoordStats {
+    pub offered_regions: u64,
+    pub sessions_served: u64,
+    pub lenders_connected: u64,
+    pub messages_sent: u64,
+    pub messages_received: u64,
+    pub messages_dropped: u64,
+    pub heartbeats_sent: u64,
+    pub heartbeats_answered: u64,
+    pub reclaims_sent: u64,
+    pub reclaims_acked: u64,
+    pub reclaim_ns_total: u64,
+    pub reclaim_ns_max: u64,
+    pub leases_lost: u64,
+    pub lenders_lost: u64,
+}
+
+impl From<&sys::swiftkv_coord_stats> for CoordStats {
+    fn from(c: &sys::swiftkv_coord_stats) -> CoordStats {
+        CoordStats {
+            offered_regions: c.offered_regions,
+            sessions_served: c.sessions_served,
+            lenders_connected: c.lenders_connected,
+            messages_sent: c.messages_sent,
+            messages_received: c.messages_received,
+            messages_dropped: c.messages_dropped,
+            heartbeats_sent: c.heartbeats_sent,
+            heartbeats_answered: c.heartbeats_answered,
+            reclaims_sent: c.reclaims_sent,
+            reclaims_acked: c.reclaims_acked,
+            reclaim_ns_total: c.reclaim_ns_total,
+            reclaim_ns_max: c.reclaim_ns_max,
+            leases_lost: c.leases_lost,
+            lenders_lost: c.lenders_lost,
+        }
+    }
+}
+
+/// Where one layer of an elastic region lies (`swiftkv_layer_view`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerView {
+    pub base: *mut c_void,
+    pub page_stride: u64,
+    pub k_offset: u64,
+    pub v_offset: u64,
+    pub token_stride: u64,
+    pub head_stride: u64,
+    pub num_pages: u64,
+    pub device: i32,
+}
+
+impl From<&sys::swiftkv_layer_view> for LayerView {
+    fn from(c: &sys::swiftkv_layer_view) -> LayerView {
+        LayerView {
+            base: c.base,
+            page_stride: c.page_stride,
+            k_offset: c.k_offset,
+            v_offset: c.v_offset,
+            token_stride: c.token_stride,
+            head_stride: c.head_stride,
+            num_pages: c.num_pages,
+            device: c.device,
+        }
+    }
+}
+
+/// A lease on an elastic region's blocks (`swiftkv_lease`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Lease {
+    pub id: u64,
+    pub first_block: u64,
+    pub blocks: u64,
+    pub chunks: u64,
+    pub offset: u64,
+    pub bytes: u64,
+    pub data: *mut c_void,
+    pub chunk_stride: u64,
+    pub layer_stride: u64,
+    pub expires_ns: u64,
+    pub reclaim_requested: bool,
+}
+
+impl From<&sys::swiftkv_lease> for Lease {
+    fn from(c: &sys::swiftkv_lease) -> Lease {
+        Lease {
+            id: c.id,
+            first_block: c.first_block,
+            blocks: c.blocks,
+            chunks: c.chunks,
+            offset: c.offset,
+            bytes: c.bytes,
+            data: c.data,
+            chunk_stride: c.chunk_stride,
+            layer_stride: c.layer_stride,
+            expires_ns: c.expires_ns,
+            reclaim_requested: c.reclaim_requested != 0,
+        }
+    }
+}
+
+/// An elastic region's counts (`swiftkv_elastic_stats`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ElasticStats {
+    pub capacity_blocks: u64,
+    pub owned_blocks: u64,
+    pub ready_blocks: u64,
+    pub reclaiming_blocks: u64,
+    pub lent_blocks: u64,
+    pub free_blocks: u64,
+    pub unit_lender_blocks: u64,
+    pub unit_borrower_chunks: u64,
+    pub leases: u64,
+    pub region_bytes: u64,
+    pub committed_bytes: u64,
+    pub scale_ups: u64,
+    pub scale_downs: u64,
+    pub leases_granted: u64,
+    pub leases_expired: u64,
+    pub reclaims_requested: u64,
+    pub memory_kind: u32,
+    pub device: i32,
+}
+
+impl From<&sys::swiftkv_elastic_stats> for ElasticStats {
+    fn from(c: &sys::swiftkv_elastic_stats) -> ElasticStats {
+        ElasticStats {
+            capacity_blocks: c.capacity_blocks,
+            owned_blocks: c.owned_blocks,
+            ready_blocks: c.ready_blocks,
+            reclaiming_blocks: c.reclaiming_blocks,
+            lent_blocks: c.lent_blocks,
+            free_blocks: c.free_blocks,
+            unit_lender_blocks: c.unit_lender_blocks,
+            unit_borrower_chunks: c.unit_borrower_chunks,
+            leases: c.leases,
+            region_bytes: c.region_bytes,
+            committed_bytes: c.committed_bytes,
+            scale_ups: c.scale_ups,
+            scale_downs: c.scale_downs,
+            leases_granted: c.leases_granted,
+            leases_expired: c.leases_expired,
+            reclaims_requested: c.reclaims_requested,
+            memory_kind: c.memory_kind as u32,
+            device: c.device,
+        }
+    }
+}
+
+/// Where a connector request stands (`swiftkv_request_info`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RequestInfo {
+    pub load_begin_tokens: u64,
+    pub load_end_tokens: u64,
+    pub valid_end_tokens: u64,
+    pub save_tokens: u64,
+    pub saved_tokens: u64,
+    pub layers_loaded: u32,
+    pub layers_saved: u32,
+    pub stream_ordered: bool,
+}
+
+impl From<&sys::swiftkv_request_info> for RequestInfo {
+    fn from(c: &sys::swiftkv_request_info) -> RequestInfo {
+        RequestInfo {
+            load_begin_tokens: c.load_begin_tokens,
+            load_end_tokens: c.load_end_tokens,
+            valid_end_tokens: c.valid_end_tokens,
+            save_tokens: c.save_tokens,
+            saved_tokens: c.saved_tokens,
+            layers_loaded: c.layers_loaded,
+            layers_saved: c.layers_saved,
+            stream_ordered: c.stream_ordered != 0,
+        }
     }
 }

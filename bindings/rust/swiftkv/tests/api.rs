@@ -59,6 +59,7 @@ fn version_and_statuses() {
     assert_eq!(version(), 100);
     assert_eq!(version_string(), "0.1.0");
     assert!(Status::EINVAL.as_str().starts_with("SWIFTKV_EINVAL"));
+    assert_eq!(Status::EBUSY.to_string(), Status::EBUSY.as_str());
     assert_eq!(DType::F16.size(), 2);
     assert_eq!(DType::F32.size(), 4);
     assert_eq!(DType::I8.size(), 1);
@@ -141,7 +142,7 @@ fn cache_round_trip_and_controller() {
     assert_eq!(m.store(&t, &kv).unwrap(), 128);
     let l = m.lookup(&t).unwrap();
     assert_eq!((l.chunks, l.prefix_tokens, l.chunks_per_tier), (4, 128, [0, 4, 0]));
-    assert_eq!(l.residency, vec![Tier::Host as u8; 4]);
+    assert_eq!(l.residency, vec![Tier::Host; 4]);
     let mut out = vec![0u8; kv.len()];
     assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 128);
     assert_eq!(out, kv);
