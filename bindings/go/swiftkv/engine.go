@@ -29,8 +29,8 @@ func NewHostBuffer(size int) *HostBuffer {
 	return b
 }
 
-func (b *HostBuffer) Ptr() uintptr  { return uintptr(b.ptr) }
-func (b *HostBuffer) Bytes() []byte { return unsafe.Slice((*byte)(b.ptr), b.size) }
+func (b *HostBuffer) Ptr() unsafe.Pointer { return b.ptr }
+func (b *HostBuffer) Bytes() []byte       { return unsafe.Slice((*byte)(b.ptr), b.size) }
 func (b *HostBuffer) Free() {
 	if b.ptr != nil {
 		C.free(b.ptr)
@@ -41,7 +41,7 @@ func (b *HostBuffer) Free() {
 // PoolLayout is swiftkv_pool_desc: per-layer bases and strides in elements.
 type PoolLayout struct {
 	NumPages, StreamFirst, StreamPages            uint32
-	LayerBase                                     []uintptr
+	LayerBase                                     []unsafe.Pointer
 	LayerSpanBytes                                uint64
 	PageStride, KVStride, TokenStride, HeadStride int64
 }
@@ -109,9 +109,9 @@ func (p *Pool) Layout() (PoolLayout, error) {
 	if err := check(func() C.swiftkv_status { return C.swiftkv_pool_get(&d, &model, h, C.uint32_t(p.ID)) }); err != nil {
 		return PoolLayout{}, err
 	}
-	bases := unsafe.Slice((*uintptr)(unsafe.Pointer(d.layer_base)), int(p.model.Desc.NumLayers))
+	bases := unsafe.Slice(d.layer_base, int(p.model.Desc.NumLayers))
 	return PoolLayout{uint32(d.num_pages), uint32(d.stream_first), uint32(d.stream_pages),
-		append([]uintptr(nil), bases...), uint64(d.layer_span_bytes), int64(d.page_stride),
+		append([]unsafe.Pointer(nil), bases...), uint64(d.layer_span_bytes), int64(d.page_stride),
 		int64(d.kv_stride), int64(d.token_stride), int64(d.head_stride)}, nil
 }
 
@@ -193,18 +193,18 @@ func (m *Model) BeginShaped(p *Pool, tokens []uint32, pages []int32, loadFromTok
 	return r, nil
 }
 
-// StartLoad starts the loads; stream is a CUDA stream for device pools (0 on the host).
-func (r *Request) StartLoad(stream uintptr) error {
+// StartLoad starts the loads; stream is a CUDA stream for device pools (nil on the host).
+func (r *Request) StartLoad(stream unsafe.Pointer) error {
 	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return err
 	}
 	defer done()
-	return check(func() C.swiftkv_status { return C.swiftkv_start_load(h, C.uint64_t(r.ID), unsafe.Pointer(stream)) })
+	return check(func() C.swiftkv_status { return C.swiftkv_start_load(h, C.uint64_t(r.ID), stream) })
 }
 
 // WaitLayerLoad waits for layer l; the end of the valid loaded tokens.
-func (r *Request) WaitLayerLoad(layer uint32, stream uintptr) (uint64, error) {
+func (r *Request) WaitLayerLoad(layer uint32, stream unsafe.Pointer) (uint64, error) {
 	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return 0, err
@@ -212,30 +212,30 @@ func (r *Request) WaitLayerLoad(layer uint32, stream uintptr) (uint64, error) {
 	defer done()
 	var v C.uint64_t
 	err = check(func() C.swiftkv_status {
-		return C.swiftkv_wait_layer_load(&v, h, C.uint64_t(r.ID), C.uint32_t(layer), unsafe.Pointer(stream))
+		return C.swiftkv_wait_layer_load(&v, h, C.uint64_t(r.ID), C.uint32_t(layer), stream)
 	})
 	return uint64(v), err
 }
 
-func (r *Request) SaveLayer(layer uint32, stream uintptr) error {
+func (r *Request) SaveLayer(layer uint32, stream unsafe.Pointer) error {
 	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return err
 	}
 	defer done()
 	return check(func() C.swiftkv_status {
-		return C.swiftkv_save_layer(h, C.uint64_t(r.ID), C.uint32_t(layer), unsafe.Pointer(stream))
+		return C.swiftkv_save_layer(h, C.uint64_t(r.ID), C.uint32_t(layer), stream)
 	})
 }
 
-func (r *Request) WaitSave(stream uintptr) (uint64, error) {
+func (r *Request) WaitSave(stream unsafe.Pointer) (uint64, error) {
 	h, done, err := r.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
 	defer done()
 	var n C.uint64_t
-	err = check(func() C.swiftkv_status { return C.swiftkv_wait_save(&n, h, C.uint64_t(r.ID), unsafe.Pointer(stream)) })
+	err = check(func() C.swiftkv_status { return C.swiftkv_wait_save(&n, h, C.uint64_t(r.ID), stream) })
 	return uint64(n), err
 }
 
@@ -316,8 +316,8 @@ type AttentionPlan struct {
 }
 
 // NewAttentionPlan plans a batch into the workspace (256-byte aligned C or device memory).
-func NewAttentionPlan(a AttentionDesc, qoIndptr, kvIndptr, kvLastPageLen []int32, workspace uintptr,
-	workspaceBytes uint64, stream uintptr) (*AttentionPlan, error) {
+func NewAttentionPlan(a AttentionDesc, qoIndptr, kvIndptr, kvLastPageLen []int32, workspace unsafe.Pointer,
+	workspaceBytes uint64, stream unsafe.Pointer) (*AttentionPlan, error) {
 	if len(qoIndptr) != len(kvLastPageLen)+1 || len(kvIndptr) != len(qoIndptr) {
 		return nil, &Error{EINVAL, "qo_indptr and kv_indptr need one entry more than kv_last_page_len"}
 	}
@@ -331,8 +331,8 @@ func NewAttentionPlan(a AttentionDesc, qoIndptr, kvIndptr, kvLastPageLen []int32
 	defer C.free(unsafe.Pointer(last))
 	err := check(func() C.swiftkv_status {
 		return C.swiftkv_attention_plan_make(&p.raw, &d, (*C.int32_t)(unsafe.Pointer(qo)), (*C.int32_t)(unsafe.Pointer(kv)),
-			(*C.int32_t)(unsafe.Pointer(last)), C.uint32_t(len(kvLastPageLen)), unsafe.Pointer(workspace),
-			C.uint64_t(workspaceBytes), unsafe.Pointer(stream))
+			(*C.int32_t)(unsafe.Pointer(last)), C.uint32_t(len(kvLastPageLen)), workspace,
+			C.uint64_t(workspaceBytes), stream)
 	})
 	if err != nil {
 		return nil, err
@@ -346,33 +346,33 @@ func (p *AttentionPlan) QTokens() uint64  { return uint64(p.raw.q_tokens) }
 
 // AttentionArgs are the tensors of one run: addresses of C or device memory, strides in elements.
 type AttentionArgs struct {
-	Q                                   uintptr
+	Q                                   unsafe.Pointer
 	QTokenStride, QHeadStride           int64
-	KBase, VBase                        uintptr
+	KBase, VBase                        unsafe.Pointer
 	PageStride, TokenStride, HeadStride int64
 	NumPages                            uint32
-	KVIndices                           uintptr
-	Out                                 uintptr
+	KVIndices                           unsafe.Pointer
+	Out                                 unsafe.Pointer
 	OutTokenStride, OutHeadStride       int64
-	LSE                                 uintptr
+	LSE                                 unsafe.Pointer
 }
 
 // Run runs the plan over the tensors.
-func (p *AttentionPlan) Run(args AttentionArgs, workspace uintptr, stream uintptr) error {
+func (p *AttentionPlan) Run(args AttentionArgs, workspace unsafe.Pointer, stream unsafe.Pointer) error {
 	a := cnew[C.swiftkv_attention_args]()
 	defer cfree(a)
 	a.size = C.uint32_t(unsafe.Sizeof(*a))
 	a.version = C.SWIFTKV_ATTENTION_ARGS_VERSION
-	a.q = unsafe.Pointer(args.Q)
+	a.q = args.Q
 	a.q_token_stride, a.q_head_stride = C.int64_t(args.QTokenStride), C.int64_t(args.QHeadStride)
-	a.k_base, a.v_base = unsafe.Pointer(args.KBase), unsafe.Pointer(args.VBase)
+	a.k_base, a.v_base = args.KBase, args.VBase
 	a.page_stride, a.token_stride, a.head_stride = C.int64_t(args.PageStride), C.int64_t(args.TokenStride), C.int64_t(args.HeadStride)
 	a.num_pages = C.uint32_t(args.NumPages)
-	a.kv_indices = (*C.int32_t)(unsafe.Pointer(args.KVIndices))
-	a.out = unsafe.Pointer(args.Out)
+	a.kv_indices = (*C.int32_t)(args.KVIndices)
+	a.out = args.Out
 	a.out_token_stride, a.out_head_stride = C.int64_t(args.OutTokenStride), C.int64_t(args.OutHeadStride)
-	a.lse = (*C.float)(unsafe.Pointer(args.LSE))
+	a.lse = (*C.float)(args.LSE)
 	return check(func() C.swiftkv_status {
-		return C.swiftkv_attention_run(&p.raw, a, unsafe.Pointer(workspace), unsafe.Pointer(stream))
+		return C.swiftkv_attention_run(&p.raw, a, workspace, stream)
 	})
 }

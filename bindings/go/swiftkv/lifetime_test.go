@@ -54,7 +54,7 @@ func TestHandlesLiveThroughTheirCalls(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				m, err := c.RegisterModel(b, false)
+				m, err := c.RegisterModel(b, Borrower)
 				if err != nil {
 					t.Error(err)
 					return

@@ -119,6 +119,20 @@ const (
 // Size is the bytes of one element (0 for a value that is not a DType).
 func (d DType) Size() uint32 { return uint32(C.swiftkv_dtype_size(C.swiftkv_dtype(d))) }
 
+func (d DType) String() string {
+	return enumName(int64(d), map[int64]string{int64(F16): "F16", int64(BF16): "BF16",
+		int64(F32): "F32", int64(FP8E4M3): "FP8E4M3", int64(FP8E5M2): "FP8E5M2", int64(I8): "I8"},
+		"DType")
+}
+
+// enumName is the constant's name, or what the value is when it names none.
+func enumName(v int64, names map[int64]string, typ string) string {
+	if n, ok := names[v]; ok {
+		return n
+	}
+	return fmt.Sprintf("%s(%d)", typ, v)
+}
+
 // Tier is where a chunk lives.
 type Tier uint32
 
@@ -128,6 +142,38 @@ const (
 	Disk    Tier = C.SWIFTKV_TIER_DISK
 	Dropped Tier = C.SWIFTKV_TIER_DROPPED
 )
+
+func (t Tier) String() string {
+	return enumName(int64(t), map[int64]string{int64(Peer): "Peer", int64(Host): "Host",
+		int64(Disk): "Disk", int64(Dropped): "Dropped"}, "Tier")
+}
+
+// Role is what a registered model does: borrow memory and cache chunks, or lend its own.
+type Role int32
+
+const (
+	Borrower Role = C.SWIFTKV_ROLE_BORROWER
+	Lender   Role = C.SWIFTKV_ROLE_LENDER
+)
+
+func (r Role) String() string {
+	return enumName(int64(r), map[int64]string{int64(Borrower): "Borrower",
+		int64(Lender): "Lender"}, "Role")
+}
+
+// CudaAlloc is how a device elastic region gets its memory.
+type CudaAlloc int32
+
+const (
+	CudaAllocAuto   CudaAlloc = C.SWIFTKV_CUDA_ALLOC_AUTO   // VMM where the device has it, else cudaMalloc
+	CudaAllocVMM    CudaAlloc = C.SWIFTKV_CUDA_ALLOC_VMM    // VMM granules, committed as it grows
+	CudaAllocMalloc CudaAlloc = C.SWIFTKV_CUDA_ALLOC_MALLOC // one cudaMalloc, shared by an IPC handle
+)
+
+func (a CudaAlloc) String() string {
+	return enumName(int64(a), map[int64]string{int64(CudaAllocAuto): "CudaAllocAuto",
+		int64(CudaAllocVMM): "CudaAllocVMM", int64(CudaAllocMalloc): "CudaAllocMalloc"}, "CudaAlloc")
+}
 
 const (
 	DeviceHost = int32(C.SWIFTKV_DEVICE_HOST)
@@ -612,8 +658,8 @@ type Model struct {
 	Desc ModelDesc
 }
 
-// RegisterModel registers a borrower (lender: false) or a lender model.
-func (c *Context) RegisterModel(desc ModelDesc, lender bool) (*Model, error) {
+// RegisterModel registers a model as a Borrower or a Lender.
+func (c *Context) RegisterModel(desc ModelDesc, role Role) (*Model, error) {
 	h, done, err := c.acquire()
 	if err != nil {
 		return nil, err
@@ -626,10 +672,7 @@ func (c *Context) RegisterModel(desc ModelDesc, lender bool) (*Model, error) {
 	cfg.size = C.uint32_t(unsafe.Sizeof(*cfg))
 	cfg.version = C.SWIFTKV_MODEL_CONFIG_VERSION
 	cfg.desc = d
-	cfg.role = C.SWIFTKV_ROLE_BORROWER
-	if lender {
-		cfg.role = C.SWIFTKV_ROLE_LENDER
-	}
+	cfg.role = C.swiftkv_role(role)
 	var id C.uint32_t
 	if err := check(func() C.swiftkv_status { return C.swiftkv_model_register(&id, h, cfg) }); err != nil {
 		return nil, err
@@ -814,7 +857,7 @@ type ElasticConfig struct {
 	OwnedBlocks    uint64
 	WindowMs       uint64 // 0: the default 60000
 	LeaseMs        uint64 // 0: the default 10000
-	CudaAlloc      int32  // 0 auto, 1 VMM, 2 cudaMalloc
+	CudaAlloc      CudaAlloc
 	KeepCommitted  bool
 	// A lease asked back is renewed to at most this long after the asking, then expires
 	// whether or not the borrower released it. 0: the default 30000.

@@ -84,6 +84,15 @@ func TestVersionStatusesGeometry(t *testing.T) {
 	if F16.Size() != 2 || F32.Size() != 4 || I8.Size() != 1 || DType(99).Size() != 0 {
 		t.Fatal("dtype sizes")
 	}
+	// Enums print their constant's name, or their type and value when they name none.
+	for _, c := range []struct{ got, want string }{{BF16.String(), "BF16"},
+		{Disk.String(), "Disk"}, {Lender.String(), "Lender"}, {Role(7).String(), "Role(7)"},
+		{CudaAllocVMM.String(), "CudaAllocVMM"}, {fmt.Sprint(Host), "Host"},
+		{CudaAlloc(0).String(), "CudaAllocAuto"}} {
+		if c.got != c.want {
+			t.Fatalf("%q, want %q", c.got, c.want)
+		}
+	}
 	_, err := NewModelDesc("x", 0, 1, 1).BytesPerToken()
 	e := wantStatus(t, err, EINVAL)
 	if e.Message == "" || e.Message != LastErrorMessage() && false {
@@ -155,7 +164,7 @@ func TestCacheRoundTripAndController(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HostBudgetBytes = 4 << 20
 	c := newCtx(t, cfg)
-	m := val(c.RegisterModel(small(), false))
+	m := val(c.RegisterModel(small(), Borrower))
 	cb := int(val(small().ChunkBytes()))
 	tok := tokensOf(1, 128)
 	kv := kvOf(1, 4*cb)
@@ -172,7 +181,7 @@ func TestCacheRoundTripAndController(t *testing.T) {
 	}
 	_, err := m.Store(tok[:33], kv[:cb])
 	wantStatus(t, err, EINVAL)
-	_, err = c.RegisterModel(small(), false)
+	_, err = c.RegisterModel(small(), Borrower)
 	wantStatus(t, err, EBUSY)
 	if err := m.Pin(tok); err != nil {
 		t.Fatal(err)
@@ -210,20 +219,20 @@ func TestIdentityKeepsModelsApart(t *testing.T) {
 	c := newCtx(t, cfg)
 	d1 := small()
 	d1.Identity = "weights-rev-1"
-	rev1 := val(c.RegisterModel(d1, false))
+	rev1 := val(c.RegisterModel(d1, Borrower))
 	tok := tokensOf(2, 64)
 	if n := val(rev1.Store(tok, kvOf(2, 2*int(val(small().ChunkBytes()))))); n != 64 {
 		t.Fatal(n)
 	}
 	d2 := small()
 	d2.Identity = "weights-rev-2"
-	rev2 := val(c.RegisterModel(d2, false))
-	none := val(c.RegisterModel(small(), false))
+	rev2 := val(c.RegisterModel(d2, Borrower))
+	none := val(c.RegisterModel(small(), Borrower))
 	if p1, p2, p0 := val(rev1.Lookup(tok)).PrefixTokens, val(rev2.Lookup(tok)).PrefixTokens,
 		val(none.Lookup(tok)).PrefixTokens; p1 != 64 || p2 != 0 || p0 != 0 {
 		t.Fatal(p1, p2, p0)
 	}
-	_, err := c.RegisterModel(d1, false)
+	_, err := c.RegisterModel(d1, Borrower)
 	wantStatus(t, err, EBUSY)
 	text := val(c.MetricsText())
 	if !strings.Contains(text, "\nswiftkv_stores_total 2\n") ||
@@ -243,7 +252,7 @@ func TestEventsThroughTheHandleTable(t *testing.T) {
 	if err := c.OnChunkEvent(func(e ChunkEvent) { mu.Lock(); seen = append(seen, e); mu.Unlock() }); err != nil {
 		t.Fatal(err)
 	}
-	m := val(c.RegisterModel(small(), false))
+	m := val(c.RegisterModel(small(), Borrower))
 	for i := 0; i < 8; i++ {
 		val(m.Store(tokensOf(uint32(10+i), 32), kvOf(uint64(i), int(cb))))
 	}
@@ -299,7 +308,7 @@ func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	wantStatus(t, e.Offer("x"), ESTATE)
 	e.Close()
 
-	m := val(c.RegisterModel(small(), false))
+	m := val(c.RegisterModel(small(), Borrower))
 	e2 := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 16, OwnedBlocks: 4}))
 	defer e2.Close()
 	val(m.Borrow(e2, 10))
@@ -339,7 +348,7 @@ func TestRemoteLender(t *testing.T) {
 	bc := DefaultConfig()
 	bc.HostBudgetBytes, bc.CoordHeartbeatMs, bc.DemoteFreePercent = 4<<20, 20, 0
 	bctx := newCtx(t, bc)
-	m := val(bctx.RegisterModel(small(), false))
+	m := val(bctx.RegisterModel(small(), Borrower))
 	lease := val(m.BorrowRemote(ep, "pool-a", 6))
 	if l := val(e.Lease(lease)); l.Blocks != 24 {
 		t.Fatalf("%+v", l)
@@ -373,7 +382,7 @@ func TestOpenRequestsAreBounded(t *testing.T) {
 	cfg.HostBudgetBytes = 4 << 20
 	cfg.MaxOpenRequests = 1
 	c := newCtx(t, cfg)
-	m := val(c.RegisterModel(small(), false))
+	m := val(c.RegisterModel(small(), Borrower))
 	pool := val(m.PoolCreate(4, 0))
 	defer pool.Close()
 	r := val(m.Begin(pool, tokensOf(1, 32), []int32{0, 1}, 0))
@@ -394,11 +403,11 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HostBudgetBytes = 4 << 20
 	c := newCtx(t, cfg)
-	m := val(c.RegisterModel(small(), false))
+	m := val(c.RegisterModel(small(), Borrower))
 	pool := val(m.PoolCreate(8, 2))
 	lay := val(pool.Layout())
-	first := unsafe.Pointer(lay.LayerBase[0] + uintptr(int64(lay.StreamFirst)*lay.PageStride*2))
-	second := unsafe.Pointer(lay.LayerBase[1] + uintptr(int64(lay.StreamFirst)*lay.PageStride*2))
+	first := unsafe.Add(lay.LayerBase[0], int64(lay.StreamFirst)*lay.PageStride*2)
+	second := unsafe.Add(lay.LayerBase[1], int64(lay.StreamFirst)*lay.PageStride*2)
 	*(*uint16)(first) = 7
 	if *(*uint16)(second) != 7 {
 		t.Fatal("stream pages are not shared by the layers")
@@ -411,8 +420,8 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	bufs := []*HostBuffer{NewHostBuffer(2 * pagesN * page * 2), NewHostBuffer(2 * pagesN * page * 2)}
 	defer bufs[0].Free()
 	defer bufs[1].Free()
-	layer := func(l int) []uint16 { return unsafe.Slice((*uint16)(unsafe.Pointer(bufs[l].Ptr())), 2*pagesN*page) }
-	p := val(m.PoolRegister(PoolLayout{NumPages: pagesN, LayerBase: []uintptr{bufs[0].Ptr(), bufs[1].Ptr()},
+	layer := func(l int) []uint16 { return unsafe.Slice((*uint16)(bufs[l].Ptr()), 2*pagesN*page) }
+	p := val(m.PoolRegister(PoolLayout{NumPages: pagesN, LayerBase: []unsafe.Pointer{bufs[0].Ptr(), bufs[1].Ptr()},
 		LayerSpanBytes: 2 * pagesN * page * 2, PageStride: page, KVStride: pagesN * page, TokenStride: 32, HeadStride: 16}))
 	defer p.Close()
 	tok := tokensOf(7, 96)
@@ -420,11 +429,11 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	at := func(c int, pg int32, off int) int { return c*pagesN*page + int(pg)*page + off }
 	value := func(l, c, tk, i int) uint16 { return uint16(l*7919 + c*104729 + tk*97 + i) }
 	r := val(m.Begin(p, tok, pages, 0))
-	if err := r.StartLoad(0); err != nil {
+	if err := r.StartLoad(nil); err != nil {
 		t.Fatal(err)
 	}
 	for l := 0; l < 2; l++ {
-		if v := val(r.WaitLayerLoad(uint32(l), 0)); v != 0 {
+		if v := val(r.WaitLayerLoad(uint32(l), nil)); v != 0 {
 			t.Fatal(v)
 		}
 		for tk := 0; tk < 96; tk++ {
@@ -434,11 +443,11 @@ func TestPoolsAndTheConnector(t *testing.T) {
 				}
 			}
 		}
-		if err := r.SaveLayer(uint32(l), 0); err != nil {
+		if err := r.SaveLayer(uint32(l), nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := val(r.WaitSave(0)); n != 96 {
+	if n := val(r.WaitSave(nil)); n != 96 {
 		t.Fatal(n)
 	}
 	if info := val(r.Finish()); info.SavedTokens != 96 {
@@ -451,14 +460,14 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	}
 	pages2 := []int32{4, 6, 0, 1, 2, 3}
 	r2 := val(m.Begin(p, tok, pages2, 0))
-	noErr(t, r2.StartLoad(0))
+	noErr(t, r2.StartLoad(nil))
 	for l := 0; l < 2; l++ {
-		if v := val(r2.WaitLayerLoad(uint32(l), 0)); v != 96 {
+		if v := val(r2.WaitLayerLoad(uint32(l), nil)); v != 96 {
 			t.Fatal(v)
 		}
-		noErr(t, r2.SaveLayer(uint32(l), 0))
+		noErr(t, r2.SaveLayer(uint32(l), nil))
 	}
-	val(r2.WaitSave(0))
+	val(r2.WaitSave(nil))
 	if info := val(r2.Info()); info.LoadEndTokens != 96 {
 		t.Fatalf("%+v", info)
 	}
@@ -478,11 +487,11 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	// it back into the first pages, saving nothing.
 	tok2 := tokensOf(8, 96)
 	rs := val(m.BeginShaped(p, tok2, pages2, 0, SaveOnly))
-	wantStatus(t, rs.StartLoad(0), ESTATE)
+	wantStatus(t, rs.StartLoad(nil), ESTATE)
 	for l := 0; l < 2; l++ {
-		noErr(t, rs.SaveLayer(uint32(l), 0))
+		noErr(t, rs.SaveLayer(uint32(l), nil))
 	}
-	if n := val(rs.WaitSave(0)); n != 96 {
+	if n := val(rs.WaitSave(nil)); n != 96 {
 		t.Fatal(n)
 	}
 	val(rs.Finish())
@@ -492,13 +501,13 @@ func TestPoolsAndTheConnector(t *testing.T) {
 		}
 	}
 	rl := val(m.BeginShaped(p, tok2, pages, 0, LoadOnly))
-	noErr(t, rl.StartLoad(0))
+	noErr(t, rl.StartLoad(nil))
 	for l := 0; l < 2; l++ {
-		if v := val(rl.WaitLayerLoad(uint32(l), 0)); v != 96 {
+		if v := val(rl.WaitLayerLoad(uint32(l), nil)); v != 96 {
 			t.Fatal(v)
 		}
 	}
-	wantStatus(t, rl.SaveLayer(0, 0), ESTATE)
+	wantStatus(t, rl.SaveLayer(0, nil), ESTATE)
 	val(rl.Finish())
 	for l := 0; l < 2; l++ {
 		for tk := 0; tk < 96; tk++ {
@@ -514,7 +523,7 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	_, err := m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
 	wantStatus(t, err, EINVAL)
 	r3 := val(m.Begin(p, tok[:32], []int32{0, 1}, 0))
-	_, err = r3.WaitLayerLoad(0, 0)
+	_, err = r3.WaitLayerLoad(0, nil)
 	wantStatus(t, err, ESTATE)
 	wantStatus(t, p.Close(), EBUSY)
 	val(r3.Finish())
@@ -524,7 +533,7 @@ func TestAttentionOnTheHost(t *testing.T) {
 	a := NewAttentionDesc(4, 2, 64, F32)
 	const nPages, pt, hk, d, tq = 4, 16, 2, 64, 3
 	kvLen := 16 + 5
-	f32 := func(b *HostBuffer, n int) []float32 { return unsafe.Slice((*float32)(unsafe.Pointer(b.Ptr())), n) }
+	f32 := func(b *HostBuffer, n int) []float32 { return unsafe.Slice((*float32)(b.Ptr()), n) }
 	kb, vb := NewHostBuffer(nPages*pt*hk*d*4), NewHostBuffer(nPages*pt*hk*d*4)
 	qb, ob := NewHostBuffer(tq*4*d*4), NewHostBuffer(tq*4*d*4)
 	idx := NewHostBuffer(8)
@@ -539,20 +548,20 @@ func TestAttentionOnTheHost(t *testing.T) {
 	for i := range q {
 		q[i] = float32(i*29%71)/71 - 0.5
 	}
-	pages := unsafe.Slice((*int32)(unsafe.Pointer(idx.Ptr())), 2)
+	pages := unsafe.Slice((*int32)(idx.Ptr()), 2)
 	pages[0], pages[1] = 3, 1
 	ws := val(a.WorkspaceSize(1, tq))
 	wsb := NewHostBuffer(int(ws) + 256)
 	defer wsb.Free()
-	wsp := (wsb.Ptr() + 255) &^ 255
-	plan := val(NewAttentionPlan(a, []int32{0, tq}, []int32{0, 2}, []int32{5}, wsp, ws, 0))
+	wsp := unsafe.Add(wsb.Ptr(), (256-uintptr(wsb.Ptr())%256)%256) // 256-byte aligned
+	plan := val(NewAttentionPlan(a, []int32{0, tq}, []int32{0, 2}, []int32{5}, wsp, ws, nil))
 	if plan.KVTokens() != uint64(kvLen) || plan.QTokens() != tq {
 		t.Fatal(plan.KVTokens(), plan.QTokens())
 	}
 	args := AttentionArgs{Q: qb.Ptr(), QTokenStride: 4 * d, QHeadStride: d, KBase: kb.Ptr(), VBase: vb.Ptr(),
 		PageStride: pt * hk * d, TokenStride: hk * d, HeadStride: d, NumPages: nPages, KVIndices: idx.Ptr(),
 		Out: ob.Ptr(), OutTokenStride: 4 * d, OutHeadStride: d}
-	if err := plan.Run(args, wsp, 0); err != nil {
+	if err := plan.Run(args, wsp, nil); err != nil {
 		t.Fatal(err)
 	}
 	at := func(base []float32, tk, h, i int) float64 {
@@ -591,7 +600,7 @@ func TestAttentionOnTheHost(t *testing.T) {
 		t.Fatal("max error", worst)
 	}
 	pages[1] = 9
-	wantStatus(t, plan.Run(args, wsp, 0), EINVAL)
+	wantStatus(t, plan.Run(args, wsp, nil), EINVAL)
 }
 
 func TestOneContextManyGoroutines(t *testing.T) {
@@ -607,7 +616,7 @@ func TestOneContextManyGoroutines(t *testing.T) {
 			defer wg.Done()
 			d := small()
 			d.Name = fmt.Sprintf("g%d", g)
-			m, err := c.RegisterModel(d, false)
+			m, err := c.RegisterModel(d, Borrower)
 			if err != nil {
 				errs <- err
 				return
@@ -657,7 +666,7 @@ func TestFailedStoreSaysWhatItKept(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.DiskPath, cfg.DiskBudgetBytes = os.Getenv("SWIFTKV_GO_STORE_CHILD"), 1<<20
 	ctx := newCtx(t, cfg)
-	m := val(ctx.RegisterModel(small(), false))
+	m := val(ctx.RegisterModel(small(), Borrower))
 	chunk := int(val(small().ChunkBytes()))
 	if n := val(m.Store(tokensOf(9, 32), kvOf(9, chunk))); n != 32 {
 		t.Fatalf("first store cached %d", n)
