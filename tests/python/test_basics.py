@@ -103,3 +103,28 @@ def test_pools_and_regions_close_with_with():
         with pytest.raises(swiftkv.StateError):
             region.stats()
         assert pid == pool.id
+
+
+def test_results_are_records():
+    """What the library fills comes back as frozen dataclasses; dict-style reads still work."""
+    import dataclasses
+
+    ctx = swiftkv.Context(host_budget_bytes=8 << 20)
+    m = ctx.register_model(swiftkv.ModelDesc("r", num_layers=2, num_kv_heads=2, head_dim=16))
+    tokens = np.arange(512, dtype=np.uint32)
+    m.store(tokens, np.zeros(512 * m.desc.bytes_per_token, dtype=np.uint8))
+    st = ctx.stats()
+    assert isinstance(st, swiftkv.Record) and dataclasses.is_dataclass(st)
+    assert st.stores == st["stores"] == dict(st)["stores"] == st.as_dict()["stores"] == 2
+    assert "stores" in st and "size" not in st and st.get("nothing", 5) == 5
+    with pytest.raises(KeyError):
+        st["nothing"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        st.stores = 0
+    assert ctx.stats() == st  # nothing changed in between
+    assert ctx.config().host_budget_bytes == 8 << 20
+    look = m.lookup(tokens)
+    assert isinstance(look, swiftkv.Lookup)
+    assert (look.chunks, look.prefix_tokens, look["loadable_tokens"]) == (2, 512, 512)
+    assert list(look.residency) == [swiftkv.Tier.HOST] * 2
+    ctx.close()

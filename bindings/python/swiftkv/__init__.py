@@ -25,7 +25,7 @@ from __future__ import annotations
 import ctypes
 import enum
 import threading
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -44,7 +44,7 @@ __all__ = [
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
     "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
     "MODEL_ALL", "TIERS_ALL", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
-    "POOL_LAYOUTS",
+    "POOL_LAYOUTS", "Record", "Lookup",
 ]
 
 # --- Errors and enums ----------------------------------------------------------------------------
@@ -286,6 +286,57 @@ def _struct_fields(s) -> dict:
     return {n: getattr(s, n) for n in names if n not in ("size", "version", "this", "thisown")}
 
 
+class Record:
+    """What the library fills in (stats, leases, a lookup, a request's info, ...): a frozen
+    dataclass with the C struct's fields as attributes. ``r["field"]``, ``"field" in r``,
+    ``dict(r)`` and ``r.as_dict()`` also work, for code written when these were dicts."""
+
+    __slots__ = ()
+
+    def __getitem__(self, name: str):
+        try:
+            return getattr(self, name)
+        except AttributeError:
+            raise KeyError(name) from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+    def keys(self) -> list:
+        return [f.name for f in fields(self)]
+
+    def get(self, name: str, default=None):
+        return getattr(self, name, default)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(eq=False, slots=True)
+class Lookup(Record):
+    """What a prompt can reuse (swiftkv_lookup_result), with the tier of each full chunk."""
+
+    chunks: int
+    prefix_tokens: int
+    dropped_head_tokens: int
+    loadable_tokens: int
+    chunks_per_tier: list
+    residency: np.ndarray
+
+
+_RECORD_TYPES: dict = {}
+
+
+def _record(name: str, values: dict, eq: bool = True) -> Record:
+    """A Record subclass named `name` with these fields (made once per field list)."""
+    key = (name, tuple(values))
+    cls = _RECORD_TYPES.get(key)
+    if cls is None:
+        cls = make_dataclass(name, list(values), bases=(Record,), frozen=True, eq=eq)
+        _RECORD_TYPES[key] = cls
+    return cls(**values)
+
+
 # The library's defaults (swiftkv_<struct>_init), read once: the numbers live in the library only.
 _MODEL_DEFAULTS = _c.swiftkv_model_desc_init()
 _ELASTIC_DEFAULTS = _c.swiftkv_elastic_config_init()
@@ -353,12 +404,12 @@ def lend_unit(borrower: ModelDesc, lender: ModelDesc) -> tuple[int, int]:
 
 
 def plan_borrower(borrower: ModelDesc, borrower_kv_bytes: int,
-                  lender_kv_bytes: Sequence[int] = ()) -> dict:
+                  lender_kv_bytes: Sequence[int] = ()) -> Record:
     """The borrower's layer stream cache and regular cache (Eq. 1-5)."""
     out = _c.swiftkv_capacity_plan_init()
     lenders = np.asarray(lender_kv_bytes, dtype=np.uint64) if len(lender_kv_bytes) else None
     _c.swiftkv_plan_borrower(borrower.struct(), borrower_kv_bytes, lenders, out)
-    return _struct_fields(out)
+    return _record("CapacityPlan", _struct_fields(out))
 
 
 def plan_scale_up(owned_blocks, block_tokens, meu_lender, meu_borrower, request_tokens):
@@ -457,13 +508,13 @@ class Context:
         """child was closed by its owner: the context stops holding it."""
         self._children.pop(id(child), None)
 
-    def config(self) -> dict:
+    def config(self) -> Record:
         out = _c.swiftkv_ctx_config_init()
         _c.swiftkv_ctx_get_config(out, self.handle)
         d = _struct_fields(out)
         d.pop("clock", None)
         d.pop("clock_user_data", None)
-        return d
+        return _record("ContextConfig", d)
 
     def device_count(self) -> int:
         _, n = _c.swiftkv_ctx_device_count(self.handle)
@@ -490,10 +541,10 @@ class Context:
                                    window_ms, lease_ms, cuda_alloc, keep_committed, clock,
                                    reclaim_deadline_ms))
 
-    def stats(self) -> dict:
+    def stats(self) -> Record:
         out = _c.swiftkv_stats_init()
         _c.swiftkv_stats_get(out, self.handle)
-        return _struct_fields(out)
+        return _record("Stats", _struct_fields(out))
 
     def metrics_text(self) -> str:
         """The context's counters in Prometheus' text exposition format (swiftkv_metrics_text;
@@ -507,10 +558,10 @@ class Context:
                 return bytes(buf[:n]).decode()
             size = n + 1
 
-    def coord_stats(self) -> dict:
+    def coord_stats(self) -> Record:
         out = _c.swiftkv_coord_stats_init()
         _c.swiftkv_coord_stats_get(out, self.handle)
-        return _struct_fields(out)
+        return _record("CoordStats", _struct_fields(out))
 
     def on_chunk_event(self, fn: Optional[Callable[[dict], None]]) -> None:
         """fn(event) after the cache moved or dropped a chunk on its own, on a library thread;
@@ -576,16 +627,14 @@ class Model:
     def unregister(self) -> None:
         _c.swiftkv_model_unregister(self.ctx.handle, self.id)
 
-    def lookup(self, tokens) -> dict:
-        """Where each full chunk of tokens is: the lookup result, with 'residency' (a Tier per
-        chunk, as a numpy uint8 array)."""
+    def lookup(self, tokens) -> "Lookup":
+        """Where each full chunk of tokens is: the lookup result, with ``residency`` (a Tier
+        per chunk, as a numpy uint8 array)."""
         if (type(tokens) is not np.ndarray or tokens.dtype.char != "I" or tokens.ndim != 1
                 or not tokens.flags.c_contiguous):
             tokens = _tokens(tokens)  # a list, int64 arrays and tensors: converted, checked
         r = _c.swiftkv_py_lookup(self.ctx.handle, self.id, tokens, self.desc.chunk_tokens)
-        return {"chunks": r[0], "prefix_tokens": r[1], "dropped_head_tokens": r[2],
-                "loadable_tokens": r[3], "chunks_per_tier": list(r[4]),
-                "residency": np.frombuffer(r[5], dtype=np.uint8)}
+        return Lookup(r[0], r[1], r[2], r[3], list(r[4]), np.frombuffer(r[5], dtype=np.uint8))
 
     def store(self, tokens, kv) -> int:
         """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached.
@@ -843,10 +892,10 @@ class Elastic:
     def __exit__(self, *exc):
         self.close()
 
-    def layer_view(self, layer: int) -> dict:
+    def layer_view(self, layer: int) -> Record:
         out = _c.swiftkv_layer_view_init()
         _c.swiftkv_elastic_layer_view(out, self.handle, layer)
-        return _struct_fields(out)
+        return _record("LayerView", _struct_fields(out))
 
     def scale_for_request(self, request_tokens: int) -> tuple[Status, int, int]:
         """(OK or IN_PROGRESS, lender blocks grown, borrower chunks lost)."""
@@ -857,15 +906,15 @@ class Elastic:
         st, b, c = _c.swiftkv_elastic_tick(self.handle, in_use_blocks)
         return Status(st), b, c
 
-    def lend(self, max_units: int) -> dict:
+    def lend(self, max_units: int) -> Record:
         out = _c.swiftkv_lease_init()
         _c.swiftkv_elastic_lend(out, self.handle, max_units)
-        return _struct_fields(out)
+        return _record("Lease", _struct_fields(out))
 
-    def lease(self, lease_id: int) -> dict:
+    def lease(self, lease_id: int) -> Record:
         out = _c.swiftkv_lease_init()
         _c.swiftkv_elastic_lease_get(out, self.handle, lease_id)
-        return _struct_fields(out)
+        return _record("Lease", _struct_fields(out))
 
     def renew(self, lease_id: int) -> None:
         _c.swiftkv_elastic_renew(self.handle, lease_id)
@@ -886,10 +935,10 @@ class Elastic:
         _, n = _c.swiftkv_elastic_pending_reclaims(ids, self.handle)
         return [int(x) for x in ids[:n]]
 
-    def stats(self) -> dict:
+    def stats(self) -> Record:
         out = _c.swiftkv_elastic_stats_init()
         _c.swiftkv_elastic_stats_get(out, self.handle)
-        return _struct_fields(out)
+        return _record("ElasticStats", _struct_fields(out))
 
     def offer(self, name: str) -> None:
         """Offers the region to borrowers in other processes (the context's coord_endpoint)."""
@@ -919,14 +968,14 @@ class Pool:
     def __exit__(self, *exc):
         self.close()
 
-    def describe(self) -> dict:
+    def describe(self) -> Record:
         d = _c.swiftkv_pool_desc_init()
         _, mid = _c.swiftkv_pool_get(d, self.model.ctx.handle, self.id)
         out = _struct_fields(d)
         ptrs = (ctypes.c_void_p * self.model.desc.num_layers).from_address(d.layer_base)
         out["layer_base"] = [p or 0 for p in ptrs]
         out["model"] = mid
-        return out
+        return _record("PoolDesc", out)
 
     def layer(self, layer: int):
         """Layer `layer` as a numpy array [pages, 2, block_tokens, kv_heads, head_dim] viewing
@@ -989,16 +1038,16 @@ class Request:
         _, n = _c.swiftkv_wait_save(self.model.ctx.handle, self.id, stream_handle(stream))
         return n
 
-    def info(self) -> dict:
+    def info(self) -> Record:
         out = _c.swiftkv_request_info_init()
         _c.swiftkv_request_info_get(out, self.model.ctx.handle, self.id)
-        return _struct_fields(out)
+        return _record("RequestInfo", _struct_fields(out))
 
-    def finish(self) -> dict:
+    def finish(self) -> Record:
         if self._open:
             out = _c.swiftkv_request_info_init()
             _c.swiftkv_request_finish(out, self.model.ctx.handle, self.id)
-            self.final = _struct_fields(out)
+            self.final = _record("RequestInfo", _struct_fields(out))
             self._open = False
             self.model.ctx._forget(self)  # the context holds open requests only
         return self.final
@@ -1089,10 +1138,10 @@ class AttentionPlan:
                                        self._workspace_address, workspace_bytes,
                                        stream_handle(stream))
 
-    def counts(self) -> dict:
+    def counts(self) -> Record:
         d = _struct_fields(self.plan)
         d.pop("internal", None)
-        return d
+        return _record("AttentionCounts", d)
 
     def run(self, q, k_base, v_base, kv_indices, out, *, page_stride, token_stride, head_stride,
             num_pages, lse=None, q_strides=None, out_strides=None, stream=None) -> None:
