@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -34,6 +35,7 @@
 #include <cuda_runtime_api.h>
 
 #include "core/transfer/copy_items.hpp"
+#include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cuda_transfer.hpp"
 #endif
 
@@ -528,34 +530,25 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
   const std::vector<int32_t> order = scattered_pages(pages);
-  // Element offsets of one page in NHD [pages, 2, B, H, D] or HND [pages, 2, H, B, D].
+  // NHD [pages, 2, B, H, D] or HND [pages, 2, H, B, D] pages of F16, and each chunk's copy plan
+  // as the library builds it.
+  swiftkv::PageLayout lay;
+  lay.num_pages = pages;
+  lay.page_tokens = page;
+  lay.heads = kHeads;
+  lay.head_dim = kDim;
+  lay.dtype_bytes = 2;
+  lay.page_stride = 2 * b * h * d;
+  lay.kv_stride = b * h * d;
   const bool hnd = std::string(layout) == "hnd";
-  auto offset = [&](int32_t p, uint32_t c, uint32_t t, uint32_t head) -> uint64_t {
-    const int64_t at = p * 2 * b * h * d + c * b * h * d +
-                       (hnd ? head * b * d + t * d : t * h * d + head * d);
-    return static_cast<uint64_t>(at) * 2;
-  };
-  // The copy plan of chunk i, built the way the library builds it: per (K/V, token, head) one
-  // row of D elements, merged where both sides run on.
+  lay.token_stride = hnd ? d : h * d;
+  lay.head_stride = hnd ? b * d : d;
   std::vector<swiftkv::CopyItem> items;
   for (uint32_t i = 0; i < chunks; ++i) {
-    std::vector<uint64_t> segs;  // {page_offset, piece_offset, bytes} triples
-    uint64_t at = 0;
-    for (uint32_t c = 0; c < 2; ++c) {
-      for (uint32_t t = 0; t < kChunk; ++t) {
-        const int32_t p = order[i * (kChunk / page) + t / page];
-        for (uint32_t head = 0; head < kHeads; ++head, at += kDim * 2) {
-          const uint64_t po = offset(p, c, t % page, head);
-          const size_t n = segs.size();
-          if (n != 0 && segs[n - 3] + segs[n - 1] == po && segs[n - 2] + segs[n - 1] == at) {
-            segs[n - 1] += kDim * 2;
-          } else {
-            segs.insert(segs.end(), {po, at, kDim * 2});
-          }
-        }
-      }
-    }
-    swiftkv::append_copy_items(segs.data(), segs.size() / 3, i, items);
+    const std::span<const int32_t> chunk_pages(order.data() + i * (kChunk / page), kChunk / page);
+    const std::vector<swiftkv::CopySegment> plan = swiftkv::chunk_copy_plan(lay, chunk_pages, kChunk);
+    swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
+                               items);
   }
   void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_items = nullptr, *d_chunks = nullptr;
   cudaMalloc(&src, bytes);

@@ -224,14 +224,7 @@ void graph_capture_replays_the_run() {
 }  // namespace
 
 int main() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    char why[160];
-    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
-                  cudaGetErrorName(e), n);
-    return swiftkv_test_no_gpu(why);
-  }
+  if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
   kernels_match_the_cpu_twin();
   automatic_splits_match();
   graph_capture_replays_the_run();

@@ -123,14 +123,8 @@ swiftkv_model_desc desc_of(const Geometry &g, int32_t device) {
   return m;
 }
 
-// One request over `pages`: loads (checking valid_end at each layer), the engine writes the
-// tokens it did not load, saves. Returns the per-layer valid_end; `check_stream` asks whether
-// layer l's stream pages hold layer l at its wait (device pools only).
-std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
-                                  const std::vector<int32_t> &pages, const Layout &lay,
-                                  const Geometry &g, const std::vector<void *> &bases,
-                                  uint64_t span, bool device, cudaStream_t s, bool write_all,
-                                  bool check_each_layer) {
+// Begins a request of the test's tokens (1000, 1001, ...) over `pages`; 0 when it fails.
+uint64_t begin_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<int32_t> &pages) {
   std::vector<uint32_t> tokens(kTokens);
   for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
   swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
@@ -140,8 +134,24 @@ std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
   d.pages = pages.data();
   d.n_pages = pages.size();
   uint64_t req = 0;
+  if (swiftkv_request_begin(&req, ctx, &d) != SWIFTKV_OK) {
+    std::fprintf(stderr, "request_begin: %s\n", swiftkv_last_error_message());
+    return 0;
+  }
+  return req;
+}
+
+// One request over `pages`: loads (checking valid_end at each layer), the engine writes the
+// tokens it did not load, saves. Returns the per-layer valid_end; `check_stream` asks whether
+// layer l's stream pages hold layer l at its wait (device pools only).
+std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
+                                  const std::vector<int32_t> &pages, const Layout &lay,
+                                  const Geometry &g, const std::vector<void *> &bases,
+                                  uint64_t span, bool device, cudaStream_t s, bool write_all,
+                                  bool check_each_layer) {
   std::vector<uint64_t> valid;
-  if (swiftkv_request_begin(&req, ctx, &d) != SWIFTKV_OK) return valid;
+  const uint64_t req = begin_request(ctx, pool, pages);
+  if (req == 0) return valid;
   void *stream = device ? static_cast<void *>(s) : nullptr;
   if (swiftkv_start_load(ctx, req, stream) != SWIFTKV_OK) return valid;
   std::vector<uint8_t> img(span);
@@ -330,24 +340,8 @@ void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier t
   for (uint32_t l = 0; l < kLayers; ++l) write_layer(write_img + l * span, lay, g, l, first);
   std::vector<uint32_t> tokens(kTokens);
   for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
-  // A request over `pages` (0 when begin fails: the check has counted it).
-  auto begin = [&](const std::vector<int32_t> &pages) -> uint64_t {
-    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
-    d.pool = pool;
-    d.tokens = tokens.data();
-    d.n_tokens = kTokens;
-    d.pages = pages.data();
-    d.n_pages = pages.size();
-    uint64_t req = 0;
-    if (swiftkv_request_begin(&req, r.ctx, &d) != SWIFTKV_OK) {
-      std::fprintf(stderr, "request_begin: %s\n", swiftkv_last_error_message());
-      ++g_failures;
-      return 0;
-    }
-    return req;
-  };
   // Save: nothing cached; each layer written behind a delay, then handed to save_layer.
-  uint64_t req = begin(first);
+  uint64_t req = begin_request(r.ctx, pool, first);
   CHECK(req != 0);
   CHECK_OK(swiftkv_start_load(r.ctx, req, s));
   for (uint32_t l = 0; l < kLayers; ++l) {
@@ -370,7 +364,7 @@ void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier t
   // for it; the engine reads each layer back on its stream, so it must wait for the loads.
   CHECK_CUDA(cudaLaunchHostFunc(s, hold_stream, nullptr));
   CHECK_CUDA(cudaMemsetAsync(dmem, 0, span * kLayers, s));
-  req = begin(second);
+  req = begin_request(r.ctx, pool, second);
   CHECK(req != 0);
   {
     // A stream capturing a CUDA graph is refused, and the request is unchanged by it.
@@ -455,14 +449,7 @@ void stream_pages(const Geometry &g) {
 }  // namespace
 
 int main() {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    char why[160];
-    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
-                  cudaGetErrorName(e), n);
-    return swiftkv_test_no_gpu(why);
-  }
+  if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
   const Geometry geometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
                                  {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
                                  {"fp8-d5", SWIFTKV_DTYPE_FP8_E4M3, 5, 1}};

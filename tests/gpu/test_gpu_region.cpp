@@ -220,14 +220,7 @@ void test_elastic_on_device() {
 int main(int argc, char **argv) {
   if (argc >= 7 && std::strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
   g_self = argv[0];
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    char why[160];
-    std::snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
-                  cudaGetErrorName(e), n);
-    return swiftkv_test_no_gpu(why);
-  }
+  if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
   try {
     test_vmm_region();
     test_ipc_region();

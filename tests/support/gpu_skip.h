@@ -19,4 +19,20 @@ static inline int swiftkv_test_no_gpu(const char *why) {
   return 77;
 }
 
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+
+/* 0 when this process can use a CUDA device; otherwise swiftkv_test_no_gpu's status, with the
+ * runtime's reason. */
+static inline int swiftkv_test_need_device(void) {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess && n > 0) return 0;
+  char why[160];
+  snprintf(why, sizeof why, "no usable CUDA device (cudaGetDeviceCount: %s, %d devices)",
+           cudaGetErrorName(e), n);
+  return swiftkv_test_no_gpu(why);
+}
+#endif
+
 #endif /* SWIFTKV_GPU_SKIP_H */
