@@ -83,11 +83,10 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
       saves_.push_back(std::move(sc));  // from here the destructor releases the slot
       SaveChunk &s = *saves_.back();
       s.plan = plan_for(c);
-      int32_t device = -1;
-      s.dst = cache_.address(s.where, &device);
+      s.dst = cache_.address(s.where, &s.slot_device);
       // A host pool reaches lent device memory through host staging; a device pool copies to
       // any memory directly, and stages only for the disk.
-      if (s.dst == nullptr || (device >= 0 && pool_->layout().device < 0)) {
+      if (s.dst == nullptr || (s.slot_device >= 0 && pool_->layout().device < 0)) {
         s.staging.allocate(sizes.full_chunk_bytes, *pool_);
         s.dst = s.staging.data();
       }
@@ -412,9 +411,7 @@ void Request::make_device_transfer() {
   DeviceSide load, save;
   for (const auto &l : loads_) add(load, l->plan, l->src, l->src_device);
   for (const auto &sc : saves_) {
-    int32_t device = -1;
-    std::byte *slot = sc->staging.empty() ? cache_.address(sc->where, &device) : nullptr;
-    add(save, sc->plan, slot, device);
+    add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device);
   }
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");

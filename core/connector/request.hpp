@@ -108,6 +108,7 @@ class Request {
     SlotRef where;
     std::vector<CopySegment> plan;
     std::byte *dst = nullptr;       // the slot's bytes, or the staging buffer (disk)
+    int32_t slot_device = -1;       // the device of the slot's memory, -1: host
     HostBytes staging;
     bool published = false;
   };
