@@ -87,6 +87,34 @@ void every_type_round_trips(void **) {
   assert_int_equal(acks.leases[0].remaining_ns, 500);
 }
 
+// FNV-1a over bytes: a short fingerprint for the pinned encodings below.
+uint64_t fnv1a(const std::vector<uint8_t> &b, uint64_t h = 0xcbf29ce484222325ull) {
+  for (uint8_t x : b) h = (h ^ x) * 0x100000001b3ull;
+  return h;
+}
+
+// The format is pinned: the encodings of the samples are the bytes protocol version 1 has always
+// had. A change here breaks every peer on an older library; it needs a new protocol version.
+void format_is_pinned(void **) {
+  const std::vector<uint8_t> grant = co::encode(co::Message{6, 4, co::Grant{3, 11, 40, 17, 2}});
+  const std::vector<uint8_t> want = {
+      0x53, 0x57, 0x4b, 0x56, 0x01, 0x00, 0x05, 0x00,  // magic "SWKV", version 1, type grant
+      0x06, 0, 0, 0, 0, 0, 0, 0,                       // seq
+      0x04, 0, 0, 0, 0, 0, 0, 0,                       // epoch
+      0x24, 0, 0, 0, 0, 0, 0, 0,                       // payload length 36, reserved
+      0x03, 0, 0, 0, 0, 0, 0, 0, 0x0b, 0, 0, 0, 0, 0, 0, 0,  // request, lease
+      0x28, 0, 0, 0, 0, 0, 0, 0, 0x11, 0, 0, 0, 0, 0, 0, 0,  // first unit, units
+      0x02, 0, 0, 0,                                          // pieces
+  };
+  assert_true(grant == want);
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (const co::Message &m : samples()) h = fnv1a(co::encode(m), h);
+  co::PiecePacket p{9, 2, {{0, 4096, 1}, {8192, 4096, 3}}};
+  h = fnv1a(co::encode_pieces(p), h);
+  h = fnv1a(co::encode_auth(co::FdAuth{77, {1, 2, 3}}), h);
+  assert_int_equal(h, 0x4eaa25a6e23f8096ull);
+}
+
 void corruption_never_crashes(void **) {
   std::mt19937_64 rng(12345);
   uint64_t rejected = 0, accepted = 0;
@@ -185,6 +213,7 @@ void fds_cross_a_socket(void **) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_type_round_trips),
+      cmocka_unit_test(format_is_pinned),
       cmocka_unit_test(corruption_never_crashes),
       cmocka_unit_test(pieces_and_auth),
       cmocka_unit_test(fds_cross_a_socket),
