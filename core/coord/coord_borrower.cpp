@@ -18,58 +18,112 @@
 
 namespace swiftkv::coord {
 
-void Coordinator::State::send(Session &s, Payload p) {
+void BorrowerSessions::add_to(PollSet &poll) {
+  for (const auto &sp : active_) {
+    Session &s = *sp;
+    // A session closed by an earlier action in the same round is skipped.
+    poll.add_socket(s.sock.get(), [this, sp] {
+      if (sp->sock) on_session(sp);
+    });
+    if (s.fdconn) {
+      poll.add_fd(s.fdconn.get(), [this, sp] {
+        if (sp->sock && sp->fdconn) on_session_fd(sp);
+      });
+    }
+    if (s.monitor) {
+      poll.add_socket(s.monitor.get(), [this, sp] {
+        if (sp->sock && sp->monitor) on_monitor(sp);
+      });
+    }
+  }
+}
+
+uint64_t BorrowerSessions::next_due_ns() const noexcept {
+  uint64_t due = UINT64_MAX;
+  for (const auto &s : active_) due = std::min(due, s->next_heartbeat_ns);
+  return due;
+}
+
+uint64_t BorrowerSessions::heartbeat_ns(const Session &s) const {
+  return std::max<uint64_t>(1'000'000, std::min(st_.options.heartbeat_ns, s.info.lease_ns / 3));
+}
+
+void BorrowerSessions::stop_all() noexcept {
+  for (const auto &s : active_) {
+    if (!s->sock) continue;
+    try {
+      send(*s, Bye{});
+    } catch (...) {
+      // Its leases expire on the lender's side instead.
+    }
+  }
+  {
+    std::lock_guard lock(st_.mu);
+    for (auto &[key, s] : st_.sessions) s->lost = true;
+    for (const auto &s : active_) s->lost = true;
+    st_.sessions.clear();
+  }
+  st_.cv.notify_all();
+  for (const auto &s : active_) {
+    stop_monitor(*s);
+    s->sock.reset();
+  }
+  active_.clear();
+}
+
+void BorrowerSessions::send(Session &s, Payload p) {
   uint64_t epoch = 0;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     epoch = s.epoch;
   }
   const std::vector<uint8_t> bytes = encode(Message{++s.send_seq, epoch, std::move(p)});
-  zmq_send(s.sock, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
-  count(&CoordStats::messages_sent);
+  zmq_send(s.sock.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT);
+  st_.count(&CoordStats::messages_sent);
 }
 
-void Coordinator::State::on_command(const Command &c) {
+void BorrowerSessions::on_command(const Command &c) {
   Session &s = *c.session;
   switch (c.kind) {
     case Command::Kind::connect: {
       {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(st_.mu);
         if (s.phase != Phase::connecting) return;  // the caller gave up already
       }
-      s.sock = zmq_socket(zctx, ZMQ_DEALER);
-      set_int(s.sock, ZMQ_LINGER, 0);
-      const int64_t max = kMaxMessageBytes;
-      zmq_setsockopt(s.sock, ZMQ_MAXMSGSIZE, &max, sizeof(max));
+      s.sock = ZmqSocket(st_.zctx.get(), ZMQ_DEALER);
+      if (!s.sock) {
+        fail_session(s, SWIFTKV_EPEER, std::string("zmq_socket: ") + zmq_strerror(zmq_errno()));
+        close_session(c.session);
+        return;
+      }
+      s.sock.set(ZMQ_LINGER, 0);
+      s.sock.set(ZMQ_MAXMSGSIZE, static_cast<int64_t>(kMaxMessageBytes));
       // Until the handshake is done, a refused connection (nothing listens: the lender is gone
       // or not started) or a dropped one fails it at once, not at the timeout.
-      const std::string mon = "inproc://swiftkv-monitor-" + std::to_string(next_monitor++);
-      if (zmq_socket_monitor(s.sock, mon.c_str(),
+      const std::string mon = "inproc://swiftkv-monitor-" + std::to_string(next_monitor_++);
+      if (zmq_socket_monitor(s.sock.get(), mon.c_str(),
                              ZMQ_EVENT_CONNECT_RETRIED | ZMQ_EVENT_DISCONNECTED) == 0) {
-        s.monitor = zmq_socket(zctx, ZMQ_PAIR);
-        if (s.monitor != nullptr) {
-          set_int(s.monitor, ZMQ_LINGER, 0);
-          if (zmq_connect(s.monitor, mon.c_str()) != 0) {
-            zmq_close(s.monitor);
-            s.monitor = nullptr;
-          }
+        s.monitor = ZmqSocket(st_.zctx.get(), ZMQ_PAIR);
+        if (s.monitor) {
+          s.monitor.set(ZMQ_LINGER, 0);
+          if (zmq_connect(s.monitor.get(), mon.c_str()) != 0) s.monitor.reset();
         }
       }
-      if (zmq_connect(s.sock, s.endpoint.c_str()) != 0) {
+      if (zmq_connect(s.sock.get(), s.endpoint.c_str()) != 0) {
         fail_session(s, SWIFTKV_EINVAL,
                      "cannot connect to \"" + s.endpoint + "\": " + zmq_strerror(zmq_errno()));
         close_session(c.session);
         return;
       }
-      active.push_back(c.session);
+      active_.push_back(c.session);
       send(s, Hello{s.mine, static_cast<uint32_t>(::getpid()), s.name});
       return;
     }
     case Command::Kind::lend: {
-      if (s.sock == nullptr) return;
+      if (!s.sock) return;
       uint64_t max_units = 0;
       {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(st_.mu);
         const auto it = s.lends.find(c.value);
         if (it == s.lends.end()) return;
         max_units = it->second.max_units;
@@ -82,56 +136,50 @@ void Coordinator::State::on_command(const Command &c) {
       // other lease uses are unmapped (the caller has drained every reader of the lease).
       std::shared_ptr<RegionMapping> m;
       {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(st_.mu);
         m = s.mapping;
       }
       if (m) m->drop(c.offset, c.bytes);
-      if (c.tell && s.sock != nullptr) send(s, Release{c.value});
+      if (c.tell && s.sock) send(s, Release{c.value});
       return;
     }
     case Command::Kind::close: close_session(c.session); return;
   }
 }
 
-void Coordinator::State::close_session(const std::shared_ptr<Session> &s) {
-  if (s->sock != nullptr) zmq_close(s->sock);
-  s->sock = nullptr;
+void BorrowerSessions::close_session(const std::shared_ptr<Session> &s) {
   stop_monitor(*s);
-  std::erase(active, s);
+  s->sock.reset();
+  std::erase(active_, s);
 }
 
-void Coordinator::State::stop_monitor(Session &s) noexcept {
-  if (s.monitor == nullptr) return;
-  if (s.sock != nullptr) zmq_socket_monitor(s.sock, nullptr, 0);
-  zmq_close(s.monitor);
-  s.monitor = nullptr;
+void BorrowerSessions::stop_monitor(Session &s) noexcept {
+  if (!s.monitor) return;
+  if (s.sock) zmq_socket_monitor(s.sock.get(), nullptr, 0);
+  s.monitor.reset();
 }
 
-void Coordinator::State::on_monitor(const std::shared_ptr<Session> &sp) {
+void BorrowerSessions::on_monitor(const std::shared_ptr<Session> &sp) {
   Session &s = *sp;
   // Each event is two frames: 2 bytes of event and 4 of value, then the endpoint.
   bool refused = false;
   for (;;) {
-    zmq_msg_t frame;
-    zmq_msg_init(&frame);
-    if (zmq_msg_recv(&frame, s.monitor, ZMQ_DONTWAIT) < 0) {
-      zmq_msg_close(&frame);
-      break;
-    }
+    Part frame;
+    if (zmq_msg_recv(frame.get(), s.monitor.get(), ZMQ_DONTWAIT) < 0) break;
     uint16_t event = 0;
-    if (zmq_msg_size(&frame) >= sizeof event) std::memcpy(&event, zmq_msg_data(&frame), sizeof event);
-    bool more = zmq_msg_more(&frame) != 0;
-    zmq_msg_close(&frame);
+    const auto b = frame.bytes();
+    if (b.size() >= sizeof event) std::memcpy(&event, b.data(), sizeof event);
+    bool more = zmq_msg_more(frame.get()) != 0;
     while (more) {
-      zmq_msg_init(&frame);
-      more = zmq_msg_recv(&frame, s.monitor, ZMQ_DONTWAIT) >= 0 && zmq_msg_more(&frame) != 0;
-      zmq_msg_close(&frame);
+      Part rest;
+      more = zmq_msg_recv(rest.get(), s.monitor.get(), ZMQ_DONTWAIT) >= 0 &&
+             zmq_msg_more(rest.get()) != 0;
     }
     refused |= event == ZMQ_EVENT_CONNECT_RETRIED || event == ZMQ_EVENT_DISCONNECTED;
   }
   if (!refused) return;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     if (s.phase != Phase::connecting && s.phase != Phase::awaiting_pieces) return;
   }
   fail_session(s, SWIFTKV_EPEER,
@@ -140,21 +188,21 @@ void Coordinator::State::on_monitor(const std::shared_ptr<Session> &sp) {
   close_session(sp);
 }
 
-void Coordinator::State::fail_session(Session &s, swiftkv_status st, const std::string &why) {
+void BorrowerSessions::fail_session(Session &s, swiftkv_status st, const std::string &why) {
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     if (s.phase == Phase::failed) return;
     s.phase = Phase::failed;
     s.fail_status = st;
     s.fail_message = why;
   }
-  cv.notify_all();
+  st_.cv.notify_all();
 }
 
-void Coordinator::State::lose_lender(const std::shared_ptr<Session> &s, const std::string &why) {
+void BorrowerSessions::lose_lender(const std::shared_ptr<Session> &s, const std::string &why) {
   std::function<void()> notify;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     if (s->lost) return;
     s->lost = true;
     uint64_t n = 0;
@@ -162,35 +210,35 @@ void Coordinator::State::lose_lender(const std::shared_ptr<Session> &s, const st
       if (!l.lost) ++n;
       l.lost = true;
     }
-    stats.leases_lost += n;
-    ++stats.lenders_lost;
-    for (auto it = sessions.begin(); it != sessions.end(); ++it) {
+    st_.stats.leases_lost += n;
+    ++st_.stats.lenders_lost;
+    for (auto it = st_.sessions.begin(); it != st_.sessions.end(); ++it) {
       if (it->second == s) {
-        sessions.erase(it);
+        st_.sessions.erase(it);
         break;
       }
     }
-    stats.lenders_connected = sessions.size();
+    st_.stats.lenders_connected = st_.sessions.size();
     notify = s->on_reclaim;
   }
   log_warn("coordinator: lost the lender \"" + s->name + "\" at " + s->endpoint + ": " + why);
-  cv.notify_all();
+  st_.cv.notify_all();
   close_session(s);
   if (notify) notify();
 }
 
-void Coordinator::State::on_session(const std::shared_ptr<Session> &sp) {
+void BorrowerSessions::on_session(const std::shared_ptr<Session> &sp) {
   Session &s = *sp;
   std::vector<std::vector<uint8_t>> parts;
-  while (s.sock != nullptr && recv_parts(s.sock, &parts)) {
-    count(&CoordStats::messages_received);
+  while (s.sock && recv_parts(s.sock.get(), &parts)) {
+    st_.count(&CoordStats::messages_received);
     if (parts.size() != 1) {
-      drop("a lender message of " + std::to_string(parts.size()) + " parts");
+      st_.drop("a lender message of " + std::to_string(parts.size()) + " parts");
       continue;
     }
     Decoded d = decode(parts[0]);
     if (!d.message) {
-      drop(d.error);
+      st_.drop(d.error);
       continue;
     }
     const Message &m = *d.message;
@@ -198,29 +246,29 @@ void Coordinator::State::on_session(const std::shared_ptr<Session> &sp) {
     Phase phase;
     uint64_t epoch = 0;
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(st_.mu);
       phase = s.phase;
       epoch = s.epoch;
     }
     if (m.seq <= s.recv_seq) {
-      drop(std::string("a duplicated or reordered ") + msg_type_name(t));
+      st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t));
       continue;
     }
     if (m.epoch < epoch) {
-      drop(std::string("a ") + msg_type_name(t) + " of an older lease-table epoch");
+      st_.drop(std::string("a ") + msg_type_name(t) + " of an older lease-table epoch");
       continue;
     }
     const bool handshake = t == MsgType::welcome || t == MsgType::refuse;
     if (handshake != (phase == Phase::connecting) ||
         (!handshake && phase != Phase::ready) || t == MsgType::hello || t == MsgType::lend ||
         t == MsgType::heartbeat || t == MsgType::release || t == MsgType::bye) {
-      drop(std::string("an unexpected ") + msg_type_name(t));
+      st_.drop(std::string("an unexpected ") + msg_type_name(t));
       continue;
     }
     s.recv_seq = m.seq;
     bool notify = false;
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(st_.mu);
       s.epoch = m.epoch;
     }
     switch (t) {
@@ -235,25 +283,25 @@ void Coordinator::State::on_session(const std::shared_ptr<Session> &sp) {
       case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); break;
       case MsgType::deny: {
         const Deny &dn = std::get<Deny>(m.payload);
-        std::lock_guard lock(mu);
+        std::lock_guard lock(st_.mu);
         const auto it = s.lends.find(dn.request);
         if (it == s.lends.end() || it->second.done) {
-          ++stats.messages_dropped;  // a late answer to a lend that timed out
+          ++st_.stats.messages_dropped;  // a late answer to a lend that timed out
           break;
         }
         it->second.done = true;
         it->second.status =
             known_error_status(dn.status) ? static_cast<swiftkv_status>(dn.status) : SWIFTKV_EPEER;
         it->second.message = dn.message;
-        cv.notify_all();
+        st_.cv.notify_all();
         break;
       }
       case MsgType::heartbeat_ack: notify = on_ack(s, std::get<HeartbeatAck>(m.payload)); break;
       case MsgType::reclaim: {
-        std::lock_guard lock(mu);
+        std::lock_guard lock(st_.mu);
         const auto it = s.leases.find(std::get<Reclaim>(m.payload).lease);
         if (it == s.leases.end() || it->second.lost) {
-          ++stats.messages_dropped;  // a lease the session does not hold (given back already)
+          ++st_.stats.messages_dropped;  // a lease the session does not hold (given back already)
           break;
         }
         notify = !it->second.reclaim;
@@ -266,7 +314,7 @@ void Coordinator::State::on_session(const std::shared_ptr<Session> &sp) {
   }
 }
 
-void Coordinator::State::on_welcome(Session &s, const Welcome &w) {
+void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
   // The lender's figures are checked against what this side computes itself: nothing about the
   // memory is taken on trust.
   std::string bad;
@@ -304,7 +352,7 @@ void Coordinator::State::on_welcome(Session &s, const Welcome &w) {
     fail_session(s, SWIFTKV_EPEER, e.what());
     return;
   }
-  std::lock_guard lock(mu);
+  std::lock_guard lock(st_.mu);
   s.info = w;
   s.phase = Phase::awaiting_pieces;
 }
@@ -350,11 +398,11 @@ RegionExport export_of(const Welcome &w, std::vector<ExportedPiece> pieces) {
 
 }  // namespace
 
-void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
+void BorrowerSessions::on_session_fd(const std::shared_ptr<Session> &sp) {
   Session &s = *sp;
   Phase phase;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     phase = s.phase;
   }
   FdPacket p;
@@ -368,7 +416,7 @@ void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
     fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" hung up in the handshake");
     return close_session(sp);
   }
-  if (phase != Phase::awaiting_pieces) return drop("an fd packet nobody asked for");
+  if (phase != Phase::awaiting_pieces) return st_.drop("an fd packet nobody asked for");
   std::string error;
   const std::optional<uint32_t> more = take_pieces(p, 0, s.info.region_bytes, &s.pieces, &error);
   if (!more) {
@@ -382,24 +430,24 @@ void Coordinator::State::on_session_fd(const std::shared_ptr<Session> &sp) {
     if (!(s.pieces.empty() && s.info.memory_kind == static_cast<uint32_t>(MemoryKind::cuda_vmm))) {
       m = open_region(export_of(s.info, std::move(s.pieces)), s.device);
     }
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     s.mapping = std::move(m);
     s.phase = Phase::ready;
-    stats.lenders_connected = sessions.size();
+    st_.stats.lenders_connected = st_.sessions.size();
   } catch (const Error &e) {
     fail_session(s, e.status(), std::string("mapping the lender's region: ") + e.what());
     return close_session(sp);
   }
   // From here a lost lender is found by its fd channel and heartbeats.
   stop_monitor(s);
-  cv.notify_all();
+  st_.cv.notify_all();
 }
 
-void Coordinator::State::on_grant(Session &s, const Grant &g) {
+void BorrowerSessions::on_grant(Session &s, const Grant &g) {
   uint64_t max_units = 0;
   uint64_t sent_ns = 0;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     const auto it = s.lends.find(g.request);
     if (it != s.lends.end() && !it->second.done) {
       max_units = it->second.max_units;
@@ -409,16 +457,16 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
   auto refuse = [&](swiftkv_status st, const std::string &why) {
     // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
     send(s, Release{g.lease});
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     const auto it = s.lends.find(g.request);
     if (it == s.lends.end()) {
-      ++stats.messages_dropped;
+      ++st_.stats.messages_dropped;
       return;
     }
     it->second.done = true;
     it->second.status = st;
     it->second.message = why;
-    cv.notify_all();
+    st_.cv.notify_all();
   };
   if (max_units == 0) {
     log_warn("coordinator: a grant for no pending lend; giving lease " + std::to_string(g.lease) +
@@ -427,7 +475,7 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
   }
   bool known = false;
   {
-    std::lock_guard lock(mu);
+    std::lock_guard lock(st_.mu);
     known = s.leases.count(g.lease) != 0;
   }
   if (g.units == 0 || g.units > max_units || g.first_unit > s.info.capacity_units ||
@@ -452,7 +500,7 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
   std::shared_ptr<RegionMapping> mapping;
   try {
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(st_.mu);
       mapping = s.mapping;
     }
     if (!mapping) {
@@ -469,7 +517,7 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
   } catch (const Error &e) {
     return refuse(e.status(), std::string("mapping the lease: ") + e.what());
   }
-  std::lock_guard lock(mu);
+  std::lock_guard lock(st_.mu);
   s.mapping = mapping;
   const auto it = s.lends.find(g.request);
   MirrorLease l;
@@ -482,13 +530,13 @@ void Coordinator::State::on_grant(Session &s, const Grant &g) {
   it->second.grant.data = s.mapping->data() + g.first_unit * s.info.unit_bytes;
   it->second.grant.device = s.mapping->device();
   it->second.grant.chunks = g.units * s.info.unit_chunks;
-  cv.notify_all();
+  st_.cv.notify_all();
 }
 
-bool Coordinator::State::on_ack(Session &s, const HeartbeatAck &a) {
+bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {
   const auto sent = s.hb_sent.find(a.echo);
   if (sent == s.hb_sent.end()) {
-    drop("a heartbeat ack for no heartbeat in flight");
+    st_.drop("a heartbeat ack for no heartbeat in flight");
     return false;
   }
   const uint64_t sent_ns = sent->second.first;
@@ -497,8 +545,8 @@ bool Coordinator::State::on_ack(Session &s, const HeartbeatAck &a) {
   std::map<uint64_t, const LeaseState *> table;
   for (const LeaseState &l : a.leases) table[l.lease] = &l;
   bool notify = false;
-  std::lock_guard lock(mu);
-  ++stats.heartbeats_answered;
+  std::lock_guard lock(st_.mu);
+  ++st_.stats.heartbeats_answered;
   for (auto &[id, l] : s.leases) {
     if (l.lost) continue;
     const auto it = table.find(id);
@@ -512,28 +560,28 @@ bool Coordinator::State::on_ack(Session &s, const HeartbeatAck &a) {
     } else if (std::find(listed.begin(), listed.end(), id) != listed.end()) {
       // The lender no longer holds it: it expired there. Its bytes may be reused now.
       l.lost = true;
-      ++stats.leases_lost;
+      ++st_.stats.leases_lost;
       notify = true;
     }
   }
   return notify;
 }
 
-void Coordinator::State::heartbeats(uint64_t now) {
-  std::vector<std::shared_ptr<Session>> sessions_now = active;
+void BorrowerSessions::heartbeats(uint64_t now) {
+  std::vector<std::shared_ptr<Session>> sessions_now = active_;
   for (const auto &sp : sessions_now) {
     Session &s = *sp;
-    if (s.sock == nullptr) continue;
+    if (!s.sock) continue;
     std::vector<uint64_t> ids;
     bool notify = false;
     {
-      std::lock_guard lock(mu);
+      std::lock_guard lock(st_.mu);
       if (s.phase != Phase::ready || s.lost || now < s.next_heartbeat_ns) continue;
       for (auto &[id, l] : s.leases) {
         if (l.lost) continue;
         if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
           l.lost = true;
-          ++stats.leases_lost;
+          ++st_.stats.leases_lost;
           notify = true;
           continue;
         }
@@ -547,7 +595,7 @@ void Coordinator::State::heartbeats(uint64_t now) {
     if (s.hb_sent.size() > 64) s.hb_sent.erase(s.hb_sent.begin());  // answers lost for good
     s.hb_sent[s.send_seq + 1] = {now, ids};
     send(s, Heartbeat{std::move(ids)});
-    count(&CoordStats::heartbeats_sent);
+    st_.count(&CoordStats::heartbeats_sent);
   }
 }
 

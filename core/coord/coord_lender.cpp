@@ -1,6 +1,7 @@
 // The lender's half of the coordinator: borrower sessions on this process's regions, from the
 // hello to the last release, and the scans that send reclaims and forget expired leases.
 #include <poll.h>
+#include <sys/stat.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -18,49 +19,122 @@
 
 namespace swiftkv::coord {
 
-void Coordinator::State::send_served(Served &srv, Payload p) {
-  Message m{++srv.send_seq, srv.epoch, std::move(p)};
-  const std::vector<uint8_t> bytes = encode(m);
-  zmq_send(router, srv.routing.data(), srv.routing.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
-  zmq_send(router, bytes.data(), bytes.size(), ZMQ_DONTWAIT);
-  count(&CoordStats::messages_sent);
+void LenderService::bind(const std::string &endpoint) {
+  ZmqSocket router(st_.zctx.get_or_make(), ZMQ_ROUTER);
+  if (!router) fail(SWIFTKV_EPEER, std::string("zmq_socket: ") + zmq_strerror(zmq_errno()));
+  router.set(ZMQ_LINGER, 0);
+  router.set(ZMQ_MAXMSGSIZE, static_cast<int64_t>(kMaxMessageBytes));
+  if (zmq_bind(router.get(), endpoint.c_str()) != 0) {
+    fail(SWIFTKV_EPEER, "cannot bind coord_endpoint \"" + endpoint + "\": " +
+                            zmq_strerror(zmq_errno()));
+  }
+  router_ = std::move(router);
+  note_ipc_file();
+  try {
+    listener_ = fd_listen(&fd_name_);
+  } catch (...) {
+    stop();
+    throw;
+  }
 }
 
-void Coordinator::State::on_router() {
+void LenderService::stop() noexcept {
+  router_.reset();
+  listener_.reset();
+  remove_ipc_file();
+}
+
+void LenderService::note_ipc_file() noexcept {
+  char ep[512] = {};
+  size_t len = sizeof ep - 1;
+  if (zmq_getsockopt(router_.get(), ZMQ_LAST_ENDPOINT, ep, &len) != 0) return;
+  const std::string bound(ep);
+  // "ipc://@name" is an abstract socket: no file.
+  if (bound.rfind("ipc://", 0) != 0 || bound.size() <= 6 || bound[6] == '@') return;
+  struct stat st {};
+  if (::stat(bound.c_str() + 6, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
+  ipc_file_ = bound.substr(6);
+  ipc_dev_ = st.st_dev;
+  ipc_ino_ = st.st_ino;
+}
+
+void LenderService::remove_ipc_file() noexcept {
+  if (ipc_file_.empty()) return;
+  struct stat st {};
+  if (::stat(ipc_file_.c_str(), &st) == 0 && st.st_dev == ipc_dev_ && st.st_ino == ipc_ino_) {
+    ::unlink(ipc_file_.c_str());
+  }
+  ipc_file_.clear();
+}
+
+void LenderService::add_to(PollSet &poll) {
+  if (!router_) return;
+  // The router is read without waiting on every round: its readiness is edge-triggered.
+  poll.add_socket(router_.get(), [this] { on_router(); }, /*always=*/true);
+  // Auth packets: an fd that answered is either attached to its session or closed (and left
+  // empty here); those accepted below are polled from the next round on.
+  for (size_t i = 0; i < unauthed_.size(); ++i) {
+    poll.add_fd(unauthed_[i].get(), [this, i] { on_auth(std::move(unauthed_[i])); });
+  }
+  poll.add_fd(
+      listener_.get(),
+      [this] {
+        std::erase_if(unauthed_, [](const UniqueFd &f) { return !f; });
+        on_accept();
+      },
+      /*always=*/true);
+  for (auto &[routing, srv] : served_) {
+    if (!srv.fdconn || srv.gone) continue;
+    poll.add_fd(srv.fdconn.get(), [this, routing = routing] {
+      const auto it = served_.find(routing);
+      if (it != served_.end()) on_served_fd(it->second);
+    });
+  }
+}
+
+void LenderService::send_served(Served &srv, Payload p) {
+  Message m{++srv.send_seq, srv.epoch, std::move(p)};
+  const std::vector<uint8_t> bytes = encode(m);
+  zmq_send(router_.get(), srv.routing.data(), srv.routing.size(), ZMQ_SNDMORE | ZMQ_DONTWAIT);
+  zmq_send(router_.get(), bytes.data(), bytes.size(), ZMQ_DONTWAIT);
+  st_.count(&CoordStats::messages_sent);
+}
+
+void LenderService::on_router() {
   std::vector<std::vector<uint8_t>> parts;
-  while (recv_parts(router, &parts)) {
-    count(&CoordStats::messages_received);
+  while (recv_parts(router_.get(), &parts)) {
+    st_.count(&CoordStats::messages_received);
     if (parts.size() != 2) {
-      drop("a message of " + std::to_string(parts.size()) + " parts (a routing id and a body)");
+      st_.drop("a message of " + std::to_string(parts.size()) + " parts (a routing id and a body)");
       continue;
     }
     const std::string routing(parts[0].begin(), parts[0].end());
     Decoded d = decode(parts[1]);
     if (!d.message) {
-      drop(d.error);
+      st_.drop(d.error);
       continue;
     }
     const Message &m = *d.message;
     const MsgType t = type_of(m.payload);
-    const auto it = served.find(routing);
+    const auto it = served_.find(routing);
     if (t == MsgType::hello) {
-      if (it != served.end()) {
-        drop("a second hello on one session");
+      if (it != served_.end()) {
+        st_.drop("a second hello on one session");
       } else {
         on_hello(routing, m);
       }
       continue;
     }
-    if (it == served.end()) {
-      if (std::find(ended.begin(), ended.end(), routing) != ended.end()) {
+    if (it == served_.end()) {
+      if (std::find(ended_.begin(), ended_.end(), routing) != ended_.end()) {
         continue;  // a borrower's last words (its bye) after its session was closed: harmless
       }
-      drop(std::string("a ") + msg_type_name(t) + " from a peer that never said hello");
+      st_.drop(std::string("a ") + msg_type_name(t) + " from a peer that never said hello");
       continue;
     }
     Served &srv = it->second;
     if (m.seq <= srv.recv_seq) {
-      drop(std::string("a duplicated or reordered ") + msg_type_name(t) + " (seq " +
+      st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t) + " (seq " +
            std::to_string(m.seq) + " after " + std::to_string(srv.recv_seq) + ")");
       continue;
     }
@@ -75,7 +149,7 @@ void Coordinator::State::on_router() {
         break;
       case MsgType::release:
         if (srv.leases.count(std::get<Release>(m.payload).lease) == 0) {
-          drop("a release of lease " + std::to_string(std::get<Release>(m.payload).lease) +
+          st_.drop("a release of lease " + std::to_string(std::get<Release>(m.payload).lease) +
                ", which the session does not hold");
           break;
         }
@@ -85,14 +159,14 @@ void Coordinator::State::on_router() {
       case MsgType::bye:
         srv.recv_seq = m.seq;
         end_served(srv);
-        served.erase(it);
+        served_.erase(it);
         break;
-      default: drop(std::string("a ") + msg_type_name(t) + ", which a borrower never sends");
+      default: st_.drop(std::string("a ") + msg_type_name(t) + ", which a borrower never sends");
     }
   }
 }
 
-void Coordinator::State::on_hello(const std::string &routing, const Message &m) {
+void LenderService::on_hello(const std::string &routing, const Message &m) {
   const Hello &h = std::get<Hello>(m.payload);
   Served srv;
   srv.routing = routing;
@@ -103,12 +177,12 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
   };
   std::shared_ptr<ElasticRegion> region;
   {
-    std::lock_guard lock(mu);
-    const auto it = offers.find(h.region);
-    if (it != offers.end()) region = it->second.lock();
+    std::lock_guard lock(st_.mu);
+    const auto it = st_.offers.find(h.region);
+    if (it != st_.offers.end()) region = it->second.lock();
   }
   if (!region) return refuse(SWIFTKV_ENOTFOUND, "no region is offered as \"" + h.region + "\"");
-  if (served.size() >= kMaxServed) {
+  if (served_.size() >= kMaxServed) {
     return refuse(SWIFTKV_EBUSY, "this lender serves " + std::to_string(kMaxServed) +
                                      " sessions already");
   }
@@ -122,7 +196,7 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
     const uint32_t r = rd();
     std::memcpy(srv.token.data() + i, &r, 4);
   }
-  srv.id = next_session++;
+  srv.id = next_session_++;
   srv.name = h.region;
   srv.region = region;
   srv.pid = h.pid;
@@ -130,7 +204,7 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
   Welcome w;
   w.session = srv.id;
   w.token = srv.token;
-  w.fd_socket = fd_name;
+  w.fd_socket = fd_name_;
   w.lender = wire_geometry(region->lender());
   w.borrower = want;
   w.unit_blocks = region->unit_blocks();
@@ -145,40 +219,40 @@ void Coordinator::State::on_hello(const std::string &routing, const Message &m) 
   w.identity = e.identity;
   std::copy(e.ipc_handle.begin(), e.ipc_handle.end(), w.ipc_handle.begin());
   send_served(srv, std::move(w));
-  served.emplace(routing, std::move(srv));
-  std::lock_guard lock(mu);
-  stats.sessions_served = served.size();
+  served_.emplace(routing, std::move(srv));
+  std::lock_guard lock(st_.mu);
+  st_.stats.sessions_served = served_.size();
 }
 
-void Coordinator::State::on_accept() {
+void LenderService::on_accept() {
   for (;;) {
-    UniqueFd fd = fd_accept(listener.get());
+    UniqueFd fd = fd_accept(listener_.get());
     if (!fd) return;
-    if (unauthed.size() >= 64) {
+    if (unauthed_.size() >= 64) {
       log_warn("coordinator: too many fd channel connections without a session; closing one");
       continue;
     }
-    unauthed.push_back(std::move(fd));
+    unauthed_.push_back(std::move(fd));
   }
 }
 
-void Coordinator::State::on_auth(UniqueFd fd) {
+void LenderService::on_auth(UniqueFd fd) {
   FdPacket p;
   try {
     p = fd_recv(fd.get(), 0);
   } catch (const Error &e) {
-    return drop(std::string("fd channel: ") + e.what());
+    return st_.drop(std::string("fd channel: ") + e.what());
   }
   if (p.closed) return;
   const std::optional<FdAuth> a = decode_auth(p.bytes);
   Served *srv = nullptr;
   if (a) {
-    for (auto &[routing, s] : served) {
+    for (auto &[routing, s] : served_) {
       if (s.id == a->session && s.token == a->token && !s.fdconn) srv = &s;
     }
   }
   if (srv == nullptr || !p.fds.empty()) {
-    return drop("an fd channel connection without a valid session token");
+    return st_.drop("an fd channel connection without a valid session token");
   }
   srv->fdconn = std::move(fd);
   const auto region = srv->region.lock();
@@ -195,7 +269,7 @@ void Coordinator::State::on_auth(UniqueFd fd) {
   }
 }
 
-void Coordinator::State::send_pieces(int fd, uint64_t tag, const RegionExport &e,
+void LenderService::send_pieces(int fd, uint64_t tag, const RegionExport &e,
                                      uint32_t *packets) {
   const size_t n = e.pieces.size();
   size_t sent = 0;
@@ -216,7 +290,7 @@ void Coordinator::State::send_pieces(int fd, uint64_t tag, const RegionExport &e
   } while (sent < n);
 }
 
-void Coordinator::State::on_served_fd(Served &srv) {
+void LenderService::on_served_fd(Served &srv) {
   // A borrower sends nothing after its auth: whatever is readable is a hang-up or noise.
   FdPacket p;
   try {
@@ -230,10 +304,10 @@ void Coordinator::State::on_served_fd(Served &srv) {
              " hung up; its leases end when they expire");
     return;
   }
-  drop("a packet from a borrower on the fd channel");
+  st_.drop("a packet from a borrower on the fd channel");
 }
 
-void Coordinator::State::on_lend(Served &srv, const Lend &l) {
+void LenderService::on_lend(Served &srv, const Lend &l) {
   auto deny = [&](swiftkv_status st, const std::string &why) {
     send_served(srv, Deny{l.request, st, why});
   };
@@ -268,7 +342,7 @@ void Coordinator::State::on_lend(Served &srv, const Lend &l) {
   send_served(srv, Grant{l.request, lease.id, lease.first_unit, lease.units, packets});
 }
 
-void Coordinator::State::on_heartbeat(Served &srv, const Message &m, const Heartbeat &h) {
+void LenderService::on_heartbeat(Served &srv, const Message &m, const Heartbeat &h) {
   const auto region = srv.region.lock();
   HeartbeatAck ack;
   ack.echo = m.seq;
@@ -302,16 +376,16 @@ void Coordinator::State::on_heartbeat(Served &srv, const Message &m, const Heart
   send_served(srv, std::move(ack));
 }
 
-void Coordinator::State::on_release(Served &srv, const Release &r) {
+void LenderService::on_release(Served &srv, const Release &r) {
   // The ack is counted before the region gets the lease back: whoever sees the blocks come back
   // (swiftkv_elastic_wait_reclaims) also sees the ack in the stats.
   if (const auto it = srv.reclaim_sent_ns.find(r.lease); it != srv.reclaim_sent_ns.end()) {
     const uint64_t ns = monotonic_ns() - it->second;
     srv.reclaim_sent_ns.erase(it);
-    std::lock_guard lock(mu);
-    ++stats.reclaims_acked;
-    stats.reclaim_ns_total += ns;
-    stats.reclaim_ns_max = std::max(stats.reclaim_ns_max, ns);
+    std::lock_guard lock(st_.mu);
+    ++st_.stats.reclaims_acked;
+    st_.stats.reclaim_ns_total += ns;
+    st_.stats.reclaim_ns_max = std::max(st_.stats.reclaim_ns_max, ns);
   }
   if (const auto region = srv.region.lock()) {
     try {
@@ -324,7 +398,7 @@ void Coordinator::State::on_release(Served &srv, const Release &r) {
   ++srv.epoch;
 }
 
-void Coordinator::State::end_served(Served &srv) {
+void LenderService::end_served(Served &srv) {
   if (const auto region = srv.region.lock()) {
     for (uint64_t id : srv.leases) {
       try {
@@ -334,15 +408,15 @@ void Coordinator::State::end_served(Served &srv) {
     }
   }
   srv.leases.clear();
-  std::lock_guard lock(mu);
-  stats.sessions_served = served.size() - 1;
+  std::lock_guard lock(st_.mu);
+  st_.stats.sessions_served = served_.size() - 1;
 }
 
-void Coordinator::State::scan_served(uint64_t now) {
-  const bool expiry_scan = now >= next_expiry_scan_ns;
-  if (expiry_scan) next_expiry_scan_ns = now + options.heartbeat_ns;
+void LenderService::scan_served(uint64_t now) {
+  const bool expiry_scan = now >= next_expiry_scan_ns_;
+  if (expiry_scan) next_expiry_scan_ns_ = now + st_.options.heartbeat_ns;
   std::map<const ElasticRegion *, std::vector<uint64_t>> pending;
-  for (auto it = served.begin(); it != served.end();) {
+  for (auto it = served_.begin(); it != served_.end();) {
     Served &srv = it->second;
     const auto region = srv.region.lock();
     if (region && !srv.leases.empty()) {
@@ -353,7 +427,7 @@ void Coordinator::State::scan_served(uint64_t now) {
         srv.reclaim_sent_ns[id] = monotonic_ns();
         ++srv.epoch;
         send_served(srv, Reclaim{id});
-        count(&CoordStats::reclaims_sent);
+        st_.count(&CoordStats::reclaims_sent);
       }
     }
     if (expiry_scan) {
@@ -377,16 +451,16 @@ void Coordinator::State::scan_served(uint64_t now) {
     }
     // A borrower that hung up and whose leases all ended is forgotten, and so is a hello whose
     // fd channel never connected.
-    const bool stillborn = !srv.fdconn && now - srv.created_ns > options.timeout_ns;
+    const bool stillborn = !srv.fdconn && now - srv.created_ns > st_.options.timeout_ns;
     if (stillborn) log_info("coordinator: a session never connected its fd channel; forgotten");
     if ((srv.gone || stillborn) && srv.leases.empty()) {
       if (srv.gone) {
-        ended.push_back(srv.routing);
-        if (ended.size() > 256) ended.pop_front();
+        ended_.push_back(srv.routing);
+        if (ended_.size() > 256) ended_.pop_front();
       }
-      it = served.erase(it);
-      std::lock_guard lock(mu);
-      stats.sessions_served = served.size();
+      it = served_.erase(it);
+      std::lock_guard lock(st_.mu);
+      st_.stats.sessions_served = served_.size();
     } else {
       ++it;
     }

@@ -136,27 +136,7 @@ Coordinator::Coordinator(CoordOptions options) : s_(std::make_shared<State>()) {
     if (ep.rfind("ipc://", 0) != 0 && ep.rfind("tcp://", 0) != 0) {
       fail_invalid("coord_endpoint \"" + ep + "\" is neither ipc:// nor tcp://");
     }
-    s_->zctx = zmq_ctx_new();
-    if (s_->zctx == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
-    s_->router = zmq_socket(s_->zctx, ZMQ_ROUTER);
-    set_int(s_->router, ZMQ_LINGER, 0);
-    const int64_t max = kMaxMessageBytes;
-    zmq_setsockopt(s_->router, ZMQ_MAXMSGSIZE, &max, sizeof(max));
-    if (zmq_bind(s_->router, ep.c_str()) != 0) {
-      const std::string why = zmq_strerror(zmq_errno());
-      zmq_close(s_->router);
-      zmq_ctx_term(s_->zctx);
-      fail(SWIFTKV_EPEER, "cannot bind coord_endpoint \"" + ep + "\": " + why);
-    }
-    s_->note_ipc_file();
-    try {
-      s_->listener = fd_listen(&s_->fd_name);
-    } catch (...) {
-      zmq_close(s_->router);
-      zmq_ctx_term(s_->zctx);
-      s_->remove_ipc_file();
-      throw;
-    }
+    s_->lender.bind(ep);  // on failure nothing is left bound; State's members close the rest
     std::lock_guard lock(s_->mu);
     s_->start_locked();
   }
@@ -168,8 +148,7 @@ const CoordOptions &Coordinator::options() const noexcept { return s_->options; 
 
 void Coordinator::State::start_locked() {
   if (started) return;
-  if (zctx == nullptr) zctx = zmq_ctx_new();
-  if (zctx == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
+  zctx.get_or_make();
   started = true;
   thread = std::thread([this] { run(); });
 }
@@ -189,140 +168,51 @@ void Coordinator::shutdown() noexcept {
 }
 
 void Coordinator::State::stop_all() noexcept {
-  for (const auto &s : active) {
-    if (s->sock == nullptr) continue;
-    try {
-      send(*s, Bye{});
-    } catch (...) {
-      // Its leases expire on the lender's side instead.
-    }
-  }
-  {
-    std::lock_guard lock(mu);
-    for (auto &[key, s] : sessions) s->lost = true;
-    for (const auto &s : active) s->lost = true;
-    sessions.clear();
-  }
-  cv.notify_all();
-  for (const auto &s : active) {
-    if (s->sock != nullptr) zmq_close(s->sock);
-    s->sock = nullptr;
-    stop_monitor(*s);
-  }
-  active.clear();
-  if (router != nullptr) zmq_close(router);
-  router = nullptr;
-  if (zctx != nullptr) zmq_ctx_term(zctx);
-  zctx = nullptr;
-  remove_ipc_file();
-}
-
-void Coordinator::State::note_ipc_file() noexcept {
-  char ep[512] = {};
-  size_t len = sizeof ep - 1;
-  if (zmq_getsockopt(router, ZMQ_LAST_ENDPOINT, ep, &len) != 0) return;
-  const std::string bound(ep);
-  // "ipc://@name" is an abstract socket: no file.
-  if (bound.rfind("ipc://", 0) != 0 || bound.size() <= 6 || bound[6] == '@') return;
-  struct stat st {};
-  if (::stat(bound.c_str() + 6, &st) != 0 || !S_ISSOCK(st.st_mode)) return;
-  ipc_file = bound.substr(6);
-  ipc_dev = st.st_dev;
-  ipc_ino = st.st_ino;
-}
-
-void Coordinator::State::remove_ipc_file() noexcept {
-  if (ipc_file.empty()) return;
-  struct stat st {};
-  if (::stat(ipc_file.c_str(), &st) == 0 && st.st_dev == ipc_dev && st.st_ino == ipc_ino) {
-    ::unlink(ipc_file.c_str());
-  }
-  ipc_file.clear();
+  borrower.stop_all();
+  lender.stop();
+  zctx.reset();  // every socket is closed now
 }
 
 void Coordinator::State::run() {
-  std::vector<zmq_pollitem_t> items;
-  std::vector<std::shared_ptr<Session>> polled;
-  std::vector<std::string> polled_served;
+  PollSet poll;
   for (;;) {
     {
       std::lock_guard lock(mu);
       if (stopping) return;
     }
-    items.clear();
-    polled.clear();
-    polled_served.clear();
-    items.push_back({nullptr, wake_fd.get(), ZMQ_POLLIN, 0});
-    if (router != nullptr) items.push_back({router, 0, ZMQ_POLLIN, 0});
-    if (listener) items.push_back({nullptr, listener.get(), ZMQ_POLLIN, 0});
-    const size_t first_unauthed = items.size();
-    for (const UniqueFd &f : unauthed) items.push_back({nullptr, f.get(), ZMQ_POLLIN, 0});
-    const size_t first_served = items.size();
-    for (auto &[routing, srv] : served) {
-      if (!srv.fdconn || srv.gone) continue;
-      items.push_back({nullptr, srv.fdconn.get(), ZMQ_POLLIN, 0});
-      polled_served.push_back(routing);
-    }
-    const size_t first_session = items.size();
-    for (const auto &s : active) {
-      items.push_back({s->sock, 0, ZMQ_POLLIN, 0});
-      items.push_back({nullptr, s->fdconn ? s->fdconn.get() : -1, ZMQ_POLLIN, 0});
-      items.push_back({s->monitor, -1, ZMQ_POLLIN, 0});
-      polled.push_back(s);
-    }
+    // In the order they are handled: callers' commands (woken through wake_fd), the lender
+    // side's sockets, then the borrower side's sessions.
+    poll.clear();
+    poll.add_fd(
+        wake_fd.get(),
+        [this] {
+          uint64_t n = 0;
+          [[maybe_unused]] const ssize_t r = ::read(wake_fd.get(), &n, sizeof(n));
+          std::deque<Command> queued;
+          {
+            std::lock_guard lock(mu);
+            queued.swap(commands);
+          }
+          for (const Command &c : queued) borrower.on_command(c);
+        },
+        /*always=*/true);
+    lender.add_to(poll);
+    borrower.add_to(poll);
     // Sleep until the next heartbeat or lease scan is due (messages and callers wake it early).
-    uint64_t due = next_expiry_scan_ns;
-    for (const auto &s : active) due = std::min(due, s->next_heartbeat_ns);
+    const uint64_t due = std::min(lender.next_due_ns(), borrower.next_due_ns());
     const uint64_t t = monotonic_ns();
     const long timeout_ms =
         static_cast<long>(std::min<uint64_t>(due > t ? (due - t + 999'999) / 1'000'000 : 0, 50));
-    if (zmq_poll(items.data(), static_cast<int>(items.size()), timeout_ms) < 0 &&
-        zmq_errno() != EINTR) {
+    if (poll.wait(timeout_ms) < 0 && zmq_errno() != EINTR) {
       log_warn(std::string("coordinator: zmq_poll: ") + zmq_strerror(zmq_errno()));
       std::this_thread::sleep_for(std::chrono::milliseconds(timeout_ms));
       continue;
     }
     try {
-      if (items[0].revents != 0) {
-        uint64_t n = 0;
-        [[maybe_unused]] const ssize_t r = ::read(wake_fd.get(), &n, sizeof(n));
-      }
-      std::deque<Command> queued;
-      {
-        std::lock_guard lock(mu);
-        queued.swap(commands);
-      }
-      for (const Command &c : queued) on_command(c);
-      if (router != nullptr) on_router();
-      // Auth packets: an fd that answered is either attached to its session or closed. Those
-      // accepted below are polled from the next round on.
-      const size_t polled_unauthed = first_served - first_unauthed;
-      std::vector<UniqueFd> waiting;
-      for (size_t i = 0; i < unauthed.size(); ++i) {
-        if (i < polled_unauthed && items[first_unauthed + i].revents != 0) {
-          on_auth(std::move(unauthed[i]));
-        } else {
-          waiting.push_back(std::move(unauthed[i]));
-        }
-      }
-      unauthed.swap(waiting);
-      if (listener) on_accept();
-      for (size_t i = 0; i < polled_served.size(); ++i) {
-        if (items[first_served + i].revents == 0) continue;
-        const auto it = served.find(polled_served[i]);
-        if (it != served.end()) on_served_fd(it->second);
-      }
-      for (size_t i = 0; i < polled.size(); ++i) {
-        const auto &s = polled[i];
-        if (s->sock == nullptr) continue;
-        const zmq_pollitem_t *it = &items[first_session + 3 * i];
-        if (it[0].revents != 0) on_session(s);
-        if (s->sock != nullptr && s->fdconn && it[1].revents != 0) on_session_fd(s);
-        if (s->sock != nullptr && s->monitor != nullptr && it[2].revents != 0) on_monitor(s);
-      }
+      poll.dispatch();
       const uint64_t now = monotonic_ns();
-      scan_served(now);
-      heartbeats(now);
+      lender.scan_served(now);
+      borrower.heartbeats(now);
     } catch (const std::exception &e) {
       // Nothing a peer sends reaches here (messages are checked first); memory may run out.
       log_warn(std::string("coordinator: ") + e.what());

@@ -1,6 +1,11 @@
-// The coordinator's private state, shared by its three sources: coordinator.cpp (set-up, the
-// thread, the public calls), coord_lender.cpp (serving regions) and coord_borrower.cpp (sessions
-// with remote lenders). Not installed; nothing outside core/coord includes it.
+// The coordinator's private state, in three parts, each saying which thread owns what:
+//  - Coordinator::State (coordinator.cpp): what callers and the coordinator's thread share,
+//    guarded by its mutex, and the thread's loop with its poll set;
+//  - LenderService (coord_lender.cpp): borrower sessions on this process's offered regions;
+//  - BorrowerSessions (coord_borrower.cpp): this process's sessions with remote lenders.
+// The two sides belong to the coordinator's thread (set up before it starts, torn down after it
+// ends) and reach the shared part only through State, under its mutex. Not installed; nothing
+// outside core/coord includes it.
 #pragma once
 
 #include <sys/types.h>
@@ -20,8 +25,10 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "core/common/error.hpp"
 #include "core/common/log.hpp"
 #include "core/common/unique_fd.hpp"
 #include "core/coord/coordinator.hpp"
@@ -98,7 +105,91 @@ inline bool recv_parts(void *sock, std::vector<std::vector<uint8_t>> *parts) {
   }
 }
 
-inline void set_int(void *sock, int opt, int v) { zmq_setsockopt(sock, opt, &v, sizeof(v)); }
+// A ZeroMQ context, terminated exactly once (every socket of it must be closed before).
+class ZmqContext {
+ public:
+  ZmqContext() = default;
+  ~ZmqContext() { reset(); }
+  ZmqContext(const ZmqContext &) = delete;
+  ZmqContext &operator=(const ZmqContext &) = delete;
+  // Makes the context if there is none yet; EPEER when ZeroMQ cannot.
+  void *get_or_make() {
+    if (c_ == nullptr) c_ = zmq_ctx_new();
+    if (c_ == nullptr) fail(SWIFTKV_EPEER, "zmq_ctx_new failed");
+    return c_;
+  }
+  void *get() const noexcept { return c_; }
+  void reset() noexcept {
+    if (c_ != nullptr) zmq_ctx_term(c_);
+    c_ = nullptr;
+  }
+
+ private:
+  void *c_ = nullptr;
+};
+
+// A ZeroMQ socket, closed exactly once: by reset() or when it goes.
+class ZmqSocket {
+ public:
+  ZmqSocket() = default;
+  ZmqSocket(void *ctx, int type) : s_(zmq_socket(ctx, type)) {}
+  ~ZmqSocket() { reset(); }
+  ZmqSocket(ZmqSocket &&o) noexcept : s_(std::exchange(o.s_, nullptr)) {}
+  ZmqSocket &operator=(ZmqSocket &&o) noexcept {
+    if (this != &o) {
+      reset();
+      s_ = std::exchange(o.s_, nullptr);
+    }
+    return *this;
+  }
+  void *get() const noexcept { return s_; }
+  explicit operator bool() const noexcept { return s_ != nullptr; }
+  void reset() noexcept {
+    if (s_ != nullptr) zmq_close(s_);
+    s_ = nullptr;
+  }
+  void set(int opt, int v) noexcept { zmq_setsockopt(s_, opt, &v, sizeof(v)); }
+  void set(int opt, int64_t v) noexcept { zmq_setsockopt(s_, opt, &v, sizeof(v)); }
+
+ private:
+  void *s_ = nullptr;
+};
+
+// What one zmq_poll waits on, each item with what to do when it is ready. dispatch() runs the
+// actions in the order the items were added; an item added with `always` runs its action
+// whether it is ready or not (sources read without waiting, woken by something else).
+class PollSet {
+ public:
+  void clear() {
+    items_.clear();
+    actions_.clear();
+  }
+  void add_socket(void *sock, std::function<void()> action, bool always = false) {
+    items_.push_back({sock, 0, ZMQ_POLLIN, 0});
+    actions_.push_back({std::move(action), always});
+  }
+  void add_fd(int fd, std::function<void()> action, bool always = false) {
+    items_.push_back({nullptr, fd, ZMQ_POLLIN, 0});
+    actions_.push_back({std::move(action), always});
+  }
+  // zmq_poll's result: the number of ready items, or -1 with zmq_errno() set.
+  int wait(long timeout_ms) {
+    return zmq_poll(items_.data(), static_cast<int>(items_.size()), timeout_ms);
+  }
+  void dispatch() {
+    for (size_t i = 0; i < items_.size(); ++i) {
+      if (actions_[i].always || items_[i].revents != 0) actions_[i].run();
+    }
+  }
+
+ private:
+  struct Action {
+    std::function<void()> run;
+    bool always = false;
+  };
+  std::vector<zmq_pollitem_t> items_;
+  std::vector<Action> actions_;
+};
 
 struct MirrorLease {
   uint64_t first_unit = 0;
@@ -128,7 +219,7 @@ struct Session {
   int32_t device = -1;  // the borrower's CUDA device: lent device memory is mapped for it
   std::function<void()> on_reclaim;
 
-  // Guarded by State::mu.
+  // Guarded by Coordinator::State::mu.
   Phase phase = Phase::connecting;
   swiftkv_status fail_status = SWIFTKV_OK;
   std::string fail_message;
@@ -140,9 +231,9 @@ struct Session {
   std::map<uint64_t, LendWait> lends;
   uint64_t next_request = 1;
 
-  // The thread's alone, but fdconn: closed only here, so other threads may poll it.
-  void *sock = nullptr;
-  void *monitor = nullptr;  // sock's connection events, until the handshake is done
+  // The coordinator thread's alone, but fdconn: closed only there, so other threads may poll it.
+  ZmqSocket sock;
+  ZmqSocket monitor;  // sock's connection events, until the handshake is done
   UniqueFd fdconn;
   uint64_t send_seq = 0, recv_seq = 0;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
@@ -151,7 +242,7 @@ struct Session {
 };
 
 
-// A borrower session on one of this process's regions. The thread's alone.
+// A borrower session on one of this process's regions. The coordinator thread's alone.
 struct Served {
   std::string routing;
   uint64_t id = 0;
@@ -178,67 +269,26 @@ struct Command {
 };
 
 
-struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
-  CoordOptions options;
-  mutable std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  std::deque<Command> commands;
-  std::map<std::string, std::weak_ptr<ElasticRegion>> offers;
-  std::map<std::string, std::shared_ptr<Session>> sessions;  // endpoint '\n' name
-  CoordStats stats;
-  bool started = false, stopping = false;
-  std::thread thread;
+// The lender side: sessions remote borrowers hold on this process's offered regions, from the
+// hello to the last release, and the scans that send reclaims and forget expired leases. The
+// coordinator's thread owns it; the offers, the stats and the wake-up are State's.
+class LenderService {
+ public:
+  explicit LenderService(Coordinator::State &st) : st_(st) {}
+  // Binds the router at `endpoint` and opens the fd channel's listener; EPEER when either fails
+  // (nothing is left bound then). Before the thread starts.
+  void bind(const std::string &endpoint);
+  // Closes the router and the listener, and removes the endpoint's socket file. After the
+  // thread ends.
+  void stop() noexcept;
+  bool bound() const noexcept { return static_cast<bool>(router_); }
+  void add_to(PollSet &poll);
+  void scan_served(uint64_t now);
+  uint64_t next_due_ns() const noexcept { return next_expiry_scan_ns_; }
 
-  // The thread's alone (set up before it starts).
-  void *zctx = nullptr;
-  void *router = nullptr;
-  // The socket file an ipc:// endpoint made, with its identity, so that closing removes this
-  // very file and never one that another process bound at the same path since.
-  std::string ipc_file;
-  dev_t ipc_dev = 0;
-  ino_t ipc_ino = 0;
-  UniqueFd wake_fd;
-  UniqueFd listener;
-  std::string fd_name;
-  std::vector<UniqueFd> unauthed;
-  std::map<std::string, Served> served;  // by routing id
-  std::deque<std::string> ended;         // routing ids of sessions closed lately
-  std::vector<std::shared_ptr<Session>> active;
-  uint64_t next_session = 1;
-  uint64_t next_monitor = 1;
-  uint64_t next_expiry_scan_ns = 0;
-
-  void wake() const noexcept {
-    const uint64_t one = 1;
-    [[maybe_unused]] const ssize_t n = ::write(wake_fd.get(), &one, sizeof(one));
-  }
-  void post(Command c) {
-    {
-      std::lock_guard lock(mu);
-      commands.push_back(std::move(c));
-    }
-    wake();
-  }
-  void count(uint64_t CoordStats::*field, uint64_t n = 1) {
-    std::lock_guard lock(mu);
-    stats.*field += n;
-  }
-  void drop(const std::string &why) {
-    count(&CoordStats::messages_dropped);
-    log_warn("coordinator: dropped a message: " + why);
-  }
-  uint64_t heartbeat_ns(const Session &s) const {
-    return std::max<uint64_t>(1'000'000, std::min(options.heartbeat_ns, s.info.lease_ns / 3));
-  }
-
-  void start_locked();
-  void run();
-  void stop_all() noexcept;
+ private:
   void note_ipc_file() noexcept;    // after the bind
   void remove_ipc_file() noexcept;  // after the router is closed
-
-  // Lender side.
   void send_served(Served &srv, Payload p);
   void on_router();
   void on_hello(const std::string &routing, const Message &m);
@@ -249,12 +299,39 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   void on_heartbeat(Served &srv, const Message &m, const Heartbeat &h);
   void on_release(Served &srv, const Release &r);
   void end_served(Served &srv);
-  void scan_served(uint64_t now);
   void send_pieces(int fd, uint64_t tag, const RegionExport &e, uint32_t *packets);
 
-  // Borrower side.
-  void send(Session &s, Payload p);
+  Coordinator::State &st_;
+  ZmqSocket router_;
+  // The socket file an ipc:// endpoint made, with its identity, so that closing removes this
+  // very file and never one that another process bound at the same path since.
+  std::string ipc_file_;
+  dev_t ipc_dev_ = 0;
+  ino_t ipc_ino_ = 0;
+  UniqueFd listener_;
+  std::string fd_name_;
+  std::vector<UniqueFd> unauthed_;
+  std::map<std::string, Served> served_;  // by routing id
+  std::deque<std::string> ended_;         // routing ids of sessions closed lately
+  uint64_t next_session_ = 1;
+  uint64_t next_expiry_scan_ns_ = 0;
+};
+
+// The borrower side: this process's sessions with remote lenders, from the hello to the mapped
+// region, grants, heartbeats and their answers, reclaims, and losing a lender. The coordinator's
+// thread owns it; the session table callers wait on is State's.
+class BorrowerSessions {
+ public:
+  explicit BorrowerSessions(Coordinator::State &st) : st_(st) {}
   void on_command(const Command &c);
+  void add_to(PollSet &poll);
+  void heartbeats(uint64_t now);
+  uint64_t next_due_ns() const noexcept;
+  // Says bye to every lender and closes every session's sockets. After the thread ends.
+  void stop_all() noexcept;
+
+ private:
+  void send(Session &s, Payload p);
   void on_session(const std::shared_ptr<Session> &s);
   void on_session_fd(const std::shared_ptr<Session> &s);
   void on_monitor(const std::shared_ptr<Session> &s);
@@ -265,7 +342,49 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
   void close_session(const std::shared_ptr<Session> &s);
-  void heartbeats(uint64_t now);
+  uint64_t heartbeat_ns(const Session &s) const;
+
+  Coordinator::State &st_;
+  std::vector<std::shared_ptr<Session>> active_;
+  uint64_t next_monitor_ = 1;
+};
+
+// What callers and the coordinator's thread share, and the thread itself.
+struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
+  CoordOptions options;  // set before the thread starts, then read-only
+  mutable std::mutex mu;
+  std::condition_variable cv;
+  // Guarded by mu.
+  std::deque<Command> commands;
+  std::map<std::string, std::weak_ptr<ElasticRegion>> offers;
+  std::map<std::string, std::shared_ptr<Session>> sessions;  // endpoint '\n' name
+  CoordStats stats;
+  bool started = false, stopping = false;
+  std::thread thread;
+
+  UniqueFd wake_fd;  // written by anyone, read by the thread
+  // Made before the thread starts; terminated after it ends and every socket is closed.
+  ZmqContext zctx;
+  // The coordinator thread's (declared after zctx: their sockets close before it ends).
+  LenderService lender{*this};
+  BorrowerSessions borrower{*this};
+
+  void wake() const noexcept {
+    const uint64_t one = 1;
+    [[maybe_unused]] const ssize_t n = ::write(wake_fd.get(), &one, sizeof(one));
+  }
+  void count(uint64_t CoordStats::*field, uint64_t n = 1) {
+    std::lock_guard lock(mu);
+    stats.*field += n;
+  }
+  void drop(const std::string &why) {
+    count(&CoordStats::messages_dropped);
+    log_warn("coordinator: dropped a message: " + why);
+  }
+
+  void start_locked();
+  void run();
+  void stop_all() noexcept;
 };
 
 }  // namespace swiftkv::coord
