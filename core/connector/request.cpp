@@ -14,111 +14,120 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
                  RequestSpec spec)
     : cache_(cache), exec_(exec), pool_(std::move(pool)), spec_(std::move(spec)) {
   const ModelGeometry &g = pool_->geometry();
-  const PageLayout &layout = pool_->layout();
   const GeometrySizes sizes = geometry_sizes(g, "model");
   piece_bytes_ = sizes.layer_chunk_bytes;
   chunk_tokens_ = g.chunk_tokens;
   layers_ = g.num_layers;
-  const uint64_t pages_per_chunk = g.chunk_tokens / g.block_tokens;
-  auto chunk_pages = [&](size_t c) {
-    return std::span<const int32_t>(spec_.pages).subspan(c * pages_per_chunk, pages_per_chunk);
-  };
-  // A chunk copied into or out of stream pages orders each layer's load after the last save.
-  auto plan_for = [&](size_t c) {
-    for (int32_t p : chunk_pages(c)) {
-      if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
-    }
-    return chunk_copy_plan(layout, chunk_pages(c), g.chunk_tokens);
-  };
   load_left_.assign(layers_, 0);
   save_left_.assign(layers_, 0);
   load_submitted_.assign(layers_, false);
+  // What is held so far is given back by the members' destructors if a stage throws.
+  hold_loads(sizes);
+  reserve_saves(sizes);
+  check_stream_pages();
+  if (device()) make_device_transfer();
+  start_disk_reads();
+}
 
-  // The loads: the cached run from load_from, each chunk held (its copy cannot be freed) until
-  // the request ends.
+std::vector<CopySegment> Request::plan_for(size_t c) {
+  const PageLayout &layout = pool_->layout();
+  const ModelGeometry &g = pool_->geometry();
+  const uint64_t pages_per_chunk = g.chunk_tokens / g.block_tokens;
+  const auto pages =
+      std::span<const int32_t>(spec_.pages).subspan(c * pages_per_chunk, pages_per_chunk);
+  // A chunk copied into or out of stream pages orders each layer's load after the last save.
+  for (int32_t p : pages) {
+    if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
+  }
+  return chunk_copy_plan(layout, pages, g.chunk_tokens);
+}
+
+// The loads: the cached run from load_from, each chunk held until the request ends.
+void Request::hold_loads(const GeometrySizes &sizes) {
   const size_t first = spec_.load_from / chunk_tokens_;
   bool tiers_used[kTierCount] = {};
-  try {
-    for (size_t c = first; spec_.load && c < spec_.keys.size(); ++c) {
-      std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
-      if (!use) break;
-      if (use->meta.bytes != sizes.full_chunk_bytes) {
-        // Not this model's chunk whatever its key says: dropped as corrupt, the load ends here.
-        cache_.end_read(spec_.keys[c]);
-        cache_.report_failed_load(spec_.keys[c], use->meta, use->where.tier);
-        break;
-      }
-      auto lc = std::make_unique<LoadChunk>();
-      lc->key = spec_.keys[c];
-      lc->use = *use;
-      loads_.push_back(std::move(lc));  // from here the destructor ends the read
-      LoadChunk &l = *loads_.back();
-      l.plan = plan_for(c);
-      l.src = cache_.address(use->where, &l.src_device);
-      tiers_used[static_cast<size_t>(use->where.tier)] = true;
-      if (use->where.tier == Tier::peer) peer_loads_ = true;
+  for (size_t c = first; spec_.load && c < spec_.keys.size(); ++c) {
+    std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
+    if (!use) break;
+    if (use->meta.bytes != sizes.full_chunk_bytes) {
+      // Not this model's chunk whatever its key says: dropped as corrupt, the load ends here.
+      cache_.end_read(spec_.keys[c]);
+      cache_.report_failed_load(spec_.keys[c], use->meta, use->where.tier);
+      break;
     }
-    info_.load_begin = first * chunk_tokens_;
-    info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
-    info_.valid_end = info_.load_end;
-    for (size_t t = 0; t < kTierCount; ++t) {
-      if (tiers_used[t]) {
-        load_scopes_.push_back(std::make_unique<ChunkCache::LoadScope>(cache_, static_cast<Tier>(t)));
-      }
-    }
-
-    // The saves: every full chunk that is neither loaded nor cached, into a reserved slot that
-    // becomes visible only in wait_save.
-    for (size_t c = 0; spec_.save && c < spec_.keys.size(); ++c) {
-      if (c >= first && c < first + loads_.size()) continue;
-      if (cache_.resident(spec_.keys[c])) continue;
-      const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c), g.chunk_tokens,
-                           sizes.full_chunk_bytes};
-      std::optional<SlotRef> where = cache_.reserve_slot(spec_.keys[c], meta);
-      if (!where) continue;  // no room anywhere: counted by the cache, the chunk is not saved
-      auto sc = std::make_unique<SaveChunk>();
-      sc->key = spec_.keys[c];
-      sc->meta = meta;
-      sc->where = *where;
-      saves_.push_back(std::move(sc));  // from here the destructor releases the slot
-      SaveChunk &s = *saves_.back();
-      s.plan = plan_for(c);
-      s.dst = cache_.address(s.where, &s.slot_device);
-      // A host pool reaches lent device memory through host staging; a device pool copies to
-      // any memory directly, and stages only for the disk.
-      if (s.dst == nullptr || (s.slot_device >= 0 && pool_->layout().device < 0)) {
-        s.staging.allocate(sizes.full_chunk_bytes, *pool_);
-        s.dst = s.staging.data();
-      }
-      info_.save_tokens += chunk_tokens_;
-    }
-    const bool any_stream_page =
-        std::any_of(spec_.pages.begin(), spec_.pages.end(),
-                    [&](int32_t p) { return layout.is_stream(static_cast<uint32_t>(p)); });
-    if (any_stream_page && !(spec_.load && spec_.save)) {
-      fail_invalid(std::string("a ") + (spec_.load ? "load-only" : "save-only") +
-                   " request cannot use stream pages: they hold one layer at a time, and only "
-                   "a request that both loads and saves says when a layer is done with");
-    }
-    if (device()) make_device_transfer();
-  } catch (...) {
-    dev_.reset();
-    for (auto &l : loads_) cache_.end_read(l->key);
-    for (auto &s : saves_) cache_.release_slot(s->where);
-    throw;
+    loads_.push_back(std::make_unique<LoadChunk>(cache_, spec_.keys[c], *use));
+    LoadChunk &l = *loads_.back();
+    l.plan = plan_for(c);
+    l.src = cache_.address(use->where, &l.src_device);
+    tiers_used[static_cast<size_t>(use->where.tier)] = true;
+    if (use->where.tier == Tier::peer) peer_loads_ = true;
   }
+  info_.load_begin = first * chunk_tokens_;
+  info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
+  info_.valid_end = info_.load_end;
+  for (size_t t = 0; t < kTierCount; ++t) {
+    if (tiers_used[t]) {
+      load_scopes_.push_back(std::make_unique<ChunkCache::LoadScope>(cache_, static_cast<Tier>(t)));
+    }
+  }
+}
 
-  // Disk chunks are read and checked now, as early as the request is known.
-  std::lock_guard lock(mu_);
-  for (size_t i = 0; i < loads_.size(); ++i) {
-    if (loads_[i]->src != nullptr) continue;
-    ++tasks_in_flight_;
-    exec_.submit(CpuExecutor::Lane::load, [this, i] {
-      stage(*loads_[i]);
-      std::lock_guard l(mu_);
-      --tasks_in_flight_;
-      cv_.notify_all();
-    });
+// The saves: every full chunk that is neither loaded nor cached, into a reserved slot that
+// becomes visible only in wait_save.
+void Request::reserve_saves(const GeometrySizes &sizes) {
+  const size_t first = spec_.load_from / chunk_tokens_;
+  for (size_t c = 0; spec_.save && c < spec_.keys.size(); ++c) {
+    if (c >= first && c < first + loads_.size()) continue;
+    if (cache_.resident(spec_.keys[c])) continue;
+    const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c), static_cast<uint32_t>(chunk_tokens_),
+                         sizes.full_chunk_bytes};
+    std::optional<SlotRef> where = cache_.reserve_slot(spec_.keys[c], meta);
+    if (!where) continue;  // no room anywhere: counted by the cache, the chunk is not saved
+    saves_.push_back(std::make_unique<SaveChunk>(cache_, spec_.keys[c], meta, *where));
+    SaveChunk &s = *saves_.back();
+    s.plan = plan_for(c);
+    s.dst = cache_.address(s.where, &s.slot_device);
+    // A host pool reaches lent device memory through host staging; a device pool copies to
+    // any memory directly, and stages only for the disk.
+    if (s.dst == nullptr || (s.slot_device >= 0 && pool_->layout().device < 0)) {
+      s.staging.allocate(sizes.full_chunk_bytes, *pool_);
+      s.dst = s.staging.data();
+    }
+    info_.save_tokens += chunk_tokens_;
+  }
+}
+
+void Request::check_stream_pages() const {
+  const PageLayout &layout = pool_->layout();
+  const bool any_stream_page =
+      std::any_of(spec_.pages.begin(), spec_.pages.end(),
+                  [&](int32_t p) { return layout.is_stream(static_cast<uint32_t>(p)); });
+  if (any_stream_page && !(spec_.load && spec_.save)) {
+    fail_invalid(std::string("a ") + (spec_.load ? "load-only" : "save-only") +
+                 " request cannot use stream pages: they hold one layer at a time, and only "
+                 "a request that both loads and saves says when a layer is done with");
+  }
+}
+
+// Disk chunks are read and checked now, as early as the request is known.
+void Request::start_disk_reads() {
+  std::unique_lock lock(mu_);
+  try {
+    for (size_t i = 0; i < loads_.size(); ++i) {
+      if (loads_[i]->src != nullptr) continue;
+      exec_.submit(CpuExecutor::Lane::load, [this, i] {
+        stage(*loads_[i]);
+        std::lock_guard l(mu_);
+        --tasks_in_flight_;
+        cv_.notify_all();
+      });
+      ++tasks_in_flight_;
+    }
+  } catch (...) {
+    // A submit that failed (out of memory): the reads already running use this request, so
+    // the constructor waits for them before it gives up.
+    cv_.wait(lock, [this] { return tasks_in_flight_ == 0; });
+    throw;
   }
 }
 
@@ -135,10 +144,7 @@ Request::~Request() {
   cv_.wait(lock, [this] { return tasks_in_flight_ == 0; });
   lock.unlock();
   dev_.reset();  // waits for the device's copies: they read held chunks and write slots
-  for (auto &l : loads_) cache_.end_read(l->key);
-  for (auto &s : saves_) {
-    if (!s->published) cache_.release_slot(s->where);
-  }
+  // The members then end the reads and release the slots not published.
 }
 
 bool Request::stage(LoadChunk &c) {

@@ -92,7 +92,14 @@ class Request {
     std::vector<std::byte> plain_;
     PinnedBuffer pinned_;
   };
+  // A chunk this request loads. It holds the chunk's read (its copy cannot be freed) for as
+  // long as it lives: the read ends in its destructor.
   struct LoadChunk {
+    LoadChunk(ChunkCache &c, const ChunkKey &k, const ChunkUse &u) : cache(c), key(k), use(u) {}
+    ~LoadChunk() { cache.end_read(key); }
+    LoadChunk(const LoadChunk &) = delete;
+    LoadChunk &operator=(const LoadChunk &) = delete;
+    ChunkCache &cache;
     ChunkKey key;
     ChunkUse use;
     std::vector<CopySegment> plan;
@@ -102,7 +109,17 @@ class Request {
     HostBytes staging;
     bool staged = false, stage_failed = false;
   };
+  // A chunk this request saves, into a reserved slot that it releases when it goes unless the
+  // slot was handed to publish().
   struct SaveChunk {
+    SaveChunk(ChunkCache &c, const ChunkKey &k, const ChunkMeta &m, SlotRef w)
+        : cache(c), key(k), meta(m), where(w) {}
+    ~SaveChunk() {
+      if (!published) cache.release_slot(where);
+    }
+    SaveChunk(const SaveChunk &) = delete;
+    SaveChunk &operator=(const SaveChunk &) = delete;
+    ChunkCache &cache;
     ChunkKey key;
     ChunkMeta meta;
     SlotRef where;
@@ -112,6 +129,14 @@ class Request {
     HostBytes staging;
     bool published = false;
   };
+
+  // The constructor's stages, in order.
+  void hold_loads(const GeometrySizes &sizes);
+  void reserve_saves(const GeometrySizes &sizes);
+  void check_stream_pages() const;
+  void start_disk_reads();
+  // The copy plan of chunk c between its pages and a chunk's bytes; notes stream pages.
+  std::vector<CopySegment> plan_for(size_t c);
 
   void submit_load_locked(uint32_t layer);
   void submit_save_locked(uint32_t layer);
@@ -134,6 +159,8 @@ class Request {
   uint64_t piece_bytes_ = 0;
   uint64_t chunk_tokens_ = 0;
   uint32_t layers_ = 0;
+  // Declared before dev_, so that they go after it (its copies read held chunks and write
+  // reserved slots), also when the constructor throws.
   std::vector<std::unique_ptr<LoadChunk>> loads_;
   std::vector<std::unique_ptr<SaveChunk>> saves_;
   std::vector<std::unique_ptr<ChunkCache::LoadScope>> load_scopes_;  // while loads are pending
