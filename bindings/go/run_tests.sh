@@ -15,3 +15,35 @@ export PKG_CONFIG_PATH=$(dirname "$pc") CGO_LDFLAGS="-Wl,-rpath,$libdir"
 export GOCACHE=$work/gocache GOPATH=$work/gopath GOPROXY=off GOFLAGS=-mod=mod GOTOOLCHAIN=local
 "$go" vet ./...
 "$go" test -count=1 ./...
+
+# A program in a module of its own, outside this tree, as a user writes one: it imports
+# swiftkv.dev/bindings/swiftkv through a go.work file that names this module (no replace
+# directive, nothing fetched). docs/bindings.md gives the same steps.
+consumer=$work/consumer
+rm -rf "$consumer"
+mkdir -p "$consumer/app"
+cat >"$consumer/app/go.mod" <<'MOD'
+module example.com/app
+
+go 1.19
+MOD
+cat >"$consumer/app/main.go" <<'SRC'
+package main
+
+import (
+	"fmt"
+
+	"swiftkv.dev/bindings/swiftkv"
+)
+
+func main() {
+	ctx, err := swiftkv.NewContext(swiftkv.DefaultConfig())
+	if err != nil {
+		panic(err)
+	}
+	defer ctx.Close()
+	fmt.Println("consumer: context open")
+}
+SRC
+(cd "$consumer" && GOFLAGS= "$go" work init ./app "$here" && cd app && GOFLAGS= "$go" run . ) |
+  grep -qx "consumer: context open"

@@ -811,14 +811,14 @@ impl<'a> Model<'a> {
     }
 
     /// Begins an engine request over `pool`'s `pages`; finished when dropped.
-    pub fn request(&self, pool: &Pool<'_>, tokens: &[u32], pages: &[i32],
-                   load_from_tokens: u64) -> Result<Request<'a>> {
+    pub fn request<'p>(&self, pool: &'p Pool<'a>, tokens: &[u32], pages: &[i32],
+                       load_from_tokens: u64) -> Result<Request<'p>> {
         self.request_shaped(pool, tokens, pages, load_from_tokens, RequestShape::LoadAndSave)
     }
 
     /// `request` of a given shape: load-only, save-only or both.
-    pub fn request_shaped(&self, pool: &Pool<'_>, tokens: &[u32], pages: &[i32],
-                          load_from_tokens: u64, shape: RequestShape) -> Result<Request<'a>> {
+    pub fn request_shaped<'p>(&self, pool: &'p Pool<'a>, tokens: &[u32], pages: &[i32],
+                              load_from_tokens: u64, shape: RequestShape) -> Result<Request<'p>> {
         let mut d: sys::swiftkv_request_desc = unsafe { std::mem::zeroed() };
         d.size = std::mem::size_of::<sys::swiftkv_request_desc>() as u32;
         d.version = sys::SWIFTKV_REQUEST_DESC_VERSION;
@@ -831,7 +831,7 @@ impl<'a> Model<'a> {
         d.shape = shape as sys::swiftkv_request_shape;
         let mut id = 0;
         check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
-        Ok(Request { ctx: self.ctx, id, open: true, _not_sync: PhantomData })
+        Ok(Request { ctx: self.ctx, id, open: true, _pool: PhantomData, _not_sync: PhantomData })
     }
 }
 
@@ -1051,15 +1051,72 @@ impl<'a> Pool<'a> {
 
 impl Drop for Pool<'_> {
     fn drop(&mut self) {
+        // Cannot be EBUSY: every Request borrows its pool, so none is open here.
         unsafe { sys::swiftkv_pool_destroy(self.ctx.raw, self.id) };
     }
 }
 
+/// A CUDA stream (`cudaStream_t`) as the library takes it, or `Stream::HOST` for host pools and
+/// plans (the null stream). Copies and kernels are enqueued on it; the library never owns it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Stream(*mut c_void);
+
+impl Stream {
+    /// No stream: what host pools and host plans take.
+    pub const HOST: Stream = Stream(ptr::null_mut());
+
+    /// Wraps an engine's `cudaStream_t`.
+    ///
+    /// # Safety
+    /// `raw` must be a CUDA stream of the device the pool or plan is on (or null), alive for
+    /// every call it is passed to and until the work enqueued on it has run.
+    pub unsafe fn from_raw(raw: *mut c_void) -> Stream {
+        Stream(raw)
+    }
+
+    pub fn as_raw(self) -> *mut c_void {
+        self.0
+    }
+}
+
+impl Default for Stream {
+    fn default() -> Stream {
+        Stream::HOST
+    }
+}
+
 /// An engine request through the connector; finished (waiting for its copies) when dropped.
-pub struct Request<'a> {
-    ctx: &'a Context,
+/// It borrows the pool whose pages it copies, so the pool cannot go while it is open:
+///
+/// ```
+/// # use swiftkv::*;
+/// # fn f(model: &Model<'_>) -> Result<()> {
+/// let pool = model.pool_create(8, 0)?;
+/// let r = model.request(&pool, &[1, 2, 3], &[0], 0)?;
+/// r.wait_save(Stream::HOST)?;
+/// drop(r);
+/// drop(pool);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// and the same with the pool dropped first does not compile:
+///
+/// ```compile_fail,E0505
+/// # use swiftkv::*;
+/// # fn f(model: &Model<'_>) -> Result<()> {
+/// let pool = model.pool_create(8, 0)?;
+/// let r = model.request(&pool, &[1, 2, 3], &[0], 0)?;
+/// drop(pool);
+/// r.wait_save(Stream::HOST)?;
+/// # Ok(())
+/// # }
+/// ```
+pub struct Request<'p> {
+    ctx: &'p Context,
     id: u64,
     open: bool,
+    _pool: PhantomData<&'p Pool<'p>>,
     _not_sync: PhantomData<std::cell::Cell<()>>,
 }
 
@@ -1071,24 +1128,26 @@ impl Request<'_> {
     }
 
     /// Starts the loads; `stream` is a CUDA stream for device pools (null on the host).
-    pub fn start_load(&self, stream: *mut c_void) -> Result<()> {
-        check(unsafe { sys::swiftkv_start_load(self.ctx.raw, self.id, stream) }).map(|_| ())
+    pub fn start_load(&self, stream: Stream) -> Result<()> {
+        check(unsafe { sys::swiftkv_start_load(self.ctx.raw, self.id, stream.0) }).map(|_| ())
     }
 
     /// Layer `layer` is in the pages; the end of the valid loaded tokens.
-    pub fn wait_layer_load(&self, layer: u32, stream: *mut c_void) -> Result<u64> {
+    pub fn wait_layer_load(&self, layer: u32, stream: Stream) -> Result<u64> {
         let mut v = 0;
-        check(unsafe { sys::swiftkv_wait_layer_load(&mut v, self.ctx.raw, self.id, layer, stream) })?;
+        check(unsafe {
+            sys::swiftkv_wait_layer_load(&mut v, self.ctx.raw, self.id, layer, stream.0)
+        })?;
         Ok(v)
     }
 
-    pub fn save_layer(&self, layer: u32, stream: *mut c_void) -> Result<()> {
-        check(unsafe { sys::swiftkv_save_layer(self.ctx.raw, self.id, layer, stream) }).map(|_| ())
+    pub fn save_layer(&self, layer: u32, stream: Stream) -> Result<()> {
+        check(unsafe { sys::swiftkv_save_layer(self.ctx.raw, self.id, layer, stream.0) }).map(|_| ())
     }
 
-    pub fn wait_save(&self, stream: *mut c_void) -> Result<u64> {
+    pub fn wait_save(&self, stream: Stream) -> Result<u64> {
         let mut n = 0;
-        check(unsafe { sys::swiftkv_wait_save(&mut n, self.ctx.raw, self.id, stream) })?;
+        check(unsafe { sys::swiftkv_wait_save(&mut n, self.ctx.raw, self.id, stream.0) })?;
         Ok(n)
     }
 
@@ -1204,7 +1263,7 @@ impl AttentionPlan {
     /// `workspace` must point to `workspace_bytes` bytes that stay valid for every run.
     pub unsafe fn new(desc: &AttentionDesc, qo_indptr: &[i32], kv_indptr: &[i32],
                       kv_last_page_len: &[i32], workspace: *mut c_void, workspace_bytes: u64,
-                      stream: *mut c_void) -> Result<AttentionPlan> {
+                      stream: Stream) -> Result<AttentionPlan> {
         if qo_indptr.len() != kv_last_page_len.len() + 1 || kv_indptr.len() != qo_indptr.len() {
             return Err(invalid("qo_indptr and kv_indptr need one entry more than kv_last_page_len"));
         }
@@ -1213,7 +1272,7 @@ impl AttentionPlan {
         check(sys::swiftkv_attention_plan_make(&mut p, &d, qo_indptr.as_ptr(), kv_indptr.as_ptr(),
                                                kv_last_page_len.as_ptr(),
                                                kv_last_page_len.len() as u32, workspace,
-                                               workspace_bytes, stream))?;
+                                               workspace_bytes, stream.0))?;
         Ok(AttentionPlan { raw: p })
     }
 
@@ -1227,7 +1286,7 @@ impl AttentionPlan {
     /// Every pointer in `args` must reach the elements its strides and the plan's lengths
     /// imply, in the plan's memory (host or device), and `workspace` must be the plan's.
     pub unsafe fn run(&self, args: &AttentionArgs, workspace: *mut c_void,
-                      stream: *mut c_void) -> Result<()> {
+                      stream: Stream) -> Result<()> {
         let mut a: sys::swiftkv_attention_args = zeroed_versioned(sys::SWIFTKV_ATTENTION_ARGS_VERSION);
         a.q = args.q;
         a.q_token_stride = args.q_token_stride;
@@ -1243,7 +1302,7 @@ impl AttentionPlan {
         a.out_token_stride = args.out_token_stride;
         a.out_head_stride = args.out_head_stride;
         a.lse = args.lse;
-        check(sys::swiftkv_attention_run(&self.raw, &a, workspace, stream)).map(|_| ())
+        check(sys::swiftkv_attention_run(&self.raw, &a, workspace, stream.0)).map(|_| ())
     }
 }
 

@@ -367,9 +367,9 @@ fn pools_and_the_connector() {
     // First request: nothing cached; the engine computes and saves every layer.
     {
         let r = m.request(&pool, &tokens, &pages, 0).unwrap();
-        r.start_load(ptr::null_mut()).unwrap();
+        r.start_load(Stream::HOST).unwrap();
         for l in 0..2u32 {
-            assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 0);
+            assert_eq!(r.wait_layer_load(l, Stream::HOST).unwrap(), 0);
             for tok in 0..96 {
                 for c in 0..2 {
                     for i in 0..32 {
@@ -378,9 +378,9 @@ fn pools_and_the_connector() {
                     }
                 }
             }
-            r.save_layer(l, ptr::null_mut()).unwrap();
+            r.save_layer(l, Stream::HOST).unwrap();
         }
-        assert_eq!(r.wait_save(ptr::null_mut()).unwrap(), 96);
+        assert_eq!(r.wait_save(Stream::HOST).unwrap(), 96);
         assert_eq!(r.finish().unwrap().saved_tokens, 96);
     }
     for l in layers.iter_mut() {
@@ -389,12 +389,12 @@ fn pools_and_the_connector() {
     // Second request, other pages: everything loads.
     let pages2 = [4i32, 6, 0, 1, 2, 3];
     let r = m.request(&pool, &tokens, &pages2, 0).unwrap();
-    r.start_load(ptr::null_mut()).unwrap();
+    r.start_load(Stream::HOST).unwrap();
     for l in 0..2u32 {
-        assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 96);
-        r.save_layer(l, ptr::null_mut()).unwrap();
+        assert_eq!(r.wait_layer_load(l, Stream::HOST).unwrap(), 96);
+        r.save_layer(l, Stream::HOST).unwrap();
     }
-    r.wait_save(ptr::null_mut()).unwrap();
+    r.wait_save(Stream::HOST).unwrap();
     assert_eq!(r.info().unwrap().load_end_tokens, 96);
     drop(r);
     for l in 0..2 {
@@ -411,21 +411,21 @@ fn pools_and_the_connector() {
     // brings it back into the first pages, saving nothing.
     let tokens2 = tokens_of(8, 96);
     let r = m.request_shaped(&pool, &tokens2, &pages2, 0, RequestShape::SaveOnly).unwrap();
-    assert_eq!(r.start_load(ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+    assert_eq!(r.start_load(Stream::HOST).unwrap_err().status, Status::ESTATE);
     for l in 0..2u32 {
-        r.save_layer(l, ptr::null_mut()).unwrap();
+        r.save_layer(l, Stream::HOST).unwrap();
     }
-    assert_eq!(r.wait_save(ptr::null_mut()).unwrap(), 96);
+    assert_eq!(r.wait_save(Stream::HOST).unwrap(), 96);
     drop(r);
     for l in layers.iter_mut() {
         l.iter_mut().for_each(|x| *x = 0);
     }
     let r = m.request_shaped(&pool, &tokens2, &pages, 0, RequestShape::LoadOnly).unwrap();
-    r.start_load(ptr::null_mut()).unwrap();
+    r.start_load(Stream::HOST).unwrap();
     for l in 0..2u32 {
-        assert_eq!(r.wait_layer_load(l, ptr::null_mut()).unwrap(), 96);
+        assert_eq!(r.wait_layer_load(l, Stream::HOST).unwrap(), 96);
     }
-    assert_eq!(r.save_layer(0, ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+    assert_eq!(r.save_layer(0, Stream::HOST).unwrap_err().status, Status::ESTATE);
     assert_eq!(r.info().unwrap().save_tokens, 0);
     drop(r);
     for l in 0..2 {
@@ -443,7 +443,7 @@ fn pools_and_the_connector() {
                Status::EINVAL);
     assert_eq!(c.stats().unwrap().requests_open, 0);
     let r = m.request(&pool, &tokens[..32], &[0, 1], 0).unwrap();
-    assert_eq!(r.wait_layer_load(0, ptr::null_mut()).unwrap_err().status, Status::ESTATE);
+    assert_eq!(r.wait_layer_load(0, Stream::HOST).unwrap_err().status, Status::ESTATE);
 }
 
 #[test]
@@ -483,7 +483,7 @@ fn attention_on_the_host() {
     let off = (256 - raw.as_ptr() as usize % 256) % 256;
     let ws = unsafe { raw.as_mut_ptr().add(off) } as *mut c_void;
     let plan = unsafe {
-        AttentionPlan::new(&desc, &[0, t as i32], &[0, 2], &[5], ws, bytes as u64, ptr::null_mut())
+        AttentionPlan::new(&desc, &[0, t as i32], &[0, 2], &[5], ws, bytes as u64, Stream::HOST)
     }
     .unwrap();
     assert_eq!(plan.counts().kv_tokens, kv_len as u64);
@@ -504,7 +504,7 @@ fn attention_on_the_host() {
         out_head_stride: d as i64,
         lse: ptr::null_mut(),
     };
-    unsafe { plan.run(&args, ws, ptr::null_mut()) }.unwrap();
+    unsafe { plan.run(&args, ws, Stream::HOST) }.unwrap();
     // A naive causal reference in f64.
     let kv_at = |base: &Vec<f32>, tok: usize, h: usize, i: usize| {
         let p = pages[tok / page_tokens] as usize;
@@ -530,7 +530,7 @@ fn attention_on_the_host() {
     assert!(worst < 1e-5, "max error {}", worst);
     let bad = [3i32, 9];
     let args_bad = AttentionArgs { kv_indices: bad.as_ptr(), ..args };
-    assert_eq!(unsafe { plan.run(&args_bad, ws, ptr::null_mut()) }.unwrap_err().status, Status::EINVAL);
+    assert_eq!(unsafe { plan.run(&args_bad, ws, Stream::HOST) }.unwrap_err().status, Status::EINVAL);
 }
 
 #[test]
