@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "paper_models.h"
 #include "swiftkv/swiftkv.h"
 
 namespace {
@@ -53,28 +54,9 @@ Stat time_of(std::vector<double> v) {
   std::exit(1);
 }
 
-struct Model {
-  const char *name;
-  uint32_t layers, kv_heads, head_dim;
-};
-// SwiftCache Table 2, f16.
-constexpr Model kModels[] = {{"lwm-1m-text", 32, 32, 128},
-                             {"qwen3-8b", 36, 8, 128},
-                             {"qwen3-14b", 40, 8, 128},
-                             {"qwen3-32b", 64, 8, 128}};
 constexpr uint32_t kChunkTokens = 256;
 
-swiftkv_model_desc desc_of(const Model &m) {
-  swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
-  d.name = m.name;
-  d.num_layers = m.layers;
-  d.num_kv_heads = m.kv_heads;
-  d.head_dim = m.head_dim;
-  d.block_tokens = 16;
-  d.chunk_tokens = kChunkTokens;
-  d.dtype = SWIFTKV_DTYPE_F16;
-  return d;
-}
+swiftkv_model_desc desc_of(int which) { return swiftkv_paper_desc(which, 16, kChunkTokens); }
 
 uint64_t chunk_bytes_of(const swiftkv_model_desc &d) {
   uint64_t per_token = 0;
@@ -127,8 +109,8 @@ struct Row {
   Stat lib_write, plain_write, lib_read, plain_read;  // GB/s
 };
 
-Row measure(const Model &m, const std::string &dir, double gib, int reps) {
-  const swiftkv_model_desc d = desc_of(m);
+Row measure(int which, const std::string &dir, double gib, int reps) {
+  const swiftkv_model_desc d = desc_of(which);
   const uint64_t chunk = chunk_bytes_of(d);
   const auto n = std::max<uint64_t>(4, static_cast<uint64_t>(gib * (1 << 30)) / chunk);
   // Segments of 8 chunks, the size docs/disk-format.md recommends; room for every chunk.
@@ -222,7 +204,7 @@ Row measure(const Model &m, const std::string &dir, double gib, int reps) {
   }
   clear_dir(lib_dir);
   std::filesystem::remove(plain);
-  return Row{m.name, chunk, n, rate_of(lw), rate_of(pw), rate_of(lr), rate_of(pr)};
+  return Row{d.name, chunk, n, rate_of(lw), rate_of(pw), rate_of(lr), rate_of(pr)};
 }
 
 struct Recovery {
@@ -333,7 +315,7 @@ int main(int argc, char **argv) {
   }
   std::filesystem::create_directories(dir);
   std::vector<Row> rows;
-  for (const Model &m : kModels) rows.push_back(measure(m, dir, gib, reps));
+  for (int m = 0; m < SWIFTKV_PAPER_MODEL_COUNT; ++m) rows.push_back(measure(m, dir, gib, reps));
   const Recovery rec = measure_recovery(dir, recovery_chunks, reps);
   std::filesystem::remove_all(dir);
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_skip.h"
+#include "paper_models.h"
 
 #if defined(SWIFTKV_TEST_HAVE_CUDA)
 #include <cuda_runtime_api.h>
@@ -165,14 +166,10 @@ void test_elastic_on_device() {
   cc.device_mask = 1;
   swiftkv_ctx *ctx = nullptr;
   CHECK(swiftkv_ctx_create(&ctx, &cc) == SWIFTKV_OK);
-  swiftkv_model_desc lender = SWIFTKV_MODEL_DESC_INIT, borrower = SWIFTKV_MODEL_DESC_INIT;
-  lender.num_layers = 36;  // Qwen3-8B lending to Qwen3-32B: a unit is 256 blocks, 576 MiB
-  lender.num_kv_heads = 8;
-  lender.head_dim = 128;
+  // Qwen3-8B lending to Qwen3-32B: a unit is 256 blocks, 576 MiB.
+  swiftkv_model_desc lender = swiftkv_paper_desc(SWIFTKV_PAPER_QWEN3_8B, 16, 256);
+  swiftkv_model_desc borrower = swiftkv_paper_desc(SWIFTKV_PAPER_QWEN3_32B, 16, 256);
   lender.device = 0;
-  borrower.num_layers = 64;
-  borrower.num_kv_heads = 8;
-  borrower.head_dim = 128;
   swiftkv_elastic_config c = SWIFTKV_ELASTIC_CONFIG_INIT;
   c.lender = &lender;
   c.borrower = &borrower;

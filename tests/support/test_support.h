@@ -13,6 +13,7 @@
 #include <cmocka.h>
 
 #include "swiftkv/swiftkv.h"
+#include "paper_models.h"
 
 /* Asserts that `call` returns `expected`; on mismatch prints both statuses and the message. */
 #define assert_status(call, expected)                                                        \
@@ -50,10 +51,13 @@ static inline swiftkv_model_desc model(uint32_t layers, uint32_t kv_heads, uint3
   return m;
 }
 
-/* SwiftCache Table 2, float16, 16-token blocks. */
-static inline swiftkv_model_desc lwm_1m_text(void) { return model(32, 32, 128, 16); }
-static inline swiftkv_model_desc qwen3_8b(void) { return model(36, 8, 128, 16); }
-static inline swiftkv_model_desc qwen3_14b(void) { return model(40, 8, 128, 16); }
-static inline swiftkv_model_desc qwen3_32b(void) { return model(64, 8, 128, 16); }
+/* SwiftCache Table 2 (paper_models.h), float16, 16-token blocks, 256-token chunks. */
+static inline swiftkv_model_desc paper_model(int which) {
+  return swiftkv_paper_desc(which, 16, 256);
+}
+static inline swiftkv_model_desc lwm_1m_text(void) { return paper_model(SWIFTKV_PAPER_LWM_1M_TEXT); }
+static inline swiftkv_model_desc qwen3_8b(void) { return paper_model(SWIFTKV_PAPER_QWEN3_8B); }
+static inline swiftkv_model_desc qwen3_14b(void) { return paper_model(SWIFTKV_PAPER_QWEN3_14B); }
+static inline swiftkv_model_desc qwen3_32b(void) { return paper_model(SWIFTKV_PAPER_QWEN3_32B); }
 
 #endif /* SWIFTKV_TEST_SUPPORT_H */

@@ -15,6 +15,8 @@
 #include <fstream>
 #include <string>
 
+#include "model_presets.hpp"
+#include "paper_models.h"
 #include "replay.hpp"
 #include "trace.hpp"
 
@@ -297,6 +299,20 @@ void long_turns_need_streaming(void **) {
 
 }  // namespace
 
+// The planner's presets and the tests' list of SwiftCache Table 2 are the same four geometries.
+void presets_are_the_paper_models(void **) {
+  for (int i = 0; i < SWIFTKV_PAPER_MODEL_COUNT; ++i) {
+    const swiftkv_paper_model &m = swiftkv_paper_models[i];
+    const auto p = swiftkv::bench::find_preset(m.name);
+    if (!p) fail_msg("no preset named %s", m.name);
+    assert_int_equal(p->num_layers, m.num_layers);
+    assert_int_equal(p->num_kv_heads, m.num_kv_heads);
+    assert_int_equal(p->head_dim, m.head_dim);
+    assert_int_equal(p->dtype, SWIFTKV_DTYPE_F16);
+  }
+  assert_int_equal(swiftkv::bench::model_presets().size(), SWIFTKV_PAPER_MODEL_COUNT);
+}
+
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(generator_meets_sharegpt_statistics),
@@ -307,6 +323,7 @@ int main() {
       cmocka_unit_test(tiny_capacities),
       cmocka_unit_test(tiny_trace_exact_numbers),
       cmocka_unit_test(long_turns_need_streaming),
+      cmocka_unit_test(presets_are_the_paper_models),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
