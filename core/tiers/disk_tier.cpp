@@ -837,16 +837,34 @@ void DiskTier::maintain(uint64_t now_ns) {
 }
 
 void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
+  Recovery rec;
+  const auto names = segment_files(rec);
+  std::vector<Found> out;
+  {
+    std::lock_guard lock(mu_);
+    for (const auto &[number, name] : names) recover_segment_locked(number, name, rec);
+    const std::vector<size_t> order = newest_copies_locked(rec);
+    out = admit_locked(order, rec);
+    for (const auto &s : segments_) {
+      recount_locked(*s);
+      maybe_release_locked(*s);
+    }
+    counters_.files_skipped += rec.skipped;
+    counters_.records_dropped += rec.dropped;
+  }
+  for (const Found &f : out) found(f);
+}
+
+std::vector<std::pair<uint32_t, std::string>> DiskTier::segment_files(Recovery &rec) const {
   DIR *d = ::opendir(options_.dir.c_str());
   if (d == nullptr) fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(errno));
   std::vector<std::pair<uint32_t, std::string>> names;
-  uint64_t skipped = 0;
   while (const dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name == "." || name == "..") continue;
     const std::optional<uint32_t> n = segment_number(name);
     if (!n) {
-      ++skipped;  // not ours: left alone
+      ++rec.skipped;  // not ours: left alone
       continue;
     }
     names.emplace_back(*n, name);
@@ -854,128 +872,120 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
   ::closedir(d);
   // The newest segments first, so that a budget smaller than last time keeps the newest data.
   std::sort(names.begin(), names.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+  return names;
+}
 
-  struct Candidate {
-    uint64_t seg, off, len, sequence, written_ns;
-    ChunkKey key;
-    ChunkMeta meta;
-  };
-  std::vector<Candidate> cands;
-  std::vector<std::byte> payload;
-  uint64_t dropped = 0;
-  std::lock_guard lock(mu_);
-  for (const auto &[number, name] : names) {
-    next_number_ = std::max(next_number_, number + 1);
-    const std::string path = options_.dir + "/" + name;
-    // Opened without following links or blocking (a FIFO would), then checked before any read.
-    UniqueFd fd(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
-    struct stat st {};
-    if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
-      ++skipped;
-      continue;
-    }
-    (void)::fcntl(fd.get(), F_SETFL, 0);
-    const auto size = static_cast<uint64_t>(st.st_size);
-    SegmentHeader sh{};
-    bool readable = false;
-    try {
-      readable = size >= 2 * kHeaderBytes && pread_one(fd.get(), &sh, sizeof sh, 0, path);
-    } catch (const Error &) {
-      readable = false;
-    }
-    const bool whole = readable && std::memcmp(sh.magic, kSegMagic, sizeof kSegMagic) == 0 &&
-                       sh.header_bytes == sizeof sh && segment_checksum(sh) == sh.checksum;
-    const bool ours = whole && sh.format == kFormat && sh.segment_bytes == size;
-    const bool fits = segment_bytes_ != 0 && allocated_ + size <= options_.budget_bytes;
-    if (!whole && readable && size == segment_bytes_ && fits) {
-      // Our name and size, but a header never written whole (made just before a crash): an
-      // empty segment to reuse.
-      auto seg = std::make_unique<Segment>();
-      seg->number = number;
-      seg->fd = std::move(fd);
-      seg->size = size;
-      seg->index = segments_.size();
-      seg->state = SegState::free;
-      allocated_ += size;
-      ++segment_files_;
-      segments_.push_back(std::move(seg));
-      continue;
-    }
-    if (!ours) {
-      ++skipped;  // another format, or another size than its header says: left alone
-      continue;
-    }
-    if (!fits) {
-      // A smaller budget than last time: the oldest segments go.
-      (void)::unlink(path.c_str());
-      continue;
-    }
-    auto seg = std::make_unique<Segment>();
-    seg->number = number;
-    seg->fd = std::move(fd);
-    seg->size = size;
+void DiskTier::recover_segment_locked(uint32_t number, const std::string &name, Recovery &rec) {
+  next_number_ = std::max(next_number_, number + 1);
+  const std::string path = options_.dir + "/" + name;
+  // Opened without following links or blocking (a FIFO would), then checked before any read.
+  UniqueFd fd(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  struct stat st {};
+  if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
+    ++rec.skipped;
+    return;
+  }
+  (void)::fcntl(fd.get(), F_SETFL, 0);
+  const auto size = static_cast<uint64_t>(st.st_size);
+  SegmentHeader sh{};
+  bool readable = false;
+  try {
+    readable = size >= 2 * kHeaderBytes && pread_one(fd.get(), &sh, sizeof sh, 0, path);
+  } catch (const Error &) {
+    readable = false;
+  }
+  const bool whole = readable && std::memcmp(sh.magic, kSegMagic, sizeof kSegMagic) == 0 &&
+                     sh.header_bytes == sizeof sh && segment_checksum(sh) == sh.checksum;
+  const bool ours = whole && sh.format == kFormat && sh.segment_bytes == size;
+  const bool fits = segment_bytes_ != 0 && allocated_ + size <= options_.budget_bytes;
+  const bool torn_new = !whole && readable && size == segment_bytes_ && fits;
+  if (!torn_new && !ours) {
+    ++rec.skipped;  // another format, or another size than its header says: left alone
+    return;
+  }
+  if (!torn_new && !fits) {
+    // A smaller budget than last time: the oldest segments go.
+    (void)::unlink(path.c_str());
+    return;
+  }
+  auto seg = std::make_unique<Segment>();
+  seg->number = number;
+  seg->fd = std::move(fd);
+  seg->size = size;
+  seg->index = segments_.size();
+  if (torn_new) {
+    // Our name and size, but a header never written whole (made just before a crash): an
+    // empty segment to reuse.
+    seg->state = SegState::free;
+  } else {
     seg->generation = sh.generation;
-    seg->index = segments_.size();
     seg->state = SegState::sealed;  // recovered segments take no appends
     seg->reusable = size == segment_bytes_;
-    // Walk the record headers; a commit record vouches for every record before it.
-    uint64_t off = kHeaderBytes, covered = kHeaderBytes;
-    const size_t first = cands.size();
-    while (off + kHeaderBytes <= size) {
-      RecordHeader h{};
-      try {
-        if (!pread_one(seg->fd.get(), &h, sizeof h, off, path)) break;
-      } catch (const Error &) {
-        break;
-      }
-      if (std::memcmp(h.magic, kRecMagic, sizeof kRecMagic) != 0) break;  // the end of the log
-      const uint64_t len = h.type == kCommitRecord ? kHeaderBytes : record_bytes(h.payload_bytes);
-      if (!header_ok(h) || h.generation != seg->generation || off + len > size) {
-        // A record of an earlier life of the segment, or a torn header: the log ends here.
-        if (header_ok(h) && h.generation == seg->generation) ++dropped;
-        break;
-      }
-      if (h.type == kCommitRecord) {
-        covered = std::max(covered, std::min(h.covered_to, off));
-      } else if (h.dead != kDeadMark) {
-        cands.push_back(Candidate{seg->index, off, len, h.sequence, h.written_ns,
-                                  ChunkKey{h.key_lo, h.key_hi},
-                                  ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens,
-                                            h.payload_bytes}});
-      }
-      sequence_ = std::max(sequence_, h.sequence + 1);
-      off += len;
-    }
-    seg->write_at = off;
-    seg->kicked_to = off;
-    seg->synced_to = covered;
-    // Records past the last commit may be torn: their payloads are read and checked.
-    for (size_t i = first; i < cands.size();) {
-      Candidate &c = cands[i];
-      bool ok = c.off < covered;
-      if (!ok) {
-        RecordHeader h{};
-        payload.resize(c.meta.bytes);
-        iovec v[2] = {{&h, sizeof h}, {payload.data(), c.meta.bytes}};
-        try {
-          ok = pread_all(seg->fd.get(), v, 2, c.off, path) &&
-               XXH3_64bits(payload.data(), c.meta.bytes) == h.payload_checksum;
-        } catch (const Error &) {
-          ok = false;
-        }
-      }
-      if (ok) {
-        ++i;
-      } else {
-        ++dropped;
-        cands.erase(cands.begin() + static_cast<long>(i));
-      }
-    }
-    allocated_ += size;
-    ++segment_files_;
-    segments_.push_back(std::move(seg));
+    scan_records_locked(*seg, path, rec);
   }
-  // The newest copy of each key; the others are dead.
+  allocated_ += size;
+  ++segment_files_;
+  segments_.push_back(std::move(seg));
+}
+
+void DiskTier::scan_records_locked(Segment &seg, const std::string &path, Recovery &rec) {
+  // Walk the record headers; a commit record vouches for every record before it.
+  uint64_t off = kHeaderBytes, covered = kHeaderBytes;
+  const size_t first = rec.cands.size();
+  while (off + kHeaderBytes <= seg.size) {
+    RecordHeader h{};
+    try {
+      if (!pread_one(seg.fd.get(), &h, sizeof h, off, path)) break;
+    } catch (const Error &) {
+      break;
+    }
+    if (std::memcmp(h.magic, kRecMagic, sizeof kRecMagic) != 0) break;  // the end of the log
+    const uint64_t len = h.type == kCommitRecord ? kHeaderBytes : record_bytes(h.payload_bytes);
+    if (!header_ok(h) || h.generation != seg.generation || off + len > seg.size) {
+      // A record of an earlier life of the segment, or a torn header: the log ends here.
+      if (header_ok(h) && h.generation == seg.generation) ++rec.dropped;
+      break;
+    }
+    if (h.type == kCommitRecord) {
+      covered = std::max(covered, std::min(h.covered_to, off));
+    } else if (h.dead != kDeadMark) {
+      rec.cands.push_back(Candidate{seg.index, off, len, h.sequence, h.written_ns,
+                                    ChunkKey{h.key_lo, h.key_hi},
+                                    ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position,
+                                              h.tokens, h.payload_bytes}});
+    }
+    sequence_ = std::max(sequence_, h.sequence + 1);
+    off += len;
+  }
+  seg.write_at = off;
+  seg.kicked_to = off;
+  seg.synced_to = covered;
+  // Records past the last commit may be torn: their payloads are read and checked.
+  for (size_t i = first; i < rec.cands.size();) {
+    const Candidate &c = rec.cands[i];
+    bool ok = c.off < covered;
+    if (!ok) {
+      RecordHeader h{};
+      rec.payload.resize(c.meta.bytes);
+      iovec v[2] = {{&h, sizeof h}, {rec.payload.data(), c.meta.bytes}};
+      try {
+        ok = pread_all(seg.fd.get(), v, 2, c.off, path) &&
+             XXH3_64bits(rec.payload.data(), c.meta.bytes) == h.payload_checksum;
+      } catch (const Error &) {
+        ok = false;
+      }
+    }
+    if (ok) {
+      ++i;
+    } else {
+      ++rec.dropped;
+      rec.cands.erase(rec.cands.begin() + static_cast<long>(i));
+    }
+  }
+}
+
+std::vector<size_t> DiskTier::newest_copies_locked(Recovery &rec) {
+  const std::vector<Candidate> &cands = rec.cands;
   std::unordered_map<ChunkKey, size_t, ChunkKeyHash> newest;
   std::vector<bool> keep(cands.size(), true);
   for (size_t i = 0; i < cands.size(); ++i) {
@@ -984,33 +994,37 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
     const bool newer = cands[i].sequence > cands[it->second].sequence;
     keep[newer ? it->second : i] = false;
     if (newer) it->second = i;
-    ++dropped;
+    ++rec.dropped;
   }
   std::vector<size_t> order;
   for (size_t i = 0; i < cands.size(); ++i) {
-    const Candidate &c = cands[i];
     if (keep[i]) {
       order.push_back(i);
     } else {
       Record dead;
-      dead.seg = static_cast<uint32_t>(c.seg);
-      dead.off = c.off;
+      dead.seg = static_cast<uint32_t>(cands[i].seg);
+      dead.off = cands[i].off;
       mark_dead_locked(dead);
     }
   }
-  // Over the capacity (a smaller budget than the segments held): the oldest records go.
   std::sort(order.begin(), order.end(),
             [&](size_t a, size_t b) { return cands[a].written_ns > cands[b].written_ns; });
+  return order;
+}
+
+std::vector<DiskTier::Found> DiskTier::admit_locked(const std::vector<size_t> &order,
+                                                    Recovery &rec) {
   std::vector<Found> out;
   for (size_t i : order) {
-    const Candidate &c = cands[i];
+    const Candidate &c = rec.cands[i];
     Segment &s = *segments_[c.seg];
+    // Over the capacity (a smaller budget than the segments held): the oldest records go.
     if (live_ + c.len > capacity_bytes({})) {
       Record dead;
       dead.seg = static_cast<uint32_t>(c.seg);
       dead.off = c.off;
       mark_dead_locked(dead);
-      ++dropped;
+      ++rec.dropped;
       continue;
     }
     const uint64_t slot = reserve_slot_locked();
@@ -1028,15 +1042,9 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
     live_ += c.len;
     out.push_back(Found{slot, c.key, c.meta, c.written_ns});
   }
-  for (const auto &s : segments_) {
-    recount_locked(*s);
-    maybe_release_locked(*s);
-  }
-  counters_.files_skipped += skipped;
-  counters_.records_dropped += dropped;
   // Oldest first: the order the cache's eviction order takes them in at no cost.
   std::reverse(out.begin(), out.end());
-  for (const Found &f : out) found(f);
+  return out;
 }
 
 DiskStats DiskTier::stats() const {

@@ -177,6 +177,32 @@ class DiskTier final : public TierStore {
                                     std::byte *dst, const std::string &path);
   uint64_t free_bytes_locked() const;
 
+  // rebuild()'s stages. A record found in a segment, before the newest copy of each key is
+  // chosen and the capacity applied.
+  struct Candidate {
+    uint64_t seg, off, len, sequence, written_ns;
+    ChunkKey key;
+    ChunkMeta meta;
+  };
+  struct Recovery {
+    std::vector<Candidate> cands;
+    uint64_t skipped = 0;  // files left alone
+    uint64_t dropped = 0;  // records not kept
+    std::vector<std::byte> payload;  // scratch for checking uncommitted records
+  };
+  // The directory's segment files, newest first; other entries are counted as skipped.
+  std::vector<std::pair<uint32_t, std::string>> segment_files(Recovery &rec) const;
+  // Opens one file and, when it is a segment of ours within the budget, adds it with its
+  // records; anything else is skipped (left alone) or, over the budget, deleted.
+  void recover_segment_locked(uint32_t number, const std::string &name, Recovery &rec);
+  // Walks a recovered segment's record headers to the end of its log, then checks the payload
+  // of every record past its last commit record.
+  void scan_records_locked(Segment &seg, const std::string &path, Recovery &rec);
+  // The candidates kept (the newest copy of each key), newest first; the others marked dead.
+  std::vector<size_t> newest_copies_locked(Recovery &rec);
+  // Gives the kept candidates slots while the capacity lasts, oldest first in the result.
+  std::vector<Found> admit_locked(const std::vector<size_t> &order, Recovery &rec);
+
   const DiskOptions options_;
   uint64_t segment_bytes_ = 0;
   uint64_t max_segments_ = 0;  // budget / segment_bytes_
