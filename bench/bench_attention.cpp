@@ -120,7 +120,9 @@ swiftkv_attention_args args_for(const Table &t, uint32_t page, void *q, void *kv
   return a;
 }
 
-size_t kv_bytes(const Table &t, uint32_t page) { return size_t(t.num_pages) * 2 * page * kHkv * kDim * 2; }
+size_t kv_bytes(const Table &t, uint32_t page) {
+  return size_t(t.num_pages) * 2 * page * kHkv * kDim * 2;
+}
 
 double flop_of(const Shape &s) { return 4.0 * pairs(s) * kHq * kDim; }
 
@@ -135,13 +137,16 @@ struct HostCase {
   swiftkv_attention_args a;
   HostCase(const Shape &s, uint32_t page, bool shuffled)
       : t(make_table(s, page, shuffled)), d(desc_for(SWIFTKV_DEVICE_HOST, page)) {
-    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) !=
+        SWIFTKV_OK)
+      die("workspace_size");
     ws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
     q.assign(size_t(s.n_req) * s.q_len * kHq * kDim, 0x3c00);
     out.assign(q.size(), 0);
     kv.assign(kv_bytes(t, page) / 2, 0x3800);
     if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
-                                    bytes, nullptr) != SWIFTKV_OK) die("plan");
+                                    bytes, nullptr) != SWIFTKV_OK)
+      die("plan");
     a = args_for(t, page, q.data(), kv.data(), out.data(), t.indices.data());
   }
   ~HostCase() { std::free(ws); }
@@ -180,7 +185,9 @@ struct DeviceCase {
   cudaEvent_t e0 = nullptr, e1 = nullptr;
   DeviceCase(const Shape &s, uint32_t page, bool shuffled)
       : t(make_table(s, page, shuffled)), d(desc_for(0, page)) {
-    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) != SWIFTKV_OK) die("workspace_size");
+    if (swiftkv_attention_workspace_size(&bytes, &d, s.n_req, uint64_t(s.n_req) * s.q_len) !=
+        SWIFTKV_OK)
+      die("workspace_size");
     const size_t qb = size_t(s.n_req) * s.q_len * kHq * kDim * 2;
     cudaMalloc(&ws, bytes);
     cudaMalloc(&q, qb);
@@ -191,7 +198,8 @@ struct DeviceCase {
     cudaMemset(kv, 0x38, kv_bytes(t, page));
     cudaMemcpy(idx, t.indices.data(), t.indices.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
     if (swiftkv_attention_plan_make(&plan, &d, t.qo.data(), t.kv.data(), t.last.data(), s.n_req, ws,
-                                    bytes, nullptr) != SWIFTKV_OK) die("plan");
+                                    bytes, nullptr) != SWIFTKV_OK)
+      die("plan");
     a = args_for(t, page, q, kv, out, static_cast<const int32_t *>(idx));
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
@@ -259,8 +267,10 @@ int main(int argc, char **argv) {
   std::vector<Result> results;
   // The CPU twin is an fp64 reference: small shapes keep the run short.
   const std::vector<Shape> host_shapes =
-      quick ? std::vector<Shape>{{"prefill 2x16 over 256", 2, 16, 256}, {"decode 4x1 over 512", 4, 1, 512}}
-            : std::vector<Shape>{{"prefill 4x64 over 1K", 4, 64, 1024}, {"decode 16x1 over 4K", 16, 1, 4096}};
+      quick ? std::vector<Shape>{{"prefill 2x16 over 256", 2, 16, 256},
+                                 {"decode 4x1 over 512", 4, 1, 512}}
+            : std::vector<Shape>{{"prefill 4x64 over 1K", 4, 64, 1024},
+                                 {"decode 16x1 over 4K", 16, 1, 4096}};
   for (const Shape &s : host_shapes) {
     for (uint32_t page : {16u, 64u}) results.push_back(host_result(s, page, reps));
   }
@@ -277,26 +287,28 @@ int main(int argc, char **argv) {
     }
   }
 #endif
-  std::printf("multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal; "
-              "TFLOP/s median/best over %d repetitions; contiguous: the same page size in order\n",
-              kHq, kHkv, kDim, reps);
-  std::printf("%-5s %-24s %5s %19s %19s %8s\n", "where", "shape", "page", "paged",
-              "contiguous", "ratio");
+  std::printf(
+      "multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal; "
+      "TFLOP/s median/best over %d repetitions; contiguous: the same page size in order\n",
+      kHq, kHkv, kDim, reps);
+  std::printf("%-5s %-24s %5s %19s %19s %8s\n", "where", "shape", "page", "paged", "contiguous",
+              "ratio");
   for (const Result &r : results) {
-    std::printf("%-5s %-24s %5u %9.4f/%9.4f %9.4f/%9.4f %8.3f\n", r.where.c_str(),
-                r.shape.c_str(), r.page, r.paged.med, r.paged.best, r.contiguous.med,
-                r.contiguous.best, r.paged.med / r.contiguous.med);
+    std::printf("%-5s %-24s %5u %9.4f/%9.4f %9.4f/%9.4f %8.3f\n", r.where.c_str(), r.shape.c_str(),
+                r.page, r.paged.med, r.paged.best, r.contiguous.med, r.contiguous.best,
+                r.paged.med / r.contiguous.med);
   }
   if (devices == 0) std::printf("(no GPU here: host figures only)\n");
   std::printf("{\"bench\":\"attention\",\"gpu\":%s,\"reps\":%d,\"results\":[",
               devices > 0 ? "true" : "false", reps);
   for (size_t i = 0; i < results.size(); ++i) {
     const Result &r = results[i];
-    std::printf("%s{\"where\":\"%s\",\"shape\":\"%s\",\"page\":%u,\"paged_tflops\":%.5f,"
-                "\"paged_best_tflops\":%.5f,\"contiguous_tflops\":%.5f,"
-                "\"contiguous_best_tflops\":%.5f,\"contiguous_over_paged\":%.4f}",
-                i ? "," : "", r.where.c_str(), r.shape.c_str(), r.page, r.paged.med, r.paged.best,
-                r.contiguous.med, r.contiguous.best, r.contiguous.med / r.paged.med);
+    std::printf(
+        "%s{\"where\":\"%s\",\"shape\":\"%s\",\"page\":%u,\"paged_tflops\":%.5f,"
+        "\"paged_best_tflops\":%.5f,\"contiguous_tflops\":%.5f,"
+        "\"contiguous_best_tflops\":%.5f,\"contiguous_over_paged\":%.4f}",
+        i ? "," : "", r.where.c_str(), r.shape.c_str(), r.page, r.paged.med, r.paged.best,
+        r.contiguous.med, r.contiguous.best, r.contiguous.med / r.paged.med);
   }
   std::printf("]}\n");
   return 0;

@@ -71,8 +71,8 @@ struct Pair {
 Pair make_pair(uint64_t units, uint32_t heartbeat_ms, uint64_t host_bytes) {
   static int n = 0;
   Pair p;
-  p.endpoint = "ipc:///tmp/swiftkv-bench-coord-" + std::to_string(::getpid()) + "-" +
-               std::to_string(n++);
+  p.endpoint =
+      "ipc:///tmp/swiftkv-bench-coord-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
   swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
   lc.host_budget_bytes = (units + 1) * kChunkBytes + (64 << 20);
   lc.coord_endpoint = p.endpoint.c_str();
@@ -105,9 +105,9 @@ void end_pair(Pair &p) {
 
 struct ReclaimRow {
   uint64_t chunks;
-  double ack_ms;      // request to ack, from the lender's coordinator
-  double settle_ms;   // scale_for_request to all blocks ready, seen by the lender
-  double memcpy_ms;   // the same bytes copied once, for scale
+  double ack_ms;     // request to ack, from the lender's coordinator
+  double settle_ms;  // scale_for_request to all blocks ready, seen by the lender
+  double memcpy_ms;  // the same bytes copied once, for scale
 };
 
 ReclaimRow reclaim_once(uint64_t chunks) {
@@ -147,7 +147,7 @@ struct HeartbeatRow {
   uint32_t period_ms;
   uint64_t leases;
   double cpu_ms_per_s = 0, cpu_ms_per_s_min = 0;  // both contexts, less the idle baseline
-  double idle_ms_per_s = 0;                        // the baseline itself (median)
+  double idle_ms_per_s = 0;                       // the baseline itself (median)
   double heartbeats_per_s = 0;
   double us_per_heartbeat = 0;  // CPU time per heartbeat and its answer, both sides
 };
@@ -162,8 +162,8 @@ double cpu_over(double seconds) {
 // One repetition: the idle baseline (the region offered, nothing borrowed), then the same two
 // contexts with `leases` leases renewed every period_ms. Returns (with, idle) CPU ms/s and
 // heartbeats/s.
-void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *with,
-                   double *idle, double *beats) {
+void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *with, double *idle,
+                   double *beats) {
   Pair p = make_pair(leases, period_ms, 64 << 20);
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
   *idle = cpu_over(seconds);
@@ -232,8 +232,10 @@ int main(int argc, char **argv) {
   setenv("SWIFTKV_LOG", "off", 0);
   const std::vector<uint64_t> sizes =
       quick ? std::vector<uint64_t>{0, 4} : std::vector<uint64_t>{0, 1, 4, 16, 64, 256};
-  std::printf("reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
-              "over %d repetitions\n", static_cast<double>(kChunkBytes) / (1 << 20), reps);
+  std::printf(
+      "reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
+      "over %d repetitions\n",
+      static_cast<double>(kChunkBytes) / (1 << 20), reps);
   std::printf("%8s %17s %10s %12s %12s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
               "evac GB/s");
   struct Reclaim {
@@ -256,8 +258,9 @@ int main(int argc, char **argv) {
     std::printf("%8llu %8.3f/%8.3f %10.3f %12.3f %12.2f\n", static_cast<unsigned long long>(n),
                 m.ack_ms, runs.front().ack_ms, m.settle_ms, m.memcpy_ms, gbs);
   }
-  std::printf("\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
-              "region offered, nothing borrowed) measured before it in each repetition\n");
+  std::printf(
+      "\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
+      "region offered, nothing borrowed) measured before it in each repetition\n");
   std::printf("%10s %8s %18s %12s %12s %14s\n", "period ms", "leases", "cpu ms/s med/min",
               "idle ms/s", "beats/s", "cpu us/beat");
   std::vector<HeartbeatRow> hr;
@@ -276,18 +279,19 @@ int main(int argc, char **argv) {
   std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reps\":%d,\"reclaim\":[",
               static_cast<unsigned long long>(kChunkBytes), reps);
   for (size_t i = 0; i < rr.size(); ++i) {
-    std::printf("%s{\"chunks\":%llu,\"ack_ms\":%.4f,\"ack_min_ms\":%.4f,\"settle_ms\":%.4f,"
-                "\"memcpy_ms\":%.4f}",
-                i ? "," : "", static_cast<unsigned long long>(rr[i].med.chunks), rr[i].med.ack_ms,
-                rr[i].ack_min_ms, rr[i].med.settle_ms, rr[i].med.memcpy_ms);
+    std::printf(
+        "%s{\"chunks\":%llu,\"ack_ms\":%.4f,\"ack_min_ms\":%.4f,\"settle_ms\":%.4f,"
+        "\"memcpy_ms\":%.4f}",
+        i ? "," : "", static_cast<unsigned long long>(rr[i].med.chunks), rr[i].med.ack_ms,
+        rr[i].ack_min_ms, rr[i].med.settle_ms, rr[i].med.memcpy_ms);
   }
   std::printf("],\"heartbeat\":[");
   for (size_t i = 0; i < hr.size(); ++i) {
-    std::printf("%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
-                "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f}",
-                i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
-                hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s,
-                hr[i].heartbeats_per_s);
+    std::printf(
+        "%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
+        "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f}",
+        i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
+        hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s, hr[i].heartbeats_per_s);
   }
   std::printf("]}\n");
   return 0;

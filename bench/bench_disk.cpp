@@ -137,7 +137,8 @@ Row measure(int which, const std::string &dir, double gib, int reps) {
       Ctx c(lib_dir, budget, segment, d);
       uint64_t cached = 0;
       if (swiftkv_store(&cached, c.ctx, c.model, tokens.data(), tokens.size(), kv.data(),
-                        kv.size()) != SWIFTKV_OK || cached != tokens.size()) {
+                        kv.size()) != SWIFTKV_OK ||
+          cached != tokens.size()) {
         die("store");
       }
     }
@@ -150,7 +151,8 @@ Row measure(int which, const std::string &dir, double gib, int reps) {
     const auto t0 = Clock::now();
     uint64_t loaded = 0;
     if (swiftkv_retrieve(&loaded, c.ctx, c.model, tokens.data(), tokens.size(), 0, back.data(),
-                         back.size()) != SWIFTKV_OK || loaded != tokens.size()) {
+                         back.size()) != SWIFTKV_OK ||
+        loaded != tokens.size()) {
       die("retrieve");
     }
     const double t = s_since(t0);
@@ -238,7 +240,8 @@ Recovery measure_recovery(const std::string &dir, uint64_t chunks, int reps) {
       for (size_t i = 0; i < k * 16; ++i) tokens[i] = static_cast<uint32_t>(done * 16 + i);
       uint64_t cached = 0;
       if (swiftkv_store(&cached, c.ctx, c.model, tokens.data(), k * 16, kv.data(), k * chunk) !=
-              SWIFTKV_OK || cached != k * 16) {
+              SWIFTKV_OK ||
+          cached != k * 16) {
         die("store (recovery)");
       }
     }
@@ -288,11 +291,16 @@ int main(int argc, char **argv) {
       }
       return argv[++i];
     };
-    if (a == "--dir") dir = value();
-    else if (a == "--gib") gib = std::atof(value().c_str());
-    else if (a == "--reps") reps = std::atoi(value().c_str());
-    else if (a == "--recovery-chunks") recovery_chunks = std::strtoull(value().c_str(), nullptr, 10);
-    else if (a == "--quick") quick = true;
+    if (a == "--dir")
+      dir = value();
+    else if (a == "--gib")
+      gib = std::atof(value().c_str());
+    else if (a == "--reps")
+      reps = std::atoi(value().c_str());
+    else if (a == "--recovery-chunks")
+      recovery_chunks = std::strtoull(value().c_str(), nullptr, 10);
+    else if (a == "--quick")
+      quick = true;
     else {
       std::fprintf(stderr,
                    "usage: bench_disk [--dir DIR] [--gib F] [--reps N] [--recovery-chunks N] "
@@ -311,7 +319,8 @@ int main(int argc, char **argv) {
   }
   if (dir.empty()) {
     const char *t = std::getenv("TMPDIR");
-    dir = std::string(t != nullptr ? t : "/var/tmp") + "/swiftkv-bench-disk-" + std::to_string(::getpid());
+    dir = std::string(t != nullptr ? t : "/var/tmp") + "/swiftkv-bench-disk-" +
+          std::to_string(::getpid());
   }
   std::filesystem::create_directories(dir);
   std::vector<Row> rows;
@@ -319,8 +328,10 @@ int main(int argc, char **argv) {
   const Recovery rec = measure_recovery(dir, recovery_chunks, reps);
   std::filesystem::remove_all(dir);
 
-  std::printf("disk tier vs plain sequential I/O on the same filesystem (%s), GB/s median/best "
-              "over %d repetitions\n", dir.c_str(), reps);
+  std::printf(
+      "disk tier vs plain sequential I/O on the same filesystem (%s), GB/s median/best "
+      "over %d repetitions\n",
+      dir.c_str(), reps);
   std::printf("%-12s %9s %6s %15s %15s %7s %15s %15s %7s\n", "model", "chunk_MiB", "chunks",
               "store", "plain_write", "ratio", "retrieve", "plain_read", "ratio");
   for (const Row &r : rows) {
@@ -331,28 +342,29 @@ int main(int argc, char **argv) {
                 r.lib_read.med, r.lib_read.min, r.plain_read.med, r.plain_read.min,
                 r.lib_read.med / r.plain_read.med);
   }
-  std::printf("\nrestart with %llu chunks of %llu bytes on disk: %.3f s median, %.3f s min; "
-              "reading the segment files whole: %.3f s median\n",
-              static_cast<unsigned long long>(rec.chunks),
-              static_cast<unsigned long long>(rec.chunk_bytes), rec.restart_s.med,
-              rec.restart_s.min, rec.read_all_s.med);
+  std::printf(
+      "\nrestart with %llu chunks of %llu bytes on disk: %.3f s median, %.3f s min; "
+      "reading the segment files whole: %.3f s median\n",
+      static_cast<unsigned long long>(rec.chunks), static_cast<unsigned long long>(rec.chunk_bytes),
+      rec.restart_s.med, rec.restart_s.min, rec.read_all_s.med);
   std::printf("{\"bench\":\"disk\",\"reps\":%d,\"rows\":[", reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row &r = rows[i];
-    std::printf("%s{\"model\":\"%s\",\"chunk_bytes\":%llu,\"chunks\":%llu,"
-                "\"store_gbs\":{\"median\":%.3f,\"best\":%.3f},\"plain_write_gbs\":{\"median\":%.3f,"
-                "\"best\":%.3f},\"retrieve_gbs\":{\"median\":%.3f,\"best\":%.3f},"
-                "\"plain_read_gbs\":{\"median\":%.3f,\"best\":%.3f},\"store_over_plain\":%.3f,"
-                "\"retrieve_over_plain\":%.3f}",
-                i ? "," : "", r.model.c_str(), static_cast<unsigned long long>(r.chunk_bytes),
-                static_cast<unsigned long long>(r.chunks), r.lib_write.med, r.lib_write.min,
-                r.plain_write.med, r.plain_write.min, r.lib_read.med, r.lib_read.min,
-                r.plain_read.med, r.plain_read.min, r.lib_write.med / r.plain_write.med,
-                r.lib_read.med / r.plain_read.med);
+    std::printf(
+        "%s{\"model\":\"%s\",\"chunk_bytes\":%llu,\"chunks\":%llu,"
+        "\"store_gbs\":{\"median\":%.3f,\"best\":%.3f},\"plain_write_gbs\":{\"median\":%.3f,"
+        "\"best\":%.3f},\"retrieve_gbs\":{\"median\":%.3f,\"best\":%.3f},"
+        "\"plain_read_gbs\":{\"median\":%.3f,\"best\":%.3f},\"store_over_plain\":%.3f,"
+        "\"retrieve_over_plain\":%.3f}",
+        i ? "," : "", r.model.c_str(), static_cast<unsigned long long>(r.chunk_bytes),
+        static_cast<unsigned long long>(r.chunks), r.lib_write.med, r.lib_write.min,
+        r.plain_write.med, r.plain_write.min, r.lib_read.med, r.lib_read.min, r.plain_read.med,
+        r.plain_read.min, r.lib_write.med / r.plain_write.med, r.lib_read.med / r.plain_read.med);
   }
-  std::printf("],\"restart\":{\"chunks\":%llu,\"seconds\":{\"median\":%.4f,\"min\":%.4f},"
-              "\"read_all_seconds\":{\"median\":%.4f,\"min\":%.4f}}}\n",
-              static_cast<unsigned long long>(rec.chunks), rec.restart_s.med, rec.restart_s.min,
-              rec.read_all_s.med, rec.read_all_s.min);
+  std::printf(
+      "],\"restart\":{\"chunks\":%llu,\"seconds\":{\"median\":%.4f,\"min\":%.4f},"
+      "\"read_all_seconds\":{\"median\":%.4f,\"min\":%.4f}}}\n",
+      static_cast<unsigned long long>(rec.chunks), rec.restart_s.med, rec.restart_s.min,
+      rec.read_all_s.med, rec.read_all_s.min);
   return 0;
 }

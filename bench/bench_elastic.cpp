@@ -140,8 +140,10 @@ int main(int argc, char **argv) {
       char *end = nullptr;
       const unsigned long long v = std::strtoull(argv[++i], &end, 10);
       if (*end != '\0' || v == 0) return usage(("bad number for " + a).c_str());
-      if (a == "--max-blocks") max_blocks = v;
-      else reps = static_cast<int>(std::min<unsigned long long>(v, 100000));
+      if (a == "--max-blocks")
+        max_blocks = v;
+      else
+        reps = static_cast<int>(std::min<unsigned long long>(v, 100000));
     } else {
       return usage(("unknown argument '" + a + "'").c_str());
     }
@@ -167,19 +169,22 @@ int main(int argc, char **argv) {
                 (r.lm_grow_us + r.lm_shrink_us) / (r.bm_grow_us + r.bm_shrink_us));
   }
   const Row &lo = rows.front(), &hi = rows.back();
-  std::printf("{\"bench\":\"elastic_resize\",\"unit_blocks\":%llu,\"full_block_bytes\":%llu,"
-              "\"rows\":[",
-              static_cast<unsigned long long>(kUnit), static_cast<unsigned long long>(kFullBlock));
+  std::printf(
+      "{\"bench\":\"elastic_resize\",\"unit_blocks\":%llu,\"full_block_bytes\":%llu,"
+      "\"rows\":[",
+      static_cast<unsigned long long>(kUnit), static_cast<unsigned long long>(kFullBlock));
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row &r = rows[i];
-    std::printf("%s{\"blocks\":%llu,\"block_major_grow_us\":%.3f,\"block_major_shrink_us\":%.3f,"
-                "\"layer_major_grow_us\":%.3f,\"layer_major_shrink_us\":%.3f}",
-                i ? "," : "", static_cast<unsigned long long>(r.blocks), r.bm_grow_us,
-                r.bm_shrink_us, r.lm_grow_us, r.lm_shrink_us);
+    std::printf(
+        "%s{\"blocks\":%llu,\"block_major_grow_us\":%.3f,\"block_major_shrink_us\":%.3f,"
+        "\"layer_major_grow_us\":%.3f,\"layer_major_shrink_us\":%.3f}",
+        i ? "," : "", static_cast<unsigned long long>(r.blocks), r.bm_grow_us, r.bm_shrink_us,
+        r.lm_grow_us, r.lm_shrink_us);
   }
-  std::printf("],\"block_major_largest_over_smallest\":%.3f,"
-              "\"layer_major_largest_over_smallest\":%.3f}\n",
-              (hi.bm_grow_us + hi.bm_shrink_us) / (lo.bm_grow_us + lo.bm_shrink_us),
-              (hi.lm_grow_us + hi.lm_shrink_us) / (lo.lm_grow_us + lo.lm_shrink_us));
+  std::printf(
+      "],\"block_major_largest_over_smallest\":%.3f,"
+      "\"layer_major_largest_over_smallest\":%.3f}\n",
+      (hi.bm_grow_us + hi.bm_shrink_us) / (lo.bm_grow_us + lo.bm_shrink_us),
+      (hi.lm_grow_us + hi.lm_shrink_us) / (lo.lm_grow_us + lo.lm_shrink_us));
   return 0;
 }

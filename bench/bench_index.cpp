@@ -45,8 +45,8 @@ Stat stat_of(std::vector<double> v) {
   std::exit(1);
 }
 
-constexpr size_t kRun = 64;     // a prompt's chunks
-constexpr size_t kAhead = 16;   // how far a run's keys are fetched ahead
+constexpr size_t kRun = 64;    // a prompt's chunks
+constexpr size_t kAhead = 16;  // how far a run's keys are fetched ahead
 constexpr uint32_t kChunkTokens = 16;
 constexpr uint64_t kChunkBytes = 64;  // 1 layer, 1 head of 1 dim, f16, 16 tokens
 
@@ -197,7 +197,8 @@ ApiRow measure_api(uint64_t n, int reps) {
   const uint64_t base = prompts / 2;
   c.store(next, base);
   next += base;
-  const uint64_t per_rep = std::max<uint64_t>(1, (prompts - base) / static_cast<uint64_t>(reps + 1));
+  const uint64_t per_rep =
+      std::max<uint64_t>(1, (prompts - base) / static_cast<uint64_t>(reps + 1));
   std::vector<double> st, lk;
   for (int r = 0; r <= reps; ++r) {  // rep 0 warms up
     const double s = c.store(next, per_rep);
@@ -323,30 +324,32 @@ int main(int argc, char **argv) {
   hash_vs_memcpy(reps, &hash_gbs, &memcpy_gbs);
 
   std::printf("ns per chunk, median/min over %d repetitions\n", reps);
-  std::printf("%9s %13s %11s %11s %13s %11s | %9s %13s %13s\n", "chunks", "check_insert",
-              "hit", "miss", "single_hit", "drop", "api_at", "api_store", "api_lookup");
+  std::printf("%9s %13s %11s %11s %13s %11s | %9s %13s %13s\n", "chunks", "check_insert", "hit",
+              "miss", "single_hit", "drop", "api_at", "api_store", "api_lookup");
   for (size_t i = 0; i < index_rows.size(); ++i) {
     const IndexRow &r = index_rows[i];
     const ApiRow &a = api_rows[i];
-    std::printf("%9llu %6.1f/%6.1f %5.1f/%5.1f %5.1f/%5.1f %6.1f/%6.1f %5.1f/%5.1f | %9llu "
-                "%6.1f/%6.1f %6.1f/%6.1f\n",
-                static_cast<unsigned long long>(r.chunks), r.insert.med, r.insert.min, r.hit.med,
-                r.hit.min, r.miss.med, r.miss.min, r.single_hit.med, r.single_hit.min,
-                r.drop.med, r.drop.min, static_cast<unsigned long long>(a.chunks), a.store.med,
-                a.store.min, a.lookup.med, a.lookup.min);
+    std::printf(
+        "%9llu %6.1f/%6.1f %5.1f/%5.1f %5.1f/%5.1f %6.1f/%6.1f %5.1f/%5.1f | %9llu "
+        "%6.1f/%6.1f %6.1f/%6.1f\n",
+        static_cast<unsigned long long>(r.chunks), r.insert.med, r.insert.min, r.hit.med, r.hit.min,
+        r.miss.med, r.miss.min, r.single_hit.med, r.single_hit.min, r.drop.med, r.drop.min,
+        static_cast<unsigned long long>(a.chunks), a.store.med, a.store.min, a.lookup.med,
+        a.lookup.min);
   }
-  std::printf("\nstore into a full host tier (each chunk evicts one) vs the same stores into a "
-              "tier with room, ns per chunk, median/min\n");
+  std::printf(
+      "\nstore into a full host tier (each chunk evicts one) vs the same stores into a "
+      "tier with room, ns per chunk, median/min\n");
   std::printf("%9s %10s %15s %15s %11s\n", "chunks", "policy", "full", "room", "full/room");
   for (const FullRow &r : full_rows) {
     std::printf("%9llu %10s %7.1f/%7.1f %7.1f/%7.1f %11.2f\n",
                 static_cast<unsigned long long>(r.chunks), policy_name(r.policy), r.full.med,
                 r.full.min, r.room.med, r.room.min, r.full.med / r.room.med);
   }
-  std::printf("\nchunk-key hashing %.2f GB/s (best %.2f), memcpy of the same bytes %.2f GB/s "
-              "(best %.2f): %.2fx\n",
-              hash_gbs.med, hash_gbs.min, memcpy_gbs.med, memcpy_gbs.min,
-              hash_gbs.med / memcpy_gbs.med);
+  std::printf(
+      "\nchunk-key hashing %.2f GB/s (best %.2f), memcpy of the same bytes %.2f GB/s "
+      "(best %.2f): %.2fx\n",
+      hash_gbs.med, hash_gbs.min, memcpy_gbs.med, memcpy_gbs.min, hash_gbs.med / memcpy_gbs.med);
 
   auto js = [](const Stat &s) {
     char b[64];
@@ -357,21 +360,22 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < index_rows.size(); ++i) {
     const IndexRow &r = index_rows[i];
     const ApiRow &a = api_rows[i];
-    std::printf("%s{\"chunks\":%llu,\"check_insert_ns\":%s,\"hit_ns\":%s,\"miss_ns\":%s,"
-                "\"single_hit_ns\":%s,\"drop_ns\":%s,\"api_chunks\":%llu,\"api_store_ns\":%s,"
-                "\"api_lookup_ns\":%s}",
-                i ? "," : "", static_cast<unsigned long long>(r.chunks), js(r.insert).c_str(),
-                js(r.hit).c_str(), js(r.miss).c_str(), js(r.single_hit).c_str(),
-                js(r.drop).c_str(), static_cast<unsigned long long>(a.chunks),
-                js(a.store).c_str(), js(a.lookup).c_str());
+    std::printf(
+        "%s{\"chunks\":%llu,\"check_insert_ns\":%s,\"hit_ns\":%s,\"miss_ns\":%s,"
+        "\"single_hit_ns\":%s,\"drop_ns\":%s,\"api_chunks\":%llu,\"api_store_ns\":%s,"
+        "\"api_lookup_ns\":%s}",
+        i ? "," : "", static_cast<unsigned long long>(r.chunks), js(r.insert).c_str(),
+        js(r.hit).c_str(), js(r.miss).c_str(), js(r.single_hit).c_str(), js(r.drop).c_str(),
+        static_cast<unsigned long long>(a.chunks), js(a.store).c_str(), js(a.lookup).c_str());
   }
   std::printf("],\"full_tier\":[");
   for (size_t i = 0; i < full_rows.size(); ++i) {
     const FullRow &r = full_rows[i];
-    std::printf("%s{\"chunks\":%llu,\"policy\":\"%s\",\"full_ns\":%s,\"room_ns\":%s,"
-                "\"evicted\":%llu}",
-                i ? "," : "", static_cast<unsigned long long>(r.chunks), policy_name(r.policy),
-                js(r.full).c_str(), js(r.room).c_str(), static_cast<unsigned long long>(r.evicted));
+    std::printf(
+        "%s{\"chunks\":%llu,\"policy\":\"%s\",\"full_ns\":%s,\"room_ns\":%s,"
+        "\"evicted\":%llu}",
+        i ? "," : "", static_cast<unsigned long long>(r.chunks), policy_name(r.policy),
+        js(r.full).c_str(), js(r.room).c_str(), static_cast<unsigned long long>(r.evicted));
   }
   std::printf("],\"hash_gbs\":%.2f,\"memcpy_gbs\":%.2f,\"hash_over_memcpy\":%.3f}\n", hash_gbs.med,
               memcpy_gbs.med, hash_gbs.med / memcpy_gbs.med);

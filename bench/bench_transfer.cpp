@@ -18,12 +18,12 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <functional>
-#include <mutex>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -152,8 +152,12 @@ class Workers {
 class CopyLimit {
  public:
   CopyLimit(uint64_t bytes, uint32_t page_tokens, Workers &workers)
-      : workers_(workers), bytes_(bytes), src_(bytes), dst_(bytes),
-        run_(uint64_t{page_tokens} * kHeads * kDim * 2), runs_(bytes / run_) {
+      : workers_(workers),
+        bytes_(bytes),
+        src_(bytes),
+        dst_(bytes),
+        run_(uint64_t{page_tokens} * kHeads * kDim * 2),
+        runs_(bytes / run_) {
     std::memset(src_.data(), 1, bytes);
     std::memset(dst_.data(), 2, bytes);
   }
@@ -273,8 +277,8 @@ void save_and_load(swiftkv_ctx *ctx, uint32_t model, uint32_t pool,
   }
   *load_s = run_request(ctx, pool, tokens, pages, &loaded, &saved, stream);
   if (loaded != tokens.size()) {
-    std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n",
-                 (unsigned long long)loaded, tokens.size());
+    std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n", (unsigned long long)loaded,
+                 tokens.size());
     std::exit(1);
   }
   uint64_t n = 0;
@@ -342,8 +346,8 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
 
 struct Overlap {
   uint32_t layers;
-  double factor;          // compute per layer / transfer per layer
-  double transfer_ms;     // per layer, measured
+  double factor;                          // compute per layer / transfer per layer
+  double transfer_ms;                     // per layer, measured
   double hidden_med = 0, hidden_min = 0;  // hidden / hideable, t the library's own load
   double hidden_limit = 0;                // the same, t at the machine's copy limit
 };
@@ -353,7 +357,8 @@ struct Overlap {
 double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
                       const std::vector<int32_t> &pages, uint32_t layers, double compute_s) {
   uint64_t loaded = 0, saved = 0;
-  const double t = run_request(ctx, pool, tokens, pages, &loaded, &saved, nullptr, layers, compute_s);
+  const double t =
+      run_request(ctx, pool, tokens, pages, &loaded, &saved, nullptr, layers, compute_s);
   if (loaded != tokens.size()) {
     std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n", (unsigned long long)loaded,
                  tokens.size());
@@ -459,7 +464,8 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   const uint64_t layer_bytes = uint64_t{n_pages} * 2 * page * kHeads * kDim * 2;
   void *dev = nullptr;
   if (cudaMalloc(&dev, layer_bytes * kLayers) != cudaSuccess) {
-    std::fprintf(stderr, "cudaMalloc of %llu bytes failed\n", (unsigned long long)(layer_bytes * kLayers));
+    std::fprintf(stderr, "cudaMalloc of %llu bytes failed\n",
+                 (unsigned long long)(layer_bytes * kLayers));
     std::exit(1);
   }
   std::vector<void *> bases(kLayers);
@@ -546,7 +552,8 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   std::vector<swiftkv::CopyItem> items;
   for (uint32_t i = 0; i < chunks; ++i) {
     const std::span<const int32_t> chunk_pages(order.data() + i * (kChunk / page), kChunk / page);
-    const std::vector<swiftkv::CopySegment> plan = swiftkv::chunk_copy_plan(lay, chunk_pages, kChunk);
+    const std::vector<swiftkv::CopySegment> plan =
+        swiftkv::chunk_copy_plan(lay, chunk_pages, kChunk);
     swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
                                items);
   }
@@ -612,31 +619,34 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
 }
 
 void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps) {
-  std::printf("\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
-              "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
-              chunks, static_cast<unsigned long long>(kLayerPiece), reps);
+  std::printf(
+      "\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
+      "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
+      chunks, static_cast<unsigned long long>(kLayerPiece), reps);
   std::printf("%-7s %5s %16s %16s %16s %8s %8s\n", "layout", "page", "scatter", "gather",
               "device copy", "sc/copy", "ga/copy");
   for (const KernelRow &r : rows) {
-    std::printf("%-7s %5u %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout,
-                r.page, r.scatter.med, r.scatter.best, r.gather.med, r.gather.best, r.copy.med,
-                r.copy.best, r.scatter.med / r.copy.med, r.gather.med / r.copy.med);
+    std::printf("%-7s %5u %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout, r.page,
+                r.scatter.med, r.scatter.best, r.gather.med, r.gather.best, r.copy.med, r.copy.best,
+                r.scatter.med / r.copy.med, r.gather.med / r.copy.med);
   }
   std::printf("{\"bench\":\"copy_kernel\",\"reps\":%d,\"rows\":[", reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const KernelRow &r = rows[i];
-    std::printf("%s{\"layout\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,"
-                "\"copy_gbs\":%.2f}",
-                i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.copy.med);
+    std::printf(
+        "%s{\"layout\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,"
+        "\"copy_gbs\":%.2f}",
+        i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.copy.med);
   }
   std::printf("]}\n");
 }
 #endif
 
 void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chunks, int reps) {
-  std::printf("%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk; GB/s median/best "
-              "over %d repetitions\n", backend, chunks, kChunk, kLayers,
-              static_cast<unsigned long long>(kLayerPiece >> 10), reps);
+  std::printf(
+      "%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk; GB/s median/best "
+      "over %d repetitions\n",
+      backend, chunks, kChunk, kLayers, static_cast<unsigned long long>(kLayerPiece >> 10), reps);
   std::printf("%5s %13s %13s %13s %13s %10s %10s %10s %8s\n", "page", "load", "save", "per_page",
               "large", "load/limit", "1st_save", "1st_load", "hook_us");
   for (const Row &r : rows) {
@@ -645,17 +655,19 @@ void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chun
     const double limit = std::max(r.per_page.med, r.large.med);
     std::printf("%5u %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %10.2f %10.2f %10.2f %8.2f\n",
                 r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med,
-                r.per_page.best, r.large.med, r.large.best, r.load.med / limit,
-                r.first_save_gbs, r.first_load_gbs, r.hook_us);
+                r.per_page.best, r.large.med, r.large.best, r.load.med / limit, r.first_save_gbs,
+                r.first_load_gbs, r.hook_us);
   }
 }
 
 void print_overlap(const std::vector<Overlap> &rows, uint32_t chunks, int reps) {
-  std::printf("\nlayer-wise pipeline (host), %u chunks per request: compute c per layer as a busy "
-              "wait after each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
-              "layer 0's load having nothing to hide under; t the library's own load with no compute "
-              "(median/min),\nor a layer's bytes at the copy limit (the faster memcpy); all in the "
-              "same %d repetitions\n", chunks, reps);
+  std::printf(
+      "\nlayer-wise pipeline (host), %u chunks per request: compute c per layer as a busy "
+      "wait after each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
+      "layer 0's load having nothing to hide under; t the library's own load with no compute "
+      "(median/min),\nor a layer's bytes at the copy limit (the faster memcpy); all in the "
+      "same %d repetitions\n",
+      chunks, reps);
   std::printf("%7s %6s %14s %16s %18s\n", "layers", "c/t", "t_per_layer_ms", "hidden_fraction",
               "vs_copy_limit");
   for (const Overlap &o : rows) {
@@ -670,21 +682,22 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
               backend, chunks, reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row &r = rows[i];
-    std::printf("%s{\"page\":%u,\"load_gbs\":%.3f,\"load_best_gbs\":%.3f,\"save_gbs\":%.3f,"
-                "\"save_best_gbs\":%.3f,\"per_page_gbs\":%.3f,\"large_gbs\":%.3f,"
-                "\"large_best_gbs\":%.3f,\"first_save_gbs\":%.3f,\"first_load_gbs\":%.3f,"
-                "\"hook_us\":%.2f}",
-                i ? "," : "", r.page, r.load.med, r.load.best, r.save.med, r.save.best,
-                r.per_page.med, r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs,
-                r.hook_us);
+    std::printf(
+        "%s{\"page\":%u,\"load_gbs\":%.3f,\"load_best_gbs\":%.3f,\"save_gbs\":%.3f,"
+        "\"save_best_gbs\":%.3f,\"per_page_gbs\":%.3f,\"large_gbs\":%.3f,"
+        "\"large_best_gbs\":%.3f,\"first_save_gbs\":%.3f,\"first_load_gbs\":%.3f,"
+        "\"hook_us\":%.2f}",
+        i ? "," : "", r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med,
+        r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs, r.hook_us);
   }
   std::printf("],\"overlap\":[");
   for (size_t i = 0; i < ov.size(); ++i) {
-    std::printf("%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
-                "\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
-                "\"hidden_vs_copy_limit\":%.4f}",
-                i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].hidden_med,
-                ov[i].hidden_min, ov[i].hidden_limit);
+    std::printf(
+        "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
+        "\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
+        "\"hidden_vs_copy_limit\":%.4f}",
+        i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].hidden_med,
+        ov[i].hidden_min, ov[i].hidden_limit);
   }
   std::printf("]}\n");
 }
@@ -707,7 +720,8 @@ int main(int argc, char **argv) {
     }
   }
   if (chunks == 0 || overlap_chunks == 0 || reps < 1) {
-    std::fprintf(stderr, "bench_transfer: --chunks, --overlap-chunks and --reps must be positive\n");
+    std::fprintf(stderr,
+                 "bench_transfer: --chunks, --overlap-chunks and --reps must be positive\n");
     return 2;
   }
   const unsigned threads = engine_threads();

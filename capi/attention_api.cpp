@@ -26,9 +26,9 @@ constexpr size_t kArgsV1Size = offsetof(swiftkv_attention_args, lse) + sizeof(fl
 
 AttentionShape read_desc(const swiftkv_attention_desc *desc) {
   const swiftkv_attention_desc defaults = SWIFTKV_ATTENTION_DESC_INIT;
-  const swiftkv_attention_desc d = read_versioned(desc, defaults, SWIFTKV_ATTENTION_DESC_VERSION,
-                                                  kDescV1Size, "desc",
-                                                  "SWIFTKV_ATTENTION_DESC_INIT");
+  const swiftkv_attention_desc d =
+      read_versioned(desc, defaults, SWIFTKV_ATTENTION_DESC_VERSION, kDescV1Size, "desc",
+                     "SWIFTKV_ATTENTION_DESC_INIT");
   return check_attention_shape(d, raw_enum_value(d.dtype));
 }
 
@@ -103,14 +103,20 @@ PlanView read_plan(const swiftkv_attention_plan *plan) {
 void check_reach(uint64_t n0, int64_t s0, uint64_t n1, int64_t s1, uint64_t n2, int64_t s2,
                  uint32_t dim, const char *what) {
   uint64_t reach = dim;
-  if (n0 > 0) reach = checked_add(reach, checked_mul(n0 - 1, static_cast<uint64_t>(s0), what), what);
-  if (n1 > 0) reach = checked_add(reach, checked_mul(n1 - 1, static_cast<uint64_t>(s1), what), what);
-  if (n2 > 0) reach = checked_add(reach, checked_mul(n2 - 1, static_cast<uint64_t>(s2), what), what);
-  if (reach > static_cast<uint64_t>(INT64_MAX)) fail_invalid(std::string(what) + " reaches past 2^63 elements");
+  if (n0 > 0)
+    reach = checked_add(reach, checked_mul(n0 - 1, static_cast<uint64_t>(s0), what), what);
+  if (n1 > 0)
+    reach = checked_add(reach, checked_mul(n1 - 1, static_cast<uint64_t>(s1), what), what);
+  if (n2 > 0)
+    reach = checked_add(reach, checked_mul(n2 - 1, static_cast<uint64_t>(s2), what), what);
+  if (reach > static_cast<uint64_t>(INT64_MAX))
+    fail_invalid(std::string(what) + " reaches past 2^63 elements");
 }
 
 void require_stride(int64_t v, const char *name) {
-  if (v < 1) fail_invalid(std::string("args->") + name + " is " + std::to_string(v) + "; strides must be >= 1");
+  if (v < 1)
+    fail_invalid(std::string("args->") + name + " is " + std::to_string(v) +
+                 "; strides must be >= 1");
 }
 
 bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -145,19 +151,20 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
   try {
     require(out, "out");
     check_struct_header<swiftkv_attention_plan>(out->size, out->version,
-                                                SWIFTKV_ATTENTION_PLAN_VERSION, kPlanV1Size,
-                                                "out", "SWIFTKV_ATTENTION_PLAN_INIT");
+                                                SWIFTKV_ATTENTION_PLAN_VERSION, kPlanV1Size, "out",
+                                                "SWIFTKV_ATTENTION_PLAN_INIT");
     const AttentionShape s = read_desc(desc);
     require(workspace, "workspace");
     if (reinterpret_cast<uintptr_t>(workspace) % kAttentionAlign != 0) {
       fail_invalid("workspace is not 256-byte aligned");
     }
     const bool host = s.device == SWIFTKV_DEVICE_HOST;
-    if (host && stream != nullptr) fail_invalid("stream is not NULL, and a host plan takes no stream");
+    if (host && stream != nullptr)
+      fail_invalid("stream is not NULL, and a host plan takes no stream");
     const uint32_t parallelism = host ? 1 : attention_device_parallelism(s.device);
-    const AttentionPlan plan = plan_attention(
-        s, AttentionBatch{qo_indptr, kv_indptr, kv_last_page_len, n_requests}, workspace_bytes,
-        parallelism);
+    const AttentionPlan plan =
+        plan_attention(s, AttentionBatch{qo_indptr, kv_indptr, kv_last_page_len, n_requests},
+                       workspace_bytes, parallelism);
 
     swiftkv_attention_plan p = SWIFTKV_ATTENTION_PLAN_INIT;
     p.n_requests = n_requests;
@@ -174,7 +181,8 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
     p.internal[4] = pack(s.causal ? 1u : 0u, plan.tile_rows);
     p.internal[5] = pack(float_bits(s.sm_scale), float_bits(s.soft_cap));
     p.internal[6] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(workspace));
-    p.internal[7] = pack(static_cast<uint32_t>(plan.work.size()), static_cast<uint32_t>(plan.merge.size()));
+    p.internal[7] =
+        pack(static_cast<uint32_t>(plan.work.size()), static_cast<uint32_t>(plan.merge.size()));
     p.internal[8] = plan.merge_offset;
     p.internal[9] = plan.partial_o_offset;
     p.internal[10] = plan.partial_lse_offset;
@@ -201,9 +209,9 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
   try {
     const PlanView v = read_plan(plan);
     const swiftkv_attention_args defaults = SWIFTKV_ATTENTION_ARGS_INIT;
-    const swiftkv_attention_args a = read_versioned(args, defaults, SWIFTKV_ATTENTION_ARGS_VERSION,
-                                                    kArgsV1Size, "args",
-                                                    "SWIFTKV_ATTENTION_ARGS_INIT");
+    const swiftkv_attention_args a =
+        read_versioned(args, defaults, SWIFTKV_ATTENTION_ARGS_VERSION, kArgsV1Size, "args",
+                       "SWIFTKV_ATTENTION_ARGS_INIT");
     require(workspace, "workspace");
     if (reinterpret_cast<uintptr_t>(workspace) != v.workspace) {
       fail_invalid("workspace is not the one the plan was made in");
@@ -217,9 +225,10 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
       require_stride(a.q_head_stride, "q_head_stride");
       require_stride(a.out_token_stride, "out_token_stride");
       require_stride(a.out_head_stride, "out_head_stride");
-      check_reach(v.q_tokens, a.q_token_stride, s.num_qo_heads, a.q_head_stride, 0, 0, s.head_dim, "q");
-      check_reach(v.q_tokens, a.out_token_stride, s.num_qo_heads, a.out_head_stride, 0, 0, s.head_dim,
-                  "out");
+      check_reach(v.q_tokens, a.q_token_stride, s.num_qo_heads, a.q_head_stride, 0, 0, s.head_dim,
+                  "q");
+      check_reach(v.q_tokens, a.out_token_stride, s.num_qo_heads, a.out_head_stride, 0, 0,
+                  s.head_dim, "out");
     }
     if (v.kv_tokens > 0) {
       require(a.k_base, "args->k_base");
@@ -229,13 +238,15 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
       require_stride(a.token_stride, "token_stride");
       require_stride(a.head_stride, "head_stride");
       if (a.num_pages == 0 || a.num_pages > static_cast<uint32_t>(INT32_MAX)) {
-        fail_invalid("args->num_pages is " + std::to_string(a.num_pages) + "; it must be 1..2^31 - 1");
+        fail_invalid("args->num_pages is " + std::to_string(a.num_pages) +
+                     "; it must be 1..2^31 - 1");
       }
       check_reach(a.num_pages, a.page_stride, s.page_tokens, a.token_stride, s.num_kv_heads,
                   a.head_stride, s.head_dim, "k and v");
     }
     const bool host = s.device == SWIFTKV_DEVICE_HOST;
-    if (host && stream != nullptr) fail_invalid("stream is not NULL, and a host run takes no stream");
+    if (host && stream != nullptr)
+      fail_invalid("stream is not NULL, and a host run takes no stream");
 
     auto *ws = static_cast<unsigned char *>(workspace);
     AttentionParams p{};
@@ -272,16 +283,17 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
       AttentionWorkspaceHeader h;
       std::memcpy(&h, ws, sizeof h);
       if (h.magic != kAttentionWorkspaceMagic || h.check != v.check) {
-        fail_invalid("the workspace no longer holds this plan (planned into again, or overwritten)");
+        fail_invalid(
+            "the workspace no longer holds this plan (planned into again, or overwritten)");
       }
       check_attention_pages(p);
       run_attention_cpu(s, p);
     } else {
       // 16-byte loads need 16-byte aligned bases and strides of whole 16-byte pieces.
-      const bool vectorised =
-          aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
-          a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 && a.page_stride % 8 == 0 &&
-          a.token_stride % 8 == 0 && a.head_stride % 8 == 0;
+      const bool vectorised = aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
+                              a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 &&
+                              a.page_stride % 8 == 0 && a.token_stride % 8 == 0 &&
+                              a.head_stride % 8 == 0;
       attention_run_cuda(s, p, vectorised, stream);
     }
     return SWIFTKV_OK;

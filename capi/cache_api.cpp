@@ -18,8 +18,7 @@ namespace swiftkv::capi {
 
 namespace {
 
-constexpr size_t kModelConfigV1Size =
-    offsetof(swiftkv_model_config, reserved0) + sizeof(uint32_t);
+constexpr size_t kModelConfigV1Size = offsetof(swiftkv_model_config, reserved0) + sizeof(uint32_t);
 constexpr size_t kLookupResultV1Size =
     offsetof(swiftkv_lookup_result, chunks_per_tier) + 3 * sizeof(uint64_t);
 constexpr size_t kStatsV1Size = offsetof(swiftkv_stats, demotions_deferred) + sizeof(uint64_t);
@@ -27,8 +26,7 @@ constexpr size_t kStatsV1Size = offsetof(swiftkv_stats, demotions_deferred) + si
 Tier read_tier(swiftkv_tier t, const char *arg) {
   const int32_t v = raw_enum_value(t);
   if (v < SWIFTKV_TIER_PEER || v > SWIFTKV_TIER_DISK) {
-    fail_invalid(std::string(arg) + " (" + std::to_string(v) +
-                 ") is not a tier a chunk can be in");
+    fail_invalid(std::string(arg) + " (" + std::to_string(v) + ") is not a tier a chunk can be in");
   }
   return static_cast<Tier>(v);
 }
@@ -52,8 +50,8 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
     require(ctx, "ctx");
     const swiftkv_model_config defaults = SWIFTKV_MODEL_CONFIG_INIT;
     const swiftkv_model_config c = swiftkv::capi::read_versioned(
-        config, defaults, SWIFTKV_MODEL_CONFIG_VERSION, swiftkv::capi::kModelConfigV1Size,
-        "config", "SWIFTKV_MODEL_CONFIG_INIT");
+        config, defaults, SWIFTKV_MODEL_CONFIG_VERSION, swiftkv::capi::kModelConfigV1Size, "config",
+        "SWIFTKV_MODEL_CONFIG_INIT");
     if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
     require(c.desc, "config->desc");
     const swiftkv::capi::CheckedModel m = swiftkv::capi::read_model_desc(c.desc, "config->desc");
@@ -71,8 +69,10 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
     std::unique_lock lock(ctx->models_mu);
     for (const auto &[id, other] : ctx->models) {
       if (other.fingerprint == r.fingerprint) {
-        swiftkv::fail(SWIFTKV_EBUSY, "model '" + r.name + "' with this geometry and identity is "
-                                         "registered already as model " + std::to_string(id));
+        swiftkv::fail(SWIFTKV_EBUSY, "model '" + r.name +
+                                         "' with this geometry and identity is "
+                                         "registered already as model " +
+                                         std::to_string(id));
       }
     }
     if (ctx->next_model == SWIFTKV_MODEL_ALL) {
@@ -124,8 +124,7 @@ SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t m
 
 SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *residency_out,
                                           size_t residency_capacity, swiftkv_ctx *ctx,
-                                          uint32_t model, const uint32_t *tokens,
-                                          size_t n_tokens) {
+                                          uint32_t model, const uint32_t *tokens, size_t n_tokens) {
   try {
     require(out, "out");
     require(ctx, "ctx");
@@ -189,9 +188,8 @@ SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ct
 }
 
 SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv_ctx *ctx,
-                                            uint32_t model, const uint32_t *tokens,
-                                            size_t n_tokens, uint64_t start_token, void *kv,
-                                            size_t kv_bytes) {
+                                            uint32_t model, const uint32_t *tokens, size_t n_tokens,
+                                            uint64_t start_token, void *kv, size_t kv_bytes) {
   try {
     require(loaded_tokens_out, "loaded_tokens_out");
     require(ctx, "ctx");
@@ -200,8 +198,8 @@ SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv
     const uint64_t c = m.geometry.chunk_tokens;
     if (start_token % c != 0 || start_token / c > keys.size()) {
       swiftkv::fail_invalid("start_token (" + std::to_string(start_token) +
-                            ") is not a chunk boundary within the " +
-                            std::to_string(keys.size()) + " full chunks of tokens");
+                            ") is not a chunk boundary within the " + std::to_string(keys.size()) +
+                            " full chunks of tokens");
     }
     const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
     if (kv_bytes % chunk_bytes != 0) {
@@ -221,9 +219,8 @@ SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv
   SWIFTKV_CATCH_ALL
 }
 
-SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *ctx,
-                                          uint32_t model, swiftkv_elastic *lender,
-                                          uint64_t max_units) {
+SWIFTKV_API swiftkv_status swiftkv_borrow(uint64_t *lease_id_out, swiftkv_ctx *ctx, uint32_t model,
+                                          swiftkv_elastic *lender, uint64_t max_units) {
   try {
     require(lease_id_out, "lease_id_out");
     require(ctx, "ctx");
@@ -248,8 +245,8 @@ SWIFTKV_API swiftkv_status swiftkv_pin(swiftkv_ctx *ctx, uint32_t model, const u
   SWIFTKV_CATCH_ALL
 }
 
-SWIFTKV_API swiftkv_status swiftkv_unpin(swiftkv_ctx *ctx, uint32_t model,
-                                         const uint32_t *tokens, size_t n_tokens) {
+SWIFTKV_API swiftkv_status swiftkv_unpin(swiftkv_ctx *ctx, uint32_t model, const uint32_t *tokens,
+                                         size_t n_tokens) {
   try {
     require(ctx, "ctx");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
@@ -260,8 +257,8 @@ SWIFTKV_API swiftkv_status swiftkv_unpin(swiftkv_ctx *ctx, uint32_t model,
 }
 
 SWIFTKV_API swiftkv_status swiftkv_clear(uint64_t *cleared_chunks_out, swiftkv_ctx *ctx,
-                                         uint32_t model, uint32_t tier_mask,
-                                         const uint32_t *tokens, size_t n_tokens) {
+                                         uint32_t model, uint32_t tier_mask, const uint32_t *tokens,
+                                         size_t n_tokens) {
   try {
     require(cleared_chunks_out, "cleared_chunks_out");
     require(ctx, "ctx");

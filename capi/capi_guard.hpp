@@ -22,5 +22,7 @@ swiftkv_status translate_current_exception(const char *function) noexcept;
 
 }  // namespace swiftkv::capi
 
-#define SWIFTKV_CATCH_ALL \
-  catch (...) { return ::swiftkv::capi::translate_current_exception(__func__); }
+#define SWIFTKV_CATCH_ALL                                          \
+  catch (...) {                                                    \
+    return ::swiftkv::capi::translate_current_exception(__func__); \
+  }

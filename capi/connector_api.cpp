@@ -32,7 +32,6 @@ void require_usable_device(const swiftkv_ctx *ctx, const RegisteredModel &m) {
   }
 }
 
-
 uint32_t add_pool(swiftkv_ctx *ctx, uint32_t model, const RegisteredModel &m,
                   std::unique_ptr<KvPool> pool) {
   std::lock_guard lock(ctx->io_mu);
@@ -55,8 +54,8 @@ auto find_pool_locked(const swiftkv_ctx *ctx, uint32_t pool, const char *arg) {
 auto find_request_locked(const swiftkv_ctx *ctx, uint64_t request) {
   const auto it = ctx->requests.find(request);
   if (it == ctx->requests.end()) {
-    fail(SWIFTKV_ENOTFOUND, "request " + std::to_string(request) +
-                                " is not open (finished, or never begun)");
+    fail(SWIFTKV_ENOTFOUND,
+         "request " + std::to_string(request) + " is not open (finished, or never begun)");
   }
   return it;
 }
@@ -144,9 +143,8 @@ SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx
   SWIFTKV_CATCH_ALL
 }
 
-SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *ctx,
-                                               uint32_t model, uint32_t regular_pages,
-                                               uint32_t stream_pages) {
+SWIFTKV_API swiftkv_status swiftkv_pool_create(uint32_t *pool_out, swiftkv_ctx *ctx, uint32_t model,
+                                               uint32_t regular_pages, uint32_t stream_pages) {
   try {
     require(pool_out, "pool_out");
     require(ctx, "ctx");
@@ -200,8 +198,8 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
     const auto it = swiftkv::capi::find_pool_locked(ctx, pool, "pool");
     for (const auto &[id, r] : ctx->requests) {
       if (&r->pool() == it->second.pool.get()) {
-        swiftkv::fail(SWIFTKV_EBUSY, "pool " + std::to_string(pool) + " is used by request " +
-                                         std::to_string(id));
+        swiftkv::fail(SWIFTKV_EBUSY,
+                      "pool " + std::to_string(pool) + " is used by request " + std::to_string(id));
       }
     }
     ctx->pools.erase(it);
@@ -259,8 +257,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
     const uint64_t chunk = m.geometry.chunk_tokens;
     if (d.load_from_tokens % chunk != 0 || d.load_from_tokens > d.n_tokens) {
       swiftkv::fail_invalid("desc->load_from_tokens (" + std::to_string(d.load_from_tokens) +
-                            ") is not a chunk boundary within the " +
-                            std::to_string(d.n_tokens) + " tokens");
+                            ") is not a chunk boundary within the " + std::to_string(d.n_tokens) +
+                            " tokens");
     }
     swiftkv::RequestSpec spec;
     spec.model = rp.fingerprint;
@@ -287,7 +285,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
         --ctx->requests_beginning;
       }
     } beginning{ctx};
-    auto r = std::make_shared<swiftkv::Request>(ctx->cache, ctx->executor, rp.pool, std::move(spec));
+    auto r =
+        std::make_shared<swiftkv::Request>(ctx->cache, ctx->executor, rp.pool, std::move(spec));
     std::lock_guard lock(ctx->io_mu);
     const uint64_t id = ctx->next_request++;
     ctx->requests.emplace(id, std::move(r));
@@ -306,9 +305,8 @@ SWIFTKV_API swiftkv_status swiftkv_start_load(swiftkv_ctx *ctx, uint64_t request
   SWIFTKV_CATCH_ALL
 }
 
-SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_out,
-                                                   swiftkv_ctx *ctx, uint64_t request,
-                                                   uint32_t layer, void *stream) {
+SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_out, swiftkv_ctx *ctx,
+                                                   uint64_t request, uint32_t layer, void *stream) {
   try {
     require(valid_end_tokens_out, "valid_end_tokens_out");
     require(ctx, "ctx");
@@ -364,8 +362,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swi
     require(ctx, "ctx");
     if (out != nullptr) {
       swiftkv::capi::check_struct_header<swiftkv_request_info>(
-          out->size, out->version, SWIFTKV_REQUEST_INFO_VERSION,
-          swiftkv::capi::kRequestInfoV1Size, "out", "SWIFTKV_REQUEST_INFO_INIT");
+          out->size, out->version, SWIFTKV_REQUEST_INFO_VERSION, swiftkv::capi::kRequestInfoV1Size,
+          "out", "SWIFTKV_REQUEST_INFO_INIT");
     }
     std::shared_ptr<swiftkv::Request> r = swiftkv::capi::take_request(ctx, request);
     const swiftkv_request_info v = swiftkv::capi::to_c(r->info());

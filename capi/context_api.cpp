@@ -12,13 +12,11 @@
 #include "core/context/context.hpp"
 #include "core/memory/device_query.hpp"
 
-
 namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV7Size =
-    offsetof(swiftkv_ctx_config, reserved2) + sizeof(uint32_t);
+constexpr size_t kCtxConfigV7Size = offsetof(swiftkv_ctx_config, reserved2) + sizeof(uint32_t);
 static_assert(kCtxConfigV7Size == sizeof(swiftkv_ctx_config));
 constexpr uint32_t kMaxOpenRequestsLimit = uint32_t{1} << 20;
 
@@ -28,7 +26,7 @@ struct ReadConfig {
   swiftkv::coord::CoordOptions coord;
   swiftkv_clock_fn clock = nullptr;  // as given, for swiftkv_ctx_get_config
   void *clock_user_data = nullptr;
-  uint32_t transfer_threads = 0;     // 0: the default for this machine
+  uint32_t transfer_threads = 0;  // 0: the default for this machine
   uint32_t max_open_requests = 0;
   bool write_back_on_close = true;
 };
@@ -44,8 +42,8 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
   if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
   if (c.reserved2 != 0) swiftkv::fail_invalid("config->reserved2 is not 0");
   if (c.write_back_on_close > 1) {
-    swiftkv::fail_invalid("config->write_back_on_close (" +
-                          std::to_string(c.write_back_on_close) + ") is not 0 or 1");
+    swiftkv::fail_invalid("config->write_back_on_close (" + std::to_string(c.write_back_on_close) +
+                          ") is not 0 or 1");
   }
   if (c.max_open_requests == 0 || c.max_open_requests > kMaxOpenRequestsLimit) {
     swiftkv::fail_invalid("config->max_open_requests (" + std::to_string(c.max_open_requests) +
@@ -149,8 +147,9 @@ SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
   if (ctx != nullptr && ctx->cache.in_event_callback()) {
     // The context would wait for the very thread that is running its callback. It stays; the
     // refusal is the thread's last error, and a line on stderr.
-    static constexpr char kWhy[] = "called from the context's chunk event callback; the context "
-                                   "was not destroyed";
+    static constexpr char kWhy[] =
+        "called from the context's chunk event callback; the context "
+        "was not destroyed";
     swiftkv::capi::set_error(__func__, SWIFTKV_ESTATE, kWhy);
     swiftkv::log_warn(std::string("swiftkv_ctx_destroy: ") + kWhy);
     return;
@@ -162,12 +161,12 @@ SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
     try {
       const uint64_t n = ctx->cache.write_back(SWIFTKV_TIER_BIT(SWIFTKV_TIER_HOST) |
                                                SWIFTKV_TIER_BIT(SWIFTKV_TIER_PEER));
-      if (n != 0) swiftkv::log_info("swiftkv_ctx_destroy: wrote " + std::to_string(n) +
-                                    " chunks back to disk");
+      if (n != 0)
+        swiftkv::log_info("swiftkv_ctx_destroy: wrote " + std::to_string(n) +
+                          " chunks back to disk");
     } catch (const std::exception &e) {
       // A context always ends; what could not be written is lost, and said so.
-      swiftkv::log_warn(std::string("swiftkv_ctx_destroy: write-back to disk failed: ") +
-                        e.what());
+      swiftkv::log_warn(std::string("swiftkv_ctx_destroy: write-back to disk failed: ") + e.what());
     }
   }
 }
@@ -182,7 +181,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.host_numa_node = c.host_numa_node;
     v.disk_path = c.disk_path ? c.disk_path->c_str() : nullptr;
     v.disk_budget_bytes = c.disk_budget_bytes;
-    v.disk_segment_bytes = ctx->cache.disk() ? ctx->cache.disk()->segment_bytes() : c.disk_segment_bytes;
+    v.disk_segment_bytes =
+        ctx->cache.disk() ? ctx->cache.disk()->segment_bytes() : c.disk_segment_bytes;
     v.disk_sync_ms = static_cast<uint32_t>(c.disk_sync_ns / 1'000'000);
     const swiftkv::CacheOptions &o = ctx->cache.options();
     v.eviction_policy = static_cast<swiftkv_eviction_policy>(o.policy);

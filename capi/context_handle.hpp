@@ -54,7 +54,9 @@ inline unsigned default_transfer_threads() noexcept {
 struct swiftkv_ctx {
   swiftkv_ctx(swiftkv::ContextConfig c, swiftkv::CacheOptions o, swiftkv::coord::CoordOptions co,
               unsigned transfer_threads)
-      : core(std::move(c)), attention_table(o.cost.attention_table), coord(std::move(co)),
+      : core(std::move(c)),
+        attention_table(o.cost.attention_table),
+        coord(std::move(co)),
         cache(core, std::move(o)),
         executor(transfer_threads != 0 ? transfer_threads
                                        : swiftkv::capi::default_transfer_threads()) {}
@@ -79,7 +81,7 @@ struct swiftkv_ctx {
   uint32_t next_pool = 0;
   std::unordered_map<uint64_t, std::shared_ptr<swiftkv::Request>> requests;
   uint64_t next_request = 1;
-  uint64_t requests_beginning = 0;  // requests being built by swiftkv_request_begin
+  uint64_t requests_beginning = 0;    // requests being built by swiftkv_request_begin
   uint32_t max_open_requests = 4096;  // bounds requests plus requests_beginning
   uint32_t write_back_on_close = 1;   // swiftkv_ctx_destroy moves host and peer chunks to disk
 

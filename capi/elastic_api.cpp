@@ -15,7 +15,6 @@
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/host_region.hpp"
 
-
 namespace swiftkv::capi {
 
 namespace {
@@ -39,13 +38,15 @@ ReadConfig read_config(const swiftkv_elastic_config *config) {
   if (c.lender == nullptr) fail_invalid("config->lender is NULL");
   ReadConfig r;
   r.core.lender = read_model_desc(c.lender, "config->lender").geometry;
-  if (c.borrower != nullptr) r.core.borrower = read_model_desc(c.borrower, "config->borrower").geometry;
+  if (c.borrower != nullptr)
+    r.core.borrower = read_model_desc(c.borrower, "config->borrower").geometry;
   r.core.capacity_blocks = c.capacity_blocks;
   r.core.owned_blocks = c.owned_blocks;
   if (c.window_ms > UINT64_MAX / 1'000'000 || c.lease_ms > UINT64_MAX / 1'000'000 ||
       c.reclaim_deadline_ms > UINT64_MAX / 1'000'000) {
-    fail_invalid("config->window_ms, lease_ms or reclaim_deadline_ms does not fit in 64-bit "
-                 "nanoseconds");
+    fail_invalid(
+        "config->window_ms, lease_ms or reclaim_deadline_ms does not fit in 64-bit "
+        "nanoseconds");
   }
   r.core.window_ns = c.window_ms * 1'000'000;
   r.core.lease_ns = c.lease_ms * 1'000'000;
@@ -128,8 +129,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
       o.numa_node = e->ctx->host_numa_node();
       o.page_lock = e->ctx->device_count() > 0;
       o.name = "swiftkv-elastic";
-      e->ctx->reserve_host(bytes, "an elastic region of " +
-                                      std::to_string(c.core.capacity_blocks) + " blocks");
+      e->ctx->reserve_host(
+          bytes, "an elastic region of " + std::to_string(c.core.capacity_blocks) + " blocks");
       e->host_reserved = bytes;
       memory = swiftkv::create_host_region(o);
     } else {
@@ -159,7 +160,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_layer_view(swiftkv_layer_view *out,
       swiftkv::fail_invalid("layer " + std::to_string(layer) + " is not below the lender's " +
                             std::to_string(r.lender().num_layers) + " layers");
     }
-    const swiftkv::LayerView lv = swiftkv::block_major_layer_view(r.lender(), r.lender_sizes(), layer);
+    const swiftkv::LayerView lv =
+        swiftkv::block_major_layer_view(r.lender(), r.lender_sizes(), layer);
     swiftkv_layer_view v = SWIFTKV_LAYER_VIEW_INIT;
     v.base = r.memory().data() + lv.layer_offset;
     v.page_stride = lv.page_stride;
@@ -258,10 +260,10 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_wait_reclaims(swiftkv_elastic *e, uin
     require(e, "e");
     const uint64_t ns = timeout_ms > UINT64_MAX / 1'000'000 ? UINT64_MAX : timeout_ms * 1'000'000;
     if (!e->region->wait_reclaims(ns)) {
-      swiftkv::fail(SWIFTKV_ETIMEDOUT, "leases still asked back after " +
-                                           std::to_string(timeout_ms) + " ms: " +
-                                           std::to_string(e->region->pending_reclaims().size()) +
-                                           " not released by their borrowers");
+      swiftkv::fail(SWIFTKV_ETIMEDOUT,
+                    "leases still asked back after " + std::to_string(timeout_ms) +
+                        " ms: " + std::to_string(e->region->pending_reclaims().size()) +
+                        " not released by their borrowers");
     }
     return SWIFTKV_OK;
   }

@@ -59,7 +59,8 @@ SWIFTKV_API const char *swiftkv_status_string(swiftkv_status status) {
     case SWIFTKV_EPEER: return "SWIFTKV_EPEER: peer process failed or broke the protocol";
     case SWIFTKV_ETIMEDOUT: return "SWIFTKV_ETIMEDOUT: timed out";
     case SWIFTKV_EVERSION: return "SWIFTKV_EVERSION: unknown struct or protocol version";
-    case SWIFTKV_EUNSUPPORTED: return "SWIFTKV_EUNSUPPORTED: not supported by this build or machine";
+    case SWIFTKV_EUNSUPPORTED:
+      return "SWIFTKV_EUNSUPPORTED: not supported by this build or machine";
     case SWIFTKV_EUSER: return "SWIFTKV_EUSER: a caller's callback failed";
     case SWIFTKV_ESTATE: return "SWIFTKV_ESTATE: not allowed in the current state";
     case SWIFTKV_EINTERNAL: return "SWIFTKV_EINTERNAL: internal error in libswiftkv";

@@ -4,9 +4,9 @@
 #include "swiftkv/swiftkv.h"
 
 // A NULL out is nothing to fill: these functions have no status to report it with.
-#define SWIFTKV_DEFINE_INIT(TYPE, MACRO)              \
-  SWIFTKV_API void TYPE##_init(TYPE *out) {           \
-    if (out != nullptr) *out = TYPE MACRO;            \
+#define SWIFTKV_DEFINE_INIT(TYPE, MACRO)    \
+  SWIFTKV_API void TYPE##_init(TYPE *out) { \
+    if (out != nullptr) *out = TYPE MACRO;  \
   }
 
 SWIFTKV_DEFINE_INIT(swiftkv_model_desc, SWIFTKV_MODEL_DESC_INIT)

@@ -19,8 +19,8 @@ class Exposition {
   void tiers(const char *name, const char *type, const char *help, const uint64_t (&v)[3]) {
     header(name, type, help);
     for (size_t t = 0; t < 3; ++t) {
-      text_ += std::string(name) + "{tier=\"" + kTierNames[t] + "\"} " + std::to_string(v[t]) +
-               "\n";
+      text_ +=
+          std::string(name) + "{tier=\"" + kTierNames[t] + "\"} " + std::to_string(v[t]) + "\n";
     }
   }
   // One family of one value.
@@ -89,8 +89,8 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
           "Entries of the disk path left alone at start-up.", s.disk_files_skipped);
     e.one("swiftkv_disk_records_mismatched_total", "counter",
           "Disk reads that found another record than the chunk.", s.disk_records_mismatched);
-    e.one("swiftkv_disk_segments_cleaned_total", "counter",
-          "Disk segments emptied for reuse.", s.disk_segments_cleaned);
+    e.one("swiftkv_disk_segments_cleaned_total", "counter", "Disk segments emptied for reuse.",
+          s.disk_segments_cleaned);
     e.one("swiftkv_disk_relocated_bytes_total", "counter",
           "Record bytes copied by segment cleaning.", s.disk_bytes_relocated);
     e.one("swiftkv_disk_allocated_bytes", "gauge", "Bytes of segment files on disk.",
@@ -104,8 +104,8 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
           c.offered_regions);
     e.one("swiftkv_coord_sessions", "gauge", "Borrower sessions on the offered regions.",
           c.sessions_served);
-    e.one("swiftkv_coord_lenders_connected", "gauge",
-          "Remote lenders this context borrows from.", c.lenders_connected);
+    e.one("swiftkv_coord_lenders_connected", "gauge", "Remote lenders this context borrows from.",
+          c.lenders_connected);
     e.one("swiftkv_coord_messages_sent_total", "counter", "Coordinator messages sent.",
           c.messages_sent);
     e.one("swiftkv_coord_messages_received_total", "counter", "Coordinator messages received.",
@@ -115,15 +115,14 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
           c.messages_dropped);
     e.one("swiftkv_coord_reclaims_sent_total", "counter",
           "Leases asked back from remote borrowers.", c.reclaims_sent);
-    e.one("swiftkv_coord_reclaims_acked_total", "counter",
-          "Leases asked back and given back.", c.reclaims_acked);
+    e.one("swiftkv_coord_reclaims_acked_total", "counter", "Leases asked back and given back.",
+          c.reclaims_acked);
     e.seconds("swiftkv_coord_reclaim_seconds_total",
               "Time from asking a lease back to its release, summed over acked reclaims.",
               c.reclaim_ns_total);
     e.one("swiftkv_coord_leases_lost_total", "counter",
           "Borrowed leases lost to expiry or a dead lender.", c.leases_lost);
-    e.one("swiftkv_coord_lenders_lost_total", "counter", "Lenders that went away.",
-          c.lenders_lost);
+    e.one("swiftkv_coord_lenders_lost_total", "counter", "Lenders that went away.", c.lenders_lost);
     const std::string &text = e.text();
     *length_out = text.size();
     if (capacity > text.size()) std::memcpy(buf, text.c_str(), text.size() + 1);

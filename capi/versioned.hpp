@@ -18,13 +18,12 @@ template <class T>
 void check_struct_header(uint32_t size, uint32_t version, uint32_t max_version, size_t first_size,
                          const char *arg, const char *init_macro) {
   if (size == 0 && version == 0) {
-    fail(SWIFTKV_EVERSION, std::string(arg) + " has size 0 and version 0; initialise it with " +
-                               init_macro);
+    fail(SWIFTKV_EVERSION,
+         std::string(arg) + " has size 0 and version 0; initialise it with " + init_macro);
   }
   if (version == 0 || version > max_version) {
     fail(SWIFTKV_EVERSION, std::string(arg) + "->version is " + std::to_string(version) +
-                               "; this library knows versions 1 to " +
-                               std::to_string(max_version));
+                               "; this library knows versions 1 to " + std::to_string(max_version));
   }
   if (size < first_size) {
     fail(SWIFTKV_EVERSION, std::string(arg) + "->size is " + std::to_string(size) +

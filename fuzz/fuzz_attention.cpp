@@ -22,10 +22,23 @@ void check(bool ok, const char *what) { swiftkv::fuzz::check(ok, "fuzz_attention
 
 enum Fault : uint8_t {
   kNone = 0,
-  kDescHeadDim = 6, kDescDtype, kDescHeads, kDescPageTokens, kDescChunk, kDescScale, kDescCap,
-  kLastPageZero, kLastPageLong, kKvDown, kQoDown,  // the plan must refuse these
-  kSmallWorkspace,                                 // refused, or planned with fewer pieces
-  kPageOut, kPageNegative, kFewerPages, kStrideZero, kReserved,  // the run must refuse these
+  kDescHeadDim = 6,
+  kDescDtype,
+  kDescHeads,
+  kDescPageTokens,
+  kDescChunk,
+  kDescScale,
+  kDescCap,
+  kLastPageZero,
+  kLastPageLong,
+  kKvDown,
+  kQoDown,          // the plan must refuse these
+  kSmallWorkspace,  // refused, or planned with fewer pieces
+  kPageOut,
+  kPageNegative,
+  kFewerPages,
+  kStrideZero,
+  kReserved,  // the run must refuse these
   kFaults
 };
 
@@ -45,15 +58,18 @@ bool outputs_match(const att_problem &p) {
           return false;
         }
         for (int64_t e = 0; e < d; ++e) {
-          const double got = att_load(p.desc.dtype, p.out + static_cast<size_t>(
-              t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem);
+          const double got =
+              att_load(p.desc.dtype, p.out + static_cast<size_t>(t * p.args.out_token_stride +
+                                                                 h * p.args.out_head_stride + e) *
+                                                 p.elem);
           // The dtype's rounding, plus the fp32 partial rows of split KV: a partial's lse is
           // rounded to fp32, so a merge weight is off by about |lse| * 2^-24 relative.
           const double partials = 1.2e-7 * (std::isinf(lse) ? 1.0 : std::fmax(1.0, std::fabs(lse)));
           if (std::fabs(got - o[static_cast<size_t>(e)]) >
               att_ulp(p.desc.dtype, o[static_cast<size_t>(e)]) + partials) {
-            std::fprintf(stderr, "fuzz_attention: out of r%u i%d h%lld d%lld: %.9g, reference %.9g\n",
-                         r, i, static_cast<long long>(h), static_cast<long long>(e), got,
+            std::fprintf(stderr,
+                         "fuzz_attention: out of r%u i%d h%lld d%lld: %.9g, reference %.9g\n", r, i,
+                         static_cast<long long>(h), static_cast<long long>(e), got,
                          o[static_cast<size_t>(e)]);
             return false;
           }
@@ -142,8 +158,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       plan_must_fail = false;  // fewer KV pieces, or ENOMEM
       ws_bytes = bytes / (2 + which % 8);
       break;
-    default:
-      plan_must_fail = false;
+    default: plan_must_fail = false;
   }
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
   std::memset(plan.internal, 0x5e, sizeof plan.internal);
@@ -178,7 +193,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case kPageOut:
     case kPageNegative:
       if (used == 0) break;
-      p.kv_indices[entry] = fault == kPageOut ? static_cast<int32_t>(p.num_pages) + which : -1 - which;
+      p.kv_indices[entry] =
+          fault == kPageOut ? static_cast<int32_t>(p.num_pages) + which : -1 - which;
       run_must_fail = read(entry);
       break;
     case kFewerPages: {
@@ -202,11 +218,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       run_must_fail = true;
       a.reserved0 = 1u + which;
       break;
-    default:
-      run_must_fail = false;
+    default: run_must_fail = false;
   }
   std::memset(p.out, 0xab, p.out_bytes);
-  const size_t lse_bytes = sizeof(float) * static_cast<size_t>(p.q_tokens * p.desc.num_qo_heads + 1);
+  const size_t lse_bytes =
+      sizeof(float) * static_cast<size_t>(p.q_tokens * p.desc.num_qo_heads + 1);
   std::memset(p.lse, 0xcd, lse_bytes);
   const std::vector<unsigned char> out_before(p.out, p.out + p.out_bytes);
   const std::vector<unsigned char> lse_before(reinterpret_cast<unsigned char *>(p.lse),

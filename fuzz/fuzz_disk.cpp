@@ -40,7 +40,8 @@ std::vector<uint32_t> tokens_of(uint32_t seq) {
 
 std::vector<unsigned char> kv_of(uint32_t seq) {
   std::vector<unsigned char> kv(kChunksPerSeq * kChunkBytes);
-  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<unsigned char>(seq * 37u + i * 11u + (i >> 7));
+  for (size_t i = 0; i < kv.size(); ++i)
+    kv[i] = static_cast<unsigned char>(seq * 37u + i * 11u + (i >> 7));
   return kv;
 }
 
@@ -74,9 +75,9 @@ struct Open {
     const std::vector<uint32_t> t = tokens_of(seq);
     const std::vector<unsigned char> kv = kv_of(seq);
     uint64_t cached = 0;
-    check(swiftkv_store(&cached, ctx, model, t.data(), t.size(), kv.data(), kv.size()) ==
-              SWIFTKV_OK,
-          "store");
+    check(
+        swiftkv_store(&cached, ctx, model, t.data(), t.size(), kv.data(), kv.size()) == SWIFTKV_OK,
+        "store");
     return cached;
   }
 
@@ -128,7 +129,8 @@ void write_seed(const std::string &out_dir) {
   empty_dir(dir);
   {
     Open o(dir);
-    for (uint32_t s = 0; s < kSeeded; ++s) check(o.store(s) == kChunksPerSeq * kChunkTokens, "seed");
+    for (uint32_t s = 0; s < kSeeded; ++s)
+      check(o.store(s) == kChunksPerSeq * kChunkTokens, "seed");
   }
   const std::string from = dir + "/" + kSegment, to = out_dir + "/two-sequences";
   FILE *in = std::fopen(from.c_str(), "rb");

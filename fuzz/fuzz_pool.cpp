@@ -28,7 +28,7 @@ struct Pool {
   swiftkv_pool_desc d = SWIFTKV_POOL_DESC_INIT;
   std::vector<std::vector<uint64_t>> arena;  // per layer, 8-byte aligned
   std::vector<void *> base;
-  uint32_t misalign = 0;                     // bytes past the arena's start (0 or 2 keeps F16 alignment)
+  uint32_t misalign = 0;  // bytes past the arena's start (0 or 2 keeps F16 alignment)
 
   int64_t element(uint32_t p, uint32_t c, uint32_t t, uint32_t h, uint32_t dim) const {
     return p * d.page_stride + c * d.kv_stride + t * d.token_stride + h * d.head_stride + dim;
@@ -118,7 +118,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   d.kv_stride = in.take<int16_t>(kBlock * kHeads * kDim);
   d.token_stride = in.take<int16_t>(kHeads * kDim);
   d.head_stride = in.take<int16_t>(kDim);
-  d.layer_span_bytes = std::min<uint64_t>(in.take<uint32_t>(d.num_pages * 2 * kBlock * kHeads * kDim * 2), kMaxSpan);
+  d.layer_span_bytes =
+      std::min<uint64_t>(in.take<uint32_t>(d.num_pages * 2 * kBlock * kHeads * kDim * 2), kMaxSpan);
   pool.misalign = in.take<uint8_t>(0) % 4;  // 1 and 3 break the F16 alignment
   const uint8_t shuffle = in.take<uint8_t>(1);
 

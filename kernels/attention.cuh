@@ -18,7 +18,9 @@ namespace swiftkv::kernels {
 template <class T>
 __device__ __forceinline__ float to_float(T v);
 template <>
-__device__ __forceinline__ float to_float<half>(half v) { return __half2float(v); }
+__device__ __forceinline__ float to_float<half>(half v) {
+  return __half2float(v);
+}
 template <>
 __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
   return __bfloat162float(v);
@@ -27,7 +29,9 @@ __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
 template <class T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ half from_float<half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ half from_float<half>(float v) {
+  return __float2half_rn(v);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
@@ -37,10 +41,10 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 // and keep every 16x16 fragment 32-byte aligned, as WMMA loads require.
 template <int HEAD_DIM, int TILE, int KV_TILE>
 struct AttentionSmem {
-  static constexpr int kLdT = HEAD_DIM + 8;   // q, k, v rows (elements of T)
-  static constexpr int kLdS = KV_TILE + 4;    // scores (float)
-  static constexpr int kLdP = KV_TILE + 8;    // probabilities (T)
-  static constexpr int kLdO = HEAD_DIM + 4;   // output accumulator (float)
+  static constexpr int kLdT = HEAD_DIM + 8;  // q, k, v rows (elements of T)
+  static constexpr int kLdS = KV_TILE + 4;   // scores (float)
+  static constexpr int kLdP = KV_TILE + 8;   // probabilities (T)
+  static constexpr int kLdO = HEAD_DIM + 4;  // output accumulator (float)
   static constexpr size_t kQ = 0;
   static constexpr size_t kK = kQ + size_t(TILE) * kLdT * 2;
   static constexpr size_t kV = kK + size_t(KV_TILE) * kLdT * 2;
@@ -69,8 +73,7 @@ __device__ __forceinline__ void copy8(T *dst, const T *src, bool valid, bool vec
 // k, v [pages, page_tokens, kv_heads, HEAD_DIM] through page/token/head strides
 // out  [q_tokens, num_qo_heads, HEAD_DIM] through out strides, or the partial rows (fp32)
 template <class T, int HEAD_DIM, int TILE, int KV_TILE>
-__global__ void __launch_bounds__(TILE * 2)
-    paged_attention_kernel(AttentionParams p, int vec) {
+__global__ void __launch_bounds__(TILE * 2) paged_attention_kernel(AttentionParams p, int vec) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   namespace wmma = nvcuda::wmma;
   using S = AttentionSmem<HEAD_DIM, TILE, KV_TILE>;
@@ -158,8 +161,7 @@ __global__ void __launch_bounds__(TILE * 2)
         wmma::load_matrix_sync(b, sK + n * 16 * S::kLdT + kk * 16, S::kLdT);
         wmma::mma_sync(acc, a, b, acc);
       }
-      wmma::store_matrix_sync(sS + warp * 16 * S::kLdS + n * 16, acc, S::kLdS,
-                              wmma::mem_row_major);
+      wmma::store_matrix_sync(sS + warp * 16 * S::kLdS + n * 16, acc, S::kLdS, wmma::mem_row_major);
     }
     __syncwarp();
 
@@ -168,8 +170,8 @@ __global__ void __launch_bounds__(TILE * 2)
       const int r = warp * 16 + rr;
       const int row = w.row_begin + r;
       const int limit = row >= row_end ? 0
-                        : p.causal   ? min(kv_stop, w.kv_len - w.q_len + row / group + 1)
-                                     : kv_stop;
+                        : p.causal     ? min(kv_stop, w.kv_len - w.q_len + row / group + 1)
+                                       : kv_stop;
       float s[KV_TILE / 32];
       float mx = -INFINITY;
 #pragma unroll

@@ -15,10 +15,10 @@ struct AttentionWorkItem {
   int32_t kv_len;      // its keys (all pieces)
   int32_t page_begin;  // its first entry in kv_indices
   int32_t kv_head;
-  int32_t row_begin;   // first packed row of this tile
-  int32_t kv_begin;    // this piece's keys
+  int32_t row_begin;  // first packed row of this tile
+  int32_t kv_begin;   // this piece's keys
   int32_t kv_end;
-  int32_t partial;     // -1: write out and lse; else the piece's first row in the partials
+  int32_t partial;  // -1: write out and lse; else the piece's first row in the partials
   int32_t reserved[3];
 };
 static_assert(sizeof(AttentionWorkItem) == 48);
@@ -48,23 +48,23 @@ struct AttentionParams {
   const int32_t *kv_indices;
   int32_t num_pages;
   int32_t num_qo_heads;
-  int32_t group;        // query heads per KV head
+  int32_t group;  // query heads per KV head
   int32_t page_tokens;
   int32_t causal;
-  int32_t tile_rows;    // packed rows per work item (the plan's)
+  int32_t tile_rows;  // packed rows per work item (the plan's)
   int32_t head_dim;
   float sm_scale;
-  float soft_cap;       // 0: none
+  float soft_cap;  // 0: none
   void *out;
   int64_t out_token_stride;
   int64_t out_head_stride;
-  float *lse;           // may be null
+  float *lse;  // may be null
   const AttentionWorkItem *work;
   int32_t n_work;
   int32_t n_merge;
   const AttentionMergeItem *merge;
-  float *partial_o;     // [partial rows, head_dim]
-  float *partial_lse;   // [partial rows]
+  float *partial_o;    // [partial rows, head_dim]
+  float *partial_lse;  // [partial rows]
 };
 
 }  // namespace swiftkv

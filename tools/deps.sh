@@ -8,7 +8,7 @@ pkgs=(cmake ninja-build g++ gcc pkg-config binutils libcmocka-dev libnuma-dev li
       swig python3-dev python3-numpy python3-pytest python3-torch python3-venv python3-pip
       python3-prometheus-client
       cargo rustc bindgen golang-go
-      clang-14 libclang-rt-14-dev)
+      clang-14 libclang-rt-14-dev clang-format-14)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

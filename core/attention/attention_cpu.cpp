@@ -85,7 +85,8 @@ void run_items(const AttentionParams &p) {
   for (int32_t wi = 0; wi < p.n_work; ++wi) {
     const AttentionWorkItem &w = p.work[wi];
     const int64_t rows = static_cast<int64_t>(w.q_len) * p.group;
-    const int64_t row_end = std::min<int64_t>(rows, static_cast<int64_t>(w.row_begin) + p.tile_rows);
+    const int64_t row_end =
+        std::min<int64_t>(rows, static_cast<int64_t>(w.row_begin) + p.tile_rows);
     for (int64_t row = w.row_begin; row < row_end; ++row) {
       const int64_t i = row / p.group;
       const int64_t head = static_cast<int64_t>(w.kv_head) * p.group + row % p.group;

@@ -35,8 +35,10 @@ std::vector<SubRequest> read_batch(const AttentionShape &s, const AttentionBatch
   if (b.qo_indptr == nullptr) fail_invalid("qo_indptr is NULL");
   if (b.kv_indptr == nullptr) fail_invalid("kv_indptr is NULL");
   if (b.kv_last_page_len == nullptr && b.n_requests > 0) fail_invalid("kv_last_page_len is NULL");
-  if (b.qo_indptr[0] != 0) fail_invalid("qo_indptr[0] is " + std::to_string(b.qo_indptr[0]) + ", not 0");
-  if (b.kv_indptr[0] != 0) fail_invalid("kv_indptr[0] is " + std::to_string(b.kv_indptr[0]) + ", not 0");
+  if (b.qo_indptr[0] != 0)
+    fail_invalid("qo_indptr[0] is " + std::to_string(b.qo_indptr[0]) + ", not 0");
+  if (b.kv_indptr[0] != 0)
+    fail_invalid("kv_indptr[0] is " + std::to_string(b.kv_indptr[0]) + ", not 0");
   std::vector<SubRequest> out;
   out.reserve(b.n_requests);
   for (uint32_t r = 0; r < b.n_requests; ++r) {
@@ -61,7 +63,8 @@ std::vector<SubRequest> read_batch(const AttentionShape &s, const AttentionBatch
                    " for a sub-request with no pages; it must be 0");
     }
     const uint64_t kv_len =
-        pages == 0 ? 0 : static_cast<uint64_t>(pages - 1) * s.page_tokens + static_cast<uint64_t>(last);
+        pages == 0 ? 0
+                   : static_cast<uint64_t>(pages - 1) * s.page_tokens + static_cast<uint64_t>(last);
     if (kv_len > kInt32Max) {
       fail_invalid("sub-request " + std::to_string(r) + " has " + std::to_string(kv_len) +
                    " keys; at most 2^31 - 1 are supported");
@@ -117,15 +120,16 @@ struct Offsets {
 Offsets offsets_for(const AttentionShape &s, uint64_t items, uint64_t merges, uint64_t rows) {
   Offsets o{};
   o.work = kAttentionWorkOffset;
-  o.merge = align_up(checked_add(o.work, checked_mul(items, sizeof(AttentionWorkItem), "work list"),
-                                 "workspace"));
+  o.merge = align_up(
+      checked_add(o.work, checked_mul(items, sizeof(AttentionWorkItem), "work list"), "workspace"));
   o.partial_o = align_up(checked_add(
       o.merge, checked_mul(merges, sizeof(AttentionMergeItem), "merge list"), "workspace"));
   o.partial_lse = align_up(checked_add(
-      o.partial_o, checked_mul(checked_mul(rows, s.head_dim, "partial rows"), sizeof(float), "partials"),
+      o.partial_o,
+      checked_mul(checked_mul(rows, s.head_dim, "partial rows"), sizeof(float), "partials"),
       "workspace"));
-  o.bytes = align_up(checked_add(o.partial_lse, checked_mul(rows, sizeof(float), "partials"),
-                                 "workspace"));
+  o.bytes = align_up(
+      checked_add(o.partial_lse, checked_mul(rows, sizeof(float), "partials"), "workspace"));
   return o;
 }
 
@@ -141,11 +145,13 @@ AttentionShape check_attention_shape(const swiftkv_attention_desc &d, int32_t ra
   const int32_t dtype = raw_dtype;
   if (dtype == SWIFTKV_DTYPE_F32) {
     if (d.device != SWIFTKV_DEVICE_HOST) {
-      fail(SWIFTKV_EUNSUPPORTED, "desc->dtype F32 runs on the host only; use F16 or BF16 on a device");
+      fail(SWIFTKV_EUNSUPPORTED,
+           "desc->dtype F32 runs on the host only; use F16 or BF16 on a device");
     }
   } else if (dtype != SWIFTKV_DTYPE_F16 && dtype != SWIFTKV_DTYPE_BF16) {
-    fail(SWIFTKV_EUNSUPPORTED, "desc->dtype " + std::to_string(dtype) +
-                                   " is not supported by attention: use F16 or BF16 (or F32 on the host)");
+    fail(SWIFTKV_EUNSUPPORTED,
+         "desc->dtype " + std::to_string(dtype) +
+             " is not supported by attention: use F16 or BF16 (or F32 on the host)");
   }
   s.dtype = static_cast<swiftkv_dtype>(dtype);
   if (d.num_kv_heads == 0) fail_invalid("desc->num_kv_heads is 0");
@@ -158,8 +164,8 @@ AttentionShape check_attention_shape(const swiftkv_attention_desc &d, int32_t ra
   s.num_qo_heads = d.num_qo_heads;
   s.num_kv_heads = d.num_kv_heads;
   if (d.head_dim != 64 && d.head_dim != 128 && d.head_dim != 256) {
-    fail(SWIFTKV_EUNSUPPORTED,
-         "desc->head_dim is " + std::to_string(d.head_dim) + "; attention supports 64, 128 and 256");
+    fail(SWIFTKV_EUNSUPPORTED, "desc->head_dim is " + std::to_string(d.head_dim) +
+                                   "; attention supports 64, 128 and 256");
   }
   s.head_dim = d.head_dim;
   if (d.page_tokens < 1 || d.page_tokens > 256) {
@@ -176,8 +182,9 @@ AttentionShape check_attention_shape(const swiftkv_attention_desc &d, int32_t ra
   if (!(std::isfinite(d.sm_scale) && d.sm_scale >= 0.0f)) {
     fail_invalid("desc->sm_scale must be a finite value >= 0 (0: 1/sqrt(head_dim))");
   }
-  s.sm_scale = d.sm_scale > 0.0f ? d.sm_scale
-                                 : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
+  s.sm_scale = d.sm_scale > 0.0f
+                   ? d.sm_scale
+                   : static_cast<float>(1.0 / std::sqrt(static_cast<double>(d.head_dim)));
   if (!(std::isfinite(d.logits_soft_cap) && d.logits_soft_cap >= 0.0f)) {
     fail_invalid("desc->logits_soft_cap must be a finite value >= 0 (0: none)");
   }
@@ -211,7 +218,8 @@ AttentionPlan plan_attention(const AttentionShape &s, const AttentionBatch &b,
     // Cut the longest KV into enough pieces to reach `parallelism`, no finer than the minimum,
     // and coarser again while the workspace has no room for the partials.
     const uint64_t want = ceil_div(parallelism, split.items);
-    uint64_t piece = std::max<uint64_t>(kAttentionMinPiece, ceil_div(ceil_div(max_kv, want), 64) * 64);
+    uint64_t piece =
+        std::max<uint64_t>(kAttentionMinPiece, ceil_div(ceil_div(max_kv, want), 64) * 64);
     while (piece < max_kv) {
       Split candidate = split_for(s, subs, plan.tile_rows, piece);
       if (fits(candidate)) {
@@ -243,16 +251,28 @@ AttentionPlan plan_attention(const AttentionShape &s, const AttentionBatch &b,
     for (uint32_t h = 0; h < s.num_kv_heads; ++h) {
       const int32_t base = pieces > 1 ? partial_next : -1;
       if (pieces > 1) {
-        plan.merge.push_back({q.q_begin, q.q_len, static_cast<int32_t>(h),
-                              static_cast<int32_t>(pieces), base, {0, 0, 0}});
+        plan.merge.push_back({q.q_begin,
+                              q.q_len,
+                              static_cast<int32_t>(h),
+                              static_cast<int32_t>(pieces),
+                              base,
+                              {0, 0, 0}});
         partial_next += rows * static_cast<int32_t>(pieces);
       }
       for (uint32_t p = 0; p < pieces; ++p) {
-        const auto kb = static_cast<int32_t>(std::min<uint64_t>(p * len, static_cast<uint64_t>(q.kv_len)));
-        const auto ke = static_cast<int32_t>(std::min<uint64_t>((p + 1) * len, static_cast<uint64_t>(q.kv_len)));
+        const auto kb =
+            static_cast<int32_t>(std::min<uint64_t>(p * len, static_cast<uint64_t>(q.kv_len)));
+        const auto ke = static_cast<int32_t>(
+            std::min<uint64_t>((p + 1) * len, static_cast<uint64_t>(q.kv_len)));
         for (int32_t row = 0; row < rows; row += static_cast<int32_t>(plan.tile_rows)) {
-          plan.work.push_back({q.q_begin, q.q_len, q.kv_len, q.page_begin, static_cast<int32_t>(h),
-                               row, pieces == 1 ? 0 : kb, pieces == 1 ? q.kv_len : ke,
+          plan.work.push_back({q.q_begin,
+                               q.q_len,
+                               q.kv_len,
+                               q.page_begin,
+                               static_cast<int32_t>(h),
+                               row,
+                               pieces == 1 ? 0 : kb,
+                               pieces == 1 ? q.kv_len : ke,
                                pieces > 1 ? base + static_cast<int32_t>(p) * rows : -1,
                                {0, 0, 0}});
         }
@@ -290,7 +310,8 @@ void serialize_attention_plan(const AttentionPlan &plan, uint64_t check, void *d
   AttentionWorkspaceHeader h{kAttentionWorkspaceMagic, check, {0, 0}};
   std::memcpy(bytes, &h, sizeof h);
   if (!plan.work.empty()) {
-    std::memcpy(bytes + plan.work_offset, plan.work.data(), plan.work.size() * sizeof(AttentionWorkItem));
+    std::memcpy(bytes + plan.work_offset, plan.work.data(),
+                plan.work.size() * sizeof(AttentionWorkItem));
   }
   if (!plan.merge.empty()) {
     std::memcpy(bytes + plan.merge_offset, plan.merge.data(),

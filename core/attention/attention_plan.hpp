@@ -56,7 +56,7 @@ struct AttentionPlan {
   uint64_t partial_rows = 0;
   uint64_t q_tokens = 0;
   uint64_t kv_tokens = 0;
-  uint64_t kv_entries = 0;        // kv_indptr[n]: how many page ids a run reads
+  uint64_t kv_entries = 0;  // kv_indptr[n]: how many page ids a run reads
   uint32_t split_requests = 0;
   uint32_t max_pieces = 0;
   // Byte offsets in the workspace; the work list starts after the header.

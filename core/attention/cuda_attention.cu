@@ -17,21 +17,36 @@ cudaStream_t as_stream(void *stream) { return static_cast<cudaStream_t>(stream);
 
 // The kernels are instantiated for exactly these values; anything else is a library bug
 // (check_attention_shape refused it before).
-#define SWIFTKV_DISPATCH_HEAD_DIM(value, NAME, ...)                                       \
-  switch (value) {                                                                        \
-    case 64: { constexpr int NAME = 64; __VA_ARGS__ break; }                              \
-    case 128: { constexpr int NAME = 128; __VA_ARGS__ break; }                            \
-    case 256: { constexpr int NAME = 256; __VA_ARGS__ break; }                            \
-    default: fail(SWIFTKV_EINTERNAL, "attention: head_dim " + std::to_string(value) +     \
-                                         " has no kernel");                               \
+#define SWIFTKV_DISPATCH_HEAD_DIM(value, NAME, ...)                                               \
+  switch (value) {                                                                                \
+    case 64: {                                                                                    \
+      constexpr int NAME = 64;                                                                    \
+      __VA_ARGS__ break;                                                                          \
+    }                                                                                             \
+    case 128: {                                                                                   \
+      constexpr int NAME = 128;                                                                   \
+      __VA_ARGS__ break;                                                                          \
+    }                                                                                             \
+    case 256: {                                                                                   \
+      constexpr int NAME = 256;                                                                   \
+      __VA_ARGS__ break;                                                                          \
+    }                                                                                             \
+    default:                                                                                      \
+      fail(SWIFTKV_EINTERNAL, "attention: head_dim " + std::to_string(value) + " has no kernel"); \
   }
 
-#define SWIFTKV_DISPATCH_TILE(value, NAME, ...)                                           \
-  switch (value) {                                                                        \
-    case 16: { constexpr int NAME = 16; __VA_ARGS__ break; }                              \
-    case 64: { constexpr int NAME = 64; __VA_ARGS__ break; }                              \
-    default: fail(SWIFTKV_EINTERNAL, "attention: tile " + std::to_string(value) +         \
-                                         " has no kernel");                               \
+#define SWIFTKV_DISPATCH_TILE(value, NAME, ...)                                                 \
+  switch (value) {                                                                              \
+    case 16: {                                                                                  \
+      constexpr int NAME = 16;                                                                  \
+      __VA_ARGS__ break;                                                                        \
+    }                                                                                           \
+    case 64: {                                                                                  \
+      constexpr int NAME = 64;                                                                  \
+      __VA_ARGS__ break;                                                                        \
+    }                                                                                           \
+    default:                                                                                    \
+        fail(SWIFTKV_EINTERNAL, "attention: tile " + std::to_string(value) + " has no kernel"); \
   }
 
 template <class T, int D, int TILE>
@@ -45,7 +60,8 @@ void launch(const AttentionParams &p, bool vectorised, cudaStream_t stream) {
                                   static_cast<int>(Smem::kBytes)),
              "cudaFuncSetAttribute(attention shared memory)");
   if (p.n_work > 0) {
-    kernel<<<static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, stream>>>(p, vectorised ? 1 : 0);
+    kernel<<<static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, stream>>>(p,
+                                                                                vectorised ? 1 : 0);
     check_cuda(cudaGetLastError(), "launching the paged attention kernel");
   }
   if (p.n_merge > 0) {
@@ -57,9 +73,9 @@ void launch(const AttentionParams &p, bool vectorised, cudaStream_t stream) {
 template <class T>
 void launch_typed(const AttentionShape &s, const AttentionParams &p, bool vectorised,
                   cudaStream_t stream) {
-  SWIFTKV_DISPATCH_HEAD_DIM(s.head_dim, D, {
-    SWIFTKV_DISPATCH_TILE(p.tile_rows, TILE, { launch<T, D, TILE>(p, vectorised, stream); })
-  })
+  SWIFTKV_DISPATCH_HEAD_DIM(
+      s.head_dim, D,
+      {SWIFTKV_DISPATCH_TILE(p.tile_rows, TILE, { launch<T, D, TILE>(p, vectorised, stream); })})
 }
 
 }  // namespace
@@ -76,8 +92,8 @@ uint32_t attention_device_parallelism(int32_t device) {
              "cudaDeviceGetAttribute(multiprocessors)");
   if (major < 8) {
     fail(SWIFTKV_EUNSUPPORTED, "attention needs compute capability 8.0 or newer; device " +
-                                   std::to_string(device) + " has " + std::to_string(major) +
-                                   "." + std::to_string(minor));
+                                   std::to_string(device) + " has " + std::to_string(major) + "." +
+                                   std::to_string(minor));
   }
   return static_cast<uint32_t>(sms) * 2;
 }
@@ -95,7 +111,8 @@ void attention_run_cuda(const AttentionShape &s, const AttentionParams &p, bool 
   DeviceGuard guard(s.device);
   switch (s.dtype) {
     case SWIFTKV_DTYPE_F16: return launch_typed<half>(s, p, vectorised, as_stream(stream));
-    case SWIFTKV_DTYPE_BF16: return launch_typed<__nv_bfloat16>(s, p, vectorised, as_stream(stream));
+    case SWIFTKV_DTYPE_BF16:
+      return launch_typed<__nv_bfloat16>(s, p, vectorised, as_stream(stream));
     default: fail(SWIFTKV_EINTERNAL, "attention: unchecked dtype reached the CUDA launcher");
   }
 }

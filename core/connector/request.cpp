@@ -79,8 +79,8 @@ void Request::reserve_saves(const GeometrySizes &sizes) {
   for (size_t c = 0; spec_.save && c < spec_.keys.size(); ++c) {
     if (c >= first && c < first + loads_.size()) continue;
     if (cache_.resident(spec_.keys[c])) continue;
-    const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c), static_cast<uint32_t>(chunk_tokens_),
-                         sizes.full_chunk_bytes};
+    const ChunkMeta meta{spec_.model, static_cast<uint32_t>(c),
+                         static_cast<uint32_t>(chunk_tokens_), sizes.full_chunk_bytes};
     std::optional<SlotRef> where = cache_.reserve_slot(spec_.keys[c], meta);
     if (!where) continue;  // no room anywhere: counted by the cache, the chunk is not saved
     saves_.push_back(std::make_unique<SaveChunk>(cache_, spec_.keys[c], meta, *where));
@@ -99,9 +99,9 @@ void Request::reserve_saves(const GeometrySizes &sizes) {
 
 void Request::check_stream_pages() const {
   const PageLayout &layout = pool_->layout();
-  const bool any_stream_page =
-      std::any_of(spec_.pages.begin(), spec_.pages.end(),
-                  [&](int32_t p) { return layout.is_stream(static_cast<uint32_t>(p)); });
+  const bool any_stream_page = std::any_of(spec_.pages.begin(), spec_.pages.end(), [&](int32_t p) {
+    return layout.is_stream(static_cast<uint32_t>(p));
+  });
   if (any_stream_page && !(spec_.load && spec_.save)) {
     fail_invalid(std::string("a ") + (spec_.load ? "load-only" : "save-only") +
                  " request cannot use stream pages: they hold one layer at a time, and only "
@@ -286,26 +286,31 @@ void Request::fail_order(const std::string &call) const {
                              std::to_string(layers_) + " layers waited for, " +
                              std::to_string(info_.layers_saved) + " saved";
   if (!spec_.save) {
-    fail(SWIFTKV_ESTATE, call + " out of order: a load-only request waits for its layers in "
-                         "order, wait_layer_load(0) to wait_layer_load(" +
-                         std::to_string(layers_ - 1) + "), and saves nothing; " + counts +
-                         (info_.layers_loaded < layers_
-                              ? ", next is wait_layer_load(" +
-                                    std::to_string(info_.layers_loaded) + ")"
-                              : ", next is request_finish"));
+    fail(SWIFTKV_ESTATE,
+         call +
+             " out of order: a load-only request waits for its layers in "
+             "order, wait_layer_load(0) to wait_layer_load(" +
+             std::to_string(layers_ - 1) + "), and saves nothing; " + counts +
+             (info_.layers_loaded < layers_
+                  ? ", next is wait_layer_load(" + std::to_string(info_.layers_loaded) + ")"
+                  : ", next is request_finish"));
   }
   if (!spec_.load) {
-    fail(SWIFTKV_ESTATE, call + " out of order: a save-only request loads nothing and saves its "
-                         "layers in order, save_layer(0) to save_layer(" +
-                         std::to_string(layers_ - 1) + "), then wait_save; " + counts +
-                         (info_.layers_saved < layers_
-                              ? ", next is save_layer(" + std::to_string(info_.layers_saved) + ")"
-                              : ", next is wait_save"));
+    fail(SWIFTKV_ESTATE,
+         call +
+             " out of order: a save-only request loads nothing and saves its "
+             "layers in order, save_layer(0) to save_layer(" +
+             std::to_string(layers_ - 1) + "), then wait_save; " + counts +
+             (info_.layers_saved < layers_
+                  ? ", next is save_layer(" + std::to_string(info_.layers_saved) + ")"
+                  : ", next is wait_save"));
   }
-  fail(SWIFTKV_ESTATE, call + " out of order: a request goes layer by layer, wait_layer_load(l) "
-                       "then save_layer(l) before layer l+1 (layer l's pages are loaded before "
-                       "the engine computes into them, and saved before the next layer's load "
-                       "may reuse stream pages); " + counts + ", next is " + next);
+  fail(SWIFTKV_ESTATE, call +
+                           " out of order: a request goes layer by layer, wait_layer_load(l) "
+                           "then save_layer(l) before layer l+1 (layer l's pages are loaded before "
+                           "the engine computes into them, and saved before the next layer's load "
+                           "may reuse stream pages); " +
+                           counts + ", next is " + next);
 }
 
 uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {

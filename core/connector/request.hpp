@@ -21,23 +21,23 @@
 namespace swiftkv {
 
 struct RequestInfo {
-  uint64_t load_begin = 0;  // first token loaded (a chunk boundary)
-  uint64_t load_end = 0;    // end of the cached run found at begin
-  uint64_t valid_end = 0;   // [load_begin, valid_end) was loaded intact in every layer so far
-  uint64_t save_tokens = 0;   // tokens in the chunks this request will save
-  uint64_t saved_tokens = 0;  // tokens in the chunks stored by wait_save
-  uint32_t layers_loaded = 0;  // layers the engine has waited for
-  uint32_t layers_saved = 0;   // layers the engine has handed to save_layer
-  bool stream_ordered = false; // stream pages are loaded or saved: layer l+1 after the save of l
+  uint64_t load_begin = 0;      // first token loaded (a chunk boundary)
+  uint64_t load_end = 0;        // end of the cached run found at begin
+  uint64_t valid_end = 0;       // [load_begin, valid_end) was loaded intact in every layer so far
+  uint64_t save_tokens = 0;     // tokens in the chunks this request will save
+  uint64_t saved_tokens = 0;    // tokens in the chunks stored by wait_save
+  uint32_t layers_loaded = 0;   // layers the engine has waited for
+  uint32_t layers_saved = 0;    // layers the engine has handed to save_layer
+  bool stream_ordered = false;  // stream pages are loaded or saved: layer l+1 after the save of l
 };
 
 // What a request is asked to do. `pages[b]` is the pool page of tokens [b*B, (b+1)*B).
 struct RequestSpec {
   ChunkKey model;
-  std::vector<ChunkKey> keys;   // of the full chunks of the tokens
-  std::vector<int32_t> pages;   // checked by the caller: in range, distinct, enough of them
+  std::vector<ChunkKey> keys;  // of the full chunks of the tokens
+  std::vector<int32_t> pages;  // checked by the caller: in range, distinct, enough of them
   uint64_t n_tokens = 0;
-  uint64_t load_from = 0;       // a chunk boundary
+  uint64_t load_from = 0;  // a chunk boundary
   // The request's shape: both (the engine's per-layer loop), loads only (the cached prefix into
   // the pages, nothing saved) or saves only (pages the engine computed, nothing loaded). A
   // shape without one half cannot use stream pages (no call says when a layer is done with).
@@ -81,7 +81,9 @@ class Request {
   class HostBytes {
    public:
     void allocate(uint64_t bytes, const KvPool &pool);
-    std::byte *data() noexcept { return pinned_.data() != nullptr ? pinned_.data() : plain_.data(); }
+    std::byte *data() noexcept {
+      return pinned_.data() != nullptr ? pinned_.data() : plain_.data();
+    }
     bool empty() const noexcept { return pinned_.data() == nullptr && plain_.empty(); }
     void clear() noexcept {
       pinned_ = PinnedBuffer();
@@ -103,9 +105,9 @@ class Request {
     ChunkKey key;
     ChunkUse use;
     std::vector<CopySegment> plan;
-    std::byte *src = nullptr;       // the chunk's bytes in memory, or nullptr (disk: staged)
+    std::byte *src = nullptr;  // the chunk's bytes in memory, or nullptr (disk: staged)
     int32_t src_device = -1;
-    std::mutex stage_mu;            // guards staging, staged, stage_failed
+    std::mutex stage_mu;  // guards staging, staged, stage_failed
     HostBytes staging;
     bool staged = false, stage_failed = false;
   };
@@ -124,8 +126,8 @@ class Request {
     ChunkMeta meta;
     SlotRef where;
     std::vector<CopySegment> plan;
-    std::byte *dst = nullptr;       // the slot's bytes, or the staging buffer (disk)
-    int32_t slot_device = -1;       // the device of the slot's memory, -1: host
+    std::byte *dst = nullptr;  // the slot's bytes, or the staging buffer (disk)
+    int32_t slot_device = -1;  // the device of the slot's memory, -1: host
     HostBytes staging;
     bool published = false;
   };
@@ -165,12 +167,12 @@ class Request {
   std::vector<std::unique_ptr<SaveChunk>> saves_;
   std::vector<std::unique_ptr<ChunkCache::LoadScope>> load_scopes_;  // while loads are pending
   std::atomic<size_t> first_failed_{SIZE_MAX};  // loads stop at the first chunk that failed
-  std::unique_ptr<DeviceTransfer> dev_;          // a device pool's executor
-  bool peer_loads_ = false;                      // some load reads lent memory
+  std::unique_ptr<DeviceTransfer> dev_;         // a device pool's executor
+  bool peer_loads_ = false;                     // some load reads lent memory
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<uint32_t> load_left_, save_left_;   // tasks outstanding per layer
+  std::vector<uint32_t> load_left_, save_left_;  // tasks outstanding per layer
   std::vector<bool> load_submitted_;
   uint32_t layers_load_done_ = 0;  // layers whose loads all finished
   uint64_t tasks_in_flight_ = 0;

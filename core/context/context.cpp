@@ -49,8 +49,7 @@ void check_numa_node(int32_t node) {
   }
   if (node > nodes.max_node) {
     fail_invalid("config->host_numa_node is " + std::to_string(node) +
-                 " but the highest NUMA node of this machine is " +
-                 std::to_string(nodes.max_node));
+                 " but the highest NUMA node of this machine is " + std::to_string(nodes.max_node));
   }
 }
 

@@ -183,8 +183,9 @@ void BorrowerSessions::on_monitor(const std::shared_ptr<Session> &sp) {
     if (s.phase != Phase::connecting && s.phase != Phase::awaiting_pieces) return;
   }
   fail_session(s, SWIFTKV_EPEER,
-               "nothing answers at " + s.endpoint + " (the connection was refused or dropped: "
-               "no lender runs there now)");
+               "nothing answers at " + s.endpoint +
+                   " (the connection was refused or dropped: "
+                   "no lender runs there now)");
   close_session(sp);
 }
 
@@ -259,9 +260,9 @@ void BorrowerSessions::on_session(const std::shared_ptr<Session> &sp) {
       continue;
     }
     const bool handshake = t == MsgType::welcome || t == MsgType::refuse;
-    if (handshake != (phase == Phase::connecting) ||
-        (!handshake && phase != Phase::ready) || t == MsgType::hello || t == MsgType::lend ||
-        t == MsgType::heartbeat || t == MsgType::release || t == MsgType::bye) {
+    if (handshake != (phase == Phase::connecting) || (!handshake && phase != Phase::ready) ||
+        t == MsgType::hello || t == MsgType::lend || t == MsgType::heartbeat ||
+        t == MsgType::release || t == MsgType::bye) {
       st_.drop(std::string("an unexpected ") + msg_type_name(t));
       continue;
     }
@@ -275,9 +276,9 @@ void BorrowerSessions::on_session(const std::shared_ptr<Session> &sp) {
       case MsgType::welcome: on_welcome(s, std::get<Welcome>(m.payload)); break;
       case MsgType::refuse: {
         const Refuse &r = std::get<Refuse>(m.payload);
-        fail_session(s, known_error_status(r.status) ? static_cast<swiftkv_status>(r.status)
-                                                     : SWIFTKV_EPEER,
-                     "the lender \"" + s.name + "\" refused: " + r.message);
+        fail_session(
+            s, known_error_status(r.status) ? static_cast<swiftkv_status>(r.status) : SWIFTKV_EPEER,
+            "the lender \"" + s.name + "\" refused: " + r.message);
         break;
       }
       case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); break;
@@ -491,7 +492,8 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
       const std::optional<uint32_t> more =
           take_pieces(p, g.request, s.info.region_bytes, &pieces, &error);
       if (!more || *more != g.pieces - i - 1) {
-        return refuse(SWIFTKV_EPEER, "the lender sent " + (error.empty() ? "too few pieces" : error));
+        return refuse(SWIFTKV_EPEER,
+                      "the lender sent " + (error.empty() ? "too few pieces" : error));
       }
     } catch (const Error &e) {
       return refuse(SWIFTKV_EPEER, e.what());

@@ -1,8 +1,8 @@
 // The lender's half of the coordinator: borrower sessions on this process's regions, from the
 // hello to the last release, and the scans that send reclaims and forget expired leases.
 #include <poll.h>
-#include <sys/stat.h>
 #include <sys/eventfd.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
 
@@ -25,8 +25,8 @@ void LenderService::bind(const std::string &endpoint) {
   router.set(ZMQ_LINGER, 0);
   router.set(ZMQ_MAXMSGSIZE, static_cast<int64_t>(kMaxMessageBytes));
   if (zmq_bind(router.get(), endpoint.c_str()) != 0) {
-    fail(SWIFTKV_EPEER, "cannot bind coord_endpoint \"" + endpoint + "\": " +
-                            zmq_strerror(zmq_errno()));
+    fail(SWIFTKV_EPEER,
+         "cannot bind coord_endpoint \"" + endpoint + "\": " + zmq_strerror(zmq_errno()));
   }
   router_ = std::move(router);
   note_ipc_file();
@@ -70,7 +70,8 @@ void LenderService::remove_ipc_file() noexcept {
 void LenderService::add_to(PollSet &poll) {
   if (!router_) return;
   // The router is read without waiting on every round: its readiness is edge-triggered.
-  poll.add_socket(router_.get(), [this] { on_router(); }, /*always=*/true);
+  poll.add_socket(
+      router_.get(), [this] { on_router(); }, /*always=*/true);
   // Auth packets: an fd that answered is either attached to its session or closed (and left
   // empty here); those accepted below are polled from the next round on.
   for (size_t i = 0; i < unauthed_.size(); ++i) {
@@ -135,7 +136,7 @@ void LenderService::on_router() {
     Served &srv = it->second;
     if (m.seq <= srv.recv_seq) {
       st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t) + " (seq " +
-           std::to_string(m.seq) + " after " + std::to_string(srv.recv_seq) + ")");
+               std::to_string(m.seq) + " after " + std::to_string(srv.recv_seq) + ")");
       continue;
     }
     switch (t) {
@@ -150,7 +151,7 @@ void LenderService::on_router() {
       case MsgType::release:
         if (srv.leases.count(std::get<Release>(m.payload).lease) == 0) {
           st_.drop("a release of lease " + std::to_string(std::get<Release>(m.payload).lease) +
-               ", which the session does not hold");
+                   ", which the session does not hold");
           break;
         }
         srv.recv_seq = m.seq;
@@ -183,8 +184,8 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
   }
   if (!region) return refuse(SWIFTKV_ENOTFOUND, "no region is offered as \"" + h.region + "\"");
   if (served_.size() >= kMaxServed) {
-    return refuse(SWIFTKV_EBUSY, "this lender serves " + std::to_string(kMaxServed) +
-                                     " sessions already");
+    return refuse(SWIFTKV_EBUSY,
+                  "this lender serves " + std::to_string(kMaxServed) + " sessions already");
   }
   const WireGeometry want = wire_geometry(*region->borrower());
   if (!same_chunk_layout(h.borrower, want)) {
@@ -269,8 +270,7 @@ void LenderService::on_auth(UniqueFd fd) {
   }
 }
 
-void LenderService::send_pieces(int fd, uint64_t tag, const RegionExport &e,
-                                     uint32_t *packets) {
+void LenderService::send_pieces(int fd, uint64_t tag, const RegionExport &e, uint32_t *packets) {
   const size_t n = e.pieces.size();
   size_t sent = 0;
   *packets = 0;
@@ -359,8 +359,8 @@ void LenderService::on_heartbeat(Served &srv, const Message &m, const Heartbeat 
     for (auto it = srv.leases.begin(); it != srv.leases.end();) {
       try {
         const Lease l = region->lease(*it);
-        ack.leases.push_back(LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0,
-                                        l.reclaim_requested});
+        ack.leases.push_back(
+            LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0, l.reclaim_requested});
         ++it;
       } catch (const Error &) {
         srv.reclaim_sent_ns.erase(*it);

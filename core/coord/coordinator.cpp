@@ -45,8 +45,8 @@ class RemoteLender final : public LenderLink {
     s_->lends[request] = LendWait{max_units, monotonic_ns(), false, SWIFTKV_OK, {}, {}};
     st_->commands.push_back(Command{Command::Kind::lend, s_, request});
     st_->wake();
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::nanoseconds(st_->options.timeout_ns);
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::nanoseconds(st_->options.timeout_ns);
     st_->cv.wait_until(lock, deadline, [&] { return s_->lends[request].done || s_->lost; });
     LendWait w = s_->lends[request];
     s_->lends.erase(request);
@@ -100,7 +100,7 @@ class RemoteLender final : public LenderLink {
       if (it == s_->leases.end()) return;
       const bool tell = !it->second.lost && !s_->lost;
       const uint64_t unit = s_->info.unit_bytes;
-      Command c{Command::Kind::release, s_, lease_id, it->second.first_unit * unit,
+      Command c{Command::Kind::release,  s_,  lease_id, it->second.first_unit * unit,
                 it->second.units * unit, tell};
       s_->leases.erase(it);
       st_->commands.push_back(std::move(c));
@@ -279,14 +279,14 @@ std::shared_ptr<LenderLink> Coordinator::connect(const std::string &endpoint,
     const auto &s = it->second;
     if (s->phase == Phase::ready && !s->lost) {
       if (!same_chunk_layout(s->mine, wire_geometry(g))) {
-        fail_invalid("the session with " + name + " at " + endpoint +
-                     " is for a borrower of " + geometry_text(s->mine));
+        fail_invalid("the session with " + name + " at " + endpoint + " is for a borrower of " +
+                     geometry_text(s->mine));
       }
       if (s->device != g.device) {
-        fail_invalid("the session with " + name + " at " + endpoint + " maps its memory for " +
-                     (s->device < 0 ? std::string("the host") :
-                                      "CUDA device " + std::to_string(s->device)) +
-                     ", not the borrower's device " + std::to_string(g.device));
+        fail_invalid(
+            "the session with " + name + " at " + endpoint + " maps its memory for " +
+            (s->device < 0 ? std::string("the host") : "CUDA device " + std::to_string(s->device)) +
+            ", not the borrower's device " + std::to_string(g.device));
       }
       return std::make_shared<RemoteLender>(s_, s);
     }

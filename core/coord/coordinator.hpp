@@ -44,19 +44,19 @@ struct CoordOptions {
 
 struct CoordStats {
   uint64_t offered_regions = 0;
-  uint64_t sessions_served = 0;      // borrower sessions on this process's regions, now
-  uint64_t lenders_connected = 0;    // remote lenders this process borrows from, now
+  uint64_t sessions_served = 0;    // borrower sessions on this process's regions, now
+  uint64_t lenders_connected = 0;  // remote lenders this process borrows from, now
   uint64_t messages_sent = 0;
   uint64_t messages_received = 0;
-  uint64_t messages_dropped = 0;     // malformed, unexpected, duplicated or stale
+  uint64_t messages_dropped = 0;  // malformed, unexpected, duplicated or stale
   uint64_t heartbeats_sent = 0;
   uint64_t heartbeats_answered = 0;
-  uint64_t reclaims_sent = 0;        // leases asked back from remote borrowers
-  uint64_t reclaims_acked = 0;       // ... and given back
-  uint64_t reclaim_ns_total = 0;     // request to ack, summed over reclaims_acked
+  uint64_t reclaims_sent = 0;     // leases asked back from remote borrowers
+  uint64_t reclaims_acked = 0;    // ... and given back
+  uint64_t reclaim_ns_total = 0;  // request to ack, summed over reclaims_acked
   uint64_t reclaim_ns_max = 0;
-  uint64_t leases_lost = 0;          // borrower side: leases lost to expiry or a dead lender
-  uint64_t lenders_lost = 0;         // borrower side: sessions whose lender went away
+  uint64_t leases_lost = 0;   // borrower side: leases lost to expiry or a dead lender
+  uint64_t lenders_lost = 0;  // borrower side: sessions whose lender went away
 };
 
 class Coordinator {

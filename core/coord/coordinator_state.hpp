@@ -57,10 +57,9 @@ inline ModelGeometry model_geometry(const WireGeometry &w) {
 }
 
 inline std::string geometry_text(const WireGeometry &g) {
-  return "layers " + std::to_string(g.num_layers) + ", kv heads " +
-         std::to_string(g.num_kv_heads) + ", head dim " + std::to_string(g.head_dim) +
-         ", chunk " + std::to_string(g.chunk_tokens) + " tokens, dtype " +
-         std::to_string(g.dtype);
+  return "layers " + std::to_string(g.num_layers) + ", kv heads " + std::to_string(g.num_kv_heads) +
+         ", head dim " + std::to_string(g.head_dim) + ", chunk " + std::to_string(g.chunk_tokens) +
+         " tokens, dtype " + std::to_string(g.dtype);
 }
 
 inline bool known_error_status(int32_t s) { return s <= SWIFTKV_EINVAL && s >= SWIFTKV_EINTERNAL; }
@@ -210,7 +209,6 @@ struct LendWait {
 
 enum class Phase { connecting, awaiting_pieces, ready, failed };
 
-
 // A borrower's session with one remote lender.
 struct Session {
   std::string endpoint, name;
@@ -241,7 +239,6 @@ struct Session {
   std::vector<ExportedPiece> pieces;  // the handshake's, as they arrive
 };
 
-
 // A borrower session on one of this process's regions. The coordinator thread's alone.
 struct Served {
   std::string routing;
@@ -254,7 +251,7 @@ struct Served {
   std::set<uint64_t> leases;
   std::map<uint64_t, uint64_t> reclaim_sent_ns;
   UniqueFd fdconn;
-  bool gone = false;  // the fd channel hung up: the borrower process is gone
+  bool gone = false;        // the fd channel hung up: the borrower process is gone
   uint64_t created_ns = 0;  // a session whose fd channel never connects is forgotten
 };
 
@@ -267,7 +264,6 @@ struct Command {
   uint64_t offset = 0, bytes = 0;
   bool tell = true;
 };
-
 
 // The lender side: sessions remote borrowers hold on this process's offered regions, from the
 // hello to the last release, and the scans that send reclaims and forget expired leases. The

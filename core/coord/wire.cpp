@@ -64,7 +64,7 @@ class Writer {
  private:
   void put(bool v) { out_.push_back(v ? 1 : 0); }
   template <class T>
-    requires std::is_integral_v<T>
+  requires std::is_integral_v<T>
   void put(T v) {
     const auto u = static_cast<std::make_unsigned_t<T>>(v);
     for (size_t i = 0; i < sizeof(T); ++i) out_.push_back(static_cast<uint8_t>(u >> (8 * i)));
@@ -84,10 +84,8 @@ class Writer {
     for (const T &x : v) put(x);
   }
   template <class T>
-    requires std::is_class_v<T>
-  void put(const T &m) {
-    fields(*this, m);
-  }
+  requires std::is_class_v<T>
+  void put(const T &m) { fields(*this, m); }
   std::vector<uint8_t> out_;
 };
 
@@ -99,15 +97,11 @@ struct Sizer {
     (add(f), ...);
   }
   template <class T>
-    requires std::is_arithmetic_v<T>
-  void add(const T &) {
-    bytes += sizeof(T);
-  }
+  requires std::is_arithmetic_v<T>
+  void add(const T &) { bytes += sizeof(T); }
   template <class T>
-    requires std::is_class_v<T>
-  void add(const T &m) {
-    fields(*this, m);
-  }
+  requires std::is_class_v<T>
+  void add(const T &m) { fields(*this, m); }
 };
 template <class T>
 size_t wire_bytes() {
@@ -135,13 +129,13 @@ class Reader {
     v = x == 1;
   }
   template <class T>
-    requires std::is_integral_v<T>
+  requires std::is_integral_v<T>
   void get(T &v) {
     std::make_unsigned_t<T> u = 0;
     if (take(sizeof(T))) {
       for (size_t i = 0; i < sizeof(T); ++i) {
         u = static_cast<decltype(u)>(u | static_cast<decltype(u)>(b_[pos_ - sizeof(T) + i])
-                                              << (8 * i));
+                                             << (8 * i));
       }
     }
     v = static_cast<T>(u);
@@ -171,10 +165,8 @@ class Reader {
     for (T &x : v) get(x);
   }
   template <class T>
-    requires std::is_class_v<T>
-  void get(T &m) {
-    fields(*this, m);
-  }
+  requires std::is_class_v<T>
+  void get(T &m) { fields(*this, m); }
   size_t left() const { return failed_ ? 0 : b_.size() - pos_; }
   bool take(size_t n) {
     if (failed_ || b_.size() - pos_ < n) {

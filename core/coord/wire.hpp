@@ -100,7 +100,7 @@ struct LeaseState {
   bool reclaim = false;
 };
 struct HeartbeatAck {
-  uint64_t echo = 0;  // the heartbeat's seq
+  uint64_t echo = 0;               // the heartbeat's seq
   std::vector<LeaseState> leases;  // every lease the session holds, ascending id
 };
 struct Reclaim {

@@ -26,8 +26,11 @@ inline uint64_t kv_half_bytes(const ModelGeometry &g, const GeometrySizes &s, ui
 
 inline LayerView block_major_layer_view(const ModelGeometry &g, const GeometrySizes &s,
                                         uint32_t layer) {
-  return LayerView{layer * s.layer_block_bytes, s.full_block_bytes, 0,
-                   kv_half_bytes(g, s, g.block_tokens), kv_half_bytes(g, s, 1),
+  return LayerView{layer * s.layer_block_bytes,
+                   s.full_block_bytes,
+                   0,
+                   kv_half_bytes(g, s, g.block_tokens),
+                   kv_half_bytes(g, s, 1),
                    uint64_t{g.head_dim} * s.dtype_bytes};
 }
 

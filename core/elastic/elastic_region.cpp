@@ -21,8 +21,7 @@ std::string unit_text(uint64_t blocks, uint64_t chunks) {
          (chunks ? " = " + std::to_string(chunks) + " borrower chunks" : std::string());
 }
 
-void require_units(uint64_t blocks, uint64_t unit_blocks, uint64_t unit_chunks,
-                   const char *field) {
+void require_units(uint64_t blocks, uint64_t unit_blocks, uint64_t unit_chunks, const char *field) {
   if (blocks % unit_blocks != 0) {
     const uint64_t below = blocks / unit_blocks * unit_blocks;
     fail_invalid(std::string("config->") + field + " (" + std::to_string(blocks) +
@@ -87,8 +86,8 @@ ElasticRegion::ElasticRegion(const ElasticConfig &config, const Layout &layout,
       memory_(std::move(memory)),
       granule_(memory_ ? memory_->commit_granule() : 0) {
   if (!memory_ || memory_->size() < layout.bytes) {
-    fail(SWIFTKV_EINTERNAL, "elastic region memory is smaller than its " +
-                                std::to_string(layout.bytes) + " bytes");
+    fail(SWIFTKV_EINTERNAL,
+         "elastic region memory is smaller than its " + std::to_string(layout.bytes) + " bytes");
   }
   std::lock_guard lock(mu_);
   state_.assign(capacity_units_, UnitState::free);
@@ -143,7 +142,8 @@ ElasticDelta ElasticRegion::tick(uint64_t in_use_blocks) {
   }
   const uint64_t t = now();
   expire_leases_locked(t);
-  uint64_t units = scale_down(scale_step_locked(), max_request_in_window_locked(t)).lender_blocks / unit_blocks_;
+  uint64_t units =
+      scale_down(scale_step_locked(), max_request_in_window_locked(t)).lender_blocks / unit_blocks_;
   // Never take blocks the engine still holds live KV in, whatever the window says.
   const uint64_t floor_units = ceil_div(in_use_blocks, unit_blocks_);
   units = std::min(units, owned_units_ > floor_units ? owned_units_ - floor_units : 0);
@@ -294,14 +294,14 @@ void ElasticRegion::add_free_locked(uint64_t first, uint64_t n) {
 
 void ElasticRegion::remove_free_locked(uint64_t first, uint64_t n) {
   auto it = free_runs_.upper_bound(first);
-  if (it == free_runs_.begin()) fail(SWIFTKV_EINTERNAL, "free run missing for unit " +
-                                                            std::to_string(first));
+  if (it == free_runs_.begin())
+    fail(SWIFTKV_EINTERNAL, "free run missing for unit " + std::to_string(first));
   --it;
   const uint64_t run_first = it->first;
   const uint64_t run_n = it->second;
   if (first + n > run_first + run_n) {
-    fail(SWIFTKV_EINTERNAL, "units [" + std::to_string(first) + ", +" + std::to_string(n) +
-                                ") are not one free run");
+    fail(SWIFTKV_EINTERNAL,
+         "units [" + std::to_string(first) + ", +" + std::to_string(n) + ") are not one free run");
   }
   free_runs_.erase(it);
   if (first > run_first) free_runs_.emplace(run_first, first - run_first);
@@ -317,10 +317,9 @@ Lease ElasticRegion::lend(uint64_t max_units) {
   const uint64_t t = now();
   expire_leases_locked(t);
   if (free_runs_.empty()) {
-    fail(SWIFTKV_ENOMEM, "no free lending unit: " +
-                             std::to_string(owned_units_ * unit_blocks_) + " blocks owned and " +
-                             std::to_string(lent_units_ * unit_blocks_) + " lent of " +
-                             std::to_string(capacity_units_ * unit_blocks_));
+    fail(SWIFTKV_ENOMEM, "no free lending unit: " + std::to_string(owned_units_ * unit_blocks_) +
+                             " blocks owned and " + std::to_string(lent_units_ * unit_blocks_) +
+                             " lent of " + std::to_string(capacity_units_ * unit_blocks_));
   }
   // The highest free units: growth of the owned part reaches them last.
   const auto top = std::prev(free_runs_.end());
@@ -380,8 +379,7 @@ void ElasticRegion::renew(uint64_t lease_id) {
   renew_locked(find_lease_locked(lease_id, "renew")->second, t);
 }
 
-std::vector<ElasticRegion::Renewal> ElasticRegion::renew_many(const uint64_t *lease_ids,
-                                                               size_t n) {
+std::vector<ElasticRegion::Renewal> ElasticRegion::renew_many(const uint64_t *lease_ids, size_t n) {
   std::vector<Renewal> out(n);
   std::lock_guard lock(mu_);
   const uint64_t t = now();
@@ -485,8 +483,8 @@ void ElasticRegion::end_lease_locked(std::map<uint64_t, Lease>::iterator it) {
       continue;
     }
     if (state_[u] != UnitState::lent) {
-      fail(SWIFTKV_EINTERNAL, "lease " + std::to_string(l.id) + " holds unit " +
-                                  std::to_string(u) + ", which is neither lent nor reclaiming");
+      fail(SWIFTKV_EINTERNAL, "lease " + std::to_string(l.id) + " holds unit " + std::to_string(u) +
+                                  ", which is neither lent nor reclaiming");
     }
     const uint64_t run = u;
     while (u < l.first_unit + l.units && state_[u] == UnitState::lent) {

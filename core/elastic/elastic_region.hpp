@@ -31,8 +31,8 @@ struct ElasticConfig {
   // Once a lease is asked back, renewals extend it to at most this long after the asking (never
   // shortening what was granted); then it expires as any lease does, held or not.
   uint64_t reclaim_deadline_ns = 30'000'000'000;
-  bool keep_committed = false;            // never return free memory to the system
-  std::function<uint64_t()> clock;        // monotonic nanoseconds; empty: CLOCK_MONOTONIC
+  bool keep_committed = false;      // never return free memory to the system
+  std::function<uint64_t()> clock;  // monotonic nanoseconds; empty: CLOCK_MONOTONIC
 };
 
 // A lease: `units` lending units from `first_unit`, lent to the borrower until `expires_ns`.
@@ -202,17 +202,17 @@ class ElasticRegion {
   const uint64_t granule_;  // memory_->commit_granule(), 0 when memory is fixed
 
   mutable std::mutex mu_;
-  uint64_t owned_units_ = 0;                    // the boundary: units below it are the lender's
-  std::vector<UnitState> state_;                // per unit
-  std::vector<uint64_t> unit_lease_;            // per unit: lease id, 0 when not lent
-  std::map<uint64_t, uint64_t> free_runs_;      // first unit -> length, every free unit once
-  std::set<uint64_t> reclaiming_;               // units in state reclaiming
-  std::map<uint64_t, Lease> leases_;            // by id
+  uint64_t owned_units_ = 0;                // the boundary: units below it are the lender's
+  std::vector<UnitState> state_;            // per unit
+  std::vector<uint64_t> unit_lease_;        // per unit: lease id, 0 when not lent
+  std::map<uint64_t, uint64_t> free_runs_;  // first unit -> length, every free unit once
+  std::set<uint64_t> reclaiming_;           // units in state reclaiming
+  std::map<uint64_t, Lease> leases_;        // by id
   std::set<std::pair<uint64_t, uint64_t>> deadlines_;  // (expires_ns, id) of every lease
-  std::set<uint64_t> asked_;                    // leases asked back, by id
-  std::deque<uint64_t> expired_ids_;            // recent expirations, for a precise status
-  std::vector<uint32_t> granule_refs_;          // per granule: units not free that touch it
-  std::deque<std::pair<uint64_t, uint64_t>> window_;  // (time, tokens), tokens decreasing
+  std::set<uint64_t> asked_;                           // leases asked back, by id
+  std::deque<uint64_t> expired_ids_;                   // recent expirations, for a precise status
+  std::vector<uint32_t> granule_refs_;                 // per granule: units not free that touch it
+  std::deque<std::pair<uint64_t, uint64_t>> window_;   // (time, tokens), tokens decreasing
   uint64_t next_lease_id_ = 1;
   std::function<void()> on_reclaim_;
   std::map<uint64_t, std::function<void()>> watchers_;  // by token

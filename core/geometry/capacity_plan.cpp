@@ -24,7 +24,7 @@ CapacityPlan plan_borrower(const ModelGeometry &borrower, const GeometrySizes &s
 
   CapacityPlan p{};
   p.lender_full_blocks = sum_k;
-  p.stream_blocks = std::min(sum_k, k_master);                       // Eq. 4
+  p.stream_blocks = std::min(sum_k, k_master);                            // Eq. 4
   p.regular_blocks = sum_k < k_master ? (k_master - sum_k) / layers : 0;  // Eq. 5
   // N_LSC + N_RC <= K_master, and K_master * B <= borrower_kv_bytes / (2 H D dtype) fits, but the
   // products are still checked so that the rule has no exception.

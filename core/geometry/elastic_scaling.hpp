@@ -7,10 +7,10 @@
 namespace swiftkv {
 
 struct ScaleStep {
-  uint64_t owned_blocks;   // N_i: blocks the lender owns now
-  uint32_t block_tokens;   // B_i
-  uint64_t meu_lender;     // MEU_i
-  uint64_t meu_borrower;   // MEU_m
+  uint64_t owned_blocks;  // N_i: blocks the lender owns now
+  uint32_t block_tokens;  // B_i
+  uint64_t meu_lender;    // MEU_i
+  uint64_t meu_borrower;  // MEU_m
 };
 
 struct ScaleDelta {

@@ -13,14 +13,11 @@ namespace swiftkv {
 uint32_t dtype_size(int32_t dtype) noexcept {
   switch (dtype) {
     case SWIFTKV_DTYPE_F16:
-    case SWIFTKV_DTYPE_BF16:
-      return 2;
-    case SWIFTKV_DTYPE_F32:
-      return 4;
+    case SWIFTKV_DTYPE_BF16: return 2;
+    case SWIFTKV_DTYPE_F32: return 4;
     case SWIFTKV_DTYPE_FP8_E4M3:
     case SWIFTKV_DTYPE_FP8_E5M2:
-    case SWIFTKV_DTYPE_I8:
-      return 1;
+    case SWIFTKV_DTYPE_I8: return 1;
   }
   return 0;
 }
@@ -54,16 +51,22 @@ GeometrySizes geometry_sizes(const ModelGeometry &g, std::string_view arg) {
   // The largest size is the full chunk; once it fits, every smaller product fits too, but each
   // is still computed checked so the message names the first quantity that overflows.
   const std::string per = a + ": ";
-  const uint64_t head_elems = checked_mul(g.num_kv_heads, g.head_dim, per + "num_kv_heads * head_dim");
-  const uint64_t kv_token_layer = checked_mul(
-      2 * s.dtype_bytes, head_elems, per + "bytes of one token in one layer");
+  const uint64_t head_elems =
+      checked_mul(g.num_kv_heads, g.head_dim, per + "num_kv_heads * head_dim");
+  const uint64_t kv_token_layer =
+      checked_mul(2 * s.dtype_bytes, head_elems, per + "bytes of one token in one layer");
   s.bytes_per_token = checked_mul(kv_token_layer, g.num_layers, per + "bytes per token");
-  s.layer_block_bytes = checked_mul(kv_token_layer, g.block_tokens, per + "bytes of one layer block");
-  s.full_block_bytes = checked_mul(s.layer_block_bytes, g.num_layers, per + "bytes of one full block");
-  s.block_elems = checked_mul(checked_mul(head_elems, g.block_tokens, per + "elements of one block"),
-                              g.num_layers, per + "elements of one block");
-  s.layer_chunk_bytes = checked_mul(kv_token_layer, g.chunk_tokens, per + "bytes of one layer chunk");
-  s.full_chunk_bytes = checked_mul(s.layer_chunk_bytes, g.num_layers, per + "bytes of one full chunk");
+  s.layer_block_bytes =
+      checked_mul(kv_token_layer, g.block_tokens, per + "bytes of one layer block");
+  s.full_block_bytes =
+      checked_mul(s.layer_block_bytes, g.num_layers, per + "bytes of one full block");
+  s.block_elems =
+      checked_mul(checked_mul(head_elems, g.block_tokens, per + "elements of one block"),
+                  g.num_layers, per + "elements of one block");
+  s.layer_chunk_bytes =
+      checked_mul(kv_token_layer, g.chunk_tokens, per + "bytes of one layer chunk");
+  s.full_chunk_bytes =
+      checked_mul(s.layer_chunk_bytes, g.num_layers, per + "bytes of one full chunk");
   return s;
 }
 

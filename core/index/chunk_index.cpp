@@ -19,7 +19,9 @@ uint64_t home(uint64_t hi, uint64_t cap) noexcept {
 }
 uint64_t next(uint64_t i, uint64_t cap) noexcept { return i + 1 == cap ? 0 : i + 1; }
 // Slots from a to b going forward, wrapping at the table's end.
-uint64_t ahead(uint64_t a, uint64_t b, uint64_t cap) noexcept { return b >= a ? b - a : b + cap - a; }
+uint64_t ahead(uint64_t a, uint64_t b, uint64_t cap) noexcept {
+  return b >= a ? b - a : b + cap - a;
+}
 }  // namespace
 
 const char *tier_name(Tier t) noexcept {
@@ -276,8 +278,7 @@ std::optional<SlotRef> ChunkIndex::locate(const ChunkKey &k) const {
   return where(*slot);
 }
 
-bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
-                        uint64_t now_ns) {
+bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where, uint64_t now_ns) {
   std::lock_guard order(order_mu_);
   Shard &s = shard(k);
   std::unique_lock lock(s.mu);

@@ -11,9 +11,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <shared_mutex>
 #include <span>
 #include <unordered_map>
-#include <shared_mutex>
 #include <vector>
 
 #include "core/index/chunk_key.hpp"
@@ -33,10 +33,10 @@ struct SlotRef {
 
 // What the index keeps about a chunk besides its place.
 struct ChunkMeta {
-  ChunkKey model;          // the model's fingerprint
-  uint32_t position = 0;   // the chunk's number in its sequence (0: the first chunk)
-  uint32_t tokens = 0;     // tokens in the chunk
-  uint64_t bytes = 0;      // bytes of the chunk, all layers
+  ChunkKey model;         // the model's fingerprint
+  uint32_t position = 0;  // the chunk's number in its sequence (0: the first chunk)
+  uint32_t tokens = 0;    // tokens in the chunk
+  uint64_t bytes = 0;     // bytes of the chunk, all layers
 };
 
 // An entry handed to a reader or a mover: the place to read from and the chunk's meta.
@@ -143,20 +143,20 @@ class ChunkIndex {
   // each touch one cache line, which a run of keys can fetch ahead.
   struct alignas(64) Slot {
     uint64_t lo = 0, hi = 0;
-    uint32_t node = 0;        // in the eviction order, which keeps the last activity
+    uint32_t node = 0;  // in the eviction order, which keeps the last activity
     uint32_t spare = 0;
     uint64_t store_slot = 0;  // the place in its tier's store
     uint64_t bytes = 0;
     uint32_t position = 0, tokens = 0;
     uint32_t pins = 0;
-    uint32_t users = 0;       // readers plus the mover
-    uint16_t model = 0;       // index in the shard's model list
+    uint32_t users = 0;  // readers plus the mover
+    uint16_t model = 0;  // index in the shard's model list
     uint8_t tier = 0;
-    uint8_t flags = 0;        // kUsed, kDoomed, kMoving, kRetired
+    uint8_t flags = 0;  // kUsed, kDoomed, kMoving, kRetired
   };
   static_assert(sizeof(Slot) == 64);
-  static constexpr uint8_t kUsed = 1;     // the slot holds a chunk
-  static constexpr uint8_t kDoomed = 2;   // dropped while in use: invisible, freed by the last user
+  static constexpr uint8_t kUsed = 1;    // the slot holds a chunk
+  static constexpr uint8_t kDoomed = 2;  // dropped while in use: invisible, freed by the last user
   static constexpr uint8_t kMoving = 4;
   static constexpr uint8_t kRetired = 8;  // old copies wait in the shard's `retired` map
   struct Shard {

@@ -5,9 +5,9 @@
 #include <xxhash.h>
 
 #include <array>
-#include <memory>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "core/common/error.hpp"
 
@@ -32,10 +32,13 @@ ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
                            std::string_view identity) {
   // A tag and a format number first, so a later encoding can never collide with this one.
   static constexpr char kTag[] = "swiftkv-model-fingerprint-v1";
-  const std::array<uint32_t, 7> fields = {
-      static_cast<uint32_t>(name.size()), g.num_layers,   g.num_kv_heads,
-      g.head_dim,                          g.block_tokens, g.chunk_tokens,
-      static_cast<uint32_t>(g.dtype)};
+  const std::array<uint32_t, 7> fields = {static_cast<uint32_t>(name.size()),
+                                          g.num_layers,
+                                          g.num_kv_heads,
+                                          g.head_dim,
+                                          g.block_tokens,
+                                          g.chunk_tokens,
+                                          static_cast<uint32_t>(g.dtype)};
   std::unique_ptr<XXH3_state_t, StateDeleter> s(XXH3_createState());
   if (!s) fail(SWIFTKV_ENOMEM, "cannot allocate an XXH3 state");
   XXH3_128bits_reset(s.get());
@@ -51,8 +54,8 @@ ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
   return from_xxh(XXH3_128bits_digest(s.get()));
 }
 
-void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *tokens,
-                size_t n_tokens, uint32_t chunk_tokens) {
+void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *tokens, size_t n_tokens,
+                uint32_t chunk_tokens) {
   const size_t chunks = n_tokens / chunk_tokens;
   if (chunks == 0) return;
   // One buffer holds (fingerprint, previous key, tokens) so each key is one one-shot XXH3 call:

@@ -33,8 +33,8 @@ ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
 
 // The keys of the leading full chunks of `tokens`: out[i] for chunk i, i < n_tokens /
 // chunk_tokens. Token ids are hashed as little-endian 32-bit words.
-void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *tokens,
-                size_t n_tokens, uint32_t chunk_tokens);
+void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *tokens, size_t n_tokens,
+                uint32_t chunk_tokens);
 
 // 32 lowercase hex digits, hi word first: how keys appear in file names and messages.
 std::string to_hex(const ChunkKey &k);

@@ -41,8 +41,10 @@ class DeviceGuard {
 inline void check_device(int32_t device) {
   const uint32_t n = usable_cuda_devices();
   if (device < 0 || static_cast<uint32_t>(device) >= n) {
-    fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) + " is not usable; this process "
-                         "can use " + std::to_string(n) + " device(s)");
+    fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) +
+                             " is not usable; this process "
+                             "can use " +
+                             std::to_string(n) + " device(s)");
   }
 }
 

@@ -13,8 +13,7 @@ uint32_t usable_cuda_devices() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   switch (err) {
-    case cudaSuccess:
-      return count > 0 ? static_cast<uint32_t>(count) : 0;
+    case cudaSuccess: return count > 0 ? static_cast<uint32_t>(count) : 0;
     // No driver, only the toolkit's stub driver, or no device (CUDA_VISIBLE_DEVICES may hide
     // them all): each means "no usable device", which is not an error here.
     case cudaErrorInsufficientDriver:

@@ -48,9 +48,8 @@ void copy_bytes(void *dst, int32_t dst_device, const void *src, int32_t src_devi
   const cudaError_t err = cudaMemcpy(dst, src, n, cudaMemcpyDefault);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    fail(SWIFTKV_ECUDA, std::string("cudaMemcpy of ") + std::to_string(n) +
-                            " bytes failed: " + cudaGetErrorName(err) + ": " +
-                            cudaGetErrorString(err));
+    fail(SWIFTKV_ECUDA, std::string("cudaMemcpy of ") + std::to_string(n) + " bytes failed: " +
+                            cudaGetErrorName(err) + ": " + cudaGetErrorString(err));
   }
 }
 

@@ -308,10 +308,10 @@ class ImportedVmmRegion final : public RegionMapping {
       if (g.handle != 0 && g.generation == p.generation) continue;
       unmap_granule(base_, i, granule_, g);  // the owner replaced it: drop the old pages
       CUmemGenericAllocationHandle h = 0;
-      check_cu(driver().import_handle(&h, reinterpret_cast<void *>(static_cast<intptr_t>(
-                                              p.fd.get())),
-                                      CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
-               "cuMemImportFromShareableHandle");
+      check_cu(
+          driver().import_handle(&h, reinterpret_cast<void *>(static_cast<intptr_t>(p.fd.get())),
+                                 CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle");
       map_granule(base_, i, granule_, device_, h, p.generation, g);
     }
   }
@@ -404,8 +404,7 @@ class ImportedIpcRegion final : public RegionMapping {
     cudaIpcMemHandle_t h{};
     std::memcpy(&h, e.ipc_handle.data(), sizeof h);
     void *p = nullptr;
-    check_cuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess),
-               "cudaIpcOpenMemHandle");
+    check_cuda(cudaIpcOpenMemHandle(&p, h, cudaIpcMemLazyEnablePeerAccess), "cudaIpcOpenMemHandle");
     data_ = static_cast<std::byte *>(p);
   }
   ~ImportedIpcRegion() override {
@@ -450,7 +449,8 @@ bool cuda_vmm_supported(int32_t device) {
 
 uint64_t cuda_vmm_granule(int32_t device) {
   if (!cuda_vmm_supported(device)) {
-    fail(SWIFTKV_EUNSUPPORTED, "CUDA device " + std::to_string(device) + " or its driver lacks VMM");
+    fail(SWIFTKV_EUNSUPPORTED,
+         "CUDA device " + std::to_string(device) + " or its driver lacks VMM");
   }
   DeviceGuard guard(device);
   const CUmemAllocationProp prop = vmm_prop(device);
@@ -467,7 +467,10 @@ namespace {
 class VmmAliasedLayers final : public AliasedLayers {
  public:
   VmmAliasedLayers(int32_t device, uint32_t layers, uint64_t regular, uint64_t stream)
-      : device_(device), layers_(layers), regular_(regular), stream_(stream),
+      : device_(device),
+        layers_(layers),
+        regular_(regular),
+        stream_(stream),
         layer_bytes_(regular + stream) {
     DeviceGuard guard(device_);
     const uint64_t total = checked_mul(layer_bytes_, layers_, "pool bytes");
@@ -476,7 +479,8 @@ class VmmAliasedLayers final : public AliasedLayers {
     try {
       const CUmemAllocationProp prop = vmm_prop(device_);
       const CUmemAccessDesc access = read_write_on(device_);
-      if (stream_ != 0) check_cu(driver().create(&stream_handle_, stream_, &prop, 0), "cuMemCreate");
+      if (stream_ != 0)
+        check_cu(driver().create(&stream_handle_, stream_, &prop, 0), "cuMemCreate");
       regular_handles_.assign(layers_, 0);
       for (uint32_t l = 0; l < layers_; ++l) {
         const CUdeviceptr at = base_ + l * layer_bytes_;

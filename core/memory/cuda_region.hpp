@@ -2,8 +2,8 @@
 // cuda_region.cu (CUDA builds) and cuda_region_nocuda.cpp (without CUDA: every call is ENODEV).
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 
 #include "core/memory/memory_region.hpp"
@@ -43,7 +43,6 @@ class AliasedLayers {
 };
 // Throws Error: ENODEV, EUNSUPPORTED (no VMM), ENOMEM, ECUDA, EINVAL (sizes not in granules).
 std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t layers,
-                                                     uint64_t regular_bytes,
-                                                     uint64_t stream_bytes);
+                                                     uint64_t regular_bytes, uint64_t stream_bytes);
 
 }  // namespace swiftkv

@@ -1,5 +1,5 @@
-// The no-CUDA stand-in of the CUDA backend for builds without CUDA: there is no device to allocate on,
-// which is SWIFTKV_ENODEV for every caller, as DESIGN.md asks of GPU-only calls.
+// The no-CUDA stand-in of the CUDA backend for builds without CUDA: there is no device to allocate
+// on, which is SWIFTKV_ENODEV for every caller, as DESIGN.md asks of GPU-only calls.
 #include "core/common/error.hpp"
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/region_registry.hpp"
@@ -14,14 +14,13 @@ std::shared_ptr<MemoryRegion> create_cuda_region(const CudaRegionOptions &o) {
 bool cuda_vmm_supported(int32_t) { return false; }
 
 uint64_t cuda_vmm_granule(int32_t device) {
-  fail(SWIFTKV_ENODEV, "CUDA device " + std::to_string(device) +
-                           " needs a libswiftkv built with CUDA");
+  fail(SWIFTKV_ENODEV,
+       "CUDA device " + std::to_string(device) + " needs a libswiftkv built with CUDA");
 }
 
-std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t, uint64_t,
-                                                     uint64_t) {
-  fail(SWIFTKV_ENODEV, "a pool on CUDA device " + std::to_string(device) +
-                           " needs a libswiftkv built with CUDA");
+std::unique_ptr<AliasedLayers> create_aliased_layers(int32_t device, uint32_t, uint64_t, uint64_t) {
+  fail(SWIFTKV_ENODEV,
+       "a pool on CUDA device " + std::to_string(device) + " needs a libswiftkv built with CUDA");
 }
 
 std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &, int32_t) {

@@ -1,4 +1,5 @@
-// The no-CUDA stand-in of the device query, for builds without CUDA: there is never a usable device.
+// The no-CUDA stand-in of the device query, for builds without CUDA: there is never a usable
+// device.
 #include "core/memory/device_query.hpp"
 
 namespace swiftkv {

@@ -1,5 +1,6 @@
 // What host memory needs from CUDA: page-locking a range for DMA and the NUMA node nearest a
-// device. Two implementations: cuda_host_memory.cu (CUDA builds) and host_memory_nocuda.cpp (without CUDA).
+// device. Two implementations: cuda_host_memory.cu (CUDA builds) and host_memory_nocuda.cpp
+// (without CUDA).
 #pragma once
 
 #include <cstddef>

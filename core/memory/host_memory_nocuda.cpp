@@ -1,5 +1,5 @@
-// The no-CUDA stand-in of host_memory.hpp for builds without CUDA: nothing to page-lock for, no device
-// to be near.
+// The no-CUDA stand-in of host_memory.hpp for builds without CUDA: nothing to page-lock for, no
+// device to be near.
 #include "core/memory/host_memory.hpp"
 
 #include <cstring>

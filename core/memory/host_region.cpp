@@ -39,8 +39,8 @@ class MemfdMapping {
  public:
   MemfdMapping(int fd, uint64_t size) : size_(size) {
     void *p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) fail_errno(SWIFTKV_ENOMEM, "mmap of a " + std::to_string(size) +
-                                                        "-byte memfd region");
+    if (p == MAP_FAILED)
+      fail_errno(SWIFTKV_ENOMEM, "mmap of a " + std::to_string(size) + "-byte memfd region");
     data_ = static_cast<std::byte *>(p);
   }
   MemfdMapping(const MemfdMapping &) = delete;
@@ -101,8 +101,8 @@ class HostRegion final : public MemoryRegion {
       // is an error here rather than a SIGBUS on first touch.
       if (::fallocate(fd_.get(), 0, static_cast<off_t>(first * page),
                       static_cast<off_t>(n * page)) != 0) {
-        fail_errno(SWIFTKV_ENOMEM, "allocating " + std::to_string(n * page) +
-                                       " bytes of host region memory");
+        fail_errno(SWIFTKV_ENOMEM,
+                   "allocating " + std::to_string(n * page) + " bytes of host region memory");
       }
       mark(first, n, 1);
     });
@@ -154,8 +154,7 @@ class HostRegion final : public MemoryRegion {
     }
     mask = 1UL << node;
     if (::mbind(map_->data(), map_->size(), MPOL_BIND, &mask, 8 * sizeof mask, 0) != 0) {
-      fail_errno(SWIFTKV_EINVAL, "binding host region memory to NUMA node " +
-                                     std::to_string(node));
+      fail_errno(SWIFTKV_EINVAL, "binding host region memory to NUMA node " + std::to_string(node));
     }
 #endif
   }
@@ -230,8 +229,7 @@ std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) fail_errno(SWIFTKV_EINVAL, "fstat of an exported region's fd");
   if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < e.size || e.size == 0) {
-    fail_invalid("the exported fd is not a memfd of at least " + std::to_string(e.size) +
-                 " bytes");
+    fail_invalid("the exported fd is not a memfd of at least " + std::to_string(e.size) + " bytes");
   }
   return find_or_open_region(memfd_identity(fd), [&] {
     return std::make_shared<ImportedHostRegion>(fd, static_cast<uint64_t>(st.st_size));

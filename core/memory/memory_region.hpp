@@ -39,8 +39,8 @@ struct RegionExport {
   int32_t device = -1;  // CUDA ordinal in the exporting process; -1 for host memory
   uint64_t size = 0;
   std::string identity;
-  std::vector<ExportedPiece> pieces;              // memfd: one piece, the whole file
-  std::array<unsigned char, 64> ipc_handle{};     // cuda_ipc: the cudaIpcMemHandle_t bytes
+  std::vector<ExportedPiece> pieces;           // memfd: one piece, the whole file
+  std::array<unsigned char, 64> ipc_handle{};  // cuda_ipc: the cudaIpcMemHandle_t bytes
 };
 
 // A mapping of a region's bytes in this process. Owners and importers both are one; every

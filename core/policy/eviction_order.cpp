@@ -41,8 +41,7 @@ double EvictionOrder::class_cost(uint32_t cls) noexcept {
   return std::exp2((static_cast<double>(cls) - kClasses / 2) / kClassesPerOctave);
 }
 
-uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens,
-                            uint64_t now) {
+uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now) {
   uint32_t id = free_;
   if (id != kNoNode) {
     free_ = nodes_[id].next;

@@ -42,8 +42,8 @@ namespace swiftkv {
 class EvictionOrder {
  public:
   static constexpr uint32_t kNoNode = UINT32_MAX;
-  static constexpr uint32_t kClasses = 256;      // retention cost classes
-  static constexpr int kClassesPerOctave = 4;    // r = 2^(1/4)
+  static constexpr uint32_t kClasses = 256;                     // retention cost classes
+  static constexpr int kClassesPerOctave = 4;                   // r = 2^(1/4)
   static constexpr double kRetentionBound = 1.189207115002721;  // 2^(1/4)
 
   EvictionOrder(EvictionPolicy policy, RecomputeCost cost);

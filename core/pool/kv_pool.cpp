@@ -23,7 +23,8 @@ namespace {
 
 }  // namespace
 
-KvPool::KvPool(const ModelGeometry &g, PageLayout layout) : geometry_(g), layout_(std::move(layout)) {
+KvPool::KvPool(const ModelGeometry &g, PageLayout layout)
+    : geometry_(g), layout_(std::move(layout)) {
   check_page_layout(layout_, g, "desc");
 }
 
@@ -36,8 +37,8 @@ const std::shared_ptr<DeviceLanes> &KvPool::device_lanes() const {
 std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t regular,
                                             uint32_t stream) {
   const uint64_t os_page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-  const uint64_t page_bytes = uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim *
-                              dtype_size(g.dtype);
+  const uint64_t page_bytes =
+      uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim * dtype_size(g.dtype);
   // Regular pages in whole memory pages, so the stream range can be mapped right after them.
   const uint64_t step = os_page / std::gcd(os_page, page_bytes);
   const uint64_t regular_pages = (uint64_t{regular} + step - 1) / step * step;
@@ -61,7 +62,8 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
   pool->mapped_bytes_ = regular_bytes + stream_bytes;
   pool->layout_.layer_base.assign(g.num_layers, nullptr);
   for (uint32_t l = 0; l < g.num_layers; ++l) {
-    void *base = ::mmap(nullptr, pool->mapped_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *base =
+        ::mmap(nullptr, pool->mapped_bytes_, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) fail_sys(SWIFTKV_ENOMEM, "reserving layer " + std::to_string(l));
     pool->layout_.layer_base[l] = static_cast<std::byte *>(base);  // unmapped by the destructor
     auto *b = static_cast<std::byte *>(base);
@@ -83,8 +85,8 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
 std::unique_ptr<KvPool> KvPool::create_device(const ModelGeometry &g, uint32_t regular,
                                               uint32_t stream) {
   const uint64_t granule = cuda_vmm_granule(g.device);
-  const uint64_t page_bytes = uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim *
-                              dtype_size(g.dtype);
+  const uint64_t page_bytes =
+      uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim * dtype_size(g.dtype);
   const uint64_t step = granule / std::gcd(granule, page_bytes);
   const uint64_t regular_pages = (uint64_t{regular} + step - 1) / step * step;
   if (regular_pages + stream > UINT32_MAX || regular_pages + stream == 0) {

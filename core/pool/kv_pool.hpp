@@ -45,9 +45,9 @@ class KvPool {
   KvPool() = default;
   ModelGeometry geometry_;
   PageLayout layout_;
-  UniqueFd fd_;                // the memfd of a library-made host pool
+  UniqueFd fd_;                                   // the memfd of a library-made host pool
   std::unique_ptr<AliasedLayers> device_memory_;  // a library-made device pool's memory
-  uint64_t mapped_bytes_ = 0;  // reserved address range per layer
+  uint64_t mapped_bytes_ = 0;                     // reserved address range per layer
   mutable std::mutex lanes_mu_;
   mutable std::shared_ptr<DeviceLanes> lanes_;
 };

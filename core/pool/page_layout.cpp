@@ -32,8 +32,8 @@ void check_page_layout(const PageLayout &l, const ModelGeometry &g, std::string_
     fail_invalid(a + " does not match the model's block_tokens, heads, head_dim or dtype");
   }
   if (l.num_pages == 0) fail_invalid(a + "->num_pages is 0");
-  if (l.stream_pages != 0 && (l.stream_first >= l.num_pages ||
-                              l.num_pages - l.stream_first < l.stream_pages)) {
+  if (l.stream_pages != 0 &&
+      (l.stream_first >= l.num_pages || l.num_pages - l.stream_first < l.stream_pages)) {
     fail_invalid(a + ": stream pages [" + std::to_string(l.stream_first) + ", " +
                  std::to_string(uint64_t{l.stream_first} + l.stream_pages) +
                  ") are not inside the " + std::to_string(l.num_pages) + " pages");
@@ -44,11 +44,13 @@ void check_page_layout(const PageLayout &l, const ModelGeometry &g, std::string_
                            {"head_stride", l.head_stride, l.heads},
                            {"head dim (stride 1)", 1, l.head_dim}}};
   for (const Dim &d : dims) {
-    if (d.stride <= 0) fail_invalid(a + "->" + d.name + " is " + std::to_string(d.stride) + ", not > 0");
+    if (d.stride <= 0)
+      fail_invalid(a + "->" + d.name + " is " + std::to_string(d.stride) + ", not > 0");
   }
   // No two elements at one address: sorted by stride, each dimension must step over everything
   // the smaller ones reach. Every layout the library knows satisfies this, and it is cheap.
-  std::sort(dims.begin(), dims.end(), [](const Dim &x, const Dim &y) { return x.stride < y.stride; });
+  std::sort(dims.begin(), dims.end(),
+            [](const Dim &x, const Dim &y) { return x.stride < y.stride; });
   uint64_t reach = 1;  // elements spanned by the dimensions seen so far
   const std::string what = a + "'s strides times its extents";
   for (const Dim &d : dims) {

@@ -20,9 +20,9 @@ namespace swiftkv {
 struct PageLayout {
   std::vector<std::byte *> layer_base;  // one per layer
   int32_t device = SWIFTKV_DEVICE_HOST;
-  uint64_t layer_span_bytes = 0;        // bytes addressable from each base
+  uint64_t layer_span_bytes = 0;  // bytes addressable from each base
   uint32_t num_pages = 0;
-  uint32_t page_tokens = 0;             // the model's block_tokens
+  uint32_t page_tokens = 0;  // the model's block_tokens
   uint32_t heads = 0, head_dim = 0;
   uint32_t dtype_bytes = 0;
   uint32_t stream_first = 0, stream_pages = 0;

@@ -27,8 +27,8 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
                  ") is above 100");
   }
   peer_ = std::make_unique<PeerTier>([this] { wake(); });
-  host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes,
-                                     ctx_.effective_device_mask() != 0);
+  host_ =
+      std::make_unique<HostTier>(ctx_, options_.host_slab_bytes, ctx_.effective_device_mask() != 0);
   const ContextConfig &c = ctx_.config();
   if (c.disk_path) {
     DiskOptions d;
@@ -94,9 +94,9 @@ void ChunkCache::set_event_callback(ChunkEventFn fn) {
   std::shared_ptr<EventSlot> old = std::exchange(on_event_, std::move(slot));
   if (!old) return;
   // A call of the old callback on this very thread is below us on the stack: not waited for.
-  const auto mine = static_cast<uint32_t>(std::count_if(
-      t_running_slots.begin(), t_running_slots.end(),
-      [&](const RunningSlot &r) { return r.slot == old.get(); }));
+  const auto mine = static_cast<uint32_t>(
+      std::count_if(t_running_slots.begin(), t_running_slots.end(),
+                    [&](const RunningSlot &r) { return r.slot == old.get(); }));
   cb_cv_.wait(lock, [&] { return old->running == mine; });
 }
 
@@ -257,7 +257,8 @@ uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
   std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
   if (!use) return 0;
   const ChunkMeta meta = use->meta;
-  for (std::optional<Tier> to = lower_tier(from, meta.model); to; to = lower_tier(*to, meta.model)) {
+  for (std::optional<Tier> to = lower_tier(from, meta.model); to;
+       to = lower_tier(*to, meta.model)) {
     const std::optional<uint64_t> slot = allocate_in(*to, key, meta, true);
     if (!slot) continue;
     if (complete_move(key, *use, SlotRef{*to, *slot})) {
@@ -372,8 +373,8 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     if (!lost && ok) {
       const LoadScope load(*this, use->where.tier);
       try {
-        store_of(use->where.tier)->read(use->where.slot, use->meta,
-                                        dst + (i - start) * chunk_bytes);
+        store_of(use->where.tier)
+            ->read(use->where.slot, use->meta, dst + (i - start) * chunk_bytes);
       } catch (const Error &) {
         ok = false;
       }
@@ -540,7 +541,8 @@ uint64_t ChunkCache::chunks_that_fit(uint64_t chunk_bytes) const noexcept {
 void ChunkCache::reserve_for(uint64_t chunk_bytes) {
   // Tiny chunks would otherwise reserve more index than KV: up front, the index's tables and
   // nodes take at most a quarter of the host budget, or 16 MiB when that is more.
-  const uint64_t limit = std::max<uint64_t>(ctx_.config().host_budget_bytes / 4, uint64_t{16} << 20);
+  const uint64_t limit =
+      std::max<uint64_t>(ctx_.config().host_budget_bytes / 4, uint64_t{16} << 20);
   uint64_t lo = 0, hi = chunks_that_fit(chunk_bytes);
   if (ChunkIndex::reserve_bytes(hi) > limit) {
     while (lo + 1 < hi) {  // the most chunks whose reservation fits the limit
@@ -586,8 +588,8 @@ void ChunkCache::give_back(const ChunkKey &model) {
 void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
   const TierStore *s = store_of(t);
   const uint64_t cap = s->capacity_bytes(model);
-  const uint64_t want = cap / 100 * options_.demote_free_percent +
-                        cap % 100 * options_.demote_free_percent / 100;
+  const uint64_t want =
+      cap / 100 * options_.demote_free_percent + cap % 100 * options_.demote_free_percent / 100;
   const uint64_t free_now = s->free_bytes(model);
   if (free_now >= want) return;
   // Loads first: a pending load out of this tier uses the link this demotion would.

@@ -59,27 +59,28 @@ struct CacheStats {
   uint64_t demotions = 0;        // chunks moved down a tier by the cache
   uint64_t promotions = 0;       // chunks moved up a tier on request
   uint64_t load_failures = 0;    // reads that failed their check or I/O
-  uint64_t revocations = 0;      // chunks that left lent memory because the lender asked or it expired
-  uint64_t corrupt_files_removed = 0;  // disk records dropped at start-up (torn, failing a check,
-                                       // duplicate, over the budget)
-  uint64_t demotions_deferred = 0;     // background passes that let a pending load go first
+  uint64_t revocations = 0;  // chunks that left lent memory because the lender asked or it expired
+  uint64_t corrupt_files_removed = 0;    // disk records dropped at start-up (torn, failing a check,
+                                         // duplicate, over the budget)
+  uint64_t demotions_deferred = 0;       // background passes that let a pending load go first
   uint64_t disk_files_skipped = 0;       // directory entries the disk tier left alone
   uint64_t disk_records_mismatched = 0;  // disk reads that found another record than expected
   uint64_t disk_segments_cleaned = 0;
   uint64_t disk_bytes_relocated = 0;
-  uint64_t disk_bytes_allocated = 0;     // segment files on disk (what the disk budget counts)
+  uint64_t disk_bytes_allocated = 0;  // segment files on disk (what the disk budget counts)
 };
 
 // Residency of a run of chunk keys, as lookup sees it.
 struct LookupResult {
-  uint64_t chunks = 0;          // keys looked at
-  uint64_t dropped_head = 0;    // leading chunks not resident, before the first resident one
-  uint64_t loadable = 0;        // resident chunks right after the dropped head
+  uint64_t chunks = 0;        // keys looked at
+  uint64_t dropped_head = 0;  // leading chunks not resident, before the first resident one
+  uint64_t loadable = 0;      // resident chunks right after the dropped head
   std::array<uint64_t, kTierCount> per_tier{};  // resident chunks in each tier, in all keys
 };
 
 // Thread-safe: the index and the stores guard themselves (see their comments); cb_mu_ guards
-// the event callback (which runs with no lock held and may call back into the cache); maint_mu_ serialises maintenance passes; the counters are atomics.
+// the event callback (which runs with no lock held and may call back into the cache); maint_mu_
+// serialises maintenance passes; the counters are atomics.
 class ChunkCache {
  public:
   ChunkCache(Context &ctx, CacheOptions options);
@@ -168,17 +169,18 @@ class ChunkCache {
   // caller's until publish() or release_slot().
   std::optional<SlotRef> reserve_slot(const ChunkKey &key, const ChunkMeta &meta);
   // Makes a reserved slot the chunk's readable copy, writing `staging` (when not nullptr) into
-  // it first: a disk slot, or memory the caller could not write directly. False, with the slot freed, when the chunk became resident
-  // meanwhile or the slot is no longer readable.
-  bool publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
-               const std::byte *staging);
+  // it first: a disk slot, or memory the caller could not write directly. False, with the slot
+  // freed, when the chunk became resident meanwhile or the slot is no longer readable.
+  bool publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where, const std::byte *staging);
   void release_slot(SlotRef where) noexcept;
 
   // Marks a load out of tier t as pending for as long as the scope lives: background demotion
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
   class LoadScope {
    public:
-    LoadScope(ChunkCache &c, Tier t) : n_(c.loads_active_[static_cast<size_t>(t)]) { n_.fetch_add(1); }
+    LoadScope(ChunkCache &c, Tier t) : n_(c.loads_active_[static_cast<size_t>(t)]) {
+      n_.fetch_add(1);
+    }
     ~LoadScope() { n_.fetch_sub(1); }
     LoadScope(const LoadScope &) = delete;
     LoadScope &operator=(const LoadScope &) = delete;
@@ -256,12 +258,11 @@ class ChunkCache {
 
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};
-  std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0},
-      demotions_{0}, promotions_{0}, load_failures_{0}, revocations_{0},
-      deferred_{0};
+  std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0}, demotions_{0},
+      promotions_{0}, load_failures_{0}, revocations_{0}, deferred_{0};
 
   std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
-  std::mutex thread_mu_;  // guards stop_ and woken_
+  std::mutex thread_mu_;                       // guards stop_ and woken_
   std::condition_variable thread_cv_;
   bool stop_ = false;
   bool woken_ = false;

@@ -15,11 +15,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstddef>
+#include <cstring>
 #include <mutex>
 #include <system_error>
 #include <thread>
-#include <cstddef>
-#include <cstring>
 #include <unordered_map>
 
 #include "core/common/checked_math.hpp"
@@ -116,7 +116,8 @@ void pwrite_all(int fd, iovec *iov, int n, uint64_t off, const std::string &what
   while (n > 0) {
     const ssize_t w = ::pwritev(fd, iov, n, static_cast<off_t>(off));
     if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) fail(SWIFTKV_EIO, "writing " + what + " failed: " + errno_text(w < 0 ? errno : EIO));
+    if (w <= 0)
+      fail(SWIFTKV_EIO, "writing " + what + " failed: " + errno_text(w < 0 ? errno : EIO));
     off += static_cast<uint64_t>(w);
     consume(iov, n, static_cast<size_t>(w));
   }
@@ -230,9 +231,12 @@ std::optional<uint32_t> segment_number(const std::string &name) {
   for (size_t i = p; i < p + 8; ++i) {
     const char c = name[i];
     uint32_t d = 0;
-    if (c >= '0' && c <= '9') d = static_cast<uint32_t>(c - '0');
-    else if (c >= 'a' && c <= 'f') d = static_cast<uint32_t>(c - 'a' + 10);
-    else return std::nullopt;
+    if (c >= '0' && c <= '9')
+      d = static_cast<uint32_t>(c - '0');
+    else if (c >= 'a' && c <= 'f')
+      d = static_cast<uint32_t>(c - 'a' + 10);
+    else
+      return std::nullopt;
     n = n * 16 + d;
   }
   return n;
@@ -263,7 +267,8 @@ DiskTier::DiskTier(DiskOptions options) : options_(std::move(options)) {
     fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not writable: " + errno_text(errno));
   }
   // At least two segments (one stays free for cleaning); by default at least four.
-  const uint64_t wanted = options_.segment_bytes != 0 ? options_.segment_bytes : kDefaultSegmentBytes;
+  const uint64_t wanted =
+      options_.segment_bytes != 0 ? options_.segment_bytes : kDefaultSegmentBytes;
   const uint64_t cap = options_.budget_bytes / (options_.segment_bytes != 0 ? 2 : 4);
   segment_bytes_ = std::min(wanted, cap) / kAlign * kAlign;
   if (segment_bytes_ < kMinSegmentBytes) segment_bytes_ = 0;  // the budget holds nothing
@@ -306,7 +311,8 @@ uint64_t DiskTier::free_bytes_locked() const {
   // the cleanable ones gives back; never more than the capacity leaves.
   uint64_t n = cleanable_gain_;
   if (open_ != nullptr) n += open_->size - open_->write_at - kHeaderBytes;
-  const uint64_t free_segments = free_segments_ + (max_segments_ - std::min(max_segments_, segment_files_));
+  const uint64_t free_segments =
+      free_segments_ + (max_segments_ - std::min(max_segments_, segment_files_));
   if (free_segments > 1) n += (free_segments - 1) * (segment_bytes_ - 2 * kHeaderBytes);
   const uint64_t cap = capacity_bytes({});
   return std::min(n, cap > live_ ? cap - live_ : 0);
@@ -360,8 +366,8 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   // in the middle of a record.
   const int e = ::posix_fallocate(seg->fd.get(), 0, static_cast<off_t>(segment_bytes_));
   if (e != 0) {
-    log_warn("disk tier: cannot allocate " + std::to_string(segment_bytes_) + " bytes for " +
-                path + ": " + errno_text(e));
+    log_warn("disk tier: cannot allocate " + std::to_string(segment_bytes_) + " bytes for " + path +
+             ": " + errno_text(e));
     (void)::unlink(path.c_str());
     return nullptr;
   }
@@ -612,7 +618,8 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
     std::lock_guard lock(mu_);
     const Record &r = records_.at(slot);
     if (r.state != RecState::reserved || !(r.key == key) || r.meta.bytes != meta.bytes) {
-      fail(SWIFTKV_EINTERNAL, "disk slot " + std::to_string(slot) + " was not reserved for this chunk");
+      fail(SWIFTKV_EINTERNAL,
+           "disk slot " + std::to_string(slot) + " was not reserved for this chunk");
     }
     const Segment &s = *segments_[r.seg];
     fd = s.fd.get();
@@ -805,8 +812,8 @@ void DiskTier::sync() {
       if (!s->dirty || s->state == SegState::gone || !s->fd) continue;
       s->dirty = false;
       ++s->readers;  // kept (not reused, not deleted) while it syncs
-      jobs.push_back(Job{s.get(), s->pending.empty() ? s->write_at : *s->pending.begin(),
-                         s->generation});
+      jobs.push_back(
+          Job{s.get(), s->pending.empty() ? s->write_at : *s->pending.begin(), s->generation});
     }
   }
   for (Job &j : jobs) j.ok = ::fdatasync(j.s->fd.get()) == 0;
@@ -857,7 +864,8 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
 
 std::vector<std::pair<uint32_t, std::string>> DiskTier::segment_files(Recovery &rec) const {
   DIR *d = ::opendir(options_.dir.c_str());
-  if (d == nullptr) fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(errno));
+  if (d == nullptr)
+    fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(errno));
   std::vector<std::pair<uint32_t, std::string>> names;
   while (const dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
@@ -871,7 +879,8 @@ std::vector<std::pair<uint32_t, std::string>> DiskTier::segment_files(Recovery &
   }
   ::closedir(d);
   // The newest segments first, so that a budget smaller than last time keeps the newest data.
-  std::sort(names.begin(), names.end(), [](const auto &a, const auto &b) { return a.first > b.first; });
+  std::sort(names.begin(), names.end(),
+            [](const auto &a, const auto &b) { return a.first > b.first; });
   return names;
 }
 
@@ -949,10 +958,9 @@ void DiskTier::scan_records_locked(Segment &seg, const std::string &path, Recove
     if (h.type == kCommitRecord) {
       covered = std::max(covered, std::min(h.covered_to, off));
     } else if (h.dead != kDeadMark) {
-      rec.cands.push_back(Candidate{seg.index, off, len, h.sequence, h.written_ns,
-                                    ChunkKey{h.key_lo, h.key_hi},
-                                    ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position,
-                                              h.tokens, h.payload_bytes}});
+      rec.cands.push_back(Candidate{
+          seg.index, off, len, h.sequence, h.written_ns, ChunkKey{h.key_lo, h.key_hi},
+          ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens, h.payload_bytes}});
     }
     sequence_ = std::max(sequence_, h.sequence + 1);
     off += len;

@@ -128,13 +128,13 @@ class DiskTier final : public TierStore {
     bool reusable = true;   // false for a segment recovered with another size: deleted when empty
     bool cleaning = false;  // its live records are being copied out
     uint64_t write_at = kHeaderBytes;  // the next append
-    uint64_t live = 0;      // bytes of records reserved or live
+    uint64_t live = 0;                 // bytes of records reserved or live
     uint32_t readers = 0;
-    std::set<uint64_t> pending;  // offsets of reservations not yet written
-    uint64_t synced_to = 0;      // records below are durable
-    bool dirty = false;          // written since the last sync
-    uint64_t kicked_to = 0;      // writeback was started for the bytes below
-    uint64_t unkicked = 0;       // record bytes written since the last start of writeback
+    std::set<uint64_t> pending;   // offsets of reservations not yet written
+    uint64_t synced_to = 0;       // records below are durable
+    bool dirty = false;           // written since the last sync
+    uint64_t kicked_to = 0;       // writeback was started for the bytes below
+    uint64_t unkicked = 0;        // record bytes written since the last start of writeback
     std::vector<uint64_t> slots;  // slots placed here (some since freed or moved)
     uint64_t index = 0;           // in segments_
     bool counted_free = false;    // in free_segments_
@@ -186,8 +186,8 @@ class DiskTier final : public TierStore {
   };
   struct Recovery {
     std::vector<Candidate> cands;
-    uint64_t skipped = 0;  // files left alone
-    uint64_t dropped = 0;  // records not kept
+    uint64_t skipped = 0;            // files left alone
+    uint64_t dropped = 0;            // records not kept
     std::vector<std::byte> payload;  // scratch for checking uncommitted records
   };
   // The directory's segment files, newest first; other entries are counted as skipped.
@@ -213,8 +213,8 @@ class DiskTier final : public TierStore {
   Segment *open_ = nullptr;
   uint64_t allocated_ = 0;  // bytes of segment files
   uint64_t live_ = 0;
-  uint64_t segment_files_ = 0;  // files of segments_ (not gone)
-  uint64_t free_segments_ = 0;  // reusable free segments
+  uint64_t segment_files_ = 0;                         // files of segments_ (not gone)
+  uint64_t free_segments_ = 0;                         // reusable free segments
   std::set<std::pair<uint64_t, uint64_t>> cleanable_;  // (live, index), least live first
   uint64_t cleanable_gain_ = 0;  // the bytes cleaning them all would give back
   uint32_t next_number_ = 0;

@@ -44,7 +44,8 @@ std::optional<HostTier::SlabPlan> HostTier::plan_slab_locked(uint64_t bytes) {
   // Slabs of at most an eighth of the budget: the budget is shared with host elastic regions,
   // and the tier takes it as it fills rather than all at once.
   // Whole pages, so that a slab of small chunks wastes nothing to rounding.
-  const uint64_t slab_max = std::min(slab_bytes_, std::max({budget / 8 / page * page, bytes, page}));
+  const uint64_t slab_max =
+      std::min(slab_bytes_, std::max({budget / 8 / page * page, bytes, page}));
   uint64_t slots = std::max<uint64_t>(1, slab_max / bytes);
   while (slots > 0 && round_up(slots * bytes, page) > left) {
     slots = std::min(slots - 1, left / bytes);
@@ -177,7 +178,9 @@ std::byte *HostTier::address(uint64_t slot, int32_t *device) noexcept {
   return s.memory->data() + (slot & 0xffffffffu) * s.slot_bytes;
 }
 
-uint64_t HostTier::capacity_bytes(const ChunkKey &) const { return ctx_.config().host_budget_bytes; }
+uint64_t HostTier::capacity_bytes(const ChunkKey &) const {
+  return ctx_.config().host_budget_bytes;
+}
 
 uint64_t HostTier::free_bytes(const ChunkKey &) const {
   std::lock_guard lock(mu_);

@@ -30,10 +30,10 @@ namespace swiftkv {
 class HostTier final : public TierStore {
  public:
   // slab_bytes: the largest slab (at most an eighth of the budget, rounded down to whole chunks;
-  // a chunk larger than that gets a slab of its own). Slabs are reserved from the context's host budget as they are needed
-  // and kept until the tier ends.
-  // ahead: make slabs ahead on the tier's thread (see above); the cache asks for it when the
-  // context has a device, where a slab is page-locked.
+  // a chunk larger than that gets a slab of its own). Slabs are reserved from the context's host
+  // budget as they are needed and kept until the tier ends. ahead: make slabs ahead on the tier's
+  // thread (see above); the cache asks for it when the context has a device, where a slab is
+  // page-locked.
   HostTier(Context &ctx, uint64_t slab_bytes, bool ahead);
   ~HostTier() override;
 
@@ -74,8 +74,8 @@ class HostTier final : public TierStore {
   mutable std::mutex mu_;
   std::vector<Slab> slabs_;
   std::map<uint64_t, std::vector<uint64_t>> free_;  // slot bytes -> free slot ids
-  std::map<uint64_t, uint64_t> class_slots_;         // slot bytes -> slots in all its slabs
-  uint64_t reserved_ = 0;   // bytes of all slabs
+  std::map<uint64_t, uint64_t> class_slots_;        // slot bytes -> slots in all its slabs
+  uint64_t reserved_ = 0;                           // bytes of all slabs
   uint64_t free_slot_bytes_ = 0;
   std::map<uint64_t, uint64_t> last_slots_;  // slot bytes -> slots of its newest slab
   // The thread: sizes asked for, the size being made (allocate waits for it), stop.

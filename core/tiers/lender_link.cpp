@@ -20,8 +20,9 @@ class LocalLender final : public LenderLink {
     const auto &b = region_->borrower_sizes();
     if (!b || b->layer_chunk_bytes != sizes.layer_chunk_bytes ||
         b->full_chunk_bytes != sizes.full_chunk_bytes) {
-      fail_invalid("the lender's borrower geometry is not the model's: its lent memory would not "
-                   "hold this model's chunks; create the region with this model as its borrower");
+      fail_invalid(
+          "the lender's borrower geometry is not the model's: its lent memory would not "
+          "hold this model's chunks; create the region with this model as its borrower");
     }
   }
 

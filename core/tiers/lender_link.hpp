@@ -25,8 +25,8 @@ struct LeaseGrant {
 };
 
 struct LinkLeaseState {
-  bool reclaim = false;  // the lender asked for it back: evacuate, then release
-  bool lost = false;     // expired or gone: its bytes may already be the lender's again
+  bool reclaim = false;      // the lender asked for it back: evacuate, then release
+  bool lost = false;         // expired or gone: its bytes may already be the lender's again
   uint64_t renew_at_ns = 0;  // on the link's clock: when the lease next needs renewing
 };
 

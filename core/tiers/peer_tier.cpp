@@ -176,7 +176,8 @@ std::vector<PeerTier::LeaseStatus> PeerTier::refresh(bool all) {
     }
     if (ids.empty()) continue;
     const std::vector<LinkLeaseState> st = l->link->renew_many(ids);
-    for (size_t i = 0; i < locals.size(); ++i) update_locked(locals[i], leases_.at(locals[i]), st[i]);
+    for (size_t i = 0; i < locals.size(); ++i)
+      update_locked(locals[i], leases_.at(locals[i]), st[i]);
   }
   std::vector<LeaseStatus> out;
   for (uint64_t local : draining_) {

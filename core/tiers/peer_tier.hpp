@@ -26,11 +26,11 @@ class PeerTier final : public TierStore {
  public:
   // What the cache needs to know about a lease to keep the protocol.
   struct LeaseStatus {
-    uint64_t local_id;    // the lease's number in this tier (slot >> 32)
-    uint64_t lease_id;    // the lender's lease id
+    uint64_t local_id;  // the lease's number in this tier (slot >> 32)
+    uint64_t lease_id;  // the lender's lease id
     ChunkKey model;
-    bool reclaiming;      // the lender asked for it back: evacuate, then release
-    bool lost;            // expired or gone: its bytes may already be the lender's again
+    bool reclaiming;  // the lender asked for it back: evacuate, then release
+    bool lost;        // expired or gone: its bytes may already be the lender's again
     uint64_t used_slots;
   };
 

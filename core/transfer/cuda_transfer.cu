@@ -38,9 +38,7 @@ struct DeviceBuffer {
   }
 };
 
-void record(cudaEvent_t e, cudaStream_t s) {
-  check_cuda(cudaEventRecord(e, s), "cudaEventRecord");
-}
+void record(cudaEvent_t e, cudaStream_t s) { check_cuda(cudaEventRecord(e, s), "cudaEventRecord"); }
 void wait(cudaStream_t s, cudaEvent_t e) {
   check_cuda(cudaStreamWaitEvent(s, e, 0), "cudaStreamWaitEvent");
 }
@@ -54,8 +52,8 @@ void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource
                    bool scatter, cudaStream_t s) {
   if (n == 0) return;
   const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
-  const auto blocks = static_cast<unsigned>(
-      std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
+  const auto blocks =
+      static_cast<unsigned>(std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
   kernels::copy_items<<<blocks, kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset,
                                                                staging, pages, scatter ? 1 : 0);
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
@@ -140,8 +138,8 @@ struct CopyLane {
       if (*s != nullptr) (void)cudaStreamDestroy(*s);
       *s = nullptr;
     }
-    for (DeviceBuffer *b : {&load_staging[0], &load_staging[1], &save_staging[0],
-                            &save_staging[1], &tables}) {
+    for (DeviceBuffer *b :
+         {&load_staging[0], &load_staging[1], &save_staging[0], &save_staging[1], &tables}) {
       b->release();
     }
     if (upload != nullptr) (void)cudaFreeHost(upload);
@@ -284,9 +282,10 @@ void refuse_capture(void *stream, const char *call) {
              "cudaStreamIsCapturing");
   if (status != cudaStreamCaptureStatusNone) {
     fail(SWIFTKV_EUNSUPPORTED,
-         std::string(call) + " on a stream that is capturing a CUDA graph: the connector's calls "
-                             "cannot be captured (each request copies its own chunks); call them "
-                             "outside the capture");
+         std::string(call) +
+             " on a stream that is capturing a CUDA graph: the connector's calls "
+             "cannot be captured (each request copies its own chunks); call them "
+             "outside the capture");
   }
 }
 
@@ -296,7 +295,9 @@ class CudaTransfer final : public DeviceTransfer {
  public:
   CudaTransfer(std::shared_ptr<DeviceLanes> lanes, uint32_t layers, uint64_t piece_bytes,
                DeviceSide load, DeviceSide save)
-      : lanes_(std::move(lanes)), piece_bytes_(piece_bytes), load_(std::move(load)),
+      : lanes_(std::move(lanes)),
+        piece_bytes_(piece_bytes),
+        load_(std::move(load)),
         save_(std::move(save)) {
     DeviceGuard guard(lanes_->device());
     lane_ = lanes_->take();
@@ -318,19 +319,18 @@ class CudaTransfer final : public DeviceTransfer {
         l.ensure_upload(total);
         const void *from[4] = {load_.items.data(), load_.chunks.data(), save_.items.data(),
                                save_.chunks.data()};
-        const uint64_t used[4] = {load_.items.size() * sizeof(CopyItem),
-                                  load_.chunks.size() * sizeof(ChunkSource),
-                                  save_.items.size() * sizeof(CopyItem),
-                                  save_.chunks.size() * sizeof(ChunkSource)};
+        const uint64_t used[4] = {
+            load_.items.size() * sizeof(CopyItem), load_.chunks.size() * sizeof(ChunkSource),
+            save_.items.size() * sizeof(CopyItem), save_.chunks.size() * sizeof(ChunkSource)};
         uint64_t at = 0;
         for (int i = 0; i < 4; ++i) {
           if (used[i] != 0) std::memcpy(l.upload + at, from[i], used[i]);
           table_at_[i] = at;
           at += sizes[i];
         }
-        check_cuda(cudaMemcpyAsync(l.tables.p, l.upload, total, cudaMemcpyHostToDevice,
-                                   l.load_kernel),
-                   "cudaMemcpyAsync (copy tables)");
+        check_cuda(
+            cudaMemcpyAsync(l.tables.p, l.upload, total, cudaMemcpyHostToDevice, l.load_kernel),
+            "cudaMemcpyAsync (copy tables)");
         record(l.uploaded, l.load_kernel);
         wait(l.save_kernel, l.uploaded);
       }
@@ -356,8 +356,8 @@ class CudaTransfer final : public DeviceTransfer {
     wait(l.load_kernel, l.engine);
   }
 
-  void enqueue_load(uint32_t layer, const std::vector<const std::byte *> &sources,
-                    uint32_t chunks, std::byte *layer_base, int after_save_layer) override {
+  void enqueue_load(uint32_t layer, const std::vector<const std::byte *> &sources, uint32_t chunks,
+                    std::byte *layer_base, int after_save_layer) override {
     DeviceGuard guard(lanes_->device());
     CopyLane &l = *lane_;
     const int b = static_cast<int>(layer % 2);
@@ -403,8 +403,8 @@ class CudaTransfer final : public DeviceTransfer {
     // The buffer's last reader was the copy out of layer - 2.
     if (staged && layer >= 2) wait(l.save_kernel, l.saved[layer - 2]);
     launch(2, save_.items_before.back(), uint64_t{layer} * piece_bytes_, l.save_staging[b].p,
-           const_cast<unsigned char *>(reinterpret_cast<const unsigned char *>(layer_base)),
-           false, l.save_kernel);
+           const_cast<unsigned char *>(reinterpret_cast<const unsigned char *>(layer_base)), false,
+           l.save_kernel);
     record(l.gathered[layer], l.save_kernel);
     if (!staged) return;
     wait(l.save_copy, l.gathered[layer]);
@@ -476,9 +476,9 @@ class CudaTransfer final : public DeviceTransfer {
 
 }  // namespace
 
-void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n,
-                       const ChunkSource *chunks, uint64_t layer_offset, std::byte *staging,
-                       std::byte *pages, bool scatter, void *stream) {
+void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
+                       uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
+                       void *stream) {
   check_device(device);
   DeviceGuard guard(device);
   int sms = 0;

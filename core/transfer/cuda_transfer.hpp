@@ -20,8 +20,8 @@
 // fails with EUNSUPPORTED and changes nothing (its waits would pull the library's streams into
 // the capture, and a replayed graph would copy the chunks of another request).
 //
-// Two implementations: cuda_transfer.cu and cuda_transfer_nocuda.cpp (without CUDA: ENODEV). C++17, so that
-// nvcc compiles it.
+// Two implementations: cuda_transfer.cu and cuda_transfer_nocuda.cpp (without CUDA: ENODEV). C++17,
+// so that nvcc compiles it.
 #pragma once
 
 #include <cstddef>
@@ -113,9 +113,9 @@ class DeviceTransfer {
 
 // The gather/scatter kernel alone, once, on `stream` of `device`: what a request does for one
 // layer, with `items` and `chunks` in device memory. For benchmarks and tests of the kernel.
-void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n,
-                       const ChunkSource *chunks, uint64_t layer_offset, std::byte *staging,
-                       std::byte *pages, bool scatter, void *stream);
+void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
+                       uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
+                       void *stream);
 
 // EUNSUPPORTED when `stream` is capturing into a CUDA graph (see above); `call` names the call.
 void refuse_capture(void *stream, const char *call);

@@ -37,8 +37,7 @@ void launch_copy_items(int32_t device, const CopyItem *, uint32_t, const ChunkSo
 }
 
 std::unique_ptr<DeviceTransfer> DeviceTransfer::create(const std::shared_ptr<DeviceLanes> &,
-                                                       uint32_t, uint64_t, DeviceSide,
-                                                       DeviceSide) {
+                                                       uint32_t, uint64_t, DeviceSide, DeviceSide) {
   no_cuda("a CUDA device");
 }
 

@@ -13,6 +13,9 @@
  *    fields a caller built against an older header does not know.
  *  - Opaque handles are made by *_create(&out, ...) and ended by *_destroy, which accepts NULL.
  */
+/* The public header keeps its hand alignment (fields, their comments and the labelled *_INIT
+ * macros read as tables): clang-format leaves it alone. */
+/* clang-format off */
 #ifndef SWIFTKV_SWIFTKV_H
 #define SWIFTKV_SWIFTKV_H
 

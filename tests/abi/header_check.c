@@ -24,11 +24,14 @@ STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
 STATIC_CHECK(sizeof(swiftkv_ctx_config) == 152, "swiftkv_ctx_config size");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, write_back_on_close) == 144, "config.write_back_on_close (v7)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, write_back_on_close) == 144,
+             "config.write_back_on_close (v7)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved2) == 148, "config.reserved2");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, max_open_requests) == 136, "config.max_open_requests (v6)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, max_open_requests) == 136,
+             "config.max_open_requests (v6)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved1) == 140, "config.reserved1");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_segment_bytes) == 120, "config.disk_segment_bytes (v5)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_segment_bytes) == 120,
+             "config.disk_segment_bytes (v5)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_sync_ms) == 128, "config.disk_sync_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, transfer_threads) == 132, "config.transfer_threads");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_endpoint) == 104, "config.coord_endpoint (v4)");
@@ -40,16 +43,20 @@ STATIC_CHECK(offsetof(swiftkv_coord_stats, lenders_lost) == 112, "coord_stats.le
 STATIC_CHECK(offsetof(swiftkv_ctx_config, clock) == 88, "config.clock (v3)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, clock_user_data) == 96, "config.clock_user_data");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, eviction_policy) == 48, "config.eviction_policy (v2)");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, recompute_token_cost) == 56, "config.recompute_token_cost");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, attention_cost_table) == 72, "config.attention_cost_table");
-STATIC_CHECK(offsetof(swiftkv_ctx_config, maintenance_interval_ms) == 84, "config.maintenance_interval_ms");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, recompute_token_cost) == 56,
+             "config.recompute_token_cost");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, attention_cost_table) == 72,
+             "config.attention_cost_table");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, maintenance_interval_ms) == 84,
+             "config.maintenance_interval_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, host_numa_node) == 24, "config.host_numa_node");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_path) == 32, "config.disk_path");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk_budget_bytes");
 STATIC_CHECK(sizeof(swiftkv_status) == 4 && sizeof(swiftkv_dtype) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_memory_kind) == 4 && sizeof(swiftkv_cuda_alloc) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_elastic_config) == 88, "swiftkv_elastic_config size");
-STATIC_CHECK(offsetof(swiftkv_elastic_config, reclaim_deadline_ms) == 80, "elastic_config.reclaim_deadline_ms");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, reclaim_deadline_ms) == 80,
+             "elastic_config.reclaim_deadline_ms");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, borrower) == 16, "elastic_config.borrower");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, lease_ms) == 48, "elastic_config.lease_ms");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, cuda_alloc) == 56, "elastic_config.cuda_alloc");
@@ -61,7 +68,8 @@ STATIC_CHECK(sizeof(swiftkv_lease) == 96, "swiftkv_lease size");
 STATIC_CHECK(offsetof(swiftkv_lease, data) == 56, "lease.data");
 STATIC_CHECK(offsetof(swiftkv_lease, reclaim_requested) == 88, "lease.reclaim_requested");
 STATIC_CHECK(sizeof(swiftkv_elastic_stats) == 144, "swiftkv_elastic_stats size");
-STATIC_CHECK(offsetof(swiftkv_elastic_stats, reclaims_requested) == 128, "stats.reclaims_requested");
+STATIC_CHECK(offsetof(swiftkv_elastic_stats, reclaims_requested) == 128,
+             "stats.reclaims_requested");
 STATIC_CHECK(offsetof(swiftkv_elastic_stats, memory_kind) == 136, "stats.memory_kind");
 STATIC_CHECK(sizeof(swiftkv_model_config) == 24, "swiftkv_model_config size");
 STATIC_CHECK(offsetof(swiftkv_model_config, role) == 16, "model_config.role");
@@ -87,15 +95,19 @@ STATIC_CHECK(sizeof(swiftkv_request_desc) == 64, "swiftkv_request_desc size");
 STATIC_CHECK(offsetof(swiftkv_request_desc, shape) == 56, "request_desc.shape (v2)");
 STATIC_CHECK(offsetof(swiftkv_request_desc, reserved1) == 60, "request_desc.reserved1");
 STATIC_CHECK(offsetof(swiftkv_request_desc, tokens) == 16, "request_desc.tokens");
-STATIC_CHECK(offsetof(swiftkv_request_desc, load_from_tokens) == 48, "request_desc.load_from_tokens");
+STATIC_CHECK(offsetof(swiftkv_request_desc, load_from_tokens) == 48,
+             "request_desc.load_from_tokens");
 STATIC_CHECK(sizeof(swiftkv_request_info) == 64, "swiftkv_request_info size");
 STATIC_CHECK(offsetof(swiftkv_request_info, saved_tokens) == 40, "request_info.saved_tokens");
 STATIC_CHECK(offsetof(swiftkv_request_info, stream_ordered) == 56, "request_info.stream_ordered");
 STATIC_CHECK(sizeof(swiftkv_attention_desc) == 48, "swiftkv_attention_desc size");
-STATIC_CHECK(offsetof(swiftkv_attention_desc, kv_chunk_tokens) == 36, "attention_desc.kv_chunk_tokens");
-STATIC_CHECK(offsetof(swiftkv_attention_desc, logits_soft_cap) == 44, "attention_desc.logits_soft_cap");
+STATIC_CHECK(offsetof(swiftkv_attention_desc, kv_chunk_tokens) == 36,
+             "attention_desc.kv_chunk_tokens");
+STATIC_CHECK(offsetof(swiftkv_attention_desc, logits_soft_cap) == 44,
+             "attention_desc.logits_soft_cap");
 STATIC_CHECK(sizeof(swiftkv_attention_plan) == 144, "swiftkv_attention_plan size");
-STATIC_CHECK(offsetof(swiftkv_attention_plan, workspace_bytes) == 40, "attention_plan.workspace_bytes");
+STATIC_CHECK(offsetof(swiftkv_attention_plan, workspace_bytes) == 40,
+             "attention_plan.workspace_bytes");
 STATIC_CHECK(offsetof(swiftkv_attention_plan, internal) == 48, "attention_plan.internal");
 STATIC_CHECK(sizeof(swiftkv_attention_args) == 120, "swiftkv_attention_args size");
 STATIC_CHECK(offsetof(swiftkv_attention_args, k_base) == 32, "attention_args.k_base");
@@ -105,12 +117,12 @@ STATIC_CHECK(offsetof(swiftkv_attention_args, lse) == 112, "attention_args.lse")
 STATIC_CHECK(sizeof(swiftkv_tier) == 4 && sizeof(swiftkv_role) == 4, "enum size");
 
 static int failures = 0;
-#define CHECK(cond)                                               \
-  do {                                                            \
-    if (!(cond)) {                                                \
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
       fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                 \
-    }                                                             \
+      ++failures;                                                              \
+    }                                                                          \
   } while (0)
 
 int main(void) {
@@ -155,9 +167,11 @@ int main(void) {
   swiftkv_attention_desc ad = SWIFTKV_ATTENTION_DESC_INIT;
   CHECK(ad.size == sizeof ad && ad.version == SWIFTKV_ATTENTION_DESC_VERSION);
   CHECK(ad.device == SWIFTKV_DEVICE_HOST && ad.dtype == SWIFTKV_DTYPE_F16 && ad.page_tokens == 16);
-  CHECK(ad.causal == 1 && ad.kv_chunk_tokens == 0 && ad.sm_scale == 0.0f && ad.logits_soft_cap == 0.0f);
+  CHECK(ad.causal == 1 && ad.kv_chunk_tokens == 0 && ad.sm_scale == 0.0f &&
+        ad.logits_soft_cap == 0.0f);
   swiftkv_attention_plan ap = SWIFTKV_ATTENTION_PLAN_INIT;
-  CHECK(ap.size == sizeof ap && ap.version == SWIFTKV_ATTENTION_PLAN_VERSION && ap.internal[11] == 0);
+  CHECK(ap.size == sizeof ap && ap.version == SWIFTKV_ATTENTION_PLAN_VERSION &&
+        ap.internal[11] == 0);
   swiftkv_attention_args aa = SWIFTKV_ATTENTION_ARGS_INIT;
   CHECK(aa.size == sizeof aa && aa.version == SWIFTKV_ATTENTION_ARGS_VERSION && aa.lse == NULL);
   swiftkv_elastic_stats es = SWIFTKV_ELASTIC_STATS_INIT;
@@ -170,12 +184,13 @@ int main(void) {
   uint64_t bpt = 0;
   CHECK(swiftkv_geometry_bytes_per_token(&m, &bpt) == SWIFTKV_OK && bpt == 147456);
   CHECK(swiftkv_version() == SWIFTKV_VERSION_NUMBER);
-  if (failures == 0) printf("header_check (%s): all checks passed\n",
+  if (failures == 0)
+    printf("header_check (%s): all checks passed\n",
 #ifdef __cplusplus
-                            "C++"
+           "C++"
 #else
-                            "C"
+           "C"
 #endif
-  );
+    );
   return failures == 0 ? 0 : 1;
 }

@@ -19,7 +19,6 @@
 
 namespace {
 
-
 // Device copies of a problem's tensors, with args pointing at them.
 struct DeviceProblem {
   void *q = nullptr, *kv = nullptr, *out = nullptr, *ws = nullptr;
@@ -67,11 +66,12 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   swiftkv_attention_desc host = p.desc;
   host.device = SWIFTKV_DEVICE_HOST;
   uint64_t bytes = 0;
-  CHECK(swiftkv_attention_workspace_size(&bytes, &host, p.n_req, uint64_t(p.q_tokens)) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_workspace_size(&bytes, &host, p.n_req, uint64_t(p.q_tokens)) ==
+        SWIFTKV_OK);
   void *hws = std::aligned_alloc(256, (bytes + 255) / 256 * 256);
   swiftkv_attention_plan hp = SWIFTKV_ATTENTION_PLAN_INIT;
-  CHECK(swiftkv_attention_plan_make(&hp, &host, p.qo_indptr, p.kv_indptr, p.last_page_len,
-                                    p.n_req, hws, bytes, nullptr) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_plan_make(&hp, &host, p.qo_indptr, p.kv_indptr, p.last_page_len, p.n_req,
+                                    hws, bytes, nullptr) == SWIFTKV_OK);
   CHECK(swiftkv_attention_run(&hp, &p.args, hws, nullptr) == SWIFTKV_OK);
   std::free(hws);
 
@@ -79,11 +79,12 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   CHECK(upload(p, d));
   swiftkv_attention_desc dev = p.desc;
   dev.device = 0;
-  CHECK(swiftkv_attention_workspace_size(&bytes, &dev, p.n_req, uint64_t(p.q_tokens)) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_workspace_size(&bytes, &dev, p.n_req, uint64_t(p.q_tokens)) ==
+        SWIFTKV_OK);
   CHECK_CUDA(cudaMalloc(&d.ws, bytes));
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
-  CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len,
-                                    p.n_req, d.ws, bytes, nullptr) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len, p.n_req,
+                                    d.ws, bytes, nullptr) == SWIFTKV_OK);
   if (splits_seen != nullptr) *splits_seen += plan.split_requests;
   CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, nullptr) == SWIFTKV_OK);
   CHECK_CUDA(cudaDeviceSynchronize());
@@ -100,15 +101,20 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   for (int64_t t = 0; t < p.q_tokens; ++t) {
     for (int64_t h = 0; h < hq; ++h) {
       const float a = lse[size_t(t * hq + h)], b = p.lse[t * hq + h];
-      if (std::isinf(b) ? !(std::isinf(a) && a < 0) : std::fabs(a - b) > 1e-3 * std::fmax(1.0, std::fabs(b))) {
-        if (bad++ < 3) std::fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", name, long(t), long(h), a, b);
+      if (std::isinf(b) ? !(std::isinf(a) && a < 0)
+                        : std::fabs(a - b) > 1e-3 * std::fmax(1.0, std::fabs(b))) {
+        if (bad++ < 3)
+          std::fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", name, long(t), long(h), a, b);
       }
       for (int64_t e = 0; e < dim; ++e) {
-        const size_t at = size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
-        const double x = att_load(p.desc.dtype, out.data() + at), y = att_load(p.desc.dtype, p.out + at);
+        const size_t at =
+            size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
+        const double x = att_load(p.desc.dtype, out.data() + at),
+                     y = att_load(p.desc.dtype, p.out + at);
         if (std::fabs(x - y) > atol + rtol * std::fabs(y)) {
           if (bad++ < 3) {
-            std::fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", name, long(t), long(h), long(e), x, y);
+            std::fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", name, long(t), long(h),
+                         long(e), x, y);
           }
         }
       }
@@ -233,7 +239,5 @@ int main() {
 }
 
 #else
-int main() {
-  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
-}
+int main() { return swiftkv_test_no_gpu("libswiftkv built without CUDA"); }
 #endif

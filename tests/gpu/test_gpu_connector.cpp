@@ -7,10 +7,10 @@
 // images are also compared with the same requests run on host pools, whose copies are the
 // kernel's CPU twin. The same loop also runs with no host synchronisation between its steps (and
 // a capturing stream is refused). Exits 77 without a usable device or without CUDA.
+#include <unistd.h>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -27,7 +27,6 @@
 
 namespace {
 
-
 constexpr uint32_t kLayers = 3, kHeads = 2, kBlock = 16, kChunk = 32, kTokens = 96;
 
 struct Geometry {
@@ -41,19 +40,24 @@ struct Geometry {
 struct Layout {
   const char *name;
   int64_t page, kv, token, head;
-  uint64_t span_elems;   // per layer tensor
-  bool cross_layer;      // one tensor for all layers, page stride over layers
+  uint64_t span_elems;  // per layer tensor
+  bool cross_layer;     // one tensor for all layers, page stride over layers
 };
 
 Layout layout_of(const char *name, const Geometry &g, uint32_t pages) {
   const int64_t d = g.head_dim, h = kHeads, b = kBlock;
   const std::string n = name;
-  if (n == "vllm") return {name, b * h * d, pages * b * h * d, h * d, d, 2ull * pages * b * h * d, false};
-  if (n == "nhd") return {name, 2 * b * h * d, b * h * d, h * d, d, 2ull * pages * b * h * d, false};
-  if (n == "hnd") return {name, 2 * b * h * d, b * h * d, d, b * d, 2ull * pages * b * h * d, false};
+  if (n == "vllm")
+    return {name, b * h * d, pages * b * h * d, h * d, d, 2ull * pages * b * h * d, false};
+  if (n == "nhd")
+    return {name, 2 * b * h * d, b * h * d, h * d, d, 2ull * pages * b * h * d, false};
+  if (n == "hnd")
+    return {name, 2 * b * h * d, b * h * d, d, b * d, 2ull * pages * b * h * d, false};
   // cross-layer [pages, L, 2, B, H, D]: layer l's base is l * 2*B*H*D elements in.
-  return {name, kLayers * 2 * b * h * d, b * h * d, h * d, d,
-          static_cast<uint64_t>(kLayers) * 2 * pages * b * h * d, true};
+  return {name,      kLayers * 2 * b * h * d,
+          b * h * d, h * d,
+          d,         static_cast<uint64_t>(kLayers) * 2 * pages * b * h * d,
+          true};
 }
 
 // The engine's value of (layer, c, token, head, dim), as bytes of the element.
@@ -76,8 +80,8 @@ void write_layer(uint8_t *img, const Layout &lay, const Geometry &g, uint32_t l,
     for (uint32_t c = 0; c < 2; ++c) {
       for (uint32_t h = 0; h < kHeads; ++h) {
         for (uint32_t d = 0; d < g.head_dim; ++d) {
-          const uint64_t at = offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c,
-                                        t % kBlock, h, d);
+          const uint64_t at =
+              offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c, t % kBlock, h, d);
           value(&img[at * g.bytes], g.bytes, l, c, t, h, d);
         }
       }
@@ -93,8 +97,8 @@ bool layer_holds(const uint8_t *img, const Layout &lay, const Geometry &g, uint3
     for (uint32_t c = 0; c < 2; ++c) {
       for (uint32_t h = 0; h < kHeads; ++h) {
         for (uint32_t d = 0; d < g.head_dim; ++d) {
-          const uint64_t at = offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c,
-                                        t % kBlock, h, d);
+          const uint64_t at =
+              offset_of(lay, static_cast<uint32_t>(pages[t / kBlock]), c, t % kBlock, h, d);
           value(want.data(), g.bytes, l, c, t, h, d);
           if (std::memcmp(&img[at * g.bytes], want.data(), g.bytes) != 0) return false;
         }
@@ -227,8 +231,8 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
   CHECK_CUDA(cudaMalloc(&dmem, hmem.size()));
   CHECK_CUDA(cudaMemset(dmem, 0, hmem.size()));
   for (uint32_t l = 0; l < kLayers; ++l) {
-    const uint64_t off = lay.cross_layer ? uint64_t{l} * 2 * kBlock * kHeads * g.head_dim * g.bytes
-                                         : l * bytes;
+    const uint64_t off =
+        lay.cross_layer ? uint64_t{l} * 2 * kBlock * kHeads * g.head_dim * g.bytes : l * bytes;
     dbases[l] = static_cast<uint8_t *>(dmem) + off;
     hbases[l] = hmem.data() + off;
   }
@@ -425,8 +429,10 @@ void stream_pages(const Geometry &g) {
   CHECK(st == SWIFTKV_OK);
   swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
   CHECK_OK(swiftkv_pool_get(&pd, nullptr, ctx, pool));
-  const Layout lay{"pool", pd.page_stride, pd.kv_stride, pd.token_stride, pd.head_stride,
-                   pd.layer_span_bytes / g.bytes, false};
+  const Layout lay{"pool",         pd.page_stride,
+                   pd.kv_stride,   pd.token_stride,
+                   pd.head_stride, pd.layer_span_bytes / g.bytes,
+                   false};
   // Blocks 0-3 in the stream pages, 4-5 in regular ones.
   std::vector<int32_t> pages;
   for (uint32_t i = 0; i < 4; ++i) pages.push_back(static_cast<int32_t>(pd.stream_first + i));
@@ -470,7 +476,5 @@ int main() {
 }
 
 #else
-int main() {
-  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
-}
+int main() { return swiftkv_test_no_gpu("libswiftkv built without CUDA"); }
 #endif

@@ -184,8 +184,8 @@ void share_device_region(int alloc, const char *name) {
   CHECK(l.chunks_per_tier[SWIFTKV_TIER_PEER] == chunks);  // in the other process's GPU memory
   std::vector<uint8_t> got(kv.size());
   uint64_t n = 0;
-  CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(),
-                         got.size()) == SWIFTKV_OK);
+  CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(), got.size()) ==
+        SWIFTKV_OK);
   CHECK(n == tokens.size() && got == kv);
 
   // The lender takes its memory back: the chunks move to host and stay intact.
@@ -194,8 +194,8 @@ void share_device_region(int alloc, const char *name) {
   CHECK(swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()) == SWIFTKV_OK);
   CHECK(l.chunks_per_tier[SWIFTKV_TIER_HOST] == chunks);
   std::fill(got.begin(), got.end(), 0);
-  CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(),
-                         got.size()) == SWIFTKV_OK);
+  CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(), got.size()) ==
+        SWIFTKV_OK);
   CHECK(n == tokens.size() && got == kv);
   swiftkv_ctx_destroy(ctx);
   end_child(lender);

@@ -29,13 +29,13 @@ namespace {
 const char *g_self = nullptr;
 int g_failures = 0;
 
-#define CHECK(cond)                                                          \
-  do {                                                                       \
-    if (!(cond)) {                                                           \
+#define CHECK(cond)                                                                 \
+  do {                                                                              \
+    if (!(cond)) {                                                                  \
       std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                          \
-      return;                                                                \
-    }                                                                        \
+      ++g_failures;                                                                 \
+      return;                                                                       \
+    }                                                                               \
   } while (0)
 #define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
 
@@ -61,7 +61,8 @@ std::string hex(const unsigned char *p, size_t n) {
 int spawn_child(const std::vector<std::string> &args, const std::vector<int> &fds) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  for (size_t i = 0; i < fds.size(); ++i) posix_spawn_file_actions_adddup2(&fa, fds[i], 3 + static_cast<int>(i));
+  for (size_t i = 0; i < fds.size(); ++i)
+    posix_spawn_file_actions_adddup2(&fa, fds[i], 3 + static_cast<int>(i));
   std::vector<char *> argv{const_cast<char *>(g_self)};
   for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
   argv.push_back(nullptr);
@@ -81,8 +82,11 @@ void share_with_child(swiftkv::MemoryRegion &r, uint64_t bytes) {
   CHECK_CUDA(cudaMemcpy(back.data(), r.data(), bytes, cudaMemcpyDeviceToHost));
   CHECK(back == one);
   swiftkv::RegionExport e = r.export_range(0, bytes);
-  std::vector<std::string> args{"--child", std::to_string(static_cast<int>(e.kind)),
-                                std::to_string(e.size), std::to_string(bytes), e.identity,
+  std::vector<std::string> args{"--child",
+                                std::to_string(static_cast<int>(e.kind)),
+                                std::to_string(e.size),
+                                std::to_string(bytes),
+                                e.identity,
                                 hex(e.ipc_handle.data(), e.ipc_handle.size())};
   std::vector<int> fds;
   for (const swiftkv::ExportedPiece &p : e.pieces) {
@@ -102,7 +106,8 @@ int child_main(int argc, char **argv) {
   const uint64_t bytes = std::strtoull(argv[4], nullptr, 10);
   e.identity = argv[5];
   for (size_t i = 0; i < e.ipc_handle.size(); ++i) {
-    e.ipc_handle[i] = static_cast<unsigned char>(std::stoi(std::string(argv[6] + 2 * i, 2), nullptr, 16));
+    e.ipc_handle[i] =
+        static_cast<unsigned char>(std::stoi(std::string(argv[6] + 2 * i, 2), nullptr, 16));
   }
   for (int a = 7; a < argc; ++a) {
     swiftkv::ExportedPiece p;
@@ -231,7 +236,5 @@ int main(int argc, char **argv) {
 }
 
 #else
-int main() {
-  return swiftkv_test_no_gpu("libswiftkv built without CUDA");
-}
+int main() { return swiftkv_test_no_gpu("libswiftkv built without CUDA"); }
 #endif

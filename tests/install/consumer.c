@@ -13,11 +13,14 @@ int main(void) {
   swiftkv_capacity_plan p = SWIFTKV_CAPACITY_PLAN_INIT;
   swiftkv_status st = swiftkv_plan_borrower(&m, 100 * 64, lenders, 2, &p);
   if (st != SWIFTKV_OK) {
-    fprintf(stderr, "plan failed: %s: %s\n", swiftkv_status_string(st), swiftkv_last_error_message());
+    fprintf(stderr, "plan failed: %s: %s\n", swiftkv_status_string(st),
+            swiftkv_last_error_message());
     return 1;
   }
   printf("libswiftkv %s: %llu stream + %llu regular blocks\n", swiftkv_version_string(),
          (unsigned long long)p.stream_blocks, (unsigned long long)p.regular_blocks);
   return (p.stream_blocks == 17 && p.regular_blocks == 8 &&
-          swiftkv_version() == SWIFTKV_VERSION_NUMBER) ? 0 : 1;
+          swiftkv_version() == SWIFTKV_VERSION_NUMBER)
+             ? 0
+             : 1;
 }

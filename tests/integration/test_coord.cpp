@@ -16,9 +16,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -153,8 +153,8 @@ void store(const Borrower &b, uint32_t conv, size_t chunks, uint64_t want_cached
   const auto tokens = tokens_of(conv, chunks);
   const auto kv = kv_of(conv, chunks);
   uint64_t cached = 0;
-  assert_ok(swiftkv_store(&cached, b.ctx, b.model, tokens.data(), tokens.size(), kv.data(),
-                          kv.size()));
+  assert_ok(
+      swiftkv_store(&cached, b.ctx, b.model, tokens.data(), tokens.size(), kv.data(), kv.size()));
   assert_int_equal(cached, want_cached);
 }
 
@@ -344,9 +344,9 @@ struct LenderView {
 LenderView lender_view(const Child &c) {
   LenderView v{};
   const std::string s = ask(c, "stats");
-  assert_int_equal(std::sscanf(s.c_str(), "%llu %llu %llu %llu %llu %llu %llu %llu %llu",
-                               &v.owned, &v.ready, &v.lent, &v.free, &v.leases, &v.sessions,
-                               &v.reclaims_sent, &v.reclaims_acked, &v.reclaim_ns_max),
+  assert_int_equal(std::sscanf(s.c_str(), "%llu %llu %llu %llu %llu %llu %llu %llu %llu", &v.owned,
+                               &v.ready, &v.lent, &v.free, &v.leases, &v.sessions, &v.reclaims_sent,
+                               &v.reclaims_acked, &v.reclaim_ns_max),
                    9);
   return v;
 }
@@ -456,7 +456,8 @@ void reclaim_moves_chunks_down_then_acks(void **) {
     assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
     const swiftkv_lookup_result l = lookup(b, 2, 40);
     assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], s.chunks[SWIFTKV_TIER_HOST]);
-    assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped.load()), 40);
+    assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped.load()),
+                     40);
     if (host_full) {
       assert_true(b.events_dropped.load() >= 20);
     } else {
@@ -546,11 +547,11 @@ void lender_killed(void **) {
       for (uint32_t h = 0; h < md.num_kv_heads; ++h) {
         for (uint32_t d = 0; d < md.head_dim; ++d) {
           const uint64_t at = static_cast<uint64_t>(pages[g / 16]) * pd.page_stride +
-                              c * pd.kv_stride + (g % 16) * pd.token_stride +
-                              h * pd.head_stride + d;
-          const uint64_t from =
-              chunk * (kChunkBytes / 2) +
-              ((c * kChunkTokens + tt) * md.num_kv_heads + h) * md.head_dim + d;  // layer 0
+                              c * pd.kv_stride + (g % 16) * pd.token_stride + h * pd.head_stride +
+                              d;
+          const uint64_t from = chunk * (kChunkBytes / 2) +
+                                ((c * kChunkTokens + tt) * md.num_kv_heads + h) * md.head_dim +
+                                d;  // layer 0
           if (base[at] != src[from]) {
             fail_msg("token %llu differs", static_cast<unsigned long long>(g));
           }
@@ -651,7 +652,7 @@ bool nothing_comes(void *sock, int ms) {
 
 co::WireGeometry wire_borrower() {
   const swiftkv_model_desc d = borrower_desc();
-  return co::WireGeometry{d.num_layers, d.num_kv_heads, d.head_dim,
+  return co::WireGeometry{d.num_layers,   d.num_kv_heads, d.head_dim,
                           d.block_tokens, d.chunk_tokens, static_cast<int32_t>(d.dtype)};
 }
 

@@ -87,7 +87,9 @@ static inline att_f16 att_to_f16(float f) {
 }
 static inline double att_from_f16(att_f16 h) {
   const int e = (h >> 10) & 0x1f, m = h & 0x3ff;
-  const double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m + 1024, e - 25);
+  const double v = e == 0    ? ldexp(m, -24)
+                   : e == 31 ? (m ? NAN : INFINITY)
+                             : ldexp(m + 1024, e - 25);
   return (h & 0x8000u) ? -v : v;
 }
 #endif
@@ -157,24 +159,39 @@ static inline size_t att_layout_strides(att_problem *p, int64_t *k_off, int64_t 
   swiftkv_attention_args *a = &p->args;
   switch (p->layout) {
     case ATT_NHD: /* [pages, 2, B, H, D] */
-      a->page_stride = 2 * pt * h * d; a->token_stride = h * d; a->head_stride = d;
-      *k_off = 0; *v_off = pt * h * d;
+      a->page_stride = 2 * pt * h * d;
+      a->token_stride = h * d;
+      a->head_stride = d;
+      *k_off = 0;
+      *v_off = pt * h * d;
       return (size_t)(np * 2 * pt * h * d);
     case ATT_HND: /* [pages, 2, H, B, D] */
-      a->page_stride = 2 * pt * h * d; a->token_stride = d; a->head_stride = pt * d;
-      *k_off = 0; *v_off = pt * h * d;
+      a->page_stride = 2 * pt * h * d;
+      a->token_stride = d;
+      a->head_stride = pt * d;
+      *k_off = 0;
+      *v_off = pt * h * d;
       return (size_t)(np * 2 * pt * h * d);
     case ATT_VLLM: /* [2, pages, B, H, D] */
-      a->page_stride = pt * h * d; a->token_stride = h * d; a->head_stride = d;
-      *k_off = 0; *v_off = np * pt * h * d;
+      a->page_stride = pt * h * d;
+      a->token_stride = h * d;
+      a->head_stride = d;
+      *k_off = 0;
+      *v_off = np * pt * h * d;
       return (size_t)(2 * np * pt * h * d);
     case ATT_CROSS_LAYER: /* [pages, 3 layers, 2, B, H, D], layer 1 */
-      a->page_stride = 3 * 2 * pt * h * d; a->token_stride = h * d; a->head_stride = d;
-      *k_off = 2 * pt * h * d; *v_off = *k_off + pt * h * d;
+      a->page_stride = 3 * 2 * pt * h * d;
+      a->token_stride = h * d;
+      a->head_stride = d;
+      *k_off = 2 * pt * h * d;
+      *v_off = *k_off + pt * h * d;
       return (size_t)(np * 3 * 2 * pt * h * d);
     default: /* padded NHD: every head row 8 elements longer, K and V apart by an odd gap */
-      a->head_stride = d + 8; a->token_stride = h * (d + 8); a->page_stride = pt * h * (d + 8);
-      *k_off = 0; *v_off = np * pt * h * (d + 8) + 24;
+      a->head_stride = d + 8;
+      a->token_stride = h * (d + 8);
+      a->page_stride = pt * h * (d + 8);
+      *k_off = 0;
+      *v_off = np * pt * h * (d + 8) + 24;
       return (size_t)(*v_off + np * pt * h * (d + 8));
   }
 }
@@ -254,9 +271,9 @@ static inline void att_build(att_problem *p, uint64_t seed, uint32_t extra_pages
   for (int64_t i = 0; i < p->q_tokens; ++i) {
     for (int64_t h = 0; h < hq; ++h) {
       for (int64_t e = 0; e < d; ++e) {
-        p->q_ref[(i * hq + h) * d + e] = att_store(
-            t, p->q + (size_t)(i * p->args.q_token_stride + h * q_head + e) * p->elem,
-            att_uniform(&s));
+        p->q_ref[(i * hq + h) * d + e] =
+            att_store(t, p->q + (size_t)(i * p->args.q_token_stride + h * q_head + e) * p->elem,
+                      att_uniform(&s));
       }
     }
   }
@@ -286,7 +303,8 @@ static inline double att_reference(const att_problem *p, uint32_t r, int32_t i, 
   const int64_t hq = p->desc.num_qo_heads, hk = p->desc.num_kv_heads, d = p->desc.head_dim;
   const int64_t kh = h / (hq / hk);
   /* The scale is a float, as the description carries it. */
-  const double scale = p->desc.sm_scale > 0 ? p->desc.sm_scale : (double)(float)(1.0 / sqrt((double)d));
+  const double scale =
+      p->desc.sm_scale > 0 ? p->desc.sm_scale : (double)(float)(1.0 / sqrt((double)d));
   const double cap = p->desc.logits_soft_cap;
   int64_t limit = p->kv_len[r];
   if (p->desc.causal) {

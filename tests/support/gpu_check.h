@@ -14,14 +14,14 @@ int g_failures = 0;
 
 }  // namespace
 
-#define CHECK(cond)                                                                        \
-  do {                                                                                     \
-    if (!(cond)) {                                                                         \
-      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond,    \
-                   swiftkv_last_error_message());                                          \
-      ++g_failures;                                                                        \
-      return;                                                                              \
-    }                                                                                      \
+#define CHECK(cond)                                                                     \
+  do {                                                                                  \
+    if (!(cond)) {                                                                      \
+      std::fprintf(stderr, "%s:%d: check failed: %s (%s)\n", __FILE__, __LINE__, #cond, \
+                   swiftkv_last_error_message());                                       \
+      ++g_failures;                                                                     \
+      return;                                                                           \
+    }                                                                                   \
   } while (0)
 #define CHECK_OK(call) CHECK((call) == SWIFTKV_OK)
 #define CHECK_CUDA(call) CHECK((call) == cudaSuccess)

@@ -15,8 +15,13 @@ typedef struct swiftkv_paper_model {
   uint32_t head_dim;
 } swiftkv_paper_model;
 
-enum { SWIFTKV_PAPER_LWM_1M_TEXT, SWIFTKV_PAPER_QWEN3_8B, SWIFTKV_PAPER_QWEN3_14B,
-       SWIFTKV_PAPER_QWEN3_32B, SWIFTKV_PAPER_MODEL_COUNT };
+enum {
+  SWIFTKV_PAPER_LWM_1M_TEXT,
+  SWIFTKV_PAPER_QWEN3_8B,
+  SWIFTKV_PAPER_QWEN3_14B,
+  SWIFTKV_PAPER_QWEN3_32B,
+  SWIFTKV_PAPER_MODEL_COUNT
+};
 
 static const swiftkv_paper_model swiftkv_paper_models[SWIFTKV_PAPER_MODEL_COUNT] = {
     {"LWM-1M-Text", 32, 32, 128},

@@ -48,18 +48,21 @@ static int compare_with_reference(const att_problem *p) {
         const float got_lse = p->lse[t * hq + h];
         if (isinf(lse) ? !(isinf(got_lse) && got_lse < 0)
                        : fabs(got_lse - lse) > 1e-5 * fmax(1.0, fabs(lse))) {
-          if (bad++ < 5) print_error("lse r%u i%d h%ld: %.9g vs %.9g\n", r, i, (long)h, got_lse, lse);
+          if (bad++ < 5)
+            print_error("lse r%u i%d h%ld: %.9g vs %.9g\n", r, i, (long)h, got_lse, lse);
         }
         for (int64_t e = 0; e < d; ++e) {
           const double got = att_load(
               p->desc.dtype,
-              p->out + (size_t)(t * p->args.out_token_stride + h * p->args.out_head_stride + e) * p->elem);
+              p->out + (size_t)(t * p->args.out_token_stride + h * p->args.out_head_stride + e) *
+                           p->elem);
           /* The rounding to the dtype, plus the fp32 partials of split KV (values are in
            * [-1, 1], so their error is absolute). */
           const double tol = att_ulp(p->desc.dtype, o[e]) + 1.2e-7;
           if (fabs(got - o[e]) > tol) {
             if (bad++ < 5) {
-              print_error("out r%u i%d h%ld d%ld: %.9g vs %.9g\n", r, i, (long)h, (long)e, got, o[e]);
+              print_error("out r%u i%d h%ld d%ld: %.9g vs %.9g\n", r, i, (long)h, (long)e, got,
+                          o[e]);
             }
           }
         }
@@ -110,9 +113,10 @@ static void cpu_path_matches_the_fp64_reference(void **state) {
     plan_and_run(&p, NULL);
     const int bad = compare_with_reference(&p);
     if (bad != 0) {
-      print_error("case %d: dtype %d d %u hq %u hk %u page %u layout %d causal %u chunk %u cap %g\n", c,
-                  (int)p.desc.dtype, d, g[0], g[1], p.desc.page_tokens, (int)p.layout, p.desc.causal,
-                  p.desc.kv_chunk_tokens, (double)p.desc.logits_soft_cap);
+      print_error(
+          "case %d: dtype %d d %u hq %u hk %u page %u layout %d causal %u chunk %u cap %g\n", c,
+          (int)p.desc.dtype, d, g[0], g[1], p.desc.page_tokens, (int)p.layout, p.desc.causal,
+          p.desc.kv_chunk_tokens, (double)p.desc.logits_soft_cap);
     }
     assert_int_equal(bad, 0);
     att_free(&p);
@@ -143,7 +147,8 @@ static void dropped_prefix_and_new_prompt_share_pages(void **state) {
   const int32_t dropped = 48, cached_end = 160, n = 200;
   unsigned char *q2 = calloc(1, p.q_bytes);
   memcpy(q2, p.q, row * (size_t)dropped);
-  memcpy(q2 + row * (size_t)dropped, p.q + row * (size_t)cached_end, row * (size_t)(n - cached_end));
+  memcpy(q2 + row * (size_t)dropped, p.q + row * (size_t)cached_end,
+         row * (size_t)(n - cached_end));
   const int32_t qo[3] = {0, dropped, dropped + n - cached_end};
   const int32_t kv[3] = {0, 3, 3 + 13};
   const int32_t last[2] = {16, 200 - 12 * 16};
@@ -192,11 +197,13 @@ static void queries_that_see_no_key_get_zero_and_minus_infinity(void **state) {
   memset(p.out, 0x7f, p.out_bytes);
   plan_and_run(&p, NULL);
   assert_int_equal(compare_with_reference(&p), 0);
-  for (int t = 0; t < 3 + 4; ++t) {  /* sub-request 0, and the first 4 rows of sub-request 1 */
+  for (int t = 0; t < 3 + 4; ++t) { /* sub-request 0, and the first 4 rows of sub-request 1 */
     for (int h = 0; h < 4; ++h) {
       assert_true(isinf(p.lse[t * 4 + h]) && p.lse[t * 4 + h] < 0);
       for (int e = 0; e < 64; ++e) {
-        assert_true(att_load(p.desc.dtype, p.out + (size_t)(t * p.args.out_token_stride + h * 64 + e) * p.elem) == 0.0);
+        assert_true(att_load(p.desc.dtype,
+                             p.out + (size_t)(t * p.args.out_token_stride + h * 64 + e) * p.elem) ==
+                    0.0);
       }
     }
   }
@@ -222,7 +229,7 @@ static void plans_partition_exactly(void **state) {
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
   assert_ok(swiftkv_attention_plan_make(&plan, &desc, qo, kv, last, 3, ws, bytes, NULL));
   assert_int_equal(plan.n_requests, 3);
-  assert_int_equal(plan.work_items, 3 * 8);  /* host: no automatic split */
+  assert_int_equal(plan.work_items, 3 * 8); /* host: no automatic split */
   assert_int_equal(plan.q_tokens, 3);
   assert_int_equal(plan.kv_tokens, 100 + 16);
   assert_int_equal(plan.split_requests, 0);
@@ -279,8 +286,8 @@ static void attention_reads_a_library_pool(void **state) {
   for (int32_t j = 0; j < 70; ++j) {
     for (int h = 0; h < 2; ++h) {
       for (int e = 0; e < 64; ++e) {
-        const int64_t at = pages[j / 16] * pd.page_stride + (j % 16) * pd.token_stride +
-                           h * pd.head_stride + e;
+        const int64_t at =
+            pages[j / 16] * pd.page_stride + (j % 16) * pd.token_stride + h * pd.head_stride + e;
         const int64_t li = ((int64_t)j * 2 + h) * 64 + e;
         att_store(SWIFTKV_DTYPE_F16, base + at * 2, p.k_ref[li]);
         att_store(SWIFTKV_DTYPE_F16, base + (at + pd.kv_stride) * 2, p.v_ref[li]);
@@ -320,11 +327,11 @@ static void bad_plans_are_refused_and_change_nothing(void **state) {
   memset(plan.internal, 0x5e, sizeof plan.internal);
   const swiftkv_attention_plan before = plan;
 
-#define REFUSED(call, status, needle)                      \
-  do {                                                     \
-    assert_status(call, status);                           \
-    assert_message_contains(needle);                       \
-    assert_memory_equal(&plan, &before, sizeof plan);      \
+#define REFUSED(call, status, needle)                 \
+  do {                                                \
+    assert_status(call, status);                      \
+    assert_message_contains(needle);                  \
+    assert_memory_equal(&plan, &before, sizeof plan); \
   } while (0)
 
   swiftkv_attention_desc d = good;
@@ -333,16 +340,16 @@ static void bad_plans_are_refused_and_change_nothing(void **state) {
           SWIFTKV_EUNSUPPORTED, "head_dim is 96");
   d = good;
   d.num_qo_heads = 7;
-  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
-          SWIFTKV_EINVAL, "num_qo_heads is 7");
+  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL), SWIFTKV_EINVAL,
+          "num_qo_heads is 7");
   d = good;
   d.page_tokens = 257;
-  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
-          SWIFTKV_EINVAL, "page_tokens is 257");
+  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL), SWIFTKV_EINVAL,
+          "page_tokens is 257");
   d = good;
   d.kv_chunk_tokens = 40;
-  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
-          SWIFTKV_EINVAL, "kv_chunk_tokens is 40");
+  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL), SWIFTKV_EINVAL,
+          "kv_chunk_tokens is 40");
   d = good;
   d.dtype = SWIFTKV_DTYPE_FP8_E4M3;
   REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
@@ -354,8 +361,8 @@ static void bad_plans_are_refused_and_change_nothing(void **state) {
           SWIFTKV_EUNSUPPORTED, "host only");
   d = good;
   d.sm_scale = -1.0f;
-  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
-          SWIFTKV_EINVAL, "sm_scale");
+  REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL), SWIFTKV_EINVAL,
+          "sm_scale");
   d = good;
   d.version = 2;
   REFUSED(swiftkv_attention_plan_make(&plan, &d, qo, kv, last, 2, ws, bytes, NULL),
@@ -386,8 +393,8 @@ static void bad_plans_are_refused_and_change_nothing(void **state) {
           SWIFTKV_EINVAL, "kv_indptr[2] is 1");
   REFUSED(swiftkv_attention_plan_make(&plan, &good, qo, kv, last, 2, (char *)ws + 16, bytes, NULL),
           SWIFTKV_EINVAL, "256-byte aligned");
-  REFUSED(swiftkv_attention_plan_make(&plan, &good, qo, kv, last, 2, ws, 256, NULL),
-          SWIFTKV_ENOMEM, "workspace bytes");
+  REFUSED(swiftkv_attention_plan_make(&plan, &good, qo, kv, last, 2, ws, 256, NULL), SWIFTKV_ENOMEM,
+          "workspace bytes");
   REFUSED(swiftkv_attention_plan_make(&plan, &good, qo, kv, last, 2, ws, bytes, (void *)1),
           SWIFTKV_EINVAL, "stream");
   REFUSED(swiftkv_attention_plan_make(&plan, &good, NULL, kv, last, 2, ws, bytes, NULL),
@@ -419,12 +426,12 @@ static void bad_runs_are_refused_and_write_nothing(void **state) {
   float lse_before[20];
   memcpy(lse_before, p.lse, sizeof lse_before);
 
-#define RUN_REFUSED(plan_ptr, args_ptr, ws_ptr, status, needle)            \
-  do {                                                                     \
+#define RUN_REFUSED(plan_ptr, args_ptr, ws_ptr, status, needle)                     \
+  do {                                                                              \
     assert_status(swiftkv_attention_run(plan_ptr, args_ptr, ws_ptr, NULL), status); \
-    assert_message_contains(needle);                                       \
-    assert_memory_equal(p.out, out_before, p.out_bytes);                   \
-    assert_memory_equal(p.lse, lse_before, sizeof lse_before);             \
+    assert_message_contains(needle);                                                \
+    assert_memory_equal(p.out, out_before, p.out_bytes);                            \
+    assert_memory_equal(p.lse, lse_before, sizeof lse_before);                      \
   } while (0)
 
   /* A page id past the pages, in the last sub-request's table. */
@@ -462,8 +469,8 @@ static void bad_runs_are_refused_and_write_nothing(void **state) {
   free(other);
   /* The workspace planned into again: the old plan no longer runs. */
   swiftkv_attention_plan newer = SWIFTKV_ATTENTION_PLAN_INIT;
-  assert_ok(swiftkv_attention_plan_make(&newer, &p.desc, p.qo_indptr, p.kv_indptr, p.last_page_len, 1,
-                                        ws, plan.workspace_bytes, NULL));
+  assert_ok(swiftkv_attention_plan_make(&newer, &p.desc, p.qo_indptr, p.kv_indptr, p.last_page_len,
+                                        1, ws, plan.workspace_bytes, NULL));
   RUN_REFUSED(&plan, &p.args, ws, SWIFTKV_EINVAL, "no longer holds this plan");
 #undef RUN_REFUSED
   free(out_before);

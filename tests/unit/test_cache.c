@@ -101,8 +101,8 @@ static void store_retrieve_lookup(void **state) {
   assert_int_equal(res[3], SWIFTKV_TIER_HOST);
 
   uint64_t loaded = SENTINEL;
-  assert_ok(swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS + 3, 0, out,
-                             sizeof out));
+  assert_ok(
+      swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 4 * CHUNK_TOKENS + 3, 0, out, sizeof out));
   assert_int_equal(loaded, 4 * CHUNK_TOKENS);
   assert_memory_equal(out, kv, sizeof kv);
   /* From chunk 2 on, into a buffer of one chunk. */
@@ -175,9 +175,9 @@ static void bad_input_changes_nothing(void **state) {
   assert_status(swiftkv_store(&out, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES - 1),
                 SWIFTKV_EINVAL);
   assert_message_contains("kv_bytes (1023)");
-  assert_status(swiftkv_retrieve(&out, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 3, kv,
-                                 CHUNK_BYTES),
-                SWIFTKV_EINVAL);
+  assert_status(
+      swiftkv_retrieve(&out, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 3, kv, CHUNK_BYTES),
+      SWIFTKV_EINVAL);
   assert_message_contains("start_token (3)");
   assert_true(out == SENTINEL);
 
@@ -211,8 +211,7 @@ static void bad_input_changes_nothing(void **state) {
                 SWIFTKV_EINVAL);
   /* Lookup with a NULL residency array but a capacity, and an uninitialised result. */
   swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
-  assert_status(swiftkv_lookup(&l, NULL, 4, r.ctx, r.model, tokens, CHUNK_TOKENS),
-                SWIFTKV_EINVAL);
+  assert_status(swiftkv_lookup(&l, NULL, 4, r.ctx, r.model, tokens, CHUNK_TOKENS), SWIFTKV_EINVAL);
   swiftkv_lookup_result z;
   memset(&z, 0, sizeof z);
   assert_status(swiftkv_lookup(&z, NULL, 0, r.ctx, r.model, tokens, CHUNK_TOKENS),
@@ -263,8 +262,8 @@ static void pins_clear_and_move(void **state) {
   s = stats(&r);
   assert_int_equal(s.promotions, 2);
   /* Clear by tier: only the disk chunk goes. */
-  assert_ok(swiftkv_clear(&n, r.ctx, SWIFTKV_MODEL_ALL, SWIFTKV_TIER_BIT(SWIFTKV_TIER_DISK),
-                          NULL, 0));
+  assert_ok(
+      swiftkv_clear(&n, r.ctx, SWIFTKV_MODEL_ALL, SWIFTKV_TIER_BIT(SWIFTKV_TIER_DISK), NULL, 0));
   assert_int_equal(n, 1);
   swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
   assert_ok(swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 3 * CHUNK_TOKENS));
@@ -504,22 +503,28 @@ static int store_fails_midway_child(void) {
   /* One chunk first, so that the segment the others go to exists. */
   uint32_t first[CHUNK_TOKENS];
   fill_tokens(first, CHUNK_TOKENS, 12);
-  if (swiftkv_store(&n, r.ctx, r.model, first, CHUNK_TOKENS, kv, CHUNK_BYTES) != SWIFTKV_OK) return 2;
+  if (swiftkv_store(&n, r.ctx, r.model, first, CHUNK_TOKENS, kv, CHUNK_BYTES) != SWIFTKV_OK)
+    return 2;
   const struct rlimit lim = {4096, 4096};
   if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return 3;
   n = SENTINEL;
-  if (swiftkv_store(&n, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, kv, sizeof kv) != SWIFTKV_EIO) return 4;
+  if (swiftkv_store(&n, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, kv, sizeof kv) != SWIFTKV_EIO)
+    return 4;
   if (n == SENTINEL || n % CHUNK_TOKENS != 0 || n == 0 || n >= 8 * CHUNK_TOKENS) return 5;
   swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
   if (swiftkv_lookup(&l, NULL, 0, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS) != SWIFTKV_OK) return 6;
   if (l.prefix_tokens != n || l.chunks_per_tier[SWIFTKV_TIER_DISK] != n / CHUNK_TOKENS) return 7;
   uint64_t loaded = 0;
-  if (swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, 0, out, sizeof out) != SWIFTKV_OK) return 8;
+  if (swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, 0, out, sizeof out) !=
+      SWIFTKV_OK)
+    return 8;
   if (loaded != n || memcmp(out, kv, (size_t)(n / CHUNK_TOKENS) * CHUNK_BYTES) != 0) return 9;
   if (stats(&r).stores != 1 + n / CHUNK_TOKENS) return 10;
   /* Bad arguments leave the count untouched. */
   n = SENTINEL;
-  if (swiftkv_store(&n, r.ctx, r.model, tokens, 3, kv, sizeof kv) != SWIFTKV_EINVAL || n != SENTINEL) return 11;
+  if (swiftkv_store(&n, r.ctx, r.model, tokens, 3, kv, sizeof kv) != SWIFTKV_EINVAL ||
+      n != SENTINEL)
+    return 11;
   const struct rlimit none = {RLIM_INFINITY, RLIM_INFINITY};
   setrlimit(RLIMIT_FSIZE, &none);
   rig_down(&r);
@@ -730,9 +735,7 @@ static swiftkv_ctx *disk_ctx(const char *dir, uint64_t host_bytes, uint32_t writ
   return ctx;
 }
 
-static uint32_t model_in(swiftkv_ctx *ctx) {
-  return register_as(ctx, NULL, SWIFTKV_OK);
-}
+static uint32_t model_in(swiftkv_ctx *ctx) { return register_as(ctx, NULL, SWIFTKV_OK); }
 
 /* Chunks of conversations seq first..first+n-1 (one chunk each) found on disk. */
 static uint64_t on_disk(swiftkv_ctx *ctx, uint32_t model, uint32_t first, uint32_t n) {
@@ -845,8 +848,9 @@ static void metrics_text_exposes_the_counters(void **state) {
   assert_ok(swiftkv_metrics_text(text, n + 1, &m, r.ctx));
   assert_int_equal(m, n);
   assert_int_equal(strlen(text), n);
-  assert_non_null(strstr(text, "# TYPE swiftkv_chunks gauge\nswiftkv_chunks{tier=\"peer\"} 0\n"
-                               "swiftkv_chunks{tier=\"host\"} 3\n"));
+  assert_non_null(strstr(text,
+                         "# TYPE swiftkv_chunks gauge\nswiftkv_chunks{tier=\"peer\"} 0\n"
+                         "swiftkv_chunks{tier=\"host\"} 3\n"));
   assert_non_null(strstr(text, "\nswiftkv_stores_total 3\n"));
   assert_non_null(strstr(text, "\nswiftkv_lookup_misses_total 1\n"));
   assert_non_null(strstr(text, "\nswiftkv_requests_open 0\n"));

@@ -13,17 +13,17 @@
 
 #include <algorithm>
 #include <atomic>
-#include <map>
-#include <mutex>
-#include <optional>
+#include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -35,10 +35,10 @@
 #include "core/elastic/elastic_region.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/memory/host_region.hpp"
-#include "core/tiers/host_tier.hpp"
 #include "core/policy/eviction_order.hpp"
 #include "core/policy/eviction_policy.hpp"
 #include "core/tiers/chunk_cache.hpp"
+#include "core/tiers/host_tier.hpp"
 
 // cmocka last: it defines a `fail` macro that the core's headers must not see.
 extern "C" {
@@ -107,7 +107,8 @@ struct Rig {
     swiftkv::ContextConfig c;
     // Host slabs are whole pages: the budget is in pages, each holding whole chunks here.
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    c.host_budget_bytes = host_chunks == 0 ? 0 : (host_chunks * sizes.full_chunk_bytes + page - 1) / page * page;
+    c.host_budget_bytes =
+        host_chunks == 0 ? 0 : (host_chunks * sizes.full_chunk_bytes + page - 1) / page * page;
     if (disk_chunks != 0) {
       dir = reuse_dir.empty() ? temp_dir() : reuse_dir;
       c.disk_path = dir;
@@ -169,7 +170,8 @@ struct Rig {
     const std::vector<ChunkKey> k = keys(seq, i + 1);
     uint8_t r[64];
     cache->lookup(k, r);
-    return r[i] == ChunkCache::kDropped ? std::nullopt : std::optional<Tier>(static_cast<Tier>(r[i]));
+    return r[i] == ChunkCache::kDropped ? std::nullopt
+                                        : std::optional<Tier>(static_cast<Tier>(r[i]));
   }
 };
 
@@ -313,7 +315,8 @@ void index_memory_per_chunk_is_as_documented(void **) {
     assert_true(index.capacity() >= sizes[i]);
     const uint64_t grown = index.memory_bytes() - empty;
     assert_true(grown <= swiftkv::ChunkIndex::reserve_bytes(sizes[i]));
-    const double per_chunk = static_cast<double>(index.memory_bytes()) / static_cast<double>(sizes[i]);
+    const double per_chunk =
+        static_cast<double>(index.memory_bytes()) / static_cast<double>(sizes[i]);
     assert_true(per_chunk >= 200.0);
     assert_true(per_chunk <= most[i]);
     const uint64_t before = index.memory_bytes();
@@ -385,7 +388,8 @@ std::vector<uint32_t> victims_in_turn(swiftkv::EvictionOrder &o, uint64_t now, s
 
 void lru_order(void **) {
   swiftkv::EvictionOrder o(swiftkv::EvictionPolicy::lru, {});
-  const uint32_t a = o.add({1, 1}, 0, 8, 30), b = o.add({2, 2}, 1, 8, 10), c = o.add({3, 3}, 2, 8, 20);
+  const uint32_t a = o.add({1, 1}, 0, 8, 30), b = o.add({2, 2}, 1, 8, 10),
+                 c = o.add({3, 3}, 2, 8, 20);
   for (uint32_t n : {a, b, c}) o.link(n, 0);
   assert_true((victims_in_turn(o, 100, 3) == std::vector<uint32_t>{b, c, a}));
   assert_int_equal(o.victim(0, 100), swiftkv::EvictionOrder::kNoNode);
@@ -417,9 +421,9 @@ void cost_table_interpolates_between_powers_of_two(void **) {
   c.token_cost = 0;
   c.attention_table = {1.0, 2.0, 4.0};  // at 1, 2 and 4 tokens of context
   assert_true(c.attention(1.0) == 1.0);
-  assert_true(c.attention(3.0) == 3.0);   // halfway from 2 (2.0) to 4 (4.0)
+  assert_true(c.attention(3.0) == 3.0);  // halfway from 2 (2.0) to 4 (4.0)
   assert_true(c.attention(1.5) == 1.5);
-  assert_true(c.attention(8.0) == 8.0);   // past the table: in proportion to the context
+  assert_true(c.attention(8.0) == 8.0);  // past the table: in proportion to the context
   assert_true(c.attention(0.5) == 1.0);
   assert_true(c.chunk_cost(2, 4) == 2 * 3.0);  // l_mid = 3
   c.attention_table = {2.0, 1.0};
@@ -504,8 +508,8 @@ void eviction_order_matches_a_scan(void **) {
           assert_int_equal(v, swiftkv::EvictionOrder::kNoNode);
           continue;
         }
-        const auto it = std::find_if(live.begin(), live.end(),
-                                     [&](const Live &l) { return l.node == v; });
+        const auto it =
+            std::find_if(live.begin(), live.end(), [&](const Live &l) { return l.node == v; });
         assert_true(it != live.end() && it->linked && it->domain == d);
         assert_int_equal(order.last_active(v), it->la);
         if (policy == swiftkv::EvictionPolicy::lru) {
@@ -567,9 +571,10 @@ void cache_evicts_in_the_exact_order(void **) {
         oldest = std::min(oldest, la.at(k));
         best = std::min(best, value(k));
       }
-      const bool ok = policy == swiftkv::EvictionPolicy::lru
-                          ? la.at(e.key) == oldest
-                          : value(e.key) <= best * swiftkv::EvictionOrder::kRetentionBound * (1 + 1e-12);
+      const bool ok =
+          policy == swiftkv::EvictionPolicy::lru
+              ? la.at(e.key) == oldest
+              : value(e.key) <= best * swiftkv::EvictionOrder::kRetentionBound * (1 + 1e-12);
       if (!ok) ++bad;
     });
     std::mt19937_64 rng(policy == swiftkv::EvictionPolicy::lru ? 21 : 22);
@@ -581,7 +586,8 @@ void cache_evicts_in_the_exact_order(void **) {
       const uint64_t op = rng() % 12;
       const std::vector<ChunkKey> k = r.keys(s, n);
       if (op < 5) {
-        for (const ChunkKey &x : k) la[x] = r.now;  // resident ones are touched, new ones stored now
+        for (const ChunkKey &x : k)
+          la[x] = r.now;  // resident ones are touched, new ones stored now
         r.store(s, n);
       } else if (op < 8) {
         std::vector<uint8_t> res(n);
@@ -610,8 +616,8 @@ void cache_evicts_in_the_exact_order(void **) {
       } else if (op == 10) {
         const ChunkKey x = k.back();
         moving = x;
-        if (r.cache->resident(x)) r.cache->move(std::span<const ChunkKey>(&x, 1),
-                                                static_cast<Tier>(rng() % 3));
+        if (r.cache->resident(x))
+          r.cache->move(std::span<const ChunkKey>(&x, 1), static_cast<Tier>(rng() % 3));
         moving = ChunkKey{};
       } else {
         // Reads are activity too, and check the bytes through whichever tier holds them.
@@ -638,10 +644,9 @@ void cache_evicts_in_the_exact_order(void **) {
 
 // Every tier and every move between them keeps the bytes, for several geometries and dtypes.
 void bytes_survive_every_tier_and_path(void **) {
-  const swiftkv::ModelGeometry geos[] = {geometry(2, 8, SWIFTKV_DTYPE_F16),
-                                         geometry(3, 5, SWIFTKV_DTYPE_BF16),
-                                         geometry(1, 16, SWIFTKV_DTYPE_FP8_E4M3),
-                                         geometry(4, 3, SWIFTKV_DTYPE_F32)};
+  const swiftkv::ModelGeometry geos[] = {
+      geometry(2, 8, SWIFTKV_DTYPE_F16), geometry(3, 5, SWIFTKV_DTYPE_BF16),
+      geometry(1, 16, SWIFTKV_DTYPE_FP8_E4M3), geometry(4, 3, SWIFTKV_DTYPE_F32)};
   for (const auto &geo : geos) {
     Rig r(geo, 64, 64, 4);
     assert_int_equal(r.store(1, 3), 3);
@@ -812,7 +817,7 @@ void restart_finds_disk_chunks_and_rejects_corrupt_ones(void **) {
   {
     Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 0, dir);
     assert_true(r.intact(1, 0));
-    assert_false(r.intact(1, 1));  // never loaded
+    assert_false(r.intact(1, 1));             // never loaded
     assert_false(r.where(1, 1).has_value());  // reported missing from now on
     assert_true(r.where(1, 2).has_value());
     assert_int_equal(r.cache->stats().load_failures, 1);
@@ -959,8 +964,8 @@ void disk_survives_sigkill_while_storing(void **) {
     dir = r.dir;
   }
   std::mt19937 rng(17);
-  uint32_t next = 0;  // sequences below this were stored by an earlier child
-  std::vector<bool> stored;       // sequences whose store returned
+  uint32_t next = 0;                // sequences below this were stored by an earlier child
+  std::vector<bool> stored;         // sequences whose store returned
   std::vector<uint32_t> in_flight;  // the one each child was storing when killed
   for (int round = 0; round < 20; ++round) {
     int fds[2];
@@ -1027,7 +1032,8 @@ void disk_cleaning_moves_records_under_readers(void **) {
   constexpr uint64_t kPayload = 4096;
   swiftkv::DiskOptions o;
   o.dir = dir;
-  o.segment_bytes = 2 * swiftkv::DiskTier::kHeaderBytes + 8 * swiftkv::DiskTier::record_bytes(kPayload);
+  o.segment_bytes =
+      2 * swiftkv::DiskTier::kHeaderBytes + 8 * swiftkv::DiskTier::record_bytes(kPayload);
   o.budget_bytes = 8 * o.segment_bytes;
   o.sync_ns = 0;
   const ChunkKey model{5, 6};
@@ -1114,7 +1120,8 @@ void disk_cleaning_moves_records_under_readers(void **) {
   for (const auto &[slot, v] : live) {
     const uint64_t id = v.first;
     assert_true(found.count(id) == 1);
-    again.read(found[id], swiftkv::ChunkMeta{model, static_cast<uint32_t>(id), 16, kPayload}, out.data());
+    again.read(found[id], swiftkv::ChunkMeta{model, static_cast<uint32_t>(id), 16, kPayload},
+               out.data());
     assert_true(out == bytes_of(id));
   }
   std::filesystem::remove_all(dir);
@@ -1257,7 +1264,9 @@ void budgets_hold_under_random_work(void **) {
     const uint32_t seq = rng() % 12;
     const size_t n = 1 + rng() % 4;
     switch (rng() % 6) {
-      case 0: case 1: case 2: r.store(seq, n); break;
+      case 0:
+      case 1:
+      case 2: r.store(seq, n); break;
       case 3: {
         const auto k = r.keys(seq, n);
         try {
@@ -1345,7 +1354,8 @@ void concurrent_use(void **) {
         const size_t n = 1 + rng() % 3;
         try {
           switch ((rng() + t) % 5) {
-            case 0: case 1: r.store(seq, n); break;
+            case 0:
+            case 1: r.store(seq, n); break;
             case 2:
               for (size_t c = 0; c < n; ++c) {
                 const auto k = r.keys(seq, c + 1);

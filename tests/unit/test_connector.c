@@ -55,8 +55,8 @@ static uint16_t *element(const struct engine *e, uint32_t layer, int32_t page, u
 }
 
 /* The engine computing layer `layer` of tokens [from, to). */
-static void engine_write(const struct engine *e, const int32_t *pages, uint32_t seq,
-                         uint32_t layer, uint64_t from, uint64_t to) {
+static void engine_write(const struct engine *e, const int32_t *pages, uint32_t seq, uint32_t layer,
+                         uint64_t from, uint64_t to) {
   for (uint64_t t = from; t < to; ++t) {
     for (uint32_t c = 0; c < 2; ++c) {
       for (uint32_t h = 0; h < HEADS; ++h) {
@@ -229,8 +229,7 @@ static struct turn_result run_turn(const struct engine *e, const uint32_t *token
                                    void (*during)(const struct engine *, uint64_t)) {
   struct turn_result r;
   memset(&r, 0, sizeof r);
-  const uint64_t req =
-      begin_shaped(e, tokens, n, pages, load_from, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+  const uint64_t req = begin_shaped(e, tokens, n, pages, load_from, SWIFTKV_REQUEST_LOAD_AND_SAVE);
   if (during != NULL) during(e, req);
   assert_ok(swiftkv_start_load(e->ctx, req, NULL));
   r.info = (swiftkv_request_info)SWIFTKV_REQUEST_INFO_INIT;
@@ -255,8 +254,7 @@ static void assert_chunk_bytes(const struct engine *e, const uint32_t *tokens, s
                                uint32_t seq, size_t i) {
   static uint16_t got[CHUNK_BYTES / 2];
   uint64_t loaded = 0;
-  assert_ok(swiftkv_retrieve(&loaded, e->ctx, e->model, tokens, n, i * CHUNK, got,
-                             CHUNK_BYTES));
+  assert_ok(swiftkv_retrieve(&loaded, e->ctx, e->model, tokens, n, i * CHUNK, got, CHUNK_BYTES));
   assert_int_equal(loaded, CHUNK);
   size_t k = 0;
   for (uint32_t l = 0; l < LAYERS; ++l)
@@ -415,11 +413,26 @@ static void load_only_and_save_only(void **state) {
   engine_down(&e);
 }
 
-static void round_trip_vllm(void **state) { (void)state; round_trip(VLLM); }
-static void round_trip_nhd(void **state) { (void)state; round_trip(NHD); }
-static void round_trip_hnd(void **state) { (void)state; round_trip(HND); }
-static void round_trip_cross_layer(void **state) { (void)state; round_trip(CROSS); }
-static void round_trip_stream_pages(void **state) { (void)state; round_trip(CREATED_STREAM); }
+static void round_trip_vllm(void **state) {
+  (void)state;
+  round_trip(VLLM);
+}
+static void round_trip_nhd(void **state) {
+  (void)state;
+  round_trip(NHD);
+}
+static void round_trip_hnd(void **state) {
+  (void)state;
+  round_trip(HND);
+}
+static void round_trip_cross_layer(void **state) {
+  (void)state;
+  round_trip(CROSS);
+}
+static void round_trip_stream_pages(void **state) {
+  (void)state;
+  round_trip(CREATED_STREAM);
+}
 
 /* A library-made pool: stream pages share one memory across layers, regular pages do not. */
 static void created_pool_aliases_stream_pages(void **state) {

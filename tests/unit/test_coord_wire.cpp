@@ -6,9 +6,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <csetjmp>
 #include <cstdint>
 #include <cstring>
 #include <random>
@@ -99,12 +99,14 @@ void format_is_pinned(void **) {
   const std::vector<uint8_t> grant = co::encode(co::Message{6, 4, co::Grant{3, 11, 40, 17, 2}});
   const std::vector<uint8_t> want = {
       0x53, 0x57, 0x4b, 0x56, 0x01, 0x00, 0x05, 0x00,  // magic "SWKV", version 1, type grant
-      0x06, 0, 0, 0, 0, 0, 0, 0,                       // seq
-      0x04, 0, 0, 0, 0, 0, 0, 0,                       // epoch
-      0x24, 0, 0, 0, 0, 0, 0, 0,                       // payload length 36, reserved
-      0x03, 0, 0, 0, 0, 0, 0, 0, 0x0b, 0, 0, 0, 0, 0, 0, 0,  // request, lease
-      0x28, 0, 0, 0, 0, 0, 0, 0, 0x11, 0, 0, 0, 0, 0, 0, 0,  // first unit, units
-      0x02, 0, 0, 0,                                          // pieces
+      0x06, 0,    0,    0,    0,    0,    0,    0,     // seq
+      0x04, 0,    0,    0,    0,    0,    0,    0,     // epoch
+      0x24, 0,    0,    0,    0,    0,    0,    0,     // payload length 36, reserved
+      0x03, 0,    0,    0,    0,    0,    0,    0,
+      0x0b, 0,    0,    0,    0,    0,    0,    0,  // request, lease
+      0x28, 0,    0,    0,    0,    0,    0,    0,
+      0x11, 0,    0,    0,    0,    0,    0,    0,  // first unit, units
+      0x02, 0,    0,    0,                          // pieces
   };
   assert_true(grant == want);
   uint64_t h = 0xcbf29ce484222325ull;
@@ -212,10 +214,8 @@ void fds_cross_a_socket(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(every_type_round_trips),
-      cmocka_unit_test(format_is_pinned),
-      cmocka_unit_test(corruption_never_crashes),
-      cmocka_unit_test(pieces_and_auth),
+      cmocka_unit_test(every_type_round_trips),   cmocka_unit_test(format_is_pinned),
+      cmocka_unit_test(corruption_never_crashes), cmocka_unit_test(pieces_and_auth),
       cmocka_unit_test(fds_cross_a_socket),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

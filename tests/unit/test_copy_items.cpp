@@ -133,11 +133,10 @@ void check_case(const Case &c, uint64_t seed) {
   }
   for (const CopyItem &it : items) {
     // A segment aligned to 16 bytes on both sides gives items aligned the same way.
-    const auto seg = std::find_if(plans[it.chunk].begin(), plans[it.chunk].end(),
-                                  [&](const CopySegment &s) {
-                                    return it.piece_offset >= s.piece_offset &&
-                                           it.piece_offset < s.piece_offset + s.bytes;
-                                  });
+    const auto seg =
+        std::find_if(plans[it.chunk].begin(), plans[it.chunk].end(), [&](const CopySegment &s) {
+          return it.piece_offset >= s.piece_offset && it.piece_offset < s.piece_offset + s.bytes;
+        });
     assert_true(seg != plans[it.chunk].end());
     assert_int_equal(it.page_offset - seg->page_offset, it.piece_offset - seg->piece_offset);
     assert_int_equal((it.piece_offset - seg->piece_offset) % swiftkv::kItemBytes, 0);
@@ -179,9 +178,9 @@ void check_case(const Case &c, uint64_t seed) {
 
 void every_layout_moves_the_plans_bytes(void **) {
   const Case cases[] = {
-      {Kind::nhd, 16, 8, 128, 2},   {Kind::nhd, 1, 4, 64, 2},      {Kind::hnd, 16, 8, 128, 2},
-      {Kind::hnd, 256, 2, 128, 2},  {Kind::vllm, 16, 8, 128, 2},   {Kind::vllm, 4, 3, 5, 1},
-      {Kind::cross_layer, 16, 2, 64, 4}, {Kind::hnd, 8, 3, 6, 1},  {Kind::nhd, 32, 1, 2, 1},
+      {Kind::nhd, 16, 8, 128, 2},        {Kind::nhd, 1, 4, 64, 2},    {Kind::hnd, 16, 8, 128, 2},
+      {Kind::hnd, 256, 2, 128, 2},       {Kind::vllm, 16, 8, 128, 2}, {Kind::vllm, 4, 3, 5, 1},
+      {Kind::cross_layer, 16, 2, 64, 4}, {Kind::hnd, 8, 3, 6, 1},     {Kind::nhd, 32, 1, 2, 1},
   };
   uint64_t seed = 1;
   for (const Case &c : cases) {

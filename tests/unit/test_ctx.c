@@ -205,7 +205,8 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
   assert_non_null(mkdtemp(dir));
   swiftkv_ctx_config v4 = SWIFTKV_CTX_CONFIG_INIT;
-  memset(&v4.disk_segment_bytes, 0x7f, sizeof v4 - offsetof(swiftkv_ctx_config, disk_segment_bytes));
+  memset(&v4.disk_segment_bytes, 0x7f,
+         sizeof v4 - offsetof(swiftkv_ctx_config, disk_segment_bytes));
   v4.size = (uint32_t)offsetof(swiftkv_ctx_config, disk_segment_bytes);
   v4.version = 4;
   v4.disk_path = dir;

@@ -393,8 +393,8 @@ static void test_reclaim_deadline(void **state) {
     f->now += 100 * MS; /* up to start + 1200 ms */
     assert_ok(swiftkv_elastic_renew(e, l.id));
     assert_ok(swiftkv_elastic_lease_get(&got, e, l.id));
-    const uint64_t want = f->now + 500 * MS < start + 1300 * MS ? f->now + 500 * MS
-                                                               : start + 1300 * MS;
+    const uint64_t want =
+        f->now + 500 * MS < start + 1300 * MS ? f->now + 500 * MS : start + 1300 * MS;
     assert_int_equal(got.expires_ns, want);
     assert_true(got.reclaim_requested);
   }
@@ -610,7 +610,8 @@ static void test_concurrent_lend_and_scale(void **state) {
   for (int i = 0; i < 3; ++i) assert_int_equal(pthread_create(&t[i], NULL, borrower_thread, &s), 0);
   uint64_t blocks, chunks;
   for (int i = 0; i < 2000; ++i) {
-    swiftkv_status st = swiftkv_elastic_scale_for_request(&blocks, &chunks, f->e, (uint64_t)(i % 400));
+    swiftkv_status st =
+        swiftkv_elastic_scale_for_request(&blocks, &chunks, f->e, (uint64_t)(i % 400));
     assert_true(st == SWIFTKV_OK || st == SWIFTKV_IN_PROGRESS);
     swiftkv_elastic_stats sn = stats(f->e);
     assert_true(sn.ready_blocks <= sn.owned_blocks);

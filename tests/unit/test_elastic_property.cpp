@@ -1,9 +1,9 @@
 // Property test of the elastic region's core: random sequences of scale-up, scale-down, lend,
 // renew, release, reclaim and clock moves, with every invariant, the lender's bytes and the
 // borrowers' bytes checked after every step.
+#include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <csetjmp>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -135,8 +135,7 @@ void run_seed(uint32_t seed, int steps) {
     switch (rng() % 8) {
       case 0:
       case 1:
-        allow([&] { (void)r.scale_for_request(rng() % (kCapacity * 16 + 64)); },
-              {SWIFTKV_ENOMEM});
+        allow([&] { (void)r.scale_for_request(rng() % (kCapacity * 16 + 64)); }, {SWIFTKV_ENOMEM});
         break;
       case 2: {
         const uint64_t ready = r.stats().ready_blocks;
@@ -169,10 +168,12 @@ void run_seed(uint32_t seed, int steps) {
           auto it = std::next(m.leases.begin(), static_cast<long>(rng() % m.leases.size()));
           const uint64_t id = it->first;
           if (rng() % 2) {
-            allow([&] {
-              r.renew(id);
-              it->second.lease.expires_ns = m.now + c.lease_ns;
-            }, {SWIFTKV_ETIMEDOUT});
+            allow(
+                [&] {
+                  r.renew(id);
+                  it->second.lease.expires_ns = m.now + c.lease_ns;
+                },
+                {SWIFTKV_ETIMEDOUT});
           } else {
             allow([&] { r.release(id); }, {SWIFTKV_ETIMEDOUT});
             m.leases.erase(it);
@@ -181,14 +182,14 @@ void run_seed(uint32_t seed, int steps) {
         break;
       case 6:
         if (!m.leases.empty()) {
-          allow([&] { r.reclaim(rng() % 3 == 0 ? ElasticRegion::kAllLeases
-                                               : m.leases.begin()->first); },
-                {SWIFTKV_ETIMEDOUT, SWIFTKV_ENOTFOUND});
+          allow(
+              [&] {
+                r.reclaim(rng() % 3 == 0 ? ElasticRegion::kAllLeases : m.leases.begin()->first);
+              },
+              {SWIFTKV_ETIMEDOUT, SWIFTKV_ENOTFOUND});
         }
         break;
-      case 7:
-        m.now += rng() % 400'000'000;
-        break;
+      case 7: m.now += rng() % 400'000'000; break;
     }
     check(r, m, base);
   }

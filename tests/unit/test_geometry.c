@@ -83,7 +83,7 @@ static void meu_across_dtypes_is_byte_aligned(void **state) {
 static void meu_without_lcm_overflow(void **state) {
   (void)state;
   /* Per-block bytes near 2^62 and coprime-ish: the lcm does not fit in 64 bits, the MEUs do. */
-  swiftkv_model_desc a = model(UINT32_MAX, 1, 1, 1);       /* 2*(2^32-1)*2 bytes per block */
+  swiftkv_model_desc a = model(UINT32_MAX, 1, 1, 1); /* 2*(2^32-1)*2 bytes per block */
   a.chunk_tokens = 1;
   swiftkv_model_desc b = model(UINT32_MAX - 2, 1, 1, 1);
   b.chunk_tokens = 1;
@@ -108,15 +108,30 @@ static void bad_descriptor(swiftkv_model_desc m, swiftkv_status want, const char
 static void every_bad_field_is_refused(void **state) {
   (void)state;
   swiftkv_model_desc m;
-  m = qwen3_8b(); m.num_layers = 0;   bad_descriptor(m, SWIFTKV_EINVAL, "num_layers is 0");
-  m = qwen3_8b(); m.num_kv_heads = 0; bad_descriptor(m, SWIFTKV_EINVAL, "num_kv_heads is 0");
-  m = qwen3_8b(); m.head_dim = 0;     bad_descriptor(m, SWIFTKV_EINVAL, "head_dim is 0");
-  m = qwen3_8b(); m.block_tokens = 0; bad_descriptor(m, SWIFTKV_EINVAL, "block_tokens is 0");
-  m = qwen3_8b(); m.chunk_tokens = 0; bad_descriptor(m, SWIFTKV_EINVAL, "chunk_tokens is 0");
-  m = qwen3_8b(); m.chunk_tokens = 250;
+  m = qwen3_8b();
+  m.num_layers = 0;
+  bad_descriptor(m, SWIFTKV_EINVAL, "num_layers is 0");
+  m = qwen3_8b();
+  m.num_kv_heads = 0;
+  bad_descriptor(m, SWIFTKV_EINVAL, "num_kv_heads is 0");
+  m = qwen3_8b();
+  m.head_dim = 0;
+  bad_descriptor(m, SWIFTKV_EINVAL, "head_dim is 0");
+  m = qwen3_8b();
+  m.block_tokens = 0;
+  bad_descriptor(m, SWIFTKV_EINVAL, "block_tokens is 0");
+  m = qwen3_8b();
+  m.chunk_tokens = 0;
+  bad_descriptor(m, SWIFTKV_EINVAL, "chunk_tokens is 0");
+  m = qwen3_8b();
+  m.chunk_tokens = 250;
   bad_descriptor(m, SWIFTKV_EINVAL, "chunk_tokens (250) is not a multiple of block_tokens (16)");
-  m = qwen3_8b(); m.dtype = (swiftkv_dtype)42; bad_descriptor(m, SWIFTKV_EINVAL, "dtype (42)");
-  m = qwen3_8b(); m.device = -2;      bad_descriptor(m, SWIFTKV_EINVAL, "device (-2)");
+  m = qwen3_8b();
+  m.dtype = (swiftkv_dtype)42;
+  bad_descriptor(m, SWIFTKV_EINVAL, "dtype (42)");
+  m = qwen3_8b();
+  m.device = -2;
+  bad_descriptor(m, SWIFTKV_EINVAL, "device (-2)");
 }
 
 static void overflow_is_refused(void **state) {

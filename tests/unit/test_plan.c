@@ -22,8 +22,8 @@ static void worked_example(void **state) {
   const uint64_t lenders[] = {9 * 640 + 639, 8 * 640};
   swiftkv_capacity_plan p = plan(tiny10(), 100 * 64 + 63, lenders, 2);
   assert_int_equal(p.lender_full_blocks, 17);
-  assert_int_equal(p.stream_blocks, 17);   /* min(9 + 8, 100) */
-  assert_int_equal(p.regular_blocks, 8);   /* floor(83 / 10) */
+  assert_int_equal(p.stream_blocks, 17); /* min(9 + 8, 100) */
+  assert_int_equal(p.regular_blocks, 8); /* floor(83 / 10) */
   assert_int_equal(p.max_context_tokens, 25 * 16);
   assert_int_equal(p.baseline_context_tokens, 10 * 16);
 }
@@ -112,7 +112,8 @@ static void bad_input_leaves_the_plan_untouched(void **state) {
   m = tiny10();
   m.chunk_tokens = 24;
   expect_refused(m, 6400, lenders, 1, SWIFTKV_EINVAL, "not a multiple of block_tokens");
-  expect_refused(tiny10(), 6400, NULL, 2, SWIFTKV_EINVAL, "lender_kv_bytes is NULL but n_lenders is 2");
+  expect_refused(tiny10(), 6400, NULL, 2, SWIFTKV_EINVAL,
+                 "lender_kv_bytes is NULL but n_lenders is 2");
   /* The smallest geometry (1 layer, 1 token, 1 head of 1 byte: 2-byte full block) makes
    * K_i = 2^63 - 1 per maxed-out lender; three of them overflow the sum. */
   swiftkv_model_desc t = model(1, 1, 1, 1);

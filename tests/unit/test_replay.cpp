@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <csetjmp>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -87,11 +87,12 @@ void generator_is_reproducible(void **) {
 
 void trace_round_trips(void **) {
   const std::string p = temp_path("rt.jsonl");
-  write(p,
-        "{\"session\":\"x\",\"turn\":0,\"arrival_s\":1.5,\"prompt\":[5,6,7],\"output_tokens\":4}\n"
-        "\n"
-        "{\"session\":9,\"turn\":0,\"arrival_s\":2,\"prompt_tokens\":100,\"output_tokens\":0}\n"
-        "{\"session\":\"x\",\"turn\":1,\"think_s\":3.25,\"prompt_tokens\":7,\"output_tokens\":1}\n");
+  write(
+      p,
+      "{\"session\":\"x\",\"turn\":0,\"arrival_s\":1.5,\"prompt\":[5,6,7],\"output_tokens\":4}\n"
+      "\n"
+      "{\"session\":9,\"turn\":0,\"arrival_s\":2,\"prompt_tokens\":100,\"output_tokens\":0}\n"
+      "{\"session\":\"x\",\"turn\":1,\"think_s\":3.25,\"prompt_tokens\":7,\"output_tokens\":1}\n");
   const Trace t = load_trace(p);
   assert_int_equal(t.sessions.size(), 2);
   assert_int_equal(t.turns(), 3);
@@ -110,36 +111,48 @@ void trace_round_trips(void **) {
 
 void a_session_id_is_a_number_or_a_string_not_both(void **) {
   const std::string p = temp_path("mixed.jsonl");
-  write(p, "{\"session\":\"1\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n"
-           "{\"session\":1,\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":1}\n");
+  write(p,
+        "{\"session\":\"1\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n"
+        "{\"session\":1,\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":1}\n");
   try {
     (void)load_trace(p);
     fail_msg("1 and \"1\" were taken as one session");
   } catch (const TraceError &e) {
-    assert_non_null(std::strstr(e.what(), ":2: session 1 is written as a number here and as a string"));
+    assert_non_null(
+        std::strstr(e.what(), ":2: session 1 is written as a number here and as a string"));
   }
   std::remove(p.c_str());
 }
 
 void bad_traces_name_their_line(void **) {
-  const std::string good = "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n";
+  const std::string good =
+      "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":4,\"output_tokens\":1}\n";
   const struct {
     const char *line2;
     const char *needle;
   } cases[] = {
       {"{not json", ":2: not JSON"},
-      {"{\"session\":\"a\",\"turn\":1,\"arrival_s\":1e400,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: not JSON"},
-      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":-1e999}", ":2: not JSON"},
+      {"{\"session\":\"a\",\"turn\":1,\"arrival_s\":1e400,\"prompt_tokens\":4,\"output_tokens\":1}",
+       ":2: not JSON"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4,\"output_tokens\":-1e999}",
+       ":2: not JSON"},
       {"[1,2]", ":2: a line must be a JSON object"},
       {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":4}", ":2: missing \"output_tokens\""},
-      {"{\"session\":\"a\",\"turn\":2,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: session \"a\": turn 2 where turn 1"},
-      {"{\"session\":\"b\",\"turn\":0,\"prompt_tokens\":4,\"output_tokens\":1}", ":2: turn 0 needs \"arrival_s\""},
-      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":-4,\"output_tokens\":1}", ":2: \"prompt_tokens\" must be a non-negative integer"},
-      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":0,\"output_tokens\":1}", ":2: \"prompt_tokens\" must be at least 1"},
+      {"{\"session\":\"a\",\"turn\":2,\"prompt_tokens\":4,\"output_tokens\":1}",
+       ":2: session \"a\": turn 2 where turn 1"},
+      {"{\"session\":\"b\",\"turn\":0,\"prompt_tokens\":4,\"output_tokens\":1}",
+       ":2: turn 0 needs \"arrival_s\""},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":-4,\"output_tokens\":1}",
+       ":2: \"prompt_tokens\" must be a non-negative integer"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt_tokens\":0,\"output_tokens\":1}",
+       ":2: \"prompt_tokens\" must be at least 1"},
       {"{\"session\":\"a\",\"turn\":1,\"output_tokens\":1}", ":2: missing \"prompt_tokens\""},
-      {"{\"session\":\"a\",\"turn\":1,\"prompt\":[1,2],\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"prompt_tokens\" differs"},
-      {"{\"session\":\"a\",\"turn\":1,\"think_s\":-1,\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"think_s\" must be finite and >= 0"},
-      {"{\"session\":[1],\"turn\":1,\"prompt_tokens\":3,\"output_tokens\":1}", ":2: \"session\" must be"},
+      {"{\"session\":\"a\",\"turn\":1,\"prompt\":[1,2],\"prompt_tokens\":3,\"output_tokens\":1}",
+       ":2: \"prompt_tokens\" differs"},
+      {"{\"session\":\"a\",\"turn\":1,\"think_s\":-1,\"prompt_tokens\":3,\"output_tokens\":1}",
+       ":2: \"think_s\" must be finite and >= 0"},
+      {"{\"session\":[1],\"turn\":1,\"prompt_tokens\":3,\"output_tokens\":1}",
+       ":2: \"session\" must be"},
   };
   const std::string p = temp_path("bad.jsonl");
   for (const auto &c : cases) {
@@ -148,7 +161,8 @@ void bad_traces_name_their_line(void **) {
       (void)load_trace(p);
       fail_msg("accepted: %s", c.line2);
     } catch (const TraceError &e) {
-      if (std::strstr(e.what(), c.needle) == nullptr) fail_msg("'%s' lacks '%s'", e.what(), c.needle);
+      if (std::strstr(e.what(), c.needle) == nullptr)
+        fail_msg("'%s' lacks '%s'", e.what(), c.needle);
       assert_true(std::strstr(e.what(), p.c_str()) != nullptr);
     }
   }
@@ -199,10 +213,13 @@ ServerConfig tiny_server() {
 // is then full, and a's two new chunks each push one of b's (the least recent) down.
 Trace tiny_trace() {
   const std::string p = temp_path("tiny.jsonl");
-  write(p,
-        "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":512,\"output_tokens\":256}\n"
-        "{\"session\":\"b\",\"turn\":0,\"arrival_s\":100,\"prompt_tokens\":1280,\"output_tokens\":0}\n"
-        "{\"session\":\"a\",\"turn\":1,\"arrival_s\":200,\"prompt_tokens\":256,\"output_tokens\":256}\n");
+  write(
+      p,
+      "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":512,\"output_tokens\":256}\n"
+      "{\"session\":\"b\",\"turn\":0,\"arrival_s\":100,\"prompt_tokens\":1280,\"output_tokens\":0}"
+      "\n"
+      "{\"session\":\"a\",\"turn\":1,\"arrival_s\":200,\"prompt_tokens\":256,\"output_tokens\":256}"
+      "\n");
   Trace t = load_trace(p);
   std::remove(p.c_str());
   return t;
@@ -284,9 +301,10 @@ void tiny_trace_exact_numbers(void **) {
 void long_turns_need_streaming(void **) {
   const ServerConfig c = tiny_server();
   const std::string p = temp_path("long.jsonl");
-  write(p,
-        "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":1500,\"output_tokens\":10}\n"
-        "{\"session\":\"a\",\"turn\":1,\"think_s\":1,\"prompt_tokens\":10,\"output_tokens\":10}\n");
+  write(
+      p,
+      "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":1500,\"output_tokens\":10}\n"
+      "{\"session\":\"a\",\"turn\":1,\"think_s\":1,\"prompt_tokens\":10,\"output_tokens\":10}\n");
   const Trace t = load_trace(p);
   std::remove(p.c_str());
   const PolicyResult g = run_policy(c, t, Policy::gpu_only);

@@ -18,21 +18,21 @@ static delta down(uint64_t owned, uint32_t b, uint64_t meu_l, uint64_t meu_b, ui
   return d;
 }
 
-#define assert_delta(d, l, b)              \
-  do {                                     \
-    delta d_ = (d);                        \
-    assert_int_equal(d_.lender, (l));      \
-    assert_int_equal(d_.borrower, (b));    \
+#define assert_delta(d, l, b)           \
+  do {                                  \
+    delta d_ = (d);                     \
+    assert_int_equal(d_.lender, (l));   \
+    assert_int_equal(d_.borrower, (b)); \
   } while (0)
 
 static void scale_up_boundaries(void **state) {
   (void)state;
   /* 10 blocks of 16 tokens; MEU 4 lender blocks per 3 borrower blocks. */
   assert_delta(up(10, 16, 4, 3, 0), 0, 0);
-  assert_delta(up(10, 16, 4, 3, 160), 0, 0);  /* need 10 = owned: lines 12-13 */
-  assert_delta(up(10, 16, 4, 3, 161), 4, 3);  /* need 11: one MEU, rounded up */
-  assert_delta(up(10, 16, 4, 3, 224), 4, 3);  /* need 14: still one MEU */
-  assert_delta(up(10, 16, 4, 3, 225), 8, 6);  /* need 15: two */
+  assert_delta(up(10, 16, 4, 3, 160), 0, 0); /* need 10 = owned: lines 12-13 */
+  assert_delta(up(10, 16, 4, 3, 161), 4, 3); /* need 11: one MEU, rounded up */
+  assert_delta(up(10, 16, 4, 3, 224), 4, 3); /* need 14: still one MEU */
+  assert_delta(up(10, 16, 4, 3, 225), 8, 6); /* need 15: two */
   assert_delta(up(0, 16, 4, 3, 1), 4, 3);
   assert_delta(up(0, 16, 1, 1, 0), 0, 0);
   /* ceil(request / B) without the overflow of request + B - 1. */
@@ -60,7 +60,7 @@ static void every_step_is_minimal_and_sufficient(void **state) {
       delta u = up(owned, b, meu_l, meu_b, tokens);
       assert_int_equal(u.lender % meu_l, 0);
       assert_int_equal(u.borrower, u.lender / meu_l * meu_b);
-      assert_true(owned + u.lender >= need);  /* enough for the request */
+      assert_true(owned + u.lender >= need);                          /* enough for the request */
       if (u.lender > 0) assert_true(owned + u.lender - meu_l < need); /* and no MEU more */
       delta d = down(owned, b, meu_l, meu_b, tokens);
       assert_int_equal(d.lender % meu_l, 0);

@@ -31,14 +31,22 @@ static void every_status_has_its_own_string(void **state) {
     swiftkv_status s;
     const char *name;
   } all[] = {
-      {SWIFTKV_OK, "SWIFTKV_OK:"},           {SWIFTKV_IN_PROGRESS, "SWIFTKV_IN_PROGRESS:"},
-      {SWIFTKV_EINVAL, "SWIFTKV_EINVAL:"},   {SWIFTKV_ENOMEM, "SWIFTKV_ENOMEM:"},
-      {SWIFTKV_ENOTFOUND, "SWIFTKV_ENOTFOUND:"}, {SWIFTKV_EBUSY, "SWIFTKV_EBUSY:"},
-      {SWIFTKV_EIO, "SWIFTKV_EIO:"},         {SWIFTKV_ECUDA, "SWIFTKV_ECUDA:"},
-      {SWIFTKV_ENODEV, "SWIFTKV_ENODEV:"},   {SWIFTKV_EPEER, "SWIFTKV_EPEER:"},
-      {SWIFTKV_ETIMEDOUT, "SWIFTKV_ETIMEDOUT:"}, {SWIFTKV_EVERSION, "SWIFTKV_EVERSION:"},
-      {SWIFTKV_EUNSUPPORTED, "SWIFTKV_EUNSUPPORTED:"}, {SWIFTKV_EUSER, "SWIFTKV_EUSER:"},
-      {SWIFTKV_ESTATE, "SWIFTKV_ESTATE:"},   {SWIFTKV_EINTERNAL, "SWIFTKV_EINTERNAL:"},
+      {SWIFTKV_OK, "SWIFTKV_OK:"},
+      {SWIFTKV_IN_PROGRESS, "SWIFTKV_IN_PROGRESS:"},
+      {SWIFTKV_EINVAL, "SWIFTKV_EINVAL:"},
+      {SWIFTKV_ENOMEM, "SWIFTKV_ENOMEM:"},
+      {SWIFTKV_ENOTFOUND, "SWIFTKV_ENOTFOUND:"},
+      {SWIFTKV_EBUSY, "SWIFTKV_EBUSY:"},
+      {SWIFTKV_EIO, "SWIFTKV_EIO:"},
+      {SWIFTKV_ECUDA, "SWIFTKV_ECUDA:"},
+      {SWIFTKV_ENODEV, "SWIFTKV_ENODEV:"},
+      {SWIFTKV_EPEER, "SWIFTKV_EPEER:"},
+      {SWIFTKV_ETIMEDOUT, "SWIFTKV_ETIMEDOUT:"},
+      {SWIFTKV_EVERSION, "SWIFTKV_EVERSION:"},
+      {SWIFTKV_EUNSUPPORTED, "SWIFTKV_EUNSUPPORTED:"},
+      {SWIFTKV_EUSER, "SWIFTKV_EUSER:"},
+      {SWIFTKV_ESTATE, "SWIFTKV_ESTATE:"},
+      {SWIFTKV_EINTERNAL, "SWIFTKV_EINTERNAL:"},
   };
   const size_t n = sizeof all / sizeof all[0];
   for (size_t i = 0; i < n; ++i) {
@@ -84,7 +92,8 @@ static void message_is_thread_local(void **state) {
   m.head_dim = 0;
   uint64_t out;
   assert_status(swiftkv_geometry_bytes_per_token(&m, &out), SWIFTKV_EINVAL);
-  const char *expected_here = "swiftkv_geometry_bytes_per_token: m->head_dim is 0; it must be at least 1";
+  const char *expected_here =
+      "swiftkv_geometry_bytes_per_token: m->head_dim is 0; it must be at least 1";
   assert_string_equal(swiftkv_last_error_message(), expected_here);
 
   struct thread_result r;
@@ -105,22 +114,21 @@ static void version_agrees_with_header(void **state) {
   snprintf(expected, sizeof expected, "%d.%d.%d", SWIFTKV_VERSION_MAJOR, SWIFTKV_VERSION_MINOR,
            SWIFTKV_VERSION_PATCH);
   assert_string_equal(swiftkv_version_string(), expected);
-  assert_int_equal(SWIFTKV_VERSION_NUMBER,
-                   SWIFTKV_VERSION_MAJOR * 10000 + SWIFTKV_VERSION_MINOR * 100 +
-                       SWIFTKV_VERSION_PATCH);
+  assert_int_equal(SWIFTKV_VERSION_NUMBER, SWIFTKV_VERSION_MAJOR * 10000 +
+                                               SWIFTKV_VERSION_MINOR * 100 + SWIFTKV_VERSION_PATCH);
 }
 
 /* Each swiftkv_<struct>_init fills what its INIT macro says: size and version for every one
  * (over a struct filled with 0xa5, so nothing is left unwritten there), and the non-zero
  * defaults field by field. NULL is accepted. */
-#define CHECK_INIT(TYPE, MACRO)                 \
-  do {                                          \
-    TYPE want = MACRO, got;                     \
-    memset(&got, 0xa5, sizeof got);             \
-    TYPE##_init(&got);                          \
-    assert_int_equal(got.size, want.size);      \
+#define CHECK_INIT(TYPE, MACRO)                  \
+  do {                                           \
+    TYPE want = MACRO, got;                      \
+    memset(&got, 0xa5, sizeof got);              \
+    TYPE##_init(&got);                           \
+    assert_int_equal(got.size, want.size);       \
     assert_int_equal(got.version, want.version); \
-    TYPE##_init(NULL);                          \
+    TYPE##_init(NULL);                           \
   } while (0)
 
 static void init_functions_fill_the_macros(void **state) {

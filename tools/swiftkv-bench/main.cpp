@@ -13,8 +13,9 @@
 namespace {
 
 void usage() {
-  std::printf("usage: swiftkv-bench [replay|plan] [options]   (default: replay)\n"
-              "       swiftkv-bench --version\n\n");
+  std::printf(
+      "usage: swiftkv-bench [replay|plan] [options]   (default: replay)\n"
+      "       swiftkv-bench --version\n\n");
   swiftkv::bench::print_replay_usage();
   std::printf("\n");
   swiftkv::bench::print_plan_usage();
@@ -36,7 +37,8 @@ int main(int argc, char **argv) {
     args.erase(args.begin());
     return swiftkv::bench::run_plan(args);
   }
-  if (!args.empty() && args[0] == "replay") args.erase(args.begin());
+  if (!args.empty() && args[0] == "replay")
+    args.erase(args.begin());
   else if (!args.empty() && args[0].rfind("--", 0) != 0) {
     std::fprintf(stderr, "swiftkv-bench: unknown subcommand '%s'\n", args[0].c_str());
     usage();

@@ -17,7 +17,7 @@ struct ModelSpec {
   uint32_t num_kv_heads;
   uint32_t head_dim;
   swiftkv_dtype dtype;
-  uint64_t weight_bytes;  // parameters * bytes per parameter
+  uint64_t weight_bytes;     // parameters * bytes per parameter
   uint32_t num_q_heads = 0;  // query heads (GQA); 0: as many as KV heads
   double params = 0;         // parameter count; 0: weight_bytes / 2
 };

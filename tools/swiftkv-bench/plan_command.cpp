@@ -57,7 +57,6 @@ struct Scenario {
   swiftkv_capacity_plan plan;
 };
 
-
 ModelSpec lookup(const Options &o, const std::string &name) {
   for (const ModelSpec &m : o.custom) {
     if (m.name == name) return m;
@@ -82,7 +81,8 @@ ModelSpec parse_model(const std::string &text) {
   std::stringstream ss(text);
   for (std::string part; std::getline(ss, part, ':');) f.push_back(part);
   if (f.size() != 5 && f.size() != 6) {
-    throw UsageError("--model: '" + text + "' is not NAME:LAYERS:KV_HEADS:HEAD_DIM:WEIGHT_GIB[:DTYPE]");
+    throw UsageError("--model: '" + text +
+                     "' is not NAME:LAYERS:KV_HEADS:HEAD_DIM:WEIGHT_GIB[:DTYPE]");
   }
   if (f[0].empty() || f[0].find('@') != std::string::npos) {
     throw UsageError("--model: the name must be non-empty and without '@'");
@@ -92,12 +92,13 @@ ModelSpec parse_model(const std::string &text) {
   m.num_layers = static_cast<uint32_t>(parse_number("--model layers", f[1], 1, 1 << 16));
   m.num_kv_heads = static_cast<uint32_t>(parse_number("--model kv_heads", f[2], 1, 1 << 16));
   m.head_dim = static_cast<uint32_t>(parse_number("--model head_dim", f[3], 1, 1 << 16));
-  m.weight_bytes = static_cast<uint64_t>(parse_number("--model weight_gib", f[4], 0, 1 << 20) * kGiB);
+  m.weight_bytes =
+      static_cast<uint64_t>(parse_number("--model weight_gib", f[4], 0, 1 << 20) * kGiB);
   m.dtype = SWIFTKV_DTYPE_F16;
   if (f.size() == 6) {
     static const std::pair<const char *, swiftkv_dtype> names[] = {
-        {"f16", SWIFTKV_DTYPE_F16},          {"bf16", SWIFTKV_DTYPE_BF16},
-        {"f32", SWIFTKV_DTYPE_F32},          {"fp8_e4m3", SWIFTKV_DTYPE_FP8_E4M3},
+        {"f16", SWIFTKV_DTYPE_F16},           {"bf16", SWIFTKV_DTYPE_BF16},
+        {"f32", SWIFTKV_DTYPE_F32},           {"fp8_e4m3", SWIFTKV_DTYPE_FP8_E4M3},
         {"fp8_e5m2", SWIFTKV_DTYPE_FP8_E5M2}, {"i8", SWIFTKV_DTYPE_I8}};
     bool found = false;
     for (const auto &[n, d] : names) {
@@ -134,7 +135,8 @@ Options parse(const std::vector<std::string> &args) {
       o.activation_gib = parse_number(a, value(), 0, 1 << 20);
     } else if (a == "--format") {
       const std::string &f = value();
-      if (f != "table" && f != "json" && f != "both") throw UsageError("--format: table, json or both");
+      if (f != "table" && f != "json" && f != "both")
+        throw UsageError("--format: table, json or both");
       o.table = f != "json";
       o.json = f != "table";
     } else {
@@ -192,7 +194,8 @@ Scenario plan_one(const Options &o, double gpu_gib, const Placement &borrower,
 // SwiftCache §5.3: LWM-1M-Text borrows from Qwen3-14B and Qwen3-8B on 96, 80 and 32 GB GPUs, and
 // from two Qwen3-8B on 24 GB, where Qwen3-14B does not fit.
 std::vector<Scenario> default_scenarios(const Options &o) {
-  const std::vector<double> sizes = o.gpu_gib.empty() ? std::vector<double>{96, 80, 32, 24} : o.gpu_gib;
+  const std::vector<double> sizes =
+      o.gpu_gib.empty() ? std::vector<double>{96, 80, 32, 24} : o.gpu_gib;
   std::vector<Scenario> out;
   for (double gib : sizes) {
     const Placement borrower{*find_preset("lwm-1m-text"), std::nullopt};
@@ -221,9 +224,9 @@ std::string gib_text(uint64_t bytes, bool fits) {
 void print_table(const Options &o, const std::vector<Scenario> &all) {
   std::printf("KV capacity plan (block %u tokens, utilization %.2f, activation reserve %.2f GiB)\n",
               o.block_tokens, o.utilization, o.activation_gib);
-  std::printf("%-7s %-12s %-8s %-40s %8s %8s %8s %10s %10s %6s\n", "gpu_GiB", "borrower",
-              "kv_GiB", "lenders (kv_GiB, MEU b:l)", "lent_blk", "stream", "regular", "max_ctx",
-              "baseline", "gain");
+  std::printf("%-7s %-12s %-8s %-40s %8s %8s %8s %10s %10s %6s\n", "gpu_GiB", "borrower", "kv_GiB",
+              "lenders (kv_GiB, MEU b:l)", "lent_blk", "stream", "regular", "max_ctx", "baseline",
+              "gain");
   for (const Scenario &s : all) {
     std::string lenders;
     for (const Member &l : s.lenders) {
@@ -245,8 +248,8 @@ void print_table(const Options &o, const std::vector<Scenario> &all) {
 }
 
 void print_member(const Member &m, bool lender) {
-  std::printf("{\"model\":\"%s\",\"gpu_gib\":%g,\"kv_bytes\":%" PRIu64 ",\"fits\":%s", m.name.c_str(),
-              m.gpu_gib, m.kv_bytes, m.fits ? "true" : "false");
+  std::printf("{\"model\":\"%s\",\"gpu_gib\":%g,\"kv_bytes\":%" PRIu64 ",\"fits\":%s",
+              m.name.c_str(), m.gpu_gib, m.kv_bytes, m.fits ? "true" : "false");
   if (lender) {
     std::printf(",\"meu_borrower_blocks\":%" PRIu64 ",\"meu_lender_blocks\":%" PRIu64,
                 m.meu_borrower, m.meu_lender);
@@ -255,9 +258,10 @@ void print_member(const Member &m, bool lender) {
 }
 
 void print_json(const Options &o, const std::vector<Scenario> &all) {
-  std::printf("{\"tool\":\"swiftkv-bench\",\"command\":\"plan\",\"version\":\"%s\",\"block_tokens\":%u,"
-              "\"utilization\":%g,\"activation_gib\":%g,\"scenarios\":[",
-              swiftkv_version_string(), o.block_tokens, o.utilization, o.activation_gib);
+  std::printf(
+      "{\"tool\":\"swiftkv-bench\",\"command\":\"plan\",\"version\":\"%s\",\"block_tokens\":%u,"
+      "\"utilization\":%g,\"activation_gib\":%g,\"scenarios\":[",
+      swiftkv_version_string(), o.block_tokens, o.utilization, o.activation_gib);
   for (size_t i = 0; i < all.size(); ++i) {
     const Scenario &s = all[i];
     std::printf("%s{\"gpu_gib\":%g,\"borrower\":", i ? "," : "", s.gpu_gib);
@@ -318,8 +322,8 @@ int run_plan(const std::vector<std::string> &args) {
       if (o.gpu_gib.empty() && !o.borrower->gpu_gib) {
         throw UsageError("give --gpu-gib or MODEL@GIB for the borrower");
       }
-      const std::vector<double> sizes = o.gpu_gib.empty() ? std::vector<double>{*o.borrower->gpu_gib}
-                                                          : o.gpu_gib;
+      const std::vector<double> sizes =
+          o.gpu_gib.empty() ? std::vector<double>{*o.borrower->gpu_gib} : o.gpu_gib;
       for (double gib : sizes) all.push_back(plan_one(o, gib, *o.borrower, o.lenders));
     }
     if (o.table) print_table(o, all);

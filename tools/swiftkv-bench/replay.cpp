@@ -173,8 +173,8 @@ struct Event {
   double t;
   uint64_t seq;
   enum Kind : uint8_t { ready, prefill_end, complete, lender_arrive, lender_done, tick } kind;
-  uint32_t who;       // session or lender
-  uint64_t tokens;    // lender_done
+  uint32_t who;     // session or lender
+  uint64_t tokens;  // lender_done
   bool operator>(const Event &o) const { return t != o.t ? t > o.t : seq > o.seq; }
 };
 
@@ -182,9 +182,9 @@ struct SessionState {
   std::vector<uint32_t> tokens;  // every token so far (history)
   uint64_t hash = 0;
   uint32_t next_turn = 0;
-  uint64_t record = 0;           // index of its current turn's record
-  uint64_t history = 0;          // tokens before the current turn's prompt
-  bool dead = false;             // a turn was rejected: the conversation ends
+  uint64_t record = 0;   // index of its current turn's record
+  uint64_t history = 0;  // tokens before the current turn's prompt
+  bool dead = false;     // a turn was rejected: the conversation ends
 };
 
 struct Lender {
@@ -199,9 +199,14 @@ class Simulation {
   Simulation(const Simulation &) = delete;
   Simulation &operator=(const Simulation &) = delete;
   Simulation(const ServerConfig &cfg, const Trace &trace, Policy p, const ProgressFn &progress)
-      : cfg_(cfg), trace_(trace), policy_(p), progress_(progress), shadow_(make_shadow(cfg)),
+      : cfg_(cfg),
+        trace_(trace),
+        policy_(p),
+        progress_(progress),
+        shadow_(make_shadow(cfg)),
         chunk_real_(bytes_per_token(cfg.borrower) * cfg.chunk_tokens),
-        chunk_shadow_(shadow_.chunk_bytes(cfg)), rng_(cfg.seed) {
+        chunk_shadow_(shadow_.chunk_bytes(cfg)),
+        rng_(cfg.seed) {
     result_.policy = p;
     result_.capacity = policy_capacity(cfg, p);
     events_.chunk_bytes = chunk_real_;
@@ -266,12 +271,10 @@ class Simulation {
 
  private:
   bool has_tiers() const { return policy_ != Policy::gpu_only; }
-  bool has_disk() const {
-    return policy_ == Policy::hierarchical || policy_ == Policy::swiftkv;
-  }
+  bool has_disk() const { return policy_ == Policy::hierarchical || policy_ == Policy::swiftkv; }
 
-  CtxPtr make_ctx(uint64_t host_chunks, bool disk, swiftkv_eviction_policy ev,
-                  uint32_t interval_ms, uint64_t extra_host_bytes) {
+  CtxPtr make_ctx(uint64_t host_chunks, bool disk, swiftkv_eviction_policy ev, uint32_t interval_ms,
+                  uint64_t extra_host_bytes) {
     swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
     c.host_budget_bytes = host_chunks * chunk_shadow_ + extra_host_bytes;
     if (disk) {
@@ -310,8 +313,8 @@ class Simulation {
     gpu_ = make_ctx(gpu_chunks, false, SWIFTKV_EVICT_LRU, 1000, 0);
     gpu_model_ = register_borrower(gpu_.get());
     if (has_disk()) {
-      const std::string base = cfg_.work_dir.empty() ? std::filesystem::temp_directory_path().string()
-                                                     : cfg_.work_dir;
+      const std::string base =
+          cfg_.work_dir.empty() ? std::filesystem::temp_directory_path().string() : cfg_.work_dir;
       std::string tmpl = base + "/swiftkv-replay-XXXXXX";
       if (mkdtemp(tmpl.data()) == nullptr) {
         throw std::runtime_error("cannot make a directory for the disk tier under " + base);
@@ -369,7 +372,8 @@ class Simulation {
   void borrow_all(Lender &l) {
     for (;;) {
       uint64_t lease = 0;
-      const swiftkv_status st = swiftkv_borrow(&lease, tiers_.get(), tiers_model_, l.region.get(), 1);
+      const swiftkv_status st =
+          swiftkv_borrow(&lease, tiers_.get(), tiers_model_, l.region.get(), 1);
       if (st == SWIFTKV_ENOMEM) return;
       check(st, "swiftkv_borrow");
     }
@@ -407,9 +411,7 @@ class Simulation {
     }
   }
 
-  const Turn &turn_of(uint32_t s) const {
-    return trace_.sessions[s].turns[sessions_[s].next_turn];
-  }
+  const Turn &turn_of(uint32_t s) const { return trace_.sessions[s].turns[sessions_[s].next_turn]; }
 
   // Extends a session's tokens to `n`: the trace's prompt ids where it has them, else ids made
   // from the session and the position.
@@ -427,7 +429,8 @@ class Simulation {
     res.assign(chunks, SWIFTKV_TIER_DROPPED);
     if (chunks == 0) return;
     swiftkv_lookup_result r = SWIFTKV_LOOKUP_RESULT_INIT;
-    check(swiftkv_lookup(&r, res.data(), res.size(), ctx, model, tokens.data(), n_tok), "swiftkv_lookup");
+    check(swiftkv_lookup(&r, res.data(), res.size(), ctx, model, tokens.data(), n_tok),
+          "swiftkv_lookup");
   }
 
   void start_next(double now) {
@@ -455,17 +458,23 @@ class Simulation {
     const uint64_t n = ctx_len / C;
     std::vector<uint8_t> g, r;
     lookup(gpu_.get(), gpu_model_, ss.tokens, n * C, g);
-    if (has_tiers()) lookup(tiers_.get(), tiers_model_, ss.tokens, n * C, r);
-    else r.assign(n, SWIFTKV_TIER_DROPPED);
+    if (has_tiers())
+      lookup(tiers_.get(), tiers_model_, ss.tokens, n * C, r);
+    else
+      r.assign(n, SWIFTKV_TIER_DROPPED);
     // The chunk's source: the own GPU cache where the chunk may sit in regular pages, else the
     // tier the library has it in.
     const uint64_t gpu_chunks_usable = cap.gpu_tokens / C;
     std::vector<int> src(n, -1);
     for (uint64_t i = 0; i < n; ++i) {
-      if (g[i] != SWIFTKV_TIER_DROPPED && i < gpu_chunks_usable) src[i] = kGpu;
-      else if (r[i] == SWIFTKV_TIER_PEER) src[i] = kPeer;
-      else if (r[i] == SWIFTKV_TIER_HOST) src[i] = kHost;
-      else if (r[i] == SWIFTKV_TIER_DISK) src[i] = kDisk;
+      if (g[i] != SWIFTKV_TIER_DROPPED && i < gpu_chunks_usable)
+        src[i] = kGpu;
+      else if (r[i] == SWIFTKV_TIER_PEER)
+        src[i] = kPeer;
+      else if (r[i] == SWIFTKV_TIER_HOST)
+        src[i] = kHost;
+      else if (r[i] == SWIFTKV_TIER_DISK)
+        src[i] = kDisk;
     }
     // Loaded range [h, j): prefix caching loads from chunk 0; swiftkv may recompute a dropped
     // leading range [0, h) as a sub-request of its own (Pensieve) and load what follows it.
@@ -495,8 +504,8 @@ class Simulation {
     result_.disk_bytes += static_cast<uint64_t>(disk);
     const uint64_t head = h * C, tail_from = j * C;
     const uint64_t computed = head + (ctx_len - tail_from);
-    double compute = prefill_seconds(cfg_, 0, head) +
-                     prefill_seconds(cfg_, tail_from, ctx_len - tail_from);
+    double compute =
+        prefill_seconds(cfg_, 0, head) + prefill_seconds(cfg_, tail_from, ctx_len - tail_from);
     // Under swiftkv the tokens past the regular cache live in stream pages: the new ones are
     // saved out over NVLink layer by layer, on the same link as the loads.
     double stream_save = 0;
@@ -510,9 +519,8 @@ class Simulation {
     const double lt = link / L, ct = compute / L;
     // Layer-wise overlap (SwiftCache §3.3): the load of layer l+1 runs under the compute of
     // layer l. host-offload loads everything before the prefill starts (LMCache's default).
-    const double prefill = policy_ == Policy::host_offload
-                               ? link + compute
-                               : std::max(lt + L * ct, L * lt + ct);
+    const double prefill =
+        policy_ == Policy::host_offload ? link + compute : std::max(lt + L * ct, L * lt + ct);
     rec.computed_tokens = computed;
     result_.computed_tokens += computed;
     const uint64_t new_tokens = t.prompt_tokens;
@@ -633,16 +641,14 @@ class Simulation {
   // Every simulated second: ScaleDown on each lender, and the borrower takes what it freed.
   void tick(double now) {
     for (Lender &l : lenders_) {
-      const uint64_t in_use =
-          std::min<uint64_t>((l.active_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens,
-                             l.capacity_blocks);
+      const uint64_t in_use = std::min<uint64_t>(
+          (l.active_tokens + cfg_.block_tokens - 1) / cfg_.block_tokens, l.capacity_blocks);
       uint64_t lb = 0, bc = 0;
       check(swiftkv_elastic_tick(&lb, &bc, l.region.get(), in_use), "swiftkv_elastic_tick");
       if (bc > 0) borrow_all(l);
     }
     if (done_turns_ < total_turns_) push(now + 1.0, Event::tick, 0);
   }
-
 
   const ServerConfig &cfg_;
   const Trace &trace_;
@@ -707,8 +713,10 @@ Capacity policy_capacity(const ServerConfig &cfg, Policy p) {
   Capacity c;
   const uint64_t bpt = bytes_per_token(cfg.borrower);
   const uint64_t C = cfg.chunk_tokens;
-  const uint64_t own = kv_bytes_on_gpu(cfg.borrower, cfg.gpu_gib, cfg.utilization, cfg.activation_gib);
-  if (own == 0) throw std::runtime_error("the borrower " + cfg.borrower.name + " does not fit its GPU");
+  const uint64_t own =
+      kv_bytes_on_gpu(cfg.borrower, cfg.gpu_gib, cfg.utilization, cfg.activation_gib);
+  if (own == 0)
+    throw std::runtime_error("the borrower " + cfg.borrower.name + " does not fit its GPU");
   const uint64_t chunk_bytes = bpt * C;
   const uint64_t block_bytes = bpt * cfg.block_tokens;
   c.gpu_tokens = own / block_bytes * cfg.block_tokens;

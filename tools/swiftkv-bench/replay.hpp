@@ -39,20 +39,20 @@ struct ServerConfig {
   double gpu_gib = 96;             // HBM of every GPU
   double host_gib = 96;            // host memory for KV (SwiftCache §5.2 gives baselines 96 GB)
   double disk_gib = 1024;
-  double utilization = 0.95;       // as in `plan`
+  double utilization = 0.95;  // as in `plan`
   double activation_gib = 1;
   uint32_t block_tokens = 16;
   uint32_t chunk_tokens = 256;
-  double nvlink_gbps = 400;        // GB/s (1e9 bytes) per direction, borrower to each lender
-  double pcie_gbps = 32;           // GB/s between the borrower's GPU and host memory
-  double disk_gbps = 6;            // GB/s of the SSD
-  double gpu_tflops = 120;         // effective prefill throughput (H20 dense fp16: 148 peak)
-  double tpot_ms = 25;             // decode time per output token, off the prefill queue
-  double lender_rate = 0.5;        // requests per second to each lender
+  double nvlink_gbps = 400;  // GB/s (1e9 bytes) per direction, borrower to each lender
+  double pcie_gbps = 32;     // GB/s between the borrower's GPU and host memory
+  double disk_gbps = 6;      // GB/s of the SSD
+  double gpu_tflops = 120;   // effective prefill throughput (H20 dense fp16: 148 peak)
+  double tpot_ms = 25;       // decode time per output token, off the prefill queue
+  double lender_rate = 0.5;  // requests per second to each lender
   double lender_median_tokens = 2000;
   uint64_t lender_initial_tokens = 32768;  // each lender's owned part at the start
-  uint64_t seed = 1;               // the lenders' own requests
-  std::string work_dir;            // where the disk tier's files go (a fresh directory is made)
+  uint64_t seed = 1;                       // the lenders' own requests
+  std::string work_dir;  // where the disk tier's files go (a fresh directory is made)
 };
 
 // What a policy has, in tokens of the borrower.
@@ -77,17 +77,17 @@ struct PolicyResult {
   Capacity capacity;
   std::vector<RequestRecord> requests;  // one per turn, session by session in trace order
   uint64_t served = 0, rejected = 0;
-  uint64_t history_chunks = 0;  // full chunks of history in served requests
+  uint64_t history_chunks = 0;                      // full chunks of history in served requests
   std::array<uint64_t, kSourceCount> hit_chunks{};  // of them, used from each source
   uint64_t computed_tokens = 0, recomputed_tokens = 0;
-  uint64_t max_context = 0;     // longest context served (history + prompt + answer)
+  uint64_t max_context = 0;  // longest context served (history + prompt + answer)
   // Bytes on each link: loads, stores and demotions.
   uint64_t nvlink_bytes = 0, pcie_bytes = 0, disk_bytes = 0;
   uint64_t evicted_chunks = 0;  // dropped from the last tier of the library
   // Lenders (swiftkv): their own scale-ups, leases they asked back, and the borrower's chunks
   // that moved out (to host or disk) or were dropped because of it.
   uint64_t lender_scale_ups = 0, reclaims = 0, reclaim_moved = 0, reclaim_dropped = 0;
-  double sim_seconds = 0;       // simulated time from the first arrival to the last event
+  double sim_seconds = 0;  // simulated time from the first arrival to the last event
   double wall_seconds = 0;
 };
 

@@ -13,8 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include <nlohmann/json.hpp>
 #include <swiftkv/swiftkv.h>
+#include <nlohmann/json.hpp>
 
 #include "cli_args.hpp"
 #include "model_presets.hpp"
@@ -43,7 +43,6 @@ void stop_on_signals() {
   sigaction(SIGTERM, &sa, nullptr);
 }
 
-
 struct Options {
   std::string trace_file;
   GeneratorOptions gen;
@@ -55,7 +54,6 @@ struct Options {
   bool table = true;
   bool progress = true;
 };
-
 
 ModelSpec preset(const std::string &flag, const std::string &name) {
   if (auto m = find_preset(name)) return *m;
@@ -75,54 +73,80 @@ Options parse(const std::vector<std::string> &args) {
       return args[++i];
     };
     auto count = [&](double lo, double hi) { return parse_number(a, value(), lo, hi); };
-    if (a == "--trace") o.trace_file = value();
+    if (a == "--trace")
+      o.trace_file = value();
     else if (a == "--workload") {
       const std::string &w = value();
       const auto k = parse_workload(w);
       if (!k) throw UsageError("--workload: '" + w + "' is not sharegpt or docqa");
       o.gen.kind = *k;
-    } else if (a == "--sessions") o.gen.sessions = static_cast<uint32_t>(count(1, 1e6));
-    else if (a == "--rate") o.gen.sessions_per_s = count(1e-6, 1e6);
-    else if (a == "--think") o.gen.think_mean_s = count(0, 1e6);
+    } else if (a == "--sessions")
+      o.gen.sessions = static_cast<uint32_t>(count(1, 1e6));
+    else if (a == "--rate")
+      o.gen.sessions_per_s = count(1e-6, 1e6);
+    else if (a == "--think")
+      o.gen.think_mean_s = count(0, 1e6);
     else if (a == "--seed") {
       o.gen.seed = static_cast<uint64_t>(count(0, 9e15));
       o.server.seed = o.gen.seed;
-    } else if (a == "--save-trace") o.save_trace = value();
+    } else if (a == "--save-trace")
+      o.save_trace = value();
     else if (a == "--policies") {
       o.policies.clear();
       std::stringstream ss(value());
       for (std::string p; std::getline(ss, p, ',');) {
         const auto pol = parse_policy(p);
-        if (!pol) throw UsageError("--policies: '" + p + "' is not swiftkv, host-offload, hierarchical or gpu-only");
+        if (!pol)
+          throw UsageError("--policies: '" + p +
+                           "' is not swiftkv, host-offload, hierarchical or gpu-only");
         o.policies.push_back(*pol);
       }
       if (o.policies.empty()) throw UsageError("--policies: none given");
-    } else if (a == "--borrower") o.server.borrower = preset(a, value());
-    else if (a == "--lender") lenders.push_back(preset(a, value()));
-    else if (a == "--gpu-gib") o.server.gpu_gib = count(1, 1 << 20);
-    else if (a == "--host-gib") o.server.host_gib = count(0, 1 << 24);
-    else if (a == "--disk-gib") o.server.disk_gib = count(0, 1 << 30);
-    else if (a == "--nvlink-gbps") o.server.nvlink_gbps = count(0.001, 1e6);
-    else if (a == "--pcie-gbps") o.server.pcie_gbps = count(0.001, 1e6);
-    else if (a == "--disk-gbps") o.server.disk_gbps = count(0.001, 1e6);
-    else if (a == "--gpu-tflops") o.server.gpu_tflops = count(0.001, 1e6);
-    else if (a == "--tpot-ms") o.server.tpot_ms = count(0, 1e6);
-    else if (a == "--lender-rate") o.server.lender_rate = count(1e-6, 1e6);
-    else if (a == "--chunk-tokens") o.server.chunk_tokens = static_cast<uint32_t>(count(1, 1 << 16));
-    else if (a == "--block-tokens") o.server.block_tokens = static_cast<uint32_t>(count(1, 1 << 16));
-    else if (a == "--long-tokens") o.long_tokens = static_cast<uint64_t>(count(1, 1e9));
-    else if (a == "--out-dir") o.out_dir = value();
-    else if (a == "--work-dir") o.server.work_dir = value();
+    } else if (a == "--borrower")
+      o.server.borrower = preset(a, value());
+    else if (a == "--lender")
+      lenders.push_back(preset(a, value()));
+    else if (a == "--gpu-gib")
+      o.server.gpu_gib = count(1, 1 << 20);
+    else if (a == "--host-gib")
+      o.server.host_gib = count(0, 1 << 24);
+    else if (a == "--disk-gib")
+      o.server.disk_gib = count(0, 1 << 30);
+    else if (a == "--nvlink-gbps")
+      o.server.nvlink_gbps = count(0.001, 1e6);
+    else if (a == "--pcie-gbps")
+      o.server.pcie_gbps = count(0.001, 1e6);
+    else if (a == "--disk-gbps")
+      o.server.disk_gbps = count(0.001, 1e6);
+    else if (a == "--gpu-tflops")
+      o.server.gpu_tflops = count(0.001, 1e6);
+    else if (a == "--tpot-ms")
+      o.server.tpot_ms = count(0, 1e6);
+    else if (a == "--lender-rate")
+      o.server.lender_rate = count(1e-6, 1e6);
+    else if (a == "--chunk-tokens")
+      o.server.chunk_tokens = static_cast<uint32_t>(count(1, 1 << 16));
+    else if (a == "--block-tokens")
+      o.server.block_tokens = static_cast<uint32_t>(count(1, 1 << 16));
+    else if (a == "--long-tokens")
+      o.long_tokens = static_cast<uint64_t>(count(1, 1e9));
+    else if (a == "--out-dir")
+      o.out_dir = value();
+    else if (a == "--work-dir")
+      o.server.work_dir = value();
     else if (a == "--format") {
       const std::string &f = value();
-      if (f != "table" && f != "json") throw UsageError("--format: '" + f + "' is not table or json");
+      if (f != "table" && f != "json")
+        throw UsageError("--format: '" + f + "' is not table or json");
       o.table = f == "table";
-    } else if (a == "--no-progress") o.progress = false;
-    else throw UsageError("unknown option '" + a + "'");
+    } else if (a == "--no-progress")
+      o.progress = false;
+    else
+      throw UsageError("unknown option '" + a + "'");
   }
-  o.server.lenders = lenders.empty()
-                         ? std::vector<ModelSpec>{*find_preset("qwen3-14b"), *find_preset("qwen3-32b")}
-                         : lenders;
+  o.server.lenders =
+      lenders.empty() ? std::vector<ModelSpec>{*find_preset("qwen3-14b"), *find_preset("qwen3-32b")}
+                      : lenders;
   if (o.server.chunk_tokens % o.server.block_tokens != 0) {
     throw UsageError("--chunk-tokens must be a multiple of --block-tokens");
   }
@@ -184,17 +208,19 @@ void print_table(const Options &o, const Trace &t, const std::vector<PolicyResul
                  const std::vector<Summary> &sum) {
   const TraceSummary ts = summarize(t);
   std::printf("swiftkv-bench replay (libswiftkv %s)\n", swiftkv_version_string());
-  std::printf("trace: %s, %" PRIu64 " sessions, %" PRIu64 " turns, mean session %.0f tokens, "
+  std::printf("trace: %s, %" PRIu64 " sessions, %" PRIu64
+              " turns, mean session %.0f tokens, "
               "longest %" PRIu64 "\n",
-              o.trace_file.empty() ? workload_name(o.gen.kind) : o.trace_file.c_str(),
-              ts.sessions, ts.turns, ts.mean_session_tokens, ts.max_session_tokens);
+              o.trace_file.empty() ? workload_name(o.gen.kind) : o.trace_file.c_str(), ts.sessions,
+              ts.turns, ts.mean_session_tokens, ts.max_session_tokens);
   std::string lenders;
   for (const ModelSpec &l : o.server.lenders) lenders += " " + l.name;
-  std::printf("server: borrower %s, lenders%s, %.0f GiB GPUs, host %.0f GiB, disk %.0f GiB, "
-              "NVLink %.0f GB/s, PCIe %.0f GB/s, disk %.1f GB/s, %.0f TFLOP/s\n\n",
-              o.server.borrower.name.c_str(), lenders.c_str(), o.server.gpu_gib, o.server.host_gib,
-              o.server.disk_gib, o.server.nvlink_gbps, o.server.pcie_gbps, o.server.disk_gbps,
-              o.server.gpu_tflops);
+  std::printf(
+      "server: borrower %s, lenders%s, %.0f GiB GPUs, host %.0f GiB, disk %.0f GiB, "
+      "NVLink %.0f GB/s, PCIe %.0f GB/s, disk %.1f GB/s, %.0f TFLOP/s\n\n",
+      o.server.borrower.name.c_str(), lenders.c_str(), o.server.gpu_gib, o.server.host_gib,
+      o.server.disk_gib, o.server.nvlink_gbps, o.server.pcie_gbps, o.server.disk_gbps,
+      o.server.gpu_tflops);
   std::printf("%-13s %10s %10s %10s %10s %11s\n", "capacity", "gpu tok", "peer tok", "host tok",
               "disk tok", "max context");
   for (const PolicyResult &r : rs) {
@@ -215,16 +241,17 @@ void print_table(const Options &o, const Trace &t, const std::vector<PolicyResul
     const Summary &s = sum[i];
     uint64_t hits = 0;
     for (uint64_t h : r.hit_chunks) hits += h;
-    std::printf("%-13s %6" PRIu64 " %6" PRIu64 " %7s %7s %7s %8s | %5.1f %5.1f %5.1f %5.1f %6.1f |"
-                " %9.2f %7.0f %7.0f %7.0f | %8" PRIu64 " %8" PRIu64 "\n",
-                policy_name(r.policy), r.served, r.rejected, ms(s.p50).c_str(), ms(s.p90).c_str(),
-                ms(s.p99).c_str(), ms(s.p99_long).c_str(), pct(r.hit_chunks[kGpu], r.history_chunks),
-                pct(r.hit_chunks[kPeer], r.history_chunks), pct(r.hit_chunks[kHost], r.history_chunks),
-                pct(r.hit_chunks[kDisk], r.history_chunks),
-                pct(r.history_chunks - hits, r.history_chunks),
-                static_cast<double>(r.recomputed_tokens) / 1e6,
-                static_cast<double>(r.nvlink_bytes) / 1e9, static_cast<double>(r.pcie_bytes) / 1e9,
-                static_cast<double>(r.disk_bytes) / 1e9, r.max_context, r.reclaims);
+    std::printf(
+        "%-13s %6" PRIu64 " %6" PRIu64
+        " %7s %7s %7s %8s | %5.1f %5.1f %5.1f %5.1f %6.1f |"
+        " %9.2f %7.0f %7.0f %7.0f | %8" PRIu64 " %8" PRIu64 "\n",
+        policy_name(r.policy), r.served, r.rejected, ms(s.p50).c_str(), ms(s.p90).c_str(),
+        ms(s.p99).c_str(), ms(s.p99_long).c_str(), pct(r.hit_chunks[kGpu], r.history_chunks),
+        pct(r.hit_chunks[kPeer], r.history_chunks), pct(r.hit_chunks[kHost], r.history_chunks),
+        pct(r.hit_chunks[kDisk], r.history_chunks), pct(r.history_chunks - hits, r.history_chunks),
+        static_cast<double>(r.recomputed_tokens) / 1e6, static_cast<double>(r.nvlink_bytes) / 1e9,
+        static_cast<double>(r.pcie_bytes) / 1e9, static_cast<double>(r.disk_bytes) / 1e9,
+        r.max_context, r.reclaims);
   }
   for (size_t i = 0; i < rs.size(); ++i) {
     if (rs[i].policy != Policy::swiftkv) continue;
@@ -233,8 +260,9 @@ void print_table(const Options &o, const Trace &t, const std::vector<PolicyResul
       std::printf("P99 TTFT of swiftkv vs %s: %+.1f%%\n", policy_name(rs[k].policy),
                   100.0 * (sum[i].p99 - sum[k].p99) / sum[k].p99);
     }
-    std::printf("lenders: %" PRIu64 " scale-ups, %" PRIu64 " leases reclaimed; the borrower moved %"
-                PRIu64 " chunks out of them and dropped %" PRIu64 "\n",
+    std::printf("lenders: %" PRIu64 " scale-ups, %" PRIu64
+                " leases reclaimed; the borrower moved %" PRIu64
+                " chunks out of them and dropped %" PRIu64 "\n",
                 rs[i].lender_scale_ups, rs[i].reclaims, rs[i].reclaim_moved, rs[i].reclaim_dropped);
   }
 }
@@ -257,11 +285,13 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
   json lenders = json::array();
   for (const ModelSpec &l : o.server.lenders) lenders.push_back(l.name);
   const ServerConfig &s = o.server;
-  j["server"] = {{"borrower", s.borrower.name}, {"lenders", lenders},     {"gpu_gib", s.gpu_gib},
-                 {"host_gib", s.host_gib},      {"disk_gib", s.disk_gib}, {"nvlink_gbps", s.nvlink_gbps},
-                 {"pcie_gbps", s.pcie_gbps},    {"disk_gbps", s.disk_gbps}, {"gpu_tflops", s.gpu_tflops},
-                 {"tpot_ms", s.tpot_ms},        {"chunk_tokens", s.chunk_tokens},
-                 {"block_tokens", s.block_tokens}, {"lender_rate", s.lender_rate}};
+  j["server"] = {{"borrower", s.borrower.name},    {"lenders", lenders},
+                 {"gpu_gib", s.gpu_gib},           {"host_gib", s.host_gib},
+                 {"disk_gib", s.disk_gib},         {"nvlink_gbps", s.nvlink_gbps},
+                 {"pcie_gbps", s.pcie_gbps},       {"disk_gbps", s.disk_gbps},
+                 {"gpu_tflops", s.gpu_tflops},     {"tpot_ms", s.tpot_ms},
+                 {"chunk_tokens", s.chunk_tokens}, {"block_tokens", s.block_tokens},
+                 {"lender_rate", s.lender_rate}};
   j["common_turns"] = sum.front().sorted.size();
   j["long_tokens"] = o.long_tokens;
   json pol = json::array();
@@ -272,29 +302,38 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
     for (int k = 0; k < kSourceCount; ++k) {
       hits[source_name(static_cast<Source>(k))] = r.hit_chunks[static_cast<size_t>(k)];
     }
-    pol.push_back({{"policy", policy_name(r.policy)},
-                   {"capacity_tokens", {{"gpu", r.capacity.gpu_tokens}, {"peer", r.capacity.peer_tokens},
-                                        {"host", r.capacity.host_tokens}, {"disk", r.capacity.disk_tokens},
-                                        {"max_context", r.capacity.max_context}}},
-                   {"served", r.served},
-                   {"rejected", r.rejected},
-                   {"ttft_s", {{"p50", num(sum[i].p50)}, {"p90", num(sum[i].p90)},
-                               {"p99", num(sum[i].p99)}, {"p99_long", num(sum[i].p99_long)}}},
-                   {"history_chunks", r.history_chunks},
-                   {"hit_chunks", hits},
-                   {"computed_tokens", r.computed_tokens},
-                   {"recomputed_tokens", r.recomputed_tokens},
-                   {"bytes", {{"nvlink", r.nvlink_bytes}, {"pcie", r.pcie_bytes}, {"disk", r.disk_bytes}}},
-                   {"evicted_chunks", r.evicted_chunks},
-                   {"max_context", r.max_context},
-                   {"lender", {{"scale_ups", r.lender_scale_ups}, {"reclaims", r.reclaims},
-                               {"chunks_moved", r.reclaim_moved}, {"chunks_dropped", r.reclaim_dropped},
-                               {"nvlink_share", r.sim_seconds > 0
-                                                    ? static_cast<double>(r.nvlink_bytes) /
-                                                          (s.nvlink_gbps * 1e9 * r.sim_seconds)
-                                                    : 0.0}}},
-                   {"sim_seconds", r.sim_seconds},
-                   {"wall_seconds", r.wall_seconds}});
+    pol.push_back(
+        {{"policy", policy_name(r.policy)},
+         {"capacity_tokens",
+          {{"gpu", r.capacity.gpu_tokens},
+           {"peer", r.capacity.peer_tokens},
+           {"host", r.capacity.host_tokens},
+           {"disk", r.capacity.disk_tokens},
+           {"max_context", r.capacity.max_context}}},
+         {"served", r.served},
+         {"rejected", r.rejected},
+         {"ttft_s",
+          {{"p50", num(sum[i].p50)},
+           {"p90", num(sum[i].p90)},
+           {"p99", num(sum[i].p99)},
+           {"p99_long", num(sum[i].p99_long)}}},
+         {"history_chunks", r.history_chunks},
+         {"hit_chunks", hits},
+         {"computed_tokens", r.computed_tokens},
+         {"recomputed_tokens", r.recomputed_tokens},
+         {"bytes", {{"nvlink", r.nvlink_bytes}, {"pcie", r.pcie_bytes}, {"disk", r.disk_bytes}}},
+         {"evicted_chunks", r.evicted_chunks},
+         {"max_context", r.max_context},
+         {"lender",
+          {{"scale_ups", r.lender_scale_ups},
+           {"reclaims", r.reclaims},
+           {"chunks_moved", r.reclaim_moved},
+           {"chunks_dropped", r.reclaim_dropped},
+           {"nvlink_share", r.sim_seconds > 0 ? static_cast<double>(r.nvlink_bytes) /
+                                                    (s.nvlink_gbps * 1e9 * r.sim_seconds)
+                                              : 0.0}}},
+         {"sim_seconds", r.sim_seconds},
+         {"wall_seconds", r.wall_seconds}});
   }
   j["policies"] = pol;
   return j;
@@ -331,7 +370,8 @@ void print_replay_usage() {
       "  --sessions N --rate R --think S --seed N   generator: sessions (400), new sessions per\n"
       "                           second (0.1), mean think time in s (60), seed (1)\n"
       "  --save-trace FILE        also write the trace that was replayed\n"
-      "  --policies LIST          comma-separated: swiftkv,host-offload,hierarchical,gpu-only (all)\n"
+      "  --policies LIST          comma-separated: swiftkv,host-offload,hierarchical,gpu-only "
+      "(all)\n"
       "  --borrower NAME --lender NAME...   presets (lwm-1m-text; qwen3-14b and qwen3-32b)\n"
       "  --gpu-gib F --host-gib F --disk-gib F   96, 96, 1024\n"
       "  --nvlink-gbps F --pcie-gbps F --disk-gbps F   400, 32, 6 (GB/s)\n"
@@ -399,8 +439,10 @@ int run_replay(const std::vector<std::string> &args) {
     }
     return 0;
   } catch (const Interrupted &) {
-    std::fprintf(stderr, "\nswiftkv-bench replay: stopped by signal %d; its disk tier's files "
-                         "are removed\n", stop_signal());
+    std::fprintf(stderr,
+                 "\nswiftkv-bench replay: stopped by signal %d; its disk tier's files "
+                 "are removed\n",
+                 stop_signal());
     return 128 + stop_signal();
   } catch (const std::exception &e) {
     std::fprintf(stderr, "swiftkv-bench replay: %s\n", e.what());

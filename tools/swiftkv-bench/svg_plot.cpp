@@ -16,10 +16,14 @@ const char *const kColours[] = {"#1b9e77", "#d95f02", "#7570b3", "#e7298a", "#66
 std::string escape(const std::string &s) {
   std::string out;
   for (char c : s) {
-    if (c == '<') out += "&lt;";
-    else if (c == '>') out += "&gt;";
-    else if (c == '&') out += "&amp;";
-    else out += c;
+    if (c == '<')
+      out += "&lt;";
+    else if (c == '>')
+      out += "&gt;";
+    else if (c == '&')
+      out += "&amp;";
+    else
+      out += c;
   }
   return out;
 }
@@ -46,7 +50,8 @@ std::string cdf_svg(const std::string &title, const std::vector<CdfSeries> &seri
   auto y = [&](double f) { return kTop + (1 - f) * ph; };
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n";
   o << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">" << escape(title) << "</text>\n";
   for (double d = d0; d <= d1; ++d) {
     const double px = x(std::pow(10, d));
@@ -71,7 +76,8 @@ std::string cdf_svg(const std::string &title, const std::vector<CdfSeries> &seri
     const size_t n = s.sorted_seconds.size();
     const size_t step = std::max<size_t>(1, n / 800);  // at most ~800 points a line
     for (size_t k = 0; k < n; k += step) {
-      o << x(s.sorted_seconds[k] * 1e3) << ',' << y(static_cast<double>(k + 1) / static_cast<double>(n)) << ' ';
+      o << x(s.sorted_seconds[k] * 1e3) << ','
+        << y(static_cast<double>(k + 1) / static_cast<double>(n)) << ' ';
     }
     if (n > 0) o << x(s.sorted_seconds[n - 1] * 1e3) << ',' << y(1.0);
     o << "\"/>\n";
@@ -88,7 +94,8 @@ std::string bars_svg(const std::string &title, const std::vector<StackedBar> &ba
   const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
   std::ostringstream o;
   o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n";
   o << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">" << escape(title) << "</text>\n";
   for (int k = 0; k <= 4; ++k) {
     const double yy = kTop + ph - ph * k / 4.0;
@@ -104,7 +111,8 @@ std::string bars_svg(const std::string &title, const std::vector<StackedBar> &ba
     for (size_t k = 0; k < bars[i].parts.size(); ++k) {
       const auto &[label, value] = bars[i].parts[k];
       if (std::find(labels.begin(), labels.end(), label) == labels.end()) labels.push_back(label);
-      const size_t colour = static_cast<size_t>(std::find(labels.begin(), labels.end(), label) - labels.begin());
+      const size_t colour =
+          static_cast<size_t>(std::find(labels.begin(), labels.end(), label) - labels.begin());
       const double h = ph * std::clamp(value, 0.0, 100.0) / 100.0;
       o << "<rect x=\"" << bx << "\" y=\"" << kTop + ph - ph * acc / 100.0 - h << "\" width=\""
         << slot * 0.6 << "\" height=\"" << h << "\" fill=\"" << kColours[colour % 6] << "\"/>\n";
@@ -115,9 +123,9 @@ std::string bars_svg(const std::string &title, const std::vector<StackedBar> &ba
   }
   for (size_t k = 0; k < labels.size(); ++k) {
     const double ly = kTop + 16 + 20.0 * static_cast<double>(k);
-    o << "<rect x=\"" << kW - kRight + 15 << "\" y=\"" << ly - 8 << "\" width=\"14\" height=\"14\" fill=\""
-      << kColours[k % 6] << "\"/>\n<text x=\"" << kW - kRight + 36 << "\" y=\"" << ly + 4 << "\">"
-      << escape(labels[k]) << "</text>\n";
+    o << "<rect x=\"" << kW - kRight + 15 << "\" y=\"" << ly - 8
+      << "\" width=\"14\" height=\"14\" fill=\"" << kColours[k % 6] << "\"/>\n<text x=\""
+      << kW - kRight + 36 << "\" y=\"" << ly + 4 << "\">" << escape(labels[k]) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();

@@ -32,7 +32,8 @@ uint64_t count_field(const json &j, const char *name, const std::string &path, u
     bad_line(path, line, std::string("\"") + name + "\" must be a non-negative integer");
   }
   const uint64_t n = v.get<uint64_t>();
-  if (n < lo) bad_line(path, line, std::string("\"") + name + "\" must be at least " + std::to_string(lo));
+  if (n < lo)
+    bad_line(path, line, std::string("\"") + name + "\" must be at least " + std::to_string(lo));
   if (n > (uint64_t{1} << 32)) bad_line(path, line, std::string("\"") + name + "\" is too large");
   return n;
 }
@@ -46,7 +47,6 @@ double seconds_field(const json &j, const char *name, const std::string &path, u
   }
   return s;
 }
-
 
 uint64_t clamp_tokens(double v, uint64_t lo, uint64_t hi) {
   if (!(v >= static_cast<double>(lo))) return lo;
@@ -67,7 +67,8 @@ Session sharegpt_session(Rng &r, std::string id) {
   static const double median_t = 13000.0 / std::exp(kZ90 * sigma_t);
   static const double sigma_p = std::log(132.0 / 40.0) / kZ90;
   const uint64_t total = clamp_tokens(r.lognormal(median_t, sigma_t), 16, 602000);
-  uint64_t turns = std::max<uint64_t>(1, clamp_tokens(std::sqrt(static_cast<double>(total) / 40.0), 1, 256));
+  uint64_t turns =
+      std::max<uint64_t>(1, clamp_tokens(std::sqrt(static_cast<double>(total) / 40.0), 1, 256));
   std::vector<uint64_t> prompts;
   std::vector<double> answer_weights;
   uint64_t prompt_sum = 0;
@@ -152,15 +153,19 @@ Trace load_trace(const std::string &path) {
     }
     std::string sid;
     const json &sj = j.at("session");
-    if (sj.is_string()) sid = sj.get<std::string>();
-    else if (sj.is_number_integer()) sid = sj.dump();
-    else bad_line(path, line, "\"session\" must be a string or an integer");
+    if (sj.is_string())
+      sid = sj.get<std::string>();
+    else if (sj.is_number_integer())
+      sid = sj.dump();
+    else
+      bad_line(path, line, "\"session\" must be a string or an integer");
     Turn turn;
     turn.index = static_cast<uint32_t>(count_field(j, "turn", path, line, 0));
     turn.output_tokens = count_field(j, "output_tokens", path, line, 0);
     if (j.contains("prompt")) {
       const json &p = j.at("prompt");
-      if (!p.is_array() || p.empty()) bad_line(path, line, "\"prompt\" must be a non-empty array of token ids");
+      if (!p.is_array() || p.empty())
+        bad_line(path, line, "\"prompt\" must be a non-empty array of token ids");
       for (const json &id : p) {
         if (!id.is_number_unsigned() || id.get<uint64_t>() > std::numeric_limits<uint32_t>::max()) {
           bad_line(path, line, "\"prompt\" token ids must be integers in [0, 2^32)");
@@ -185,16 +190,17 @@ Trace load_trace(const std::string &path) {
       numeric_id.push_back(sj.is_number_integer());
     } else if (numeric_id[it->second] != sj.is_number_integer()) {
       // 1 and "1" would otherwise be one session without a word.
-      bad_line(path, line, "session " + sid + " is written as " +
-                               (sj.is_number_integer() ? "a number" : "a string") +
-                               " here and as " +
-                               (sj.is_number_integer() ? "a string" : "a number") +
-                               " on an earlier line; write it one way");
+      bad_line(path, line,
+               "session " + sid + " is written as " +
+                   (sj.is_number_integer() ? "a number" : "a string") + " here and as " +
+                   (sj.is_number_integer() ? "a string" : "a number") +
+                   " on an earlier line; write it one way");
     }
     Session &s = t.sessions[it->second];
     if (turn.index != s.turns.size()) {
-      bad_line(path, line, "session \"" + sid + "\": turn " + std::to_string(turn.index) +
-                               " where turn " + std::to_string(s.turns.size()) + " was expected");
+      bad_line(path, line,
+               "session \"" + sid + "\": turn " + std::to_string(turn.index) + " where turn " +
+                   std::to_string(s.turns.size()) + " was expected");
     }
     if (turn.index == 0 && !turn.arrival_s) bad_line(path, line, "turn 0 needs \"arrival_s\"");
     s.turns.push_back(std::move(turn));
@@ -214,8 +220,10 @@ void save_trace(const Trace &trace, const std::string &path) {
       j["turn"] = t.index;
       if (t.arrival_s) j["arrival_s"] = *t.arrival_s;
       if (t.index > 0) j["think_s"] = t.think_s;
-      if (t.prompt_ids.empty()) j["prompt_tokens"] = t.prompt_tokens;
-      else j["prompt"] = t.prompt_ids;
+      if (t.prompt_ids.empty())
+        j["prompt_tokens"] = t.prompt_tokens;
+      else
+        j["prompt"] = t.prompt_ids;
       j["output_tokens"] = t.output_tokens;
       out << j.dump() << '\n';
     }

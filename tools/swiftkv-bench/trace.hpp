@@ -50,8 +50,8 @@ struct GeneratorOptions {
   WorkloadKind kind = WorkloadKind::sharegpt;
   uint64_t seed = 1;
   uint32_t sessions = 400;
-  double sessions_per_s = 0.1;   // Poisson arrivals of first turns
-  double think_mean_s = 60;      // exponential user think time (Pensieve §6.1)
+  double sessions_per_s = 0.1;  // Poisson arrivals of first turns
+  double think_mean_s = 60;     // exponential user think time (Pensieve §6.1)
 };
 
 // The synthetic workloads. sharegpt (SwiftCache §2.2): session lengths lognormal with 10% over
@@ -62,9 +62,9 @@ Trace generate_trace(const GeneratorOptions &o);
 // The statistics the generator is built to meet.
 struct TraceSummary {
   uint64_t sessions = 0, turns = 0;
-  double prompts_under_132 = 0;     // fraction of turns
-  double sessions_over_13k = 0;     // fraction of sessions whose total tokens exceed 13,000
-  double sessions_over_56k = 0;     // ... 56,000
+  double prompts_under_132 = 0;  // fraction of turns
+  double sessions_over_13k = 0;  // fraction of sessions whose total tokens exceed 13,000
+  double sessions_over_56k = 0;  // ... 56,000
   double mean_session_tokens = 0;
   uint64_t max_session_tokens = 0;
 };
