@@ -203,6 +203,99 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
   SWIFTKV_CATCH_ALL
 }
 
+namespace {
+
+// Every pointer, stride and count of a run's arguments against the plan's shape: EINVAL before
+// anything is read.
+void check_run_args(const PlanView &v, const swiftkv_attention_args &a, const void *workspace,
+                    const void *stream) {
+  require(workspace, "workspace");
+  if (reinterpret_cast<uintptr_t>(workspace) != v.workspace) {
+    fail_invalid("workspace is not the one the plan was made in");
+  }
+  if (a.reserved0 != 0) fail_invalid("args->reserved0 is not 0");
+  const AttentionShape &s = v.shape;
+  if (v.q_tokens > 0) {
+    require(a.q, "args->q");
+    require(a.out, "args->out");
+    require_stride(a.q_token_stride, "q_token_stride");
+    require_stride(a.q_head_stride, "q_head_stride");
+    require_stride(a.out_token_stride, "out_token_stride");
+    require_stride(a.out_head_stride, "out_head_stride");
+    check_reach(v.q_tokens, a.q_token_stride, s.num_qo_heads, a.q_head_stride, 0, 0, s.head_dim,
+                "q");
+    check_reach(v.q_tokens, a.out_token_stride, s.num_qo_heads, a.out_head_stride, 0, 0, s.head_dim,
+                "out");
+  }
+  if (v.kv_tokens > 0) {
+    require(a.k_base, "args->k_base");
+    require(a.v_base, "args->v_base");
+    require(a.kv_indices, "args->kv_indices");
+    require_stride(a.page_stride, "page_stride");
+    require_stride(a.token_stride, "token_stride");
+    require_stride(a.head_stride, "head_stride");
+    if (a.num_pages == 0 || a.num_pages > static_cast<uint32_t>(INT32_MAX)) {
+      fail_invalid("args->num_pages is " + std::to_string(a.num_pages) +
+                   "; it must be 1..2^31 - 1");
+    }
+    check_reach(a.num_pages, a.page_stride, s.page_tokens, a.token_stride, s.num_kv_heads,
+                a.head_stride, s.head_dim, "k and v");
+  }
+  if (s.device == SWIFTKV_DEVICE_HOST && stream != nullptr) {
+    fail_invalid("stream is not NULL, and a host run takes no stream");
+  }
+}
+
+// What the kernel and its CPU twin take: the arguments, the shape, and the plan's lists in the
+// workspace.
+AttentionParams run_params(const PlanView &v, const swiftkv_attention_args &a, void *workspace) {
+  const AttentionShape &s = v.shape;
+  auto *ws = static_cast<unsigned char *>(workspace);
+  AttentionParams p{};
+  p.q = a.q;
+  p.q_token_stride = a.q_token_stride;
+  p.q_head_stride = a.q_head_stride;
+  p.k = a.k_base;
+  p.v = a.v_base;
+  p.page_stride = a.page_stride;
+  p.token_stride = a.token_stride;
+  p.head_stride = a.head_stride;
+  p.kv_indices = a.kv_indices;
+  p.num_pages = static_cast<int32_t>(a.num_pages);
+  p.num_qo_heads = static_cast<int32_t>(s.num_qo_heads);
+  p.group = static_cast<int32_t>(s.group());
+  p.page_tokens = static_cast<int32_t>(s.page_tokens);
+  p.causal = s.causal ? 1 : 0;
+  p.tile_rows = static_cast<int32_t>(v.tile_rows);
+  p.head_dim = static_cast<int32_t>(s.head_dim);
+  p.sm_scale = s.sm_scale;
+  p.soft_cap = s.soft_cap;
+  p.out = a.out;
+  p.out_token_stride = a.out_token_stride;
+  p.out_head_stride = a.out_head_stride;
+  p.lse = a.lse;
+  p.work = reinterpret_cast<const AttentionWorkItem *>(ws + v.work_offset);
+  p.n_work = static_cast<int32_t>(v.n_work);
+  p.merge = reinterpret_cast<const AttentionMergeItem *>(ws + v.merge_offset);
+  p.n_merge = static_cast<int32_t>(v.n_merge);
+  p.partial_o = reinterpret_cast<float *>(ws + v.partial_o_offset);
+  p.partial_lse = reinterpret_cast<float *>(ws + v.partial_lse_offset);
+  return p;
+}
+
+// The host run: the workspace must still hold this plan, and every page index is checked.
+void run_on_host(const PlanView &v, const AttentionParams &p, const void *workspace) {
+  AttentionWorkspaceHeader h;
+  std::memcpy(&h, workspace, sizeof h);
+  if (h.magic != kAttentionWorkspaceMagic || h.check != v.check) {
+    fail_invalid("the workspace no longer holds this plan (planned into again, or overwritten)");
+  }
+  check_attention_pages(p);
+  run_attention_cpu(v.shape, p);
+}
+
+}  // namespace
+
 swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
                                      const swiftkv_attention_args *args, void *workspace,
                                      void *stream) {
@@ -212,89 +305,17 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
     const swiftkv_attention_args a =
         read_versioned(args, defaults, SWIFTKV_ATTENTION_ARGS_VERSION, kArgsV1Size, "args",
                        "SWIFTKV_ATTENTION_ARGS_INIT");
-    require(workspace, "workspace");
-    if (reinterpret_cast<uintptr_t>(workspace) != v.workspace) {
-      fail_invalid("workspace is not the one the plan was made in");
-    }
-    if (a.reserved0 != 0) fail_invalid("args->reserved0 is not 0");
-    const AttentionShape &s = v.shape;
-    if (v.q_tokens > 0) {
-      require(a.q, "args->q");
-      require(a.out, "args->out");
-      require_stride(a.q_token_stride, "q_token_stride");
-      require_stride(a.q_head_stride, "q_head_stride");
-      require_stride(a.out_token_stride, "out_token_stride");
-      require_stride(a.out_head_stride, "out_head_stride");
-      check_reach(v.q_tokens, a.q_token_stride, s.num_qo_heads, a.q_head_stride, 0, 0, s.head_dim,
-                  "q");
-      check_reach(v.q_tokens, a.out_token_stride, s.num_qo_heads, a.out_head_stride, 0, 0,
-                  s.head_dim, "out");
-    }
-    if (v.kv_tokens > 0) {
-      require(a.k_base, "args->k_base");
-      require(a.v_base, "args->v_base");
-      require(a.kv_indices, "args->kv_indices");
-      require_stride(a.page_stride, "page_stride");
-      require_stride(a.token_stride, "token_stride");
-      require_stride(a.head_stride, "head_stride");
-      if (a.num_pages == 0 || a.num_pages > static_cast<uint32_t>(INT32_MAX)) {
-        fail_invalid("args->num_pages is " + std::to_string(a.num_pages) +
-                     "; it must be 1..2^31 - 1");
-      }
-      check_reach(a.num_pages, a.page_stride, s.page_tokens, a.token_stride, s.num_kv_heads,
-                  a.head_stride, s.head_dim, "k and v");
-    }
-    const bool host = s.device == SWIFTKV_DEVICE_HOST;
-    if (host && stream != nullptr)
-      fail_invalid("stream is not NULL, and a host run takes no stream");
-
-    auto *ws = static_cast<unsigned char *>(workspace);
-    AttentionParams p{};
-    p.q = a.q;
-    p.q_token_stride = a.q_token_stride;
-    p.q_head_stride = a.q_head_stride;
-    p.k = a.k_base;
-    p.v = a.v_base;
-    p.page_stride = a.page_stride;
-    p.token_stride = a.token_stride;
-    p.head_stride = a.head_stride;
-    p.kv_indices = a.kv_indices;
-    p.num_pages = static_cast<int32_t>(a.num_pages);
-    p.num_qo_heads = static_cast<int32_t>(s.num_qo_heads);
-    p.group = static_cast<int32_t>(s.group());
-    p.page_tokens = static_cast<int32_t>(s.page_tokens);
-    p.causal = s.causal ? 1 : 0;
-    p.tile_rows = static_cast<int32_t>(v.tile_rows);
-    p.head_dim = static_cast<int32_t>(s.head_dim);
-    p.sm_scale = s.sm_scale;
-    p.soft_cap = s.soft_cap;
-    p.out = a.out;
-    p.out_token_stride = a.out_token_stride;
-    p.out_head_stride = a.out_head_stride;
-    p.lse = a.lse;
-    p.work = reinterpret_cast<const AttentionWorkItem *>(ws + v.work_offset);
-    p.n_work = static_cast<int32_t>(v.n_work);
-    p.merge = reinterpret_cast<const AttentionMergeItem *>(ws + v.merge_offset);
-    p.n_merge = static_cast<int32_t>(v.n_merge);
-    p.partial_o = reinterpret_cast<float *>(ws + v.partial_o_offset);
-    p.partial_lse = reinterpret_cast<float *>(ws + v.partial_lse_offset);
-
-    if (host) {
-      AttentionWorkspaceHeader h;
-      std::memcpy(&h, ws, sizeof h);
-      if (h.magic != kAttentionWorkspaceMagic || h.check != v.check) {
-        fail_invalid(
-            "the workspace no longer holds this plan (planned into again, or overwritten)");
-      }
-      check_attention_pages(p);
-      run_attention_cpu(s, p);
+    check_run_args(v, a, workspace, stream);
+    const AttentionParams p = run_params(v, a, workspace);
+    if (v.shape.device == SWIFTKV_DEVICE_HOST) {
+      run_on_host(v, p, workspace);
     } else {
       // 16-byte loads need 16-byte aligned bases and strides of whole 16-byte pieces.
       const bool vectorised = aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
                               a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 &&
                               a.page_stride % 8 == 0 && a.token_stride % 8 == 0 &&
                               a.head_stride % 8 == 0;
-      attention_run_cuda(s, p, vectorised, stream);
+      attention_run_cuda(v.shape, p, vectorised, stream);
     }
     return SWIFTKV_OK;
   }

@@ -356,7 +356,10 @@ func TestRemoteLender(t *testing.T) {
 	cb := int(val(small().ChunkBytes()))
 	tok, kv := tokensOf(6, 12*32), kvOf(6, 12*cb)
 	val(m.Store(tok, kv))
-	time.Sleep(100 * time.Millisecond)
+	// A heartbeat goes every 20 ms; on a loaded machine its answer may take a while.
+	for i := 0; i < 5000 && val(bctx.CoordStats()).HeartbeatsAnswered == 0; i++ {
+		time.Sleep(time.Millisecond)
+	}
 	if cs := val(bctx.CoordStats()); cs.HeartbeatsAnswered == 0 || cs.LendersConnected != 1 {
 		t.Fatalf("%+v", cs)
 	}

@@ -307,7 +307,13 @@ fn remote_lender_through_the_coordinator() {
     let kv = kv_of(6, 12 * cb);
     m.store(&t, &kv).unwrap();
     assert_eq!(m.lookup(&t).unwrap().chunks_per_tier[0], 12);
-    thread::sleep(Duration::from_millis(100)); // a few 20 ms heartbeats
+    // A heartbeat goes every 20 ms; on a loaded machine its answer may take a while.
+    for _ in 0..5000 {
+        if bc.coord_stats().unwrap().heartbeats_answered > 0 {
+            break;
+        }
+        thread::sleep(Duration::from_millis(1));
+    }
     let cs = bc.coord_stats().unwrap();
     assert!(cs.heartbeats_answered > 0 && cs.lenders_connected == 1);
     let (st, _, _) = e.scale_for_request(32 * 16).unwrap();
