@@ -242,77 +242,83 @@ void BorrowerSessions::on_session(const std::shared_ptr<Session> &sp) {
       st_.drop(d.error);
       continue;
     }
-    const Message &m = *d.message;
-    const MsgType t = type_of(m.payload);
-    Phase phase;
-    uint64_t epoch = 0;
-    {
-      std::lock_guard lock(st_.mu);
-      phase = s.phase;
-      epoch = s.epoch;
-    }
-    if (m.seq <= s.recv_seq) {
-      st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t));
-      continue;
-    }
-    if (m.epoch < epoch) {
-      st_.drop(std::string("a ") + msg_type_name(t) + " of an older lease-table epoch");
-      continue;
-    }
-    const bool handshake = t == MsgType::welcome || t == MsgType::refuse;
-    if (handshake != (phase == Phase::connecting) || (!handshake && phase != Phase::ready) ||
-        t == MsgType::hello || t == MsgType::lend || t == MsgType::heartbeat ||
-        t == MsgType::release || t == MsgType::bye) {
-      st_.drop(std::string("an unexpected ") + msg_type_name(t));
-      continue;
-    }
-    s.recv_seq = m.seq;
-    bool notify = false;
-    {
-      std::lock_guard lock(st_.mu);
-      s.epoch = m.epoch;
-    }
-    switch (t) {
-      case MsgType::welcome: on_welcome(s, std::get<Welcome>(m.payload)); break;
-      case MsgType::refuse: {
-        const Refuse &r = std::get<Refuse>(m.payload);
-        fail_session(
-            s, known_error_status(r.status) ? static_cast<swiftkv_status>(r.status) : SWIFTKV_EPEER,
-            "the lender \"" + s.name + "\" refused: " + r.message);
-        break;
-      }
-      case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); break;
-      case MsgType::deny: {
-        const Deny &dn = std::get<Deny>(m.payload);
-        std::lock_guard lock(st_.mu);
-        const auto it = s.lends.find(dn.request);
-        if (it == s.lends.end() || it->second.done) {
-          ++st_.stats.messages_dropped;  // a late answer to a lend that timed out
-          break;
-        }
-        it->second.done = true;
-        it->second.status =
-            known_error_status(dn.status) ? static_cast<swiftkv_status>(dn.status) : SWIFTKV_EPEER;
-        it->second.message = dn.message;
-        st_.cv.notify_all();
-        break;
-      }
-      case MsgType::heartbeat_ack: notify = on_ack(s, std::get<HeartbeatAck>(m.payload)); break;
-      case MsgType::reclaim: {
-        std::lock_guard lock(st_.mu);
-        const auto it = s.leases.find(std::get<Reclaim>(m.payload).lease);
-        if (it == s.leases.end() || it->second.lost) {
-          ++st_.stats.messages_dropped;  // a lease the session does not hold (given back already)
-          break;
-        }
-        notify = !it->second.reclaim;
-        it->second.reclaim = true;
-        break;
-      }
-      default: break;
-    }
-    if (notify && s.on_reclaim) s.on_reclaim();
+    if (!accept(s, *d.message)) continue;
+    if (handle(s, *d.message) && s.on_reclaim) s.on_reclaim();
   }
+}
+
+bool BorrowerSessions::accept(Session &s, const Message &m) {
+  const MsgType t = type_of(m.payload);
+  Phase phase;
+  uint64_t epoch = 0;
+  {
+    std::lock_guard lock(st_.mu);
+    phase = s.phase;
+    epoch = s.epoch;
+  }
+  if (m.seq <= s.recv_seq) {
+    st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t));
+    return false;
+  }
+  if (m.epoch < epoch) {
+    st_.drop(std::string("a ") + msg_type_name(t) + " of an older lease-table epoch");
+    return false;
+  }
+  const bool handshake = t == MsgType::welcome || t == MsgType::refuse;
+  if (handshake != (phase == Phase::connecting) || (!handshake && phase != Phase::ready) ||
+      t == MsgType::hello || t == MsgType::lend || t == MsgType::heartbeat ||
+      t == MsgType::release || t == MsgType::bye) {
+    st_.drop(std::string("an unexpected ") + msg_type_name(t));
+    return false;
+  }
+  s.recv_seq = m.seq;
+  std::lock_guard lock(st_.mu);
+  s.epoch = m.epoch;
+  return true;
+}
+
+bool BorrowerSessions::handle(Session &s, const Message &m) {
+  switch (type_of(m.payload)) {
+    case MsgType::welcome: on_welcome(s, std::get<Welcome>(m.payload)); return false;
+    case MsgType::refuse: {
+      const Refuse &r = std::get<Refuse>(m.payload);
+      fail_session(
+          s, known_error_status(r.status) ? static_cast<swiftkv_status>(r.status) : SWIFTKV_EPEER,
+          "the lender \"" + s.name + "\" refused: " + r.message);
+      return false;
+    }
+    case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); return false;
+    case MsgType::deny: on_deny(s, std::get<Deny>(m.payload)); return false;
+    case MsgType::heartbeat_ack: return on_ack(s, std::get<HeartbeatAck>(m.payload));
+    case MsgType::reclaim: return on_reclaim_asked(s, std::get<Reclaim>(m.payload));
+    default: return false;  // accept() lets no other type through
+  }
+}
+
+void BorrowerSessions::on_deny(Session &s, const Deny &dn) {
+  std::lock_guard lock(st_.mu);
+  const auto it = s.lends.find(dn.request);
+  if (it == s.lends.end() || it->second.done) {
+    ++st_.stats.messages_dropped;  // a late answer to a lend that timed out
+    return;
+  }
+  it->second.done = true;
+  it->second.status =
+      known_error_status(dn.status) ? static_cast<swiftkv_status>(dn.status) : SWIFTKV_EPEER;
+  it->second.message = dn.message;
+  st_.cv.notify_all();
+}
+
+bool BorrowerSessions::on_reclaim_asked(Session &s, const Reclaim &r) {
+  std::lock_guard lock(st_.mu);
+  const auto it = s.leases.find(r.lease);
+  if (it == s.leases.end() || it->second.lost) {
+    ++st_.stats.messages_dropped;  // a lease the session does not hold (given back already)
+    return false;
+  }
+  const bool first = !it->second.reclaim;
+  it->second.reclaim = true;
+  return first;
 }
 
 void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
@@ -447,6 +453,7 @@ void BorrowerSessions::on_session_fd(const std::shared_ptr<Session> &sp) {
 void BorrowerSessions::on_grant(Session &s, const Grant &g) {
   uint64_t max_units = 0;
   uint64_t sent_ns = 0;
+  bool known = false;
   {
     std::lock_guard lock(st_.mu);
     const auto it = s.lends.find(g.request);
@@ -454,70 +461,22 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
       max_units = it->second.max_units;
       sent_ns = it->second.sent_ns;
     }
+    known = s.leases.count(g.lease) != 0;
   }
-  auto refuse = [&](swiftkv_status st, const std::string &why) {
-    // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
-    send(s, Release{g.lease});
-    std::lock_guard lock(st_.mu);
-    const auto it = s.lends.find(g.request);
-    if (it == s.lends.end()) {
-      ++st_.stats.messages_dropped;
-      return;
-    }
-    it->second.done = true;
-    it->second.status = st;
-    it->second.message = why;
-    st_.cv.notify_all();
-  };
   if (max_units == 0) {
     log_warn("coordinator: a grant for no pending lend; giving lease " + std::to_string(g.lease) +
              " back");
-    return refuse(SWIFTKV_EPEER, "");
-  }
-  bool known = false;
-  {
-    std::lock_guard lock(st_.mu);
-    known = s.leases.count(g.lease) != 0;
+    return refuse_grant(s, g, SWIFTKV_EPEER, "");
   }
   if (g.units == 0 || g.units > max_units || g.first_unit > s.info.capacity_units ||
       g.units > s.info.capacity_units - g.first_unit || known || g.lease == 0) {
-    return refuse(SWIFTKV_EPEER, "the lender granted a lease that does not add up");
-  }
-  std::vector<ExportedPiece> pieces;
-  for (uint32_t i = 0; i < g.pieces; ++i) {
-    std::string error;
-    try {
-      FdPacket p = fd_recv(s.fdconn.get(), kFdWaitMs);
-      if (p.closed) return refuse(SWIFTKV_EPEER, "the lender hung up while passing memory");
-      const std::optional<uint32_t> more =
-          take_pieces(p, g.request, s.info.region_bytes, &pieces, &error);
-      if (!more || *more != g.pieces - i - 1) {
-        return refuse(SWIFTKV_EPEER,
-                      "the lender sent " + (error.empty() ? "too few pieces" : error));
-      }
-    } catch (const Error &e) {
-      return refuse(SWIFTKV_EPEER, e.what());
-    }
+    return refuse_grant(s, g, SWIFTKV_EPEER, "the lender granted a lease that does not add up");
   }
   std::shared_ptr<RegionMapping> mapping;
   try {
-    {
-      std::lock_guard lock(st_.mu);
-      mapping = s.mapping;
-    }
-    if (!mapping) {
-      if (pieces.empty()) return refuse(SWIFTKV_EPEER, "the lender passed no memory for a lease");
-      mapping = open_region(export_of(s.info, std::move(pieces)), s.device);
-    } else if (!pieces.empty()) {
-      mapping->adopt(export_of(s.info, std::move(pieces)));
-    }
+    mapping = map_grant(s, g, receive_pieces(s, g));
   } catch (const Error &e) {
-    return refuse(e.status(), std::string("mapping the lease: ") + e.what());
-  }
-  try {
-    mapping->hold(g.first_unit * s.info.unit_bytes, g.units * s.info.unit_bytes);
-  } catch (const Error &e) {
-    return refuse(e.status(), std::string("mapping the lease: ") + e.what());
+    return refuse_grant(s, g, e.status(), e.what());
   }
   std::lock_guard lock(st_.mu);
   s.mapping = mapping;
@@ -533,6 +492,63 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
   it->second.grant.device = s.mapping->device();
   it->second.grant.chunks = g.units * s.info.unit_chunks;
   st_.cv.notify_all();
+}
+
+void BorrowerSessions::refuse_grant(Session &s, const Grant &g, swiftkv_status st,
+                                    const std::string &why) {
+  // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
+  send(s, Release{g.lease});
+  std::lock_guard lock(st_.mu);
+  const auto it = s.lends.find(g.request);
+  if (it == s.lends.end()) {
+    ++st_.stats.messages_dropped;
+    return;
+  }
+  it->second.done = true;
+  it->second.status = st;
+  it->second.message = why;
+  st_.cv.notify_all();
+}
+
+std::vector<ExportedPiece> BorrowerSessions::receive_pieces(Session &s, const Grant &g) {
+  std::vector<ExportedPiece> pieces;
+  for (uint32_t i = 0; i < g.pieces; ++i) {
+    FdPacket p;
+    try {
+      p = fd_recv(s.fdconn.get(), kFdWaitMs);
+    } catch (const Error &e) {
+      fail(SWIFTKV_EPEER, e.what());  // whatever went wrong on the channel, the peer broke it
+    }
+    if (p.closed) fail(SWIFTKV_EPEER, "the lender hung up while passing memory");
+    std::string error;
+    const std::optional<uint32_t> more =
+        take_pieces(p, g.request, s.info.region_bytes, &pieces, &error);
+    if (!more || *more != g.pieces - i - 1) {
+      fail(SWIFTKV_EPEER, "the lender sent " + (error.empty() ? "too few pieces" : error));
+    }
+  }
+  return pieces;
+}
+
+std::shared_ptr<RegionMapping> BorrowerSessions::map_grant(Session &s, const Grant &g,
+                                                           std::vector<ExportedPiece> pieces) {
+  std::shared_ptr<RegionMapping> mapping;
+  {
+    std::lock_guard lock(st_.mu);
+    mapping = s.mapping;
+  }
+  if (!mapping && pieces.empty()) fail(SWIFTKV_EPEER, "the lender passed no memory for a lease");
+  try {
+    if (!mapping) {
+      mapping = open_region(export_of(s.info, std::move(pieces)), s.device);
+    } else if (!pieces.empty()) {
+      mapping->adopt(export_of(s.info, std::move(pieces)));
+    }
+    mapping->hold(g.first_unit * s.info.unit_bytes, g.units * s.info.unit_bytes);
+  } catch (const Error &e) {
+    fail(e.status(), std::string("mapping the lease: ") + e.what());
+  }
+  return mapping;
 }
 
 bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {

@@ -329,11 +329,24 @@ class BorrowerSessions {
  private:
   void send(Session &s, Payload p);
   void on_session(const std::shared_ptr<Session> &s);
+  // A decoded message in order, of this epoch, and one this phase expects; else dropped.
+  bool accept(Session &s, const Message &m);
+  // Acts on an accepted message; true when the engine's reclaim callback is due.
+  bool handle(Session &s, const Message &m);
+  void on_deny(Session &s, const Deny &d);
+  bool on_reclaim_asked(Session &s, const Reclaim &r);
   void on_session_fd(const std::shared_ptr<Session> &s);
   void on_monitor(const std::shared_ptr<Session> &s);
   void stop_monitor(Session &s) noexcept;
   void on_welcome(Session &s, const Welcome &w);
   void on_grant(Session &s, const Grant &g);
+  // Gives a lease this side cannot use straight back and fails its lend with `why`.
+  void refuse_grant(Session &s, const Grant &g, swiftkv_status st, const std::string &why);
+  // The grant's memory pieces from the fd channel; EPEER when they do not come or add up.
+  std::vector<ExportedPiece> receive_pieces(Session &s, const Grant &g);
+  // The session's mapping with the grant's pieces adopted and its units held.
+  std::shared_ptr<RegionMapping> map_grant(Session &s, const Grant &g,
+                                           std::vector<ExportedPiece> pieces);
   bool on_ack(Session &s, const HeartbeatAck &a);
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
