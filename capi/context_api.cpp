@@ -31,13 +31,8 @@ struct ReadConfig {
   bool write_back_on_close = true;
 };
 
-ReadConfig read_config(const swiftkv_ctx_config *config) {
-  const swiftkv_ctx_config defaults = SWIFTKV_CTX_CONFIG_INIT;
-  const swiftkv_ctx_config c =
-      config == nullptr
-          ? defaults
-          : swiftkv::capi::read_versioned(config, defaults, SWIFTKV_CTX_CONFIG_VERSION,
-                                          kCtxConfigV1Size, "config", "SWIFTKV_CTX_CONFIG_INIT");
+// The checks of fields that stand alone (reserved words, flags, counts).
+void check_config_fields(const swiftkv_ctx_config &c) {
   if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
   if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
   if (c.reserved2 != 0) swiftkv::fail_invalid("config->reserved2 is not 0");
@@ -49,24 +44,27 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
     swiftkv::fail_invalid("config->max_open_requests (" + std::to_string(c.max_open_requests) +
                           ") is not in 1.." + std::to_string(kMaxOpenRequestsLimit));
   }
-  ReadConfig r;
-  swiftkv::ContextConfig &out = r.context;
+  if (c.transfer_threads > 64) {
+    swiftkv::fail_invalid("config->transfer_threads (" + std::to_string(c.transfer_threads) +
+                          ") is above 64");
+  }
+}
+
+swiftkv::ContextConfig context_config(const swiftkv_ctx_config &c) {
+  swiftkv::ContextConfig out;
   out.device_mask = c.device_mask;
   out.host_budget_bytes = c.host_budget_bytes;
   out.host_numa_node = c.host_numa_node;
   if (c.disk_path != nullptr) out.disk_path = std::string(c.disk_path);
   out.disk_budget_bytes = c.disk_budget_bytes;
-  if (c.transfer_threads > 64) {
-    swiftkv::fail_invalid("config->transfer_threads (" + std::to_string(c.transfer_threads) +
-                          ") is above 64");
-  }
-  r.transfer_threads = c.transfer_threads;
-  r.max_open_requests = c.max_open_requests;
-  r.write_back_on_close = c.write_back_on_close != 0;
   out.disk_segment_bytes = c.disk_segment_bytes;
   out.disk_sync_ns = uint64_t{c.disk_sync_ms} * 1'000'000;
+  return out;
+}
 
-  swiftkv::CacheOptions &o = r.cache;
+// The cache's options: eviction, demotion, the recompute cost, maintenance and the clock.
+swiftkv::CacheOptions cache_options(const swiftkv_ctx_config &c) {
+  swiftkv::CacheOptions o;
   const int32_t policy = swiftkv::capi::raw_enum_value(c.eviction_policy);
   if (policy != SWIFTKV_EVICT_LRU && policy != SWIFTKV_EVICT_RETENTION) {
     swiftkv::fail_invalid("config->eviction_policy (" + std::to_string(policy) +
@@ -101,14 +99,37 @@ ReadConfig read_config(const swiftkv_ctx_config *config) {
     const swiftkv_clock_fn fn = c.clock;
     void *user = c.clock_user_data;
     o.clock = [fn, user] { return fn(user); };
-    r.clock = fn;
-    r.clock_user_data = user;
   }
-  if (c.coord_endpoint != nullptr) r.coord.endpoint = std::string(c.coord_endpoint);
+  return o;
+}
+
+swiftkv::coord::CoordOptions coord_options(const swiftkv_ctx_config &c) {
+  swiftkv::coord::CoordOptions o;
+  if (c.coord_endpoint != nullptr) o.endpoint = std::string(c.coord_endpoint);
   if (c.coord_heartbeat_ms == 0) swiftkv::fail_invalid("config->coord_heartbeat_ms is 0");
   if (c.coord_timeout_ms == 0) swiftkv::fail_invalid("config->coord_timeout_ms is 0");
-  r.coord.heartbeat_ns = uint64_t{c.coord_heartbeat_ms} * 1'000'000;
-  r.coord.timeout_ns = uint64_t{c.coord_timeout_ms} * 1'000'000;
+  o.heartbeat_ns = uint64_t{c.coord_heartbeat_ms} * 1'000'000;
+  o.timeout_ns = uint64_t{c.coord_timeout_ms} * 1'000'000;
+  return o;
+}
+
+ReadConfig read_config(const swiftkv_ctx_config *config) {
+  const swiftkv_ctx_config defaults = SWIFTKV_CTX_CONFIG_INIT;
+  const swiftkv_ctx_config c =
+      config == nullptr
+          ? defaults
+          : swiftkv::capi::read_versioned(config, defaults, SWIFTKV_CTX_CONFIG_VERSION,
+                                          kCtxConfigV1Size, "config", "SWIFTKV_CTX_CONFIG_INIT");
+  check_config_fields(c);
+  ReadConfig r;
+  r.context = context_config(c);
+  r.transfer_threads = c.transfer_threads;
+  r.max_open_requests = c.max_open_requests;
+  r.write_back_on_close = c.write_back_on_close != 0;
+  r.cache = cache_options(c);
+  r.clock = c.clock;
+  r.clock_user_data = c.clock != nullptr ? c.clock_user_data : nullptr;
+  r.coord = coord_options(c);
   return r;
 }
 
