@@ -192,6 +192,78 @@ AttentionShape check_attention_shape(const swiftkv_attention_desc &d, int32_t ra
   return s;
 }
 
+namespace {
+
+// How the batch's KV is cut: desc->kv_chunk_tokens when set; otherwise, when the batch gives
+// fewer work items than `parallelism`, the longest KV in enough pieces to reach it, no finer
+// than the minimum, and coarser again while the workspace has no room for the partials.
+// *piece_len is 0 when nothing is cut.
+Split choose_split(const AttentionShape &s, const std::vector<SubRequest> &subs, uint32_t tile_rows,
+                   uint64_t max_kv, uint64_t workspace_bytes, uint32_t parallelism,
+                   uint64_t *piece_len) {
+  *piece_len = 0;
+  if (s.kv_chunk_tokens > 0) {
+    *piece_len = s.kv_chunk_tokens;
+    return split_for(s, subs, tile_rows, s.kv_chunk_tokens);
+  }
+  Split split = split_for(s, subs, tile_rows, 0);
+  if (split.items == 0 || split.items >= parallelism || max_kv <= kAttentionMinPiece) return split;
+  const uint64_t want = ceil_div(parallelism, split.items);
+  uint64_t piece =
+      std::max<uint64_t>(kAttentionMinPiece, ceil_div(ceil_div(max_kv, want), 64) * 64);
+  for (; piece < max_kv; piece *= 2) {
+    Split candidate = split_for(s, subs, tile_rows, piece);
+    if (offsets_for(s, candidate.items, candidate.merges, candidate.partial_rows).bytes <=
+        workspace_bytes) {
+      *piece_len = piece;
+      return candidate;
+    }
+  }
+  return split;
+}
+
+// The work items (and merges of split sub-requests) of one sub-request: per KV head, per piece
+// of piece_len keys (the last shorter), per tile of rows.
+void add_work(const AttentionShape &s, const SubRequest &q, uint32_t pieces, uint64_t piece_len,
+              int32_t *partial_next, AttentionPlan &plan) {
+  const uint64_t len = pieces == 1 ? static_cast<uint64_t>(q.kv_len) : piece_len;
+  const int32_t rows = static_cast<int32_t>(q.rows);
+  for (uint32_t h = 0; h < s.num_kv_heads; ++h) {
+    const int32_t base = pieces > 1 ? *partial_next : -1;
+    if (pieces > 1) {
+      plan.merge.push_back({q.q_begin,
+                            q.q_len,
+                            static_cast<int32_t>(h),
+                            static_cast<int32_t>(pieces),
+                            base,
+                            {0, 0, 0}});
+      *partial_next += rows * static_cast<int32_t>(pieces);
+    }
+    for (uint32_t p = 0; p < pieces; ++p) {
+      const auto kb =
+          static_cast<int32_t>(std::min<uint64_t>(p * len, static_cast<uint64_t>(q.kv_len)));
+      const auto ke =
+          static_cast<int32_t>(std::min<uint64_t>((p + 1) * len, static_cast<uint64_t>(q.kv_len)));
+      for (int32_t row = 0; row < rows; row += static_cast<int32_t>(plan.tile_rows)) {
+        plan.work.push_back({q.q_begin,
+                             q.q_len,
+                             q.kv_len,
+                             q.page_begin,
+                             static_cast<int32_t>(h),
+                             row,
+                             pieces == 1 ? 0 : kb,
+                             pieces == 1 ? q.kv_len : ke,
+                             pieces > 1 ? base + static_cast<int32_t>(p) * rows : -1,
+                             {0, 0, 0}});
+      }
+    }
+  }
+  if (pieces > 1) ++plan.split_requests;
+  plan.max_pieces = std::max(plan.max_pieces, pieces);
+}
+
+}  // namespace
+
 AttentionPlan plan_attention(const AttentionShape &s, const AttentionBatch &b,
                              uint64_t workspace_bytes, uint32_t parallelism) {
   const std::vector<SubRequest> subs = read_batch(s, b);
@@ -206,30 +278,9 @@ AttentionPlan plan_attention(const AttentionShape &s, const AttentionBatch &b,
   plan.kv_entries = static_cast<uint64_t>(b.kv_indptr[b.n_requests]);
   plan.tile_rows = max_rows <= kAttentionSmallTile ? kAttentionSmallTile : kAttentionLargeTile;
 
-  auto fits = [&](const Split &sp) {
-    return offsets_for(s, sp.items, sp.merges, sp.partial_rows).bytes <= workspace_bytes;
-  };
-  Split split = split_for(s, subs, plan.tile_rows, 0);
-  uint64_t piece_len = 0;  // 0: no split
-  if (s.kv_chunk_tokens > 0) {
-    piece_len = s.kv_chunk_tokens;
-    split = split_for(s, subs, plan.tile_rows, s.kv_chunk_tokens);
-  } else if (split.items > 0 && split.items < parallelism && max_kv > kAttentionMinPiece) {
-    // Cut the longest KV into enough pieces to reach `parallelism`, no finer than the minimum,
-    // and coarser again while the workspace has no room for the partials.
-    const uint64_t want = ceil_div(parallelism, split.items);
-    uint64_t piece =
-        std::max<uint64_t>(kAttentionMinPiece, ceil_div(ceil_div(max_kv, want), 64) * 64);
-    while (piece < max_kv) {
-      Split candidate = split_for(s, subs, plan.tile_rows, piece);
-      if (fits(candidate)) {
-        split = std::move(candidate);
-        piece_len = piece;
-        break;
-      }
-      piece *= 2;
-    }
-  }
+  uint64_t piece_len = 0;
+  const Split split =
+      choose_split(s, subs, plan.tile_rows, max_kv, workspace_bytes, parallelism, &piece_len);
   if (split.items > kInt32Max || split.partial_rows > kInt32Max) {
     fail_invalid("the batch needs more than 2^31 - 1 work items or partial rows");
   }
@@ -242,44 +293,7 @@ AttentionPlan plan_attention(const AttentionShape &s, const AttentionBatch &b,
   int32_t partial_next = 0;
   plan.work.reserve(split.items);
   for (size_t r = 0; r < subs.size(); ++r) {
-    const SubRequest &q = subs[r];
-    const uint32_t pieces = split.pieces[r];
-    if (pieces == 0) continue;
-    // Pieces of piece_len keys, the last shorter.
-    const uint64_t len = pieces == 1 ? static_cast<uint64_t>(q.kv_len) : piece_len;
-    const int32_t rows = static_cast<int32_t>(q.rows);
-    for (uint32_t h = 0; h < s.num_kv_heads; ++h) {
-      const int32_t base = pieces > 1 ? partial_next : -1;
-      if (pieces > 1) {
-        plan.merge.push_back({q.q_begin,
-                              q.q_len,
-                              static_cast<int32_t>(h),
-                              static_cast<int32_t>(pieces),
-                              base,
-                              {0, 0, 0}});
-        partial_next += rows * static_cast<int32_t>(pieces);
-      }
-      for (uint32_t p = 0; p < pieces; ++p) {
-        const auto kb =
-            static_cast<int32_t>(std::min<uint64_t>(p * len, static_cast<uint64_t>(q.kv_len)));
-        const auto ke = static_cast<int32_t>(
-            std::min<uint64_t>((p + 1) * len, static_cast<uint64_t>(q.kv_len)));
-        for (int32_t row = 0; row < rows; row += static_cast<int32_t>(plan.tile_rows)) {
-          plan.work.push_back({q.q_begin,
-                               q.q_len,
-                               q.kv_len,
-                               q.page_begin,
-                               static_cast<int32_t>(h),
-                               row,
-                               pieces == 1 ? 0 : kb,
-                               pieces == 1 ? q.kv_len : ke,
-                               pieces > 1 ? base + static_cast<int32_t>(p) * rows : -1,
-                               {0, 0, 0}});
-        }
-      }
-    }
-    if (pieces > 1) ++plan.split_requests;
-    plan.max_pieces = std::max(plan.max_pieces, pieces);
+    if (split.pieces[r] != 0) add_work(s, subs[r], split.pieces[r], piece_len, &partial_next, plan);
   }
   plan.partial_rows = static_cast<uint64_t>(partial_next);
   plan.work_offset = o.work;
