@@ -471,16 +471,30 @@ DiskTier::Segment *DiskTier::room_locked(std::unique_lock<std::mutex> &lock, uin
 }
 
 void DiskTier::clean_locked(std::unique_lock<std::mutex> &lock, Segment &c) {
-  struct Move {
-    uint64_t slot, from, to, len;
-    bool ok = false;
-  };
-  std::vector<Move> moves;
   Segment &d = *open_;
+  std::vector<Relocation> moves = plan_moves_locked(c, d);
+  const int src = c.fd.get(), dst = d.fd.get();
+  const uint64_t src_gen = c.generation, dst_gen = d.generation;
+  const std::string src_path = path_of(c.number), dst_path = path_of(d.number);
+  lock.unlock();
+  std::vector<std::byte> buf;
+  for (Relocation &m : moves) {
+    try {
+      m.ok = copy_record(src, src_gen, src_path, dst, dst_gen, dst_path, m, buf);
+    } catch (const Error &e) {
+      log_warn("disk tier: moving a record out of " + src_path + ": " + e.what());
+    }
+  }
+  lock.lock();
+  settle_moves_locked(c, d, moves);
+}
+
+std::vector<DiskTier::Relocation> DiskTier::plan_moves_locked(Segment &c, Segment &d) {
+  std::vector<Relocation> moves;
   for (uint64_t slot : c.slots) {
     const Record &r = records_[slot];
     if (r.state != RecState::live || r.seg != c.index) continue;
-    moves.push_back(Move{slot, r.off, d.write_at, r.len});
+    moves.push_back(Relocation{slot, r.off, d.write_at, r.len});
     d.pending.insert(d.write_at);
     d.write_at += r.len;
     d.live += r.len;
@@ -490,36 +504,33 @@ void DiskTier::clean_locked(std::unique_lock<std::mutex> &lock, Segment &c) {
   ++d.readers;
   recount_locked(c);
   recount_locked(d);
-  const int src = c.fd.get(), dst = d.fd.get();
-  const uint64_t src_gen = c.generation, dst_gen = d.generation;
-  const std::string src_path = path_of(c.number), dst_path = path_of(d.number);
-  lock.unlock();
-  std::vector<std::byte> buf;
-  for (Move &m : moves) {
-    try {
-      buf.resize(m.len);
-      if (!pread_one(src, buf.data(), m.len, m.from, src_path)) continue;
-      RecordHeader h{};
-      std::memcpy(&h, buf.data(), sizeof h);
-      if (!header_ok(h) || h.type != kChunkRecord || h.generation != src_gen ||
-          h.payload_bytes + kHeaderBytes > m.len ||
-          XXH3_64bits(buf.data() + kHeaderBytes, h.payload_bytes) != h.payload_checksum) {
-        continue;  // a bad record stays where it is: its read fails and the cache drops it
-      }
-      h.generation = dst_gen;
-      h.dead = 0;
-      h.checksum = record_checksum(h);
-      std::memcpy(buf.data(), &h, sizeof h);
-      iovec v{buf.data(), kHeaderBytes + h.payload_bytes};
-      pwrite_all(dst, &v, 1, m.to, dst_path);
-      m.ok = true;
-    } catch (const Error &e) {
-      log_warn("disk tier: moving a record out of " + src_path + ": " + e.what());
-    }
+  return moves;
+}
+
+bool DiskTier::copy_record(int src, uint64_t src_gen, const std::string &src_path, int dst,
+                           uint64_t dst_gen, const std::string &dst_path, const Relocation &m,
+                           std::vector<std::byte> &buf) {
+  buf.resize(m.len);
+  if (!pread_one(src, buf.data(), m.len, m.from, src_path)) return false;
+  RecordHeader h{};
+  std::memcpy(&h, buf.data(), sizeof h);
+  if (!header_ok(h) || h.type != kChunkRecord || h.generation != src_gen ||
+      h.payload_bytes + kHeaderBytes > m.len ||
+      XXH3_64bits(buf.data() + kHeaderBytes, h.payload_bytes) != h.payload_checksum) {
+    return false;  // a bad record stays where it is: its read fails and the cache drops it
   }
-  lock.lock();
+  h.generation = dst_gen;
+  h.dead = 0;
+  h.checksum = record_checksum(h);
+  std::memcpy(buf.data(), &h, sizeof h);
+  iovec v{buf.data(), kHeaderBytes + h.payload_bytes};
+  pwrite_all(dst, &v, 1, m.to, dst_path);
+  return true;
+}
+
+void DiskTier::settle_moves_locked(Segment &c, Segment &d, const std::vector<Relocation> &moves) {
   uint64_t moved = 0;
-  for (const Move &m : moves) {
+  for (const Relocation &m : moves) {
     d.pending.erase(m.to);
     Record &r = records_[m.slot];
     if (m.ok && r.state == RecState::live && r.seg == c.index && r.off == m.from) {
@@ -534,7 +545,7 @@ void DiskTier::clean_locked(std::unique_lock<std::mutex> &lock, Segment &c) {
       d.live -= m.len;
       if (m.ok) {
         const uint32_t mark = kDeadMark;
-        (void)::pwrite(dst, &mark, sizeof mark, static_cast<off_t>(m.to + kDeadOffset));
+        (void)::pwrite(d.fd.get(), &mark, sizeof mark, static_cast<off_t>(m.to + kDeadOffset));
       }
     }
   }

@@ -166,6 +166,18 @@ class DiskTier final : public TierStore {
   // and at most an eighth of it live.
   void recount_locked(Segment &s);
   void clean_locked(std::unique_lock<std::mutex> &lock, Segment &s);
+  // clean_locked()'s stages: the live records of c get places in d (the open segment); each is
+  // copied with the lock released (false: it fails its checks and stays); then the index
+  // follows the copies that are still wanted and the rest are marked dead.
+  struct Relocation {
+    uint64_t slot, from, to, len;
+    bool ok = false;
+  };
+  std::vector<Relocation> plan_moves_locked(Segment &c, Segment &d);
+  static bool copy_record(int src, uint64_t src_gen, const std::string &src_path, int dst,
+                          uint64_t dst_gen, const std::string &dst_path, const Relocation &m,
+                          std::vector<std::byte> &buf);
+  void settle_moves_locked(Segment &c, Segment &d, const std::vector<Relocation> &moves);
   // A segment with no live record goes back to free (or is deleted when not reusable).
   void maybe_release_locked(Segment &s);
   uint64_t reserve_slot_locked();
