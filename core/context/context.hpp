@@ -3,6 +3,8 @@
 // counter. Both are safe from any thread without a lock.
 #pragma once
 
+#include "core/common/defaults.hpp"
+
 #include <atomic>
 #include <cstdint>
 #include <optional>
@@ -17,8 +19,9 @@ struct ContextConfig {
   int32_t host_numa_node = -1;  // SWIFTKV_NUMA_NODE_AUTO
   std::optional<std::string> disk_path;
   uint64_t disk_budget_bytes = 0;
-  uint64_t disk_segment_bytes = 0;        // 0: the disk tier's default
-  uint64_t disk_sync_ns = 1'000'000'000;  // group commit period; 0: at seal and close only
+  uint64_t disk_segment_bytes = 0;  // 0: the disk tier's default
+  // Group commit period; 0: at seal and close only.
+  uint64_t disk_sync_ns = defaults::ns_of_ms(defaults::kCtx.disk_sync_ms);
 };
 
 class Context {

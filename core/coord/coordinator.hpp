@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 
+#include "core/common/defaults.hpp"
 #include "core/elastic/elastic_region.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/tiers/lender_link.hpp"
@@ -38,8 +39,10 @@ namespace swiftkv::coord {
 
 struct CoordOptions {
   std::optional<std::string> endpoint;  // where this process's regions are offered
-  uint64_t heartbeat_ns = 100'000'000;  // how often a borrower renews (at most lease / 3)
-  uint64_t timeout_ns = 5'000'000'000;  // a handshake's or a lend's longest wait
+  // How often a borrower renews (at most lease / 3).
+  uint64_t heartbeat_ns = defaults::ns_of_ms(defaults::kCtx.coord_heartbeat_ms);
+  // A handshake's or a lend's longest wait.
+  uint64_t timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_timeout_ms);
 };
 
 struct CoordStats {

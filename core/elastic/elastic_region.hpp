@@ -14,6 +14,7 @@
 #include <set>
 #include <vector>
 
+#include "core/common/defaults.hpp"
 #include "core/elastic/block_layout.hpp"
 #include "core/geometry/elastic_scaling.hpp"
 #include "core/geometry/model_geometry.hpp"
@@ -26,11 +27,12 @@ struct ElasticConfig {
   std::optional<ModelGeometry> borrower;  // none: nothing is lent and resizes step by 1 block
   uint64_t capacity_blocks = 0;           // a whole number of lending units
   uint64_t owned_blocks = 0;              // initially owned; a whole number of lending units
-  uint64_t window_ns = 60'000'000'000;    // ScaleDown looks at requests this recent
-  uint64_t lease_ns = 10'000'000'000;     // a lease lives this long unless renewed
+  uint64_t window_ns = defaults::ns_of_ms(defaults::kElastic.window_ms);  // ScaleDown's window
+  // A lease lives this long unless renewed.
+  uint64_t lease_ns = defaults::ns_of_ms(defaults::kElastic.lease_ms);
   // Once a lease is asked back, renewals extend it to at most this long after the asking (never
   // shortening what was granted); then it expires as any lease does, held or not.
-  uint64_t reclaim_deadline_ns = 30'000'000'000;
+  uint64_t reclaim_deadline_ns = defaults::ns_of_ms(defaults::kElastic.reclaim_deadline_ms);
   bool keep_committed = false;      // never return free memory to the system
   std::function<uint64_t()> clock;  // monotonic nanoseconds; empty: CLOCK_MONOTONIC
 };

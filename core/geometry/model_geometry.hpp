@@ -2,6 +2,8 @@
 // over plain structs: no memory backend, no state, safe from any thread.
 #pragma once
 
+#include "core/common/defaults.hpp"
+
 #include <cstdint>
 #include <string_view>
 
@@ -13,8 +15,8 @@ struct ModelGeometry {
   uint32_t num_layers = 0;
   uint32_t num_kv_heads = 0;
   uint32_t head_dim = 0;
-  uint32_t block_tokens = 16;
-  uint32_t chunk_tokens = 256;
+  uint32_t block_tokens = defaults::kModel.block_tokens;
+  uint32_t chunk_tokens = defaults::kModel.chunk_tokens;
   swiftkv_dtype dtype = SWIFTKV_DTYPE_F16;
   int32_t device = SWIFTKV_DEVICE_HOST;
 };

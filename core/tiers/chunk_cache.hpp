@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/common/defaults.hpp"
 #include "core/context/context.hpp"
 #include "core/index/chunk_index.hpp"
 #include "core/policy/eviction_policy.hpp"
@@ -31,10 +32,10 @@ struct CacheOptions {
   RecomputeCost cost;
   // The background thread demotes from the peer and host tiers while their free space is under
   // this percentage of their capacity; 0: only when a store finds no room.
-  uint32_t demote_free_percent = 25;
+  uint32_t demote_free_percent = defaults::kCtx.demote_free_percent;
   uint64_t host_slab_bytes = uint64_t{64} << 20;
   // How often the background thread runs; 0: no thread (the owner calls maintain()).
-  uint64_t maintenance_interval_ms = 10;
+  uint64_t maintenance_interval_ms = defaults::kCtx.maintenance_interval_ms;
   std::function<uint64_t()> clock;  // monotonic ns; empty: CLOCK_MONOTONIC
 };
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/defaults.hpp"
 #include "core/common/unique_fd.hpp"
 #include "core/tiers/tier_store.hpp"
 
@@ -26,7 +27,7 @@ struct DiskOptions {
   uint64_t segment_bytes = 0;
   // Group commit: written records are made durable (fdatasync, then a commit record) at most
   // this long after they are written, by maintain(); 0: only when a segment fills and at close.
-  uint64_t sync_ns = 1'000'000'000;
+  uint64_t sync_ns = defaults::ns_of_ms(defaults::kCtx.disk_sync_ms);
 };
 
 struct DiskStats {
