@@ -231,11 +231,12 @@ void graph_capture_replays_the_run() {
 
 int main() {
   if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
-  kernels_match_the_cpu_twin();
-  automatic_splits_match();
-  graph_capture_replays_the_run();
-  std::printf("%s\n", g_failures == 0 ? "all GPU attention checks passed" : "FAILED");
-  return g_failures == 0 ? 0 : 1;
+  const CMUnitTest tests[] = {
+      SWIFTKV_GPU_TEST(kernels_match_the_cpu_twin),
+      SWIFTKV_GPU_TEST(automatic_splits_match),
+      SWIFTKV_GPU_TEST(graph_capture_replays_the_run),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
 
 #else

@@ -452,27 +452,45 @@ void stream_pages(const Geometry &g) {
   std::printf("%s stream pages: every layer streamed through the aliased pages intact\n", g.name);
 }
 
+const Geometry kGeometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
+                                {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
+                                {"fp8-d5", SWIFTKV_DTYPE_FP8_E4M3, 5, 1}};
+
+void host_tier_round_trips() {
+  for (const Geometry &g : kGeometries) {
+    for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
+      round_trip(g, layout, SWIFTKV_TIER_HOST);
+    }
+  }
+}
+
+void disk_tier_round_trips() {
+  for (const Geometry &g : kGeometries) round_trip(g, "nhd", SWIFTKV_TIER_DISK);
+}
+
+void stream_pages_round_trip() {
+  for (const Geometry &g : kGeometries) stream_pages(g);
+}
+
+// Without host synchronisation: the library's own stream waits are all that order the steps.
+void async_round_trips() {
+  for (const char *layout : {"nhd", "hnd"}) {
+    async_round_trip(kGeometries[0], layout, SWIFTKV_TIER_HOST);
+    async_round_trip(kGeometries[0], layout, SWIFTKV_TIER_DISK);
+  }
+}
+
 }  // namespace
 
 int main() {
   if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
-  const Geometry geometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
-                                 {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
-                                 {"fp8-d5", SWIFTKV_DTYPE_FP8_E4M3, 5, 1}};
-  for (const Geometry &g : geometries) {
-    for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
-      round_trip(g, layout, SWIFTKV_TIER_HOST);
-    }
-    round_trip(g, "nhd", SWIFTKV_TIER_DISK);
-    stream_pages(g);
-  }
-  // Without host synchronisation: the library's own stream waits are all that order the steps.
-  for (const char *layout : {"nhd", "hnd"}) {
-    async_round_trip(geometries[0], layout, SWIFTKV_TIER_HOST);
-    async_round_trip(geometries[0], layout, SWIFTKV_TIER_DISK);
-  }
-  std::printf("%s\n", g_failures == 0 ? "all GPU connector checks passed" : "FAILED");
-  return g_failures == 0 ? 0 : 1;
+  const CMUnitTest tests[] = {
+      SWIFTKV_GPU_TEST(host_tier_round_trips),
+      SWIFTKV_GPU_TEST(disk_tier_round_trips),
+      SWIFTKV_GPU_TEST(stream_pages_round_trip),
+      SWIFTKV_GPU_TEST(async_round_trips),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
 
 #else

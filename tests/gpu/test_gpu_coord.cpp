@@ -202,6 +202,11 @@ void share_device_region(int alloc, const char *name) {
   std::printf("%s: %zu chunks through another process's device memory and back\n", name, chunks);
 }
 
+void vmm_memory_is_borrowed() { share_device_region(SWIFTKV_CUDA_ALLOC_VMM, "vmm"); }
+void cudamalloc_memory_is_borrowed() {
+  share_device_region(SWIFTKV_CUDA_ALLOC_MALLOC, "cudamalloc");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -213,8 +218,9 @@ int main(int argc, char **argv) {
   if (swiftkv_device_count(&devices) != SWIFTKV_OK || devices == 0) {
     return swiftkv_test_no_gpu("no usable CUDA device (swiftkv_device_count: 0)");
   }
-  share_device_region(SWIFTKV_CUDA_ALLOC_VMM, "vmm");
-  share_device_region(SWIFTKV_CUDA_ALLOC_MALLOC, "cudamalloc");
-  std::printf("%s\n", g_failures == 0 ? "all GPU coordinator checks passed" : "FAILED");
-  return g_failures == 0 ? 0 : 1;
+  const CMUnitTest tests[] = {
+      SWIFTKV_GPU_TEST(vmm_memory_is_borrowed),
+      SWIFTKV_GPU_TEST(cudamalloc_memory_is_borrowed),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

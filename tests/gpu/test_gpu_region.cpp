@@ -20,6 +20,7 @@
 
 #include "core/common/error.hpp"
 #include "core/memory/cuda_region.hpp"
+#include "gpu_check.h"
 #include "swiftkv/swiftkv.h"
 
 extern char **environ;
@@ -27,17 +28,6 @@ extern char **environ;
 namespace {
 
 const char *g_self = nullptr;
-int g_failures = 0;
-
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++g_failures;                                                                 \
-      return;                                                                       \
-    }                                                                               \
-  } while (0)
-#define CHECK_CUDA(call) CHECK((call) == cudaSuccess)
 
 uint8_t pattern(uint64_t i, uint8_t salt) { return static_cast<uint8_t>((i * 131 + salt) % 251); }
 
@@ -217,12 +207,8 @@ void test_elastic_on_device() {
   swiftkv_ctx_destroy(ctx);
 }
 
-}  // namespace
-
-int main(int argc, char **argv) {
-  if (argc >= 7 && std::strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
-  g_self = argv[0];
-  if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
+// The core's region classes throw; a throw is one failed check.
+void device_regions_share() {
   try {
     test_vmm_region();
     test_ipc_region();
@@ -230,9 +216,19 @@ int main(int argc, char **argv) {
     std::fprintf(stderr, "%s\n", err.what());
     ++g_failures;
   }
-  test_elastic_on_device();
-  std::printf("%s\n", g_failures == 0 ? "all GPU region checks passed" : "FAILED");
-  return g_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc >= 7 && std::strcmp(argv[1], "--child") == 0) return child_main(argc, argv);
+  g_self = argv[0];
+  if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
+  const CMUnitTest tests[] = {
+      SWIFTKV_GPU_TEST(device_regions_share),
+      SWIFTKV_GPU_TEST(test_elastic_on_device),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
 
 #else
