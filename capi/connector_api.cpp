@@ -96,6 +96,80 @@ swiftkv_request_info to_c(const RequestInfo &i) {
   return v;
 }
 
+// The descriptor's pages for its tokens: enough of them, each a page of the pool, none twice.
+std::vector<int32_t> request_pages(const swiftkv_request_desc &d, uint64_t block,
+                                   uint64_t num_pages) {
+  const uint64_t need = (d.n_tokens + block - 1) / block;
+  if (d.pages == nullptr && d.n_pages != 0) swiftkv::fail_invalid("desc->pages is NULL");
+  if (d.n_pages < need) {
+    swiftkv::fail_invalid("desc->n_pages (" + std::to_string(d.n_pages) + ") is below the " +
+                          std::to_string(need) + " pages that " + std::to_string(d.n_tokens) +
+                          " tokens fill");
+  }
+  std::vector<int32_t> pages(d.pages, d.pages + need);
+  for (size_t b = 0; b < pages.size(); ++b) {
+    if (pages[b] < 0 || static_cast<uint64_t>(pages[b]) >= num_pages) {
+      swiftkv::fail_invalid("desc->pages[" + std::to_string(b) + "] (" + std::to_string(pages[b]) +
+                            ") is not a page of pool " + std::to_string(d.pool) + " (" +
+                            std::to_string(num_pages) + " pages)");
+    }
+  }
+  std::vector<int32_t> sorted = pages;
+  std::sort(sorted.begin(), sorted.end());
+  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
+  if (dup != sorted.end()) {
+    swiftkv::fail_invalid("desc->pages names page " + std::to_string(*dup) + " twice");
+  }
+  return pages;
+}
+
+// What the connector's Request is asked to do, from a checked descriptor.
+swiftkv::RequestSpec request_spec(const swiftkv_request_desc &d, int32_t shape,
+                                  const swiftkv::capi::RegisteredPool &rp,
+                                  const swiftkv::capi::RegisteredModel &m) {
+  const uint64_t chunk = m.geometry.chunk_tokens;
+  std::vector<int32_t> pages =
+      request_pages(d, m.geometry.block_tokens, rp.pool->layout().num_pages);
+  if (d.load_from_tokens % chunk != 0 || d.load_from_tokens > d.n_tokens) {
+    swiftkv::fail_invalid("desc->load_from_tokens (" + std::to_string(d.load_from_tokens) +
+                          ") is not a chunk boundary within the " + std::to_string(d.n_tokens) +
+                          " tokens");
+  }
+  swiftkv::RequestSpec spec;
+  spec.model = rp.fingerprint;
+  spec.keys = swiftkv::capi::keys_of(m, d.tokens, d.n_tokens, false);
+  spec.pages = std::move(pages);
+  spec.n_tokens = d.n_tokens;
+  spec.load_from = d.load_from_tokens;
+  spec.load = shape != SWIFTKV_REQUEST_SAVE_ONLY;
+  spec.save = shape != SWIFTKV_REQUEST_LOAD_ONLY;
+  return spec;
+}
+
+// A place among the context's open requests, taken while one is built and given back however
+// the building ends; EBUSY at max_open_requests.
+class BeginningRequest {
+ public:
+  explicit BeginningRequest(swiftkv_ctx *ctx) : ctx_(ctx) {
+    std::lock_guard lock(ctx->io_mu);
+    if (ctx->requests.size() + ctx->requests_beginning >= ctx->max_open_requests) {
+      swiftkv::fail(SWIFTKV_EBUSY, std::to_string(ctx->max_open_requests) +
+                                       " requests are open (config->max_open_requests); "
+                                       "finish one first");
+    }
+    ++ctx->requests_beginning;
+  }
+  ~BeginningRequest() {
+    std::lock_guard lock(ctx_->io_mu);
+    --ctx_->requests_beginning;
+  }
+  BeginningRequest(const BeginningRequest &) = delete;
+  BeginningRequest &operator=(const BeginningRequest &) = delete;
+
+ private:
+  swiftkv_ctx *ctx_;
+};
+
 }  // namespace
 
 }  // namespace swiftkv::capi
@@ -208,84 +282,6 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
   SWIFTKV_CATCH_ALL
 }
 
-namespace {
-
-// The descriptor's pages for its tokens: enough of them, each a page of the pool, none twice.
-std::vector<int32_t> request_pages(const swiftkv_request_desc &d, uint64_t block,
-                                   uint64_t num_pages) {
-  const uint64_t need = (d.n_tokens + block - 1) / block;
-  if (d.pages == nullptr && d.n_pages != 0) swiftkv::fail_invalid("desc->pages is NULL");
-  if (d.n_pages < need) {
-    swiftkv::fail_invalid("desc->n_pages (" + std::to_string(d.n_pages) + ") is below the " +
-                          std::to_string(need) + " pages that " + std::to_string(d.n_tokens) +
-                          " tokens fill");
-  }
-  std::vector<int32_t> pages(d.pages, d.pages + need);
-  for (size_t b = 0; b < pages.size(); ++b) {
-    if (pages[b] < 0 || static_cast<uint64_t>(pages[b]) >= num_pages) {
-      swiftkv::fail_invalid("desc->pages[" + std::to_string(b) + "] (" + std::to_string(pages[b]) +
-                            ") is not a page of pool " + std::to_string(d.pool) + " (" +
-                            std::to_string(num_pages) + " pages)");
-    }
-  }
-  std::vector<int32_t> sorted = pages;
-  std::sort(sorted.begin(), sorted.end());
-  const auto dup = std::adjacent_find(sorted.begin(), sorted.end());
-  if (dup != sorted.end()) {
-    swiftkv::fail_invalid("desc->pages names page " + std::to_string(*dup) + " twice");
-  }
-  return pages;
-}
-
-// What the connector's Request is asked to do, from a checked descriptor.
-swiftkv::RequestSpec request_spec(const swiftkv_request_desc &d, int32_t shape,
-                                  const swiftkv::capi::RegisteredPool &rp,
-                                  const swiftkv::capi::RegisteredModel &m) {
-  const uint64_t chunk = m.geometry.chunk_tokens;
-  std::vector<int32_t> pages =
-      request_pages(d, m.geometry.block_tokens, rp.pool->layout().num_pages);
-  if (d.load_from_tokens % chunk != 0 || d.load_from_tokens > d.n_tokens) {
-    swiftkv::fail_invalid("desc->load_from_tokens (" + std::to_string(d.load_from_tokens) +
-                          ") is not a chunk boundary within the " + std::to_string(d.n_tokens) +
-                          " tokens");
-  }
-  swiftkv::RequestSpec spec;
-  spec.model = rp.fingerprint;
-  spec.keys = swiftkv::capi::keys_of(m, d.tokens, d.n_tokens, false);
-  spec.pages = std::move(pages);
-  spec.n_tokens = d.n_tokens;
-  spec.load_from = d.load_from_tokens;
-  spec.load = shape != SWIFTKV_REQUEST_SAVE_ONLY;
-  spec.save = shape != SWIFTKV_REQUEST_LOAD_ONLY;
-  return spec;
-}
-
-// A place among the context's open requests, taken while one is built and given back however
-// the building ends; EBUSY at max_open_requests.
-class BeginningRequest {
- public:
-  explicit BeginningRequest(swiftkv_ctx *ctx) : ctx_(ctx) {
-    std::lock_guard lock(ctx->io_mu);
-    if (ctx->requests.size() + ctx->requests_beginning >= ctx->max_open_requests) {
-      swiftkv::fail(SWIFTKV_EBUSY, std::to_string(ctx->max_open_requests) +
-                                       " requests are open (config->max_open_requests); "
-                                       "finish one first");
-    }
-    ++ctx->requests_beginning;
-  }
-  ~BeginningRequest() {
-    std::lock_guard lock(ctx_->io_mu);
-    --ctx_->requests_beginning;
-  }
-  BeginningRequest(const BeginningRequest &) = delete;
-  BeginningRequest &operator=(const BeginningRequest &) = delete;
-
- private:
-  swiftkv_ctx *ctx_;
-};
-
-}  // namespace
-
 SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_ctx *ctx,
                                                  const swiftkv_request_desc *desc) {
   try {
@@ -308,8 +304,8 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
       rp = swiftkv::capi::find_pool_locked(ctx, d.pool, "desc->pool")->second;
     }
     const swiftkv::capi::RegisteredModel m = swiftkv::capi::borrower(ctx, rp.model);
-    swiftkv::RequestSpec spec = request_spec(d, shape, rp, m);
-    const BeginningRequest place(ctx);
+    swiftkv::RequestSpec spec = swiftkv::capi::request_spec(d, shape, rp, m);
+    const swiftkv::capi::BeginningRequest place(ctx);
     auto r =
         std::make_shared<swiftkv::Request>(ctx->cache, ctx->executor, rp.pool, std::move(spec));
     std::lock_guard lock(ctx->io_mu);
