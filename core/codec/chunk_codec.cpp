@@ -1,0 +1,555 @@
+#include "core/codec/chunk_codec.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#if defined(SWIFTKV_HAVE_ZSTD)
+#include <zstd.h>
+#endif
+
+#include "core/attention/half_float.hpp"
+#include "core/common/error.hpp"
+
+namespace swiftkv::codec {
+
+namespace {
+
+// --- 16-bit floats: the chunk's own element type ------------------------------------------------
+
+float to_float(uint16_t v, swiftkv_dtype t) {
+  return t == SWIFTKV_DTYPE_BF16 ? bf16_to_float(v) : half_to_float(v);
+}
+uint16_t from_float(float f, swiftkv_dtype t) {
+  return t == SWIFTKV_DTYPE_BF16 ? float_to_bf16(f) : float_to_half(f);
+}
+// The next 16-bit float above v (both formats are sign and magnitude).
+uint16_t next_up(uint16_t v) {
+  if (v == 0x8000u) return 0x0001u;
+  return (v & 0x8000u) != 0 ? static_cast<uint16_t>(v - 1) : static_cast<uint16_t>(v + 1);
+}
+// f rounded up to the element type (never below f).
+uint16_t round_up(float f, swiftkv_dtype t) {
+  uint16_t v = from_float(f, t);
+  if (to_float(v, t) < f) v = next_up(v);
+  return v;
+}
+
+uint16_t load16(const std::byte *p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+void store16(std::byte *p, uint16_t v) { std::memcpy(p, &v, 2); }
+
+// --- The frame header ---------------------------------------------------------------------------
+
+void put(std::byte *p, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) p[i] = static_cast<std::byte>(v >> (8 * i));
+}
+uint64_t get(const std::byte *p, int n) {
+  uint64_t v = 0;
+  for (int i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+
+void write_header(std::byte *h, const ChunkShape &s, const CodecParams &c, uint64_t payload) {
+  put(h + 0, kFrameMagic, 4);
+  put(h + 4, kFrameFormat, 2);
+  put(h + 6, static_cast<uint8_t>(c.codec), 1);
+  put(h + 7, c.codec == Codec::kivi ? c.bits : 0, 1);
+  put(h + 8, c.codec == Codec::kivi ? c.group : 0, 2);
+  put(h + 10, c.codec == Codec::zstd && c.byte_planes ? 1 : 0, 2);
+  put(h + 12, static_cast<uint32_t>(s.dtype), 4);
+  put(h + 16, s.layers, 4);
+  put(h + 20, s.tokens, 4);
+  put(h + 24, s.heads, 4);
+  put(h + 28, s.dim, 4);
+  put(h + 32, s.bytes(), 8);
+  put(h + 40, payload, 8);
+}
+
+// --- KIVI
+// -----------------------------------------------------------------------------------------
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Bytes of n codes of `bits` bits, packed from the least significant bit of each byte up.
+uint64_t packed_bytes(uint64_t n, uint32_t bits) { return ceil_div(n * bits, 8); }
+
+struct KiviLayout {
+  uint64_t codes;       // bytes of one tensor's (K's or V's) codes
+  uint64_t key_params;  // bytes of K's (min, scale) pairs
+  uint64_t val_params;  // bytes of V's
+  uint64_t layer() const { return 2 * codes + key_params + val_params; }
+};
+
+KiviLayout kivi_layout(const ChunkShape &s, const CodecParams &c) {
+  const uint64_t n = uint64_t{s.tokens} * s.heads * s.dim;
+  KiviLayout k;
+  k.codes = packed_bytes(n, c.bits);
+  k.key_params = ceil_div(s.tokens, c.group) * s.heads * s.dim * 4;
+  k.val_params = uint64_t{s.tokens} * s.heads * ceil_div(s.dim, c.group) * 4;
+  return k;
+}
+
+// One quantisation group: its min (exact: an element) and its scale (rounded up), as stored.
+struct Group {
+  uint16_t lo = 0, scale = 0;
+};
+
+Group make_group(float mn, float mx, uint32_t bits, swiftkv_dtype t) {
+  Group g;
+  g.lo = from_float(mn, t);  // exact: mn is one of the elements
+  const float levels = static_cast<float>((1u << bits) - 1);
+  g.scale = mx > mn ? round_up((mx - to_float(g.lo, t)) / levels, t) : from_float(0.0f, t);
+  return g;
+}
+
+uint32_t quantise(float x, float lo, float scale, uint32_t bits) {
+  if (!(scale > 0.0f)) return 0;
+  const float q = std::nearbyint((x - lo) / scale);
+  const float top = static_cast<float>((1u << bits) - 1);
+  return static_cast<uint32_t>(std::clamp(q, 0.0f, top));
+}
+
+// The one dequantisation formula: a product, then a sum, each rounded (this file is compiled
+// with -ffp-contract=off, and the CUDA decoder uses __fmul_rn and __fadd_rn).
+float dequantise(uint32_t q, float lo, float scale) { return lo + static_cast<float>(q) * scale; }
+
+class BitWriter {
+ public:
+  BitWriter(std::byte *out, uint32_t bits) : out_(out), bits_(bits) {}
+  void push(uint32_t q) {
+    acc_ |= static_cast<uint64_t>(q) << fill_;
+    fill_ += bits_;
+    while (fill_ >= 8) {
+      *out_++ = static_cast<std::byte>(acc_ & 0xffu);
+      acc_ >>= 8;
+      fill_ -= 8;
+    }
+  }
+  void flush() {
+    if (fill_ > 0) *out_++ = static_cast<std::byte>(acc_ & 0xffu);
+    acc_ = 0;
+    fill_ = 0;
+  }
+
+ private:
+  std::byte *out_;
+  uint32_t bits_;
+  uint64_t acc_ = 0;
+  uint32_t fill_ = 0;
+};
+
+uint32_t code_at(const std::byte *codes, uint64_t i, uint32_t bits) {
+  const uint64_t bit = i * bits;
+  const auto byte = static_cast<uint32_t>(codes[bit / 8]);
+  return (byte >> (bit % 8)) & ((1u << bits) - 1);
+}
+
+// Element (t, h, d) of one tensor (K or V of one layer) in its block-major bytes.
+struct Tensor {
+  const std::byte *base;
+  uint32_t heads, dim;
+  float at(uint32_t t, uint32_t h, uint32_t d, swiftkv_dtype dt) const {
+    return to_float(load16(base + ((uint64_t{t} * heads + h) * dim + d) * 2), dt);
+  }
+};
+
+void check_finite(float x) {
+  if (!std::isfinite(x))
+    fail_invalid("the chunk holds a NaN or an infinity: kivi cannot encode it");
+}
+
+// The group of the n elements at(0..n): their range (finite, else EINVAL), as stored.
+template <class At>
+Group fit_group(uint32_t n, At at, uint32_t bits, swiftkv_dtype t) {
+  float mn = std::numeric_limits<float>::infinity(), mx = -mn;
+  for (uint32_t i = 0; i < n; ++i) {
+    const float x = at(i);
+    check_finite(x);
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+  }
+  check_finite(mx - mn);
+  return make_group(mn, mx, bits, t);
+}
+
+void store_group(std::byte *p, const Group &g) {
+  store16(p, g.lo);
+  store16(p + 2, g.scale);
+}
+
+// Keys: per channel (h, d), over groups of `group` tokens. Params in (token group, h, d) order.
+void kivi_keys(const ChunkShape &s, const CodecParams &c, const Tensor &k, std::byte *codes,
+               std::byte *params) {
+  const uint32_t groups = static_cast<uint32_t>(ceil_div(s.tokens, c.group));
+  std::vector<Group> g(uint64_t{groups} * s.heads * s.dim);
+  for (uint32_t gi = 0; gi < groups; ++gi) {
+    const uint32_t t0 = gi * c.group, t1 = std::min(s.tokens, t0 + c.group);
+    for (uint32_t h = 0; h < s.heads; ++h) {
+      for (uint32_t d = 0; d < s.dim; ++d) {
+        const uint64_t at = (uint64_t{gi} * s.heads + h) * s.dim + d;
+        g[at] = fit_group(
+            t1 - t0, [&](uint32_t i) { return k.at(t0 + i, h, d, s.dtype); }, c.bits, s.dtype);
+        store_group(params + at * 4, g[at]);
+      }
+    }
+  }
+  BitWriter w(codes, c.bits);
+  for (uint32_t t = 0; t < s.tokens; ++t) {
+    for (uint32_t h = 0; h < s.heads; ++h) {
+      for (uint32_t d = 0; d < s.dim; ++d) {
+        const Group &gr = g[(uint64_t{t / c.group} * s.heads + h) * s.dim + d];
+        w.push(quantise(k.at(t, h, d, s.dtype), to_float(gr.lo, s.dtype),
+                        to_float(gr.scale, s.dtype), c.bits));
+      }
+    }
+  }
+  w.flush();
+}
+
+// Values: per token and head, over groups of `group` channels. Params in (t, h, channel group).
+void kivi_values(const ChunkShape &s, const CodecParams &c, const Tensor &v, std::byte *codes,
+                 std::byte *params) {
+  const uint32_t groups = static_cast<uint32_t>(ceil_div(s.dim, c.group));
+  BitWriter w(codes, c.bits);
+  for (uint32_t t = 0; t < s.tokens; ++t) {
+    for (uint32_t h = 0; h < s.heads; ++h) {
+      for (uint32_t gj = 0; gj < groups; ++gj) {
+        const uint32_t d0 = gj * c.group, d1 = std::min(s.dim, d0 + c.group);
+        const Group gr = fit_group(
+            d1 - d0, [&](uint32_t i) { return v.at(t, h, d0 + i, s.dtype); }, c.bits, s.dtype);
+        store_group(params + ((uint64_t{t} * s.heads + h) * groups + gj) * 4, gr);
+        for (uint32_t d = d0; d < d1; ++d) {
+          w.push(quantise(v.at(t, h, d, s.dtype), to_float(gr.lo, s.dtype),
+                          to_float(gr.scale, s.dtype), c.bits));
+        }
+      }
+    }
+  }
+  w.flush();
+}
+
+void kivi_encode(const ChunkShape &s, const CodecParams &c, const std::byte *raw, std::byte *out) {
+  const KiviLayout k = kivi_layout(s, c);
+  const uint64_t tensor = uint64_t{s.tokens} * s.heads * s.dim * 2;
+  for (uint32_t l = 0; l < s.layers; ++l) {
+    std::byte *o = out + l * k.layer();
+    const Tensor key{raw + (2 * uint64_t{l}) * tensor, s.heads, s.dim};
+    const Tensor val{raw + (2 * uint64_t{l} + 1) * tensor, s.heads, s.dim};
+    kivi_keys(s, c, key, o, o + k.codes);
+    kivi_values(s, c, val, o + k.codes + k.key_params, o + 2 * k.codes + k.key_params);
+  }
+}
+
+void kivi_decode(const ChunkShape &s, const CodecParams &c, const std::byte *in, std::byte *out) {
+  const KiviLayout k = kivi_layout(s, c);
+  const uint64_t tensor = uint64_t{s.tokens} * s.heads * s.dim * 2;
+  const uint32_t vgroups = static_cast<uint32_t>(ceil_div(s.dim, c.group));
+  for (uint32_t l = 0; l < s.layers; ++l) {
+    const std::byte *kc = in + l * k.layer();
+    const std::byte *kp = kc + k.codes;
+    const std::byte *vc = kp + k.key_params;
+    const std::byte *vp = vc + k.codes;
+    std::byte *ko = out + (2 * uint64_t{l}) * tensor;
+    std::byte *vo = out + (2 * uint64_t{l} + 1) * tensor;
+    uint64_t i = 0;
+    for (uint32_t t = 0; t < s.tokens; ++t) {
+      for (uint32_t h = 0; h < s.heads; ++h) {
+        for (uint32_t d = 0; d < s.dim; ++d, ++i) {
+          const std::byte *pk = kp + ((uint64_t{t / c.group} * s.heads + h) * s.dim + d) * 4;
+          const float x = dequantise(code_at(kc, i, c.bits), to_float(load16(pk), s.dtype),
+                                     to_float(load16(pk + 2), s.dtype));
+          store16(ko + i * 2, from_float(x, s.dtype));
+          const std::byte *pv = vp + ((uint64_t{t} * s.heads + h) * vgroups + d / c.group) * 4;
+          const float y = dequantise(code_at(vc, i, c.bits), to_float(load16(pv), s.dtype),
+                                     to_float(load16(pv + 2), s.dtype));
+          store16(vo + i * 2, from_float(y, s.dtype));
+        }
+      }
+    }
+  }
+}
+
+// --- FP8 E4M3
+// -------------------------------------------------------------------------------------
+
+constexpr float kE4m3Max = 448.0f;
+
+// Round to nearest even, saturating at +-448 (E4M3 has no infinity).
+uint8_t to_e4m3(float y) {
+  const uint8_t sign = std::signbit(y) ? 0x80 : 0x00;
+  float a = std::fabs(y);
+  if (!(a < 464.0f)) return sign | 0x7e;  // 464 and above (and NaN) saturate to 448
+  if (a < 0.015625f) {                    // below 2^-6: subnormal, steps of 2^-9
+    const auto m = static_cast<uint32_t>(std::nearbyint(a * 512.0f));
+    return static_cast<uint8_t>(sign | m);  // m == 8 is the smallest normal's code
+  }
+  int e = 0;
+  const float f = std::frexp(a, &e);  // a = f * 2^e, f in [0.5, 1)
+  auto m = static_cast<uint32_t>(std::nearbyint((f * 2.0f - 1.0f) * 8.0f));
+  int exp = e - 1 + 7;
+  if (m == 8) {
+    m = 0;
+    ++exp;
+  }
+  if (exp > 15 || (exp == 15 && m == 7)) return sign | 0x7e;
+  return static_cast<uint8_t>(sign | (exp << 3) | m);
+}
+
+float from_e4m3(uint8_t v) {
+  const float sign = (v & 0x80) != 0 ? -1.0f : 1.0f;
+  const int exp = (v >> 3) & 0xf;
+  const int m = v & 0x7;
+  if (exp == 0) return sign * std::ldexp(static_cast<float>(m), -9);
+  if (exp == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, exp - 7);
+}
+
+uint64_t fp8_row(const ChunkShape &s) { return 4 + uint64_t{s.heads} * s.dim; }
+
+void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
+  const uint64_t row = uint64_t{s.heads} * s.dim;
+  const uint64_t rows = uint64_t{s.layers} * 2 * s.tokens;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const std::byte *in = raw + r * row * 2;
+    std::byte *o = out + r * fp8_row(s);
+    float amax = 0.0f;
+    for (uint64_t i = 0; i < row; ++i) {
+      const float x = to_float(load16(in + i * 2), s.dtype);
+      if (!std::isfinite(x))
+        fail_invalid("the chunk holds a NaN or an infinity: fp8 cannot encode it");
+      amax = std::max(amax, std::fabs(x));
+    }
+    const float scale = amax / kE4m3Max;
+    std::memcpy(o, &scale, 4);
+    for (uint64_t i = 0; i < row; ++i) {
+      const float x = to_float(load16(in + i * 2), s.dtype);
+      o[4 + i] = static_cast<std::byte>(scale > 0.0f ? to_e4m3(x / scale) : 0);
+    }
+  }
+}
+
+void fp8_decode(const ChunkShape &s, const std::byte *in, std::byte *out) {
+  std::array<float, 256> table{};
+  for (int v = 0; v < 256; ++v) table[static_cast<size_t>(v)] = from_e4m3(static_cast<uint8_t>(v));
+  const uint64_t row = uint64_t{s.heads} * s.dim;
+  const uint64_t rows = uint64_t{s.layers} * 2 * s.tokens;
+  for (uint64_t r = 0; r < rows; ++r) {
+    const std::byte *p = in + r * fp8_row(s);
+    float scale;
+    std::memcpy(&scale, p, 4);
+    if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
+    for (uint64_t i = 0; i < row; ++i) {
+      const float y = table[static_cast<size_t>(p[4 + i])];
+      if (std::isnan(y)) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
+      const float x = y * scale;
+      store16(out + (r * row + i) * 2, from_float(x, s.dtype));
+    }
+  }
+}
+
+// --- zstd
+// -----------------------------------------------------------------------------------------
+
+#if defined(SWIFTKV_HAVE_ZSTD)
+// Every element's low byte, then every element's high byte.
+void split_planes(const std::byte *in, uint64_t n, std::byte *out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    out[i] = in[2 * i];
+    out[n + i] = in[2 * i + 1];
+  }
+}
+void join_planes(const std::byte *in, uint64_t n, std::byte *out) {
+  for (uint64_t i = 0; i < n; ++i) {
+    out[2 * i] = in[i];
+    out[2 * i + 1] = in[n + i];
+  }
+}
+#endif
+
+uint64_t expected_payload(const ChunkShape &s, const CodecParams &c) {
+  switch (c.codec) {
+    case Codec::raw: return s.bytes();
+    case Codec::kivi: return kivi_layout(s, c).layer() * s.layers;
+    case Codec::fp8: return fp8_row(s) * s.layers * 2 * s.tokens;
+    case Codec::zstd: return 0;  // whatever the encoder made
+  }
+  return 0;
+}
+
+bool power_of_two(uint32_t v) { return v != 0 && (v & (v - 1)) == 0; }
+
+}  // namespace
+
+const char *codec_name(Codec c) noexcept {
+  switch (c) {
+    case Codec::raw: return "raw";
+    case Codec::zstd: return "zstd";
+    case Codec::kivi: return "kivi";
+    case Codec::fp8: return "fp8";
+  }
+  return "unknown";
+}
+
+bool lossless(Codec c) noexcept { return c == Codec::raw || c == Codec::zstd; }
+
+bool zstd_available() noexcept {
+#if defined(SWIFTKV_HAVE_ZSTD)
+  return true;
+#else
+  return false;
+#endif
+}
+
+void check_params(const ChunkShape &s, const CodecParams &c) {
+  if (s.dtype != SWIFTKV_DTYPE_F16 && s.dtype != SWIFTKV_DTYPE_BF16) {
+    fail_invalid("codecs take f16 or bf16 chunks, not dtype " + std::to_string(s.dtype));
+  }
+  if (s.layers == 0 || s.tokens == 0 || s.heads == 0 || s.dim == 0) {
+    fail_invalid("a chunk shape has no zero sizes");
+  }
+  if (s.elements() > (uint64_t{1} << 40)) fail_invalid("a chunk of over 2^40 elements");
+  switch (c.codec) {
+    case Codec::raw:
+    case Codec::fp8: break;
+    case Codec::zstd:
+      if (c.zstd_level < 1 || c.zstd_level > 19) {
+        fail_invalid("zstd level " + std::to_string(c.zstd_level) + " is not in 1..19");
+      }
+      if (!zstd_available()) fail(SWIFTKV_EUNSUPPORTED, "this build has no libzstd");
+      break;
+    case Codec::kivi:
+      if (c.bits != 8 && c.bits != 4 && c.bits != 2) {
+        fail_invalid("kivi bits " + std::to_string(c.bits) + " is not 8, 4 or 2");
+      }
+      if (c.group < 8 || c.group > 256 || !power_of_two(c.group)) {
+        fail_invalid("kivi group " + std::to_string(c.group) + " is not a power of two in 8..256");
+      }
+      break;
+    default:
+      fail_invalid("codec " + std::to_string(static_cast<unsigned>(c.codec)) + " is not one");
+  }
+}
+
+std::vector<std::byte> encode(const ChunkShape &s, const CodecParams &c,
+                              std::span<const std::byte> raw) {
+  check_params(s, c);
+  if (raw.size() != s.bytes()) {
+    fail_invalid("the chunk is " + std::to_string(raw.size()) + " bytes; its shape says " +
+                 std::to_string(s.bytes()));
+  }
+  std::vector<std::byte> out;
+  if (c.codec == Codec::zstd) {
+#if defined(SWIFTKV_HAVE_ZSTD)
+    std::vector<std::byte> planes;
+    const std::byte *src = raw.data();
+    if (c.byte_planes) {
+      planes.resize(raw.size());
+      split_planes(raw.data(), raw.size() / 2, planes.data());
+      src = planes.data();
+    }
+    out.resize(kFrameHeaderBytes + ZSTD_compressBound(raw.size()));
+    const size_t n = ZSTD_compress(out.data() + kFrameHeaderBytes, out.size() - kFrameHeaderBytes,
+                                   src, raw.size(), c.zstd_level);
+    if (ZSTD_isError(n)) fail(SWIFTKV_EINTERNAL, std::string("zstd: ") + ZSTD_getErrorName(n));
+    out.resize(kFrameHeaderBytes + n);
+#endif
+  } else {
+    out.resize(kFrameHeaderBytes + expected_payload(s, c));
+    std::byte *p = out.data() + kFrameHeaderBytes;
+    switch (c.codec) {
+      case Codec::raw: std::memcpy(p, raw.data(), raw.size()); break;
+      case Codec::kivi: kivi_encode(s, c, raw.data(), p); break;
+      case Codec::fp8: fp8_encode(s, raw.data(), p); break;
+      case Codec::zstd: break;
+    }
+  }
+  write_header(out.data(), s, c, out.size() - kFrameHeaderBytes);
+  return out;
+}
+
+FrameInfo read_frame_header(std::span<const std::byte> f, const ChunkShape &s) {
+  if (f.size() < kFrameHeaderBytes) fail(SWIFTKV_EIO, "a codec frame shorter than its header");
+  const std::byte *h = f.data();
+  if (get(h, 4) != kFrameMagic) fail(SWIFTKV_EIO, "not a codec frame (bad magic)");
+  if (get(h + 4, 2) != kFrameFormat) {
+    fail(SWIFTKV_EIO, "a codec frame of format " + std::to_string(get(h + 4, 2)) +
+                          "; this library reads format " + std::to_string(kFrameFormat));
+  }
+  FrameInfo fi;
+  const uint64_t codec = get(h + 6, 1);
+  if (codec > static_cast<uint64_t>(Codec::fp8)) fail(SWIFTKV_EIO, "a frame of an unknown codec");
+  fi.params.codec = static_cast<Codec>(codec);
+  fi.params.bits = static_cast<uint32_t>(get(h + 7, 1));
+  fi.params.group = static_cast<uint32_t>(get(h + 8, 2));
+  const uint64_t flags = get(h + 10, 2);
+  fi.params.byte_planes = (flags & 1) != 0;
+  fi.raw_bytes = get(h + 32, 8);
+  fi.payload_bytes = get(h + 40, 8);
+  const bool same_shape = get(h + 12, 4) == static_cast<uint32_t>(s.dtype) &&
+                          get(h + 16, 4) == s.layers && get(h + 20, 4) == s.tokens &&
+                          get(h + 24, 4) == s.heads && get(h + 28, 4) == s.dim &&
+                          fi.raw_bytes == s.bytes();
+  if (!same_shape) fail(SWIFTKV_EIO, "a codec frame of another chunk shape");
+  const bool kivi = fi.params.codec == Codec::kivi;
+  if ((flags & ~uint64_t{1}) != 0 || (fi.params.byte_planes && fi.params.codec != Codec::zstd) ||
+      (!kivi && (fi.params.bits != 0 || fi.params.group != 0))) {
+    fail(SWIFTKV_EIO, "a codec frame with fields its codec does not use");
+  }
+  try {
+    check_params(s, fi.params);
+  } catch (const Error &e) {
+    if (e.status() == SWIFTKV_EUNSUPPORTED) throw;
+    fail(SWIFTKV_EIO, std::string("a codec frame with bad parameters: ") + e.what());
+  }
+  if (fi.payload_bytes != f.size() - kFrameHeaderBytes) {
+    fail(SWIFTKV_EIO, "a codec frame's payload length is not its size");
+  }
+  const uint64_t want = expected_payload(s, fi.params);
+  if (fi.params.codec != Codec::zstd && fi.payload_bytes != want) {
+    fail(SWIFTKV_EIO, "a " + std::string(codec_name(fi.params.codec)) +
+                          " frame's payload is not the size its shape gives");
+  }
+  return fi;
+}
+
+void decode(std::span<const std::byte> f, const ChunkShape &s, std::span<std::byte> out) {
+  const FrameInfo fi = read_frame_header(f, s);
+  if (out.size() != s.bytes()) {
+    fail_invalid("the output is " + std::to_string(out.size()) + " bytes; the chunk is " +
+                 std::to_string(s.bytes()));
+  }
+  const std::byte *p = f.data() + kFrameHeaderBytes;
+  switch (fi.params.codec) {
+    case Codec::raw: std::memcpy(out.data(), p, out.size()); return;
+    case Codec::kivi: kivi_decode(s, fi.params, p, out.data()); return;
+    case Codec::fp8: fp8_decode(s, p, out.data()); return;
+    case Codec::zstd: {
+#if defined(SWIFTKV_HAVE_ZSTD)
+      const unsigned long long size = ZSTD_getFrameContentSize(p, fi.payload_bytes);
+      if (size != out.size()) fail(SWIFTKV_EIO, "a zstd frame of another content size");
+      std::vector<std::byte> planes;
+      std::byte *dst = out.data();
+      if (fi.params.byte_planes) {
+        planes.resize(out.size());
+        dst = planes.data();
+      }
+      const size_t n = ZSTD_decompress(dst, out.size(), p, fi.payload_bytes);
+      if (ZSTD_isError(n) || n != out.size()) {
+        fail(SWIFTKV_EIO, std::string("a zstd frame that does not decode: ") +
+                              (ZSTD_isError(n) ? ZSTD_getErrorName(n) : "short"));
+      }
+      if (fi.params.byte_planes) join_planes(planes.data(), out.size() / 2, out.data());
+#endif
+      return;
+    }
+  }
+}
+
+}  // namespace swiftkv::codec
