@@ -11,7 +11,7 @@
 //  - fp8:  FP8 E4M3 with one float scale per token of each layer's K and V (its largest
 //          magnitude maps to 448). Lossy, bounded per element.
 //
-// This is the CPU twin; the CUDA decoders follow it bit for bit.
+// This is the CPU twin and the reference: CUDA decoders, when they come, follow it bit for bit.
 #pragma once
 
 #include <cstddef>
