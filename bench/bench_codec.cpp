@@ -9,18 +9,16 @@
 // Figures: GB/s of raw chunk bytes, median / best of N repetitions after one warm-up.
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
-#include "core/attention/half_float.hpp"
 #include "core/codec/chunk_codec.hpp"
 #include "paper_models.h"
+#include "synthetic_kv.hpp"
 
 namespace {
 
@@ -37,34 +35,6 @@ Stat rate_of(std::vector<double> v) {
 
 double seconds(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-std::vector<std::byte> kv_like(const cd::ChunkShape &s) {
-  std::mt19937_64 rng(42);
-  std::normal_distribution<float> noise(0.0f, 1.0f);
-  std::vector<std::byte> out(s.bytes());
-  uint64_t i = 0;
-  const uint64_t row = uint64_t{s.heads} * s.dim;
-  for (uint32_t l = 0; l < s.layers; ++l) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      std::vector<float> offset(row), scale(row);
-      for (uint64_t c = 0; c < row; ++c) {
-        offset[c] = noise(rng) * (kv == 0 ? 2.0f : 0.2f);
-        scale[c] = (kv == 0 && c % 37 == 0) ? 8.0f : 0.5f + std::fabs(noise(rng)) * 0.5f;
-      }
-      for (uint32_t t = 0; t < s.tokens; ++t) {
-        for (uint64_t c = 0; c < row; ++c, ++i) {
-          const float x =
-              offset[c] +
-              scale[c] * (0.6f * std::sin(0.05f * static_cast<float>(t) + static_cast<float>(c)) +
-                          0.4f * noise(rng));
-          const uint16_t v = swiftkv::float_to_half(x);
-          std::memcpy(&out[i * 2], &v, 2);
-        }
-      }
-    }
-  }
-  return out;
 }
 
 struct Row {
@@ -96,7 +66,7 @@ int main(int argc, char **argv) {
   const swiftkv_paper_model &m = swiftkv_paper_models[model];
   const uint32_t n_layers = layers > 0 ? static_cast<uint32_t>(layers) : m.num_layers;
   const cd::ChunkShape s{n_layers, 256, m.num_kv_heads, m.head_dim, SWIFTKV_DTYPE_F16};
-  const std::vector<std::byte> raw = kv_like(s);
+  const std::vector<std::byte> raw = synthetic_kv(s, 42);
   std::vector<std::byte> back(raw.size());
   // The baseline's source is 64-byte aligned, as a frame's payload is (glibc's memcpy is ~20%
   // slower from a source 16 bytes off a cache line).

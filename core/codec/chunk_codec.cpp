@@ -11,7 +11,6 @@
 #include <zstd.h>
 #endif
 
-#include "core/attention/half_float.hpp"
 #include "core/common/error.hpp"
 
 namespace swiftkv::codec {
@@ -20,12 +19,6 @@ namespace {
 
 // --- 16-bit floats: the chunk's own element type ------------------------------------------------
 
-float to_float(uint16_t v, swiftkv_dtype t) {
-  return t == SWIFTKV_DTYPE_BF16 ? bf16_to_float(v) : half_to_float(v);
-}
-uint16_t from_float(float f, swiftkv_dtype t) {
-  return t == SWIFTKV_DTYPE_BF16 ? float_to_bf16(f) : float_to_half(f);
-}
 // The next 16-bit float above v (both formats are sign and magnitude).
 uint16_t next_up(uint16_t v) {
   if (v == 0x8000u) return 0x0001u;
@@ -33,8 +26,8 @@ uint16_t next_up(uint16_t v) {
 }
 // f rounded up to the element type (never below f).
 uint16_t round_up(float f, swiftkv_dtype t) {
-  uint16_t v = from_float(f, t);
-  if (to_float(v, t) < f) v = next_up(v);
+  uint16_t v = float_to_element(f, t);
+  if (element_to_float(v, t) < f) v = next_up(v);
   return v;
 }
 
@@ -103,9 +96,10 @@ struct Group {
 
 Group make_group(float mn, float mx, uint32_t bits, swiftkv_dtype t) {
   Group g;
-  g.lo = from_float(mn, t);  // exact: mn is one of the elements
+  g.lo = float_to_element(mn, t);  // exact: mn is one of the elements
   const float levels = static_cast<float>((1u << bits) - 1);
-  g.scale = mx > mn ? round_up((mx - to_float(g.lo, t)) / levels, t) : from_float(0.0f, t);
+  g.scale =
+      mx > mn ? round_up((mx - element_to_float(g.lo, t)) / levels, t) : float_to_element(0.0f, t);
   return g;
 }
 
@@ -156,7 +150,7 @@ struct Tensor {
   const std::byte *base;
   uint32_t heads, dim;
   float at(uint32_t t, uint32_t h, uint32_t d, swiftkv_dtype dt) const {
-    return to_float(load16(base + ((uint64_t{t} * heads + h) * dim + d) * 2), dt);
+    return element_to_float(load16(base + ((uint64_t{t} * heads + h) * dim + d) * 2), dt);
   }
 };
 
@@ -205,8 +199,8 @@ void kivi_keys(const ChunkShape &s, const CodecParams &c, const Tensor &k, std::
     for (uint32_t h = 0; h < s.heads; ++h) {
       for (uint32_t d = 0; d < s.dim; ++d) {
         const Group &gr = g[(uint64_t{t / c.group} * s.heads + h) * s.dim + d];
-        w.push(quantise(k.at(t, h, d, s.dtype), to_float(gr.lo, s.dtype),
-                        to_float(gr.scale, s.dtype), c.bits));
+        w.push(quantise(k.at(t, h, d, s.dtype), element_to_float(gr.lo, s.dtype),
+                        element_to_float(gr.scale, s.dtype), c.bits));
       }
     }
   }
@@ -226,8 +220,8 @@ void kivi_values(const ChunkShape &s, const CodecParams &c, const Tensor &v, std
             d1 - d0, [&](uint32_t i) { return v.at(t, h, d0 + i, s.dtype); }, c.bits, s.dtype);
         store_group(params + ((uint64_t{t} * s.heads + h) * groups + gj) * 4, gr);
         for (uint32_t d = d0; d < d1; ++d) {
-          w.push(quantise(v.at(t, h, d, s.dtype), to_float(gr.lo, s.dtype),
-                          to_float(gr.scale, s.dtype), c.bits));
+          w.push(quantise(v.at(t, h, d, s.dtype), element_to_float(gr.lo, s.dtype),
+                          element_to_float(gr.scale, s.dtype), c.bits));
         }
       }
     }
@@ -263,13 +257,13 @@ void kivi_decode(const ChunkShape &s, const CodecParams &c, const std::byte *in,
       for (uint32_t h = 0; h < s.heads; ++h) {
         for (uint32_t d = 0; d < s.dim; ++d, ++i) {
           const std::byte *pk = kp + ((uint64_t{t / c.group} * s.heads + h) * s.dim + d) * 4;
-          const float x = dequantise(code_at(kc, i, c.bits), to_float(load16(pk), s.dtype),
-                                     to_float(load16(pk + 2), s.dtype));
-          store16(ko + i * 2, from_float(x, s.dtype));
+          const float x = dequantise(code_at(kc, i, c.bits), element_to_float(load16(pk), s.dtype),
+                                     element_to_float(load16(pk + 2), s.dtype));
+          store16(ko + i * 2, float_to_element(x, s.dtype));
           const std::byte *pv = vp + ((uint64_t{t} * s.heads + h) * vgroups + d / c.group) * 4;
-          const float y = dequantise(code_at(vc, i, c.bits), to_float(load16(pv), s.dtype),
-                                     to_float(load16(pv + 2), s.dtype));
-          store16(vo + i * 2, from_float(y, s.dtype));
+          const float y = dequantise(code_at(vc, i, c.bits), element_to_float(load16(pv), s.dtype),
+                                     element_to_float(load16(pv + 2), s.dtype));
+          store16(vo + i * 2, float_to_element(y, s.dtype));
         }
       }
     }
@@ -321,7 +315,7 @@ void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
     std::byte *o = out + r * fp8_row(s);
     float amax = 0.0f;
     for (uint64_t i = 0; i < row; ++i) {
-      const float x = to_float(load16(in + i * 2), s.dtype);
+      const float x = element_to_float(load16(in + i * 2), s.dtype);
       if (!std::isfinite(x))
         fail_invalid("the chunk holds a NaN or an infinity: fp8 cannot encode it");
       amax = std::max(amax, std::fabs(x));
@@ -329,7 +323,7 @@ void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
     const float scale = amax / kE4m3Max;
     std::memcpy(o, &scale, 4);
     for (uint64_t i = 0; i < row; ++i) {
-      const float x = to_float(load16(in + i * 2), s.dtype);
+      const float x = element_to_float(load16(in + i * 2), s.dtype);
       o[4 + i] = static_cast<std::byte>(scale > 0.0f ? to_e4m3(x / scale) : 0);
     }
   }
@@ -349,7 +343,7 @@ void fp8_decode(const ChunkShape &s, const std::byte *in, std::byte *out) {
       const float y = table[static_cast<size_t>(p[4 + i])];
       if (std::isnan(y)) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
       const float x = y * scale;
-      store16(out + (r * row + i) * 2, from_float(x, s.dtype));
+      store16(out + (r * row + i) * 2, float_to_element(x, s.dtype));
     }
   }
 }

@@ -19,6 +19,7 @@
 #include <span>
 #include <vector>
 
+#include "core/attention/half_float.hpp"
 #include "swiftkv/swiftkv.h"
 
 namespace swiftkv::codec {
@@ -45,6 +46,14 @@ struct ChunkShape {
   uint64_t elements() const noexcept { return uint64_t{layers} * 2 * tokens * heads * dim; }
   uint64_t bytes() const noexcept { return elements() * 2; }
 };
+
+// A chunk element (f16 or bf16 bits) as a float, and back with rounding to nearest even.
+inline float element_to_float(uint16_t v, swiftkv_dtype t) {
+  return t == SWIFTKV_DTYPE_BF16 ? bf16_to_float(v) : half_to_float(v);
+}
+inline uint16_t float_to_element(float f, swiftkv_dtype t) {
+  return t == SWIFTKV_DTYPE_BF16 ? float_to_bf16(f) : float_to_half(f);
+}
 
 inline constexpr uint32_t kFrameMagic = 0x43564b53;  // "SKVC" read as little-endian bytes
 inline constexpr uint16_t kFrameFormat = 1;

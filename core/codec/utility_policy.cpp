@@ -6,7 +6,6 @@
 #include <queue>
 #include <string>
 
-#include "core/attention/half_float.hpp"
 #include "core/common/error.hpp"
 
 namespace swiftkv::codec {
@@ -160,8 +159,7 @@ double reconstruction_quality(const ChunkShape &s, const CodecParams &p,
     uint16_t a, b;
     std::memcpy(&a, &raw[i * 2], 2);
     std::memcpy(&b, &back[i * 2], 2);
-    const double x = s.dtype == SWIFTKV_DTYPE_BF16 ? bf16_to_float(a) : half_to_float(a);
-    const double y = s.dtype == SWIFTKV_DTYPE_BF16 ? bf16_to_float(b) : half_to_float(b);
+    const double x = element_to_float(a, s.dtype), y = element_to_float(b, s.dtype);
     err += (x - y) * (x - y);
     ref += x * x;
   }

@@ -14,6 +14,7 @@
 #include "core/attention/half_float.hpp"
 #include "core/codec/chunk_codec.hpp"
 #include "core/common/error.hpp"
+#include "synthetic_kv.hpp"
 
 extern "C" {
 #include <cmocka.h>
@@ -24,12 +25,8 @@ namespace {
 namespace cd = swiftkv::codec;
 using swiftkv::Error;
 
-float to_f(uint16_t v, swiftkv_dtype t) {
-  return t == SWIFTKV_DTYPE_BF16 ? swiftkv::bf16_to_float(v) : swiftkv::half_to_float(v);
-}
-uint16_t from_f(float f, swiftkv_dtype t) {
-  return t == SWIFTKV_DTYPE_BF16 ? swiftkv::float_to_bf16(f) : swiftkv::float_to_half(f);
-}
+float to_f(uint16_t v, swiftkv_dtype t) { return cd::element_to_float(v, t); }
+
 // Half the spacing of the element type at |x|: the most rounding to it can move x.
 float half_ulp(float x, swiftkv_dtype t) {
   const int mant = t == SWIFTKV_DTYPE_BF16 ? 7 : 10;
@@ -37,33 +34,6 @@ float half_ulp(float x, swiftkv_dtype t) {
   int e = 0;
   std::frexp(std::fabs(x), &e);
   return std::ldexp(1.0f, std::max(e - 1, min_exp) - mant - 1);
-}
-
-// KV with the structure real keys and values have: per-channel offsets and scales (a few
-// outlier channels in K), smooth change along the tokens, and noise.
-std::vector<std::byte> smooth_kv(const cd::ChunkShape &s, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> noise(0.0f, 1.0f);
-  std::vector<std::byte> out(s.bytes());
-  uint64_t i = 0;
-  for (uint32_t l = 0; l < s.layers; ++l) {
-    for (uint32_t kv = 0; kv < 2; ++kv) {
-      std::vector<float> offset(uint64_t{s.heads} * s.dim), scale(offset.size());
-      for (size_t c = 0; c < offset.size(); ++c) {
-        offset[c] = noise(rng) * (kv == 0 ? 2.0f : 0.2f);
-        scale[c] = (kv == 0 && c % 37 == 0) ? 8.0f : 0.5f + std::fabs(noise(rng)) * 0.5f;
-      }
-      for (uint32_t t = 0; t < s.tokens; ++t) {
-        for (size_t c = 0; c < offset.size(); ++c, ++i) {
-          const float x =
-              offset[c] + scale[c] * (0.6f * std::sin(0.05f * t + c) + 0.4f * noise(rng));
-          const uint16_t v = from_f(x, s.dtype);
-          std::memcpy(&out[i * 2], &v, 2);
-        }
-      }
-    }
-  }
-  return out;
 }
 
 // Any finite 16-bit pattern.
@@ -100,7 +70,7 @@ const cd::ChunkShape kShapes[] = {
 void lossless_round_trips(void **) {
   for (const cd::ChunkShape &s : kShapes) {
     for (int data = 0; data < 2; ++data) {
-      const auto raw = data == 0 ? smooth_kv(s, 1) : random_kv(s, 2);
+      const auto raw = data == 0 ? synthetic_kv(s, 1) : random_kv(s, 2);
       std::vector<cd::CodecParams> ps = {{cd::Codec::raw}};
       if (cd::zstd_available()) {
         ps.push_back({cd::Codec::zstd, 0, 0, false, 1});
@@ -120,7 +90,7 @@ void lossless_round_trips(void **) {
 // up to the element type) plus the element type's rounding of the result.
 void kivi_within_its_bound(void **) {
   for (const cd::ChunkShape &s : kShapes) {
-    const auto raw = smooth_kv(s, 3);
+    const auto raw = synthetic_kv(s, 3);
     double mean[3][2] = {};  // by bits (8, 4, 2) and group (32, 64)
     for (uint32_t bits : {8u, 4u, 2u}) {
       for (uint32_t group : {32u, 64u}) {
@@ -190,7 +160,7 @@ void kivi_within_its_bound(void **) {
 // below them, plus the element type's rounding.
 void fp8_within_its_bound(void **) {
   for (const cd::ChunkShape &s : kShapes) {
-    const auto raw = smooth_kv(s, 4);
+    const auto raw = synthetic_kv(s, 4);
     const auto frame = cd::encode(s, {cd::Codec::fp8}, raw);
     std::vector<std::byte> back(raw.size());
     cd::decode(frame, s, back);
@@ -216,7 +186,7 @@ void fp8_within_its_bound(void **) {
 // Frame sizes are the formulas of docs/codecs.md.
 void frame_sizes_are_the_formulas(void **) {
   const cd::ChunkShape s{2, 256, 8, 128, SWIFTKV_DTYPE_F16};
-  const auto raw = smooth_kv(s, 5);
+  const auto raw = synthetic_kv(s, 5);
   assert_int_equal(cd::encode(s, {cd::Codec::raw}, raw).size(), 48 + 2 * 2 * 256 * 8 * 128 * 2);
   // Per layer: two code tensors (T*H*D*bits/8) and (min, scale) pairs of 4 bytes: keys per
   // channel per token group, values per token per channel group.
@@ -234,7 +204,7 @@ void frame_sizes_are_the_formulas(void **) {
   // Codes that do not fill a byte round the tensor up: 1 layer, 3 tokens, 1 head, 8 dim, 2 bits
   // is 24 codes, 6 bytes per tensor; groups of 8 over 3 tokens give one key group.
   const cd::ChunkShape tiny{1, 3, 1, 8, SWIFTKV_DTYPE_F16};
-  assert_int_equal(cd::encode(tiny, {cd::Codec::kivi, 2, 8}, smooth_kv(tiny, 6)).size(),
+  assert_int_equal(cd::encode(tiny, {cd::Codec::kivi, 2, 8}, synthetic_kv(tiny, 6)).size(),
                    48 + 2 * 6 + 1 * 8 * 4 + 3 * 1 * 4);
 }
 
@@ -280,7 +250,7 @@ swiftkv_status status_of(F &&f) {
 
 void bad_input_is_refused(void **) {
   const cd::ChunkShape s{1, 16, 2, 32, SWIFTKV_DTYPE_F16};
-  const auto raw = smooth_kv(s, 7);
+  const auto raw = synthetic_kv(s, 7);
   auto enc = [&](cd::ChunkShape sh, cd::CodecParams p) {
     return status_of([&] { cd::encode(sh, p, raw); });
   };
@@ -344,7 +314,7 @@ void bad_input_is_refused(void **) {
 // No change to a frame crashes the decoder or reads outside it: it decodes or says EIO.
 void corruption_never_crashes(void **) {
   const cd::ChunkShape s{1, 16, 2, 32, SWIFTKV_DTYPE_BF16};
-  const auto raw = smooth_kv(s, 8);
+  const auto raw = synthetic_kv(s, 8);
   std::mt19937_64 rng(9);
   std::vector<std::byte> out(raw.size());
   std::vector<cd::CodecParams> ps = {{cd::Codec::raw}, {cd::Codec::kivi, 2, 8}, {cd::Codec::fp8}};
