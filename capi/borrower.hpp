@@ -25,6 +25,9 @@ inline RegisteredModel borrower_locked(const swiftkv_ctx *ctx, uint32_t model) {
   return it->second;
 }
 
+// What a model asks of compression when it registers: nothing (its chunk shape only).
+ModelCompression default_compression(const RegisteredModel &m);
+
 inline RegisteredModel borrower(const swiftkv_ctx *ctx, uint32_t model) {
   std::shared_lock lock(ctx->models_mu);
   return borrower_locked(ctx, model);

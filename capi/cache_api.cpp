@@ -81,9 +81,14 @@ SWIFTKV_API swiftkv_status swiftkv_model_register(uint32_t *model_out, swiftkv_c
     const uint32_t id = ctx->next_model++;
     const bool cache = r.role == SWIFTKV_ROLE_BORROWER;
     const uint64_t chunk_bytes = r.sizes.full_chunk_bytes;
+    const swiftkv::ModelCompression compression = swiftkv::capi::default_compression(r);
+    const ChunkKey fingerprint = r.fingerprint;
     ctx->models.emplace(id, std::move(r));
     lock.unlock();
-    if (cache) ctx->cache.reserve_for(chunk_bytes);
+    if (cache) {
+      ctx->cache.reserve_for(chunk_bytes);
+      ctx->cache.set_compression(fingerprint, compression);
+    }
     *model_out = id;
     return SWIFTKV_OK;
   }

@@ -55,10 +55,15 @@ void Request::hold_loads(const GeometrySizes &sizes) {
       cache_.report_failed_load(spec_.keys[c], use->meta, use->where.tier);
       break;
     }
+    if (!cache_.loadable(use->meta)) {  // lossy, and the model asks for exact bytes
+      cache_.end_read(spec_.keys[c]);
+      break;
+    }
     loads_.push_back(std::make_unique<LoadChunk>(cache_, spec_.keys[c], *use));
     LoadChunk &l = *loads_.back();
     l.plan = plan_for(c);
-    l.src = cache_.address(use->where, &l.src_device);
+    // An encoded chunk is staged (read and decoded into host memory) as a disk chunk is.
+    l.src = use->meta.encoded() ? nullptr : cache_.address(use->where, &l.src_device);
     tiers_used[static_cast<size_t>(use->where.tier)] = true;
     if (use->where.tier == Tier::peer) peer_loads_ = true;
   }
@@ -89,7 +94,9 @@ void Request::reserve_saves(const GeometrySizes &sizes) {
     s.dst = cache_.address(s.where, &s.slot_device);
     // A host pool reaches lent device memory through host staging; a device pool copies to
     // any memory directly, and stages only for the disk.
-    if (s.dst == nullptr || (s.slot_device >= 0 && pool_->layout().device < 0)) {
+    // A tier that encodes its chunks takes them from staging too.
+    if (s.dst == nullptr || (s.slot_device >= 0 && pool_->layout().device < 0) ||
+        cache_.encodes_in(s.where.tier, spec_.model)) {
       s.staging.allocate(sizes.full_chunk_bytes, *pool_);
       s.dst = s.staging.data();
     }

@@ -3,6 +3,8 @@
 // lookup, an insert or a drop touches one cache line (about 160 bytes of table per reserved chunk).
 #include "core/index/chunk_index.hpp"
 
+#include "core/common/error.hpp"
+
 #include <cmath>
 #include <mutex>
 #include <stdexcept>
@@ -46,12 +48,50 @@ ChunkIndex::ChunkIndex(EvictionPolicy policy, RecomputeCost cost)
 }
 ChunkIndex::~ChunkIndex() = default;
 
-void ChunkIndex::count(Shard &s, Tier tier, uint64_t bytes, int sign) noexcept {
-  const auto t = static_cast<size_t>(tier);
-  const uint64_t dc = sign > 0 ? 1 : ~uint64_t{0};  // +1 or -1 modulo 2^64
-  const uint64_t db = sign > 0 ? bytes : ~bytes + 1;
-  s.chunks[t].store(s.chunks[t].load(std::memory_order_relaxed) + dc, std::memory_order_relaxed);
-  s.bytes[t].store(s.bytes[t].load(std::memory_order_relaxed) + db, std::memory_order_relaxed);
+namespace {
+// A plain load and store: the counts are written only under the shard's exclusive lock.
+void add_relaxed(std::atomic<uint64_t> &a, uint64_t d) noexcept {
+  a.store(a.load(std::memory_order_relaxed) + d, std::memory_order_relaxed);
+}
+}  // namespace
+
+void ChunkIndex::count(Shard &s, const Slot &slot, int sign) noexcept {
+  const size_t t = slot.tier;
+  const size_t c = std::min<size_t>(slot.encoding & kEncodingCodecMask, kCodecCount - 1);
+  const uint64_t raw = uint64_t{slot.raw_per_token} * slot.tokens;
+  // +x or -x modulo 2^64
+  const auto signed_of = [sign](uint64_t x) { return sign > 0 ? x : ~x + 1; };
+  add_relaxed(s.chunks[t], signed_of(1));
+  add_relaxed(s.bytes[t], signed_of(slot.bytes));
+  add_relaxed(s.codec_chunks[c][t], signed_of(1));
+  add_relaxed(s.codec_raw[c][t], signed_of(raw));
+  add_relaxed(s.codec_stored[c][t], signed_of(slot.bytes));
+}
+
+void ChunkIndex::set_sizes(Slot &s, const ChunkMeta &m) {
+  const uint64_t per_token = m.tokens == 0 ? 0 : m.bytes / m.tokens;
+  if (uint64_t{m.tokens} * per_token != m.bytes || per_token > UINT32_MAX) {
+    fail_invalid("chunk index: a chunk of " + std::to_string(m.bytes) + " bytes and " +
+                 std::to_string(m.tokens) + " tokens is not whole 32-bit tokens");
+  }
+  s.raw_per_token = static_cast<uint32_t>(per_token);
+  s.bytes = m.stored();
+  s.encoding = m.encoding;
+}
+
+ChunkIndex::CodecCounts ChunkIndex::codec_counts() const noexcept {
+  CodecCounts r;
+  for (size_t i = 0; i < kShards; ++i) {
+    const Shard &s = shards_[i];
+    for (size_t c = 0; c < kCodecCount; ++c) {
+      for (size_t t = 0; t < kTierCount; ++t) {
+        r.chunks[c][t] += s.codec_chunks[c][t].load(std::memory_order_relaxed);
+        r.raw_bytes[c][t] += s.codec_raw[c][t].load(std::memory_order_relaxed);
+        r.stored_bytes[c][t] += s.codec_stored[c][t].load(std::memory_order_relaxed);
+      }
+    }
+  }
+  return r;
 }
 
 uint64_t ChunkIndex::chunks(Tier t) const noexcept {
@@ -93,6 +133,8 @@ void ChunkIndex::copy_slot(Slot &d, const Slot &o) noexcept {
   d.lo = o.lo;
   d.hi = o.hi;
   d.node = o.node;
+  d.encoding = o.encoding;
+  d.raw_per_token = o.raw_per_token;
   d.store_slot = o.store_slot;
   d.bytes = o.bytes;
   d.position = o.position;
@@ -278,11 +320,21 @@ std::optional<SlotRef> ChunkIndex::locate(const ChunkKey &k) const {
   return where(*slot);
 }
 
+std::optional<ChunkView> ChunkIndex::view(const ChunkKey &k) const {
+  const Shard &s = shard(k);
+  std::shared_lock lock(s.mu);
+  const Slot *slot = find(s, k);
+  if (slot == nullptr || !visible(*slot)) return std::nullopt;
+  return ChunkView{k, where(*slot), meta(s, *slot), slot->pins};
+}
+
 bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where, uint64_t now_ns) {
   std::lock_guard order(order_mu_);
   Shard &s = shard(k);
   std::unique_lock lock(s.mu);
   if (find(s, k) != nullptr) return false;
+  Slot sizes;
+  set_sizes(sizes, meta);  // checked before anything changes
   const uint16_t model = model_index(s, meta.model);
   const uint64_t cap_now = s.cap.load(std::memory_order_relaxed);
   if ((s.used + 1) * 2 > cap_now) grow(s, cap_now * 2);
@@ -301,7 +353,9 @@ bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
   slot.hi = k.hi;
   slot.node = node;
   slot.store_slot = where.slot;
-  slot.bytes = meta.bytes;
+  slot.bytes = sizes.bytes;
+  slot.encoding = sizes.encoding;
+  slot.raw_per_token = sizes.raw_per_token;
   slot.position = meta.position;
   slot.tokens = meta.tokens;
   slot.pins = 0;
@@ -310,7 +364,7 @@ bool ChunkIndex::insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where,
   slot.tier = static_cast<uint8_t>(where.tier);
   slot.flags = kUsed;
   ++s.used;
-  count(s, where.tier, meta.bytes, +1);
+  count(s, slot, +1);
   return true;
 }
 
@@ -364,6 +418,18 @@ std::optional<ChunkUse> ChunkIndex::begin_move(const ChunkKey &k, Tier from, boo
 }
 
 bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, std::vector<SlotRef> &to_free) {
+  return finish_move(k, dst, std::nullopt, to_free);
+}
+
+bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, const ChunkMeta &meta,
+                             std::vector<SlotRef> &to_free) {
+  return finish_move(k, dst, std::optional<ChunkMeta>(meta), to_free);
+}
+
+bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, const std::optional<ChunkMeta> &meta,
+                             std::vector<SlotRef> &to_free) {
+  Slot sizes;
+  if (meta) set_sizes(sizes, *meta);  // checked before anything changes
   std::lock_guard order(order_mu_);
   Shard &s = shard(k);
   std::unique_lock lock(s.mu);
@@ -380,7 +446,7 @@ bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, std::vector<SlotRef
   }
   // The switch: from here on every new reader reads dst; the old copy stays until the readers
   // that began before it are done.
-  count(s, static_cast<Tier>(slot->tier), slot->bytes, -1);
+  count(s, *slot, -1);
   if (slot->users > 1) {
     s.retired[k].push_back(where(*slot));
     slot->flags |= kRetired;
@@ -389,7 +455,12 @@ bool ChunkIndex::finish_move(const ChunkKey &k, SlotRef dst, std::vector<SlotRef
   }
   slot->tier = static_cast<uint8_t>(dst.tier);
   slot->store_slot = dst.slot;
-  count(s, dst.tier, slot->bytes, +1);
+  if (meta) {
+    slot->bytes = sizes.bytes;
+    slot->encoding = sizes.encoding;
+    slot->raw_per_token = sizes.raw_per_token;
+  }
+  count(s, *slot, +1);
   if (slot->pins == 0) link_locked(s, *slot);
   end_use_locked(s, slot, to_free);
   return true;
@@ -415,7 +486,7 @@ bool ChunkIndex::drop(const ChunkKey &k, bool respect_pins, std::optional<Tier> 
   if (slot == nullptr) return false;
   if ((slot->flags & kDoomed) != 0 || (respect_pins && slot->pins != 0)) return false;
   if (only_from && static_cast<Tier>(slot->tier) != *only_from) return false;
-  count(s, static_cast<Tier>(slot->tier), slot->bytes, -1);
+  count(s, *slot, -1);
   // The node goes now; a doomed slot keeps a stale number that nothing reads.
   order_.remove(slot->node);
   if (slot->users != 0) {

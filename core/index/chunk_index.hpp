@@ -31,12 +31,32 @@ struct SlotRef {
   uint64_t slot = 0;
 };
 
+// How a chunk's bytes are stored in its tier (core/codec/chunk_codec.hpp packs and unpacks it):
+// bits 0-7 the codec (0: raw, the chunk's own bytes), 8-15 its bits, 16-23 log2 of its group,
+// bit 24 byte planes, bit 31 lossy (the bytes decode to an approximation of the chunk, also
+// when they are raw again after a lossy codec). 0: the chunk's exact bytes, as they are.
+inline constexpr uint32_t kEncodingCodecMask = 0xff;
+inline constexpr uint32_t kEncodingLossy = uint32_t{1} << 31;
+inline constexpr size_t kCodecCount = 4;  // raw, zstd, kivi, fp8
+
 // What the index keeps about a chunk besides its place.
 struct ChunkMeta {
   ChunkKey model;         // the model's fingerprint
   uint32_t position = 0;  // the chunk's number in its sequence (0: the first chunk)
   uint32_t tokens = 0;    // tokens in the chunk
-  uint64_t bytes = 0;     // bytes of the chunk, all layers
+  uint64_t bytes = 0;     // bytes of the chunk, all layers, as the engine sees them (decoded)
+  // The bytes its tier holds (what budgets count): 0 means `bytes` (a raw chunk).
+  uint64_t stored_bytes = 0;
+  uint32_t encoding = 0;  // see kEncodingCodecMask
+
+  uint64_t stored() const noexcept { return stored_bytes != 0 ? stored_bytes : bytes; }
+  // Whether the stored bytes are a frame to decode (not the chunk's bytes as they are).
+  bool encoded() const noexcept { return (encoding & kEncodingCodecMask) != 0; }
+  bool lossy() const noexcept { return (encoding & kEncodingLossy) != 0; }
+  size_t codec_index() const noexcept {
+    const uint32_t c = encoding & kEncodingCodecMask;
+    return c < kCodecCount ? c : 0;
+  }
 };
 
 // An entry handed to a reader or a mover: the place to read from and the chunk's meta.
@@ -97,6 +117,8 @@ class ChunkIndex {
   // Where a visible chunk is, recording no activity.
   std::optional<SlotRef> locate(const ChunkKey &k) const;
   bool contains(const ChunkKey &k) const { return peek(k).has_value(); }
+  // Everything about a visible chunk, recording no activity.
+  std::optional<ChunkView> view(const ChunkKey &k) const;
 
   // Adds a resident chunk stored at `where`; false (nothing changed) when the key exists.
   bool insert(const ChunkKey &k, const ChunkMeta &meta, SlotRef where, uint64_t now_ns);
@@ -135,7 +157,18 @@ class ChunkIndex {
   EvictionPolicy policy() const noexcept { return order_.policy(); }
 
   uint64_t chunks(Tier t) const noexcept;
+  // Bytes the tier holds (stored: compressed where encoded).
   uint64_t bytes(Tier t) const noexcept;
+  // Resident chunks by codec (ChunkMeta::codec_index) and tier: how many, their decoded bytes
+  // and the bytes stored.
+  struct CodecCounts {
+    std::array<std::array<uint64_t, kTierCount>, kCodecCount> chunks{}, raw_bytes{}, stored_bytes{};
+  };
+  CodecCounts codec_counts() const noexcept;
+  // Makes `meta` (same model, position and tokens; a new encoding and stored size) the chunk's
+  // meta in the same step as finish_move switches to `dst`: a move that re-encoded the chunk.
+  bool finish_move(const ChunkKey &k, SlotRef dst, const ChunkMeta &meta,
+                   std::vector<SlotRef> &to_free);
 
  private:
   // Everything the index keeps about one chunk, in one 64-byte slot of an open-addressing table
@@ -144,15 +177,18 @@ class ChunkIndex {
   struct alignas(64) Slot {
     uint64_t lo = 0, hi = 0;
     uint32_t node = 0;  // in the eviction order, which keeps the last activity
-    uint32_t spare = 0;
+    uint32_t encoding = 0;
     uint64_t store_slot = 0;  // the place in its tier's store
-    uint64_t bytes = 0;
+    uint64_t bytes = 0;       // stored
     uint32_t position = 0, tokens = 0;
     uint32_t pins = 0;
     uint32_t users = 0;  // readers plus the mover
     uint16_t model = 0;  // index in the shard's model list
     uint8_t tier = 0;
     uint8_t flags = 0;  // kUsed, kDoomed, kMoving, kRetired
+    // Decoded bytes per token (the chunk's decoded bytes / tokens): ChunkMeta::bytes for any
+    // encoding, in the 4 bytes the 64 would otherwise pad.
+    uint32_t raw_per_token = 0;
   };
   static_assert(sizeof(Slot) == 64);
   static constexpr uint8_t kUsed = 1;    // the slot holds a chunk
@@ -171,6 +207,9 @@ class ChunkIndex {
     // Resident chunks and bytes per tier in this shard: written only under the exclusive lock
     // (a plain load and store, no locked instruction), read by chunks() and bytes() without it.
     std::array<std::atomic<uint64_t>, kTierCount> chunks{}, bytes{};
+    // The same by codec, with the decoded bytes beside the stored ones.
+    std::array<std::array<std::atomic<uint64_t>, kTierCount>, kCodecCount> codec_chunks{},
+        codec_raw{}, codec_stored{};
     // The model fingerprints of this shard's chunks (a handful: one per registered model).
     std::vector<ChunkKey> models;
     // Old copies of moved chunks that readers may still read, until their last reader is done.
@@ -187,15 +226,23 @@ class ChunkIndex {
     return SlotRef{static_cast<Tier>(s.tier), s.store_slot};
   }
   static ChunkMeta meta(const Shard &sh, const Slot &s) noexcept {
-    return ChunkMeta{sh.models[s.model], s.position, s.tokens, s.bytes};
+    const uint64_t raw = uint64_t{s.raw_per_token} * s.tokens;
+    return ChunkMeta{sh.models[s.model],           s.position, s.tokens, raw,
+                     raw == s.bytes ? 0 : s.bytes, s.encoding};
   }
+  bool finish_move(const ChunkKey &k, SlotRef dst, const std::optional<ChunkMeta> &meta,
+                   std::vector<SlotRef> &to_free);
+  // Puts the decoded size, stored size and encoding of `m` into a slot: EINVAL when the decoded
+  // bytes are not tokens x a 32-bit per-token size.
+  static void set_sizes(Slot &s, const ChunkMeta &m);
   // The slot holding k, or nullptr. Call with the shard locked.
   static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
   static void copy_slot(Slot &dst, const Slot &src) noexcept;
   // Rehashes a shard into a table of `cap` slots (more than it holds).
   void grow(Shard &s, uint64_t cap);
   static void erase(Shard &s, Slot *slot);
-  static void count(Shard &s, Tier t, uint64_t bytes, int sign) noexcept;
+  // Adds (+1) or takes (-1) a chunk's share of its shard's counts.
+  static void count(Shard &s, const Slot &slot, int sign) noexcept;
   static uint16_t model_index(Shard &s, const ChunkKey &model);
   // Ends one use of a chunk; erases it (and hands back its slots) when it was the last user of
   // a doomed chunk. Returns true when the chunk was erased.

@@ -48,9 +48,13 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
     disk_->rebuild([&](const DiskTier::Found &f) {
       const uint64_t age = real_ns > f.written_ns ? real_ns - f.written_ns : 0;
       const uint64_t last = now_ns > age ? now_ns - age : 0;
-      if (!index_.insert(f.key, f.meta, SlotRef{Tier::disk, f.slot}, last)) {
-        duplicates.push_back(SlotRef{Tier::disk, f.slot});
+      bool kept = false;
+      try {
+        kept = index_.insert(f.key, f.meta, SlotRef{Tier::disk, f.slot}, last);
+      } catch (const Error &) {
+        // Sizes the index cannot hold (not whole tokens): not a chunk of any model.
       }
+      if (!kept) duplicates.push_back(SlotRef{Tier::disk, f.slot});
     });
     free_slots(duplicates);
   }
@@ -190,7 +194,7 @@ std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, con
   // A tier may count room it cannot hand out in one piece (the tail of a disk segment): then
   // one more victim at a time, a few times.
   for (int tries = 0; tries < 16; ++tries) {
-    if (!make_room(t, meta.model, meta.bytes, tries > 0)) return std::nullopt;
+    if (!make_room(t, meta.model, meta.stored(), tries > 0)) return std::nullopt;
     if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
   }
   return std::nullopt;
@@ -228,9 +232,14 @@ void ChunkCache::abort_move(const ChunkKey &key) noexcept {
   free_slots(to_free);
 }
 
-bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst) {
+bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst,
+                               const Encoded *recoded) {
   try {
-    transfer(key, use.meta, use.where, dst);
+    if (recoded != nullptr) {
+      store_of(dst.tier)->write(dst.slot, key, recoded->meta, recoded->bytes.data());
+    } else {
+      transfer(key, use.meta, use.where, dst);
+    }
   } catch (const Error &) {
     // The source failed its check (a disk chunk gone bad) or the copy failed: give up on it.
     store_of(dst.tier)->free(dst.slot);
@@ -247,9 +256,35 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
     return false;
   }
   std::vector<SlotRef> to_free;
-  const bool moved = index_.finish_move(key, dst, to_free);
+  const bool moved = recoded != nullptr ? index_.finish_move(key, dst, recoded->meta, to_free)
+                                        : index_.finish_move(key, dst, to_free);
   free_slots(to_free);
   return moved;
+}
+
+ChunkCache::MoveResult ChunkCache::move_into(const ChunkKey &key, const ChunkUse &use, Tier to,
+                                             bool room) {
+  std::optional<Encoded> recoded;
+  if (const std::optional<codec::CodecParams> p = entering(use.meta, to)) {
+    try {
+      recoded = recode(use.where, use.meta, *p);
+    } catch (const Error &) {
+      // The source does not read or decode: it is dropped as corrupt, as a failed copy is.
+      abort_move(key);
+      load_failures_.fetch_add(1, std::memory_order_relaxed);
+      drop_chunk(key, use.meta, use.where.tier, ChunkEventReason::corrupt);
+      return MoveResult::failed;
+    } catch (...) {
+      abort_move(key);
+      throw;
+    }
+  }
+  const std::optional<uint64_t> slot =
+      allocate_in(to, key, recoded ? recoded->meta : use.meta, room);
+  if (!slot) return MoveResult::no_room;
+  return complete_move(key, use, SlotRef{to, *slot}, recoded ? &*recoded : nullptr)
+             ? MoveResult::moved
+             : MoveResult::failed;
 }
 
 uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
@@ -259,19 +294,19 @@ uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
   const ChunkMeta meta = use->meta;
   for (std::optional<Tier> to = lower_tier(from, meta.model); to;
        to = lower_tier(*to, meta.model)) {
-    const std::optional<uint64_t> slot = allocate_in(*to, key, meta, true);
-    if (!slot) continue;
-    if (complete_move(key, *use, SlotRef{*to, *slot})) {
+    const MoveResult r = move_into(key, *use, *to, true);
+    if (r == MoveResult::no_room) continue;
+    if (r == MoveResult::moved) {
       demotions_.fetch_add(1, std::memory_order_relaxed);
       if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
       emit(ChunkEvent{meta.model, key, from, *to, reason});
     }
-    return meta.bytes;
+    return meta.stored();
   }
   // No lower tier has room: the chunk is dropped.
   abort_move(key);
   drop_chunk(key, meta, from, reason);
-  return meta.bytes;
+  return meta.stored();
 }
 
 void ChunkCache::drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from,
@@ -291,14 +326,14 @@ void ChunkCache::transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef sr
   std::byte *sp = s->address(src.slot, &sdev);
   std::byte *dp = d->address(dst.slot, &ddev);
   if (sp != nullptr && dp != nullptr) {
-    copy_bytes(dp, ddev, sp, sdev, meta.bytes);
+    copy_bytes(dp, ddev, sp, sdev, meta.stored());
   } else if (sp != nullptr && sdev < 0) {
     d->write(dst.slot, key, meta, sp);
   } else if (dp != nullptr && ddev < 0) {
     s->read(src.slot, meta, dp);
   } else {
     // Device memory on one side and a file on the other: through host memory.
-    std::vector<std::byte> staging(meta.bytes);
+    std::vector<std::byte> staging(meta.stored());
     s->read(src.slot, meta, staging.data());
     d->write(dst.slot, key, meta, staging.data());
   }
@@ -307,12 +342,9 @@ void ChunkCache::transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef sr
 bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to, bool make_room) {
   std::optional<ChunkUse> use = index_.begin_move(key, from, false);
   if (!use) return false;
-  const std::optional<uint64_t> slot = allocate_in(to, key, use->meta, make_room);
-  if (!slot) {
-    abort_move(key);
-    return false;
-  }
-  return complete_move(key, *use, SlotRef{to, *slot});
+  const MoveResult r = move_into(key, *use, to, make_room);
+  if (r == MoveResult::no_room) abort_move(key);
+  return r == MoveResult::moved;
 }
 
 uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys,
@@ -328,23 +360,8 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
     bool resident = tiers[i].has_value();
     if (!resident) {
       const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
-      if (std::optional<SlotRef> where = place(keys[i], meta, Tier::peer)) {
-        try {
-          store_of(where->tier)->write(where->slot, keys[i], meta, src + i * chunk_bytes);
-        } catch (...) {
-          store_of(where->tier)->free(where->slot);
-          throw;
-        }
-        // Visible to lookup only now that the bytes are whole.
-        if (index_.insert(keys[i], meta, *where, t)) {
-          stores_.fetch_add(1, std::memory_order_relaxed);
-        } else {
-          store_of(where->tier)->free(where->slot);  // another thread stored it first
-        }
-        resident = true;
-      } else {
-        stores_rejected_.fetch_add(1, std::memory_order_relaxed);
-      }
+      resident = place_new(keys[i], meta, src + i * chunk_bytes, Tier::peer) != Placed::no_room;
+      if (!resident) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
     }
     if (!resident) run_open = false;
     if (run_open) ++leading;
@@ -370,11 +387,16 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     // A chunk of another size than its model's (a record that passed its checks but not this)
     // is not this chunk: it is dropped as corrupt, never copied.
     if (use->meta.bytes != chunk_bytes) ok = false;
+    if (ok && !loadable(use->meta)) {  // not a failure: the chunk stays for who accepts it
+      std::vector<SlotRef> none;
+      index_.end_read(keys[i], none);
+      free_slots(none);
+      break;
+    }
     if (!lost && ok) {
       const LoadScope load(*this, use->where.tier);
       try {
-        store_of(use->where.tier)
-            ->read(use->where.slot, use->meta, dst + (i - start) * chunk_bytes);
+        read_slot(use->where, use->meta, dst + (i - start) * chunk_bytes);
       } catch (const Error &) {
         ok = false;
       }
@@ -392,6 +414,153 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     ++n;
   }
   return n;
+}
+
+ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &meta,
+                                         const std::byte *decoded, Tier first) {
+  std::optional<Encoded> encoded;  // the last encoding made, for the next tier that asks it
+  for (size_t i = idx(first); i < kTierCount; ++i) {
+    const auto t = static_cast<Tier>(i);
+    if (!configured(t, meta.model)) continue;
+    const ChunkMeta *m = &meta;
+    const std::byte *bytes = decoded;
+    if (const std::optional<codec::CodecParams> p = entering(meta, t)) {
+      if (!encoded || !same_encoding(encoded->meta, *p)) {
+        encoded = encode_chunk(std::span<const std::byte>(decoded, meta.bytes), meta,
+                               shape_of(meta.model), *p);
+        encodes_.fetch_add(1, std::memory_order_relaxed);
+      }
+      m = &encoded->meta;
+      bytes = encoded->bytes.data();
+    }
+    const std::optional<uint64_t> slot = allocate_in(t, key, *m, true);
+    if (!slot) continue;
+    TierStore *s = store_of(t);
+    try {
+      s->write(*slot, key, *m, bytes);
+    } catch (...) {
+      s->free(*slot);
+      throw;
+    }
+    // Visible to lookup only now that the bytes are whole, and only if they are still ours.
+    if (s->readable(*slot) && index_.insert(key, *m, SlotRef{t, *slot}, now())) {
+      stores_.fetch_add(1, std::memory_order_relaxed);
+      return Placed::stored;
+    }
+    s->free(*slot);
+    return index_.contains(key) ? Placed::already : Placed::no_room;
+  }
+  return Placed::no_room;
+}
+
+std::optional<codec::CodecParams> ChunkCache::entering(const ChunkMeta &meta, Tier t) const {
+  if (t == Tier::peer) {
+    return meta.encoded() ? std::optional<codec::CodecParams>(codec::CodecParams{}) : std::nullopt;
+  }
+  if (meta.lossy()) return std::nullopt;  // approximate already: never encoded a second time
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(meta.model);
+  if (it == compression_.end()) return std::nullopt;
+  const std::optional<codec::CodecParams> &p = it->second.fixed[idx(t)];
+  if (!p || same_encoding(meta, *p)) return std::nullopt;
+  return p;
+}
+
+Encoded ChunkCache::recode(SlotRef where, const ChunkMeta &meta, const codec::CodecParams &to) {
+  const codec::ChunkShape shape = shape_of(meta.model);
+  std::vector<std::byte> decoded(meta.bytes);
+  read_slot(where, meta, decoded.data());
+  // A range of lent memory lost during the read may hold the lender's bytes by now.
+  if (where.tier == Tier::peer && !readable(where)) {
+    fail(SWIFTKV_EIO, "a lent chunk was lost while it was read");
+  }
+  Encoded e = encode_chunk(decoded, meta, shape, to);
+  if (e.meta.encoded()) encodes_.fetch_add(1, std::memory_order_relaxed);
+  return e;
+}
+
+codec::ChunkShape ChunkCache::shape_of(const ChunkKey &model) const {
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(model);
+  if (it == compression_.end()) {
+    fail(SWIFTKV_EIO,
+         "an encoded chunk of a model not registered with the cache (" + to_hex(model) + ")");
+  }
+  return it->second.shape;
+}
+
+void ChunkCache::set_compression(const ChunkKey &model, const ModelCompression &c) {
+  check_compression(c);
+  std::unique_lock lock(comp_mu_);
+  compression_[model] = c;
+}
+
+std::optional<ModelCompression> ChunkCache::compression(const ChunkKey &model) const {
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(model);
+  if (it == compression_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool ChunkCache::encodes_in(Tier t, const ChunkKey &model) const {
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(model);
+  return it != compression_.end() && it->second.fixed[idx(t)].has_value();
+}
+
+bool ChunkCache::loadable(const ChunkMeta &meta) {
+  if (!meta.lossy()) return true;
+  {
+    std::shared_lock lock(comp_mu_);
+    const auto it = compression_.find(meta.model);
+    if (it != compression_.end() && it->second.accept_lossy) return true;
+  }
+  lossy_refused_.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> keys,
+                              const codec::CodecParams &to) {
+  const std::optional<ModelCompression> c = compression(model);
+  if (!c) fail_invalid("the model is not registered with the chunk cache");
+  codec::check_params(c->shape, to);
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!index_.contains(keys[i])) {
+      fail(SWIFTKV_ENOTFOUND, "chunk " + std::to_string(i) + " (" + to_hex(keys[i]) +
+                                  ") is not cached; nothing was compressed");
+    }
+  }
+  uint64_t there = 0;
+  for (const ChunkKey &k : keys) {
+    const std::optional<Tier> from = index_.peek(k);
+    if (!from || *from == Tier::peer) continue;
+    std::optional<ChunkUse> use = index_.begin_move(k, *from, false);
+    if (!use) continue;  // moving meanwhile: another thread's
+    if (same_encoding(use->meta, to)) {
+      abort_move(k);
+      ++there;
+      continue;
+    }
+    std::optional<Encoded> e;
+    try {
+      e = recode(use->where, use->meta, to);
+    } catch (const Error &) {
+      abort_move(k);
+      load_failures_.fetch_add(1, std::memory_order_relaxed);
+      drop_chunk(k, use->meta, use->where.tier, ChunkEventReason::corrupt);
+      continue;
+    } catch (...) {
+      abort_move(k);
+      throw;
+    }
+    const std::optional<uint64_t> slot = allocate_in(*from, k, e->meta, true);
+    if (!slot) {
+      abort_move(k);
+      continue;
+    }
+    if (complete_move(k, *use, SlotRef{*from, *slot}, &*e)) ++there;
+  }
+  return there;
 }
 
 std::optional<ChunkUse> ChunkCache::begin_read(const ChunkKey &key) {
@@ -416,8 +585,17 @@ bool ChunkCache::readable(SlotRef where) const noexcept {
   return store_of(where.tier)->readable(where.slot);
 }
 
-void ChunkCache::read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst) const {
-  store_of(where.tier)->read(where.slot, meta, dst);
+void ChunkCache::read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst) {
+  TierStore *s = store_of(where.tier);
+  if (!meta.encoded()) {
+    s->read(where.slot, meta, dst);
+    return;
+  }
+  const codec::ChunkShape shape = shape_of(meta.model);
+  std::vector<std::byte> stored(meta.stored());
+  s->read(where.slot, meta, stored.data());
+  decode_stored(stored, meta, shape, dst);
+  decodes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ChunkCache::report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from) {
@@ -434,6 +612,14 @@ std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const Chunk
 bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
                          const std::byte *staging) {
   TierStore *s = store_of(where.tier);
+  if (staging != nullptr && entering(meta, where.tier)) {
+    // The tier encodes: the decoded reservation gives way to the encoded chunk.
+    s->free(where.slot);
+    const Placed p = place_new(key, meta, staging, where.tier);
+    if (p == Placed::no_room) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
+    if (p == Placed::stored && options_.demote_free_percent != 0) thread_cv_.notify_one();
+    return p == Placed::stored;
+  }
   try {
     if (staging != nullptr) s->write(where.slot, key, meta, staging);
   } catch (...) {
@@ -670,6 +856,10 @@ CacheStats ChunkCache::stats() const {
     s.disk_bytes_allocated = d.allocated_bytes;
   }
   s.demotions_deferred = deferred_.load();
+  s.codecs = index_.codec_counts();
+  s.lossy_refused = lossy_refused_.load();
+  s.encodes = encodes_.load();
+  s.decodes = decodes_.load();
   return s;
 }
 

@@ -15,12 +15,14 @@
 #include <shared_mutex>
 #include <span>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "core/common/defaults.hpp"
 #include "core/context/context.hpp"
 #include "core/index/chunk_index.hpp"
 #include "core/policy/eviction_policy.hpp"
+#include "core/tiers/chunk_encoding.hpp"
 #include "core/tiers/disk_tier.hpp"
 #include "core/tiers/host_tier.hpp"
 #include "core/tiers/peer_tier.hpp"
@@ -69,6 +71,10 @@ struct CacheStats {
   uint64_t disk_segments_cleaned = 0;
   uint64_t disk_bytes_relocated = 0;
   uint64_t disk_bytes_allocated = 0;  // segment files on disk (what the disk budget counts)
+  ChunkIndex::CodecCounts codecs;     // resident chunks by codec and tier, decoded and stored
+  uint64_t lossy_refused = 0;  // lossy chunks a load or retrieve stopped at (exact bytes asked)
+  uint64_t encodes = 0;        // chunks encoded (a store, a move or compress)
+  uint64_t decodes = 0;        // encoded chunks decoded (a load, a retrieve or a move)
 };
 
 // Residency of a run of chunk keys, as lookup sees it.
@@ -112,9 +118,10 @@ class ChunkCache {
   // at every point of the call.
   uint64_t store(const ChunkKey &model, std::span<const ChunkKey> keys, uint32_t chunk_tokens,
                  uint64_t chunk_bytes, const std::byte *src, uint64_t *leading_so_far = nullptr);
-  // Copies chunks keys[start..] to dst (chunk i - start at dst + (i - start) * chunk_bytes)
-  // while they are resident and intact; returns how many. A chunk that fails its check is
-  // dropped and counted as a load failure.
+  // Copies chunks keys[start..] to dst (chunk i - start at dst + (i - start) * chunk_bytes),
+  // decoded, while they are resident and intact and (unless their model accepts lossy chunks)
+  // exact; returns how many. A chunk that fails its check is dropped and counted as a load
+  // failure; a lossy one is left as it is and counted in lossy_refused.
   uint64_t retrieve(std::span<const ChunkKey> keys, uint64_t start, uint64_t chunk_bytes,
                     std::byte *dst);
 
@@ -127,6 +134,24 @@ class ChunkCache {
   uint64_t move(std::span<const ChunkKey> keys, Tier to);
   uint64_t clear(std::optional<ChunkKey> model, uint32_t tier_mask,
                  std::optional<std::span<const ChunkKey>> keys);
+  // Re-encodes the chunks of `keys` under `to` (raw: decoded) in the tiers where they are: all
+  // resident, or ENOTFOUND with nothing changed; EINVAL (nothing changed) when the model is not
+  // registered with the cache or `to` is not a codec for its chunks. A chunk in the peer tier
+  // stays as it is (lent memory holds decoded chunks only), and so does one the tier has no
+  // room for re-encoded. Returns how many of `keys` are stored under `to` afterwards.
+  uint64_t compress(const ChunkKey &model, std::span<const ChunkKey> keys,
+                    const codec::CodecParams &to);
+  // What a model asks of compression (its chunk shape, fixed codecs, whether it accepts lossy
+  // chunks): set when it registers, replaced by swiftkv_compression_set. Checked (EINVAL).
+  void set_compression(const ChunkKey &model, const ModelCompression &c);
+  std::optional<ModelCompression> compression(const ChunkKey &model) const;
+  // Whether a chunk of `model` placed in tier t is encoded there (fixed mode): a connector save
+  // into such a tier goes through host staging.
+  bool encodes_in(Tier t, const ChunkKey &model) const;
+  // Whether a load may return this chunk: exact, or its model accepts lossy chunks. Counts a
+  // refusal.
+  bool loadable(const ChunkMeta &meta);
+
   // Moves the chunks of the tiers in from_mask (tier bits) down to the disk tier as far as its
   // free room goes, evicting nothing there for them, then makes the disk tier durable; returns
   // how many moved. No disk tier: 0. What the context does when it ends (write-back on close).
@@ -155,14 +180,17 @@ class ChunkCache {
   bool resident(const ChunkKey &key) const { return index_.contains(key); }
   // Where a chunk is, recording no activity (nullopt: not resident).
   std::optional<Tier> tier_of(const ChunkKey &key) const { return index_.peek(key); }
+  // Where and how a chunk is stored, recording no activity (nullopt: not resident).
+  std::optional<ChunkView> view(const ChunkKey &key) const { return index_.view(key); }
   void end_read(const ChunkKey &key) noexcept;
   // The bytes of a slot in this process (nullptr for disk) and their device (-1: host).
   std::byte *address(SlotRef where, int32_t *device) const noexcept;
   // Whether a slot's bytes are still the cache's: false once a lent range is lost, after which
   // whatever was read from it may be the lender's data.
   bool readable(SlotRef where) const noexcept;
-  // Copies a whole chunk to host memory; throws Error(EIO) when it fails its check.
-  void read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst) const;
+  // Copies a whole chunk to host memory, decoded (meta.bytes); throws Error(EIO) when it fails
+  // its check or does not decode.
+  void read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst);
   // A chunk whose bytes could not be trusted: counted as a load failure and dropped.
   void report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from);
   // A slot for a chunk that is not resident, in the best tier with room (peer first), making
@@ -210,6 +238,18 @@ class ChunkCache {
  private:
   TierStore *store_of(Tier t) const noexcept;
   std::optional<SlotRef> place(const ChunkKey &key, const ChunkMeta &meta, Tier first);
+  // Stores a new chunk from its decoded bytes: in the first tier from `first` on with room,
+  // encoded as that tier asks: stored, already resident (another thread stored it first), or
+  // no tier had room.
+  enum class Placed : uint8_t { stored, already, no_room };
+  Placed place_new(const ChunkKey &key, const ChunkMeta &meta, const std::byte *decoded,
+                   Tier first);
+  // The encoding a chunk takes when it enters tier t (nullopt: the one it has): decoded for
+  // the peer tier; the model's fixed codec for an exact chunk.
+  std::optional<codec::CodecParams> entering(const ChunkMeta &meta, Tier t) const;
+  // A chunk's bytes read from `where` and re-encoded under `to`.
+  Encoded recode(SlotRef where, const ChunkMeta &meta, const codec::CodecParams &to);
+  codec::ChunkShape shape_of(const ChunkKey &model) const;
   std::optional<uint64_t> allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
                                       bool make_room);
   // Demotes the policy's victims out of tier t until it has `bytes` free for `model` (and at
@@ -226,7 +266,13 @@ class ChunkCache {
   // The second half of every move begun with begin_move: copy to dst, then switch the index to
   // it. False when the chunk was dropped meanwhile or its source failed its check (then it is
   // dropped as corrupt).
-  bool complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst);
+  // With `recoded`, its bytes and meta are what dst receives (a move that re-encodes).
+  bool complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef dst,
+                     const Encoded *recoded = nullptr);
+  // Moves a chunk being moved (begin_move) into tier `to`, encoded as `to` asks: false when
+  // `to` has no room (the move is still open) or the copy failed (the move is closed).
+  enum class MoveResult : uint8_t { moved, no_room, failed };
+  MoveResult move_into(const ChunkKey &key, const ChunkUse &use, Tier to, bool make_room);
   void abort_move(const ChunkKey &key) noexcept;
   void transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst);
   void drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from, ChunkEventReason reason);
@@ -256,11 +302,14 @@ class ChunkCache {
   std::condition_variable cb_cv_;
   std::shared_ptr<EventSlot> on_event_;
   std::mutex maint_mu_;
+  mutable std::shared_mutex comp_mu_;  // guards compression_
+  std::unordered_map<ChunkKey, ModelCompression, ChunkKeyHash> compression_;
 
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};
   std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0}, demotions_{0},
-      promotions_{0}, load_failures_{0}, revocations_{0}, deferred_{0};
+      promotions_{0}, load_failures_{0}, revocations_{0}, deferred_{0}, lossy_refused_{0},
+      encodes_{0}, decodes_{0};
 
   std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
   std::mutex thread_mu_;                       // guards stop_ and woken_

@@ -75,7 +75,8 @@ struct RecordHeader {
   uint64_t written_ns;        // CLOCK_REALTIME
   uint64_t covered_to;        // a commit record: records below this offset were synced
   uint64_t payload_checksum;  // XXH3-64 of the payload
-  uint64_t reserved;
+  uint32_t encoding;          // ChunkMeta::encoding; 0: the payload is the chunk's own bytes
+  uint32_t raw_per_token;     // an encoded payload: the chunk's decoded bytes per token; else 0
   uint64_t checksum;  // XXH3-64 of every byte above with `dead` as 0: header and payload both
 };
 static_assert(sizeof(RecordHeader) == DiskTier::kHeaderBytes);
@@ -83,6 +84,17 @@ constexpr size_t kDeadOffset = offsetof(RecordHeader, dead);
 
 uint64_t segment_checksum(const SegmentHeader &h) {
   return XXH3_64bits(&h, offsetof(SegmentHeader, checksum));
+}
+
+// What a chunk record's header says of its chunk.
+ChunkMeta record_meta(const RecordHeader &h) {
+  ChunkMeta m{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens, h.payload_bytes};
+  m.encoding = h.encoding;
+  if (m.encoded()) {
+    m.bytes = uint64_t{h.tokens} * h.raw_per_token;
+    m.stored_bytes = h.payload_bytes;
+  }
+  return m;
 }
 
 uint64_t record_checksum(RecordHeader h) {
@@ -570,7 +582,7 @@ void DiskTier::settle_moves_locked(Segment &c, Segment &d, const std::vector<Rel
 }
 
 std::optional<uint64_t> DiskTier::allocate(const ChunkKey &key, const ChunkMeta &meta) {
-  const uint64_t r = record_bytes(meta.bytes);
+  const uint64_t r = record_bytes(meta.stored());
   std::unique_lock lock(mu_);
   if (live_ + r > capacity_bytes({})) return std::nullopt;
   Segment *s = room_locked(lock, r);
@@ -628,7 +640,7 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
   {
     std::lock_guard lock(mu_);
     const Record &r = records_.at(slot);
-    if (r.state != RecState::reserved || !(r.key == key) || r.meta.bytes != meta.bytes) {
+    if (r.state != RecState::reserved || !(r.key == key) || r.meta.stored() != meta.stored()) {
       fail(SWIFTKV_EINTERNAL,
            "disk slot " + std::to_string(slot) + " was not reserved for this chunk");
     }
@@ -649,22 +661,26 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
   h.key_hi = key.hi;
   h.model_lo = meta.model.lo;
   h.model_hi = meta.model.hi;
-  h.payload_bytes = meta.bytes;
+  const uint64_t payload = meta.stored();
+  h.payload_bytes = payload;
+  h.encoding = meta.encoding;
+  h.raw_per_token =
+      meta.encoded() && meta.tokens != 0 ? static_cast<uint32_t>(meta.bytes / meta.tokens) : 0;
   h.written_ns = realtime_ns();
-  if (meta.bytes <= kPiece) {
-    h.payload_checksum = XXH3_64bits(src, meta.bytes);
+  if (payload <= kPiece) {
+    h.payload_checksum = XXH3_64bits(src, payload);
     h.checksum = record_checksum(h);
     // One call for header and payload. A record cut short by a crash is caught at recovery: its
     // payload fails its checksum unless a commit record says it was synced whole.
-    iovec v[2] = {{&h, sizeof h}, {const_cast<std::byte *>(src), meta.bytes}};
+    iovec v[2] = {{&h, sizeof h}, {const_cast<std::byte *>(src), payload}};
     pwrite_all(fd, v, 2, off, path);
   } else {
     // The payload first, piece by piece, checksummed behind on a second thread; the header
     // last, once the checksum is known. Until the header is written the record does not exist.
-    PieceHasher hash(src, meta.bytes);
+    PieceHasher hash(src, payload);
     hash.publish(0);
-    for (uint64_t at = 0; at < meta.bytes;) {
-      const uint64_t len = std::min(meta.bytes - at, kPiece);
+    for (uint64_t at = 0; at < payload;) {
+      const uint64_t len = std::min(payload - at, kPiece);
       hash.publish(at + len);  // the hasher reads what this thread writes: both only read src
       iovec v{const_cast<std::byte *>(src) + at, len};
       pwrite_all(fd, &v, 1, off + kHeaderBytes + at, path);
@@ -745,13 +761,15 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   // checksum computed while the kernel reads the next (asked for ahead), so the check costs
   // little beyond the read.
   RecordHeader h{};
-  const uint64_t first = std::min(meta.bytes, kPiece);
+  const uint64_t payload = meta.stored();
+  const uint64_t first = std::min(payload, kPiece);
   iovec v[2] = {{&h, sizeof h}, {dst, first}};
   if (!pread_all(fd, v, 2, off, path)) fail(SWIFTKV_EIO, path + " ends inside a record");
   const bool same = header_ok(h) && h.type == kChunkRecord && h.generation == gen &&
                     h.key_lo == key.lo && h.key_hi == key.hi && h.model_lo == meta.model.lo &&
                     h.model_hi == meta.model.hi && h.position == meta.position &&
-                    h.tokens == meta.tokens && h.payload_bytes == meta.bytes;
+                    h.tokens == meta.tokens && h.payload_bytes == payload &&
+                    h.encoding == meta.encoding;
   if (!same) {
     std::lock_guard lock(mu_);
     ++counters_.records_mismatched;
@@ -759,10 +777,10 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
                           " holds another record than the index says (overwritten or moved)");
   }
   uint64_t sum = 0;
-  if (first == meta.bytes) {
-    sum = XXH3_64bits(dst, meta.bytes);
+  if (first == payload) {
+    sum = XXH3_64bits(dst, payload);
   } else {
-    sum = checked_read_rest(fd, off + kHeaderBytes, meta.bytes, first, dst, path);
+    sum = checked_read_rest(fd, off + kHeaderBytes, payload, first, dst, path);
   }
   if (sum != h.payload_checksum) {
     fail(SWIFTKV_EIO, path + " at " + std::to_string(off) + ": the record fails its checksum");
@@ -969,9 +987,8 @@ void DiskTier::scan_records_locked(Segment &seg, const std::string &path, Recove
     if (h.type == kCommitRecord) {
       covered = std::max(covered, std::min(h.covered_to, off));
     } else if (h.dead != kDeadMark) {
-      rec.cands.push_back(Candidate{
-          seg.index, off, len, h.sequence, h.written_ns, ChunkKey{h.key_lo, h.key_hi},
-          ChunkMeta{ChunkKey{h.model_lo, h.model_hi}, h.position, h.tokens, h.payload_bytes}});
+      rec.cands.push_back(Candidate{seg.index, off, len, h.sequence, h.written_ns,
+                                    ChunkKey{h.key_lo, h.key_hi}, record_meta(h)});
     }
     sequence_ = std::max(sequence_, h.sequence + 1);
     off += len;
@@ -985,11 +1002,11 @@ void DiskTier::scan_records_locked(Segment &seg, const std::string &path, Recove
     bool ok = c.off < covered;
     if (!ok) {
       RecordHeader h{};
-      rec.payload.resize(c.meta.bytes);
-      iovec v[2] = {{&h, sizeof h}, {rec.payload.data(), c.meta.bytes}};
+      rec.payload.resize(c.meta.stored());
+      iovec v[2] = {{&h, sizeof h}, {rec.payload.data(), c.meta.stored()}};
       try {
         ok = pread_all(seg.fd.get(), v, 2, c.off, path) &&
-             XXH3_64bits(rec.payload.data(), c.meta.bytes) == h.payload_checksum;
+             XXH3_64bits(rec.payload.data(), c.meta.stored()) == h.payload_checksum;
       } catch (const Error &) {
         ok = false;
       }

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 
 #include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
@@ -31,7 +32,7 @@ HostTier::~HostTier() {
   std::lock_guard lock(mu_);
   for (Slab &s : slabs_) {
     s.memory.reset();
-    ctx_.release_host(s.reserved);
+    ctx_.release_host(s.reserved);  // 0 for a slab released already
   }
 }
 
@@ -79,7 +80,7 @@ std::shared_ptr<MemoryRegion> HostTier::make_slab_memory(const SlabPlan &plan) {
 
 void HostTier::add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory) {
   const uint64_t slab = slabs_.size();
-  slabs_.push_back(Slab{std::move(memory), plan.slot_bytes, plan.reserve});
+  slabs_.push_back(Slab{std::move(memory), plan.slot_bytes, plan.reserve, plan.slots, 0});
   reserved_ += plan.reserve;
   // The list never holds more than the class's slots, so free() never has to grow it.
   std::vector<uint64_t> &list = free_[plan.slot_bytes];
@@ -90,22 +91,52 @@ void HostTier::add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegio
   last_slots_[plan.slot_bytes] = plan.slots;
 }
 
+uint64_t HostTier::slot_bytes_for(const ChunkMeta &meta) noexcept {
+  const uint64_t n = meta.stored();
+  // A model's decoded chunks are all one size; encoded ones (zstd) vary chunk by chunk, and a
+  // size class each would leave slabs mostly empty: eight classes per doubling instead, each
+  // slot at most 12.5% over its chunk.
+  if (!meta.encoded() || n <= 64) return n;
+  const uint64_t step = (uint64_t{1} << (63 - std::countl_zero(n))) / 8;
+  return (n + step - 1) / step * step;
+}
+
 std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &meta) {
-  const uint64_t bytes = meta.bytes;
+  const uint64_t bytes = slot_bytes_for(meta);
   std::unique_lock lock(mu_);
   std::vector<uint64_t> &list = free_[bytes];
   // The thread is making a slab of this size: wait for it rather than make a second one.
   cv_.wait(lock, [&] { return !list.empty() || making_.count(bytes) == 0; });
   if (list.empty()) {
-    const std::optional<SlabPlan> plan = plan_slab_locked(bytes);
+    std::optional<SlabPlan> plan = plan_slab_locked(bytes);
+    if (!plan && release_empty_slabs_locked(bytes)) plan = plan_slab_locked(bytes);
     if (!plan) return std::nullopt;
     add_slab_locked(*plan, make_slab_memory(*plan));
   }
   const uint64_t slot = list.back();
   list.pop_back();
+  ++slabs_[slot >> 32].used;
   free_slot_bytes_ -= bytes;
   maybe_prepare_locked(bytes);
   return slot;
+}
+
+bool HostTier::release_empty_slabs_locked(uint64_t bytes) {
+  bool any = false;
+  for (uint64_t i = 0; i < slabs_.size(); ++i) {
+    Slab &s = slabs_[i];
+    if (!s.memory || s.used != 0 || s.slot_bytes == bytes) continue;
+    std::vector<uint64_t> &list = free_[s.slot_bytes];
+    std::erase_if(list, [i](uint64_t slot) { return (slot >> 32) == i; });
+    class_slots_[s.slot_bytes] -= s.slots;
+    free_slot_bytes_ -= s.slots * s.slot_bytes;
+    s.memory.reset();
+    ctx_.release_host(s.reserved);
+    reserved_ -= s.reserved;
+    s.reserved = 0;
+    any = true;
+  }
+  return any;
 }
 
 void HostTier::prepare(uint64_t bytes) {
@@ -166,7 +197,9 @@ void HostTier::run() {
 
 void HostTier::free(uint64_t slot) noexcept {
   std::lock_guard lock(mu_);
-  const uint64_t bytes = slabs_[slot >> 32].slot_bytes;
+  Slab &s = slabs_[slot >> 32];
+  const uint64_t bytes = s.slot_bytes;
+  --s.used;
   free_[bytes].push_back(slot);  // capacity was reserved when the slab was made
   free_slot_bytes_ += bytes;
 }

@@ -17,6 +17,8 @@
 
 namespace swiftkv {
 
+// A slab is kept until the tier ends, unless it is empty and another size needs its budget.
+//
 // Thread-safe: mu_ guards the slab list and the free lists; the bytes of a slot belong to
 // whoever holds the slot and are copied without the lock.
 //
@@ -45,15 +47,20 @@ class HostTier final : public TierStore {
   uint64_t free_bytes(const ChunkKey &) const override;
 
   uint64_t slab_bytes_reserved() const;
+  // The bytes of the slot a chunk takes: its stored bytes, rounded up to a size class when it
+  // is encoded.
+  static uint64_t slot_bytes_for(const ChunkMeta &meta) noexcept;
   // Asks the thread for a slab of `bytes` chunks if the size has no free slot yet (the cache
   // calls it when a model is registered). Nothing without `ahead`.
   void prepare(uint64_t bytes);
 
  private:
   struct Slab {
-    std::shared_ptr<MemoryRegion> memory;
+    std::shared_ptr<MemoryRegion> memory;  // null once released
     uint64_t slot_bytes;
     uint64_t reserved;  // bytes taken from the budget
+    uint64_t slots = 0;
+    uint64_t used = 0;  // slots handed out
   };
   struct SlabPlan {
     uint64_t slot_bytes, slots, reserve;
@@ -64,6 +71,11 @@ class HostTier final : public TierStore {
   // Its memory (no lock needed); gives the budget back when it fails.
   std::shared_ptr<MemoryRegion> make_slab_memory(const SlabPlan &plan);
   void add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory);
+  // Gives the budget of every empty slab of another size than `bytes` back: chunks of one size
+  // (decoded) and of others (encoded) share the budget, and a slab kept empty for one size would
+  // starve the others. Only when a slab of `bytes` finds no budget, so steady use never churns.
+  // Whether any was released.
+  bool release_empty_slabs_locked(uint64_t bytes);
   // Wakes the thread for `bytes` when its free slots fall below half of its last slab.
   void maybe_prepare_locked(uint64_t bytes);
   void run();

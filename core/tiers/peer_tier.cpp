@@ -82,7 +82,7 @@ std::optional<uint64_t> PeerTier::allocate(const ChunkKey &key, const ChunkMeta 
     const uint64_t local = r.open.back();
     const auto it = leases_.find(local);
     if (it == leases_.end() || !it->second.usable() || it->second.free_chunks.empty() ||
-        it->second.chunk_bytes != meta.bytes) {
+        it->second.chunk_bytes != meta.stored()) {
       if (it != leases_.end()) it->second.open = false;
       r.open.pop_back();
       continue;

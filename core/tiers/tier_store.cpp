@@ -11,14 +11,14 @@ void TierStore::write(uint64_t slot, const ChunkKey &, const ChunkMeta &meta,
   int32_t device = -1;
   std::byte *p = address(slot, &device);
   if (p == nullptr) fail(SWIFTKV_EINTERNAL, std::string(tier_name(tier())) + " has no write");
-  copy_bytes(p, device, src, -1, meta.bytes);
+  copy_bytes(p, device, src, -1, meta.stored());
 }
 
 void TierStore::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   int32_t device = -1;
   const std::byte *p = address(slot, &device);
   if (p == nullptr) fail(SWIFTKV_EINTERNAL, std::string(tier_name(tier())) + " has no read");
-  copy_bytes(dst, -1, p, device, meta.bytes);
+  copy_bytes(dst, -1, p, device, meta.stored());
 }
 
 }  // namespace swiftkv

@@ -830,6 +830,132 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
                                         swiftkv_tier to);
 
+/* ---------------------------------------------------------------------------------------------
+ * Compression (docs/codecs.md: the frame formats, each codec's error bound, the rules). Chunks
+ * below the GPU (host memory and disk) may be stored encoded: lossless (zstd, on builds with
+ * libzstd) or lossy (KIVI-style quantisation, FP8 E4M3). The budgets count the bytes stored.
+ * Lent memory (the peer tier) holds decoded chunks only: a chunk moved there is decoded. Loads
+ * (the connector) and swiftkv_retrieve always return decoded bytes; a lossy chunk is returned
+ * only to a model that accepts lossy chunks (swiftkv_compression_config), and otherwise ends
+ * the cached run as a chunk that is not cached would (counted in lossy_refused). A chunk once
+ * lossy stays lossy (its exact bytes are gone), and is never encoded a second time by a move.
+ * ------------------------------------------------------------------------------------------- */
+typedef enum swiftkv_codec {
+  SWIFTKV_CODEC_RAW = 0,  /* the chunk's bytes as they are */
+  SWIFTKV_CODEC_ZSTD = 1, /* lossless; SWIFTKV_EUNSUPPORTED in a build without libzstd */
+  SWIFTKV_CODEC_KIVI = 2, /* lossy: keys per channel, values per token, 8, 4 or 2 bits */
+  SWIFTKV_CODEC_FP8 = 3   /* lossy: FP8 E4M3 with a float scale per token */
+} swiftkv_codec;
+
+#define SWIFTKV_CODEC_PARAMS_VERSION 1
+
+/* An encoding. The fields a codec does not use must be 0 (zstd_level: any). Codecs take chunks
+ * of f16 or bf16 elements only (EINVAL for other dtypes, except SWIFTKV_CODEC_RAW). */
+typedef struct swiftkv_codec_params {
+  uint32_t size;         /* sizeof(swiftkv_codec_params) as the caller compiled it */
+  uint32_t version;      /* SWIFTKV_CODEC_PARAMS_VERSION */
+  swiftkv_codec codec;   /* default SWIFTKV_CODEC_RAW */
+  uint32_t bits;         /* kivi: 8, 4 or 2 */
+  uint32_t group;        /* kivi: tokens (keys) or channels (values) per scale, a power of two
+                            in 8..256 */
+  uint32_t byte_planes;  /* zstd: 1 splits 16-bit elements into byte planes before compressing */
+  int32_t zstd_level;    /* zstd: the encoder's level, 1..19 (default 1; not part of the format) */
+  uint32_t reserved0;    /* must be 0 */
+} swiftkv_codec_params;
+
+#define SWIFTKV_CODEC_PARAMS_INIT                                                           \
+  {                                                                                       \
+    (uint32_t)sizeof(swiftkv_codec_params), SWIFTKV_CODEC_PARAMS_VERSION, SWIFTKV_CODEC_RAW, \
+        0, 0, 0, 1, 0                                                                     \
+  }
+/* Fills *out with SWIFTKV_CODEC_PARAMS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_codec_params_init(swiftkv_codec_params *out);
+
+#define SWIFTKV_COMPRESSION_CONFIG_VERSION 1
+
+/* What a model asks of compression. Fixed mode: exact chunks entering host memory or the disk
+ * (a store, a save, a demotion, a move) are encoded as `host` or `disk` says; raw (the default)
+ * leaves them as they come. */
+typedef struct swiftkv_compression_config {
+  uint32_t size;              /* sizeof(swiftkv_compression_config) as the caller compiled it */
+  uint32_t version;           /* SWIFTKV_COMPRESSION_CONFIG_VERSION */
+  uint32_t accept_lossy;      /* 1: loads and swiftkv_retrieve may return lossy chunks, decoded;
+                                 0 (default): exact bytes only */
+  uint32_t reserved0;         /* must be 0 */
+  swiftkv_codec_params host;  /* the encoding of exact chunks in host memory */
+  swiftkv_codec_params disk;  /* the encoding of exact chunks on disk */
+} swiftkv_compression_config;
+
+#define SWIFTKV_COMPRESSION_CONFIG_INIT                                                    \
+  {                                                                                      \
+    (uint32_t)sizeof(swiftkv_compression_config), SWIFTKV_COMPRESSION_CONFIG_VERSION, 0, 0, \
+        SWIFTKV_CODEC_PARAMS_INIT, SWIFTKV_CODEC_PARAMS_INIT                              \
+  }
+/* Fills *out with SWIFTKV_COMPRESSION_CONFIG_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_compression_config_init(swiftkv_compression_config *out);
+
+/* Sets what `model` asks of compression, from now on (chunks already stored stay as they are;
+ * swiftkv_compress re-encodes them). A model registers with SWIFTKV_COMPRESSION_CONFIG_INIT.
+ * EINVAL (nothing changed) for a codec the model's chunks do not take; EUNSUPPORTED for zstd in
+ * a build without it. */
+SWIFTKV_API swiftkv_status swiftkv_compression_set(swiftkv_ctx *ctx, uint32_t model,
+                                                   const swiftkv_compression_config *config);
+
+/* LMCache's controller `compress`: re-encodes every chunk of `tokens` (a multiple of
+ * chunk_tokens) under `params` in the tier where it is (SWIFTKV_CODEC_RAW decodes). A chunk in
+ * lent memory stays as it is, as does one its tier has no room for re-encoded (the tier makes
+ * room by its eviction policy first). Re-encoding a lossy chunk starts from its approximation.
+ * *chunks_out: the chunks of `tokens` stored under `params` afterwards. ENOTFOUND, nothing
+ * changed, when a chunk is not cached; EINVAL, nothing changed, for parameters the model's
+ * chunks do not take. */
+SWIFTKV_API swiftkv_status swiftkv_compress(uint64_t *chunks_out, swiftkv_ctx *ctx, uint32_t model,
+                                            const uint32_t *tokens, size_t n_tokens,
+                                            const swiftkv_codec_params *params);
+
+/* One cached chunk, as swiftkv_chunk_info_get sees it. */
+typedef struct swiftkv_chunk_info {
+  uint8_t tier;          /* a swiftkv_tier; SWIFTKV_TIER_DROPPED when not cached */
+  uint8_t codec;         /* a swiftkv_codec */
+  uint8_t bits;          /* kivi's bits, else 0 */
+  uint8_t lossy;         /* 1: its bytes decode to an approximation of the chunk */
+  uint16_t group;        /* kivi's group, else 0 */
+  uint8_t byte_planes;   /* zstd over byte planes */
+  uint8_t reserved0;
+  uint64_t stored_bytes; /* bytes its tier holds (0 when not cached) */
+} swiftkv_chunk_info;
+
+/* Where and how each full chunk of `tokens` is cached: info_out[i] for the first
+ * min(chunks, info_capacity) chunks (info_out may be NULL when info_capacity is 0), and
+ * *chunks_out the number of full chunks. Records no activity and counts no hit or miss. */
+SWIFTKV_API swiftkv_status swiftkv_chunk_info_get(swiftkv_chunk_info *info_out,
+                                                  size_t info_capacity, size_t *chunks_out,
+                                                  const swiftkv_ctx *ctx, uint32_t model,
+                                                  const uint32_t *tokens, size_t n_tokens);
+
+#define SWIFTKV_CODEC_STATS_VERSION 1
+
+/* The cached chunks by codec (rows: swiftkv_codec) and tier (columns: swiftkv_tier), with the
+ * bytes they decode to beside the bytes stored: stored_bytes[c][t] / raw_bytes[c][t] is codec
+ * c's ratio in tier t. */
+typedef struct swiftkv_codec_stats {
+  uint32_t size;
+  uint32_t version;
+  uint64_t chunks[4][3];
+  uint64_t raw_bytes[4][3];
+  uint64_t stored_bytes[4][3];
+  uint64_t encodes;       /* chunks encoded (stores, saves, moves, swiftkv_compress) */
+  uint64_t decodes;       /* encoded chunks decoded (loads, retrieves, moves) */
+  uint64_t lossy_refused; /* lossy chunks a load or retrieve stopped at (exact bytes asked) */
+} swiftkv_codec_stats;
+
+#define SWIFTKV_CODEC_STATS_INIT \
+  { (uint32_t)sizeof(swiftkv_codec_stats), SWIFTKV_CODEC_STATS_VERSION, {{0}}, {{0}}, {{0}}, 0, 0, 0 }
+/* Fills *out with SWIFTKV_CODEC_STATS_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_codec_stats_init(swiftkv_codec_stats *out);
+
+SWIFTKV_API swiftkv_status swiftkv_codec_stats_get(swiftkv_codec_stats *out,
+                                                   const swiftkv_ctx *ctx);
+
 #define SWIFTKV_STATS_VERSION 3
 
 /* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by

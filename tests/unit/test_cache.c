@@ -872,6 +872,122 @@ static void metrics_text_exposes_the_counters(void **state) {
   rig_down(&r);
 }
 
+/* f16 values in [0.5, 1): finite, as a codec's input must be. */
+static void fill_halves(uint16_t *kv, size_t n, uint32_t seq) {
+  for (size_t i = 0; i < n; ++i) kv[i] = (uint16_t)(0x3800u + ((i * 37u + seq * 101u) & 0x3ffu));
+}
+
+static swiftkv_codec_stats codec_stats(const struct rig *r) {
+  swiftkv_codec_stats s = SWIFTKV_CODEC_STATS_INIT;
+  assert_ok(swiftkv_codec_stats_get(&s, r->ctx));
+  return s;
+}
+
+static void compression_through_the_api(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 9);
+  static uint16_t kv[2 * CHUNK_BYTES / 2], out[2 * CHUNK_BYTES / 2];
+  fill_halves(kv, 2 * CHUNK_BYTES / 2, 9);
+
+  swiftkv_compression_config cc = SWIFTKV_COMPRESSION_CONFIG_INIT;
+  cc.host.codec = SWIFTKV_CODEC_FP8;
+  assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
+  /* Bad configs change nothing: kivi with 3 bits, fields another codec uses, no such codec. */
+  swiftkv_compression_config bad = cc;
+  bad.host.codec = SWIFTKV_CODEC_KIVI;
+  bad.host.bits = 3;
+  bad.host.group = 8;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.disk.bits = 4;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.host.codec = (swiftkv_codec)9;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.host.reserved0 = 1;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  assert_status(swiftkv_compression_set(r.ctx, 99, &cc), SWIFTKV_ENOTFOUND);
+
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_int_equal(cached, 2 * CHUNK_TOKENS);
+  swiftkv_chunk_info info[3];
+  size_t chunks = 0;
+  assert_ok(swiftkv_chunk_info_get(info, 3, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(chunks, 2);
+  assert_int_equal(info[1].tier, SWIFTKV_TIER_HOST);
+  assert_int_equal(info[1].codec, SWIFTKV_CODEC_FP8);
+  assert_int_equal(info[1].lossy, 1);
+  assert_true(info[1].stored_bytes < CHUNK_BYTES);
+  swiftkv_codec_stats cs = codec_stats(&r);
+  assert_int_equal(cs.chunks[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2);
+  assert_int_equal(cs.raw_bytes[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2 * CHUNK_BYTES);
+  assert_int_equal(cs.stored_bytes[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2 * info[1].stored_bytes);
+  assert_int_equal(stats(&r).bytes[SWIFTKV_TIER_HOST], 2 * info[1].stored_bytes);
+
+  /* Exact bytes asked: the lossy chunks are not returned, and stay cached. */
+  uint64_t loaded = SENTINEL;
+  assert_ok(
+      swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_int_equal(loaded, 0);
+  assert_int_equal(codec_stats(&r).lossy_refused, 1);
+  cc.accept_lossy = 1;
+  assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
+  assert_ok(
+      swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_int_equal(loaded, 2 * CHUNK_TOKENS);
+  /* FP8 E4M3 keeps 3 mantissa bits: each value moves by at most 2^-4 of itself, under 2^-4
+   * here (all in [0.5, 1), where an f16 step is 2^-11): 128 steps and one for the rounding back
+   * to f16. Some values must move, or the chunk was not encoded. */
+  int moved = 0;
+  for (size_t i = 0; i < 2 * CHUNK_BYTES / 2; ++i) {
+    const int d = (int)out[i] - (int)kv[i];
+    assert_true(d <= 129 && d >= -129);
+    moved |= d != 0;
+  }
+  assert_true(moved);
+
+  /* compress: raw decodes (lossy stays lossy); a chunk not cached is ENOTFOUND, nothing
+   * changed; a bad params struct is EINVAL. */
+  swiftkv_codec_params p = SWIFTKV_CODEC_PARAMS_INIT;
+  uint64_t there = SENTINEL;
+  uint32_t more[3 * CHUNK_TOKENS];
+  memcpy(more, tokens, sizeof tokens);
+  fill_tokens(more + 2 * CHUNK_TOKENS, CHUNK_TOKENS, 10);
+  assert_status(swiftkv_compress(&there, r.ctx, r.model, more, 3 * CHUNK_TOKENS, &p),
+                SWIFTKV_ENOTFOUND);
+  assert_int_equal(there, SENTINEL);
+  p.bits = 8;
+  assert_status(swiftkv_compress(&there, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, &p),
+                SWIFTKV_EINVAL);
+  p.bits = 0;
+  assert_ok(swiftkv_chunk_info_get(info, 3, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(info[0].codec, SWIFTKV_CODEC_FP8);
+  assert_ok(swiftkv_compress(&there, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, &p));
+  assert_int_equal(there, 2);
+  assert_ok(swiftkv_chunk_info_get(info, 3, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(info[0].codec, SWIFTKV_CODEC_RAW);
+  assert_int_equal(info[0].lossy, 1);
+  assert_int_equal(info[0].stored_bytes, CHUNK_BYTES);
+
+  /* KIVI 8-bit, groups of 8: the info names its parameters. */
+  p.codec = SWIFTKV_CODEC_KIVI;
+  p.bits = 8;
+  p.group = 8;
+  assert_ok(swiftkv_compress(&there, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, &p));
+  assert_int_equal(there, 2);
+  assert_ok(swiftkv_chunk_info_get(info, 3, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(info[1].codec, SWIFTKV_CODEC_KIVI);
+  assert_int_equal(info[1].bits, 8);
+  assert_int_equal(info[1].group, 8);
+  assert_int_equal(codec_stats(&r).chunks[SWIFTKV_CODEC_KIVI][SWIFTKV_TIER_HOST], 2);
+  rig_down(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_retrieve_lookup),
@@ -886,6 +1002,7 @@ int main(void) {
       cmocka_unit_test(metrics_text_exposes_the_counters),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
+      cmocka_unit_test(compression_through_the_api),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

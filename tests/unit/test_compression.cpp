@@ -1,0 +1,331 @@
+// Compression in the chunk cache: fixed codecs per tier, budgets that count the bytes stored,
+// lossy chunks returned only where accepted (and then exactly what the codec decodes), encoded
+// records that survive a restart, demotion that encodes on the way down, and the controller's
+// compress with its statuses and unchanged state on bad input.
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/codec/chunk_codec.hpp"
+#include "core/common/error.hpp"
+#include "core/geometry/model_geometry.hpp"
+#include "core/index/chunk_key.hpp"
+#include "core/tiers/chunk_cache.hpp"
+#include "synthetic_kv.hpp"
+
+// cmocka last: it defines a `fail` macro that the core's headers must not see.
+extern "C" {
+#include <cmocka.h>
+}
+
+namespace {
+
+namespace cd = swiftkv::codec;
+using swiftkv::ChunkCache;
+using swiftkv::ChunkKey;
+using swiftkv::Tier;
+
+cd::CodecParams kivi(uint32_t bits, uint32_t group) {
+  cd::CodecParams p;
+  p.codec = cd::Codec::kivi;
+  p.bits = bits;
+  p.group = group;
+  return p;
+}
+cd::CodecParams fp8() {
+  cd::CodecParams p;
+  p.codec = cd::Codec::fp8;
+  return p;
+}
+cd::CodecParams zstd_planes() {
+  cd::CodecParams p;
+  p.codec = cd::Codec::zstd;
+  p.byte_planes = true;
+  return p;
+}
+
+// 2 layers, 2 KV heads of 64, f16, 16-token chunks: 16 KiB a chunk.
+struct Rig {
+  swiftkv::ModelGeometry g;
+  swiftkv::GeometrySizes sizes;
+  cd::ChunkShape shape;
+  ChunkKey fp;
+  std::string dir;
+  std::unique_ptr<swiftkv::Context> ctx;
+  std::unique_ptr<ChunkCache> cache;
+
+  Rig(uint64_t host_chunks, uint64_t disk_bytes, std::string reuse_dir = "") {
+    g.num_layers = 2;
+    g.num_kv_heads = 2;
+    g.head_dim = 64;
+    g.block_tokens = 4;
+    g.chunk_tokens = 16;
+    sizes = swiftkv::geometry_sizes(g, "g");
+    shape = cd::ChunkShape{2, 16, 2, 64, SWIFTKV_DTYPE_F16};
+    fp = swiftkv::model_fingerprint("m", g);
+    swiftkv::ContextConfig c;
+    c.host_budget_bytes = host_chunks * sizes.full_chunk_bytes;
+    if (disk_bytes != 0) {
+      if (reuse_dir.empty()) {
+        char t[] = "/tmp/swiftkv-compress-XXXXXX";
+        assert_non_null(mkdtemp(t));
+        dir = t;
+      } else {
+        dir = reuse_dir;
+      }
+      c.disk_path = dir;
+      c.disk_budget_bytes = disk_bytes;
+      c.disk_segment_bytes = disk_bytes / 4;
+    }
+    ctx = std::make_unique<swiftkv::Context>(c);
+    swiftkv::CacheOptions o;
+    o.policy = swiftkv::EvictionPolicy::lru;
+    o.demote_free_percent = 0;
+    o.host_slab_bytes = std::max<uint64_t>(c.host_budget_bytes / 8, 4096);
+    o.maintenance_interval_ms = 0;
+    cache = std::make_unique<ChunkCache>(*ctx, o);
+    set({}, false);
+  }
+  ~Rig() {
+    cache.reset();
+    if (!dir.empty() && !keep_dir) std::filesystem::remove_all(dir);
+  }
+  bool keep_dir = false;
+
+  void set(std::array<std::optional<cd::CodecParams>, 3> fixed, bool accept_lossy) {
+    swiftkv::ModelCompression m;
+    m.shape = shape;
+    m.fixed = fixed;
+    m.accept_lossy = accept_lossy;
+    cache->set_compression(fp, m);
+  }
+  std::vector<ChunkKey> keys(uint32_t seq, size_t n) const {
+    std::vector<uint32_t> t(n * g.chunk_tokens);
+    for (size_t i = 0; i < t.size(); ++i) t[i] = seq * 100000u + static_cast<uint32_t>(i);
+    std::vector<ChunkKey> k(n);
+    swiftkv::chunk_keys(k.data(), fp, t.data(), t.size(), g.chunk_tokens);
+    return k;
+  }
+  std::vector<std::byte> kv(uint32_t seq, size_t i) const {
+    return synthetic_kv(shape, seq * 64 + i);
+  }
+  uint64_t store(uint32_t seq, size_t n) {
+    std::vector<std::byte> all;
+    for (size_t i = 0; i < n; ++i) {
+      const std::vector<std::byte> b = kv(seq, i);
+      all.insert(all.end(), b.begin(), b.end());
+    }
+    return cache->store(fp, keys(seq, n), g.chunk_tokens, sizes.full_chunk_bytes, all.data());
+  }
+  // Chunk i of seq as retrieve gives it, or nullopt when it does not.
+  std::optional<std::vector<std::byte>> load(uint32_t seq, size_t i) {
+    std::vector<std::byte> out(sizes.full_chunk_bytes);
+    if (cache->retrieve(keys(seq, i + 1), i, sizes.full_chunk_bytes, out.data()) != 1) {
+      return std::nullopt;
+    }
+    return out;
+  }
+  swiftkv::ChunkView view(uint32_t seq, size_t i) const {
+    const std::optional<swiftkv::ChunkView> v = cache->view(keys(seq, i + 1)[i]);
+    assert_true(v.has_value());
+    return *v;
+  }
+  // What a lossy codec gives back for chunk i of seq.
+  std::vector<std::byte> round_trip(uint32_t seq, size_t i, const cd::CodecParams &p) const {
+    const std::vector<std::byte> frame = cd::encode(shape, p, kv(seq, i));
+    std::vector<std::byte> out(shape.bytes());
+    cd::decode(frame, shape, out);
+    return out;
+  }
+  uint64_t frame_bytes(const cd::CodecParams &p) const {
+    return cd::encode(shape, p, kv(1, 0)).size();
+  }
+};
+
+size_t ci(cd::Codec c) { return static_cast<size_t>(c); }
+size_t ti(Tier t) { return static_cast<size_t>(t); }
+
+// A host budget of 16 raw chunks holds twice as many under KIVI 4-bit, and counts their frames.
+void fixed_host_codec_counts_stored_bytes(void **) {
+  Rig raw(16, 0);
+  assert_int_equal(raw.store(1, 40), 40);  // no lower tier: each store past 16 evicts one
+  assert_int_equal(raw.cache->stats().chunks[ti(Tier::host)], 16);
+  assert_int_equal(raw.cache->stats().evictions, 24);
+  Rig r(16, 0);
+  const cd::CodecParams k4 = kivi(4, 16);
+  r.set({std::nullopt, k4, std::nullopt}, true);
+  assert_int_equal(r.store(1, 32), 32);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::host)], 32);
+  assert_int_equal(s.evictions, 0);
+  assert_int_equal(s.bytes[ti(Tier::host)], 32 * r.frame_bytes(k4));
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::kivi)][ti(Tier::host)], 32);
+  assert_int_equal(s.codecs.raw_bytes[ci(cd::Codec::kivi)][ti(Tier::host)],
+                   32 * r.sizes.full_chunk_bytes);
+  assert_int_equal(s.codecs.stored_bytes[ci(cd::Codec::kivi)][ti(Tier::host)],
+                   32 * r.frame_bytes(k4));
+  assert_int_equal(s.encodes, 32);
+  const swiftkv::ChunkView v = r.view(1, 7);
+  assert_true(v.meta.lossy());
+  assert_int_equal(v.meta.bytes, r.sizes.full_chunk_bytes);
+  assert_int_equal(v.meta.stored(), r.frame_bytes(k4));
+}
+
+// A lossy chunk is returned only to a model that accepts it, and then it is exactly what the
+// codec decodes: not the original bytes.
+void lossy_only_where_accepted(void **) {
+  Rig r(16, 0);
+  const cd::CodecParams k2 = kivi(2, 32);
+  r.set({std::nullopt, k2, std::nullopt}, false);
+  assert_int_equal(r.store(2, 3), 3);
+  assert_false(r.load(2, 1).has_value());
+  assert_int_equal(r.cache->stats().lossy_refused, 1);
+  assert_int_equal(r.cache->stats().load_failures, 0);
+  assert_true(r.cache->resident(r.keys(2, 2)[1]));  // refused, not dropped
+  r.set({std::nullopt, k2, std::nullopt}, true);
+  const std::optional<std::vector<std::byte>> got = r.load(2, 1);
+  assert_true(got.has_value());
+  assert_true(*got == r.round_trip(2, 1, k2));
+  assert_false(*got == r.kv(2, 1));
+  assert_int_equal(r.cache->stats().decodes, 1);
+}
+
+// Demotion encodes a chunk as the lower tier asks; a lossy chunk moved back up stays as it is.
+void demotion_encodes_on_the_way_down(void **) {
+  Rig r(2, uint64_t{4} << 20);
+  r.set({std::nullopt, std::nullopt, fp8()}, true);
+  assert_int_equal(r.store(3, 6), 6);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::host)], 2);
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::fp8)][ti(Tier::disk)], 4);
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::raw)][ti(Tier::host)], 2);
+  // The first four went down (LRU); the host keeps the last two, exact.
+  assert_true(*r.load(3, 5) == r.kv(3, 5));
+  assert_true(*r.load(3, 0) == r.round_trip(3, 0, fp8()));
+  // Up again: the host takes it as it is (fp8), never re-encoded nor passed off as exact.
+  assert_int_equal(r.cache->move(r.keys(3, 1), Tier::host), 1);
+  const swiftkv::ChunkView v = r.view(3, 0);
+  assert_int_equal(static_cast<int>(v.where.tier), static_cast<int>(Tier::host));
+  assert_int_equal(v.meta.codec_index(), ci(cd::Codec::fp8));
+  assert_true(*r.load(3, 0) == r.round_trip(3, 0, fp8()));
+}
+
+// Encoded disk records come back after a restart with their encoding, and decode exactly.
+void encoded_records_survive_a_restart(void **) {
+  if (!cd::zstd_available()) {
+    Rig r(0, uint64_t{4} << 20);
+    try {
+      r.set({std::nullopt, std::nullopt, zstd_planes()}, false);
+      fail_msg("zstd set on a build without it");
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_EUNSUPPORTED);
+    }
+    return;
+  }
+  std::string dir;
+  uint64_t stored = 0;
+  {
+    Rig r(0, uint64_t{4} << 20);
+    r.keep_dir = true;
+    dir = r.dir;
+    r.set({std::nullopt, std::nullopt, zstd_planes()}, false);
+    assert_int_equal(r.store(4, 5), 5);
+    const swiftkv::CacheStats s = r.cache->stats();
+    assert_int_equal(s.codecs.chunks[ci(cd::Codec::zstd)][ti(Tier::disk)], 5);
+    stored = s.bytes[ti(Tier::disk)];
+    assert_true(stored < 5 * r.sizes.full_chunk_bytes);
+    for (size_t i = 0; i < 5; ++i) assert_true(*r.load(4, i) == r.kv(4, i));
+  }
+  Rig again(0, uint64_t{4} << 20, dir);
+  const swiftkv::CacheStats s = again.cache->stats();
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::zstd)][ti(Tier::disk)], 5);
+  assert_int_equal(s.bytes[ti(Tier::disk)], stored);
+  assert_false(again.view(4, 2).meta.lossy());
+  for (size_t i = 0; i < 5; ++i) assert_true(*again.load(4, i) == again.kv(4, i));
+}
+
+// compress: re-encodes in place; raw decodes (a lossy chunk stays lossy); a missing chunk is
+// ENOTFOUND and bad parameters EINVAL, each with nothing changed.
+void compress_in_place(void **) {
+  Rig r(16, 0);
+  r.set({}, true);
+  assert_int_equal(r.store(5, 4), 4);
+  const std::vector<ChunkKey> k = r.keys(5, 4);
+  assert_int_equal(r.cache->compress(r.fp, k, fp8()), 4);
+  assert_int_equal(r.view(5, 3).meta.codec_index(), ci(cd::Codec::fp8));
+  assert_int_equal(r.cache->stats().bytes[ti(Tier::host)], 4 * r.frame_bytes(fp8()));
+  assert_true(*r.load(5, 3) == r.round_trip(5, 3, fp8()));
+
+  std::vector<ChunkKey> with_missing = r.keys(5, 2);
+  with_missing.push_back(r.keys(6, 1)[0]);
+  try {
+    r.cache->compress(r.fp, with_missing, cd::CodecParams{});
+    fail_msg("a missing chunk was compressed");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_ENOTFOUND);
+  }
+  try {
+    r.cache->compress(r.fp, k, kivi(3, 16));
+    fail_msg("kivi 3 bits accepted");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_EINVAL);
+  }
+  assert_int_equal(r.view(5, 0).meta.codec_index(), ci(cd::Codec::fp8));
+
+  assert_int_equal(r.cache->compress(r.fp, k, cd::CodecParams{}), 4);  // decoded again
+  const swiftkv::ChunkView v = r.view(5, 3);
+  assert_int_equal(v.meta.codec_index(), ci(cd::Codec::raw));
+  assert_true(v.meta.lossy());
+  assert_int_equal(v.meta.stored(), r.sizes.full_chunk_bytes);
+  assert_true(*r.load(5, 3) == r.round_trip(5, 3, fp8()));
+  assert_int_equal(r.cache->stats().codecs.chunks[ci(cd::Codec::raw)][ti(Tier::host)], 4);
+}
+
+// The fixed codecs are checked: none on the peer tier, none the shape does not take.
+void bad_compression_is_refused(void **) {
+  Rig r(4, 0);
+  swiftkv::ModelCompression m;
+  m.shape = r.shape;
+  m.fixed[0] = fp8();
+  try {
+    r.cache->set_compression(r.fp, m);
+    fail_msg("a codec on the peer tier");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_EINVAL);
+  }
+  m.fixed[0].reset();
+  m.fixed[1] = kivi(4, 512);
+  try {
+    r.cache->set_compression(r.fp, m);
+    fail_msg("kivi group 512");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_EINVAL);
+  }
+  // Nothing changed: chunks still go to the host as they are.
+  assert_int_equal(r.store(7, 1), 1);
+  assert_int_equal(r.view(7, 0).meta.encoding, 0);
+}
+
+}  // namespace
+
+int main() {
+  const CMUnitTest tests[] = {
+      cmocka_unit_test(fixed_host_codec_counts_stored_bytes),
+      cmocka_unit_test(lossy_only_where_accepted),
+      cmocka_unit_test(demotion_encodes_on_the_way_down),
+      cmocka_unit_test(encoded_records_survive_a_restart),
+      cmocka_unit_test(compress_in_place),
+      cmocka_unit_test(bad_compression_is_refused),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
