@@ -18,6 +18,9 @@ pub const SWIFTKV_MODEL_ALL: u32 = 4294967295;
 pub const SWIFTKV_MODEL_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_TIERS_ALL: u32 = 7;
 pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
+pub const SWIFTKV_CODEC_PARAMS_VERSION: u32 = 1;
+pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
+pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_STATS_VERSION: u32 = 3;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
@@ -27,6 +30,7 @@ pub const SWIFTKV_ATTENTION_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_ARGS_VERSION: u32 = 1;
 pub type __uint8_t = ::std::os::raw::c_uchar;
+pub type __uint16_t = ::std::os::raw::c_ushort;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -2588,6 +2592,662 @@ extern "C" {
         tokens: *const u32,
         n_tokens: usize,
         to: swiftkv_tier,
+    ) -> swiftkv_status;
+}
+pub const SWIFTKV_CODEC_RAW: swiftkv_codec = 0;
+pub const SWIFTKV_CODEC_ZSTD: swiftkv_codec = 1;
+pub const SWIFTKV_CODEC_KIVI: swiftkv_codec = 2;
+pub const SWIFTKV_CODEC_FP8: swiftkv_codec = 3;
+pub type swiftkv_codec = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct swiftkv_codec_params {
+    pub size: u32,
+    pub version: u32,
+    pub codec: swiftkv_codec,
+    pub bits: u32,
+    pub group: u32,
+    pub byte_planes: u32,
+    pub zstd_level: i32,
+    pub reserved0: u32,
+}
+#[test]
+fn bindgen_test_layout_swiftkv_codec_params() {
+    assert_eq!(
+        ::std::mem::size_of::<swiftkv_codec_params>(),
+        32usize,
+        concat!("Size of: ", stringify!(swiftkv_codec_params))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<swiftkv_codec_params>(),
+        4usize,
+        concat!("Alignment of ", stringify!(swiftkv_codec_params))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_codec() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).codec) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(codec)
+            )
+        );
+    }
+    test_field_codec();
+    fn test_field_bits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bits) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(bits)
+            )
+        );
+    }
+    test_field_bits();
+    fn test_field_group() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).group) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(group)
+            )
+        );
+    }
+    test_field_group();
+    fn test_field_byte_planes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).byte_planes) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(byte_planes)
+            )
+        );
+    }
+    test_field_byte_planes();
+    fn test_field_zstd_level() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).zstd_level) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(zstd_level)
+            )
+        );
+    }
+    test_field_zstd_level();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_params),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+}
+extern "C" {
+    pub fn swiftkv_codec_params_init(out: *mut swiftkv_codec_params);
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct swiftkv_compression_config {
+    pub size: u32,
+    pub version: u32,
+    pub accept_lossy: u32,
+    pub reserved0: u32,
+    pub host: swiftkv_codec_params,
+    pub disk: swiftkv_codec_params,
+}
+#[test]
+fn bindgen_test_layout_swiftkv_compression_config() {
+    assert_eq!(
+        ::std::mem::size_of::<swiftkv_compression_config>(),
+        80usize,
+        concat!("Size of: ", stringify!(swiftkv_compression_config))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<swiftkv_compression_config>(),
+        4usize,
+        concat!("Alignment of ", stringify!(swiftkv_compression_config))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_accept_lossy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).accept_lossy) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(accept_lossy)
+            )
+        );
+    }
+    test_field_accept_lossy();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+    fn test_field_host() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(host)
+            )
+        );
+    }
+    test_field_host();
+    fn test_field_disk() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(disk)
+            )
+        );
+    }
+    test_field_disk();
+}
+extern "C" {
+    pub fn swiftkv_compression_config_init(out: *mut swiftkv_compression_config);
+}
+extern "C" {
+    pub fn swiftkv_compression_set(
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        config: *const swiftkv_compression_config,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_compress(
+        chunks_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        tokens: *const u32,
+        n_tokens: usize,
+        params: *const swiftkv_codec_params,
+    ) -> swiftkv_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct swiftkv_chunk_info {
+    pub tier: u8,
+    pub codec: u8,
+    pub bits: u8,
+    pub lossy: u8,
+    pub group: u16,
+    pub byte_planes: u8,
+    pub reserved0: u8,
+    pub stored_bytes: u64,
+}
+#[test]
+fn bindgen_test_layout_swiftkv_chunk_info() {
+    assert_eq!(
+        ::std::mem::size_of::<swiftkv_chunk_info>(),
+        16usize,
+        concat!("Size of: ", stringify!(swiftkv_chunk_info))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<swiftkv_chunk_info>(),
+        8usize,
+        concat!("Alignment of ", stringify!(swiftkv_chunk_info))
+    );
+    fn test_field_tier() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tier) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(tier)
+            )
+        );
+    }
+    test_field_tier();
+    fn test_field_codec() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).codec) as usize - ptr as usize
+            },
+            1usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(codec)
+            )
+        );
+    }
+    test_field_codec();
+    fn test_field_bits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).bits) as usize - ptr as usize
+            },
+            2usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(bits)
+            )
+        );
+    }
+    test_field_bits();
+    fn test_field_lossy() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lossy) as usize - ptr as usize
+            },
+            3usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(lossy)
+            )
+        );
+    }
+    test_field_lossy();
+    fn test_field_group() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).group) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(group)
+            )
+        );
+    }
+    test_field_group();
+    fn test_field_byte_planes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).byte_planes) as usize - ptr as usize
+            },
+            6usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(byte_planes)
+            )
+        );
+    }
+    test_field_byte_planes();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            7usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+    fn test_field_stored_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_chunk_info>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stored_bytes) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_chunk_info),
+                "::",
+                stringify!(stored_bytes)
+            )
+        );
+    }
+    test_field_stored_bytes();
+}
+extern "C" {
+    pub fn swiftkv_chunk_info_get(
+        info_out: *mut swiftkv_chunk_info,
+        info_capacity: usize,
+        chunks_out: *mut usize,
+        ctx: *const swiftkv_ctx,
+        model: u32,
+        tokens: *const u32,
+        n_tokens: usize,
+    ) -> swiftkv_status;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct swiftkv_codec_stats {
+    pub size: u32,
+    pub version: u32,
+    pub chunks: [[u64; 3usize]; 4usize],
+    pub raw_bytes: [[u64; 3usize]; 4usize],
+    pub stored_bytes: [[u64; 3usize]; 4usize],
+    pub encodes: u64,
+    pub decodes: u64,
+    pub lossy_refused: u64,
+}
+#[test]
+fn bindgen_test_layout_swiftkv_codec_stats() {
+    assert_eq!(
+        ::std::mem::size_of::<swiftkv_codec_stats>(),
+        320usize,
+        concat!("Size of: ", stringify!(swiftkv_codec_stats))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<swiftkv_codec_stats>(),
+        8usize,
+        concat!("Alignment of ", stringify!(swiftkv_codec_stats))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_version() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).version) as usize - ptr as usize
+            },
+            4usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(version)
+            )
+        );
+    }
+    test_field_version();
+    fn test_field_chunks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).chunks) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(chunks)
+            )
+        );
+    }
+    test_field_chunks();
+    fn test_field_raw_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).raw_bytes) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(raw_bytes)
+            )
+        );
+    }
+    test_field_raw_bytes();
+    fn test_field_stored_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stored_bytes) as usize - ptr as usize
+            },
+            200usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(stored_bytes)
+            )
+        );
+    }
+    test_field_stored_bytes();
+    fn test_field_encodes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).encodes) as usize - ptr as usize
+            },
+            296usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(encodes)
+            )
+        );
+    }
+    test_field_encodes();
+    fn test_field_decodes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).decodes) as usize - ptr as usize
+            },
+            304usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(decodes)
+            )
+        );
+    }
+    test_field_decodes();
+    fn test_field_lossy_refused() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_codec_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).lossy_refused) as usize - ptr as usize
+            },
+            312usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_codec_stats),
+                "::",
+                stringify!(lossy_refused)
+            )
+        );
+    }
+    test_field_lossy_refused();
+}
+extern "C" {
+    pub fn swiftkv_codec_stats_init(out: *mut swiftkv_codec_stats);
+}
+extern "C" {
+    pub fn swiftkv_codec_stats_get(
+        out: *mut swiftkv_codec_stats,
+        ctx: *const swiftkv_ctx,
     ) -> swiftkv_status;
 }
 #[repr(C)]

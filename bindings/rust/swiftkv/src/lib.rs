@@ -584,6 +584,20 @@ impl Context {
         Ok(Stats::from(&s))
     }
 
+    /// Cached chunks and bytes by codec and tier (`swiftkv_codec_stats_get`).
+    pub fn codec_stats(&self) -> Result<CodecStats> {
+        let mut s = library_defaults(sys::swiftkv_codec_stats_init);
+        check(unsafe { sys::swiftkv_codec_stats_get(&mut s, self.raw) })?;
+        Ok(CodecStats {
+            chunks: s.chunks,
+            raw_bytes: s.raw_bytes,
+            stored_bytes: s.stored_bytes,
+            encodes: s.encodes,
+            decodes: s.decodes,
+            lossy_refused: s.lossy_refused,
+        })
+    }
+
     /// The context's counters in Prometheus' text exposition format (`swiftkv_metrics_text`;
     /// the names are listed in docs/api.md).
     pub fn metrics_text(&self) -> Result<String> {
@@ -653,6 +667,93 @@ impl Drop for Context {
 // --- Models and the chunk cache --------------------------------------------------------------------
 
 /// A model registered in a context.
+/// An encoding of a cached chunk (docs/codecs.md gives the formats and error bounds).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codec {
+    /// The chunk's bytes as they are.
+    Raw,
+    /// Lossless; `level` 1..=19 is the encoder's (not part of the format; reported as 0).
+    Zstd { byte_planes: bool, level: i32 },
+    /// Lossy: keys per channel, values per token; `bits` 8, 4 or 2, `group` a power of two in
+    /// 8..=256.
+    Kivi { bits: u32, group: u32 },
+    /// Lossy: FP8 E4M3 with a scale per token.
+    Fp8,
+}
+
+impl Codec {
+    fn to_sys(self) -> sys::swiftkv_codec_params {
+        let mut p = library_defaults(sys::swiftkv_codec_params_init);
+        match self {
+            Codec::Raw => p.codec = sys::SWIFTKV_CODEC_RAW,
+            Codec::Zstd { byte_planes, level } => {
+                p.codec = sys::SWIFTKV_CODEC_ZSTD;
+                p.byte_planes = u32::from(byte_planes);
+                p.zstd_level = level;
+            }
+            Codec::Kivi { bits, group } => {
+                p.codec = sys::SWIFTKV_CODEC_KIVI;
+                p.bits = bits;
+                p.group = group;
+            }
+            Codec::Fp8 => p.codec = sys::SWIFTKV_CODEC_FP8,
+        }
+        p
+    }
+}
+
+/// What a model asks of compression (`swiftkv_compression_config`): whether loads may return
+/// lossy chunks, and the fixed codec of exact chunks entering host memory and the disk.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compression {
+    pub accept_lossy: bool,
+    pub host: Codec,
+    pub disk: Codec,
+}
+
+impl Default for Compression {
+    fn default() -> Self {
+        Compression { accept_lossy: false, host: Codec::Raw, disk: Codec::Raw }
+    }
+}
+
+/// How one chunk is cached (`swiftkv_chunk_info`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChunkInfo {
+    pub tier: Tier,
+    /// `None` when the chunk is not cached.
+    pub codec: Option<Codec>,
+    pub lossy: bool,
+    pub stored_bytes: u64,
+}
+
+impl ChunkInfo {
+    fn from_sys(v: &sys::swiftkv_chunk_info) -> ChunkInfo {
+        let tier = Tier::from_raw(u32::from(v.tier));
+        let codec = match (tier, u32::from(v.codec)) {
+            (Tier::Dropped, _) => None,
+            (_, sys::SWIFTKV_CODEC_ZSTD) => Some(Codec::Zstd { byte_planes: v.byte_planes != 0, level: 0 }),
+            (_, sys::SWIFTKV_CODEC_KIVI) => {
+                Some(Codec::Kivi { bits: u32::from(v.bits), group: u32::from(v.group) })
+            }
+            (_, sys::SWIFTKV_CODEC_FP8) => Some(Codec::Fp8),
+            _ => Some(Codec::Raw),
+        };
+        ChunkInfo { tier, codec, lossy: v.lossy != 0, stored_bytes: v.stored_bytes }
+    }
+}
+
+/// Cached chunks by codec (rows: raw, zstd, kivi, fp8) and tier (columns: peer, host, disk).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CodecStats {
+    pub chunks: [[u64; 3]; 4],
+    pub raw_bytes: [[u64; 3]; 4],
+    pub stored_bytes: [[u64; 3]; 4],
+    pub encodes: u64,
+    pub decodes: u64,
+    pub lossy_refused: u64,
+}
+
 pub struct Model<'a> {
     ctx: &'a Context,
     id: u32,
@@ -774,6 +875,40 @@ impl<'a> Model<'a> {
                               to as sys::swiftkv_tier)
         })?;
         Ok(n)
+    }
+
+    /// Sets what this model asks of compression, from now on (`swiftkv_compression_set`).
+    pub fn set_compression(&self, c: &Compression) -> Result<()> {
+        let mut cfg = library_defaults(sys::swiftkv_compression_config_init);
+        cfg.accept_lossy = u32::from(c.accept_lossy);
+        cfg.host = c.host.to_sys();
+        cfg.disk = c.disk.to_sys();
+        check(unsafe { sys::swiftkv_compression_set(self.ctx.raw, self.id, &cfg) })?;
+        Ok(())
+    }
+
+    /// Re-encodes the chunks of `tokens` under `codec` where they are (`swiftkv_compress`);
+    /// how many are under it afterwards.
+    pub fn compress(&self, tokens: &[u32], codec: Codec) -> Result<u64> {
+        let p = codec.to_sys();
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_compress(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(), &p)
+        })?;
+        Ok(n)
+    }
+
+    /// How each full chunk of `tokens` is cached, recording no activity.
+    pub fn chunk_info(&self, tokens: &[u32]) -> Result<Vec<ChunkInfo>> {
+        let n = tokens.len() / self.desc.chunk_tokens.max(1) as usize;
+        let mut v: Vec<sys::swiftkv_chunk_info> = vec![unsafe { std::mem::zeroed() }; n];
+        let mut chunks = 0usize;
+        check(unsafe {
+            sys::swiftkv_chunk_info_get(v.as_mut_ptr(), v.len(), &mut chunks, self.ctx.raw,
+                                        self.id, tokens.as_ptr(), tokens.len())
+        })?;
+        v.truncate(chunks.min(n));
+        Ok(v.iter().map(ChunkInfo::from_sys).collect())
     }
 
     /// A library-made pool: regular pages, then stream pages shared by every layer.

@@ -566,3 +566,52 @@ fn one_context_many_threads() {
     }
     assert_eq!(c.stats().unwrap().stores, 4 * 20 * 2);
 }
+
+// f16 values in [0.5, 1): finite, as a codec's input must be.
+fn halves_of(seed: u64, bytes: usize) -> Vec<u8> {
+    kv_of(seed, bytes / 2)
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| (0x3800u16 + ((u16::from(*b) << 2) ^ (i as u16 & 3))).to_le_bytes())
+        .collect()
+}
+
+// Compression: a fixed host codec encodes what is stored, a lossy chunk is refused until the
+// model accepts it, compress re-encodes in place, bad parameters change nothing.
+#[test]
+fn compression_fixed_lossy_and_compress() {
+    let c = ctx(1 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let chunk = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(21, 64);
+    let kv = halves_of(21, 2 * chunk);
+    let bad = Compression { host: Codec::Kivi { bits: 3, group: 32 }, ..Default::default() };
+    assert_eq!(m.set_compression(&bad).unwrap_err().status, Status::EINVAL);
+    m.set_compression(&Compression { host: Codec::Fp8, ..Default::default() }).unwrap();
+    assert_eq!(m.store(&t, &kv).unwrap(), 64);
+    let info = m.chunk_info(&t).unwrap();
+    assert_eq!(info.len(), 2);
+    assert_eq!((info[0].tier, info[0].codec, info[0].lossy), (Tier::Host, Some(Codec::Fp8), true));
+    assert!(info[0].stored_bytes < chunk as u64);
+    let s = c.codec_stats().unwrap();
+    assert_eq!(s.chunks[3][1], 2);
+    assert_eq!(s.raw_bytes[3][1], 2 * chunk as u64);
+
+    let mut out = vec![0u8; 2 * chunk];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 0); // exact bytes asked
+    assert_eq!(c.codec_stats().unwrap().lossy_refused, 1);
+    m.set_compression(&Compression { accept_lossy: true, host: Codec::Fp8, ..Default::default() })
+        .unwrap();
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 64);
+    assert_ne!(out, kv);
+
+    let e = m.compress(&t, Codec::Kivi { bits: 5, group: 32 }).unwrap_err();
+    assert_eq!(e.status, Status::EINVAL);
+    assert_eq!(m.chunk_info(&t).unwrap()[1].codec, Some(Codec::Fp8));
+    let missing = tokens_of(22, 32);
+    assert_eq!(m.compress(&missing, Codec::Raw).unwrap_err().status, Status::ENOTFOUND);
+    assert_eq!(m.compress(&t, Codec::Kivi { bits: 4, group: 32 }).unwrap(), 2);
+    let info = m.chunk_info(&t).unwrap();
+    assert_eq!(info[1].codec, Some(Codec::Kivi { bits: 4, group: 32 }));
+    assert!(info[1].lossy);
+}
