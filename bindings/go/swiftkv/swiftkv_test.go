@@ -722,3 +722,58 @@ func TestReclaimDeadline(t *testing.T) {
 		t.Fatalf("still pending: %v", p)
 	}
 }
+
+// halvesOf is f16 values in [0.5, 1): finite, as a codec's input must be.
+func halvesOf(seed uint64, n int) []byte {
+	b := kvOf(seed, n)
+	for i := 0; i+1 < n; i += 2 {
+		v := 0x3800 + (uint16(b[i])<<2 | uint16(i/2)&3)
+		b[i], b[i+1] = byte(v), byte(v>>8)
+	}
+	return b
+}
+
+func TestCompression(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	cb := int(val(small().ChunkBytes()))
+	tok := tokensOf(31, 64)
+	kv := halvesOf(31, 2*cb)
+	wantStatus(t, m.SetCompression(Compression{Host: Codec{Kind: CodecKivi, Bits: 3, Group: 32}}), EINVAL)
+	noErr(t, m.SetCompression(Compression{Host: Codec{Kind: CodecFP8}}))
+	if n := val(m.Store(tok, kv)); n != 64 {
+		t.Fatal(n)
+	}
+	info := val(m.ChunkInfo(tok))
+	if len(info) != 2 || info[0].Tier != Host || info[0].Codec.Kind != CodecFP8 || !info[0].Lossy ||
+		info[0].StoredBytes >= uint64(cb) {
+		t.Fatalf("%+v", info)
+	}
+	s := val(c.CodecStats())
+	if s.Chunks[CodecFP8][Host] != 2 || s.RawBytes[CodecFP8][Host] != uint64(2*cb) {
+		t.Fatalf("%+v", s)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 0 {
+		t.Fatal("a lossy chunk returned where exact bytes were asked", n)
+	}
+	if s := val(c.CodecStats()); s.LossyRefused != 1 {
+		t.Fatal(s.LossyRefused)
+	}
+	noErr(t, m.SetCompression(Compression{AcceptLossy: true, Host: Codec{Kind: CodecFP8}}))
+	if n := val(m.Retrieve(tok, 0, out)); n != 64 || string(out) == string(kv) {
+		t.Fatal("retrieve", n)
+	}
+	_, err := m.Compress(tok, Codec{Kind: CodecKivi, Bits: 5, Group: 32})
+	wantStatus(t, err, EINVAL)
+	_, err = m.Compress(tokensOf(32, 32), Codec{})
+	wantStatus(t, err, ENOTFOUND)
+	if n := val(m.Compress(tok, Codec{Kind: CodecKivi, Bits: 4, Group: 32})); n != 2 {
+		t.Fatal(n)
+	}
+	if i := val(m.ChunkInfo(tok)); i[1].Codec != (Codec{Kind: CodecKivi, Bits: 4, Group: 32}) || !i[1].Lossy {
+		t.Fatalf("%+v", i)
+	}
+}
