@@ -143,10 +143,11 @@ Error = _capi.Error
   uint64_t *borrower_chunks_out, uint64_t *lender_delta_out, uint64_t *borrower_delta_out,
   uint64_t *cached_tokens_out, uint64_t *loaded_tokens_out, uint64_t *lease_id_out,
   uint64_t *cleared_chunks_out, uint64_t *chunks_there_out, uint64_t *request_out,
-  uint64_t *valid_end_tokens_out, uint64_t *saved_tokens_out, uint64_t *bytes_out
+  uint64_t *valid_end_tokens_out, uint64_t *saved_tokens_out, uint64_t *bytes_out,
+  uint64_t *chunks_out
 };
 %apply uint32_t *OUTPUT { uint32_t *out, uint32_t *model_out, uint32_t *pool_out };
-%apply size_t *OUTPUT { size_t *count_out, size_t *length_out };
+%apply size_t *OUTPUT { size_t *count_out, size_t *length_out, size_t *chunks_out };
 
 %define SWIFTKV_HANDLE_OUT(TYPE)
 %typemap(in, numinputs=0) TYPE **out (TYPE *tmp = NULL) { $1 = &tmp; }
@@ -180,6 +181,7 @@ SWIFTKV_BUFFER_IN(uint8_t *residency_out, size_t residency_capacity, 1, 1)
 SWIFTKV_BUFFER_IN(const uint64_t *lender_kv_bytes, size_t n_lenders, 8, 0)
 SWIFTKV_BUFFER_IN(uint64_t *ids_out, size_t ids_capacity, 8, 1)
 SWIFTKV_BUFFER_IN(char *buf, size_t capacity, 1, 1)
+SWIFTKV_BUFFER_IN(swiftkv_chunk_info *info_out, size_t info_capacity, 16, 1)
 
 /* --- Raw pointers ---------------------------------------------------------------------------- */
 %define SWIFTKV_RAW_POINTER(TYPE, WRITABLE)
@@ -208,6 +210,18 @@ SWIFTKV_RAW_POINTER(const uint32_t *, 0)
   }
 }
 
+/* The codec counts: a list of rows (per codec) of per-tier counts. */
+%typemap(out) uint64_t [ANY][ANY] {
+  $result = PyList_New($1_dim0);
+  for (Py_ssize_t i = 0; i < $1_dim0; ++i) {
+    PyObject *row = PyList_New($1_dim1);
+    for (Py_ssize_t j = 0; j < $1_dim1; ++j) {
+      PyList_SetItem(row, j, PyLong_FromUnsignedLongLong((unsigned long long)$1[i][j]));
+    }
+    PyList_SetItem($result, i, row);
+  }
+}
+
 /* Callbacks are set through the helpers below, never as raw fields. */
 %ignore swiftkv_set_chunk_event_callback;
 /* Wrapped below as functions that return the struct. */
@@ -222,6 +236,9 @@ SWIFTKV_RAW_POINTER(const uint32_t *, 0)
 %ignore swiftkv_lookup_result_init;
 %ignore swiftkv_stats_init;
 %ignore swiftkv_coord_stats_init;
+%ignore swiftkv_codec_params_init;
+%ignore swiftkv_compression_config_init;
+%ignore swiftkv_codec_stats_init;
 %ignore swiftkv_pool_desc_init;
 %ignore swiftkv_request_desc_init;
 %ignore swiftkv_request_info_init;
@@ -284,6 +301,9 @@ SWIFTKV_INIT(swiftkv_elastic_stats)
 SWIFTKV_INIT(swiftkv_model_config)
 SWIFTKV_INIT(swiftkv_lookup_result)
 SWIFTKV_INIT(swiftkv_stats)
+SWIFTKV_INIT(swiftkv_codec_params)
+SWIFTKV_INIT(swiftkv_compression_config)
+SWIFTKV_INIT(swiftkv_codec_stats)
 SWIFTKV_INIT(swiftkv_coord_stats)
 SWIFTKV_INIT(swiftkv_pool_desc)
 SWIFTKV_INIT(swiftkv_request_desc)

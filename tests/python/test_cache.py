@@ -203,3 +203,40 @@ def test_metrics_text_and_collector(ctx, small_model):
     out = generate_latest(reg).decode()
     assert 'engine_a_swiftkv_chunks{tier="host"} 2.0' in out
     assert "engine_a_swiftkv_stores_total 2.0" in out
+
+
+def test_compression(ctx, small_model):
+    """A fixed host codec encodes what is stored; a lossy chunk is refused until the model
+    accepts it; compress re-encodes in place; bad parameters raise and change nothing."""
+    m = ctx.register_model(small_model)
+    tokens = tokens_of(41, 64)
+    rng = np.random.default_rng(41)
+    kv = rng.uniform(0.5, 1.0, 2 * small_model.chunk_bytes // 2).astype(np.float16).view(np.uint8)
+    with pytest.raises(swiftkv.Error):
+        m.set_compression(host=swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=3, group=32))
+    m.set_compression(host=swiftkv.Codec(swiftkv.CodecKind.FP8))
+    assert m.store(tokens, kv) == 64
+    info = m.chunk_info(tokens)
+    assert [i.tier for i in info] == [swiftkv.Tier.HOST] * 2
+    assert info[0].codec == swiftkv.Codec(swiftkv.CodecKind.FP8) and info[0].lossy
+    assert info[0].stored_bytes < small_model.chunk_bytes
+    s = ctx.codec_stats()
+    assert s["chunks"][swiftkv.CodecKind.FP8][swiftkv.Tier.HOST] == 2
+    assert s["raw_bytes"][swiftkv.CodecKind.FP8][swiftkv.Tier.HOST] == 2 * small_model.chunk_bytes
+    out = np.zeros_like(kv)
+    assert m.retrieve(tokens, 0, out) == 0  # exact bytes asked
+    assert ctx.codec_stats()["lossy_refused"] == 1
+    m.set_compression(accept_lossy=True, host=swiftkv.Codec(swiftkv.CodecKind.FP8))
+    assert m.retrieve(tokens, 0, out) == 64
+    got, want = out.view(np.float16).astype(np.float32), kv.view(np.float16).astype(np.float32)
+    assert not np.array_equal(got, want)
+    assert np.all(np.abs(got - want) <= want / 16 + 2.0 ** -11)
+    with pytest.raises(swiftkv.Error):
+        m.compress(tokens, swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=5, group=32))
+    with pytest.raises(swiftkv.Error):
+        m.compress(tokens_of(42, 32), swiftkv.Codec())
+    assert m.chunk_info(tokens)[1].codec.kind == swiftkv.CodecKind.FP8
+    kivi4 = swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=4, group=32)
+    assert m.compress(tokens, kivi4) == 2
+    assert m.chunk_info(tokens)[1] == swiftkv.ChunkInfo(swiftkv.Tier.HOST, kivi4, True,
+                                                        m.chunk_info(tokens)[1].stored_bytes)

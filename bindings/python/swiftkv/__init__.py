@@ -44,7 +44,7 @@ __all__ = [
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
     "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
     "MODEL_ALL", "TIERS_ALL", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
-    "POOL_LAYOUTS", "Record", "Lookup",
+    "POOL_LAYOUTS", "Record", "Lookup", "CodecKind", "Codec", "ChunkInfo",
 ]
 
 # --- Errors and enums ----------------------------------------------------------------------------
@@ -546,6 +546,13 @@ class Context:
         _c.swiftkv_stats_get(out, self.handle)
         return _record("Stats", _struct_fields(out))
 
+    def codec_stats(self) -> Record:
+        """Cached chunks, decoded and stored bytes by codec (rows: CodecKind) and tier
+        (columns: Tier), with the encode, decode and lossy-refused counters."""
+        out = _c.swiftkv_codec_stats_init()
+        _c.swiftkv_codec_stats_get(out, self.handle)
+        return _record("CodecStats", _struct_fields(out))
+
     def metrics_text(self) -> str:
         """The context's counters in Prometheus' text exposition format (swiftkv_metrics_text;
         the names are listed in docs/api.md). swiftkv.metrics.Collector(ctx) serves them to a
@@ -583,6 +590,54 @@ class Context:
         mask (TIERS_ALL, tier_mask(...))."""
         _, n = _c.swiftkv_clear(self.handle, MODEL_ALL, _mask(tier_mask), None)
         return n
+
+
+class CodecKind(enum.IntEnum):
+    """A chunk encoding (swiftkv_codec; docs/codecs.md gives the formats and error bounds)."""
+
+    RAW = _c.SWIFTKV_CODEC_RAW
+    ZSTD = _c.SWIFTKV_CODEC_ZSTD
+    KIVI = _c.SWIFTKV_CODEC_KIVI
+    FP8 = _c.SWIFTKV_CODEC_FP8
+
+
+@dataclass(frozen=True)
+class Codec:
+    """An encoding: bits and group are KIVI's, byte_planes and zstd_level zstd's (the fields
+    another codec uses stay 0; zstd_level is not part of the format and reads back as 0)."""
+
+    kind: CodecKind = CodecKind.RAW
+    bits: int = 0
+    group: int = 0
+    byte_planes: bool = False
+    zstd_level: int = 0
+
+    def _params(self):
+        p = _c.swiftkv_codec_params_init()
+        p.codec = int(self.kind)
+        p.bits = self.bits
+        p.group = self.group
+        p.byte_planes = 1 if self.byte_planes else 0
+        if self.zstd_level:
+            p.zstd_level = self.zstd_level
+        return p
+
+
+class _ChunkInfoC(ctypes.Structure):
+    _fields_ = [("tier", ctypes.c_uint8), ("codec", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lossy", ctypes.c_uint8), ("group", ctypes.c_uint16),
+                ("byte_planes", ctypes.c_uint8), ("reserved0", ctypes.c_uint8),
+                ("stored_bytes", ctypes.c_uint64)]
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """How one chunk is cached (swiftkv_chunk_info); codec is None when it is not cached."""
+
+    tier: Tier
+    codec: Optional[Codec]
+    lossy: bool
+    stored_bytes: int
 
 
 # --- Models and the chunk cache ----------------------------------------------------------------
@@ -682,6 +737,37 @@ class Model:
     def move(self, tokens, to: Tier) -> int:
         _, n = _c.swiftkv_move(self.ctx.handle, self.id, _tokens(tokens), int(to))
         return n
+
+    def set_compression(self, *, accept_lossy: bool = False, host: Codec = Codec(),
+                        disk: Codec = Codec()) -> None:
+        """What this model asks of compression from now on (swiftkv_compression_set): whether
+        loads may return lossy chunks, and the codec of exact chunks entering host memory and
+        the disk (raw: as they come)."""
+        cfg = _c.swiftkv_compression_config_init()
+        cfg.accept_lossy = 1 if accept_lossy else 0
+        cfg.host = host._params()
+        cfg.disk = disk._params()
+        _c.swiftkv_compression_set(self.ctx.handle, self.id, cfg)
+
+    def compress(self, tokens, codec: Codec) -> int:
+        """Re-encodes the chunks of tokens under codec where they are (swiftkv_compress); how
+        many are under it afterwards."""
+        _, n = _c.swiftkv_compress(self.ctx.handle, self.id, _tokens(tokens), codec._params())
+        return n
+
+    def chunk_info(self, tokens) -> list:
+        """How each full chunk of tokens is cached, recording no activity."""
+        t = _tokens(tokens)
+        n = len(t) // self.desc.chunk_tokens
+        arr = (_ChunkInfoC * n)()
+        _c.swiftkv_chunk_info_get(memoryview(arr), self.ctx.handle, self.id, t)
+        out = []
+        for v in arr:
+            tier = Tier(v.tier)
+            codec = None if tier is Tier.DROPPED else Codec(
+                CodecKind(v.codec), v.bits, v.group, bool(v.byte_planes))
+            out.append(ChunkInfo(tier, codec, bool(v.lossy), v.stored_bytes))
+        return out
 
     def pool_create(self, regular_pages: int, stream_pages: int = 0) -> "Pool":
         _, pid = _c.swiftkv_pool_create(self.ctx.handle, self.id, regular_pages, stream_pages)
