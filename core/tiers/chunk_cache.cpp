@@ -264,8 +264,14 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
 
 ChunkCache::MoveResult ChunkCache::move_into(const ChunkKey &key, const ChunkUse &use, Tier to,
                                              bool room) {
+  return move_as(key, use, to, room, entering(use.meta, to));
+}
+
+ChunkCache::MoveResult ChunkCache::move_as(const ChunkKey &key, const ChunkUse &use, Tier to,
+                                           bool room,
+                                           const std::optional<codec::CodecParams> &target) {
   std::optional<Encoded> recoded;
-  if (const std::optional<codec::CodecParams> p = entering(use.meta, to)) {
+  if (const std::optional<codec::CodecParams> &p = target) {
     try {
       recoded = recode(use.where, use.meta, *p);
     } catch (const Error &) {
@@ -388,9 +394,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     // is not this chunk: it is dropped as corrupt, never copied.
     if (use->meta.bytes != chunk_bytes) ok = false;
     if (ok && !loadable(use->meta)) {  // not a failure: the chunk stays for who accepts it
-      std::vector<SlotRef> none;
-      index_.end_read(keys[i], none);
-      free_slots(none);
+      end_read(keys[i]);
       break;
     }
     if (!lost && ok) {
@@ -541,24 +545,10 @@ uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> k
       ++there;
       continue;
     }
-    std::optional<Encoded> e;
-    try {
-      e = recode(use->where, use->meta, to);
-    } catch (const Error &) {
-      abort_move(k);
-      load_failures_.fetch_add(1, std::memory_order_relaxed);
-      drop_chunk(k, use->meta, use->where.tier, ChunkEventReason::corrupt);
-      continue;
-    } catch (...) {
-      abort_move(k);
-      throw;
-    }
-    const std::optional<uint64_t> slot = allocate_in(*from, k, e->meta, true);
-    if (!slot) {
-      abort_move(k);
-      continue;
-    }
-    if (complete_move(k, *use, SlotRef{*from, *slot}, &*e)) ++there;
+    // A move within the tier, under `to` whatever the tier's own codec.
+    const MoveResult r = move_as(k, *use, *from, true, to);
+    if (r == MoveResult::no_room) abort_move(k);
+    if (r == MoveResult::moved) ++there;
   }
   return there;
 }

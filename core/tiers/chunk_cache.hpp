@@ -273,6 +273,9 @@ class ChunkCache {
   // `to` has no room (the move is still open) or the copy failed (the move is closed).
   enum class MoveResult : uint8_t { moved, no_room, failed };
   MoveResult move_into(const ChunkKey &key, const ChunkUse &use, Tier to, bool make_room);
+  // move_into with the encoding given (nullopt: the one it has), not the one `to` asks.
+  MoveResult move_as(const ChunkKey &key, const ChunkUse &use, Tier to, bool make_room,
+                     const std::optional<codec::CodecParams> &target);
   void abort_move(const ChunkKey &key) noexcept;
   void transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst);
   void drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from, ChunkEventReason reason);
