@@ -1,6 +1,7 @@
 // Compression at the ABI: codec parameters in and out of their versioned structs, a model's
 // compression config, the controller's compress, per-chunk info and the codec counts.
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,30 @@ codec::CodecParams read_codec(const swiftkv_codec_params &p, const std::string &
   return r;
 }
 
+AdaptivePolicy read_adaptive(const swiftkv_compression_config &c) {
+  if (c.n_methods > SWIFTKV_MAX_COMPRESSION_METHODS) {
+    fail_invalid("config->n_methods (" + std::to_string(c.n_methods) + ") is above " +
+                 std::to_string(SWIFTKV_MAX_COMPRESSION_METHODS));
+  }
+  AdaptivePolicy a;
+  a.enabled = true;
+  a.alpha = c.alpha;
+  a.horizon_s = c.reuse_horizon_s;
+  // GB/s to bytes per second; what is not finite and positive stays so for the cache's check.
+  a.host_bandwidth = c.host_gbps * 1e9;
+  a.disk_bandwidth = c.disk_gbps * 1e9;
+  a.recompute_bandwidth = c.recompute_gbps * 1e9;
+  for (uint32_t i = 0; i < c.n_methods; ++i) {
+    const std::string arg = "config->methods[" + std::to_string(i) + "]";
+    AdaptiveMethod m;
+    m.params = read_codec(c.methods[i].params, arg + ".params");
+    m.quality = c.methods[i].quality;
+    m.decode_bandwidth = c.methods[i].decode_gbps * 1e9;
+    a.methods.push_back(m);
+  }
+  return a;
+}
+
 codec::ChunkShape shape_of(const RegisteredModel &m) {
   codec::ChunkShape s;
   s.layers = m.geometry.num_layers;
@@ -82,6 +107,7 @@ SWIFTKV_API swiftkv_status swiftkv_compression_set(swiftkv_ctx *ctx, uint32_t mo
         swiftkv::capi::kCompressionConfigV1Size, "config", "SWIFTKV_COMPRESSION_CONFIG_INIT");
     if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
     if (c.accept_lossy > 1) swiftkv::fail_invalid("config->accept_lossy is not 0 or 1");
+    if (c.adaptive > 1) swiftkv::fail_invalid("config->adaptive is not 0 or 1");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
     swiftkv::ModelCompression mc = swiftkv::capi::default_compression(m);
     mc.accept_lossy = c.accept_lossy != 0;
@@ -90,6 +116,7 @@ SWIFTKV_API swiftkv_status swiftkv_compression_set(swiftkv_ctx *ctx, uint32_t mo
     // Raw in the config is "as they come", not "decode whatever arrives".
     if (host.codec != swiftkv::codec::Codec::raw) mc.fixed[1] = host;
     if (disk.codec != swiftkv::codec::Codec::raw) mc.fixed[2] = disk;
+    if (c.adaptive != 0) mc.adaptive = swiftkv::capi::read_adaptive(c);
     ctx->cache.set_compression(m.fingerprint, mc);
     return SWIFTKV_OK;
   }
@@ -102,8 +129,8 @@ SWIFTKV_API swiftkv_status swiftkv_compress(uint64_t *chunks_out, swiftkv_ctx *c
   try {
     require(chunks_out, "chunks_out");
     require(ctx, "ctx");
-    require(params, "params");
-    const swiftkv::codec::CodecParams to = swiftkv::capi::read_codec(*params, "params");
+    std::optional<swiftkv::codec::CodecParams> to;  // none: the adaptive policy chooses
+    if (params != nullptr) to = swiftkv::capi::read_codec(*params, "params");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
     const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
     *chunks_out = ctx->cache.compress(m.fingerprint, keys, to);

@@ -238,6 +238,7 @@ SWIFTKV_RAW_POINTER(const uint32_t *, 0)
 %ignore swiftkv_coord_stats_init;
 %ignore swiftkv_codec_params_init;
 %ignore swiftkv_compression_config_init;
+%ignore swiftkv_compression_method_init;
 %ignore swiftkv_codec_stats_init;
 %ignore swiftkv_pool_desc_init;
 %ignore swiftkv_request_desc_init;
@@ -303,6 +304,7 @@ SWIFTKV_INIT(swiftkv_lookup_result)
 SWIFTKV_INIT(swiftkv_stats)
 SWIFTKV_INIT(swiftkv_codec_params)
 SWIFTKV_INIT(swiftkv_compression_config)
+SWIFTKV_INIT(swiftkv_compression_method)
 SWIFTKV_INIT(swiftkv_codec_stats)
 SWIFTKV_INIT(swiftkv_coord_stats)
 SWIFTKV_INIT(swiftkv_pool_desc)
@@ -319,6 +321,18 @@ SWIFTKV_INIT(swiftkv_attention_args)
 swiftkv_status swiftkv_py_set_chunk_event_callback(swiftkv_ctx *ctx, PyObject *fn) {
   if (fn == Py_None) return swiftkv_set_chunk_event_callback(ctx, NULL, NULL);
   return swiftkv_set_chunk_event_callback(ctx, swiftkv_py_event_trampoline, fn);
+}
+
+/* Sets methods[i] of a compression config (SWIG gives the array read-only); false when i is not
+ * below SWIFTKV_MAX_COMPRESSION_METHODS. */
+int swiftkv_py_compression_config_set_method(swiftkv_compression_config *c, uint32_t i,
+                                             swiftkv_codec_params params, double quality,
+                                             double decode_gbps) {
+  if (i >= SWIFTKV_MAX_COMPRESSION_METHODS) return 0;
+  c->methods[i].params = params;
+  c->methods[i].quality = quality;
+  c->methods[i].decode_gbps = decode_gbps;
+  return 1;
 }
 
 /* Points a config's clock at a Python callable returning nanoseconds (None: CLOCK_MONOTONIC). The

@@ -33,8 +33,10 @@ void check_inputs(std::span<const ChunkChoice> chunks, std::span<const TierCapac
       fail_invalid(who + " needs a frequency and a recompute time >= 0");
     }
     for (const EncodingOption &o : c.options) {
-      if (!positive(o.bytes) || !(o.quality >= 0 && o.quality <= 1)) {
-        fail_invalid(who + " has an option with bytes <= 0 or a quality outside [0, 1]");
+      if (!positive(o.bytes) || !(o.quality >= 0 && o.quality <= 1) || !std::isfinite(o.decode_s) ||
+          o.decode_s < 0) {
+        fail_invalid(who + " has an option with bytes <= 0, a quality outside [0, 1] or a decode" +
+                     " time that is not finite and >= 0");
       }
     }
   }
@@ -83,7 +85,7 @@ Action cheapest_action(const ChunkChoice &c, int t, int o, std::span<const TierC
 }  // namespace
 
 double utility(const ChunkChoice &c, const EncodingOption &o, const TierCapacity &t, double alpha) {
-  return c.freq * (alpha * o.quality - o.bytes / t.bandwidth);
+  return c.freq * (alpha * o.quality - o.bytes / t.bandwidth - o.decode_s);
 }
 
 double dropped_utility(const ChunkChoice &c, double alpha) {
@@ -146,6 +148,21 @@ PolicyResult place_chunks(std::span<const ChunkChoice> chunks, std::span<const T
                             : utility(chunks[i], chunks[i].options[p.option], tiers[p.tier], alpha);
   }
   return r;
+}
+
+int entry_choice(const ChunkChoice &c, const TierCapacity &t, double alpha, double price) {
+  check_inputs(std::span<const ChunkChoice>(&c, 1), std::span<const TierCapacity>(&t, 1), alpha);
+  if (!std::isfinite(price) || price < 0) fail_invalid("a tier's price must be finite and >= 0");
+  int best = 0;
+  double best_value = utility(c, c.options[0], t, alpha) - price * c.options[0].bytes;
+  for (int o = 1; o < static_cast<int>(c.options.size()); ++o) {
+    const double v = utility(c, c.options[o], t, alpha) - price * c.options[o].bytes;
+    if (v > best_value || (v == best_value && c.options[o].bytes < c.options[best].bytes)) {
+      best = o;
+      best_value = v;
+    }
+  }
+  return best;
 }
 
 double reconstruction_quality(const ChunkShape &s, const CodecParams &p,

@@ -3,8 +3,9 @@
 // chunks a tier must make room among, and apply what it returns.
 //
 //   utility(chunk, option, tier) = freq x (alpha x quality(option) - bytes(option) /
-//   bandwidth(tier)) utility(chunk, dropped)      = freq x (alpha - recompute_s)      (a recompute
-//   has full quality)
+//   bandwidth(tier)
+//                                          - decode_s(option))
+//   utility(chunk, dropped)      = freq x (alpha - recompute_s)   (a recompute has full quality)
 //
 // Every chunk starts in the fastest tier under its best option. While a tier holds more than its
 // capacity, the chunk whose cheapest action loses the least utility per byte it frees in that
@@ -26,6 +27,7 @@ struct EncodingOption {
   CodecParams params;
   double bytes = 0;
   double quality = 1;
+  double decode_s = 0;  // seconds to decode it, on top of its bytes' time on the link
 };
 
 struct ChunkChoice {
@@ -57,6 +59,15 @@ double dropped_utility(const ChunkChoice &c, double alpha);
 // finite, a quality outside [0, 1], or a negative frequency or recompute time.
 PolicyResult place_chunks(std::span<const ChunkChoice> chunks, std::span<const TierCapacity> tiers,
                           double alpha);
+
+// The online form of the policy, for a cache that cannot see every chunk at once: the option a
+// chunk takes as it enters a tier, given the tier's price of a byte (the utility per byte that
+// the tier's last victims lost to make room; 0 while it has room):
+//   argmax_o  utility(c, o, t) - price x bytes(o)
+// the Lagrangian form of place_chunks' greedy (an option is taken when what it loses per byte it
+// saves is below what the tier's bytes are worth at the margin). Ties go to the smaller option.
+// Same checks as place_chunks (EINVAL), and a price that is not finite and >= 0.
+int entry_choice(const ChunkChoice &c, const TierCapacity &t, double alpha, double price);
 
 // The built-in quality of an encoding of a chunk when the engine supplied no profile: 1 minus the
 // relative RMS error of what it decodes to (clamped at 0); 1 for a lossless codec.

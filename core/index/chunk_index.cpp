@@ -304,6 +304,15 @@ uint64_t ChunkIndex::last_active(const ChunkKey &k) const {
   return slot == nullptr || !visible(*slot) ? 0 : order_.last_active(slot->node);
 }
 
+std::optional<ChunkIndex::Activity> ChunkIndex::activity(const ChunkKey &k) const {
+  std::lock_guard order(order_mu_);
+  const Shard &s = shard(k);
+  std::shared_lock lock(s.mu);
+  const Slot *slot = find(s, k);
+  if (slot == nullptr || !visible(*slot)) return std::nullopt;
+  return Activity{order_.last_active(slot->node), order_.hits(slot->node)};
+}
+
 std::optional<Tier> ChunkIndex::peek(const ChunkKey &k) const {
   const Shard &s = shard(k);
   std::shared_lock lock(s.mu);

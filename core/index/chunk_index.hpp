@@ -154,6 +154,13 @@ class ChunkIndex {
   std::optional<ChunkKey> victim(Tier t, const ChunkKey &model, uint64_t now_ns);
   // The last activity of a resident chunk (0 when it is not resident).
   uint64_t last_active(const ChunkKey &k) const;
+  // A resident chunk's history: its last activity and how many touches it had since it was
+  // stored (each at a later time than the one before); nullopt when it is not resident.
+  struct Activity {
+    uint64_t last_active = 0;
+    uint32_t hits = 0;
+  };
+  std::optional<Activity> activity(const ChunkKey &k) const;
   EvictionPolicy policy() const noexcept { return order_.policy(); }
 
   uint64_t chunks(Tier t) const noexcept;

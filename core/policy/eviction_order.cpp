@@ -53,6 +53,7 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
   Node &n = nodes_[id];
   n.la = now;
   n.key = key;
+  n.hits = 0;
   n.prev = n.next = kNoNode;
   n.domain = 0;
   n.cls = 0;
@@ -169,6 +170,7 @@ void EvictionOrder::unlink(uint32_t node) noexcept {
 void EvictionOrder::touch(uint32_t node, uint64_t now) {
   Node &n = nodes_[node];
   if (now <= n.la) return;  // no newer than what the order has
+  if (n.hits != UINT32_MAX) ++n.hits;
   if (!linked(node)) {
     n.la = now;
     return;

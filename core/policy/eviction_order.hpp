@@ -81,6 +81,8 @@ class EvictionOrder {
   }
 
   uint64_t last_active(uint32_t node) const noexcept { return nodes_[node].la; }
+  // Touches since the node was added (saturating): its reuse history for the compression policy.
+  uint32_t hits(uint32_t node) const noexcept { return nodes_[node].hits; }
   const ChunkKey &key(uint32_t node) const noexcept { return nodes_[node].key; }
   // The retention class of a cost, and the lower bound of a class's costs.
   static uint32_t cost_class(double cost) noexcept;
@@ -104,6 +106,7 @@ class EvictionOrder {
     uint16_t domain = 0;
     uint8_t cls = 0;
     uint8_t list = kFree;  // 0..kLists-1, kTree, kUnlinked or kFree
+    uint32_t hits = 0;     // touches at a later time than the last one (in the padding)
   };
   static_assert(sizeof(Node) == 40);
 

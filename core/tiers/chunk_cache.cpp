@@ -221,7 +221,23 @@ bool ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool a
     const std::optional<ChunkKey> v = index_.victim(t, model, now());
     if (!v || v == last) return evicted;  // nothing may go, or a victim that would not move
     last = v;
-    evicted |= demote(*v, t, true, ChunkEventReason::policy) != 0;
+    if (adaptive_models_.load(std::memory_order_relaxed) == 0) {
+      evicted |= demote(*v, t, true, ChunkEventReason::policy) != 0;
+      continue;
+    }
+    // The adaptive policy prices the tier's bytes by what its victims lose.
+    const std::optional<ChunkView> before = index_.view(*v);
+    const double horizon = before ? adaptive_horizon(before->meta.model) : 0;
+    const double reuse = horizon > 0 ? reuse_of(*v, horizon) : 0;
+    const bool gone = demote(*v, t, true, ChunkEventReason::policy) != 0;
+    evicted |= gone;
+    if (gone && before && reuse > 0) {
+      const std::optional<ChunkView> after = index_.view(*v);
+      note_victim(t, before->meta, reuse,
+                  after
+                      ? std::optional<std::pair<Tier, ChunkMeta>>({after->where.tier, after->meta})
+                      : std::nullopt);
+    }
   }
   return true;
 }
@@ -264,7 +280,9 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
 
 ChunkCache::MoveResult ChunkCache::move_into(const ChunkKey &key, const ChunkUse &use, Tier to,
                                              bool room) {
-  return move_as(key, use, to, room, entering(use.meta, to));
+  // The adaptive policy's first look at this model's bytes may be a chunk on its way down.
+  if (to != Tier::peer) measure_from(use);
+  return move_as(key, use, to, room, entering(key, use.meta, to));
 }
 
 ChunkCache::MoveResult ChunkCache::move_as(const ChunkKey &key, const ChunkUse &use, Tier to,
@@ -423,12 +441,13 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
 ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &meta,
                                          const std::byte *decoded, Tier first) {
   std::optional<Encoded> encoded;  // the last encoding made, for the next tier that asks it
+  if (needs_measure(meta.model)) measure_methods(meta.model, decoded);
   for (size_t i = idx(first); i < kTierCount; ++i) {
     const auto t = static_cast<Tier>(i);
     if (!configured(t, meta.model)) continue;
     const ChunkMeta *m = &meta;
     const std::byte *bytes = decoded;
-    if (const std::optional<codec::CodecParams> p = entering(meta, t)) {
+    if (const std::optional<codec::CodecParams> p = entering(key, meta, t)) {
       if (!encoded || !same_encoding(encoded->meta, *p)) {
         encoded = encode_chunk(std::span<const std::byte>(decoded, meta.bytes), meta,
                                shape_of(meta.model), *p);
@@ -457,7 +476,8 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
   return Placed::no_room;
 }
 
-std::optional<codec::CodecParams> ChunkCache::entering(const ChunkMeta &meta, Tier t) const {
+std::optional<codec::CodecParams> ChunkCache::entering(const ChunkKey &key, const ChunkMeta &meta,
+                                                       Tier t) const {
   if (t == Tier::peer) {
     return meta.encoded() ? std::optional<codec::CodecParams>(codec::CodecParams{}) : std::nullopt;
   }
@@ -465,6 +485,7 @@ std::optional<codec::CodecParams> ChunkCache::entering(const ChunkMeta &meta, Ti
   std::shared_lock lock(comp_mu_);
   const auto it = compression_.find(meta.model);
   if (it == compression_.end()) return std::nullopt;
+  if (it->second.adaptive.enabled) return adaptive_choice(key, meta, t, it->second);
   const std::optional<codec::CodecParams> &p = it->second.fixed[idx(t)];
   if (!p || same_encoding(meta, *p)) return std::nullopt;
   return p;
@@ -494,9 +515,30 @@ codec::ChunkShape ChunkCache::shape_of(const ChunkKey &model) const {
 }
 
 void ChunkCache::set_compression(const ChunkKey &model, const ModelCompression &c) {
-  check_compression(c);
+  ModelCompression mc = c;
+  mc.adaptive.measured = false;
+  if (mc.adaptive.enabled && mc.adaptive.methods.empty()) {
+    mc.adaptive.methods = default_adaptive_methods(mc.shape, mc.accept_lossy);
+  }
+  for (AdaptiveMethod &m : mc.adaptive.methods) {
+    m.ratio = 0;
+    m.measured_quality = -1;
+    m.measured_decode_bandwidth = 0;
+  }
+  check_compression(mc);
   std::unique_lock lock(comp_mu_);
-  compression_[model] = c;
+  ModelCompression &slot = compression_[model];
+  if (slot.adaptive.enabled && mc.adaptive.enabled) carry_measurements(slot.adaptive, mc.adaptive);
+  if (slot.adaptive.enabled) adaptive_models_.fetch_sub(1, std::memory_order_relaxed);
+  if (mc.adaptive.enabled) adaptive_models_.fetch_add(1, std::memory_order_relaxed);
+  slot = std::move(mc);
+}
+
+double ChunkCache::adaptive_horizon(const ChunkKey &model) const {
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(model);
+  return it != compression_.end() && it->second.adaptive.enabled ? it->second.adaptive.horizon_s
+                                                                 : 0.0;
 }
 
 std::optional<ModelCompression> ChunkCache::compression(const ChunkKey &model) const {
@@ -509,7 +551,10 @@ std::optional<ModelCompression> ChunkCache::compression(const ChunkKey &model) c
 bool ChunkCache::encodes_in(Tier t, const ChunkKey &model) const {
   std::shared_lock lock(comp_mu_);
   const auto it = compression_.find(model);
-  return it != compression_.end() && it->second.fixed[idx(t)].has_value();
+  if (it == compression_.end()) return false;
+  const ModelCompression &c = it->second;
+  return c.fixed[idx(t)].has_value() ||
+         (c.adaptive.enabled && t != Tier::peer && !c.adaptive.methods.empty());
 }
 
 bool ChunkCache::loadable(const ChunkMeta &meta) {
@@ -524,10 +569,14 @@ bool ChunkCache::loadable(const ChunkMeta &meta) {
 }
 
 uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> keys,
-                              const codec::CodecParams &to) {
+                              const std::optional<codec::CodecParams> &to) {
   const std::optional<ModelCompression> c = compression(model);
   if (!c) fail_invalid("the model is not registered with the chunk cache");
-  codec::check_params(c->shape, to);
+  if (to) {
+    codec::check_params(c->shape, *to);
+  } else if (!c->adaptive.enabled) {
+    fail_invalid("the policy chooses only for a model in adaptive mode; name a codec");
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     if (!index_.contains(keys[i])) {
       fail(SWIFTKV_ENOTFOUND, "chunk " + std::to_string(i) + " (" + to_hex(keys[i]) +
@@ -540,13 +589,24 @@ uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> k
     if (!from || *from == Tier::peer) continue;
     std::optional<ChunkUse> use = index_.begin_move(k, *from, false);
     if (!use) continue;  // moving meanwhile: another thread's
-    if (same_encoding(use->meta, to)) {
+    // The policy's choice in the tier where the chunk is (nullopt: it stays as it is), made
+    // with what the policy knows now.
+    std::optional<codec::CodecParams> target;
+    if (to) {
+      if (!same_encoding(use->meta, *to)) target = to;
+    } else {
+      measure_from(*use);
+      if (const std::optional<ModelCompression> now = compression(model)) {
+        if (now->adaptive.enabled) target = adaptive_choice(k, use->meta, *from, *now);
+      }
+    }
+    if (!target) {
       abort_move(k);
       ++there;
       continue;
     }
-    // A move within the tier, under `to` whatever the tier's own codec.
-    const MoveResult r = move_as(k, *use, *from, true, to);
+    // A move within the tier, under the target whatever the tier's own codec.
+    const MoveResult r = move_as(k, *use, *from, true, target);
     if (r == MoveResult::no_room) abort_move(k);
     if (r == MoveResult::moved) ++there;
   }
@@ -602,7 +662,7 @@ std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const Chunk
 bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
                          const std::byte *staging) {
   TierStore *s = store_of(where.tier);
-  if (staging != nullptr && entering(meta, where.tier)) {
+  if (staging != nullptr && entering(key, meta, where.tier)) {
     // The tier encodes: the decoded reservation gives way to the encoded chunk.
     s->free(where.slot);
     const Placed p = place_new(key, meta, staging, where.tier);
@@ -847,6 +907,7 @@ CacheStats ChunkCache::stats() const {
   }
   s.demotions_deferred = deferred_.load();
   s.codecs = index_.codec_counts();
+  for (size_t t = 0; t < kTierCount; ++t) s.price[t] = price_[t].load(std::memory_order_relaxed);
   s.lossy_refused = lossy_refused_.load();
   s.encodes = encodes_.load();
   s.decodes = decodes_.load();

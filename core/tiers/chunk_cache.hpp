@@ -75,6 +75,9 @@ struct CacheStats {
   uint64_t lossy_refused = 0;  // lossy chunks a load or retrieve stopped at (exact bytes asked)
   uint64_t encodes = 0;        // chunks encoded (a store, a move or compress)
   uint64_t decodes = 0;        // encoded chunks decoded (a load, a retrieve or a move)
+  // The adaptive policy's price of a byte in each tier (utility per byte its last victims lost;
+  // the peer tier's is always 0).
+  std::array<double, kTierCount> price{};
 };
 
 // Residency of a run of chunk keys, as lookup sees it.
@@ -139,14 +142,18 @@ class ChunkCache {
   // registered with the cache or `to` is not a codec for its chunks. A chunk in the peer tier
   // stays as it is (lent memory holds decoded chunks only), and so does one the tier has no
   // room for re-encoded. Returns how many of `keys` are stored under `to` afterwards.
+  // Without `to`, the model's adaptive policy chooses each chunk's encoding in its tier as it
+  // would for a chunk entering it (EINVAL when the model is not in adaptive mode); returns how
+  // many of `keys` are stored as the policy chose.
   uint64_t compress(const ChunkKey &model, std::span<const ChunkKey> keys,
-                    const codec::CodecParams &to);
-  // What a model asks of compression (its chunk shape, fixed codecs, whether it accepts lossy
-  // chunks): set when it registers, replaced by swiftkv_compression_set. Checked (EINVAL).
+                    const std::optional<codec::CodecParams> &to);
+  // What a model asks of compression (its chunk shape, fixed codecs or the adaptive policy,
+  // whether it accepts lossy chunks): set when it registers, replaced by swiftkv_compression_set.
+  // Checked (EINVAL). Adaptive mode without methods takes default_adaptive_methods.
   void set_compression(const ChunkKey &model, const ModelCompression &c);
   std::optional<ModelCompression> compression(const ChunkKey &model) const;
-  // Whether a chunk of `model` placed in tier t is encoded there (fixed mode): a connector save
-  // into such a tier goes through host staging.
+  // Whether a chunk of `model` placed in tier t may be encoded there (a fixed codec, or a
+  // method of the adaptive policy): a connector save into such a tier goes through host staging.
   bool encodes_in(Tier t, const ChunkKey &model) const;
   // Whether a load may return this chunk: exact, or its model accepts lossy chunks. Counts a
   // refusal.
@@ -245,8 +252,33 @@ class ChunkCache {
   Placed place_new(const ChunkKey &key, const ChunkMeta &meta, const std::byte *decoded,
                    Tier first);
   // The encoding a chunk takes when it enters tier t (nullopt: the one it has): decoded for
-  // the peer tier; the model's fixed codec for an exact chunk.
-  std::optional<codec::CodecParams> entering(const ChunkMeta &meta, Tier t) const;
+  // the peer tier; for an exact chunk, the model's fixed codec or the adaptive policy's choice.
+  std::optional<codec::CodecParams> entering(const ChunkKey &key, const ChunkMeta &meta,
+                                             Tier t) const;
+
+  // --- The adaptive policy (chunk_cache_adaptive.cpp).
+  // The option the policy picks for a chunk in (or entering) tier t, priced at the tier's
+  // current price of a byte when it is short of `meta.bytes` of room, else at 0.
+  std::optional<codec::CodecParams> adaptive_choice(const ChunkKey &key, const ChunkMeta &meta,
+                                                    Tier t, const ModelCompression &mc) const;
+  // Expected reuses of a chunk from its history: (1 + hits) x h / (h + idle), h the horizon; 1
+  // for a chunk not resident (new).
+  double reuse_of(const ChunkKey &key, double horizon_s) const;
+  // Fills in the ratios and built-in qualities of a model's methods from one of its chunks
+  // (its first layer), once.
+  void measure_methods(const ChunkKey &model, const std::byte *decoded);
+  bool needs_measure(const ChunkKey &model) const;
+  // measure_methods on a resident exact chunk, when its model still needs it.
+  void measure_from(const ChunkUse &use);
+  // Keeps what was measured for the methods a new policy shares with the old one (a new alpha
+  // or bandwidth does not make the cache measure again).
+  static void carry_measurements(const AdaptivePolicy &from, AdaptivePolicy &to);
+  // The model's reuse horizon in adaptive mode; 0 when it is not in adaptive mode.
+  double adaptive_horizon(const ChunkKey &model) const;
+  // A victim of make_room in tier t moved (after: its meta there) or dropped (nullopt): what it
+  // lost per byte freed goes into the tier's price.
+  void note_victim(Tier t, const ChunkMeta &before, double reuse,
+                   const std::optional<std::pair<Tier, ChunkMeta>> &after);
   // A chunk's bytes read from `where` and re-encoded under `to`.
   Encoded recode(SlotRef where, const ChunkMeta &meta, const codec::CodecParams &to);
   codec::ChunkShape shape_of(const ChunkKey &model) const;
@@ -307,6 +339,10 @@ class ChunkCache {
   std::mutex maint_mu_;
   mutable std::shared_mutex comp_mu_;  // guards compression_
   std::unordered_map<ChunkKey, ModelCompression, ChunkKeyHash> compression_;
+  // Per tier, the utility per byte its last victims lost (an average with weight 1/8 on the
+  // newest): what the adaptive policy charges a chunk entering it for its bytes.
+  std::array<std::atomic<double>, kTierCount> price_{};
+  std::atomic<uint32_t> adaptive_models_{0};  // models in adaptive mode: 0 skips the policy
 
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};

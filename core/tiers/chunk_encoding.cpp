@@ -1,12 +1,58 @@
 #include "core/tiers/chunk_encoding.hpp"
 
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <string>
 
 #include "core/common/error.hpp"
 
 namespace swiftkv {
+
+namespace {
+
+bool positive(double v) { return std::isfinite(v) && v > 0; }
+
+void check_adaptive(const ModelCompression &c) {
+  const AdaptivePolicy &a = c.adaptive;
+  for (const std::optional<codec::CodecParams> &p : c.fixed) {
+    if (p) fail_invalid("adaptive mode chooses the codecs: it takes no fixed codec beside it");
+  }
+  if (!std::isfinite(a.alpha) || a.alpha < 0) fail_invalid("alpha must be finite and >= 0");
+  if (!positive(a.horizon_s)) fail_invalid("the reuse horizon must be finite and > 0");
+  if (!positive(a.host_bandwidth) || !positive(a.disk_bandwidth) ||
+      !positive(a.recompute_bandwidth)) {
+    fail_invalid("the host, disk and recompute bandwidths must be finite and > 0");
+  }
+  if (a.methods.size() > kMaxAdaptiveMethods) {
+    fail_invalid("at most " + std::to_string(kMaxAdaptiveMethods) + " methods, not " +
+                 std::to_string(a.methods.size()));
+  }
+  for (size_t i = 0; i < a.methods.size(); ++i) {
+    const AdaptiveMethod &m = a.methods[i];
+    const std::string who = "method " + std::to_string(i);
+    if (m.params.codec == codec::Codec::raw) {
+      fail_invalid(who + " is raw: the chunk as it is is always an option");
+    }
+    codec::check_params(c.shape, m.params);
+    if (!codec::lossless(m.params.codec) && !c.accept_lossy) {
+      fail_invalid(who + " is lossy, and the model accepts exact bytes only");
+    }
+    if (std::isnan(m.quality) || m.quality > 1) {
+      fail_invalid(who + ": a quality is in [0, 1] (negative: measured)");
+    }
+    if (!std::isfinite(m.decode_bandwidth) || m.decode_bandwidth < 0) {
+      fail_invalid(who + ": a decode bandwidth is finite and > 0 (0: measured)");
+    }
+    for (size_t j = 0; j < i; ++j) {
+      if (encoding_of(a.methods[j].params, false) == encoding_of(m.params, false)) {
+        fail_invalid(who + " repeats method " + std::to_string(j));
+      }
+    }
+  }
+}
+
+}  // namespace
 
 void check_compression(const ModelCompression &c) {
   if (c.fixed[static_cast<size_t>(Tier::peer)]) {
@@ -15,6 +61,28 @@ void check_compression(const ModelCompression &c) {
   for (const std::optional<codec::CodecParams> &p : c.fixed) {
     if (p) codec::check_params(c.shape, *p);
   }
+  if (c.adaptive.enabled) check_adaptive(c);
+}
+
+std::vector<AdaptiveMethod> default_adaptive_methods(const codec::ChunkShape &shape,
+                                                     bool accept_lossy) {
+  std::vector<codec::CodecParams> want;
+  if (codec::zstd_available()) want.push_back({codec::Codec::zstd, 0, 0, true, 1});
+  if (accept_lossy) {
+    want.push_back({codec::Codec::kivi, 8, 32});
+    want.push_back({codec::Codec::fp8});
+    want.push_back({codec::Codec::kivi, 4, 32});
+  }
+  std::vector<AdaptiveMethod> m;
+  for (const codec::CodecParams &p : want) {
+    try {
+      codec::check_params(shape, p);
+    } catch (const Error &) {
+      continue;  // a shape this method does not take (an element type, a group size)
+    }
+    m.push_back(AdaptiveMethod{p});
+  }
+  return m;
 }
 
 uint32_t encoding_of(const codec::CodecParams &p, bool lossy) noexcept {

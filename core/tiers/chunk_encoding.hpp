@@ -15,6 +15,41 @@
 
 namespace swiftkv {
 
+// Adaptive mode (AdaptCache §2, docs/codecs.md "The adaptive policy"): the cache chooses each
+// chunk's encoding as it enters host memory or the disk, by utility
+//   freq x (alpha x quality - stored bytes / bandwidth(tier)) - price(tier) x stored bytes
+// among the chunk as it is and the methods below; a full tier's price is what its last victims
+// lost per byte, so chunks are compressed further as the fast tiers fill. A method's time to
+// decode counts beside its bytes' time on the link.
+struct AdaptiveMethod {
+  codec::CodecParams params;    // never raw: the chunk as it is is always an option
+  double quality = -1;          // the engine's, in [0, 1]; negative: the built-in profile's
+  double decode_bandwidth = 0;  // the engine's, decoded bytes per second; 0: measured here
+  // Measured on the first chunk of the model the cache sees: stored bytes / decoded bytes, the
+  // built-in quality (1 - relative RMS error) and the decoder's speed on this CPU (the fastest
+  // of three decodes). The method is not chosen before (ratio 0).
+  double ratio = 0;
+  double measured_quality = -1;
+  double measured_decode_bandwidth = 0;
+  double effective_quality() const noexcept { return quality >= 0 ? quality : measured_quality; }
+  double effective_decode_bandwidth() const noexcept {
+    return decode_bandwidth > 0 ? decode_bandwidth : measured_decode_bandwidth;
+  }
+};
+struct AdaptivePolicy {
+  bool enabled = false;
+  double alpha = 1.0;       // seconds of load time that one reuse's full quality is worth
+  double horizon_s = 60.0;  // a chunk idle this long counts half as likely to be reused
+  // Bytes per second to the GPU from host memory and disk, and the decoded bytes per second a
+  // recompute makes (a dropped chunk's cost).
+  double host_bandwidth = 25e9;
+  double disk_bandwidth = 3e9;
+  double recompute_bandwidth = 1.5e9;
+  std::vector<AdaptiveMethod> methods;
+  bool measured = false;  // ratio and built-in qualities filled in
+};
+inline constexpr size_t kMaxAdaptiveMethods = 8;
+
 // What a registered model asks of compression.
 struct ModelCompression {
   codec::ChunkShape shape;  // the model's chunk (layers, chunk tokens, heads, dim, dtype)
@@ -24,10 +59,19 @@ struct ModelCompression {
   // Whether loads and retrieves may return a lossy chunk (decoded); otherwise it ends the cached
   // run as a miss would.
   bool accept_lossy = false;
+  AdaptivePolicy adaptive;  // exclusive with fixed codecs
 };
 
-// EINVAL for a fixed codec on the peer tier or parameters the shape does not take;
-// EUNSUPPORTED for zstd in a build without it.
+// The methods adaptive mode uses when the engine names none: zstd over byte planes (in builds
+// with libzstd), and for a model that accepts lossy chunks KIVI 8-bit and 4-bit (group 32) and
+// FP8; each only where the shape takes it.
+std::vector<AdaptiveMethod> default_adaptive_methods(const codec::ChunkShape &shape,
+                                                     bool accept_lossy);
+
+// EINVAL for a fixed codec on the peer tier or parameters the shape does not take; in adaptive
+// mode, for fixed codecs beside it, a raw, repeated or (for a model that wants exact bytes) lossy
+// method, more than kMaxAdaptiveMethods, a quality above 1, or a bandwidth, horizon or alpha that
+// is not finite and positive (alpha: >= 0). EUNSUPPORTED for zstd in a build without it.
 void check_compression(const ModelCompression &c);
 
 // The encoding word of chunks encoded under `p` (lossy: the chunk was already approximate).

@@ -872,40 +872,88 @@ typedef struct swiftkv_codec_params {
 SWIFTKV_API void swiftkv_codec_params_init(swiftkv_codec_params *out);
 
 #define SWIFTKV_COMPRESSION_CONFIG_VERSION 1
+#define SWIFTKV_MAX_COMPRESSION_METHODS 8
 
-/* What a model asks of compression. Fixed mode: exact chunks entering host memory or the disk
- * (a store, a save, a demotion, a move) are encoded as `host` or `disk` says; raw (the default)
- * leaves them as they come. */
+/* A method adaptive mode may choose, with the engine's own quality for it (its profile: AdaptCache
+ * measures quality per method and rate on real questions). */
+typedef struct swiftkv_compression_method {
+  swiftkv_codec_params params; /* not SWIFTKV_CODEC_RAW: the chunk as it is is always an option */
+  double quality;              /* in [0, 1] (1: exact); negative (the default): the library
+                                  measures it, as 1 - the relative RMS error of the decoded bytes
+                                  on the first chunk of the model it sees */
+  double decode_gbps;          /* GB/s of decoded bytes its decoder makes; 0 (the default): the
+                                  library measures its CPU decoder on that chunk */
+} swiftkv_compression_method;
+
+#define SWIFTKV_COMPRESSION_METHOD_INIT { SWIFTKV_CODEC_PARAMS_INIT, -1.0, 0.0 }
+/* Fills *out with SWIFTKV_COMPRESSION_METHOD_INIT (NULL: nothing). */
+SWIFTKV_API void swiftkv_compression_method_init(swiftkv_compression_method *out);
+
+/* What a model asks of compression, in one of two modes.
+ * Fixed mode (adaptive 0): exact chunks entering host memory or the disk (a store, a save, a
+ * demotion, a move) are encoded as `host` or `disk` says; raw (the default) leaves them as they
+ * come.
+ * Adaptive mode (adaptive 1; host and disk must be raw): AdaptCache's policy chooses each exact
+ * chunk's encoding as it enters host memory or the disk, among the chunk as it is and `methods`,
+ * by the utility
+ *     reuse x (alpha x quality - stored bytes / bandwidth of the tier - decode time)
+ *       - price x stored bytes
+ * where reuse is the chunk's expected reuses from its own history and price is what the
+ * tier's last victims lost per byte while it is full (0 while it has room): chunks are kept
+ * exact while there is room and compressed further as the fast tiers fill (docs/codecs.md). */
 typedef struct swiftkv_compression_config {
   uint32_t size;              /* sizeof(swiftkv_compression_config) as the caller compiled it */
   uint32_t version;           /* SWIFTKV_COMPRESSION_CONFIG_VERSION */
   uint32_t accept_lossy;      /* 1: loads and swiftkv_retrieve may return lossy chunks, decoded;
                                  0 (default): exact bytes only */
+  uint32_t adaptive;          /* 1: adaptive mode; 0 (default): fixed mode */
+  swiftkv_codec_params host;  /* fixed mode: the encoding of exact chunks in host memory */
+  swiftkv_codec_params disk;  /* fixed mode: the encoding of exact chunks on disk */
+  double alpha;               /* adaptive: seconds of load time that one reuse's full quality is
+                                 worth (default 1) */
+  double reuse_horizon_s;     /* adaptive: a chunk idle this long counts half as likely to be
+                                 reused (default 60) */
+  double host_gbps;           /* adaptive: GB/s from host memory to the GPU (default 25) */
+  double disk_gbps;           /* adaptive: GB/s from the disk tier to the GPU (default 3) */
+  double recompute_gbps;      /* adaptive: GB/s of KV a recompute makes: a dropped chunk's cost
+                                 (default 1.5) */
+  uint32_t n_methods;         /* adaptive: methods[0..n_methods); 0: the default set (zstd over
+                                 byte planes where built; with accept_lossy also KIVI 8-bit and
+                                 4-bit, group 32, and FP8; each where the model's chunks take it) */
   uint32_t reserved0;         /* must be 0 */
-  swiftkv_codec_params host;  /* the encoding of exact chunks in host memory */
-  swiftkv_codec_params disk;  /* the encoding of exact chunks on disk */
+  swiftkv_compression_method methods[SWIFTKV_MAX_COMPRESSION_METHODS];
 } swiftkv_compression_config;
 
-#define SWIFTKV_COMPRESSION_CONFIG_INIT                                                    \
-  {                                                                                      \
+#define SWIFTKV_COMPRESSION_CONFIG_INIT                                                      \
+  {                                                                                        \
     (uint32_t)sizeof(swiftkv_compression_config), SWIFTKV_COMPRESSION_CONFIG_VERSION, 0, 0, \
-        SWIFTKV_CODEC_PARAMS_INIT, SWIFTKV_CODEC_PARAMS_INIT                              \
+        SWIFTKV_CODEC_PARAMS_INIT, SWIFTKV_CODEC_PARAMS_INIT, 1.0, 60.0, 25.0, 3.0, 1.5, 0, 0, { \
+      SWIFTKV_COMPRESSION_METHOD_INIT, SWIFTKV_COMPRESSION_METHOD_INIT,                     \
+          SWIFTKV_COMPRESSION_METHOD_INIT, SWIFTKV_COMPRESSION_METHOD_INIT,                 \
+          SWIFTKV_COMPRESSION_METHOD_INIT, SWIFTKV_COMPRESSION_METHOD_INIT,                 \
+          SWIFTKV_COMPRESSION_METHOD_INIT, SWIFTKV_COMPRESSION_METHOD_INIT                  \
+    }                                                                                      \
   }
 /* Fills *out with SWIFTKV_COMPRESSION_CONFIG_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_compression_config_init(swiftkv_compression_config *out);
 
 /* Sets what `model` asks of compression, from now on (chunks already stored stay as they are;
  * swiftkv_compress re-encodes them). A model registers with SWIFTKV_COMPRESSION_CONFIG_INIT.
- * EINVAL (nothing changed) for a codec the model's chunks do not take; EUNSUPPORTED for zstd in
- * a build without it. */
+ * EINVAL (nothing changed) for a codec the model's chunks do not take; in adaptive mode also for
+ * a host or disk codec beside it, a raw, repeated or (without accept_lossy) lossy method, more
+ * than SWIFTKV_MAX_COMPRESSION_METHODS, a quality above 1, or an alpha, horizon or bandwidth
+ * that is not finite and positive (alpha may be 0). EUNSUPPORTED for zstd in a build without
+ * it. */
 SWIFTKV_API swiftkv_status swiftkv_compression_set(swiftkv_ctx *ctx, uint32_t model,
                                                    const swiftkv_compression_config *config);
 
 /* LMCache's controller `compress`: re-encodes every chunk of `tokens` (a multiple of
- * chunk_tokens) under `params` in the tier where it is (SWIFTKV_CODEC_RAW decodes). A chunk in
- * lent memory stays as it is, as does one its tier has no room for re-encoded (the tier makes
- * room by its eviction policy first). Re-encoding a lossy chunk starts from its approximation.
- * *chunks_out: the chunks of `tokens` stored under `params` afterwards. ENOTFOUND, nothing
+ * chunk_tokens) under `params` in the tier where it is (SWIFTKV_CODEC_RAW decodes); with
+ * `params` NULL, under what the model's adaptive policy chooses for it there (EINVAL for a model
+ * in fixed mode). A chunk in lent memory stays as it is, as does one its tier has no room for
+ * re-encoded (the tier makes room by its eviction policy first). Re-encoding a lossy chunk
+ * starts from its approximation; the policy never re-encodes one. *chunks_out: the chunks of
+ * `tokens` stored under `params` (or the policy's choice) afterwards. ENOTFOUND, nothing
  * changed, when a chunk is not cached; EINVAL, nothing changed, for parameters the model's
  * chunks do not take. */
 SWIFTKV_API swiftkv_status swiftkv_compress(uint64_t *chunks_out, swiftkv_ctx *ctx, uint32_t model,

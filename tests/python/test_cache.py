@@ -205,6 +205,39 @@ def test_metrics_text_and_collector(ctx, small_model):
     assert "engine_a_swiftkv_stores_total 2.0" in out
 
 
+def test_compression_adaptive(ctx, small_model):
+    """Adaptive mode: exact while quality is worth the most, compressed by the policy once it is
+    worth nothing; bad parameters raise and change nothing; the policy chooses only in adaptive
+    mode."""
+    m = ctx.register_model(small_model)
+    tokens = tokens_of(43, 64)
+    rng = np.random.default_rng(43)
+    kv = rng.uniform(0.5, 1.0, 2 * small_model.chunk_bytes // 2).astype(np.float16).view(np.uint8)
+    with pytest.raises(swiftkv.InvalidArgument):
+        m.compress(tokens_of(44, 0))
+    kivi4 = swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=4, group=8)
+    gpu = swiftkv.Method(kivi4, decode_gbps=1e6)
+    with pytest.raises(swiftkv.InvalidArgument):  # lossy, and exact bytes asked
+        m.set_compression(adaptive=swiftkv.Adaptive(methods=(gpu,)))
+    with pytest.raises(swiftkv.InvalidArgument):
+        m.set_compression(accept_lossy=True, host=swiftkv.Codec(swiftkv.CodecKind.FP8),
+                          adaptive=swiftkv.Adaptive(methods=(gpu,)))
+    with pytest.raises(swiftkv.InvalidArgument):
+        m.set_compression(accept_lossy=True, adaptive=swiftkv.Adaptive(
+            methods=(swiftkv.Method(swiftkv.Codec(swiftkv.CodecKind.FP8)),) * 9))
+    with pytest.raises(swiftkv.InvalidArgument):
+        m.set_compression(accept_lossy=True, adaptive=swiftkv.Adaptive(alpha=-1.0))
+    m.set_compression(accept_lossy=True, adaptive=swiftkv.Adaptive(alpha=1e6, methods=(gpu,)))
+    assert m.store(tokens, kv) == 64
+    assert [i.codec.kind for i in m.chunk_info(tokens)] == [swiftkv.CodecKind.RAW] * 2
+    m.set_compression(accept_lossy=True, adaptive=swiftkv.Adaptive(alpha=0.0, methods=(gpu,)))
+    assert m.compress(tokens) == 2
+    for i in m.chunk_info(tokens):
+        assert i.codec == kivi4 and i.lossy and i.stored_bytes < small_model.chunk_bytes
+    d = swiftkv._c.swiftkv_compression_config_init()
+    assert (d.alpha, d.reuse_horizon_s, d.host_gbps, d.disk_gbps) == (1.0, 60.0, 25.0, 3.0)
+
+
 def test_compression(ctx, small_model):
     """A fixed host codec encodes what is stored; a lossy chunk is refused until the model
     accepts it; compress re-encodes in place; bad parameters raise and change nothing."""

@@ -988,6 +988,99 @@ static void compression_through_the_api(void **state) {
   rig_down(&r);
 }
 
+/* Adaptive mode through the ABI: the policy's choices show in chunk_info; swiftkv_compress with
+ * no params lets it choose; bad configs are EINVAL with nothing changed. */
+static void adaptive_compression_through_the_api(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 0);
+  uint32_t tokens[2 * CHUNK_TOKENS];
+  fill_tokens(tokens, 2 * CHUNK_TOKENS, 11);
+  static uint16_t kv[2 * CHUNK_BYTES / 2];
+  fill_halves(kv, 2 * CHUNK_BYTES / 2, 11);
+
+  swiftkv_compression_config cc;
+  swiftkv_compression_config_init(&cc);
+  assert_int_equal(cc.size, sizeof cc);
+  assert_true(cc.alpha == 1.0 && cc.reuse_horizon_s == 60.0 && cc.host_gbps == 25.0);
+  assert_true(cc.methods[7].quality == -1.0 &&
+              cc.methods[7].params.size == sizeof cc.methods[7].params);
+  cc.adaptive = 1;
+  cc.accept_lossy = 1;
+  cc.alpha = 1e6; /* quality first: the chunks stay exact */
+  cc.n_methods = 1;
+  cc.methods[0].params.codec = SWIFTKV_CODEC_KIVI;
+  cc.methods[0].params.bits = 4;
+  cc.methods[0].params.group = 8;
+  cc.methods[0].decode_gbps = 1e6; /* decoded on a GPU: next to free */
+  uint64_t there = SENTINEL;
+  /* The policy chooses only in adaptive mode. */
+  assert_status(swiftkv_compress(&there, r.ctx, r.model, tokens, 0, NULL), SWIFTKV_EINVAL);
+  assert_int_equal(there, SENTINEL);
+
+  swiftkv_compression_config bad = cc;
+  bad.host.codec = SWIFTKV_CODEC_FP8;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.n_methods = SWIFTKV_MAX_COMPRESSION_METHODS + 1;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.accept_lossy = 0;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.alpha = -1;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.disk_gbps = 0;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.methods[0].params.codec = SWIFTKV_CODEC_RAW;
+  bad.methods[0].params.bits = 0;
+  bad.methods[0].params.group = 0;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.methods[0].quality = 2;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.methods[0].decode_gbps = -1;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.adaptive = 2;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  bad = cc;
+  bad.reserved0 = 1;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &bad), SWIFTKV_EINVAL);
+  assert_status(swiftkv_compress(&there, r.ctx, r.model, tokens, 0, NULL), SWIFTKV_EINVAL);
+
+  assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_int_equal(cached, 2 * CHUNK_TOKENS);
+  swiftkv_chunk_info info[2];
+  size_t chunks = 0;
+  assert_ok(swiftkv_chunk_info_get(info, 2, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  assert_int_equal(info[0].codec, SWIFTKV_CODEC_RAW);
+  assert_int_equal(info[1].codec, SWIFTKV_CODEC_RAW);
+  /* Quality worth nothing: the policy compresses what is there. */
+  cc.alpha = 0;
+  assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
+  assert_ok(swiftkv_compress(&there, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, NULL));
+  assert_int_equal(there, 2);
+  assert_ok(swiftkv_chunk_info_get(info, 2, &chunks, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS));
+  for (int i = 0; i < 2; ++i) {
+    assert_int_equal(info[i].codec, SWIFTKV_CODEC_KIVI);
+    assert_int_equal(info[i].bits, 4);
+    assert_int_equal(info[i].group, 8);
+    assert_int_equal(info[i].lossy, 1);
+    assert_true(info[i].stored_bytes < CHUNK_BYTES);
+  }
+  swiftkv_compression_method m;
+  swiftkv_compression_method_init(&m);
+  assert_true(m.quality == -1.0 && m.decode_gbps == 0.0);
+  assert_int_equal(m.params.codec, SWIFTKV_CODEC_RAW);
+  rig_down(&r);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_retrieve_lookup),
@@ -1003,6 +1096,7 @@ int main(void) {
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
       cmocka_unit_test(compression_through_the_api),
+      cmocka_unit_test(adaptive_compression_through_the_api),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
@@ -64,7 +65,10 @@ struct Rig {
   std::unique_ptr<swiftkv::Context> ctx;
   std::unique_ptr<ChunkCache> cache;
 
-  Rig(uint64_t host_chunks, uint64_t disk_bytes, std::string reuse_dir = "") {
+  uint64_t clock_ns = 1'000'000'000;  // the cache's clock with manual_clock
+
+  Rig(uint64_t host_chunks, uint64_t disk_bytes, std::string reuse_dir = "",
+      bool manual_clock = false) {
     g.num_layers = 2;
     g.num_kv_heads = 2;
     g.head_dim = 64;
@@ -93,6 +97,7 @@ struct Rig {
     o.demote_free_percent = 0;
     o.host_slab_bytes = std::max<uint64_t>(c.host_budget_bytes / 8, 4096);
     o.maintenance_interval_ms = 0;
+    if (manual_clock) o.clock = [this] { return clock_ns; };
     cache = std::make_unique<ChunkCache>(*ctx, o);
     set({}, false);
   }
@@ -107,6 +112,16 @@ struct Rig {
     m.shape = shape;
     m.fixed = fixed;
     m.accept_lossy = accept_lossy;
+    cache->set_compression(fp, m);
+  }
+  // Adaptive mode with `methods` (none: the default set).
+  void adaptive(double alpha, std::vector<swiftkv::AdaptiveMethod> methods = {}) {
+    swiftkv::ModelCompression m;
+    m.shape = shape;
+    m.accept_lossy = true;
+    m.adaptive.enabled = true;
+    m.adaptive.alpha = alpha;
+    m.adaptive.methods = std::move(methods);
     cache->set_compression(fp, m);
   }
   std::vector<ChunkKey> keys(uint32_t seq, size_t n) const {
@@ -316,6 +331,170 @@ void bad_compression_is_refused(void **) {
   assert_int_equal(r.view(7, 0).meta.encoding, 0);
 }
 
+// Adaptive mode keeps every chunk exact while its tier has room: the price of a byte is 0, and
+// a method's loss of quality and its decode time on this CPU cost more than the bytes it saves
+// on the link.
+void adaptive_keeps_chunks_exact_while_there_is_room(void **) {
+  Rig r(16, 0);
+  r.adaptive(1.0);
+  assert_int_equal(r.store(20, 8), 8);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::raw)][ti(Tier::host)], 8);
+  assert_int_equal(s.encodes, 0);
+  assert_true(s.price[ti(Tier::host)] == 0);
+  for (size_t i = 0; i < 8; ++i) assert_true(*r.load(20, i) == r.kv(20, i));
+  // The methods were measured on the first chunk: what the policy knows of each.
+  const swiftkv::AdaptivePolicy a = r.cache->compression(r.fp)->adaptive;
+  assert_true(a.measured);
+  for (const swiftkv::AdaptiveMethod &m : a.methods) {
+    assert_true(m.ratio > 0 && m.ratio < 1);
+    assert_true(m.measured_quality > 0 && m.measured_quality <= 1);
+    if (cd::lossless(m.params.codec)) assert_true(m.measured_quality == 1);
+  }
+}
+
+// A method as an engine that decodes on its GPU describes it: decoding costs next to nothing.
+swiftkv::AdaptiveMethod gpu_decoded(const cd::CodecParams &p, double quality = -1) {
+  swiftkv::AdaptiveMethod m;
+  m.params = p;
+  m.quality = quality;
+  m.decode_bandwidth = 1e15;
+  return m;
+}
+
+// With alpha 0 quality is worth nothing and decoding is free: every chunk takes the smallest
+// method (KIVI 4-bit), and the host budget, counted in stored bytes, holds more chunks than raw.
+void adaptive_alpha_zero_takes_the_smallest(void **) {
+  Rig r(8, 0);
+  r.adaptive(0.0, {gpu_decoded(kivi(8, 32)), gpu_decoded(fp8()), gpu_decoded(kivi(4, 32))});
+  const cd::CodecParams k4 = kivi(4, 32);
+  assert_int_equal(r.store(21, 12), 12);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::host)], 12);
+  assert_int_equal(s.evictions, 0);
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::kivi)][ti(Tier::host)], 12);
+  assert_int_equal(s.bytes[ti(Tier::host)], 12 * r.frame_bytes(k4));
+  assert_true(s.bytes[ti(Tier::host)] <= s.capacity_bytes[ti(Tier::host)]);
+  for (size_t i = 0; i < 12; ++i) {
+    const swiftkv::ChunkView v = r.view(21, i);
+    assert_true(swiftkv::same_encoding(v.meta, k4));
+    assert_true(*r.load(21, i) == r.round_trip(21, i, k4));
+  }
+}
+
+// A full host tier prices its bytes by what its victims lost on their way to disk; then the
+// policy compresses a cold chunk (few reuses, long idle) and keeps a hot one exact. Alpha is set
+// from the observed price so that the rule, worked by hand below, splits the two.
+void adaptive_price_compresses_cold_chunks_not_hot_ones(void **) {
+  Rig r(4, uint64_t{4} << 20, "", true);
+  const swiftkv::AdaptiveMethod f8 = gpu_decoded(fp8(), 0.98);  // the engine's own profile
+  r.adaptive(1e-3, {f8});
+  assert_int_equal(r.store(22, 4), 4);
+  r.clock_ns += 1'000'000'000;
+  assert_int_equal(r.store(23, 4), 4);  // the first four go down to disk
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::host)], 4);
+  assert_int_equal(s.chunks[ti(Tier::disk)], 4);
+  const double p = s.price[ti(Tier::host)];
+  assert_true(p > 0);
+  // Chunk 0 of seq 23 is looked up at ten later times; chunk 3 is left alone for 1000 s.
+  const std::vector<ChunkKey> k = r.keys(23, 4);
+  r.clock_ns += 1000 * uint64_t{1'000'000'000};
+  for (int i = 0; i < 10; ++i) {
+    r.clock_ns += 1'000'000;
+    r.cache->lookup(std::span<const ChunkKey>(&k[0], 1), nullptr);
+  }
+  const double horizon = 60;
+  const double f_hot = 11.0;                                   // 1 + 10 hits, idle 0
+  const double f_cold = horizon / (horizon + 1000.0 + 10e-3);  // no hit, idle 1000.01 s
+  // fp8 is taken when f (alpha (1 - q) - db / bw + d) < p db, db the bytes it saves and d its
+  // decode time. With alpha (1 - q) - db / bw + d = p db / sqrt(f_hot f_cold), the hot chunk
+  // keeps raw by a factor sqrt(f_hot / f_cold) (about 14) and the cold one takes fp8 by the same.
+  const swiftkv::AdaptivePolicy a = r.cache->compression(r.fp)->adaptive;
+  const double bytes = static_cast<double>(r.sizes.full_chunk_bytes);
+  const double db = bytes - a.methods[0].ratio * bytes;
+  const double d = bytes / f8.decode_bandwidth;
+  const double alpha =
+      (p * db / std::sqrt(f_hot * f_cold) + db / a.host_bandwidth - d) / (1 - 0.98);
+  r.adaptive(alpha, {f8});
+  assert_true(r.cache->compression(r.fp)->adaptive.measured);  // kept across the change
+  const std::vector<ChunkKey> pair = {k[0], k[3]};
+  assert_int_equal(r.cache->compress(r.fp, pair, std::nullopt), 2);
+  assert_int_equal(r.view(23, 0).meta.encoding, 0);
+  assert_true(swiftkv::same_encoding(r.view(23, 3).meta, fp8()));
+  assert_true(*r.load(23, 3) == r.round_trip(23, 3, fp8()));
+}
+
+// Bad adaptive configs are EINVAL and change nothing; compress without a codec is EINVAL for a
+// model in fixed mode.
+void bad_adaptive_config_is_refused(void **) {
+  Rig r(4, 0);
+  const swiftkv::ModelCompression before = *r.cache->compression(r.fp);
+  auto refused = [&](const swiftkv::ModelCompression &m, const char *what) {
+    try {
+      r.cache->set_compression(r.fp, m);
+      fail_msg("accepted: %s", what);
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_EINVAL);
+    }
+    const swiftkv::ModelCompression now = *r.cache->compression(r.fp);
+    assert_false(now.adaptive.enabled);
+    assert_false(now.fixed[ti(Tier::host)].has_value());
+  };
+  swiftkv::ModelCompression good = before;
+  good.accept_lossy = true;
+  good.adaptive.enabled = true;
+  good.adaptive.methods = {swiftkv::AdaptiveMethod{fp8()}};
+  auto m = good;
+  m.fixed[ti(Tier::host)] = fp8();
+  refused(m, "a fixed codec beside adaptive mode");
+  m = good;
+  m.adaptive.methods = {swiftkv::AdaptiveMethod{cd::CodecParams{}}};
+  refused(m, "a raw method");
+  m = good;
+  m.accept_lossy = false;
+  refused(m, "a lossy method for exact bytes");
+  m = good;
+  m.adaptive.methods[0].quality = 1.5;
+  refused(m, "quality 1.5");
+  m = good;
+  m.adaptive.methods[0].quality = NAN;
+  refused(m, "quality NaN");
+  m = good;
+  m.adaptive.alpha = NAN;
+  refused(m, "alpha NaN");
+  m = good;
+  m.adaptive.alpha = -1;
+  refused(m, "alpha -1");
+  m = good;
+  m.adaptive.disk_bandwidth = 0;
+  refused(m, "disk bandwidth 0");
+  m = good;
+  m.adaptive.horizon_s = INFINITY;
+  refused(m, "an infinite horizon");
+  m = good;
+  m.adaptive.methods.push_back(swiftkv::AdaptiveMethod{fp8()});
+  refused(m, "a repeated method");
+  m = good;
+  for (uint32_t b : {8u, 4u, 2u}) {
+    for (uint32_t g : {8u, 16u, 32u}) m.adaptive.methods.push_back({kivi(b, g)});
+  }
+  refused(m, "ten methods");
+  m = good;
+  m.adaptive.methods = {swiftkv::AdaptiveMethod{kivi(4, 512)}};
+  refused(m, "kivi group 512");
+  assert_int_equal(r.store(24, 1), 1);
+  try {
+    r.cache->compress(r.fp, r.keys(24, 1), std::nullopt);
+    fail_msg("the policy chose for a model in fixed mode");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_EINVAL);
+  }
+  assert_int_equal(r.view(24, 0).meta.encoding, 0);
+  r.cache->set_compression(r.fp, good);  // and the good one is taken
+  assert_true(r.cache->compression(r.fp)->adaptive.enabled);
+}
+
 }  // namespace
 
 int main() {
@@ -326,6 +505,10 @@ int main() {
       cmocka_unit_test(encoded_records_survive_a_restart),
       cmocka_unit_test(compress_in_place),
       cmocka_unit_test(bad_compression_is_refused),
+      cmocka_unit_test(adaptive_keeps_chunks_exact_while_there_is_room),
+      cmocka_unit_test(adaptive_alpha_zero_takes_the_smallest),
+      cmocka_unit_test(adaptive_price_compresses_cold_chunks_not_hot_ones),
+      cmocka_unit_test(bad_adaptive_config_is_refused),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -163,6 +163,33 @@ void bad_input_is_einval(void **) {
   assert_int_equal(run(bad, ts, 10), SWIFTKV_EINVAL);
 }
 
+// The online choice on entry, on A and B in host memory (alpha 10, 1000 bytes/s). At price 0
+// both stay raw; A's compression loses 4.25 for 75 bytes (0.0567 per byte), so it is taken at a
+// price of 0.1 (A: raw 99 - 10 = 89 < kivi 94.75 - 2.5 = 92.25) and not at 0.05 (94 > 93.5);
+// B's loses 4.99 for 10 bytes and stays raw at 0.1 (9.91 - 9 = 0.91 > 4.92 - 8 = -3.08).
+void entry_choice_prices_bytes(void **) {
+  const auto chunks = a_and_b();
+  const cd::TierCapacity host{0, 1000};
+  assert_int_equal(cd::entry_choice(chunks[0], host, 10, 0), 0);
+  assert_int_equal(cd::entry_choice(chunks[1], host, 10, 0), 0);
+  assert_int_equal(cd::entry_choice(chunks[0], host, 10, 0.05), 0);
+  assert_int_equal(cd::entry_choice(chunks[0], host, 10, 0.1), 1);
+  assert_int_equal(cd::entry_choice(chunks[1], host, 10, 0.1), 0);
+  // Alpha 0: quality is worth nothing, the smaller option always wins.
+  assert_int_equal(cd::entry_choice(chunks[1], host, 0, 0), 1);
+  // A tie goes to the smaller option: at alpha 1 and 1024 bytes/s, raw 128 bytes is worth
+  // 1 - 0.125 and 64 bytes at quality 0.9375 is worth 0.9375 - 0.0625 (exact in binary).
+  const cd::ChunkChoice tie{1, 0, {{kRaw, 128, 1.0}, {kKivi4, 64, 0.9375}}};
+  assert_int_equal(cd::entry_choice(tie, cd::TierCapacity{0, 1024}, 1, 0), 1);
+  auto status = [&](double alpha, double price) {
+    return status_of([&] { cd::entry_choice(chunks[0], host, alpha, price); });
+  };
+  assert_int_equal(status(10, -1), SWIFTKV_EINVAL);
+  assert_int_equal(status(10, NAN), SWIFTKV_EINVAL);
+  assert_int_equal(status(10, INFINITY), SWIFTKV_EINVAL);
+  assert_int_equal(status(-1, 0), SWIFTKV_EINVAL);
+}
+
 // The built-in quality: 1 for lossless codecs, falling with the bits for KIVI.
 void reconstruction_quality_falls_with_the_bits(void **) {
   const cd::ChunkShape s{2, 64, 2, 64, SWIFTKV_DTYPE_F16};
@@ -193,6 +220,7 @@ int main() {
       cmocka_unit_test(cheap_to_recompute_is_dropped),
       cmocka_unit_test(random_instances_keep_the_invariants),
       cmocka_unit_test(bad_input_is_einval),
+      cmocka_unit_test(entry_choice_prices_bytes),
       cmocka_unit_test(reconstruction_quality_falls_with_the_bits),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

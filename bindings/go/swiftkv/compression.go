@@ -6,6 +6,8 @@ package swiftkv
 */
 import "C"
 
+import "fmt"
+
 // CodecKind names a chunk encoding (docs/codecs.md gives the formats and error bounds).
 type CodecKind uint32
 
@@ -42,11 +44,48 @@ func (c Codec) toC() C.swiftkv_codec_params {
 }
 
 // Compression is what a model asks of compression: whether loads may return lossy chunks, and
-// the fixed codec of exact chunks entering host memory and the disk (raw: as they come).
+// either the fixed codec of exact chunks entering host memory and the disk (raw: as they come)
+// or, with Adaptive set, the utility policy that chooses each chunk's encoding (docs/codecs.md).
 type Compression struct {
 	AcceptLossy bool
 	Host        Codec
 	Disk        Codec
+	Adaptive    *Adaptive // adaptive mode; Host and Disk must then be raw
+}
+
+// Method is one the adaptive policy may choose, with the engine's own quality (in [0, 1]) and
+// decoder speed for it; a negative Quality or a zero DecodeGBps: the library measures it.
+type Method struct {
+	Codec      Codec
+	Quality    float64
+	DecodeGBps float64
+}
+
+// MeasuredMethod is a method whose quality and decoder speed the library measures.
+func MeasuredMethod(c Codec) Method { return Method{Codec: c, Quality: -1} }
+
+// Adaptive holds the adaptive policy's parameters; DefaultAdaptive gives the library's. No
+// Methods: the default set.
+type Adaptive struct {
+	Alpha         float64 // seconds of load time that one reuse's full quality is worth
+	ReuseHorizonS float64 // a chunk idle this long counts half as likely to be reused
+	HostGBps      float64
+	DiskGBps      float64
+	RecomputeGBps float64 // KV a recompute makes per second: a dropped chunk's cost
+	Methods       []Method
+}
+
+// DefaultAdaptive is the library's adaptive policy (SWIFTKV_COMPRESSION_CONFIG_INIT).
+func DefaultAdaptive() Adaptive {
+	var cfg C.swiftkv_compression_config
+	C.swiftkv_compression_config_init(&cfg)
+	return Adaptive{
+		Alpha:         float64(cfg.alpha),
+		ReuseHorizonS: float64(cfg.reuse_horizon_s),
+		HostGBps:      float64(cfg.host_gbps),
+		DiskGBps:      float64(cfg.disk_gbps),
+		RecomputeGBps: float64(cfg.recompute_gbps),
+	}
 }
 
 // SetCompression sets what the model asks of compression, from now on.
@@ -63,21 +102,49 @@ func (m *Model) SetCompression(c Compression) error {
 	}
 	cfg.host = c.Host.toC()
 	cfg.disk = c.Disk.toC()
+	if a := c.Adaptive; a != nil {
+		if len(a.Methods) > len(cfg.methods) {
+			return &Error{Status: EINVAL, Message: fmt.Sprintf("at most %d methods, not %d", len(cfg.methods), len(a.Methods))}
+		}
+		cfg.adaptive = 1
+		cfg.alpha = C.double(a.Alpha)
+		cfg.reuse_horizon_s = C.double(a.ReuseHorizonS)
+		cfg.host_gbps = C.double(a.HostGBps)
+		cfg.disk_gbps = C.double(a.DiskGBps)
+		cfg.recompute_gbps = C.double(a.RecomputeGBps)
+		cfg.n_methods = C.uint32_t(len(a.Methods))
+		for i, meth := range a.Methods {
+			cfg.methods[i].params = meth.Codec.toC()
+			cfg.methods[i].quality = C.double(meth.Quality)
+			cfg.methods[i].decode_gbps = C.double(meth.DecodeGBps)
+		}
+	}
 	return check(func() C.swiftkv_status { return C.swiftkv_compression_set(h, C.uint32_t(m.ID), &cfg) })
+}
+
+// CompressByPolicy re-encodes the chunks of tokens where they are under what the model's
+// adaptive policy chooses for each (EINVAL in fixed mode); how many are stored as it chose.
+func (m *Model) CompressByPolicy(tokens []uint32) (uint64, error) {
+	return m.compress(tokens, nil)
 }
 
 // Compress re-encodes the chunks of tokens under codec where they are; how many are under it
 // afterwards.
 func (m *Model) Compress(tokens []uint32, codec Codec) (uint64, error) {
+	p := codec.toC()
+	return m.compress(tokens, &p)
+}
+
+// compress is swiftkv_compress; nil params: the adaptive policy chooses.
+func (m *Model) compress(tokens []uint32, p *C.swiftkv_codec_params) (uint64, error) {
 	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return 0, err
 	}
 	defer done()
-	p := codec.toC()
 	var n C.uint64_t
 	err = check(func() C.swiftkv_status {
-		return C.swiftkv_compress(&n, h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)), &p)
+		return C.swiftkv_compress(&n, h, C.uint32_t(m.ID), tokensPtr(tokens), C.size_t(len(tokens)), p)
 	})
 	return uint64(n), err
 }

@@ -777,3 +777,51 @@ func TestCompression(t *testing.T) {
 		t.Fatalf("%+v", i)
 	}
 }
+
+// Adaptive mode: exact while quality is worth the most, compressed by the policy once it is
+// worth nothing; bad parameters are EINVAL; the policy chooses only in adaptive mode.
+func TestCompressionAdaptive(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	cb := int(val(small().ChunkBytes()))
+	tok := tokensOf(33, 64)
+	kv := halvesOf(33, 2*cb)
+	_, err := m.CompressByPolicy(tok)
+	wantStatus(t, err, EINVAL)
+	k4 := Codec{Kind: CodecKivi, Bits: 4, Group: 8}
+	a := DefaultAdaptive()
+	if a.Alpha != 1 || a.HostGBps != 25 {
+		t.Fatalf("%+v", a)
+	}
+	a.Alpha = 1e6
+	a.Methods = []Method{{Codec: k4, Quality: -1, DecodeGBps: 1e6}}
+	wantStatus(t, m.SetCompression(Compression{Adaptive: &a}), EINVAL) // lossy, exact asked
+	wantStatus(t, m.SetCompression(Compression{AcceptLossy: true, Host: Codec{Kind: CodecFP8}, Adaptive: &a}), EINVAL)
+	many := a
+	many.Methods = make([]Method, 9)
+	for i := range many.Methods {
+		many.Methods[i] = MeasuredMethod(Codec{Kind: CodecFP8})
+	}
+	wantStatus(t, m.SetCompression(Compression{AcceptLossy: true, Adaptive: &many}), EINVAL)
+	noErr(t, m.SetCompression(Compression{AcceptLossy: true, Adaptive: &a}))
+	if n := val(m.Store(tok, kv)); n != 64 {
+		t.Fatal(n)
+	}
+	for _, i := range val(m.ChunkInfo(tok)) {
+		if i.Codec.Kind != CodecRaw {
+			t.Fatalf("%+v", i)
+		}
+	}
+	a.Alpha = 0
+	noErr(t, m.SetCompression(Compression{AcceptLossy: true, Adaptive: &a}))
+	if n := val(m.CompressByPolicy(tok)); n != 2 {
+		t.Fatal(n)
+	}
+	for _, i := range val(m.ChunkInfo(tok)) {
+		if i.Codec != k4 || !i.Lossy || i.StoredBytes >= uint64(cb) {
+			t.Fatalf("%+v", i)
+		}
+	}
+}

@@ -44,7 +44,7 @@ __all__ = [
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
     "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
     "MODEL_ALL", "TIERS_ALL", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
-    "POOL_LAYOUTS", "Record", "Lookup", "CodecKind", "Codec", "ChunkInfo",
+    "POOL_LAYOUTS", "Record", "Lookup", "CodecKind", "Codec", "Method", "Adaptive", "ChunkInfo",
 ]
 
 # --- Errors and enums ----------------------------------------------------------------------------
@@ -623,6 +623,29 @@ class Codec:
         return p
 
 
+@dataclass(frozen=True)
+class Method:
+    """A method the adaptive policy may choose (swiftkv_compression_method), with the engine's
+    own quality in [0, 1] and decoder speed in GB/s; None: the library measures it."""
+
+    codec: Codec
+    quality: Optional[float] = None
+    decode_gbps: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """The adaptive policy's parameters (docs/codecs.md, "The adaptive policy"); None takes the
+    library's default, and no methods the default set."""
+
+    alpha: Optional[float] = None
+    reuse_horizon_s: Optional[float] = None
+    host_gbps: Optional[float] = None
+    disk_gbps: Optional[float] = None
+    recompute_gbps: Optional[float] = None
+    methods: tuple = ()
+
+
 class _ChunkInfoC(ctypes.Structure):
     _fields_ = [("tier", ctypes.c_uint8), ("codec", ctypes.c_uint8), ("bits", ctypes.c_uint8),
                 ("lossy", ctypes.c_uint8), ("group", ctypes.c_uint16),
@@ -739,20 +762,38 @@ class Model:
         return n
 
     def set_compression(self, *, accept_lossy: bool = False, host: Codec = Codec(),
-                        disk: Codec = Codec()) -> None:
+                        disk: Codec = Codec(), adaptive: Optional[Adaptive] = None) -> None:
         """What this model asks of compression from now on (swiftkv_compression_set): whether
-        loads may return lossy chunks, and the codec of exact chunks entering host memory and
-        the disk (raw: as they come)."""
+        loads may return lossy chunks, and either the codec of exact chunks entering host memory
+        and the disk (raw: as they come) or, with adaptive, the utility policy that chooses each
+        chunk's encoding."""
         cfg = _c.swiftkv_compression_config_init()
         cfg.accept_lossy = 1 if accept_lossy else 0
         cfg.host = host._params()
         cfg.disk = disk._params()
+        if adaptive is not None:
+            methods = tuple(adaptive.methods)
+            if len(methods) > _c.SWIFTKV_MAX_COMPRESSION_METHODS:
+                raise InvalidArgument(Status.EINVAL, f"at most {_c.SWIFTKV_MAX_COMPRESSION_METHODS}"
+                                      f" methods, not {len(methods)}")
+            cfg.adaptive = 1
+            for name in ("alpha", "reuse_horizon_s", "host_gbps", "disk_gbps", "recompute_gbps"):
+                value = getattr(adaptive, name)
+                if value is not None:
+                    setattr(cfg, name, float(value))
+            cfg.n_methods = len(methods)
+            for i, m in enumerate(methods):
+                _c.swiftkv_py_compression_config_set_method(
+                    cfg, i, m.codec._params(), -1.0 if m.quality is None else float(m.quality),
+                    0.0 if m.decode_gbps is None else float(m.decode_gbps))
         _c.swiftkv_compression_set(self.ctx.handle, self.id, cfg)
 
-    def compress(self, tokens, codec: Codec) -> int:
-        """Re-encodes the chunks of tokens under codec where they are (swiftkv_compress); how
-        many are under it afterwards."""
-        _, n = _c.swiftkv_compress(self.ctx.handle, self.id, _tokens(tokens), codec._params())
+    def compress(self, tokens, codec: Optional[Codec] = None) -> int:
+        """Re-encodes the chunks of tokens where they are (swiftkv_compress): under codec, or
+        with None under what the model's adaptive policy chooses for each (EINVAL in fixed mode).
+        Returns how many are stored so afterwards."""
+        params = None if codec is None else codec._params()
+        _, n = _c.swiftkv_compress(self.ctx.handle, self.id, _tokens(tokens), params)
         return n
 
     def chunk_info(self, tokens) -> list:

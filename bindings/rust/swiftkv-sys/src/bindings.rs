@@ -20,6 +20,7 @@ pub const SWIFTKV_TIERS_ALL: u32 = 7;
 pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
 pub const SWIFTKV_CODEC_PARAMS_VERSION: u32 = 1;
 pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
+pub const SWIFTKV_MAX_COMPRESSION_METHODS: u32 = 8;
 pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_STATS_VERSION: u32 = 3;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
@@ -2765,24 +2766,106 @@ extern "C" {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct swiftkv_compression_method {
+    pub params: swiftkv_codec_params,
+    pub quality: f64,
+    pub decode_gbps: f64,
+}
+#[test]
+fn bindgen_test_layout_swiftkv_compression_method() {
+    assert_eq!(
+        ::std::mem::size_of::<swiftkv_compression_method>(),
+        48usize,
+        concat!("Size of: ", stringify!(swiftkv_compression_method))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<swiftkv_compression_method>(),
+        8usize,
+        concat!("Alignment of ", stringify!(swiftkv_compression_method))
+    );
+    fn test_field_params() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_method>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).params) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_method),
+                "::",
+                stringify!(params)
+            )
+        );
+    }
+    test_field_params();
+    fn test_field_quality() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_method>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).quality) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_method),
+                "::",
+                stringify!(quality)
+            )
+        );
+    }
+    test_field_quality();
+    fn test_field_decode_gbps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_method>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).decode_gbps) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_method),
+                "::",
+                stringify!(decode_gbps)
+            )
+        );
+    }
+    test_field_decode_gbps();
+}
+extern "C" {
+    pub fn swiftkv_compression_method_init(out: *mut swiftkv_compression_method);
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct swiftkv_compression_config {
     pub size: u32,
     pub version: u32,
     pub accept_lossy: u32,
-    pub reserved0: u32,
+    pub adaptive: u32,
     pub host: swiftkv_codec_params,
     pub disk: swiftkv_codec_params,
+    pub alpha: f64,
+    pub reuse_horizon_s: f64,
+    pub host_gbps: f64,
+    pub disk_gbps: f64,
+    pub recompute_gbps: f64,
+    pub n_methods: u32,
+    pub reserved0: u32,
+    pub methods: [swiftkv_compression_method; 8usize],
 }
 #[test]
 fn bindgen_test_layout_swiftkv_compression_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_compression_config>(),
-        80usize,
+        512usize,
         concat!("Size of: ", stringify!(swiftkv_compression_config))
     );
     assert_eq!(
         ::std::mem::align_of::<swiftkv_compression_config>(),
-        4usize,
+        8usize,
         concat!("Alignment of ", stringify!(swiftkv_compression_config))
     );
     fn test_field_size() {
@@ -2836,23 +2919,23 @@ fn bindgen_test_layout_swiftkv_compression_config() {
         );
     }
     test_field_accept_lossy();
-    fn test_field_reserved0() {
+    fn test_field_adaptive() {
         assert_eq!(
             unsafe {
                 let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
                 let ptr = uninit.as_ptr();
-                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+                ::std::ptr::addr_of!((*ptr).adaptive) as usize - ptr as usize
             },
             12usize,
             concat!(
                 "Offset of field: ",
                 stringify!(swiftkv_compression_config),
                 "::",
-                stringify!(reserved0)
+                stringify!(adaptive)
             )
         );
     }
-    test_field_reserved0();
+    test_field_adaptive();
     fn test_field_host() {
         assert_eq!(
             unsafe {
@@ -2887,6 +2970,142 @@ fn bindgen_test_layout_swiftkv_compression_config() {
         );
     }
     test_field_disk();
+    fn test_field_alpha() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).alpha) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(alpha)
+            )
+        );
+    }
+    test_field_alpha();
+    fn test_field_reuse_horizon_s() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reuse_horizon_s) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(reuse_horizon_s)
+            )
+        );
+    }
+    test_field_reuse_horizon_s();
+    fn test_field_host_gbps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host_gbps) as usize - ptr as usize
+            },
+            96usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(host_gbps)
+            )
+        );
+    }
+    test_field_host_gbps();
+    fn test_field_disk_gbps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_gbps) as usize - ptr as usize
+            },
+            104usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(disk_gbps)
+            )
+        );
+    }
+    test_field_disk_gbps();
+    fn test_field_recompute_gbps() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).recompute_gbps) as usize - ptr as usize
+            },
+            112usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(recompute_gbps)
+            )
+        );
+    }
+    test_field_recompute_gbps();
+    fn test_field_n_methods() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).n_methods) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(n_methods)
+            )
+        );
+    }
+    test_field_n_methods();
+    fn test_field_reserved0() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved0) as usize - ptr as usize
+            },
+            124usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(reserved0)
+            )
+        );
+    }
+    test_field_reserved0();
+    fn test_field_methods() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_compression_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).methods) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_compression_config),
+                "::",
+                stringify!(methods)
+            )
+        );
+    }
+    test_field_methods();
 }
 extern "C" {
     pub fn swiftkv_compression_config_init(out: *mut swiftkv_compression_config);

@@ -703,17 +703,62 @@ impl Codec {
 }
 
 /// What a model asks of compression (`swiftkv_compression_config`): whether loads may return
-/// lossy chunks, and the fixed codec of exact chunks entering host memory and the disk.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// lossy chunks, and either the fixed codec of exact chunks entering host memory and the disk
+/// or (`adaptive`) the utility policy that chooses each chunk's encoding.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Compression {
     pub accept_lossy: bool,
     pub host: Codec,
     pub disk: Codec,
+    /// Adaptive mode (host and disk must then be raw).
+    pub adaptive: Option<Adaptive>,
 }
 
 impl Default for Compression {
     fn default() -> Self {
-        Compression { accept_lossy: false, host: Codec::Raw, disk: Codec::Raw }
+        Compression { accept_lossy: false, host: Codec::Raw, disk: Codec::Raw, adaptive: None }
+    }
+}
+
+/// A method adaptive mode may choose (`swiftkv_compression_method`), with the engine's own
+/// quality and decoder speed for it; `None`: the library measures them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Method {
+    pub codec: Codec,
+    pub quality: Option<f64>,
+    pub decode_gbps: Option<f64>,
+}
+
+impl Method {
+    /// A method whose quality and decoder speed the library measures.
+    pub fn measured(codec: Codec) -> Method {
+        Method { codec, quality: None, decode_gbps: None }
+    }
+}
+
+/// The adaptive policy's parameters (docs/codecs.md); `Default` gives the library's defaults
+/// and the default method set (an empty `methods`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Adaptive {
+    pub alpha: f64,
+    pub reuse_horizon_s: f64,
+    pub host_gbps: f64,
+    pub disk_gbps: f64,
+    pub recompute_gbps: f64,
+    pub methods: Vec<Method>,
+}
+
+impl Default for Adaptive {
+    fn default() -> Self {
+        let c = library_defaults(sys::swiftkv_compression_config_init);
+        Adaptive {
+            alpha: c.alpha,
+            reuse_horizon_s: c.reuse_horizon_s,
+            host_gbps: c.host_gbps,
+            disk_gbps: c.disk_gbps,
+            recompute_gbps: c.recompute_gbps,
+            methods: Vec::new(),
+        }
     }
 }
 
@@ -883,8 +928,41 @@ impl<'a> Model<'a> {
         cfg.accept_lossy = u32::from(c.accept_lossy);
         cfg.host = c.host.to_sys();
         cfg.disk = c.disk.to_sys();
+        if let Some(a) = &c.adaptive {
+            if a.methods.len() > cfg.methods.len() {
+                return Err(invalid(&format!(
+                    "at most {} methods, not {}",
+                    cfg.methods.len(),
+                    a.methods.len()
+                )));
+            }
+            cfg.adaptive = 1;
+            cfg.alpha = a.alpha;
+            cfg.reuse_horizon_s = a.reuse_horizon_s;
+            cfg.host_gbps = a.host_gbps;
+            cfg.disk_gbps = a.disk_gbps;
+            cfg.recompute_gbps = a.recompute_gbps;
+            cfg.n_methods = a.methods.len() as u32;
+            for (slot, m) in cfg.methods.iter_mut().zip(&a.methods) {
+                slot.params = m.codec.to_sys();
+                slot.quality = m.quality.unwrap_or(-1.0);
+                slot.decode_gbps = m.decode_gbps.unwrap_or(0.0);
+            }
+        }
         check(unsafe { sys::swiftkv_compression_set(self.ctx.raw, self.id, &cfg) })?;
         Ok(())
+    }
+
+    /// Re-encodes the chunks of `tokens` where they are under what the model's adaptive policy
+    /// chooses for each (`swiftkv_compress` with no params; EINVAL in fixed mode); how many are
+    /// stored as it chose afterwards.
+    pub fn compress_by_policy(&self, tokens: &[u32]) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_compress(&mut n, self.ctx.raw, self.id, tokens.as_ptr(), tokens.len(),
+                                  ptr::null())
+        })?;
+        Ok(n)
     }
 
     /// Re-encodes the chunks of `tokens` under `codec` where they are (`swiftkv_compress`);

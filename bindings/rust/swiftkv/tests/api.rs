@@ -615,3 +615,45 @@ fn compression_fixed_lossy_and_compress() {
     assert_eq!(info[1].codec, Some(Codec::Kivi { bits: 4, group: 32 }));
     assert!(info[1].lossy);
 }
+
+// Adaptive mode: exact while quality is worth the most, compressed by the policy once it is
+// worth nothing; bad parameters are EINVAL with nothing changed; the policy chooses only in
+// adaptive mode.
+#[test]
+fn compression_adaptive_policy() {
+    let c = ctx(1 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let chunk = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(23, 64);
+    let kv = halves_of(23, 2 * chunk);
+    assert_eq!(m.compress_by_policy(&t).unwrap_err().status, Status::EINVAL);
+    let k4 = Codec::Kivi { bits: 4, group: 8 };
+    let gpu = Method { codec: k4, quality: None, decode_gbps: Some(1e6) };
+    let mut a = Adaptive { alpha: 1e6, methods: vec![gpu], ..Default::default() };
+    assert_eq!(Adaptive::default().alpha, 1.0);
+    let lossy_refused = Compression { adaptive: Some(a.clone()), ..Default::default() };
+    assert_eq!(m.set_compression(&lossy_refused).unwrap_err().status, Status::EINVAL);
+    let both = Compression {
+        accept_lossy: true,
+        host: Codec::Fp8,
+        adaptive: Some(a.clone()),
+        ..Default::default()
+    };
+    assert_eq!(m.set_compression(&both).unwrap_err().status, Status::EINVAL);
+    let too_many = Adaptive { methods: vec![Method::measured(Codec::Fp8); 9], ..a.clone() };
+    let cfg = Compression { accept_lossy: true, adaptive: Some(too_many), ..Default::default() };
+    assert_eq!(m.set_compression(&cfg).unwrap_err().status, Status::EINVAL);
+
+    let cfg = Compression { accept_lossy: true, adaptive: Some(a.clone()), ..Default::default() };
+    m.set_compression(&cfg).unwrap();
+    assert_eq!(m.store(&t, &kv).unwrap(), 64);
+    assert!(m.chunk_info(&t).unwrap().iter().all(|i| i.codec == Some(Codec::Raw)));
+    a.alpha = 0.0;
+    m.set_compression(&Compression { accept_lossy: true, adaptive: Some(a), ..Default::default() })
+        .unwrap();
+    assert_eq!(m.compress_by_policy(&t).unwrap(), 2);
+    for i in m.chunk_info(&t).unwrap() {
+        assert_eq!((i.codec, i.lossy), (Some(k4), true));
+        assert!(i.stored_bytes < chunk as u64);
+    }
+}
