@@ -226,3 +226,43 @@ def test_save_only_and_load_only_shapes():
                         position_ids=pos[None], cache_position=pos).logits[0]
             assert torch.equal(got, model(turn2).logits[0, p:])
         assert ctx.stats()["stores"] == n1 // CHUNK
+
+
+def test_compressed_chunks():
+    """Chunks stored under a codec in host memory (bf16 K/V): lossless zstd serves logits
+    identical to exact chunks; lossy codecs serve logits that differ, by more as the bits fall,
+    and within a bound for 8 bits (bench/bench_quality.py measures the same at a larger size;
+    docs/codecs.md has its table)."""
+    model = make_model("llama").to(torch.bfloat16)
+    turns = conversation(8, 3)
+    K = swiftkv.CodecKind
+
+    def served(codec):
+        with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+            km = ctx.register_model(model_desc(model.config, "llama-bf16", dtype=torch.bfloat16,
+                                               chunk_tokens=CHUNK))
+            if codec is not None:
+                km.set_compression(accept_lossy=True, host=codec)
+            cache = SwiftKVCache(km, max_tokens=512)
+            with torch.no_grad():
+                outs = [cache.prefill(model, ids) for ids in turns]
+            assert [o.cached_tokens for o in outs] == [0, 64, 96]
+            if codec is not None:
+                kind = int(codec.kind)
+                assert ctx.codec_stats()["chunks"][kind][swiftkv.Tier.HOST] == 160 // CHUNK
+            return torch.cat([o.logits[0].float() for o in outs[1:]])
+
+    exact = served(None)
+
+    def rel_err(codec):
+        d = served(codec) - exact
+        return (d.pow(2).sum() / exact.pow(2).sum()).sqrt().item()
+
+    try:
+        assert torch.equal(served(swiftkv.Codec(K.ZSTD, byte_planes=True)), exact)
+    except swiftkv.Error as e:
+        assert e.status == swiftkv.Status.EUNSUPPORTED  # a build without libzstd
+    e8, e4, e2 = (rel_err(swiftkv.Codec(K.KIVI, bits=b, group=32)) for b in (8, 4, 2))
+    assert 0 < e8 < e4 < e2
+    assert e8 < 2e-2
+    assert 0 < rel_err(swiftkv.Codec(K.FP8)) < 5e-2
