@@ -296,6 +296,41 @@ void tiny_trace_exact_numbers(void **) {
   }
 }
 
+// The tiny trace with KIVI 4-bit chunks in host memory and on disk: the host (8 raw chunks)
+// holds all 10 encoded, so nothing goes down to disk; what crosses PCIe is the encoded bytes;
+// a's second turn is served its 3 history chunks from host memory, lossy.
+void tiny_trace_compressed(void **) {
+  ServerConfig c = tiny_server();
+  c.compression = *parse_compression("fixed:kivi4");
+  const Trace t = tiny_trace();
+  const PolicyResult r = run_policy(c, t, Policy::hierarchical);
+  assert_int_equal(r.hit_chunks[kHost], 3);
+  assert_int_equal(r.disk_bytes, 0);
+  assert_int_equal(r.evicted_chunks, 0);
+  // 13 chunks crossed (10 stores, 3 loads), each at KIVI 4-bit's size: about a third.
+  assert_true(r.pcie_bytes > 13 * kChunk / 4 && r.pcie_bytes < 13 * kChunk / 2);
+  assert_int_equal(r.quality_chunks, 3);
+  const double q = r.quality_sum / 3;
+  assert_true(q > 0.9 && q < 1.0);
+  assert_true(r.decode_seconds > 0);
+  // Raw, the same trace sends two of b's chunks to disk and serves exact chunks.
+  ServerConfig raw = tiny_server();
+  const PolicyResult e = run_policy(raw, t, Policy::hierarchical);
+  assert_int_equal(e.disk_bytes, 2 * kChunk);
+  assert_true(e.quality_sum == 3.0 && e.decode_seconds == 0);
+}
+
+void compression_names_parse(void **) {
+  assert_true(parse_compression("none")->mode == CompressionSpec::Mode::none);
+  assert_true(parse_compression("adaptive")->mode == CompressionSpec::Mode::adaptive);
+  const std::optional<CompressionSpec> f = parse_compression("fixed:zstd-planes");
+  assert_true(f && f->mode == CompressionSpec::Mode::fixed && f->codec == "zstd-planes");
+  assert_true(compression_name(*f) == "fixed:zstd-planes");
+  for (const char *bad : {"", "fixed", "fixed:", "fixed:kivi3", "adaptive:fp8", "zstd"}) {
+    assert_false(parse_compression(bad).has_value());
+  }
+}
+
 // A turn longer than the GPU can hold is rejected by the baselines (with the rest of its
 // session) and served by swiftkv, whose layer stream cache runs it over lent memory.
 void long_turns_need_streaming(void **) {
@@ -341,6 +376,8 @@ int main() {
       cmocka_unit_test(tiny_capacities),
       cmocka_unit_test(tiny_trace_exact_numbers),
       cmocka_unit_test(long_turns_need_streaming),
+      cmocka_unit_test(tiny_trace_compressed),
+      cmocka_unit_test(compression_names_parse),
       cmocka_unit_test(presets_are_the_paper_models),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -20,7 +20,9 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <queue>
@@ -54,15 +56,20 @@ uint64_t gcd_all(const ServerConfig &c) {
 // Shadow geometry: one layer, one head, 1-byte elements, head_dim = k * bpt / g, so that every
 // model's bytes per token shrink by the same factor g / (2k) and the borrower's chunk is a whole
 // number of 4 KiB pages (the host tier then holds exactly budget / chunk chunks).
+// With compression the borrower's shadow has f16 elements (the codecs take f16 and bf16) and a
+// head of at least 128 of them, so that a codec's scales weigh in a shadow chunk about as they
+// do in a real one (FP8: a scale per token and head; KIVI: per channel and per 32 channels).
 struct Shadow {
   uint64_t k = 1, g = 1;
-  uint32_t head_dim(const ModelSpec &m) const {
-    return static_cast<uint32_t>(k * bytes_per_token(m) / g);
-  }
+  bool f16 = false;  // the borrower's elements
+  // Shadow bytes of one token's K or V in one model.
+  uint64_t row_bytes(const ModelSpec &m) const { return k * bytes_per_token(m) / g; }
+  uint32_t head_dim(const ModelSpec &m) const { return static_cast<uint32_t>(row_bytes(m)); }
   uint64_t chunk_bytes(const ServerConfig &c) const {
-    return uint64_t{c.chunk_tokens} * 2 * head_dim(c.borrower);
+    return uint64_t{c.chunk_tokens} * 2 * row_bytes(c.borrower);
   }
-  swiftkv_model_desc desc(const ModelSpec &m, const ServerConfig &c, uint32_t chunk) const {
+  swiftkv_model_desc desc(const ModelSpec &m, const ServerConfig &c, uint32_t chunk,
+                          bool borrower = false) const {
     swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
     d.name = m.name.c_str();
     d.num_layers = 1;
@@ -71,6 +78,10 @@ struct Shadow {
     d.block_tokens = c.block_tokens;
     d.chunk_tokens = chunk;
     d.dtype = SWIFTKV_DTYPE_I8;
+    if (borrower && f16) {
+      d.head_dim /= 2;
+      d.dtype = SWIFTKV_DTYPE_F16;
+    }
     return d;
   }
 };
@@ -78,8 +89,90 @@ struct Shadow {
 Shadow make_shadow(const ServerConfig &c) {
   Shadow s;
   s.g = gcd_all(c);
-  while (s.chunk_bytes(c) % 4096 != 0) ++s.k;
+  s.f16 = c.compression.mode != CompressionSpec::Mode::none;
+  auto fits = [&] {
+    if (s.chunk_bytes(c) % 4096 != 0) return false;
+    const uint64_t row = s.row_bytes(c.borrower);
+    return !s.f16 || (row % 2 == 0 && row / 2 >= 128);
+  };
+  while (!fits()) ++s.k;
   return s;
+}
+
+// f16 bits of a float (round to nearest even; the synthetic values are normal or flushed to 0)
+// and back.
+uint16_t to_half(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  const int32_t exp = static_cast<int32_t>((x >> 23) & 0xff) - 127 + 15;
+  if (exp <= 0) return static_cast<uint16_t>(sign);
+  if (exp >= 31) return static_cast<uint16_t>(sign | 0x7bff);
+  uint32_t mant = x & 0x7fffff;
+  uint32_t h = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rest = mant & 0x1fff;
+  if (rest > 0x1000 || (rest == 0x1000 && (h & 1) != 0)) ++h;
+  return static_cast<uint16_t>(h);
+}
+float from_half(uint16_t h) {
+  const uint32_t sign = (h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  uint32_t x;
+  if (exp == 0) {
+    if (mant == 0) {
+      x = sign;
+    } else {
+      float f = std::ldexp(static_cast<float>(mant), -24);
+      return sign != 0 ? -f : f;
+    }
+  } else {
+    x = sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+
+// One shadow chunk of f16 K/V shaped like real keys and values (per-channel offsets and scales,
+// every 37th key channel an outlier, smooth along the tokens, noise): what zstd's ratio and the
+// lossy codecs' error are measured on. Synthetic, as docs/codecs.md says of bench_codec's.
+std::vector<std::byte> synthetic_chunk(uint32_t tokens, uint32_t dim, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> noise(0.0f, 1.0f);
+  std::vector<std::byte> out(uint64_t{2} * tokens * dim * 2);
+  uint64_t i = 0;
+  for (uint32_t kv = 0; kv < 2; ++kv) {
+    std::vector<float> offset(dim), scale(dim);
+    for (uint32_t c = 0; c < dim; ++c) {
+      offset[c] = noise(rng) * (kv == 0 ? 2.0f : 0.2f);
+      scale[c] = (kv == 0 && c % 37 == 0) ? 8.0f : 0.5f + std::fabs(noise(rng)) * 0.5f;
+    }
+    for (uint32_t t = 0; t < tokens; ++t) {
+      for (uint32_t c = 0; c < dim; ++c, ++i) {
+        const float wave = std::sin(0.05f * static_cast<float>(t) + static_cast<float>(c));
+        const uint16_t v = to_half(offset[c] + scale[c] * (0.6f * wave + 0.4f * noise(rng)));
+        std::memcpy(&out[i * 2], &v, 2);
+      }
+    }
+  }
+  return out;
+}
+
+swiftkv_codec_params codec_params(const std::string &name) {
+  swiftkv_codec_params p = SWIFTKV_CODEC_PARAMS_INIT;
+  if (name == "zstd" || name == "zstd-planes") {
+    p.codec = SWIFTKV_CODEC_ZSTD;
+    p.byte_planes = name == "zstd-planes" ? 1 : 0;
+  } else if (name == "fp8") {
+    p.codec = SWIFTKV_CODEC_FP8;
+  } else if (name == "kivi8" || name == "kivi4" || name == "kivi2") {
+    p.codec = SWIFTKV_CODEC_KIVI;
+    p.bits = static_cast<uint32_t>(name[4] - '0');
+    p.group = 32;
+  } else {
+    throw std::runtime_error("no codec named " + name);
+  }
+  return p;
 }
 
 swiftkv_model_desc real_desc(const ModelSpec &m, const ServerConfig &c) {
@@ -210,6 +303,9 @@ class Simulation {
     result_.policy = p;
     result_.capacity = policy_capacity(cfg, p);
     events_.chunk_bytes = chunk_real_;
+    content_ = compressing()
+                   ? synthetic_chunk(cfg.chunk_tokens, shadow_.head_dim(cfg.borrower) / 2, 7)
+                   : std::vector<std::byte>(chunk_shadow_);
   }
 
   PolicyResult run() {
@@ -298,8 +394,10 @@ class Simulation {
     return CtxPtr(ctx);
   }
 
+  bool compressing() const { return cfg_.compression.mode != CompressionSpec::Mode::none; }
+
   uint32_t register_borrower(swiftkv_ctx *ctx) {
-    const swiftkv_model_desc d = shadow_.desc(cfg_.borrower, cfg_, cfg_.chunk_tokens);
+    const swiftkv_model_desc d = shadow_.desc(cfg_.borrower, cfg_, cfg_.chunk_tokens, true);
     swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
     mc.desc = &d;
     uint32_t id = 0;
@@ -326,6 +424,7 @@ class Simulation {
         policy_ == Policy::swiftkv ? SWIFTKV_EVICT_RETENTION : SWIFTKV_EVICT_LRU;
     tiers_ = make_ctx(cap.host_tokens / cfg_.chunk_tokens, has_disk(), ev, 1, 0);
     tiers_model_ = register_borrower(tiers_.get());
+    configure_compression();
     check(swiftkv_set_chunk_event_callback(tiers_.get(), &EventCounts::on_event, &events_),
           "swiftkv_set_chunk_event_callback");
     if (policy_ != Policy::swiftkv) return;
@@ -345,7 +444,7 @@ class Simulation {
     swiftkv_ctx *lctx = nullptr;
     check(swiftkv_ctx_create(&lctx, &lc), "swiftkv_ctx_create (lenders)");
     lender_ctx_.reset(lctx);
-    const swiftkv_model_desc bd = shadow_.desc(cfg_.borrower, cfg_, cfg_.chunk_tokens);
+    const swiftkv_model_desc bd = shadow_.desc(cfg_.borrower, cfg_, cfg_.chunk_tokens, true);
     for (size_t i = 0; i < cfg_.lenders.size(); ++i) {
       if (sizes[i].first == 0) continue;  // the lender does not fit: nothing to lend
       const swiftkv_model_desc ld = shadow_.desc(cfg_.lenders[i], cfg_, cfg_.block_tokens);
@@ -423,6 +522,102 @@ class Simulation {
     while (ss.tokens.size() < n) ss.tokens.push_back(synthetic_token(ss.hash, ss.tokens.size()));
   }
 
+  // The tiers ctx's compression. Bandwidths go to the library in shadow bytes per second (the
+  // real rate times shadow / real), so that its utilities are the real server's seconds.
+  void configure_compression() {
+    const CompressionSpec &cs = cfg_.compression;
+    if (!compressing()) return;
+    swiftkv_compression_config cc = SWIFTKV_COMPRESSION_CONFIG_INIT;
+    cc.accept_lossy = 1;
+    if (cs.mode == CompressionSpec::Mode::fixed) {
+      cc.host = codec_params(cs.codec);
+      cc.disk = cc.host;
+    } else {
+      const double f = static_cast<double>(chunk_shadow_) / static_cast<double>(chunk_real_);
+      cc.adaptive = 1;
+      cc.alpha = cs.alpha;
+      cc.host_gbps = cfg_.pcie_gbps * f;
+      cc.disk_gbps = std::min(cfg_.disk_gbps, cfg_.pcie_gbps) * f;
+      // A recompute makes a chunk's KV in its prefill time, at an 8K-token context.
+      const double per_s =
+          static_cast<double>(chunk_real_) / prefill_seconds(cfg_, 8192, cfg_.chunk_tokens);
+      cc.recompute_gbps = per_s / 1e9 * f;
+      const char *methods[] = {"kivi8", "fp8", "kivi4"};
+      cc.n_methods = 3;
+      for (uint32_t i = 0; i < 3; ++i) {
+        cc.methods[i].params = codec_params(methods[i]);
+        cc.methods[i].decode_gbps = cs.gpu_decode_gbps * f;
+      }
+    }
+    check(swiftkv_compression_set(tiers_.get(), tiers_model_, &cc), "swiftkv_compression_set");
+  }
+
+  // The quality of a chunk stored under (codec, bits): 1 for a lossless codec, else 1 - the
+  // relative RMS error of the replay's synthetic chunk through the library and back.
+  double quality_of(uint8_t codec, uint8_t bits) {
+    if (codec == SWIFTKV_CODEC_RAW || codec == SWIFTKV_CODEC_ZSTD) return 1.0;
+    const auto key = std::make_pair(codec, bits);
+    if (const auto it = quality_.find(key); it != quality_.end()) return it->second;
+    swiftkv_codec_params p = SWIFTKV_CODEC_PARAMS_INIT;
+    p.codec = static_cast<swiftkv_codec>(codec);
+    if (codec == SWIFTKV_CODEC_KIVI) {
+      p.bits = bits;
+      p.group = 32;
+    }
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    c.host_budget_bytes = 4 * chunk_shadow_ + (uint64_t{1} << 20);
+    swiftkv_ctx *raw = nullptr;
+    check(swiftkv_ctx_create(&raw, &c), "swiftkv_ctx_create (quality)");
+    const CtxPtr ctx(raw);
+    const uint32_t model = register_borrower(ctx.get());
+    swiftkv_compression_config cc = SWIFTKV_COMPRESSION_CONFIG_INIT;
+    cc.accept_lossy = 1;
+    cc.host = p;
+    check(swiftkv_compression_set(ctx.get(), model, &cc), "swiftkv_compression_set (quality)");
+    std::vector<uint32_t> tokens(cfg_.chunk_tokens);
+    std::iota(tokens.begin(), tokens.end(), 1u);
+    uint64_t n = 0;
+    check(swiftkv_store(&n, ctx.get(), model, tokens.data(), tokens.size(), content_.data(),
+                        content_.size()),
+          "swiftkv_store (quality)");
+    std::vector<std::byte> back(content_.size());
+    check(swiftkv_retrieve(&n, ctx.get(), model, tokens.data(), tokens.size(), 0, back.data(),
+                           back.size()),
+          "swiftkv_retrieve (quality)");
+    if (n != tokens.size()) throw std::runtime_error("the quality probe's chunk did not come back");
+    double err = 0, ref = 0;
+    for (size_t i = 0; i + 1 < content_.size(); i += 2) {
+      uint16_t a, b;
+      std::memcpy(&a, &content_[i], 2);
+      std::memcpy(&b, &back[i], 2);
+      const double x = from_half(a), y = from_half(b);
+      err += (x - y) * (x - y);
+      ref += x * x;
+    }
+    const double q = ref > 0 ? std::max(0.0, 1.0 - std::sqrt(err / ref)) : 1.0;
+    quality_[key] = q;
+    return q;
+  }
+
+  // How the tiers ctx holds chunks [0, n) of the tokens (empty without compression).
+  std::vector<swiftkv_chunk_info> chunk_info(const std::vector<uint32_t> &tokens, uint64_t n) {
+    std::vector<swiftkv_chunk_info> info;
+    if (!compressing() || !has_tiers() || n == 0) return info;
+    info.resize(n);
+    size_t chunks = 0;
+    check(swiftkv_chunk_info_get(info.data(), n, &chunks, tiers_.get(), tiers_model_, tokens.data(),
+                                 n * cfg_.chunk_tokens),
+          "swiftkv_chunk_info_get");
+    return info;
+  }
+  // The real bytes a chunk's stored shadow bytes stand for.
+  double real_bytes(const std::vector<swiftkv_chunk_info> &info, uint64_t i) const {
+    if (info.empty() || info[i].tier == SWIFTKV_TIER_DROPPED)
+      return static_cast<double>(chunk_real_);
+    return static_cast<double>(chunk_real_) * static_cast<double>(info[i].stored_bytes) /
+           static_cast<double>(chunk_shadow_);
+  }
+
   void lookup(swiftkv_ctx *ctx, uint32_t model, const std::vector<uint32_t> &tokens, uint64_t n_tok,
               std::vector<uint8_t> &res) {
     const uint64_t chunks = n_tok / cfg_.chunk_tokens;
@@ -487,25 +682,46 @@ class Simulation {
     while (j < n && src[j] >= 0) ++j;
     if (j == h) h = 0;  // nothing to load: compute everything as one request
     double nv = 0, pcie = 0, disk = 0;
+    // Compressed chunks cross the links as stored; lossy ones decode on the GPU (beside the
+    // prefill), zstd on the CPU before the link (beside the transfers).
+    double gpu_decode = 0, cpu_decode = 0;
+    const std::vector<swiftkv_chunk_info> info = chunk_info(ss.tokens, j);
     const uint64_t hist_chunks = std::min<uint64_t>(ss.history / C, n);
     for (uint64_t i = h; i < j; ++i) {
-      const auto b = static_cast<double>(chunk_real_);
+      const bool below = src[i] == kHost || src[i] == kDisk;
+      const double b = below ? real_bytes(info, i) : static_cast<double>(chunk_real_);
+      double q = 1;
+      if (below && !info.empty()) {
+        const swiftkv_chunk_info &v = info[i];
+        q = quality_of(v.codec, v.bits);
+        const double decoded = static_cast<double>(chunk_real_);
+        if (v.codec == SWIFTKV_CODEC_ZSTD)
+          cpu_decode += decoded / (cfg_.compression.cpu_decode_gbps * 1e9);
+        if (v.codec == SWIFTKV_CODEC_KIVI || v.codec == SWIFTKV_CODEC_FP8) {
+          gpu_decode += decoded / (cfg_.compression.gpu_decode_gbps * 1e9);
+        }
+      }
       if (src[i] == kPeer) nv += b;
       if (src[i] == kHost) pcie += b;
       if (src[i] == kDisk) {
         pcie += b;
         disk += b;
       }
-      if (i < hist_chunks) ++result_.hit_chunks[static_cast<size_t>(src[i])];
+      if (i < hist_chunks) {
+        ++result_.hit_chunks[static_cast<size_t>(src[i])];
+        ++result_.quality_chunks;
+        result_.quality_sum += q;
+      }
     }
+    result_.decode_seconds += gpu_decode + cpu_decode;
     result_.history_chunks += hist_chunks;
     result_.nvlink_bytes += static_cast<uint64_t>(nv);
     result_.pcie_bytes += static_cast<uint64_t>(pcie);
     result_.disk_bytes += static_cast<uint64_t>(disk);
     const uint64_t head = h * C, tail_from = j * C;
     const uint64_t computed = head + (ctx_len - tail_from);
-    double compute =
-        prefill_seconds(cfg_, 0, head) + prefill_seconds(cfg_, tail_from, ctx_len - tail_from);
+    double compute = prefill_seconds(cfg_, 0, head) +
+                     prefill_seconds(cfg_, tail_from, ctx_len - tail_from) + gpu_decode;
     // Under swiftkv the tokens past the regular cache live in stream pages: the new ones are
     // saved out over NVLink layer by layer, on the same link as the loads.
     double stream_save = 0;
@@ -513,8 +729,9 @@ class Simulation {
       const uint64_t from = std::max(cap.gpu_tokens, tail_from);
       stream_save = static_cast<double>((ctx_len - from) * bytes_per_token(cfg_.borrower));
     }
-    const double link = std::max({(nv + stream_save) / (cfg_.nvlink_gbps * 1e9),
-                                  pcie / (cfg_.pcie_gbps * 1e9), disk / (cfg_.disk_gbps * 1e9)});
+    const double link =
+        std::max({(nv + stream_save) / (cfg_.nvlink_gbps * 1e9), pcie / (cfg_.pcie_gbps * 1e9),
+                  disk / (cfg_.disk_gbps * 1e9), cpu_decode});
     const double L = cfg_.borrower.num_layers;
     const double lt = link / L, ct = compute / L;
     // Layer-wise overlap (SwiftCache §3.3): the load of layer l+1 runs under the compute of
@@ -552,20 +769,24 @@ class Simulation {
     if (n == 0) return;
     std::vector<uint8_t> before, after;
     if (count_bytes) lookup(ctx, model, tokens, n * cfg_.chunk_tokens, before);
-    if (zeros_.size() < n * chunk_shadow_) zeros_.resize(n * chunk_shadow_);
+    while (payload_.size() < n * chunk_shadow_) {
+      payload_.insert(payload_.end(), content_.begin(), content_.end());
+    }
     uint64_t cached = 0;
-    check(swiftkv_store(&cached, ctx, model, tokens.data(), n * cfg_.chunk_tokens, zeros_.data(),
+    check(swiftkv_store(&cached, ctx, model, tokens.data(), n * cfg_.chunk_tokens, payload_.data(),
                         n * chunk_shadow_),
           "swiftkv_store");
     if (!count_bytes) return;
     lookup(ctx, model, tokens, n * cfg_.chunk_tokens, after);
+    const std::vector<swiftkv_chunk_info> info = chunk_info(tokens, n);
     for (uint64_t i = 0; i < n; ++i) {
       if (before[i] != SWIFTKV_TIER_DROPPED) continue;
+      const auto b = static_cast<uint64_t>(real_bytes(info, i));
       if (after[i] == SWIFTKV_TIER_PEER) result_.nvlink_bytes += chunk_real_;
-      if (after[i] == SWIFTKV_TIER_HOST) result_.pcie_bytes += chunk_real_;
+      if (after[i] == SWIFTKV_TIER_HOST) result_.pcie_bytes += b;
       if (after[i] == SWIFTKV_TIER_DISK) {
-        result_.pcie_bytes += chunk_real_;
-        result_.disk_bytes += chunk_real_;
+        result_.pcie_bytes += b;
+        result_.disk_bytes += b;
       }
     }
   }
@@ -669,7 +890,9 @@ class Simulation {
   std::queue<uint32_t> fifo_;
   uint64_t seq_ = 0, done_turns_ = 0, total_turns_ = 0;
   bool busy_ = false;
-  std::vector<std::byte> zeros_;
+  std::vector<std::byte> content_;  // one shadow chunk: zeros, or synthetic KV to compress
+  std::vector<std::byte> payload_;  // content_ repeated for a store of many chunks
+  std::map<std::pair<uint8_t, uint8_t>, double> quality_;  // (codec, bits) -> quality_of
 };
 
 }  // namespace
@@ -689,6 +912,32 @@ std::optional<Policy> parse_policy(const std::string &name) {
     if (name == policy_name(p)) return p;
   }
   return std::nullopt;
+}
+
+std::optional<CompressionSpec> parse_compression(const std::string &s) {
+  CompressionSpec c;
+  if (s == "none") return c;
+  if (s == "adaptive") {
+    c.mode = CompressionSpec::Mode::adaptive;
+    return c;
+  }
+  const std::string prefix = "fixed:";
+  if (s.rfind(prefix, 0) != 0) return std::nullopt;
+  c.mode = CompressionSpec::Mode::fixed;
+  c.codec = s.substr(prefix.size());
+  for (const char *known : {"zstd", "zstd-planes", "kivi8", "kivi4", "kivi2", "fp8"}) {
+    if (c.codec == known) return c;
+  }
+  return std::nullopt;
+}
+
+std::string compression_name(const CompressionSpec &c) {
+  switch (c.mode) {
+    case CompressionSpec::Mode::none: return "none";
+    case CompressionSpec::Mode::fixed: return "fixed:" + c.codec;
+    case CompressionSpec::Mode::adaptive: return "adaptive";
+  }
+  return "?";
 }
 
 const char *source_name(Source s) {

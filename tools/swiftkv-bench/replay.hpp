@@ -33,6 +33,22 @@ std::optional<Policy> parse_policy(const std::string &name);
 enum Source : uint8_t { kGpu = 0, kPeer = 1, kHost = 2, kDisk = 3, kSourceCount = 4 };
 const char *source_name(Source s);
 
+// What the tiers do with compression (--compression): nothing, one codec in host memory and on
+// disk, or the library's adaptive policy. docs/replay.md "Compression" has the cost model.
+struct CompressionSpec {
+  enum class Mode : uint8_t { none, fixed, adaptive };
+  Mode mode = Mode::none;
+  std::string codec;   // fixed: zstd, zstd-planes, kivi8, kivi4, kivi2 or fp8
+  double alpha = 0.1;  // adaptive: seconds one reuse's full quality is worth (the library: 1)
+  // Lossy chunks decode on the GPU after the link at this rate (GB/s of decoded bytes): an
+  // assumption until the CUDA decoders are measured. zstd decodes on the CPU before the link.
+  double gpu_decode_gbps = 500;
+  double cpu_decode_gbps = 1.8;  // zstd over byte planes, one core (docs/codecs.md)
+};
+// "none", "fixed:<codec>" or "adaptive"; nullopt for anything else.
+std::optional<CompressionSpec> parse_compression(const std::string &s);
+std::string compression_name(const CompressionSpec &c);
+
 struct ServerConfig {
   ModelSpec borrower;
   std::vector<ModelSpec> lenders;  // each on a GPU of its own
@@ -53,6 +69,7 @@ struct ServerConfig {
   uint64_t lender_initial_tokens = 32768;  // each lender's owned part at the start
   uint64_t seed = 1;                       // the lenders' own requests
   std::string work_dir;  // where the disk tier's files go (a fresh directory is made)
+  CompressionSpec compression;
 };
 
 // What a policy has, in tokens of the borrower.
@@ -84,6 +101,11 @@ struct PolicyResult {
   // Bytes on each link: loads, stores and demotions.
   uint64_t nvlink_bytes = 0, pcie_bytes = 0, disk_bytes = 0;
   uint64_t evicted_chunks = 0;  // dropped from the last tier of the library
+  // History chunks served from the cache, and the sum of their quality (1: exact; a lossy
+  // chunk: 1 - the relative RMS error of its codec on the replay's synthetic KV).
+  uint64_t quality_chunks = 0;
+  double quality_sum = 0;
+  double decode_seconds = 0;  // decoding loaded chunks, summed over turns
   // Lenders (swiftkv): their own scale-ups, leases they asked back, and the borrower's chunks
   // that moved out (to host or disk) or were dropped because of it.
   uint64_t lender_scale_ups = 0, reclaims = 0, reclaim_moved = 0, reclaim_dropped = 0;

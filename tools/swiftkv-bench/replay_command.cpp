@@ -134,6 +134,22 @@ Options parse(const std::vector<std::string> &args) {
       o.out_dir = value();
     else if (a == "--work-dir")
       o.server.work_dir = value();
+    else if (a == "--compression") {
+      const std::string &c = value();
+      const std::optional<CompressionSpec> spec = parse_compression(c);
+      if (!spec) {
+        throw UsageError("--compression: '" + c +
+                         "' is not none, adaptive or fixed:<codec> (zstd, zstd-planes, kivi8, "
+                         "kivi4, kivi2, fp8)");
+      }
+      const CompressionSpec was = o.server.compression;
+      o.server.compression = *spec;
+      o.server.compression.alpha = was.alpha;
+      o.server.compression.gpu_decode_gbps = was.gpu_decode_gbps;
+    } else if (a == "--alpha")
+      o.server.compression.alpha = count(0, 1e9);
+    else if (a == "--decode-gbps")
+      o.server.compression.gpu_decode_gbps = count(1e-3, 1e6);
     else if (a == "--format") {
       const std::string &f = value();
       if (f != "table" && f != "json")
@@ -221,6 +237,17 @@ void print_table(const Options &o, const Trace &t, const std::vector<PolicyResul
       o.server.borrower.name.c_str(), lenders.c_str(), o.server.gpu_gib, o.server.host_gib,
       o.server.disk_gib, o.server.nvlink_gbps, o.server.pcie_gbps, o.server.disk_gbps,
       o.server.gpu_tflops);
+  const CompressionSpec &cs = o.server.compression;
+  if (cs.mode != CompressionSpec::Mode::none) {
+    std::printf(
+        "compression: %s (host and disk tiers)%s, lossy chunks decoded on the GPU at %.0f "
+        "GB/s, zstd on the CPU at %.1f GB/s\n\n",
+        compression_name(cs).c_str(),
+        cs.mode == CompressionSpec::Mode::adaptive
+            ? (", alpha " + std::to_string(cs.alpha) + " s").c_str()
+            : "",
+        cs.gpu_decode_gbps, cs.cpu_decode_gbps);
+  }
   std::printf("%-13s %10s %10s %10s %10s %11s\n", "capacity", "gpu tok", "peer tok", "host tok",
               "disk tok", "max context");
   for (const PolicyResult &r : rs) {
@@ -252,6 +279,16 @@ void print_table(const Options &o, const Trace &t, const std::vector<PolicyResul
         static_cast<double>(r.recomputed_tokens) / 1e6, static_cast<double>(r.nvlink_bytes) / 1e9,
         static_cast<double>(r.pcie_bytes) / 1e9, static_cast<double>(r.disk_bytes) / 1e9,
         r.max_context, r.reclaims);
+  }
+  if (cs.mode != CompressionSpec::Mode::none) {
+    std::printf("quality of the history chunks served (1: exact), decode time:");
+    for (const PolicyResult &r : rs) {
+      std::printf(
+          " %s %.4f %.1f s;", policy_name(r.policy),
+          r.quality_chunks == 0 ? 1.0 : r.quality_sum / static_cast<double>(r.quality_chunks),
+          r.decode_seconds);
+    }
+    std::printf("\n");
   }
   for (size_t i = 0; i < rs.size(); ++i) {
     if (rs[i].policy != Policy::swiftkv) continue;
@@ -285,13 +322,24 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
   json lenders = json::array();
   for (const ModelSpec &l : o.server.lenders) lenders.push_back(l.name);
   const ServerConfig &s = o.server;
-  j["server"] = {{"borrower", s.borrower.name},    {"lenders", lenders},
-                 {"gpu_gib", s.gpu_gib},           {"host_gib", s.host_gib},
-                 {"disk_gib", s.disk_gib},         {"nvlink_gbps", s.nvlink_gbps},
-                 {"pcie_gbps", s.pcie_gbps},       {"disk_gbps", s.disk_gbps},
-                 {"gpu_tflops", s.gpu_tflops},     {"tpot_ms", s.tpot_ms},
-                 {"chunk_tokens", s.chunk_tokens}, {"block_tokens", s.block_tokens},
-                 {"lender_rate", s.lender_rate}};
+  j["server"] = {{"borrower", s.borrower.name},
+                 {"lenders", lenders},
+                 {"gpu_gib", s.gpu_gib},
+                 {"host_gib", s.host_gib},
+                 {"disk_gib", s.disk_gib},
+                 {"nvlink_gbps", s.nvlink_gbps},
+                 {"pcie_gbps", s.pcie_gbps},
+                 {"disk_gbps", s.disk_gbps},
+                 {"gpu_tflops", s.gpu_tflops},
+                 {"tpot_ms", s.tpot_ms},
+                 {"chunk_tokens", s.chunk_tokens},
+                 {"block_tokens", s.block_tokens},
+                 {"lender_rate", s.lender_rate},
+                 {"compression",
+                  {{"mode", compression_name(s.compression)},
+                   {"alpha", s.compression.alpha},
+                   {"gpu_decode_gbps", s.compression.gpu_decode_gbps},
+                   {"cpu_decode_gbps", s.compression.cpu_decode_gbps}}}};
   j["common_turns"] = sum.front().sorted.size();
   j["long_tokens"] = o.long_tokens;
   json pol = json::array();
@@ -323,6 +371,9 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
          {"recomputed_tokens", r.recomputed_tokens},
          {"bytes", {{"nvlink", r.nvlink_bytes}, {"pcie", r.pcie_bytes}, {"disk", r.disk_bytes}}},
          {"evicted_chunks", r.evicted_chunks},
+         {"quality",
+          r.quality_chunks == 0 ? 1.0 : r.quality_sum / static_cast<double>(r.quality_chunks)},
+         {"decode_s", r.decode_seconds},
          {"max_context", r.max_context},
          {"lender",
           {{"scale_ups", r.lender_scale_ups},
@@ -380,6 +431,10 @@ void print_replay_usage() {
       "  --chunk-tokens N --block-tokens N   256, 16\n"
       "  --long-tokens N          the 'long' TTFT column: contexts of at least N tokens (20000)\n"
       "  --out-dir DIR            JSON and plots go here (replay-out)\n"
+      "  --compression MODE       none, fixed:<codec> (zstd, zstd-planes, kivi8, kivi4, kivi2,\n"
+      "                           fp8) or adaptive, in the host and disk tiers (none)\n"
+      "  --alpha F                adaptive: seconds one reuse's full quality is worth (0.1)\n"
+      "  --decode-gbps F          GB/s at which the GPU decodes lossy chunks (500)\n"
       "  --work-dir DIR           the disk tier's files go under DIR, made if missing (the\n"
       "                           system's temp dir)\n"
       "  --format table|json      what goes to stdout (table); the JSON file is always written\n"
