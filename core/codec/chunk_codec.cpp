@@ -38,6 +38,49 @@ uint16_t load16(const std::byte *p) {
 }
 void store16(std::byte *p, uint16_t v) { std::memcpy(p, &v, 2); }
 
+// n floats to elements at out, each exactly as float_to_element rounds it. f16: a branch-free
+// path for values whose f16 is normal (what the compiler can vectorise), then the others (zero,
+// subnormal, overflow, NaN) converted again one by one; bf16: branch-free unless a NaN.
+void to_elements(const float *x, size_t n, swiftkv_dtype t, std::byte *out) {
+  constexpr size_t kBlock = 256;
+  uint16_t tmp[kBlock];
+  for (size_t b = 0; b < n; b += kBlock) {
+    const size_t m = std::min(kBlock, n - b);
+    if (t == SWIFTKV_DTYPE_BF16) {
+      uint32_t nan = 0;
+      for (size_t i = 0; i < m; ++i) {
+        const uint32_t v = float_to_bits(x[b + i]);
+        nan |= static_cast<uint32_t>((v & 0x7fffffffu) > 0x7f800000u);
+        tmp[i] = static_cast<uint16_t>((v + 0x7fffu + ((v >> 16) & 1u)) >> 16);
+      }
+      if (nan != 0) {
+        for (size_t i = 0; i < m; ++i) tmp[i] = float_to_bf16(x[b + i]);
+      }
+    } else {
+      uint8_t other[kBlock];
+      uint32_t any = 0;
+      for (size_t i = 0; i < m; ++i) {
+        const uint32_t v = float_to_bits(x[b + i]);
+        const uint32_t abs = v & 0x7fffffffu;
+        // Normal as a half, and not rounding to infinity: [2^-14, 65520).
+        const uint32_t o = static_cast<uint32_t>(abs - 0x38800000u >= 0x477ff000u - 0x38800000u);
+        other[i] = static_cast<uint8_t>(o);
+        any |= o;
+        uint32_t r = (abs >> 13) - (112u << 10);
+        const uint32_t rest = abs & 0x1fffu;
+        r += static_cast<uint32_t>(rest > 0x1000u) | (static_cast<uint32_t>(rest == 0x1000u) & r);
+        tmp[i] = static_cast<uint16_t>(((v >> 16) & 0x8000u) | (r & 0xffffu));
+      }
+      if (any != 0) {
+        for (size_t i = 0; i < m; ++i) {
+          if (other[i] != 0) tmp[i] = float_to_half(x[b + i]);
+        }
+      }
+    }
+    std::memcpy(out + b * 2, tmp, m * 2);
+  }
+}
+
 // --- The frame header ---------------------------------------------------------------------------
 
 void put(std::byte *p, uint64_t v, int n) {
@@ -241,10 +284,37 @@ void kivi_encode(const ChunkShape &s, const CodecParams &c, const std::byte *raw
   }
 }
 
+// Codes [first, first + n) of a packed run into q. Whole bytes when the run starts on one (8 /
+// bits codes a byte, low bits first), else code by code.
+void unpack_codes(const std::byte *codes, uint64_t first, size_t n, uint32_t bits, uint8_t *q) {
+  if ((first * bits) % 8 != 0) {
+    for (size_t i = 0; i < n; ++i) q[i] = static_cast<uint8_t>(code_at(codes, first + i, bits));
+    return;
+  }
+  const auto *p = reinterpret_cast<const uint8_t *>(codes) + first * bits / 8;
+  const uint32_t mask = (1u << bits) - 1, per_byte = 8 / bits;
+  size_t i = 0;
+  if (bits == 8) {
+    std::memcpy(q, p, n);
+    return;
+  }
+  for (; i + per_byte <= n; i += per_byte, ++p) {
+    for (uint32_t k = 0; k < per_byte; ++k)
+      q[i + k] = static_cast<uint8_t>((*p >> (k * bits)) & mask);
+  }
+  for (uint32_t k = 0; i < n; ++i, ++k) q[i] = static_cast<uint8_t>((*p >> (k * bits)) & mask);
+}
+
+// Token by token: a row of heads x dim codes unpacked, dequantised against per-element (lo,
+// scale) arrays (keys': reloaded at each token group; values': per token), then converted in
+// bulk. The same formula and rounding as element by element.
 void kivi_decode(const ChunkShape &s, const CodecParams &c, const std::byte *in, std::byte *out) {
   const KiviLayout k = kivi_layout(s, c);
-  const uint64_t tensor = uint64_t{s.tokens} * s.heads * s.dim * 2;
+  const uint64_t row = uint64_t{s.heads} * s.dim;
+  const uint64_t tensor = uint64_t{s.tokens} * row * 2;
   const uint32_t vgroups = static_cast<uint32_t>(ceil_div(s.dim, c.group));
+  std::vector<float> klo(row), ksc(row), vlo(row), vsc(row), x(row);
+  std::vector<uint8_t> q(row);
   for (uint32_t l = 0; l < s.layers; ++l) {
     const std::byte *kc = in + l * k.layer();
     const std::byte *kp = kc + k.codes;
@@ -252,20 +322,35 @@ void kivi_decode(const ChunkShape &s, const CodecParams &c, const std::byte *in,
     const std::byte *vp = vc + k.codes;
     std::byte *ko = out + (2 * uint64_t{l}) * tensor;
     std::byte *vo = out + (2 * uint64_t{l} + 1) * tensor;
-    uint64_t i = 0;
     for (uint32_t t = 0; t < s.tokens; ++t) {
-      for (uint32_t h = 0; h < s.heads; ++h) {
-        for (uint32_t d = 0; d < s.dim; ++d, ++i) {
-          const std::byte *pk = kp + ((uint64_t{t / c.group} * s.heads + h) * s.dim + d) * 4;
-          const float x = dequantise(code_at(kc, i, c.bits), element_to_float(load16(pk), s.dtype),
-                                     element_to_float(load16(pk + 2), s.dtype));
-          store16(ko + i * 2, float_to_element(x, s.dtype));
-          const std::byte *pv = vp + ((uint64_t{t} * s.heads + h) * vgroups + d / c.group) * 4;
-          const float y = dequantise(code_at(vc, i, c.bits), element_to_float(load16(pv), s.dtype),
-                                     element_to_float(load16(pv + 2), s.dtype));
-          store16(vo + i * 2, float_to_element(y, s.dtype));
+      if (t % c.group == 0) {
+        const std::byte *pk = kp + uint64_t{t / c.group} * row * 4;
+        for (uint64_t j = 0; j < row; ++j) {
+          klo[j] = element_to_float(load16(pk + j * 4), s.dtype);
+          ksc[j] = element_to_float(load16(pk + j * 4 + 2), s.dtype);
         }
       }
+      unpack_codes(kc, t * row, row, c.bits, q.data());
+      for (uint64_t j = 0; j < row; ++j) x[j] = dequantise(q[j], klo[j], ksc[j]);
+      to_elements(x.data(), row, s.dtype, ko + t * row * 2);
+
+      const std::byte *pv = vp + uint64_t{t} * s.heads * vgroups * 4;
+      for (uint32_t h = 0; h < s.heads; ++h) {
+        for (uint32_t gj = 0; gj < vgroups; ++gj) {
+          const std::byte *g = pv + (uint64_t{h} * vgroups + gj) * 4;
+          const float lo = element_to_float(load16(g), s.dtype);
+          const float sc = element_to_float(load16(g + 2), s.dtype);
+          const uint64_t d0 = uint64_t{h} * s.dim + uint64_t{gj} * c.group;
+          const uint64_t d1 = uint64_t{h} * s.dim + std::min<uint64_t>(s.dim, (gj + 1) * c.group);
+          std::fill(vlo.begin() + static_cast<ptrdiff_t>(d0),
+                    vlo.begin() + static_cast<ptrdiff_t>(d1), lo);
+          std::fill(vsc.begin() + static_cast<ptrdiff_t>(d0),
+                    vsc.begin() + static_cast<ptrdiff_t>(d1), sc);
+        }
+      }
+      unpack_codes(vc, t * row, row, c.bits, q.data());
+      for (uint64_t j = 0; j < row; ++j) x[j] = dequantise(q[j], vlo[j], vsc[j]);
+      to_elements(x.data(), row, s.dtype, vo + t * row * 2);
     }
   }
 }
@@ -329,21 +414,35 @@ void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
   }
 }
 
+// Row by row (one token's K or V of one layer): every code's element under the row's scale is
+// made once (256 of them, when the row is longer than that) and the row is a lookup; shorter
+// rows convert element by element in bulk. Either way each element is the code's value times
+// the scale, rounded to float, then to the element type.
 void fp8_decode(const ChunkShape &s, const std::byte *in, std::byte *out) {
   std::array<float, 256> table{};
   for (int v = 0; v < 256; ++v) table[static_cast<size_t>(v)] = from_e4m3(static_cast<uint8_t>(v));
   const uint64_t row = uint64_t{s.heads} * s.dim;
   const uint64_t rows = uint64_t{s.layers} * 2 * s.tokens;
+  const bool lookup = row > 256;
+  std::vector<float> x(lookup ? 256 : row);
+  std::array<uint16_t, 256> elements{};
   for (uint64_t r = 0; r < rows; ++r) {
-    const std::byte *p = in + r * fp8_row(s);
+    const auto *p = reinterpret_cast<const uint8_t *>(in + r * fp8_row(s));
     float scale;
     std::memcpy(&scale, p, 4);
     if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
-    for (uint64_t i = 0; i < row; ++i) {
-      const float y = table[static_cast<size_t>(p[4 + i])];
-      if (std::isnan(y)) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
-      const float x = y * scale;
-      store16(out + (r * row + i) * 2, float_to_element(x, s.dtype));
+    const uint8_t *codes = p + 4;
+    uint32_t nan = 0;
+    for (uint64_t i = 0; i < row; ++i) nan |= static_cast<uint32_t>((codes[i] & 0x7fu) == 0x7fu);
+    if (nan != 0) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
+    std::byte *o = out + r * row * 2;
+    if (lookup) {
+      for (size_t v = 0; v < 256; ++v) x[v] = table[v] * scale;
+      to_elements(x.data(), 256, s.dtype, reinterpret_cast<std::byte *>(elements.data()));
+      for (uint64_t i = 0; i < row; ++i) std::memcpy(o + i * 2, &elements[codes[i]], 2);
+    } else {
+      for (uint64_t i = 0; i < row; ++i) x[i] = table[codes[i]] * scale;
+      to_elements(x.data(), row, s.dtype, o);
     }
   }
 }
