@@ -58,19 +58,27 @@ void add_relaxed(std::atomic<uint64_t> &a, uint64_t d) noexcept {
 void ChunkIndex::count(Shard &s, const Slot &slot, int sign) noexcept {
   const size_t t = slot.tier;
   const size_t c = std::min<size_t>(slot.encoding & kEncodingCodecMask, kCodecCount - 1);
-  const uint64_t raw = uint64_t{slot.raw_per_token} * slot.tokens;
+  const uint64_t raw = raw_bytes(slot);
   // +x or -x modulo 2^64
   const auto signed_of = [sign](uint64_t x) { return sign > 0 ? x : ~x + 1; };
   add_relaxed(s.chunks[t], signed_of(1));
   add_relaxed(s.bytes[t], signed_of(slot.bytes));
+  // Raw chunks (the common case) are what the totals leave: codec_counts derives them.
+  if (c == 0) return;
   add_relaxed(s.codec_chunks[c][t], signed_of(1));
   add_relaxed(s.codec_raw[c][t], signed_of(raw));
   add_relaxed(s.codec_stored[c][t], signed_of(slot.bytes));
 }
 
 void ChunkIndex::set_sizes(Slot &s, const ChunkMeta &m) {
+  if (m.stored_bytes == 0 || m.stored_bytes == m.bytes) {  // stored as it decodes: no division
+    s.raw_per_token = 0;
+    s.bytes = m.bytes;
+    s.encoding = m.encoding;
+    return;
+  }
   const uint64_t per_token = m.tokens == 0 ? 0 : m.bytes / m.tokens;
-  if (uint64_t{m.tokens} * per_token != m.bytes || per_token > UINT32_MAX) {
+  if (per_token == 0 || uint64_t{m.tokens} * per_token != m.bytes || per_token > UINT32_MAX) {
     fail_invalid("chunk index: a chunk of " + std::to_string(m.bytes) + " bytes and " +
                  std::to_string(m.tokens) + " tokens is not whole 32-bit tokens");
   }
@@ -79,16 +87,28 @@ void ChunkIndex::set_sizes(Slot &s, const ChunkMeta &m) {
   s.encoding = m.encoding;
 }
 
-ChunkIndex::CodecCounts ChunkIndex::codec_counts() const noexcept {
+ChunkIndex::CodecCounts ChunkIndex::codec_counts() const {
   CodecCounts r;
   for (size_t i = 0; i < kShards; ++i) {
     const Shard &s = shards_[i];
-    for (size_t c = 0; c < kCodecCount; ++c) {
-      for (size_t t = 0; t < kTierCount; ++t) {
-        r.chunks[c][t] += s.codec_chunks[c][t].load(std::memory_order_relaxed);
+    // One shard's counts as one snapshot: raw is a difference of them.
+    std::shared_lock lock(s.mu);
+    for (size_t t = 0; t < kTierCount; ++t) {
+      // Raw: a raw chunk's stored bytes are its decoded bytes.
+      uint64_t chunks = s.chunks[t].load(std::memory_order_relaxed);
+      uint64_t bytes = s.bytes[t].load(std::memory_order_relaxed);
+      for (size_t c = 1; c < kCodecCount; ++c) {
+        const uint64_t n = s.codec_chunks[c][t].load(std::memory_order_relaxed);
+        const uint64_t stored = s.codec_stored[c][t].load(std::memory_order_relaxed);
+        r.chunks[c][t] += n;
         r.raw_bytes[c][t] += s.codec_raw[c][t].load(std::memory_order_relaxed);
-        r.stored_bytes[c][t] += s.codec_stored[c][t].load(std::memory_order_relaxed);
+        r.stored_bytes[c][t] += stored;
+        chunks -= n;
+        bytes -= stored;
       }
+      r.chunks[0][t] += chunks;
+      r.raw_bytes[0][t] += bytes;
+      r.stored_bytes[0][t] += bytes;
     }
   }
   return r;

@@ -171,7 +171,7 @@ class ChunkIndex {
   struct CodecCounts {
     std::array<std::array<uint64_t, kTierCount>, kCodecCount> chunks{}, raw_bytes{}, stored_bytes{};
   };
-  CodecCounts codec_counts() const noexcept;
+  CodecCounts codec_counts() const;
   // Makes `meta` (same model, position and tokens; a new encoding and stored size) the chunk's
   // meta in the same step as finish_move switches to `dst`: a move that re-encoded the chunk.
   bool finish_move(const ChunkKey &k, SlotRef dst, const ChunkMeta &meta,
@@ -193,8 +193,8 @@ class ChunkIndex {
     uint16_t model = 0;  // index in the shard's model list
     uint8_t tier = 0;
     uint8_t flags = 0;  // kUsed, kDoomed, kMoving, kRetired
-    // Decoded bytes per token (the chunk's decoded bytes / tokens): ChunkMeta::bytes for any
-    // encoding, in the 4 bytes the 64 would otherwise pad.
+    // Decoded bytes per token of a chunk stored in another size than it decodes to (an
+    // encoded one), in the 4 bytes the 64 would otherwise pad; 0: it decodes to `bytes`.
     uint32_t raw_per_token = 0;
   };
   static_assert(sizeof(Slot) == 64);
@@ -214,7 +214,8 @@ class ChunkIndex {
     // Resident chunks and bytes per tier in this shard: written only under the exclusive lock
     // (a plain load and store, no locked instruction), read by chunks() and bytes() without it.
     std::array<std::atomic<uint64_t>, kTierCount> chunks{}, bytes{};
-    // The same by codec, with the decoded bytes beside the stored ones.
+    // The same by codec, with the decoded bytes beside the stored ones; raw chunks (codec 0,
+    // the common case) are not counted here but derived from the totals by codec_counts.
     std::array<std::array<std::atomic<uint64_t>, kTierCount>, kCodecCount> codec_chunks{},
         codec_raw{}, codec_stored{};
     // The model fingerprints of this shard's chunks (a handful: one per registered model).
@@ -232,15 +233,19 @@ class ChunkIndex {
   static SlotRef where(const Slot &s) noexcept {
     return SlotRef{static_cast<Tier>(s.tier), s.store_slot};
   }
+  static uint64_t raw_bytes(const Slot &s) noexcept {
+    return s.raw_per_token == 0 ? s.bytes : uint64_t{s.raw_per_token} * s.tokens;
+  }
   static ChunkMeta meta(const Shard &sh, const Slot &s) noexcept {
-    const uint64_t raw = uint64_t{s.raw_per_token} * s.tokens;
+    const uint64_t raw = raw_bytes(s);
     return ChunkMeta{sh.models[s.model],           s.position, s.tokens, raw,
                      raw == s.bytes ? 0 : s.bytes, s.encoding};
   }
   bool finish_move(const ChunkKey &k, SlotRef dst, const std::optional<ChunkMeta> &meta,
                    std::vector<SlotRef> &to_free);
-  // Puts the decoded size, stored size and encoding of `m` into a slot: EINVAL when the decoded
-  // bytes are not tokens x a 32-bit per-token size.
+  // Puts the decoded size, stored size and encoding of `m` into a slot: EINVAL when a chunk
+  // stored in another size than it decodes to has decoded bytes that are not tokens x a 32-bit
+  // per-token size (at least 1).
   static void set_sizes(Slot &s, const ChunkMeta &m);
   // The slot holding k, or nullptr. Call with the shard locked.
   static Slot *find(const Shard &s, const ChunkKey &k) noexcept;
