@@ -49,6 +49,8 @@ double value_of(const ChunkMeta &meta, Tier t, const AdaptivePolicy &a) {
 }  // namespace
 
 double ChunkCache::reuse_of(const ChunkKey &key, double horizon_s) const {
+  // A chunk being stored is not resident yet: no need for the eviction order's lock.
+  if (!index_.contains(key)) return 1.0;
   const std::optional<ChunkIndex::Activity> a = index_.activity(key);
   if (!a) return 1.0;
   const uint64_t t = now();
