@@ -570,7 +570,7 @@ bool ChunkCache::loadable(const ChunkMeta &meta) {
 
 uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> keys,
                               const std::optional<codec::CodecParams> &to) {
-  const std::optional<ModelCompression> c = compression(model);
+  std::optional<ModelCompression> c = compression(model);
   if (!c) fail_invalid("the model is not registered with the chunk cache");
   if (to) {
     codec::check_params(c->shape, *to);
@@ -589,16 +589,18 @@ uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> k
     if (!from || *from == Tier::peer) continue;
     std::optional<ChunkUse> use = index_.begin_move(k, *from, false);
     if (!use) continue;  // moving meanwhile: another thread's
-    // The policy's choice in the tier where the chunk is (nullopt: it stays as it is), made
-    // with what the policy knows now.
+    // The policy's choice in the tier where the chunk is (nullopt: it stays as it is). The
+    // model's methods are measured on the first chunk if they were not yet; the policy is read
+    // again only then.
     std::optional<codec::CodecParams> target;
     if (to) {
       if (!same_encoding(use->meta, *to)) target = to;
     } else {
-      measure_from(*use);
-      if (const std::optional<ModelCompression> now = compression(model)) {
-        if (now->adaptive.enabled) target = adaptive_choice(k, use->meta, *from, *now);
+      if (needs_measure(model)) {
+        measure_from(*use);
+        if (std::optional<ModelCompression> now = compression(model)) c = std::move(now);
       }
+      if (c->adaptive.enabled) target = adaptive_choice(k, use->meta, *from, *c);
     }
     if (!target) {
       abort_move(k);
