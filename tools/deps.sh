@@ -4,7 +4,7 @@
 # CUDA is not a Debian package here: when /usr/local/cuda/bin/nvcc exists the build uses it.
 set -euo pipefail
 pkgs=(cmake ninja-build g++ gcc pkg-config binutils libcmocka-dev libnuma-dev libzmq3-dev
-      libxxhash-dev libzstd-dev nlohmann-json3-dev python3
+      libxxhash-dev libzstd-dev libucx-dev ucx-utils iproute2 nlohmann-json3-dev python3
       swig python3-dev python3-numpy python3-pytest python3-torch python3-venv python3-pip
       python3-prometheus-client
       cargo rustc bindgen golang-go

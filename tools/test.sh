@@ -30,4 +30,9 @@ cmake --build "$dir" -j "$(nproc)"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
 export TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$top/tests/tsan.supp}
+# UCX's memory hooks (libucm) patch mmap and madvise to see memory go away; glibc calls madvise
+# while a thread ends, where TSan's state for that thread is already gone, and TSan's interceptor
+# in the hook crashes. The hooks only feed UCX's registration cache, which the tcp transport of
+# the tests does not use: off under TSan.
+if [ "$dir" = build-tsan ]; then export UCX_MEM_MMAP_HOOK_MODE=${UCX_MEM_MMAP_HOOK_MODE:-none}; fi
 ctest --test-dir "$dir" --output-on-failure -j "$(nproc)"

@@ -1,0 +1,398 @@
+// Loads (gets) and stores (puts) of whole chunks over UCX between two processes, against
+// ucx_perftest's ucp_get / ucp_put bandwidth over the same transport in the same run.
+//
+// For each SwiftCache Table 2 model and 16- and 256-token chunks (float16), one repetition moves
+// a batch of chunks (about --batch-mib MiB) in one call: every chunk one operation, all issued
+// at once, one completion wait. The baseline is ucx_perftest moving the same number of messages
+// of the same size; the two alternate (perftest, ours, perftest, ours, ...) after a warm-up of
+// each. Prints median / best GB/s per direction, the ratio of the medians, and a JSON line.
+//
+// A third column is the link itself: the same bytes through one TCP socket on loopback between
+// the same two processes (the serving process writes them, or reads them and acknowledges), the
+// most any transport over tcp could move.
+//
+// The serving side is this program again ("--serve TLS BYTES"): a registered buffer, progressed
+// on its event fd, as a lender's coordinator thread does, and a TCP listener for the socket
+// baseline.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/common/error.hpp"
+#include "core/transport/ucx_transport.hpp"
+#include "hex_bytes.hpp"
+#include "paper_models.h"
+
+extern char **environ;
+
+namespace {
+
+namespace tr = swiftkv::transport;
+
+struct Options {
+  int reps = 5;
+  uint64_t batch_mib = 256;
+  std::string transports = "tcp";
+  bool quick = false;
+  bool json = false;
+};
+
+bool full_io(int fd, std::byte *p, size_t n, bool write) {
+  while (n > 0) {
+    const ssize_t k = write ? ::send(fd, p, n, MSG_NOSIGNAL) : ::recv(fd, p, n, 0);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+// One socket-baseline command: 'g' + 8-byte length (the server sends that many bytes) or 'p' +
+// length (it receives them, then sends one byte).
+void socket_command(int fd, std::vector<std::byte> &mem) {
+  char cmd = 0;
+  uint64_t n = 0;
+  if (::recv(fd, &cmd, 1, MSG_WAITALL) != 1 ||
+      !full_io(fd, reinterpret_cast<std::byte *>(&n), sizeof n, false) || n > mem.size()) {
+    std::exit(0);
+  }
+  if (cmd == 'g') {
+    full_io(fd, mem.data(), n, true);
+  } else {
+    full_io(fd, mem.data(), n, false);
+    std::byte ack{1};
+    full_io(fd, &ack, 1, true);
+  }
+}
+
+int serve(const std::string &transports, uint64_t bytes) {
+  tr::UcxOptions o;
+  o.transports = transports;
+  auto ctx = tr::UcxContext::create(o);
+  std::vector<std::byte> mem(bytes, std::byte{0x5a});
+  auto reg = ctx->register_memory(mem.data(), bytes);
+  const int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (lfd < 0 || ::bind(lfd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
+      ::listen(lfd, 1) != 0 || ::getsockname(lfd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+    return 1;
+  }
+  std::printf("%s\n%s\n%llu\n%u\n", hex_of(ctx->serving_address()).c_str(),
+              hex_of(reg->packed_key()).c_str(), static_cast<unsigned long long>(reg->base()),
+              static_cast<unsigned>(ntohs(a.sin_port)));
+  std::fflush(stdout);
+  int cfd = -1;
+  ctx->serve();
+  for (;;) {
+    pollfd p[3] = {
+        {ctx->serving_event_fd(), POLLIN, 0}, {0, POLLIN, 0}, {cfd >= 0 ? cfd : lfd, POLLIN, 0}};
+    ::poll(p, 3, 100);
+    if (p[1].revents != 0) {
+      char c;
+      if (::read(0, &c, 1) <= 0) return 0;
+    }
+    if (p[2].revents != 0) {
+      if (cfd < 0) {
+        cfd = ::accept(lfd, nullptr, nullptr);
+      } else {
+        socket_command(cfd, mem);
+      }
+    }
+    ctx->serve();
+  }
+}
+
+// Runs a command, returns its standard output (empty when it failed).
+std::string run_capture(const std::vector<std::string> &args, pid_t *background = nullptr) {
+  int out[2];
+  if (::pipe(out) != 0) return {};
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  std::vector<char *> argv;
+  for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(out[1]);
+  if (rc != 0) {
+    ::close(out[0]);
+    return {};
+  }
+  if (background != nullptr) {
+    *background = pid;
+    ::close(out[0]);
+    return "started";
+  }
+  std::string s;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) s.append(buf, static_cast<size_t>(n));
+  ::close(out[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? s : std::string();
+}
+
+// ucx_perftest's overall bandwidth in GB/s (its MB is 2^20 bytes), or a negative number.
+double perftest(const char *test, uint64_t bytes, uint64_t iters) {
+  static int port = 20000 + static_cast<int>(::getpid() % 20000);
+  ++port;
+  pid_t server = -1;
+  run_capture({"ucx_perftest", "-p", std::to_string(port)}, &server);
+  std::string out;
+  for (int attempt = 0; attempt < 50 && out.empty(); ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    out = run_capture({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
+                       std::to_string(bytes), "-n", std::to_string(iters), "-w", "2"});
+  }
+  ::kill(server, SIGTERM);
+  ::waitpid(server, nullptr, 0);
+  const size_t at = out.find("Final:");
+  if (at == std::string::npos) {
+    std::fprintf(stderr,
+                 "bench_remote: ucx_perftest -t %s gave no result (is ucx-utils "
+                 "installed?)\n",
+                 test);
+    std::exit(1);
+  }
+  double f[8] = {};
+  if (std::sscanf(out.c_str() + at, "Final: %lf %lf %lf %lf %lf %lf %lf %lf", &f[0], &f[1], &f[2],
+                  &f[3], &f[4], &f[5], &f[6], &f[7]) != 8) {
+    return -1;
+  }
+  return f[5] * 1048576.0 / 1e9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+double best(const std::vector<double> &v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+}  // namespace
+
+int main(int argc, char **argv) {
+  if (argc == 4 && std::strcmp(argv[1], "--serve") == 0) {
+    return serve(argv[2], std::stoull(argv[3]));
+  }
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "bench_remote: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--reps")
+      o.reps = std::stoi(next());
+    else if (a == "--batch-mib")
+      o.batch_mib = std::stoull(next());
+    else if (a == "--transports")
+      o.transports = next();
+    else if (a == "--quick")
+      o.quick = true;
+    else if (a == "--json")
+      o.json = true;
+    else {
+      std::fprintf(stderr,
+                   "usage: bench_remote [--reps N] [--batch-mib M] [--transports TLS] [--quick] "
+                   "[--json]\n");
+      return 2;
+    }
+  }
+  if (o.quick) {
+    o.reps = 1;
+    o.batch_mib = 8;
+  }
+  if (o.reps < 1 || o.batch_mib < 1) {
+    std::fprintf(stderr, "bench_remote: --reps and --batch-mib must be at least 1\n");
+    return 2;
+  }
+  if (!tr::ucx_built()) {
+    std::printf("bench_remote: built without UCX\n");
+    return 77;
+  }
+  ::signal(SIGPIPE, SIG_IGN);
+  // ucx_perftest reads the transports from the environment; so does the serving process.
+  ::setenv("UCX_TLS", o.transports.c_str(), 1);
+
+  // The largest chunk of the table decides the serving buffer: at least one chunk per batch.
+  uint64_t max_chunk = 0;
+  for (const auto &m : swiftkv_paper_models) {
+    max_chunk =
+        std::max<uint64_t>(max_chunk, 2ull * m.num_layers * m.num_kv_heads * m.head_dim * 2 * 256);
+  }
+  const uint64_t region = std::max<uint64_t>(o.batch_mib << 20, max_chunk);
+
+  int in[2], out[2];
+  if (::pipe(in) != 0 || ::pipe(out) != 0) return 1;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  const std::string rs = std::to_string(region);
+  char *sargv[] = {argv[0], const_cast<char *>("--serve"), const_cast<char *>(o.transports.c_str()),
+                   const_cast<char *>(rs.c_str()), nullptr};
+  pid_t server = -1;
+  if (posix_spawn(&server, argv[0], &fa, nullptr, sargv, environ) != 0) return 1;
+  posix_spawn_file_actions_destroy(&fa);
+  ::close(in[0]);
+  ::close(out[1]);
+  FILE *f = ::fdopen(out[0], "r");
+  std::vector<std::string> lines;
+  char *line = nullptr;
+  size_t cap = 0;
+  for (int i = 0; i < 4 && ::getline(&line, &cap, f) > 0; ++i) {
+    std::string l(line);
+    while (!l.empty() && l.back() == '\n') l.pop_back();
+    lines.push_back(l);
+  }
+  std::free(line);
+  if (lines.size() != 4) {
+    std::fprintf(stderr, "bench_remote: the serving process did not start\n");
+    return 1;
+  }
+
+  tr::UcxOptions uo;
+  uo.transports = o.transports;
+  auto ctx = tr::UcxContext::create(uo);
+  auto ep = ctx->connect(bytes_of_hex(lines[0]));
+  ep->add_range(1, {bytes_of_hex(lines[1]), std::stoull(lines[2]), region});
+  std::vector<std::byte> local(region, std::byte{0x33});
+  const int sfd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  sa.sin_port = htons(static_cast<uint16_t>(std::stoul(lines[3])));
+  if (sfd < 0 || ::connect(sfd, reinterpret_cast<sockaddr *>(&sa), sizeof sa) != 0) {
+    std::fprintf(stderr, "bench_remote: the socket baseline could not connect\n");
+    return 1;
+  }
+  // The socket moves `total` bytes in commands of at most the region's size.
+  auto socket_gbps = [&](char cmd, uint64_t total) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (uint64_t done = 0; done < total;) {
+      const uint64_t n = std::min(total - done, region);
+      if (::send(sfd, &cmd, 1, MSG_NOSIGNAL) != 1 ||
+          !full_io(sfd, reinterpret_cast<std::byte *>(const_cast<uint64_t *>(&n)), sizeof n,
+                   true) ||
+          !full_io(sfd, local.data(), n, cmd == 'p')) {
+        std::fprintf(stderr, "bench_remote: the socket baseline failed\n");
+        std::exit(1);
+      }
+      if (cmd == 'p') {
+        std::byte ack{};
+        full_io(sfd, &ack, 1, false);
+      }
+      done += n;
+    }
+    return static_cast<double>(total) /
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 1e9;
+  };
+
+  std::printf(
+      "bench_remote: transports %s, %d repetitions, batches of about %llu MiB, GB/s "
+      "median / best\n\n",
+      o.transports.c_str(), o.reps, static_cast<unsigned long long>(o.batch_mib));
+  std::printf(
+      "| model | tokens | chunk | chunks/batch | get | ucx_perftest get | ratio | socket "
+      "read | put | ucx_perftest put | ratio | socket write | chunks/s (get) |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  std::string json = "{\"bench\":\"remote\",\"transports\":\"" + o.transports + "\",\"rows\":[";
+  bool first_row = true;
+  for (const auto &m : swiftkv_paper_models) {
+    // A quick run (the smoke test) keeps the smallest and the largest of the Qwen3 models.
+    if (o.quick && std::strcmp(m.name, "Qwen3-8B") != 0 && std::strcmp(m.name, "Qwen3-32B") != 0) {
+      continue;
+    }
+    for (uint64_t tokens : {16ull, 256ull}) {
+      const uint64_t chunk = 2ull * m.num_layers * m.num_kv_heads * m.head_dim * 2 * tokens;
+      const uint64_t n =
+          std::max<uint64_t>(1, std::min<uint64_t>((o.batch_mib << 20) / chunk, region / chunk));
+      // Every measurement moves the same chunks: `batches` batches of n (at least 256 MiB, or
+      // the batch size when that is larger).
+      const uint64_t batches =
+          std::max<uint64_t>(1, ((o.quick ? 8ull : 256ull) << 20) / (n * chunk));
+      const uint64_t total = batches * n * chunk;
+      auto ours = [&](tr::RmaOp::Kind kind) {
+        std::vector<tr::RmaOp> ops;
+        for (uint64_t c = 0; c < n; ++c)
+          ops.push_back({kind, c * chunk, local.data() + c * chunk, chunk});
+        const auto t0 = std::chrono::steady_clock::now();
+        for (uint64_t b = 0; b < batches; ++b) ep->run(1, ops, 600'000'000'000ULL);
+        const double s =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return static_cast<double>(total) / s / 1e9;
+      };
+      std::vector<double> get, pget, sget, put, pput, sput;
+      // Warm-up of each, then alternate.
+      ours(tr::RmaOp::Kind::get);
+      ours(tr::RmaOp::Kind::put);
+      socket_gbps('g', total);
+      perftest("ucp_get", chunk, total / chunk);
+      for (int r = 0; r < o.reps; ++r) {
+        pget.push_back(perftest("ucp_get", chunk, total / chunk));
+        sget.push_back(socket_gbps('g', total));
+        get.push_back(ours(tr::RmaOp::Kind::get));
+        pput.push_back(perftest("ucp_put_bw", chunk, total / chunk));
+        sput.push_back(socket_gbps('p', total));
+        put.push_back(ours(tr::RmaOp::Kind::put));
+      }
+      const double rg = median(get) / median(pget), rp = median(put) / median(pput);
+      const double rate = median(get) * 1e9 / static_cast<double>(chunk);
+      std::printf(
+          "| %s | %llu | %.2f MiB | %llu | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f | "
+          "%.2f / %.2f | %.2f / %.2f | %.2f | %.2f | %.0f |\n",
+          m.name, static_cast<unsigned long long>(tokens), static_cast<double>(chunk) / 1048576.0,
+          static_cast<unsigned long long>(n), median(get), best(get), median(pget), best(pget), rg,
+          median(sget), median(put), best(put), median(pput), best(pput), rp, median(sput), rate);
+      std::fflush(stdout);
+      char buf[640];
+      std::snprintf(buf, sizeof buf,
+                    "%s{\"model\":\"%s\",\"tokens\":%llu,\"chunk_bytes\":%llu,\"chunks\":%llu,"
+                    "\"get_gbps\":%.4f,\"perftest_get_gbps\":%.4f,\"socket_read_gbps\":%.4f,"
+                    "\"put_gbps\":%.4f,\"perftest_put_gbps\":%.4f,\"socket_write_gbps\":%.4f}",
+                    first_row ? "" : ",", m.name, static_cast<unsigned long long>(tokens),
+                    static_cast<unsigned long long>(chunk), static_cast<unsigned long long>(n),
+                    median(get), median(pget), median(sget), median(put), median(pput),
+                    median(sput));
+      json += buf;
+      first_row = false;
+    }
+  }
+  json += "]}";
+  if (o.json) std::printf("\n%s\n", json.c_str());
+  ep.reset();
+  ::close(sfd);
+  ::close(in[1]);
+  std::fclose(f);
+  ::waitpid(server, nullptr, 0);
+  return 0;
+}
