@@ -19,7 +19,6 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,12 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.hpp"
 #include "core/common/error.hpp"
 #include "core/transport/ucx_transport.hpp"
-#include "hex_bytes.hpp"
 #include "paper_models.h"
-
-extern char **environ;
 
 namespace {
 
@@ -122,35 +119,16 @@ int serve(const std::string &transports, uint64_t bytes) {
 }
 
 // Runs a command, returns its standard output (empty when it failed).
-std::string run_capture(const std::vector<std::string> &args, pid_t *background = nullptr) {
-  int out[2];
-  if (::pipe(out) != 0) return {};
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  std::vector<char *> argv;
-  for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(out[0]);
-    return {};
-  }
-  if (background != nullptr) {
-    *background = pid;
-    ::close(out[0]);
-    return "started";
-  }
+std::string run_capture(const std::vector<std::string> &args) {
+  PipedChild c = spawn_piped(args);
+  if (c.pid < 0) return {};
+  ::close(c.in);
   std::string s;
   char buf[4096];
-  for (ssize_t n; (n = ::read(out[0], buf, sizeof buf)) > 0;) s.append(buf, static_cast<size_t>(n));
-  ::close(out[0]);
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, c.out)) > 0;) s.append(buf, n);
+  std::fclose(c.out);
   int status = 0;
-  ::waitpid(pid, &status, 0);
+  ::waitpid(c.pid, &status, 0);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? s : std::string();
 }
 
@@ -158,16 +136,22 @@ std::string run_capture(const std::vector<std::string> &args, pid_t *background 
 double perftest(const char *test, uint64_t bytes, uint64_t iters) {
   static int port = 20000 + static_cast<int>(::getpid() % 20000);
   ++port;
-  pid_t server = -1;
-  run_capture({"ucx_perftest", "-p", std::to_string(port)}, &server);
+  // The server's output is not read: its pipe is closed as soon as it started.
+  PipedChild server = spawn_piped({"ucx_perftest", "-p", std::to_string(port)});
+  if (server.pid > 0) {
+    ::close(server.in);
+    std::fclose(server.out);
+  }
   std::string out;
   for (int attempt = 0; attempt < 50 && out.empty(); ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     out = run_capture({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
                        std::to_string(bytes), "-n", std::to_string(iters), "-w", "2"});
   }
-  ::kill(server, SIGTERM);
-  ::waitpid(server, nullptr, 0);
+  if (server.pid > 0) {
+    ::kill(server.pid, SIGTERM);
+    ::waitpid(server.pid, nullptr, 0);
+  }
   const size_t at = out.find("Final:");
   if (at == std::string::npos) {
     std::fprintf(stderr,
@@ -249,32 +233,9 @@ int main(int argc, char **argv) {
   }
   const uint64_t region = std::max<uint64_t>(o.batch_mib << 20, max_chunk);
 
-  int in[2], out[2];
-  if (::pipe(in) != 0 || ::pipe(out) != 0) return 1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addclose(&fa, in[1]);
-  posix_spawn_file_actions_addclose(&fa, out[0]);
-  const std::string rs = std::to_string(region);
-  char *sargv[] = {argv[0], const_cast<char *>("--serve"), const_cast<char *>(o.transports.c_str()),
-                   const_cast<char *>(rs.c_str()), nullptr};
-  pid_t server = -1;
-  if (posix_spawn(&server, argv[0], &fa, nullptr, sargv, environ) != 0) return 1;
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(in[0]);
-  ::close(out[1]);
-  FILE *f = ::fdopen(out[0], "r");
-  std::vector<std::string> lines;
-  char *line = nullptr;
-  size_t cap = 0;
-  for (int i = 0; i < 4 && ::getline(&line, &cap, f) > 0; ++i) {
-    std::string l(line);
-    while (!l.empty() && l.back() == '\n') l.pop_back();
-    lines.push_back(l);
-  }
-  std::free(line);
+  PipedChild server = spawn_piped({argv[0], "--serve", o.transports, std::to_string(region)});
+  const std::vector<std::string> lines =
+      server.pid > 0 ? read_lines(server.out, 4) : std::vector<std::string>();
   if (lines.size() != 4) {
     std::fprintf(stderr, "bench_remote: the serving process did not start\n");
     return 1;
@@ -391,8 +352,8 @@ int main(int argc, char **argv) {
   if (o.json) std::printf("\n%s\n", json.c_str());
   ep.reset();
   ::close(sfd);
-  ::close(in[1]);
-  std::fclose(f);
-  ::waitpid(server, nullptr, 0);
+  ::close(server.in);
+  std::fclose(server.out);
+  ::waitpid(server.pid, nullptr, 0);
   return 0;
 }

@@ -5,11 +5,11 @@
 #include <ucp/api/ucp.h>
 
 #include <atomic>
-#include <chrono>
 #include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 
 namespace swiftkv::transport {
@@ -25,12 +25,6 @@ constexpr size_t kKeyPadding = 4096;
 
 [[noreturn]] void fail_ucx(swiftkv_status status, const std::string &what, ucs_status_t s) {
   fail(status, "UCX: " + what + ": " + ucs_status_string(s));
-}
-
-uint64_t now_ns() {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now().time_since_epoch())
-                                   .count());
 }
 
 struct Counters {
@@ -329,10 +323,10 @@ class Endpoint final : public UcxEndpoint {
     n.ops.fetch_add(ops.size());
     // One flush: every op above is complete at the peer when it completes.
     if (w.status == UCS_OK) track(ucp_ep_flush_nbx(ep_, &rp));
-    const uint64_t deadline = now_ns() + timeout_ns;
+    const uint64_t deadline = monotonic_ns() + timeout_ns;
     bool timed_out = false;
     while (w.pending > 0) {
-      if (ep_ != nullptr && (failed_.load() || now_ns() >= deadline)) {
+      if (ep_ != nullptr && (failed_.load() || monotonic_ns() >= deadline)) {
         // Closing by force completes whatever is still in flight (with an error), so that
         // nothing lands in the local buffers once this returns.
         timed_out = !failed_.load();
@@ -386,8 +380,8 @@ class Endpoint final : public UcxEndpoint {
     ep_ = nullptr;
     if (p == nullptr || UCS_PTR_IS_ERR(p)) return;
     // A graceful close waits for the peer; a bounded wait, then it is left to UCX.
-    const uint64_t deadline = now_ns() + 1'000'000'000ULL;
-    while (ucp_request_check_status(p) == UCS_INPROGRESS && now_ns() < deadline) {
+    const uint64_t deadline = monotonic_ns() + 1'000'000'000ULL;
+    while (ucp_request_check_status(p) == UCS_INPROGRESS && monotonic_ns() < deadline) {
       owner_->progress_client(1);
     }
     ucp_request_free(p);

@@ -8,7 +8,6 @@
 // pattern, prints its worker address and key, and serves until stdin closes or it is killed.
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,15 +23,13 @@
 #include <thread>
 #include <vector>
 
+#include "child_process.hpp"
 #include "core/common/error.hpp"
 #include "core/transport/ucx_transport.hpp"
-#include "hex_bytes.hpp"
 
 extern "C" {
 #include "test_support.h"
 }
-
-extern char **environ;
 
 namespace {
 
@@ -123,33 +120,14 @@ struct Peer {
 
   // Spawns this binary with `args` and reads `want` lines of its output.
   Peer(const std::vector<std::string> &args, size_t want) {
-    int in[2], out[2];
-    assert_int_equal(::pipe(in), 0);
-    assert_int_equal(::pipe(out), 0);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_addclose(&fa, in[1]);
-    posix_spawn_file_actions_addclose(&fa, out[0]);
-    std::vector<char *> argv = {const_cast<char *>(g_self)};
-    for (const std::string &a : args) argv.push_back(const_cast<char *>(a.c_str()));
-    argv.push_back(nullptr);
-    assert_int_equal(posix_spawn(&pid, g_self, &fa, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in[0]);
-    ::close(out[1]);
-    to = in[1];
-    FILE *f = ::fdopen(out[0], "r");
-    char *line = nullptr;
-    size_t cap = 0;
-    for (size_t i = 0; i<want && ::getline(&line, &cap, f)> 0; ++i) {
-      std::string l(line);
-      while (!l.empty() && l.back() == '\n') l.pop_back();
-      lines.push_back(l);
-    }
-    std::free(line);
-    std::fclose(f);
+    std::vector<std::string> argv = {g_self};
+    argv.insert(argv.end(), args.begin(), args.end());
+    PipedChild c = spawn_piped(argv);
+    assert_true(c.pid > 0);
+    pid = c.pid;
+    to = c.in;
+    lines = read_lines(c.out, want);
+    std::fclose(c.out);
     assert_int_equal(lines.size(), want);
   }
   ~Peer() {
