@@ -1,6 +1,7 @@
 // Context and device entry points: the versioned config is read with defaults, validated
 // against the machine by swiftkv::Context, and only then is a handle returned.
 #include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -16,8 +17,9 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV7Size = offsetof(swiftkv_ctx_config, reserved2) + sizeof(uint32_t);
-static_assert(kCtxConfigV7Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV8Size =
+    offsetof(swiftkv_ctx_config, coord_rma_timeout_ms) + sizeof(uint32_t);
+static_assert(kCtxConfigV8Size == sizeof(swiftkv_ctx_config));
 constexpr uint32_t kMaxOpenRequestsLimit = uint32_t{1} << 20;
 
 struct ReadConfig {
@@ -110,6 +112,19 @@ swiftkv::coord::CoordOptions coord_options(const swiftkv_ctx_config &c) {
   if (c.coord_timeout_ms == 0) swiftkv::fail_invalid("config->coord_timeout_ms is 0");
   o.heartbeat_ns = uint64_t{c.coord_heartbeat_ms} * 1'000'000;
   o.timeout_ns = uint64_t{c.coord_timeout_ms} * 1'000'000;
+  const int32_t path = swiftkv::capi::raw_enum_value(c.coord_remote_path);
+  if (path < SWIFTKV_REMOTE_PATH_AUTO || path > SWIFTKV_REMOTE_PATH_LOCAL) {
+    swiftkv::fail_invalid("config->coord_remote_path (" + std::to_string(path) +
+                          ") is not a swiftkv_remote_path");
+  }
+  o.path = static_cast<swiftkv::coord::RemotePath>(path);
+  if (c.coord_ucx_transports != nullptr) {
+    const size_t n = ::strnlen(c.coord_ucx_transports, 1025);
+    if (n > 1024) swiftkv::fail_invalid("config->coord_ucx_transports is over 1024 bytes");
+    o.ucx_transports = std::string(c.coord_ucx_transports, n);
+  }
+  if (c.coord_rma_timeout_ms == 0) swiftkv::fail_invalid("config->coord_rma_timeout_ms is 0");
+  o.rma_timeout_ns = uint64_t{c.coord_rma_timeout_ms} * 1'000'000;
   return o;
 }
 
@@ -219,6 +234,9 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.coord_endpoint = co.endpoint ? co.endpoint->c_str() : nullptr;
     v.coord_heartbeat_ms = static_cast<uint32_t>(co.heartbeat_ns / 1'000'000);
     v.coord_timeout_ms = static_cast<uint32_t>(co.timeout_ns / 1'000'000);
+    v.coord_ucx_transports = co.ucx_transports.empty() ? nullptr : co.ucx_transports.c_str();
+    v.coord_remote_path = static_cast<swiftkv_remote_path>(co.path);
+    v.coord_rma_timeout_ms = static_cast<uint32_t>(co.rma_timeout_ns / 1'000'000);
     v.transfer_threads = ctx->executor.threads();
     v.max_open_requests = ctx->max_open_requests;
     v.write_back_on_close = ctx->write_back_on_close ? 1 : 0;

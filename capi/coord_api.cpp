@@ -13,7 +13,7 @@
 
 namespace {
 
-constexpr size_t kCoordStatsV1Size = sizeof(swiftkv_coord_stats);
+constexpr size_t kCoordStatsV1Size = offsetof(swiftkv_coord_stats, lenders_lost) + sizeof(uint64_t);
 
 // A C string argument of 1 to max bytes.
 std::string string_arg(const char *s, const char *name, size_t max) {
@@ -78,6 +78,13 @@ SWIFTKV_API swiftkv_status swiftkv_coord_stats_get(swiftkv_coord_stats *out,
     v.reclaim_ns_max = s.reclaim_ns_max;
     v.leases_lost = s.leases_lost;
     v.lenders_lost = s.lenders_lost;
+    v.remote_sessions = s.remote_sessions;
+    v.remote_lenders = s.remote_lenders;
+    v.grants_refused = s.grants_refused;
+    v.rma_batches = s.rma_batches;
+    v.rma_batches_failed = s.rma_batches_failed;
+    v.rma_bytes_read = s.rma_bytes_read;
+    v.rma_bytes_written = s.rma_bytes_written;
     swiftkv::capi::write_versioned(out, v, SWIFTKV_COORD_STATS_VERSION, kCoordStatsV1Size, "out",
                                    "SWIFTKV_COORD_STATS_INIT");
     return SWIFTKV_OK;

@@ -123,6 +123,22 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
     e.one("swiftkv_coord_leases_lost_total", "counter",
           "Borrowed leases lost to expiry or a dead lender.", c.leases_lost);
     e.one("swiftkv_coord_lenders_lost_total", "counter", "Lenders that went away.", c.lenders_lost);
+    e.one("swiftkv_coord_remote_sessions", "gauge",
+          "Borrower sessions on the offered regions reached over UCX.", c.remote_sessions);
+    e.one("swiftkv_coord_remote_lenders", "gauge", "Remote lenders reached over UCX.",
+          c.remote_lenders);
+    e.one("swiftkv_coord_grants_refused_total", "counter",
+          "Grants this side could not use (a forged key, a range outside the region), given back.",
+          c.grants_refused);
+    e.one("swiftkv_coord_rma_batches_total", "counter",
+          "Batches of UCX reads and writes of lent memory.", c.rma_batches);
+    e.one("swiftkv_coord_rma_batches_failed_total", "counter",
+          "Batches of UCX reads and writes that failed; none of their bytes were used.",
+          c.rma_batches_failed);
+    e.one("swiftkv_coord_rma_read_bytes_total", "counter", "Lent bytes read over UCX.",
+          c.rma_bytes_read);
+    e.one("swiftkv_coord_rma_written_bytes_total", "counter", "Lent bytes written over UCX.",
+          c.rma_bytes_written);
     const std::string &text = e.text();
     *length_out = text.size();
     if (capacity > text.size()) std::memcpy(buf, text.c_str(), text.size() + 1);

@@ -116,7 +116,11 @@ void BorrowerSessions::on_command(const Command &c) {
         return;
       }
       active_.push_back(c.session);
-      send(s, Hello{s.mine, static_cast<uint32_t>(::getpid()), s.name});
+      PathWish wish = PathWish::automatic;
+      if (st_.options.path == RemotePath::ucx) wish = PathWish::ucx;
+      if (st_.options.path == RemotePath::local) wish = PathWish::local;
+      send(s, Hello{s.mine, static_cast<uint32_t>(::getpid()), s.name, st_.host,
+                    static_cast<uint8_t>(wish)});
       return;
     }
     case Command::Kind::lend: {
@@ -135,11 +139,14 @@ void BorrowerSessions::on_command(const Command &c) {
       // The lease's memory leaves this process before the lender hears it is free: granules no
       // other lease uses are unmapped (the caller has drained every reader of the lease).
       std::shared_ptr<RegionMapping> m;
+      std::shared_ptr<transport::UcxEndpoint> ep;
       {
         std::lock_guard lock(st_.mu);
         m = s.mapping;
+        ep = s.ep;
       }
       if (m) m->drop(c.offset, c.bytes);
+      if (ep) ep->remove_range(c.value);
       if (c.tell && s.sock) send(s, Release{c.value});
       return;
     }
@@ -213,6 +220,7 @@ void BorrowerSessions::lose_lender(const std::shared_ptr<Session> &s, const std:
     }
     st_.stats.leases_lost += n;
     ++st_.stats.lenders_lost;
+    if (s->ep) --st_.stats.remote_lenders;
     for (auto it = st_.sessions.begin(); it != st_.sessions.end(); ++it) {
       if (it->second == s) {
         st_.sessions.erase(it);
@@ -348,10 +356,14 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
                       w.capacity_units > w.region_bytes / w.unit_bytes || w.identity.empty())) {
     bad = "its region description does not add up";
   }
+  if (bad.empty() && w.ucx_address.empty() == w.fd_socket.empty()) {
+    bad = "it names both or neither of an fd channel and a UCX address";
+  }
   if (!bad.empty()) {
     fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" sent a bad welcome: " + bad);
     return;
   }
+  if (!w.ucx_address.empty()) return on_ucx_welcome(s, w);
   try {
     s.fdconn = fd_connect(w.fd_socket);
     fd_send(s.fdconn.get(), encode_auth(FdAuth{w.session, w.token}), {});
@@ -362,6 +374,53 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
   std::lock_guard lock(st_.mu);
   s.info = w;
   s.phase = Phase::awaiting_pieces;
+}
+
+void BorrowerSessions::on_ucx_welcome(Session &s, const Welcome &w) {
+  if (st_.options.path == RemotePath::local) {
+    fail_session(s, SWIFTKV_EPEER,
+                 "the lender \"" + s.name +
+                     "\" offered UCX to a borrower that asked for mapped "
+                     "memory only");
+    return;
+  }
+  std::shared_ptr<transport::UcxEndpoint> ep;
+  try {
+    ep = st_.ucx_context().connect(std::as_bytes(std::span(w.ucx_address)));
+  } catch (const Error &e) {
+    fail_session(s, e.status() == SWIFTKV_EUNSUPPORTED ? SWIFTKV_EUNSUPPORTED : SWIFTKV_EPEER,
+                 "reaching the lender \"" + s.name + "\" over UCX: " + e.what());
+    return;
+  }
+  {
+    std::lock_guard lock(st_.mu);
+    s.info = w;
+    s.ep = std::move(ep);
+    s.phase = Phase::ready;
+    st_.stats.lenders_connected = st_.sessions.size();
+    ++st_.stats.remote_lenders;
+  }
+  // From here a lost lender is found by its endpoint's errors and by heartbeats.
+  stop_monitor(s);
+  st_.cv.notify_all();
+}
+
+void BorrowerSessions::add_remote_range(Session &s, const Grant &g) {
+  const uint64_t bytes = g.units * s.info.unit_bytes;
+  if (g.pieces != 0 || g.rkey.empty() || g.remote_base + bytes < g.remote_base) {
+    fail(SWIFTKV_EPEER, "the lender's grant has no usable remote key or range");
+  }
+  std::shared_ptr<transport::UcxEndpoint> ep;
+  {
+    std::lock_guard lock(st_.mu);
+    ep = s.ep;
+  }
+  transport::RemoteRange r;
+  const auto *k = reinterpret_cast<const std::byte *>(g.rkey.data());
+  r.packed_key.assign(k, k + g.rkey.size());
+  r.base = g.remote_base;
+  r.bytes = bytes;
+  ep->add_range(g.lease, r);  // EPEER for a key UCX refuses (counted there as well)
 }
 
 namespace {
@@ -473,13 +532,18 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
     return refuse_grant(s, g, SWIFTKV_EPEER, "the lender granted a lease that does not add up");
   }
   std::shared_ptr<RegionMapping> mapping;
+  const bool remote = static_cast<bool>(s.ep);  // set with the welcome, before any grant
   try {
-    mapping = map_grant(s, g, receive_pieces(s, g));
+    if (remote) {
+      add_remote_range(s, g);
+    } else {
+      mapping = map_grant(s, g, receive_pieces(s, g));
+    }
   } catch (const Error &e) {
     return refuse_grant(s, g, e.status(), e.what());
   }
   std::lock_guard lock(st_.mu);
-  s.mapping = mapping;
+  if (!remote) s.mapping = mapping;
   const auto it = s.lends.find(g.request);
   MirrorLease l;
   l.first_unit = g.first_unit;
@@ -488,9 +552,12 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
   s.leases[g.lease] = l;
   it->second.done = true;
   it->second.grant.lease_id = g.lease;
-  it->second.grant.data = s.mapping->data() + g.first_unit * s.info.unit_bytes;
-  it->second.grant.device = s.mapping->device();
   it->second.grant.chunks = g.units * s.info.unit_chunks;
+  it->second.grant.remote = remote;
+  if (!remote) {
+    it->second.grant.data = s.mapping->data() + g.first_unit * s.info.unit_bytes;
+    it->second.grant.device = s.mapping->device();
+  }
   st_.cv.notify_all();
 }
 
@@ -499,6 +566,7 @@ void BorrowerSessions::refuse_grant(Session &s, const Grant &g, swiftkv_status s
   // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
   send(s, Release{g.lease});
   std::lock_guard lock(st_.mu);
+  ++st_.stats.grants_refused;
   const auto it = s.lends.find(g.request);
   if (it == s.lends.end()) {
     ++st_.stats.messages_dropped;
@@ -592,9 +660,20 @@ void BorrowerSessions::heartbeats(uint64_t now) {
     if (!s.sock) continue;
     std::vector<uint64_t> ids;
     bool notify = false;
+    std::shared_ptr<transport::UcxEndpoint> ep;
     {
       std::lock_guard lock(st_.mu);
-      if (s.phase != Phase::ready || s.lost || now < s.next_heartbeat_ns) continue;
+      if (s.phase != Phase::ready || s.lost) continue;
+      ep = s.ep;
+    }
+    // A UCX lender's death shows on its endpoint first (a failed batch wakes this thread).
+    if (ep && ep->failed()) {
+      lose_lender(sp, "its UCX endpoint failed");
+      continue;
+    }
+    {
+      std::lock_guard lock(st_.mu);
+      if (now < s.next_heartbeat_ns) continue;
       for (auto &[id, l] : s.leases) {
         if (l.lost) continue;
         if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
@@ -608,7 +687,8 @@ void BorrowerSessions::heartbeats(uint64_t now) {
       s.next_heartbeat_ns = now + heartbeat_ns(s);
     }
     if (notify && s.on_reclaim) s.on_reclaim();
-    if (ids.empty()) continue;
+    // A UCX session heartbeats with no lease too: it is the lender's only sign of this process.
+    if (ids.empty() && !ep) continue;
     if (ids.size() > kMaxLeasesPerMessage) ids.resize(kMaxLeasesPerMessage);
     if (s.hb_sent.size() > 64) s.hb_sent.erase(s.hb_sent.begin());  // answers lost for good
     s.hb_sent[s.send_seq + 1] = {now, ids};

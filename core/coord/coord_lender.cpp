@@ -134,6 +134,7 @@ void LenderService::on_router() {
       continue;
     }
     Served &srv = it->second;
+    srv.last_heard_ns = monotonic_ns();
     if (m.seq <= srv.recv_seq) {
       st_.drop(std::string("a duplicated or reordered ") + msg_type_name(t) + " (seq " +
                std::to_string(m.seq) + " after " + std::to_string(srv.recv_seq) + ")");
@@ -192,6 +193,8 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
     return refuse(SWIFTKV_EINVAL, "the region lends to a borrower of " + geometry_text(want) +
                                       ", not " + geometry_text(h.borrower));
   }
+  const std::optional<bool> remote = choose_path(srv, h, *region);
+  if (!remote) return;
   std::random_device rd;
   for (size_t i = 0; i < srv.token.size(); i += 4) {
     const uint32_t r = rd();
@@ -202,10 +205,18 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
   srv.region = region;
   srv.pid = h.pid;
   srv.created_ns = monotonic_ns();
+  srv.last_heard_ns = srv.created_ns;
+  srv.remote = *remote;
   Welcome w;
   w.session = srv.id;
   w.token = srv.token;
-  w.fd_socket = fd_name_;
+  if (srv.remote) {
+    const std::vector<std::byte> a = st_.ucx_context().serving_address();
+    const auto *p = reinterpret_cast<const uint8_t *>(a.data());
+    w.ucx_address.assign(p, p + a.size());
+  } else {
+    w.fd_socket = fd_name_;
+  }
   w.lender = wire_geometry(region->lender());
   w.borrower = want;
   w.unit_blocks = region->unit_blocks();
@@ -220,9 +231,61 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
   w.identity = e.identity;
   std::copy(e.ipc_handle.begin(), e.ipc_handle.end(), w.ipc_handle.begin());
   send_served(srv, std::move(w));
+  const bool remote_session = srv.remote;
   served_.emplace(routing, std::move(srv));
   std::lock_guard lock(st_.mu);
   st_.stats.sessions_served = served_.size();
+  if (remote_session) ++st_.stats.remote_sessions;
+}
+
+std::optional<bool> LenderService::choose_path(Served &srv, const Hello &h,
+                                               const ElasticRegion &region) {
+  auto refuse = [&](swiftkv_status st, const std::string &why) -> std::optional<bool> {
+    log_info("coordinator: refused a borrower (pid " + std::to_string(h.pid) + "): " + why);
+    send_served(srv, Refuse{st, why});
+    return std::nullopt;
+  };
+  if (h.path > static_cast<uint8_t>(PathWish::local)) {
+    return refuse(SWIFTKV_EINVAL, "path " + std::to_string(h.path) + " is not a path");
+  }
+  const auto wish = static_cast<PathWish>(h.path);
+  const bool same_host = !st_.host.empty() && h.host == st_.host;
+  if (same_host && wish != PathWish::ucx) return false;
+  if (wish == PathWish::local) {
+    return refuse(SWIFTKV_EUNSUPPORTED,
+                  "the borrower runs on another host (or network namespace) and accepts mapped "
+                  "memory only (SWIFTKV_REMOTE_PATH_LOCAL)");
+  }
+  transport::UcxContext *ucx = nullptr;
+  try {
+    ucx = &st_.ucx_context();
+  } catch (const Error &e) {
+    return refuse(e.status() == SWIFTKV_EUNSUPPORTED ? SWIFTKV_EUNSUPPORTED : SWIFTKV_EPEER,
+                  std::string("the lender cannot serve over UCX: ") + e.what());
+  }
+  if (region.memory().device() >= 0 && !ucx->cuda_memory()) {
+    return refuse(SWIFTKV_EUNSUPPORTED,
+                  "the region is CUDA device memory and this lender's UCX has no CUDA support");
+  }
+  return true;
+}
+
+void LenderService::register_lease(Served &srv, const ElasticRegion &region, const Lease &lease,
+                                   Grant *g) {
+  const uint64_t bytes = lease.units * region.unit_bytes();
+  std::unique_ptr<transport::UcxRegistration> reg =
+      st_.ucx_context().register_memory(region.memory().data() + region.lease_offset(lease), bytes);
+  const auto *k = reinterpret_cast<const uint8_t *>(reg->packed_key().data());
+  g->rkey.assign(k, k + reg->packed_key().size());
+  g->remote_base = reg->base();
+  srv.regs[lease.id] = std::move(reg);
+}
+
+void LenderService::forget_lease(Served &srv, uint64_t id) {
+  srv.regs.erase(id);  // unregistered before the region may reuse the bytes
+  srv.reclaim_sent_ns.erase(id);
+  srv.leases.erase(id);
+  ++srv.epoch;
 }
 
 void LenderService::on_accept() {
@@ -313,7 +376,7 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
   };
   const auto region = srv.region.lock();
   if (!region) return deny(SWIFTKV_ENOTFOUND, "the region \"" + srv.name + "\" is gone");
-  if (!srv.fdconn || srv.gone) {
+  if (!srv.remote && (!srv.fdconn || srv.gone)) {
     return deny(SWIFTKV_ESTATE, "the session's fd channel is not connected");
   }
   if (l.max_units == 0) return deny(SWIFTKV_EINVAL, "max_units is 0");
@@ -324,7 +387,18 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
     return deny(e.status(), e.what());
   }
   uint32_t packets = 0;
-  if (region->memory().kind() == MemoryKind::cuda_vmm) {
+  Grant grant{l.request, lease.id, lease.first_unit, lease.units, 0, {}, 0};
+  if (srv.remote) {
+    try {
+      register_lease(srv, *region, lease, &grant);
+    } catch (const Error &e) {
+      try {
+        region->release(lease.id);
+      } catch (const Error &) {
+      }
+      return deny(SWIFTKV_EPEER, std::string("registering the lease with UCX failed: ") + e.what());
+    }
+  } else if (region->memory().kind() == MemoryKind::cuda_vmm) {
     try {
       const RegionExport e =
           region->export_range(region->lease_offset(lease), lease.units * region->unit_bytes());
@@ -339,7 +413,8 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
   }
   srv.leases.insert(lease.id);
   ++srv.epoch;
-  send_served(srv, Grant{l.request, lease.id, lease.first_unit, lease.units, packets});
+  grant.pieces = packets;
+  send_served(srv, std::move(grant));
 }
 
 void LenderService::on_heartbeat(Served &srv, const Message &m, const Heartbeat &h) {
@@ -363,12 +438,11 @@ void LenderService::on_heartbeat(Served &srv, const Message &m, const Heartbeat 
             LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0, l.reclaim_requested});
         ++it;
       } catch (const Error &) {
-        srv.reclaim_sent_ns.erase(*it);
-        it = srv.leases.erase(it);
-        ++srv.epoch;
+        forget_lease(srv, *it++);
       }
     }
   } else if (!srv.leases.empty()) {
+    srv.regs.clear();
     srv.leases.clear();
     ++srv.epoch;
   }
@@ -387,6 +461,7 @@ void LenderService::on_release(Served &srv, const Release &r) {
     st_.stats.reclaim_ns_total += ns;
     st_.stats.reclaim_ns_max = std::max(st_.stats.reclaim_ns_max, ns);
   }
+  srv.regs.erase(r.lease);  // no borrower reaches the bytes once the region has them back
   if (const auto region = srv.region.lock()) {
     try {
       region->release(r.lease);
@@ -394,11 +469,11 @@ void LenderService::on_release(Served &srv, const Release &r) {
       // It expired meanwhile: the region has it back already.
     }
   }
-  srv.leases.erase(r.lease);
-  ++srv.epoch;
+  forget_lease(srv, r.lease);
 }
 
 void LenderService::end_served(Served &srv) {
+  srv.regs.clear();
   if (const auto region = srv.region.lock()) {
     for (uint64_t id : srv.leases) {
       try {
@@ -410,6 +485,7 @@ void LenderService::end_served(Served &srv) {
   srv.leases.clear();
   std::lock_guard lock(st_.mu);
   st_.stats.sessions_served = served_.size() - 1;
+  if (srv.remote) --st_.stats.remote_sessions;
 }
 
 void LenderService::scan_served(uint64_t now) {
@@ -444,23 +520,32 @@ void LenderService::scan_served(uint64_t now) {
           ++l;
           continue;
         }
-        srv.reclaim_sent_ns.erase(*l);
-        l = srv.leases.erase(l);
-        ++srv.epoch;
+        forget_lease(srv, *l++);
       }
     }
     // A borrower that hung up and whose leases all ended is forgotten, and so is a hello whose
     // fd channel never connected.
-    const bool stillborn = !srv.fdconn && now - srv.created_ns > st_.options.timeout_ns;
+    const bool stillborn =
+        !srv.remote && !srv.fdconn && now - srv.created_ns > st_.options.timeout_ns;
     if (stillborn) log_info("coordinator: a session never connected its fd channel; forgotten");
+    // A UCX session has no channel to hang up: a borrower silent for two leases is gone (a
+    // live one heartbeats every third of a lease, with or without leases).
+    if (srv.remote && !srv.gone && srv.leases.empty() && region &&
+        now - srv.last_heard_ns > 2 * region->lease_ns() + st_.options.timeout_ns) {
+      log_info("coordinator: a UCX borrower (pid " + std::to_string(srv.pid) +
+               ") went silent; forgotten");
+      srv.gone = true;
+    }
     if ((srv.gone || stillborn) && srv.leases.empty()) {
       if (srv.gone) {
         ended_.push_back(srv.routing);
         if (ended_.size() > 256) ended_.pop_front();
       }
+      const bool remote = srv.remote;
       it = served_.erase(it);
       std::lock_guard lock(st_.mu);
       st_.stats.sessions_served = served_.size();
+      if (remote) --st_.stats.remote_sessions;
     } else {
       ++it;
     }

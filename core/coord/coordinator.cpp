@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <random>
 
 #include "core/common/clock.hpp"
@@ -20,6 +21,29 @@
 #include "core/coord/fd_channel.hpp"
 
 namespace swiftkv::coord {
+
+std::string host_identity() {
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  char net[128] = {};
+  const ssize_t n = ::readlink("/proc/self/ns/net", net, sizeof net - 1);
+  // Without either (no procfs) nothing says two processes share a host: they use UCX.
+  if (boot.empty() || n <= 0) return "";
+  return boot + " " + std::string(net, static_cast<size_t>(n));
+}
+
+transport::UcxContext &Coordinator::State::ucx_context() {
+  {
+    std::lock_guard lock(mu);
+    if (ucx) return *ucx;
+  }
+  std::shared_ptr<transport::UcxContext> c =
+      transport::UcxContext::create(transport::UcxOptions{options.ucx_transports});
+  std::lock_guard lock(mu);
+  ucx = std::move(c);
+  return *ucx;
+}
 
 namespace {
 
@@ -81,8 +105,10 @@ class RemoteLender final : public LenderLink {
   const void *identity() const noexcept override { return s_.get(); }
 
   bool valid(uint64_t lease_id) const noexcept override {
+    std::shared_ptr<transport::UcxEndpoint> ep;
     {
       std::lock_guard lock(st_->mu);
+      ep = s_->ep;
       const auto it = s_->leases.find(lease_id);
       if (s_->lost || it == s_->leases.end() || it->second.lost ||
           monotonic_ns() >= it->second.deadline_ns) {
@@ -90,7 +116,24 @@ class RemoteLender final : public LenderLink {
       }
     }
     // A lender that died a moment ago has not been noticed by the thread yet.
+    if (ep) return !ep->failed();
     return !fd_peer_gone(s_->fdconn.get());
+  }
+
+  void transfer(uint64_t lease_id, std::span<const transport::RmaOp> ops) override {
+    std::shared_ptr<transport::UcxEndpoint> ep;
+    {
+      std::lock_guard lock(st_->mu);
+      ep = s_->ep;
+    }
+    if (!ep) LenderLink::transfer(lease_id, ops);
+    try {
+      ep->run(lease_id, ops, st_->options.rma_timeout_ns);
+    } catch (const Error &e) {
+      // The thread loses the lender at once, not at its next heartbeat.
+      if (ep->failed()) st_->wake();
+      throw;
+    }
   }
 
   void release(uint64_t lease_id) noexcept override {
@@ -198,6 +241,11 @@ void Coordinator::State::run() {
         /*always=*/true);
     lender.add_to(poll);
     borrower.add_to(poll);
+    // A UCX serving worker answers borrowers' software gets and puts (tcp) only when driven.
+    if (transport::UcxContext *u = ucx_now()) {
+      poll.add_fd(
+          u->serving_event_fd(), [u] { u->serve(); }, /*always=*/true);
+    }
     // Sleep until the next heartbeat or lease scan is due (messages and callers wake it early).
     const uint64_t due = std::min(lender.next_due_ns(), borrower.next_due_ns());
     const uint64_t t = monotonic_ns();
@@ -324,8 +372,21 @@ std::shared_ptr<LenderLink> Coordinator::connect(const std::string &endpoint,
 }
 
 CoordStats Coordinator::stats() const {
-  std::lock_guard lock(s_->mu);
-  return s_->stats;
+  std::shared_ptr<transport::UcxContext> ucx;
+  CoordStats out;
+  {
+    std::lock_guard lock(s_->mu);
+    out = s_->stats;
+    ucx = s_->ucx;
+  }
+  if (ucx) {
+    const transport::UcxStats u = ucx->stats();
+    out.rma_batches = u.batches;
+    out.rma_batches_failed = u.batches_failed;
+    out.rma_bytes_read = u.bytes_read;
+    out.rma_bytes_written = u.bytes_written;
+  }
+  return out;
 }
 
 }  // namespace swiftkv::coord

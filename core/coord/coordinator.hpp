@@ -37,12 +37,20 @@
 
 namespace swiftkv::coord {
 
+// How a borrower reaches a lender's memory (swiftkv_remote_path).
+enum class RemotePath : uint32_t { automatic = 0, ucx = 1, local = 2 };
+
 struct CoordOptions {
   std::optional<std::string> endpoint;  // where this process's regions are offered
   // How often a borrower renews (at most lease / 3).
   uint64_t heartbeat_ns = defaults::ns_of_ms(defaults::kCtx.coord_heartbeat_ms);
   // A handshake's or a lend's longest wait.
   uint64_t timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_timeout_ms);
+  // As a borrower: mapped memory on this host, UCX from elsewhere (or always one of them).
+  RemotePath path = static_cast<RemotePath>(defaults::kCtx.coord_remote_path);
+  std::string ucx_transports;  // UCX_TLS; empty: what UCX picks
+  // One UCX batch's longest wait.
+  uint64_t rma_timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_rma_timeout_ms);
 };
 
 struct CoordStats {
@@ -58,9 +66,21 @@ struct CoordStats {
   uint64_t reclaims_acked = 0;    // ... and given back
   uint64_t reclaim_ns_total = 0;  // request to ack, summed over reclaims_acked
   uint64_t reclaim_ns_max = 0;
-  uint64_t leases_lost = 0;   // borrower side: leases lost to expiry or a dead lender
-  uint64_t lenders_lost = 0;  // borrower side: sessions whose lender went away
+  uint64_t leases_lost = 0;      // borrower side: leases lost to expiry or a dead lender
+  uint64_t lenders_lost = 0;     // borrower side: sessions whose lender went away
+  uint64_t remote_sessions = 0;  // lender side: sessions served over UCX, now
+  uint64_t remote_lenders = 0;   // borrower side: lenders reached over UCX, now
+  uint64_t grants_refused = 0;   // borrower side: grants given straight back
+  uint64_t rma_batches = 0;      // borrower side, from the UCX transport
+  uint64_t rma_batches_failed = 0;
+  uint64_t rma_bytes_read = 0;
+  uint64_t rma_bytes_written = 0;
 };
+
+// Where this process runs, as far as sharing memory goes: the kernel's boot id and the network
+// namespace (the fd channel is an abstract Unix socket, which lives in one). Two processes with
+// the same identity can pass fds; any others reach each other's memory over UCX.
+std::string host_identity();
 
 class Coordinator {
  public:

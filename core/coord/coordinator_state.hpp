@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -34,6 +35,7 @@
 #include "core/coord/coordinator.hpp"
 #include "core/coord/wire.hpp"
 #include "core/memory/memory_region.hpp"
+#include "core/transport/ucx_transport.hpp"
 
 namespace swiftkv::coord {
 
@@ -237,6 +239,9 @@ struct Session {
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
   uint64_t next_heartbeat_ns = 0;
   std::vector<ExportedPiece> pieces;  // the handshake's, as they arrive
+  // A session over UCX (its welcome carried a UCX address): set with the welcome, under mu, then
+  // never changed. Its leases are not mapped; each has a range on the endpoint, by lease id.
+  std::shared_ptr<transport::UcxEndpoint> ep;
 };
 
 // A borrower session on one of this process's regions. The coordinator thread's alone.
@@ -253,6 +258,11 @@ struct Served {
   UniqueFd fdconn;
   bool gone = false;        // the fd channel hung up: the borrower process is gone
   uint64_t created_ns = 0;  // a session whose fd channel never connects is forgotten
+  // A session over UCX: no fd channel; each lease's bytes registered on their own, unregistered
+  // before the region gets the lease back. Forgotten once silent with no lease.
+  bool remote = false;
+  uint64_t last_heard_ns = 0;
+  std::map<uint64_t, std::unique_ptr<transport::UcxRegistration>> regs;
 };
 
 struct Command {
@@ -296,6 +306,13 @@ class LenderService {
   void on_release(Served &srv, const Release &r);
   void end_served(Served &srv);
   void send_pieces(int fd, uint64_t tag, const RegionExport &e, uint32_t *packets);
+  // Whether `h`'s borrower reaches the region over UCX; refuses (and returns nullopt) when it can
+  // reach it neither way.
+  std::optional<bool> choose_path(Served &srv, const Hello &h, const ElasticRegion &region);
+  // A UCX session's lease: its bytes registered, the grant's key filled in.
+  void register_lease(Served &srv, const ElasticRegion &region, const Lease &lease, Grant *g);
+  // Forgets a lease of the session (and its registration); the region is not told.
+  void forget_lease(Served &srv, uint64_t id);
 
   Coordinator::State &st_;
   ZmqSocket router_;
@@ -347,6 +364,9 @@ class BorrowerSessions {
   // The session's mapping with the grant's pieces adopted and its units held.
   std::shared_ptr<RegionMapping> map_grant(Session &s, const Grant &g,
                                            std::vector<ExportedPiece> pieces);
+  // A UCX grant's key unpacked on the session's endpoint; EPEER when it cannot be used.
+  void add_remote_range(Session &s, const Grant &g);
+  void on_ucx_welcome(Session &s, const Welcome &w);
   bool on_ack(Session &s, const HeartbeatAck &a);
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
@@ -371,7 +391,18 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   bool started = false, stopping = false;
   std::thread thread;
 
-  UniqueFd wake_fd;  // written by anyone, read by the thread
+  UniqueFd wake_fd;                    // written by anyone, read by the thread
+  std::string host = host_identity();  // set before the thread starts, then read-only
+  // Made by the thread the first time a session needs it (guarded by mu for readers of stats);
+  // its serving worker is driven by the thread alone.
+  std::shared_ptr<transport::UcxContext> ucx;
+  // The UCX context, made now if there is none; EUNSUPPORTED without UCX, EPEER when UCX does
+  // not start. The coordinator thread's.
+  transport::UcxContext &ucx_context();
+  transport::UcxContext *ucx_now() {
+    std::lock_guard lock(mu);
+    return ucx.get();
+  }
   // Made before the thread starts; terminated after it ends and every socket is closed.
   ZmqContext zctx;
   // The coordinator thread's (declared after zctx: their sockets close before it ends).

@@ -17,17 +17,17 @@ void fields(Io &io, M &m) {
   if constexpr (std::is_same_v<T, WireGeometry>) {
     io(m.num_layers, m.num_kv_heads, m.head_dim, m.block_tokens, m.chunk_tokens, m.dtype);
   } else if constexpr (std::is_same_v<T, Hello>) {
-    io(m.borrower, m.pid, m.region);
+    io(m.borrower, m.pid, m.region, m.host, m.path);
   } else if constexpr (std::is_same_v<T, Welcome>) {
     io(m.session, m.token, m.fd_socket, m.lender, m.borrower, m.unit_blocks, m.unit_chunks,
        m.unit_bytes, m.capacity_units, m.lease_ns, m.memory_kind, m.device, m.region_bytes,
-       m.identity, m.ipc_handle);
+       m.identity, m.ipc_handle, m.ucx_address);
   } else if constexpr (std::is_same_v<T, Refuse>) {
     io(m.status, m.message);
   } else if constexpr (std::is_same_v<T, Lend>) {
     io(m.request, m.max_units);
   } else if constexpr (std::is_same_v<T, Grant>) {
-    io(m.request, m.lease, m.first_unit, m.units, m.pieces);
+    io(m.request, m.lease, m.first_unit, m.units, m.pieces, m.rkey, m.remote_base);
   } else if constexpr (std::is_same_v<T, Deny>) {
     io(m.request, m.status, m.message);
   } else if constexpr (std::is_same_v<T, Heartbeat>) {
@@ -52,6 +52,8 @@ template <class T>
 constexpr uint32_t kMaxItems = kMaxLeasesPerMessage;  // lease ids and lease states
 template <>
 constexpr uint32_t kMaxItems<WirePiece> = kPiecesPerPacket;
+template <>
+constexpr uint32_t kMaxItems<uint8_t> = kMaxBlobBytes;  // opaque bytes (UCX addresses, keys)
 
 class Writer {
  public:

@@ -16,12 +16,15 @@
 namespace swiftkv::coord {
 
 inline constexpr uint32_t kMagic = 0x564b5753;  // "SWKV" read as little-endian bytes
-inline constexpr uint16_t kProtocolVersion = 1;
+// Version 2 added the UCX path: the hello's host and path, the welcome's UCX address, the grant's
+// remote key.
+inline constexpr uint16_t kProtocolVersion = 2;
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxString = 255;
 inline constexpr uint32_t kMaxLeasesPerMessage = 1024;
 inline constexpr uint32_t kMaxPieces = 1u << 20;
+inline constexpr uint32_t kMaxBlobBytes = 16 * 1024;  // a UCX worker address or a packed key
 
 enum class MsgType : uint16_t {
   hello = 1,          // borrower -> lender: who I am, what I want to borrow
@@ -49,10 +52,19 @@ struct WireGeometry {
   bool operator==(const WireGeometry &) const = default;
 };
 
+// How a borrower asks to reach lent memory (swiftkv_remote_path).
+enum class PathWish : uint8_t {
+  automatic = 0,  // the fd channel on the lender's host, UCX from anywhere else
+  ucx = 1,        // UCX even on the lender's host
+  local = 2,      // the fd channel only
+};
+
 struct Hello {
   WireGeometry borrower;
   uint32_t pid = 0;
   std::string region;  // the name the lender offers its region under
+  std::string host;    // where the borrower runs (host_identity()): same host, same memory
+  uint8_t path = 0;    // a PathWish
 };
 struct Welcome {
   uint64_t session = 0;
@@ -70,6 +82,9 @@ struct Welcome {
   uint64_t region_bytes = 0;
   std::string identity;
   std::array<uint8_t, 64> ipc_handle{};
+  // Not empty: the session reaches lent memory over UCX at this serving worker's address, and
+  // fd_socket is empty; each grant then carries a remote key.
+  std::vector<uint8_t> ucx_address;
 };
 struct Refuse {
   int32_t status = 0;
@@ -85,6 +100,9 @@ struct Grant {
   uint64_t first_unit = 0;
   uint64_t units = 0;
   uint32_t pieces = 0;  // piece packets sent on the fd channel before this message
+  // A UCX session's: the lease's bytes registered on their own, as [remote_base, + units bytes).
+  std::vector<uint8_t> rkey;
+  uint64_t remote_base = 0;
 };
 struct Deny {
   uint64_t request = 0;

@@ -13,15 +13,19 @@
 
 #include "core/elastic/elastic_region.hpp"
 #include "core/geometry/model_geometry.hpp"
+#include "core/transport/ucx_transport.hpp"
 
 namespace swiftkv {
 
-// A lease as the borrower uses it: `chunks` borrower chunks from `data`, one after another.
+// A lease as the borrower uses it: `chunks` borrower chunks from `data`, one after another. A
+// remote lease (another node's memory, reached over UCX) is not mapped here: `data` is null and
+// its bytes move through LenderLink::transfer, at the same offsets.
 struct LeaseGrant {
   uint64_t lease_id = 0;
   std::byte *data = nullptr;
   int32_t device = -1;  // -1: host memory
   uint64_t chunks = 0;
+  bool remote = false;
 };
 
 struct LinkLeaseState {
@@ -54,6 +58,11 @@ class LenderLink {
   virtual bool valid(uint64_t lease_id) const noexcept = 0;
   // Gives the lease back; nothing reads or writes it any more.
   virtual void release(uint64_t lease_id) noexcept = 0;
+  // Moves bytes of a remote lease: every op (gets and puts at offsets of the lease) as one
+  // batch, one wait. EINVAL: an op outside the lease; EPEER / ETIMEDOUT: the lender failed or
+  // stopped answering, and none of the batch's bytes may be trusted. EINTERNAL for a lease
+  // that is mapped here.
+  virtual void transfer(uint64_t lease_id, std::span<const transport::RmaOp> ops);
   // For messages: which lender this is.
   virtual std::string describe() const = 0;
 };

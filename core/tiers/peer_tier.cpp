@@ -27,6 +27,7 @@ uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
   h.lease_id = g.lease_id;
   h.data = g.data;
   h.device = g.device;
+  h.remote = g.remote;
   h.chunk_bytes = sizes.full_chunk_bytes;
   h.chunks = g.chunks;
   h.free_chunks.reserve(h.chunks);
@@ -126,7 +127,36 @@ std::byte *PeerTier::address(uint64_t slot, int32_t *device) noexcept {
   const auto it = leases_.find(slot >> 32);
   if (it == leases_.end()) return nullptr;
   if (device != nullptr) *device = it->second.device;
+  if (it->second.remote) return nullptr;
   return it->second.data + (slot & 0xffffffffu) * it->second.chunk_bytes;
+}
+
+PeerTier::RemoteSlot PeerTier::remote_slot(uint64_t slot) const {
+  std::lock_guard lock(mu_);
+  const auto it = leases_.find(slot >> 32);
+  if (it == leases_.end()) fail(SWIFTKV_EINTERNAL, "a peer slot of no lease");
+  const Held &h = it->second;
+  if (!h.remote) return {};
+  return RemoteSlot{h.lender->link, h.lease_id, (slot & 0xffffffffu) * h.chunk_bytes};
+}
+
+// A remote lease's chunk is one contiguous range of the lease: one operation, and the wait
+// happens without the tier's lock.
+void PeerTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
+                     const std::byte *src) {
+  const RemoteSlot r = remote_slot(slot);
+  if (!r.link) return TierStore::write(slot, key, meta, src);
+  // A put only reads its local buffer.
+  const transport::RmaOp op{transport::RmaOp::Kind::put, r.offset, const_cast<std::byte *>(src),
+                            meta.stored()};
+  r.link->transfer(r.lease_id, {&op, 1});
+}
+
+void PeerTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
+  const RemoteSlot r = remote_slot(slot);
+  if (!r.link) return TierStore::read(slot, meta, dst);
+  const transport::RmaOp op{transport::RmaOp::Kind::get, r.offset, dst, meta.stored()};
+  r.link->transfer(r.lease_id, {&op, 1});
 }
 
 uint64_t PeerTier::capacity_bytes(const ChunkKey &model) const {

@@ -48,7 +48,11 @@ class PeerTier final : public TierStore {
   Tier tier() const noexcept override { return Tier::peer; }
   std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
+  // Null for a slot of a remote lease: its bytes move by read and write.
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
+  void write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
+             const std::byte *src) override;
+  void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) override;
   // Asks the lender: false once the lease is lost or past its expiry.
   bool readable(uint64_t slot) const noexcept override;
   uint64_t capacity_bytes(const ChunkKey &model) const override;
@@ -90,7 +94,8 @@ class PeerTier final : public TierStore {
     uint64_t renew_at = 0;
     bool reclaiming = false;
     bool lost = false;
-    bool open = false;  // in its model's list of leases with free chunks
+    bool open = false;    // in its model's list of leases with free chunks
+    bool remote = false;  // not mapped here: reached through the link's transfer
     bool usable() const noexcept { return !reclaiming && !lost; }
   };
   // A model's usable leases: their bytes, their free bytes, and those that may have free chunks
@@ -100,6 +105,13 @@ class PeerTier final : public TierStore {
     std::vector<uint64_t> open;
   };
 
+  // The link and place of a slot of a remote lease (no link: a mapped lease, or none).
+  struct RemoteSlot {
+    std::shared_ptr<LenderLink> link;
+    uint64_t lease_id = 0;
+    uint64_t offset = 0;
+  };
+  RemoteSlot remote_slot(uint64_t slot) const;
   // Stops a usable lease from counting in its model's room; call with mu_ held.
   void unusable_locked(uint64_t local, Held &h) noexcept;
   void update_locked(uint64_t local, Held &h, const LinkLeaseState &s);

@@ -265,9 +265,18 @@ typedef enum swiftkv_eviction_policy {
                                  idle conversations first, and their leading chunks first */
 } swiftkv_eviction_policy;
 
+/* How a borrower reaches the memory of a lender in another process (swiftkv_borrow_remote). */
+typedef enum swiftkv_remote_path {
+  SWIFTKV_REMOTE_PATH_AUTO = 0, /* a lender on this host (same kernel and network namespace):
+                                   its memory is mapped (memfd, VMM or CUDA IPC); any other: UCX */
+  SWIFTKV_REMOTE_PATH_UCX = 1,  /* UCX whatever the host (a host whose memory must not be
+                                   shared, or to test the cross-node path on one machine) */
+  SWIFTKV_REMOTE_PATH_LOCAL = 2 /* mapping only: a lender on another host is refused */
+} swiftkv_remote_path;
+
 /* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
- * the coordinator. */
-#define SWIFTKV_CTX_CONFIG_VERSION 7
+ * the coordinator; version 8 lending across nodes. */
+#define SWIFTKV_CTX_CONFIG_VERSION 8
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -354,6 +363,17 @@ typedef struct swiftkv_ctx_config {
                                    and make the disk tier durable, so that a later context on
                                    the same disk_path finds them. 0: they are dropped. */
   uint32_t reserved2;           /* must be 0 */
+  /* Version 8: lending across nodes over UCX (docs/remote.md). */
+  const char *coord_ucx_transports; /* the UCX transports for lent memory on another host, as
+                                       UCX_TLS names them ("tcp", "rc,cuda_copy", ...). NULL
+                                       (default): what UCX picks (UCX_TLS from the environment,
+                                       else every transport it finds). The context copies it. */
+  swiftkv_remote_path coord_remote_path; /* how this context reaches lent memory in another
+                                            process, as a borrower (default
+                                            SWIFTKV_REMOTE_PATH_AUTO) */
+  uint32_t coord_rma_timeout_ms; /* the longest one batch of UCX reads or writes of lent memory
+                                    may take (default 2000; >= 1): past it the batch fails, the
+                                    lender counts as gone and its leases as lost */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                       \
@@ -384,7 +404,10 @@ typedef struct swiftkv_ctx_config {
     /* max_open_requests */ 4096,                     \
     /* reserved1 */ 0,                                \
     /* write_back_on_close */ 1,                      \
-    /* reserved2 */ 0                                 \
+    /* reserved2 */ 0,                                \
+    /* coord_ucx_transports */ NULL,                  \
+    /* coord_remote_path */ SWIFTKV_REMOTE_PATH_AUTO, \
+    /* coord_rma_timeout_ms */ 2000                   \
   }
 /* Fills *out with SWIFTKV_CTX_CONFIG_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_ctx_config_init(swiftkv_ctx_config *out);
@@ -1101,8 +1124,11 @@ SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
  * context borrows from one by endpoint and name. The handshake checks that the region lends to
  * a borrower of the model's chunk geometry and that both sides compute the same lending unit;
  * the lender then passes its memory (a memfd or VMM handles over a Unix socket, or a CUDA IPC
- * handle) and the borrower maps it once. Both processes must be on one node (the fds cross a
- * Unix socket; a CUDA export needs the same GPUs).
+ * handle) and the borrower maps it once. That needs both processes on one host (the fds cross a
+ * Unix socket; a CUDA export needs the same GPUs). A lender on another host (another kernel or
+ * network namespace), or any lender when coord_remote_path is SWIFTKV_REMOTE_PATH_UCX, is reached
+ * over UCX instead: each grant carries the remote key of the lease's registered bytes, which the
+ * borrower reads and writes with one-sided UCX operations (docs/remote.md).
  *
  * The lease rules are those of swiftkv_borrow, across processes: the borrower's context renews
  * its leases by heartbeat (coord_heartbeat_ms) and never reads a lease past the time its last
@@ -1132,12 +1158,15 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_offer(swiftkv_elastic *e, const char 
  * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; EPEER: nothing
  * listens at the endpoint (the connection is refused or dropped during the handshake: the lender
  * is gone or not started; returned at once), or the lender broke the protocol or went away;
- * ETIMEDOUT: something accepted the connection but gave no answer within coord_timeout_ms. */
+ * ETIMEDOUT: something accepted the connection but gave no answer within coord_timeout_ms;
+ * EUNSUPPORTED: the lender is on another host and one side has no UCX (or the region is device
+ * memory and the lender's UCX has no CUDA), or this context's coord_remote_path is LOCAL. */
 SWIFTKV_API swiftkv_status swiftkv_borrow_remote(uint64_t *lease_id_out, swiftkv_ctx *ctx,
                                                  uint32_t model, const char *endpoint,
                                                  const char *lender_name, uint64_t max_units);
 
-#define SWIFTKV_COORD_STATS_VERSION 1
+/* Version 2 added the counters of lending across nodes (from remote_sessions on). */
+#define SWIFTKV_COORD_STATS_VERSION 2
 
 /* The coordinator's counts (now) and counters (since the context began). */
 typedef struct swiftkv_coord_stats {
@@ -1157,12 +1186,22 @@ typedef struct swiftkv_coord_stats {
   uint64_t reclaim_ns_max;
   uint64_t leases_lost;         /* borrowed leases lost to expiry or a dead lender */
   uint64_t lenders_lost;        /* lenders that went away */
+  /* Version 2: lending across nodes over UCX. */
+  uint64_t remote_sessions;     /* sessions on this context's regions reached over UCX, now */
+  uint64_t remote_lenders;      /* lenders this context reaches over UCX, now */
+  uint64_t grants_refused;      /* grants this side could not use (a range outside the region, a
+                                   remote key UCX refuses), given straight back */
+  uint64_t rma_batches;         /* batches of UCX reads and writes of lent memory */
+  uint64_t rma_batches_failed;  /* ... that failed (the lender died, stopped answering or refused
+                                   an operation): none of their bytes were used */
+  uint64_t rma_bytes_read;      /* lent bytes read over UCX */
+  uint64_t rma_bytes_written;   /* lent bytes written over UCX */
 } swiftkv_coord_stats;
 
 #define SWIFTKV_COORD_STATS_INIT                                                          \
   {                                                                                       \
     (uint32_t)sizeof(swiftkv_coord_stats), SWIFTKV_COORD_STATS_VERSION, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0                                                               \
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                                          \
   }
 /* Fills *out with SWIFTKV_COORD_STATS_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_coord_stats_init(swiftkv_coord_stats *out);

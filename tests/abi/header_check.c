@@ -23,7 +23,12 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, identity) == 48, "swiftkv_model_desc.i
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 152, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 168, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_ucx_transports) == 152,
+             "config.coord_ucx_transports (v8)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_remote_path) == 160, "config.coord_remote_path");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_rma_timeout_ms) == 164,
+             "config.coord_rma_timeout_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, write_back_on_close) == 144,
              "config.write_back_on_close (v7)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved2) == 148, "config.reserved2");
@@ -37,7 +42,11 @@ STATIC_CHECK(offsetof(swiftkv_ctx_config, transfer_threads) == 132, "config.tran
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_endpoint) == 104, "config.coord_endpoint (v4)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_heartbeat_ms) == 112, "config.coord_heartbeat_ms");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_timeout_ms) == 116, "config.coord_timeout_ms");
-STATIC_CHECK(sizeof(swiftkv_coord_stats) == 120, "swiftkv_coord_stats size");
+STATIC_CHECK(sizeof(swiftkv_coord_stats) == 176, "swiftkv_coord_stats size");
+STATIC_CHECK(offsetof(swiftkv_coord_stats, remote_sessions) == 120,
+             "coord_stats.remote_sessions (v2)");
+STATIC_CHECK(offsetof(swiftkv_coord_stats, rma_bytes_written) == 168,
+             "coord_stats.rma_bytes_written");
 STATIC_CHECK(offsetof(swiftkv_coord_stats, messages_dropped) == 48, "coord_stats.messages_dropped");
 STATIC_CHECK(offsetof(swiftkv_coord_stats, lenders_lost) == 112, "coord_stats.lenders_lost");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, clock) == 88, "config.clock (v3)");
@@ -54,6 +63,7 @@ STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_path) == 32, "config.disk_path");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk_budget_bytes");
 STATIC_CHECK(sizeof(swiftkv_status) == 4 && sizeof(swiftkv_dtype) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_memory_kind) == 4 && sizeof(swiftkv_cuda_alloc) == 4, "enum size");
+STATIC_CHECK(sizeof(swiftkv_remote_path) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_elastic_config) == 88, "swiftkv_elastic_config size");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, reclaim_deadline_ms) == 80,
              "elastic_config.reclaim_deadline_ms");
@@ -145,13 +155,16 @@ int main(void) {
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
-  CHECK(cc.version == 7 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.version == 8 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.coord_ucx_transports == NULL && cc.coord_remote_path == SWIFTKV_REMOTE_PATH_AUTO);
+  CHECK(cc.coord_rma_timeout_ms == 2000);
   CHECK(cc.write_back_on_close == 1 && cc.reserved2 == 0);
   CHECK(cc.max_open_requests == 4096 && cc.reserved1 == 0);
   CHECK(cc.disk_segment_bytes == 0 && cc.disk_sync_ms == 1000 && cc.transfer_threads == 0);
   CHECK(cc.coord_endpoint == NULL && cc.coord_heartbeat_ms == 100 && cc.coord_timeout_ms == 5000);
   swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
   CHECK(cs.size == sizeof cs && cs.version == SWIFTKV_COORD_STATS_VERSION && cs.lenders_lost == 0);
+  CHECK(cs.version == 2 && cs.remote_sessions == 0 && cs.rma_bytes_written == 0);
   CHECK(cc.demote_free_percent == 25 && cc.recompute_token_cost == 1.0);
   CHECK(cc.attention_cost_table == NULL && cc.maintenance_interval_ms == 10 && cc.clock == NULL);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;

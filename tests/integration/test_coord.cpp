@@ -5,10 +5,13 @@
 //
 // The test binary is also its own peer: "--lender" serves a region and answers commands on
 // stdin, "--borrower" borrows from one and waits to be killed.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,8 +30,10 @@
 #include <thread>
 #include <vector>
 
+#include "core/coord/coordinator.hpp"
 #include "core/coord/fd_channel.hpp"
 #include "core/coord/wire.hpp"
+#include "core/transport/ucx_transport.hpp"
 #include "swiftkv/swiftkv.h"
 
 extern "C" {
@@ -42,6 +47,10 @@ namespace {
 namespace co = swiftkv::coord;
 
 const char *g_self = nullptr;
+// SWIFTKV_TEST_COORD_UCX=1 (ctest's test_remote_coord): the same scenarios with every context
+// on UCX's tcp transport, borrowers asking for it although the lender is on this host, and tcp://
+// endpoints. The fd-channel tests do not apply then.
+bool g_ucx = false;
 
 // Borrower: 2 layers, 2 KV heads, head dim 16, 32-token chunks: 8 KiB a chunk. Lender: 3 layers,
 // 2 heads, dim 16, 16-token blocks: 6 KiB a block. Lending unit: 4 blocks = 3 chunks (24 KiB).
@@ -65,7 +74,29 @@ swiftkv_model_desc lender_desc() {
   return m;
 }
 
+// A port nothing listens on now (the kernel's choice for an ephemeral bind, given back).
+int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
+    fail_msg("no free tcp port");
+  }
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+void use_ucx(swiftkv_ctx_config *c) {
+  if (!g_ucx) return;
+  c->coord_remote_path = SWIFTKV_REMOTE_PATH_UCX;
+  c->coord_ucx_transports = "tcp";
+}
+
 std::string fresh_endpoint(const char *what) {
+  if (g_ucx) return "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
   static int n = 0;
   return "ipc:///tmp/swiftkv-test-coord-" + std::to_string(::getpid()) + "-" + what + "-" +
          std::to_string(n++);
@@ -116,6 +147,7 @@ void borrower_up(Borrower *b, uint64_t host_bytes, uint32_t timeout_ms = 5000) {
   c.demote_free_percent = 0;  // chunks stay where they are put unless the lender asks
   c.coord_heartbeat_ms = 20;
   c.coord_timeout_ms = timeout_ms;
+  use_ucx(&c);
   assert_ok(swiftkv_ctx_create(&b->ctx, &c));
   swiftkv_model_desc d = borrower_desc();
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
@@ -180,6 +212,7 @@ swiftkv_status lender_up(Lender *l, const std::string &endpoint, uint64_t lease_
   c.coord_endpoint = endpoint.c_str();
   c.coord_heartbeat_ms = 20;
   c.coord_timeout_ms = timeout_ms;
+  use_ucx(&c);
   swiftkv_status st = swiftkv_ctx_create(&l->ctx, &c);
   if (st != SWIFTKV_OK) return st;
   swiftkv_model_desc ld = lender_desc();
@@ -264,6 +297,7 @@ int borrower_main(const char *endpoint) {
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.demote_free_percent = 0;
   c.coord_heartbeat_ms = 20;
+  use_ucx(&c);
   swiftkv_model_desc d = borrower_desc();
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &d;
@@ -374,6 +408,13 @@ void store_and_load_across_processes(void **) {
   store(b, 1, 40, 40 * kChunkTokens);
   assert_int_equal(lookup(b, 1, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
   assert_int_equal(retrieve_checked(b, 1, 40), 40 * kChunkTokens);
+  if (g_ucx) {  // every byte went over UCX, none through a mapping
+    const swiftkv_coord_stats u = coord_stats(b.ctx);
+    assert_int_equal(u.remote_lenders, 1);
+    assert_int_equal(u.rma_bytes_written, 40 * kChunkBytes);
+    assert_int_equal(u.rma_bytes_read, 40 * kChunkBytes);
+    assert_int_equal(u.rma_batches_failed, 0);
+  }
 
   LenderView v = lender_view(lender);
   assert_int_equal(v.lent, 16 * kUnitBlocks);
@@ -586,7 +627,7 @@ void lender_killed(void **) {
   assert_message_contains("nothing answers");
   assert_true(again == SENTINEL);
   swiftkv_ctx_destroy(b.ctx);
-  ::unlink(ep.c_str() + 6);
+  if (!g_ucx) ::unlink(ep.c_str() + 6);
 }
 
 // The borrower is killed: the lender keeps its leases lent until they expire, then has them back.
@@ -708,23 +749,24 @@ void lender_drops_bad_messages(void **) {
 
   // A hello for a region nobody offers, and one of another geometry: refused, no session.
   co::WireGeometry g = wire_borrower();
-  zsend(sock, wire(1, co::Hello{g, 1, "nobody"}));
+  zsend(sock, wire(1, co::Hello{g, 1, "nobody", co::host_identity(), 0}));
   co::Message a = zrecv(sock);
   assert_int_equal(std::get<co::Refuse>(a.payload).status, SWIFTKV_ENOTFOUND);
   co::WireGeometry wrong = g;
   wrong.head_dim = 0;
-  zsend(sock, wire(2, co::Hello{wrong, 1, "lender"}));
+  zsend(sock, wire(2, co::Hello{wrong, 1, "lender", co::host_identity(), 0}));
   a = zrecv(sock);
   assert_int_equal(std::get<co::Refuse>(a.payload).status, SWIFTKV_EINVAL);
   assert_int_equal(coord_stats(l.ctx).sessions_served, 0);
 
   // A proper hello; then a lend before the fd channel is connected is denied.
-  zsend(sock, wire(3, co::Hello{g, 1, "lender"}));
+  zsend(sock, wire(3, co::Hello{g, 1, "lender", co::host_identity(), 0}));
   a = zrecv(sock);
   const co::Welcome w = std::get<co::Welcome>(a.payload);
   assert_int_equal(w.unit_blocks, kUnitBlocks);
   assert_int_equal(w.unit_chunks, kUnitChunks);
-  zsend(sock, wire(4, co::Hello{g, 1, "lender"}));  // a second hello on the session
+  zsend(sock, wire(4, co::Hello{g, 1, "lender", co::host_identity(),
+                                0}));  // a second hello on the session
   ++dropped;
   zsend(sock, wire(5, co::Lend{1, 4}));
   a = zrecv(sock);
@@ -811,7 +853,7 @@ void unconnected_sessions_are_forgotten(void **) {
   const int zero = 0;
   zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
   assert_int_equal(zmq_connect(sock, ep.c_str()), 0);
-  zsend(sock, wire(1, co::Hello{wire_borrower(), 1, "lender"}));
+  zsend(sock, wire(1, co::Hello{wire_borrower(), 1, "lender", co::host_identity(), 0}));
   (void)std::get<co::Welcome>(zrecv(sock).payload);
   assert_int_equal(coord_stats(l.ctx).sessions_served, 1);
   for (int i = 0; i < 10000 && coord_stats(l.ctx).sessions_served != 0; ++i) sleep_ms(1);
@@ -937,7 +979,7 @@ void borrower_drops_bad_messages(void **) {
       } else {
         // A grant before the welcome is dropped; the welcome then names an fd channel nobody
         // listens on.
-        reply(wire(1, co::Grant{1, 1, 0, 1, 0}));
+        reply(wire(1, co::Grant{1, 1, 0, 1, 0, {}, 0}));
         reply(wire(1, w));
       }
     });
@@ -1051,6 +1093,21 @@ int main(int argc, char **argv) {
   }
   if (argc == 3 && std::strcmp(argv[1], "--borrower") == 0) return borrower_main(argv[2]);
   signal(SIGPIPE, SIG_IGN);
+  if (const char *u = std::getenv("SWIFTKV_TEST_COORD_UCX"); u != nullptr && *u == '1') {
+    g_ucx = true;
+    if (!swiftkv::transport::ucx_built()) {
+      std::fprintf(stderr, "skipped: this build has no UCX\n");
+      return 77;
+    }
+    const struct CMUnitTest over_ucx[] = {
+        cmocka_unit_test(store_and_load_across_processes),
+        cmocka_unit_test(reclaim_moves_chunks_down_then_acks),
+        cmocka_unit_test(lender_killed),
+        cmocka_unit_test(borrower_killed),
+        cmocka_unit_test(many_lenders_and_borrowers),
+    };
+    return cmocka_run_group_tests_name("over UCX", over_ucx, nullptr, nullptr);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(store_and_load_across_processes),
       cmocka_unit_test(reclaim_moves_chunks_down_then_acks),

@@ -16,7 +16,9 @@ def test_config_round_trip(tmp_path):
                          coord_heartbeat_ms=50, coord_timeout_ms=700,
                          disk_segment_bytes=1 << 18, disk_sync_ms=250,
                          transfer_threads=3, max_open_requests=7,
-                         write_back_on_close=False) as ctx:
+                         write_back_on_close=False, coord_ucx_transports="tcp",
+                         coord_remote_path=swiftkv.RemotePath.UCX,
+                         coord_rma_timeout_ms=900) as ctx:
         c = ctx.config()
         assert c["host_budget_bytes"] == 1 << 20
         assert c["disk_path"] == str(tmp_path)
@@ -30,6 +32,9 @@ def test_config_round_trip(tmp_path):
         assert (c["disk_segment_bytes"], c["disk_sync_ms"]) == (1 << 18, 250)
         assert c["transfer_threads"] == 3 and c["max_open_requests"] == 7
         assert c["write_back_on_close"] == 0
+        assert c["coord_ucx_transports"] == "tcp"
+        assert c["coord_remote_path"] == swiftkv.RemotePath.UCX
+        assert c["coord_rma_timeout_ms"] == 900
         s = ctx.stats()
         assert s["disk_files_skipped"] == 0 and s["disk_bytes_allocated"] == 0
         assert s["requests_open"] == 0 and 0 < s["index_capacity_chunks"] <= 4096  # no model
@@ -44,6 +49,8 @@ def test_config_round_trip(tmp_path):
      swiftkv.Status.EINVAL),
     ({"coord_endpoint": "udp://x"}, "neither ipc:// nor tcp://", swiftkv.Status.EINVAL),
     ({"coord_timeout_ms": 0}, "coord_timeout_ms", swiftkv.Status.EINVAL),
+    ({"coord_rma_timeout_ms": 0}, "coord_rma_timeout_ms", swiftkv.Status.EINVAL),
+    ({"coord_remote_path": 7}, "not a swiftkv_remote_path", swiftkv.Status.EINVAL),
 ])
 def test_bad_config(kw, needle, status):
     with pytest.raises(swiftkv.Error) as e:

@@ -104,6 +104,41 @@ def test_remote_lender(tmp_path, small_model):
         assert err.value.status == swiftkv.Status.ENOTFOUND
 
 
+def free_tcp_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_remote_lender_over_ucx(small_model):
+    # The borrower asks for UCX although the lender is on this host: every byte goes over UCX's
+    # tcp transport, none through a mapping.
+    ep = f"tcp://127.0.0.1:{free_tcp_port()}"
+    with swiftkv.Context(host_budget_bytes=4 << 20, coord_endpoint=ep, coord_heartbeat_ms=20,
+                         coord_ucx_transports="tcp") as lctx, \
+            swiftkv.Context(host_budget_bytes=4 << 20, coord_heartbeat_ms=20,
+                            demote_free_percent=0, coord_ucx_transports="tcp",
+                            coord_remote_path=swiftkv.RemotePath.UCX) as bctx:
+        e = lctx.elastic(lender_desc(), small_model, capacity_blocks=32, owned_blocks=8)
+        e.offer("pool-a")
+        m = bctx.register_model(small_model)
+        try:
+            m.borrow_remote(ep, "pool-a", 6)
+        except swiftkv.Unsupported:
+            pytest.skip("this libswiftkv has no UCX")
+        t = tokens_of(7, 12 * 32)
+        kv = chunks_of(7, 12, small_model.chunk_bytes)
+        m.store(t, kv)
+        assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 12
+        out = np.zeros_like(kv)
+        assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
+        cs = bctx.coord_stats()
+        assert cs["remote_lenders"] == 1 and cs["rma_batches_failed"] == 0
+        assert cs["rma_bytes_written"] == cs["rma_bytes_read"] == 12 * small_model.chunk_bytes
+        assert lctx.coord_stats()["remote_sessions"] == 1
+
+
 def test_reclaim_deadline(ctx, small_model):
     # A borrower that renews a lease asked back and never releases it loses it at the deadline.
     now = [10**9]

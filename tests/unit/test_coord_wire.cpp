@@ -44,15 +44,16 @@ std::vector<co::Message> samples() {
   w.region_bytes = 100 << 20;
   w.identity = "host-memfd-42";
   w.ipc_handle[63] = 0xab;
+  w.ucx_address = {0x10, 0x20, 0x30};
   co::HeartbeatAck ack;
   ack.echo = 12;
   ack.leases = {{1, 500, false}, {9, 0, true}};
   return {
-      {1, 0, co::Hello{g, 4242, "lender-a"}},
+      {1, 0, co::Hello{g, 4242, "lender-a", "boot-id net:[4026531840]", 1}},
       {1, 3, w},
       {1, 0, co::Refuse{SWIFTKV_ENOTFOUND, "no region"}},
       {5, 0, co::Lend{3, 17}},
-      {6, 4, co::Grant{3, 11, 40, 17, 2}},
+      {6, 4, co::Grant{3, 11, 40, 17, 2, {0xaa, 0xbb}, 0x7f0000001000}},
       {7, 4, co::Deny{4, SWIFTKV_ENOMEM, "nothing free"}},
       {8, 0, co::Heartbeat{{11, 12, 13}}},
       {9, 5, ack},
@@ -80,6 +81,15 @@ void every_type_round_trips(void **) {
   assert_string_equal(got.identity.c_str(), "host-memfd-42");
   assert_int_equal(got.ipc_handle[63], 0xab);
   assert_int_equal(got.borrower.num_layers, 64);
+  assert_true(got.ucx_address == std::vector<uint8_t>({0x10, 0x20, 0x30}));
+  const co::Decoded h = co::decode(co::encode(ms[0]));
+  const auto &hello = std::get<co::Hello>(h.message->payload);
+  assert_string_equal(hello.host.c_str(), "boot-id net:[4026531840]");
+  assert_int_equal(hello.path, 1);
+  const co::Decoded gd = co::decode(co::encode(ms[4]));
+  const auto &grant = std::get<co::Grant>(gd.message->payload);
+  assert_true(grant.rkey == std::vector<uint8_t>({0xaa, 0xbb}));
+  assert_int_equal(grant.remote_base, 0x7f0000001000);
   const co::Decoded a = co::decode(co::encode(ms[7]));
   const auto &acks = std::get<co::HeartbeatAck>(a.message->payload);
   assert_int_equal(acks.leases.size(), 2);
@@ -93,20 +103,23 @@ uint64_t fnv1a(const std::vector<uint8_t> &b, uint64_t h = 0xcbf29ce484222325ull
   return h;
 }
 
-// The format is pinned: the encodings of the samples are the bytes protocol version 1 has always
+// The format is pinned: the encodings of the samples are the bytes protocol version 2 has always
 // had. A change here breaks every peer on an older library; it needs a new protocol version.
 void format_is_pinned(void **) {
-  const std::vector<uint8_t> grant = co::encode(co::Message{6, 4, co::Grant{3, 11, 40, 17, 2}});
+  const std::vector<uint8_t> grant =
+      co::encode(co::Message{6, 4, co::Grant{3, 11, 40, 17, 2, {0xaa, 0xbb}, 0x1000}});
   const std::vector<uint8_t> want = {
-      0x53, 0x57, 0x4b, 0x56, 0x01, 0x00, 0x05, 0x00,  // magic "SWKV", version 1, type grant
+      0x53, 0x57, 0x4b, 0x56, 0x02, 0x00, 0x05, 0x00,  // magic "SWKV", version 2, type grant
       0x06, 0,    0,    0,    0,    0,    0,    0,     // seq
       0x04, 0,    0,    0,    0,    0,    0,    0,     // epoch
-      0x24, 0,    0,    0,    0,    0,    0,    0,     // payload length 36, reserved
+      0x32, 0,    0,    0,    0,    0,    0,    0,     // payload length 50, reserved
       0x03, 0,    0,    0,    0,    0,    0,    0,
       0x0b, 0,    0,    0,    0,    0,    0,    0,  // request, lease
       0x28, 0,    0,    0,    0,    0,    0,    0,
       0x11, 0,    0,    0,    0,    0,    0,    0,  // first unit, units
       0x02, 0,    0,    0,                          // pieces
+      0x02, 0,    0,    0,    0xaa, 0xbb,           // the remote key: length, bytes
+      0x00, 0x10, 0,    0,    0,    0,    0,    0,  // remote base
   };
   assert_true(grant == want);
   uint64_t h = 0xcbf29ce484222325ull;
@@ -114,7 +127,7 @@ void format_is_pinned(void **) {
   co::PiecePacket p{9, 2, {{0, 4096, 1}, {8192, 4096, 3}}};
   h = fnv1a(co::encode_pieces(p), h);
   h = fnv1a(co::encode_auth(co::FdAuth{77, {1, 2, 3}}), h);
-  assert_int_equal(h, 0x4eaa25a6e23f8096ull);
+  assert_int_equal(h, 0x86864949475d9265ull);
 }
 
 void corruption_never_crashes(void **) {

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 8");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 9");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -257,6 +257,40 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
 
 /* A program built against version 5 (no request bound) gets 4096 open requests; get_config
  * writes nothing past its size. The bound and the reserved word are checked. */
+/* A program built against version 7 (no cross-node fields) gets UCX's own transports, the
+ * automatic path and the default batch timeout; the new fields are checked. */
+static void version_7_callers_get_remote_defaults(void **state) {
+  (void)state;
+  swiftkv_ctx_config v7 = SWIFTKV_CTX_CONFIG_INIT;
+  memset(&v7.coord_ucx_transports, 0x7f,
+         sizeof v7 - offsetof(swiftkv_ctx_config, coord_ucx_transports));
+  v7.size = (uint32_t)offsetof(swiftkv_ctx_config, coord_ucx_transports);
+  v7.version = 7;
+  swiftkv_ctx *ctx = create_ok(&v7);
+  swiftkv_ctx_config got = SWIFTKV_CTX_CONFIG_INIT;
+  assert_ok(swiftkv_ctx_get_config(&got, ctx));
+  assert_null(got.coord_ucx_transports);
+  assert_int_equal(got.coord_remote_path, SWIFTKV_REMOTE_PATH_AUTO);
+  assert_int_equal(got.coord_rma_timeout_ms, 2000);
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.coord_ucx_transports = "tcp";
+  c.coord_remote_path = SWIFTKV_REMOTE_PATH_UCX;
+  c.coord_rma_timeout_ms = 750;
+  ctx = create_ok(&c);
+  got = effective(ctx);
+  assert_string_equal(got.coord_ucx_transports, "tcp");
+  assert_int_equal(got.coord_remote_path, SWIFTKV_REMOTE_PATH_UCX);
+  assert_int_equal(got.coord_rma_timeout_ms, 750);
+  swiftkv_ctx_destroy(ctx);
+  c.coord_rma_timeout_ms = 0;
+  create_refused(&c, SWIFTKV_EINVAL, "config->coord_rma_timeout_ms is 0");
+  c = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  c.coord_remote_path = (swiftkv_remote_path)3;
+  create_refused(&c, SWIFTKV_EINVAL, "config->coord_remote_path (3) is not a swiftkv_remote_path");
+}
+
 static void version_5_callers_get_the_request_bound(void **state) {
   (void)state;
   swiftkv_ctx_config v5 = SWIFTKV_CTX_CONFIG_INIT;
@@ -513,6 +547,7 @@ int main(void) {
       cmocka_unit_test(version_3_callers_get_coord_defaults),
       cmocka_unit_test(version_4_callers_get_disk_log_defaults),
       cmocka_unit_test(version_5_callers_get_the_request_bound),
+      cmocka_unit_test(version_7_callers_get_remote_defaults),
       cmocka_unit_test(write_back_on_close_is_checked),
       cmocka_unit_test(cache_fields_are_checked),
       cmocka_unit_test(get_config_respects_the_callers_size),

@@ -353,7 +353,21 @@ type Config struct {
 	// as far as the disk's free room goes, so that a later context on the same path finds them;
 	// NoWriteBackOnClose drops them instead (the zero value keeps the library's default).
 	NoWriteBackOnClose bool
+	// Lending across nodes: UCX's transports as UCX_TLS names them ("" : what UCX picks), how a
+	// borrower reaches a lender's memory, and the longest one batch of UCX reads or writes waits.
+	CoordUCXTransports string
+	CoordRemotePath    RemotePath
+	CoordRMATimeoutMs  uint32
 }
+
+// RemotePath is swiftkv_remote_path: how a borrower reaches a lender in another process.
+type RemotePath uint32
+
+const (
+	RemotePathAuto  RemotePath = C.SWIFTKV_REMOTE_PATH_AUTO  // mapped on this host, UCX elsewhere
+	RemotePathUCX   RemotePath = C.SWIFTKV_REMOTE_PATH_UCX   // UCX whatever the host
+	RemotePathLocal RemotePath = C.SWIFTKV_REMOTE_PATH_LOCAL // mapped only
+)
 
 // DefaultConfig is the library's defaults (swiftkv_ctx_config_init).
 func DefaultConfig() Config {
@@ -370,7 +384,8 @@ func DefaultConfig() Config {
 		CoordTimeoutMs:         uint32(c.coord_timeout_ms),
 		DiskSegmentBytes:       uint64(c.disk_segment_bytes), DiskSyncMs: uint32(c.disk_sync_ms),
 		TransferThreads: uint32(c.transfer_threads), MaxOpenRequests: uint32(c.max_open_requests),
-		NoWriteBackOnClose: c.write_back_on_close == 0}
+		NoWriteBackOnClose: c.write_back_on_close == 0,
+		CoordRemotePath:    RemotePath(c.coord_remote_path), CoordRMATimeoutMs: uint32(c.coord_rma_timeout_ms)}
 }
 
 // ChunkEvent is a chunk that left a tier without the caller asking.
@@ -432,6 +447,12 @@ func NewContext(cfg Config) (*Context, error) {
 	} else {
 		c.write_back_on_close = 1
 	}
+	if cfg.CoordUCXTransports != "" {
+		c.coord_ucx_transports = C.CString(cfg.CoordUCXTransports)
+		defer C.free(unsafe.Pointer(c.coord_ucx_transports))
+	}
+	c.coord_remote_path = C.swiftkv_remote_path(cfg.CoordRemotePath)
+	c.coord_rma_timeout_ms = C.uint32_t(cfg.CoordRMATimeoutMs)
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -490,7 +511,11 @@ func (c *Context) Config() (Config, error) {
 		MaintenanceIntervalMs: uint32(v.maintenance_interval_ms), CoordHeartbeatMs: uint32(v.coord_heartbeat_ms),
 		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
 		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads),
-		MaxOpenRequests: uint32(v.max_open_requests), NoWriteBackOnClose: v.write_back_on_close == 0}
+		MaxOpenRequests: uint32(v.max_open_requests), NoWriteBackOnClose: v.write_back_on_close == 0,
+		CoordRemotePath: RemotePath(v.coord_remote_path), CoordRMATimeoutMs: uint32(v.coord_rma_timeout_ms)}
+	if v.coord_ucx_transports != nil {
+		out.CoordUCXTransports = C.GoString(v.coord_ucx_transports)
+	}
 	if v.disk_path != nil {
 		out.DiskPath = C.GoString(v.disk_path)
 	}
@@ -560,6 +585,9 @@ type CoordStats struct {
 	OfferedRegions, SessionsServed, LendersConnected, MessagesSent, MessagesReceived uint64
 	MessagesDropped, HeartbeatsSent, HeartbeatsAnswered, ReclaimsSent, ReclaimsAcked uint64
 	ReclaimNsTotal, ReclaimNsMax, LeasesLost, LendersLost                            uint64
+	// Lending across nodes over UCX.
+	RemoteSessions, RemoteLenders, GrantsRefused, RMABatches, RMABatchesFailed uint64
+	RMABytesRead, RMABytesWritten                                              uint64
 }
 
 // MetricsText is the context's counters in Prometheus' text exposition format
@@ -607,7 +635,9 @@ func (c *Context) CoordStats() (CoordStats, error) {
 		uint64(s.messages_sent), uint64(s.messages_received), uint64(s.messages_dropped),
 		uint64(s.heartbeats_sent), uint64(s.heartbeats_answered), uint64(s.reclaims_sent),
 		uint64(s.reclaims_acked), uint64(s.reclaim_ns_total), uint64(s.reclaim_ns_max),
-		uint64(s.leases_lost), uint64(s.lenders_lost)}, nil
+		uint64(s.leases_lost), uint64(s.lenders_lost), uint64(s.remote_sessions),
+		uint64(s.remote_lenders), uint64(s.grants_refused), uint64(s.rma_batches),
+		uint64(s.rma_batches_failed), uint64(s.rma_bytes_read), uint64(s.rma_bytes_written)}, nil
 }
 
 // ClearAll drops the unpinned chunks of every model in the tiers of tierMask.

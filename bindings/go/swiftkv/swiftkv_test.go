@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -136,6 +137,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.DiskSegmentBytes, cfg.DiskSyncMs, cfg.TransferThreads = 1<<18, 250, 3
 	cfg.MaxOpenRequests = 7
 	cfg.NoWriteBackOnClose = true
+	cfg.CoordUCXTransports, cfg.CoordRemotePath, cfg.CoordRMATimeoutMs = "tcp", RemotePathUCX, 900
 	c := newCtx(t, cfg)
 	got := val(c.Config())
 	if !got.NoWriteBackOnClose || DefaultConfig().NoWriteBackOnClose {
@@ -144,8 +146,12 @@ func TestConfigRoundTrip(t *testing.T) {
 	if got.DiskPath != dir || !got.EvictionLRU || len(got.AttentionCostTable) != 2 ||
 		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
 		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 ||
-		got.MaxOpenRequests != 7 {
+		got.MaxOpenRequests != 7 || got.CoordUCXTransports != "tcp" ||
+		got.CoordRemotePath != RemotePathUCX || got.CoordRMATimeoutMs != 900 {
 		t.Fatalf("%+v", got)
+	}
+	if d := DefaultConfig(); d.CoordRemotePath != RemotePathAuto || d.CoordRMATimeoutMs != 2000 {
+		t.Fatalf("%+v", d)
 	}
 	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 ||
 		st.RequestsOpen != 0 || st.IndexBytes == 0 || st.IndexCapacityChunks == 0 {
@@ -331,6 +337,53 @@ func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	out := make([]byte, len(kv))
 	if n := val(m.Retrieve(tok, 0, out)); n != 9*32 || string(out) != string(kv) {
 		t.Fatal("after reclaim", n)
+	}
+}
+
+// The borrower asks for UCX although the lender is on this host: every byte goes over UCX's tcp
+// transport. Skipped by a libswiftkv without UCX.
+func TestRemoteLenderOverUCX(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := "tcp://" + l.Addr().String()
+	l.Close()
+	lc := DefaultConfig()
+	lc.HostBudgetBytes, lc.CoordEndpoint, lc.CoordHeartbeatMs, lc.CoordUCXTransports = 4<<20, ep, 20, "tcp"
+	lctx := newCtx(t, lc)
+	b := small()
+	e := val(lctx.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 32, OwnedBlocks: 8}))
+	defer e.Close()
+	if err := e.Offer("pool-a"); err != nil {
+		t.Fatal(err)
+	}
+	bc := DefaultConfig()
+	bc.HostBudgetBytes, bc.CoordHeartbeatMs, bc.DemoteFreePercent = 4<<20, 20, 0
+	bc.CoordUCXTransports, bc.CoordRemotePath = "tcp", RemotePathUCX
+	bctx := newCtx(t, bc)
+	m := val(bctx.RegisterModel(small(), Borrower))
+	if _, err := m.BorrowRemote(ep, "pool-a", 6); err != nil {
+		var se *Error
+		if errors.As(err, &se) && se.Status == EUNSUPPORTED {
+			t.Skip("this libswiftkv has no UCX")
+		}
+		t.Fatal(err)
+	}
+	cb := int(val(small().ChunkBytes()))
+	tok, kv := tokensOf(8, 12*32), kvOf(8, 12*cb)
+	val(m.Store(tok, kv))
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 12*32 || string(out) != string(kv) {
+		t.Fatal("over UCX", n)
+	}
+	cs := val(bctx.CoordStats())
+	if cs.RemoteLenders != 1 || cs.RMABytesWritten != uint64(12*cb) ||
+		cs.RMABytesRead != uint64(12*cb) || cs.RMABatchesFailed != 0 {
+		t.Fatalf("%+v", cs)
+	}
+	if ls := val(lctx.CoordStats()); ls.RemoteSessions != 1 {
+		t.Fatalf("%+v", ls)
 	}
 }
 

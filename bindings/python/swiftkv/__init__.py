@@ -37,7 +37,7 @@ __all__ = [
     "Error", "InvalidArgument", "OutOfMemory", "NotFound", "Busy", "IOFailure", "CudaError",
     "NoDevice", "PeerError", "TimedOut", "VersionMismatch", "Unsupported", "UserError",
     "StateError", "InternalError", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
-    "CudaAlloc",
+    "CudaAlloc", "RemotePath",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
     "version", "version_string", "status_string", "last_error_message", "dtype_size",
     "device_count",
@@ -219,6 +219,14 @@ class Role(enum.IntEnum):
 class EvictionPolicy(enum.IntEnum):
     LRU = _c.SWIFTKV_EVICT_LRU
     RETENTION = _c.SWIFTKV_EVICT_RETENTION
+
+
+class RemotePath(enum.IntEnum):
+    """How a borrower reaches a lender's memory in another process (swiftkv_remote_path)."""
+
+    AUTO = _c.SWIFTKV_REMOTE_PATH_AUTO
+    UCX = _c.SWIFTKV_REMOTE_PATH_UCX
+    LOCAL = _c.SWIFTKV_REMOTE_PATH_LOCAL
 
 
 class MemoryKind(enum.IntEnum):
@@ -443,7 +451,8 @@ class Context:
                "recompute_token_cost", "recompute_attention_cost", "attention_cost_table",
                "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
                "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms",
-               "transfer_threads", "max_open_requests", "write_back_on_close")
+               "transfer_threads", "max_open_requests", "write_back_on_close",
+               "coord_ucx_transports", "coord_remote_path", "coord_rma_timeout_ms")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         c = _c.swiftkv_ctx_config_init()

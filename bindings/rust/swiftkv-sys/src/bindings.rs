@@ -8,7 +8,7 @@ pub const SWIFTKV_DEVICE_HOST: i32 = -1;
 pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
-pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 7;
+pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 8;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
 pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
@@ -23,7 +23,7 @@ pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_MAX_COMPRESSION_METHODS: u32 = 8;
 pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_STATS_VERSION: u32 = 3;
-pub const SWIFTKV_COORD_STATS_VERSION: u32 = 1;
+pub const SWIFTKV_COORD_STATS_VERSION: u32 = 2;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_REQUEST_INFO_VERSION: u32 = 1;
@@ -505,6 +505,10 @@ pub type swiftkv_clock_fn =
 pub const SWIFTKV_EVICT_LRU: swiftkv_eviction_policy = 0;
 pub const SWIFTKV_EVICT_RETENTION: swiftkv_eviction_policy = 1;
 pub type swiftkv_eviction_policy = ::std::os::raw::c_uint;
+pub const SWIFTKV_REMOTE_PATH_AUTO: swiftkv_remote_path = 0;
+pub const SWIFTKV_REMOTE_PATH_UCX: swiftkv_remote_path = 1;
+pub const SWIFTKV_REMOTE_PATH_LOCAL: swiftkv_remote_path = 2;
+pub type swiftkv_remote_path = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_ctx_config {
@@ -535,12 +539,15 @@ pub struct swiftkv_ctx_config {
     pub reserved1: u32,
     pub write_back_on_close: u32,
     pub reserved2: u32,
+    pub coord_ucx_transports: *const ::std::os::raw::c_char,
+    pub coord_remote_path: swiftkv_remote_path,
+    pub coord_rma_timeout_ms: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_ctx_config>(),
-        152usize,
+        168usize,
         concat!("Size of: ", stringify!(swiftkv_ctx_config))
     );
     assert_eq!(
@@ -1007,6 +1014,57 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_reserved2();
+    fn test_field_coord_ucx_transports() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).coord_ucx_transports) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(coord_ucx_transports)
+            )
+        );
+    }
+    test_field_coord_ucx_transports();
+    fn test_field_coord_remote_path() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).coord_remote_path) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(coord_remote_path)
+            )
+        );
+    }
+    test_field_coord_remote_path();
+    fn test_field_coord_rma_timeout_ms() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).coord_rma_timeout_ms) as usize - ptr as usize
+            },
+            164usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(coord_rma_timeout_ms)
+            )
+        );
+    }
+    test_field_coord_rma_timeout_ms();
 }
 extern "C" {
     pub fn swiftkv_ctx_config_init(out: *mut swiftkv_ctx_config);
@@ -4106,12 +4164,19 @@ pub struct swiftkv_coord_stats {
     pub reclaim_ns_max: u64,
     pub leases_lost: u64,
     pub lenders_lost: u64,
+    pub remote_sessions: u64,
+    pub remote_lenders: u64,
+    pub grants_refused: u64,
+    pub rma_batches: u64,
+    pub rma_batches_failed: u64,
+    pub rma_bytes_read: u64,
+    pub rma_bytes_written: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_coord_stats() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_coord_stats>(),
-        120usize,
+        176usize,
         concat!("Size of: ", stringify!(swiftkv_coord_stats))
     );
     assert_eq!(
@@ -4391,6 +4456,125 @@ fn bindgen_test_layout_swiftkv_coord_stats() {
         );
     }
     test_field_lenders_lost();
+    fn test_field_remote_sessions() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_sessions) as usize - ptr as usize
+            },
+            120usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(remote_sessions)
+            )
+        );
+    }
+    test_field_remote_sessions();
+    fn test_field_remote_lenders() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_lenders) as usize - ptr as usize
+            },
+            128usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(remote_lenders)
+            )
+        );
+    }
+    test_field_remote_lenders();
+    fn test_field_grants_refused() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).grants_refused) as usize - ptr as usize
+            },
+            136usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(grants_refused)
+            )
+        );
+    }
+    test_field_grants_refused();
+    fn test_field_rma_batches() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rma_batches) as usize - ptr as usize
+            },
+            144usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(rma_batches)
+            )
+        );
+    }
+    test_field_rma_batches();
+    fn test_field_rma_batches_failed() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rma_batches_failed) as usize - ptr as usize
+            },
+            152usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(rma_batches_failed)
+            )
+        );
+    }
+    test_field_rma_batches_failed();
+    fn test_field_rma_bytes_read() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rma_bytes_read) as usize - ptr as usize
+            },
+            160usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(rma_bytes_read)
+            )
+        );
+    }
+    test_field_rma_bytes_read();
+    fn test_field_rma_bytes_written() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_coord_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).rma_bytes_written) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_coord_stats),
+                "::",
+                stringify!(rma_bytes_written)
+            )
+        );
+    }
+    test_field_rma_bytes_written();
 }
 extern "C" {
     pub fn swiftkv_coord_stats_init(out: *mut swiftkv_coord_stats);

@@ -190,6 +190,17 @@ pub enum EvictionPolicy {
     Retention,
 }
 
+/// How a borrower reaches a lender's memory in another process (`swiftkv_remote_path`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemotePath {
+    /// Mapped (memfd, VMM, CUDA IPC) on the lender's host, UCX from anywhere else.
+    Auto,
+    /// UCX whatever the host.
+    Ucx,
+    /// Mapped only: a lender on another host is refused.
+    Local,
+}
+
 /// How a device region is allocated (`swiftkv_cuda_alloc`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CudaAlloc {
@@ -409,6 +420,11 @@ pub struct ContextConfig {
     /// With a disk tier: when the context ends, move host and lent-memory chunks to disk as far
     /// as its free room goes, so a later context on the same path finds them (default true).
     pub write_back_on_close: bool,
+    /// UCX transports for lent memory on another host, as UCX_TLS names them (None: UCX picks).
+    pub coord_ucx_transports: Option<String>,
+    pub coord_remote_path: RemotePath,
+    /// The longest one batch of UCX reads or writes of lent memory waits.
+    pub coord_rma_timeout_ms: u32,
 }
 
 impl Default for ContextConfig {
@@ -460,6 +476,13 @@ impl ContextConfig {
             transfer_threads: c.transfer_threads,
             max_open_requests: c.max_open_requests,
             write_back_on_close: c.write_back_on_close != 0,
+            coord_ucx_transports: string(c.coord_ucx_transports),
+            coord_remote_path: match c.coord_remote_path {
+                sys::SWIFTKV_REMOTE_PATH_UCX => RemotePath::Ucx,
+                sys::SWIFTKV_REMOTE_PATH_LOCAL => RemotePath::Local,
+                _ => RemotePath::Auto,
+            },
+            coord_rma_timeout_ms: c.coord_rma_timeout_ms,
         }
     }
 }
@@ -504,6 +527,7 @@ impl Context {
     pub fn new(config: &ContextConfig) -> Result<Context> {
         let disk = config.disk_path.as_deref().map(|p| cstring(p, "disk_path")).transpose()?;
         let ep = config.coord_endpoint.as_deref().map(|p| cstring(p, "coord_endpoint")).transpose()?;
+        let tls = config.coord_ucx_transports.as_deref().map(|p| cstring(p, "coord_ucx_transports")).transpose()?;
         let mut c: sys::swiftkv_ctx_config = unsafe { std::mem::zeroed() };
         c.size = std::mem::size_of::<sys::swiftkv_ctx_config>() as u32;
         c.version = sys::SWIFTKV_CTX_CONFIG_VERSION;
@@ -532,6 +556,13 @@ impl Context {
         c.transfer_threads = config.transfer_threads;
         c.max_open_requests = config.max_open_requests;
         c.write_back_on_close = config.write_back_on_close as u32;
+        c.coord_ucx_transports = tls.as_ref().map_or(ptr::null(), |s| s.as_ptr());
+        c.coord_remote_path = match config.coord_remote_path {
+            RemotePath::Auto => sys::SWIFTKV_REMOTE_PATH_AUTO,
+            RemotePath::Ucx => sys::SWIFTKV_REMOTE_PATH_UCX,
+            RemotePath::Local => sys::SWIFTKV_REMOTE_PATH_LOCAL,
+        };
+        c.coord_rma_timeout_ms = config.coord_rma_timeout_ms;
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -1595,6 +1626,16 @@ pub struct CoordStats {
     pub reclaim_ns_max: u64,
     pub leases_lost: u64,
     pub lenders_lost: u64,
+    /// Sessions on this context's regions reached over UCX, now.
+    pub remote_sessions: u64,
+    /// Lenders this context reaches over UCX, now.
+    pub remote_lenders: u64,
+    /// Grants this side could not use (forged keys, bad ranges), given straight back.
+    pub grants_refused: u64,
+    pub rma_batches: u64,
+    pub rma_batches_failed: u64,
+    pub rma_bytes_read: u64,
+    pub rma_bytes_written: u64,
 }
 
 impl From<&sys::swiftkv_coord_stats> for CoordStats {
@@ -1614,6 +1655,13 @@ impl From<&sys::swiftkv_coord_stats> for CoordStats {
             reclaim_ns_max: c.reclaim_ns_max,
             leases_lost: c.leases_lost,
             lenders_lost: c.lenders_lost,
+            remote_sessions: c.remote_sessions,
+            remote_lenders: c.remote_lenders,
+            grants_refused: c.grants_refused,
+            rma_batches: c.rma_batches,
+            rma_batches_failed: c.rma_batches_failed,
+            rma_bytes_read: c.rma_bytes_read,
+            rma_bytes_written: c.rma_bytes_written,
         }
     }
 }

@@ -102,10 +102,17 @@ fn config_round_trip_and_errors() {
         transfer_threads: 3,
         max_open_requests: 7,
         write_back_on_close: false,
+        coord_ucx_transports: Some("tcp".into()),
+        coord_remote_path: RemotePath::Ucx,
+        coord_rma_timeout_ms: 900,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
+    assert_eq!(got.coord_ucx_transports.as_deref(), Some("tcp"));
+    assert_eq!((got.coord_remote_path, got.coord_rma_timeout_ms), (RemotePath::Ucx, 900));
+    let d = ContextConfig::default();
+    assert_eq!((d.coord_ucx_transports, d.coord_remote_path, d.coord_rma_timeout_ms), (None, RemotePath::Auto, 2000));
     assert!(!got.write_back_on_close && ContextConfig::default().write_back_on_close);
     assert_eq!((got.disk_segment_bytes, got.disk_sync_ms), (1 << 18, 250));
     assert_eq!((got.transfer_threads, got.max_open_requests), (3, 7));
@@ -276,6 +283,50 @@ fn elastic_region_and_local_borrow() {
     let mut out = vec![0u8; kv.len()];
     assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 9 * 32);
     assert_eq!(out, kv);
+}
+
+/// The borrower asks for UCX although the lender is on this host: every byte goes over UCX's tcp
+/// transport. Checks nothing more on a libswiftkv without UCX (EUNSUPPORTED).
+#[test]
+fn remote_lender_over_ucx() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let ep = format!("tcp://127.0.0.1:{port}");
+    let tcp = || Some("tcp".to_string());
+    let lc = Context::new(&ContextConfig {
+        host_budget_bytes: 4 << 20,
+        coord_endpoint: Some(ep.clone()),
+        coord_ucx_transports: tcp(),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 32);
+    cfg.owned_blocks = 8;
+    let e = lc.elastic(&cfg).unwrap();
+    e.offer("pool-a").unwrap();
+    let bc = Context::new(&ContextConfig {
+        host_budget_bytes: 4 << 20,
+        demote_free_percent: 0,
+        coord_ucx_transports: tcp(),
+        coord_remote_path: RemotePath::Ucx,
+        ..Default::default()
+    })
+    .unwrap();
+    let m = bc.register_model(&small()).unwrap();
+    match m.borrow_remote(&ep, "pool-a", 6) {
+        Err(err) if err.status == Status::EUNSUPPORTED => return, // no UCX in this build
+        r => r.unwrap(),
+    };
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(8, 12 * 32);
+    let kv = kv_of(8, 12 * cb);
+    m.store(&t, &kv).unwrap();
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 12 * 32);
+    assert_eq!(out, kv);
+    let cs = bc.coord_stats().unwrap();
+    assert_eq!((cs.remote_lenders, cs.rma_batches_failed), (1, 0));
+    assert_eq!((cs.rma_bytes_written, cs.rma_bytes_read), ((12 * cb) as u64, (12 * cb) as u64));
+    assert_eq!(lc.coord_stats().unwrap().remote_sessions, 1);
 }
 
 #[test]
