@@ -51,6 +51,11 @@ const char *g_self = nullptr;
 // on UCX's tcp transport, borrowers asking for it although the lender is on this host, and tcp://
 // endpoints. The fd-channel tests do not apply then.
 bool g_ucx = false;
+// test_remote_netns (tests/integration/remote_netns.sh) runs this binary in one network namespace
+// with these set: children (lenders, and the killed borrower) run in the other namespace, joined
+// by a veth pair, and every context is left to choose its path (UCX, since the namespaces differ).
+const char *g_netns = nullptr;        // the children's namespace
+std::string g_there, g_here, g_link;  // its address, this namespace's address, this veth end
 
 // Borrower: 2 layers, 2 KV heads, head dim 16, 32-token chunks: 8 KiB a chunk. Lender: 3 layers,
 // 2 heads, dim 16, 16-token blocks: 6 KiB a block. Lending unit: 4 blocks = 3 chunks (24 KiB).
@@ -91,11 +96,18 @@ int free_tcp_port() {
 
 void use_ucx(swiftkv_ctx_config *c) {
   if (!g_ucx) return;
-  c->coord_remote_path = SWIFTKV_REMOTE_PATH_UCX;
+  // Across namespaces the path is left to the host check; on loopback UCX is asked for.
+  if (g_netns == nullptr) c->coord_remote_path = SWIFTKV_REMOTE_PATH_UCX;
   c->coord_ucx_transports = "tcp";
+  c->coord_rma_timeout_ms = 1000;
 }
 
-std::string fresh_endpoint(const char *what) {
+// An endpoint for a lender: a child's (`here` false: in the children's namespace) or one in this
+// process.
+std::string fresh_endpoint(const char *what, bool here = false) {
+  if (g_netns != nullptr) {
+    return "tcp://" + (here ? g_here : g_there) + ":" + std::to_string(free_tcp_port());
+  }
   if (g_ucx) return "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
   static int n = 0;
   return "ipc:///tmp/swiftkv-test-coord-" + std::to_string(::getpid()) + "-" + what + "-" +
@@ -332,11 +344,18 @@ Child spawn(std::vector<std::string> args) {
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, to[0], 0);
   posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  std::vector<char *> argv{const_cast<char *>(g_self)};
+  // In the children's namespace through `ip netns exec`, which execs the binary in place (the
+  // pid is the child's own, for kill()).
+  std::vector<std::string> pre;
+  if (g_netns != nullptr) pre = {"ip", "netns", "exec", g_netns};
+  std::string self = g_self;
+  std::vector<char *> argv;
+  for (auto &a : pre) argv.push_back(a.data());
+  argv.push_back(self.data());
   for (auto &a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   Child c;
-  assert_int_equal(posix_spawn(&c.pid, g_self, &fa, nullptr, argv.data(), environ), 0);
+  assert_int_equal(posix_spawnp(&c.pid, argv[0], &fa, nullptr, argv.data(), environ), 0);
   posix_spawn_file_actions_destroy(&fa);
   close(to[0]);
   close(from[1]);
@@ -408,7 +427,7 @@ void store_and_load_across_processes(void **) {
   store(b, 1, 40, 40 * kChunkTokens);
   assert_int_equal(lookup(b, 1, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
   assert_int_equal(retrieve_checked(b, 1, 40), 40 * kChunkTokens);
-  if (g_ucx) {  // every byte went over UCX, none through a mapping
+  if (g_ucx) {  // every byte went over UCX (across namespaces, by the host check), no mapping
     const swiftkv_coord_stats u = coord_stats(b.ctx);
     assert_int_equal(u.remote_lenders, 1);
     assert_int_equal(u.rma_bytes_written, 40 * kChunkBytes);
@@ -632,7 +651,7 @@ void lender_killed(void **) {
 
 // The borrower is killed: the lender keeps its leases lent until they expire, then has them back.
 void borrower_killed(void **) {
-  const std::string ep = fresh_endpoint("kill-borrower");
+  const std::string ep = fresh_endpoint("kill-borrower", /*here=*/true);
   Lender l;
   assert_ok(lender_up(&l, ep, 1500, "lender"));
   Child borrower = spawn({"--borrower", ep});
@@ -641,6 +660,7 @@ void borrower_killed(void **) {
   assert_int_equal(s.lent_blocks, 16 * kUnitBlocks);
   assert_int_equal(s.leases, 1);
   assert_int_equal(coord_stats(l.ctx).sessions_served, 1);
+  assert_int_equal(coord_stats(l.ctx).remote_sessions, g_ucx ? 1 : 0);
   const uint64_t killed = now_ms();
   end_child(&borrower, true);
   // Not before the lease ran out: the borrower may have been mid-copy.
@@ -658,8 +678,17 @@ void borrower_killed(void **) {
   // The whole region can be the lender's again at once, with nobody to ask.
   uint64_t blocks = 0, chunks = 0;
   assert_ok(swiftkv_elastic_scale_for_request(&blocks, &chunks, l.e, kCapacityBlocks * 16));
-  for (int i = 0; i < 2000 && coord_stats(l.ctx).sessions_served != 0; ++i) sleep_ms(1);
+  // The session goes when its fd channel hangs up; a UCX session has none, and goes once its
+  // borrower was silent for two leases and a timeout (5 s here).
+  const uint64_t silent_ms = g_ucx ? 2 * 1500 + 5000 : 0;
+  for (int i = 0; i < 4000 && coord_stats(l.ctx).sessions_served != 0; ++i) sleep_ms(1);
+  while (coord_stats(l.ctx).sessions_served != 0 && now_ms() < killed + silent_ms + 4000) {
+    sleep_ms(5);
+  }
   assert_int_equal(coord_stats(l.ctx).sessions_served, 0);
+  assert_int_equal(coord_stats(l.ctx).remote_sessions, 0);
+  // Not forgotten while it might live (less the heartbeat before the kill, and some slack).
+  if (g_ucx) assert_true(now_ms() - killed + 1000 >= silent_ms);
   lender_down(&l);
 }
 
@@ -1084,20 +1113,213 @@ void many_lenders_and_borrowers(void **) {
   lender_down(&l1);
 }
 
+// --- Over UCX -----------------------------------------------------------------------------------
+
+// Runs `ip ARGS...` in this namespace and checks it worked.
+void run_ip(std::vector<std::string> args) {
+  args.insert(args.begin(), "ip");
+  std::vector<char *> argv;
+  for (auto &a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  assert_int_equal(posix_spawnp(&pid, "ip", nullptr, nullptr, argv.data(), environ), 0);
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+// The link between the namespaces goes down while the borrower reads: the batch in flight times
+// out (nothing resets a connection on a dead link), the lender is lost, nothing wrong is returned;
+// once the link is back the same lender can be borrowed from again.
+void link_taken_down(void **) {
+  const std::string ep = fresh_endpoint("link");
+  Child lender = spawn_lender(ep);
+  Borrower b;
+  borrower_up(&b, 4 << 20);
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
+  store(b, 5, 40, 40 * kChunkTokens);
+  assert_int_equal(lookup(b, 5, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
+  assert_int_equal(coord_stats(b.ctx).remote_lenders, 1);
+
+  std::atomic<int> wrong{0}, reads{0};
+  std::atomic<bool> stop{false};
+  std::thread reader([&] {
+    const auto tokens = tokens_of(5, 40);
+    const auto want = kv_of(5, 40);
+    std::vector<uint8_t> got(want.size());
+    while (!stop.load()) {
+      uint64_t n = 0;
+      if (swiftkv_retrieve(&n, b.ctx, b.model, tokens.data(), tokens.size(), 0, got.data(),
+                           got.size()) != SWIFTKV_OK ||
+          std::memcmp(got.data(), want.data(), n / kChunkTokens * kChunkBytes) != 0) {
+        ++wrong;
+      }
+      ++reads;
+    }
+  });
+  while (reads.load() < 5) sleep_ms(1);
+  run_ip({"link", "set", "dev", g_link, "down"});
+  for (int i = 0; i < 10000 && coord_stats(b.ctx).lenders_lost == 0; ++i) sleep_ms(1);
+  stop = true;
+  reader.join();
+  run_ip({"link", "set", "dev", g_link, "up"});
+  assert_int_equal(wrong.load(), 0);
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.lenders_lost, 1);
+  assert_int_equal(cs.remote_lenders, 0);
+  assert_true(cs.rma_batches_failed >= 1);  // the read in flight, cut off by its timeout
+  for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);
+  assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 0);
+  assert_int_equal(retrieve_checked(b, 5, 40), 0);
+  // The lender lived through it: a new session, new bytes, bit-exact.
+  swiftkv_status st = SWIFTKV_EPEER;
+  for (int i = 0; i < 50 && st != SWIFTKV_OK; ++i) {
+    st = swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 4);
+    if (st != SWIFTKV_OK) sleep_ms(100);
+  }
+  assert_ok(st);
+  store(b, 6, 4, 4 * kChunkTokens);
+  assert_int_equal(lookup(b, 6, 4).chunks_per_tier[SWIFTKV_TIER_PEER], 4);
+  assert_int_equal(retrieve_checked(b, 6, 4), 4 * kChunkTokens);
+  swiftkv_ctx_destroy(b.ctx);
+  end_child(&lender, false);
+}
+
+// A hostile lender over UCX: its welcome names a real UCX worker, but its grants carry no key, a
+// range that wraps, or units outside the region. (Keys UCX cannot unpack are refused by the
+// transport, test_remote_transport; a forged key that unpacks cannot be told from a real one over
+// tcp, where UCX checks no key: see docs/remote.md.) Each grant is refused and counted, the lease
+// goes straight back (a release comes), and nothing is borrowed; an honest grant then works and the
+// borrower's bytes land in the lender's registered memory.
+void ucx_lender_sends_forged_keys(void **) {
+  namespace tr = swiftkv::transport;
+  const std::string ep = fresh_endpoint("forged", /*here=*/true);
+  const std::shared_ptr<tr::UcxContext> ucx = tr::UcxContext::create(tr::UcxOptions{"tcp"});
+  std::vector<uint8_t> lent(4 * kChunkBytes, 0);
+  const std::unique_ptr<tr::UcxRegistration> reg = ucx->register_memory(lent.data(), lent.size());
+  void *zctx = zmq_ctx_new();
+  void *router = zmq_socket(zctx, ZMQ_ROUTER);
+  const int zero = 0;
+  zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+  assert_int_equal(zmq_bind(router, ep.c_str()), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<int> releases{0};
+  std::thread fake([&] {
+    uint64_t seq = 0;
+    uint64_t grants = 0;
+    std::string id;
+    auto reply = [&](co::Payload p) {
+      const std::vector<uint8_t> b = wire(++seq, std::move(p));
+      zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
+      zmq_send(router, b.data(), b.size(), 0);
+    };
+    while (!stop.load()) {
+      ucx->serve();  // the borrower's software gets and puts complete only while this runs
+      zmq_pollitem_t it{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&it, 1, 1) != 1) continue;
+      char rid[256];
+      const int n = zmq_recv(router, rid, sizeof rid, 0);
+      std::vector<uint8_t> body(co::kMaxMessageBytes);
+      const int len = zmq_recv(router, body.data(), body.size(), 0);
+      if (n <= 0 || len <= 0) continue;
+      id.assign(rid, static_cast<size_t>(n));
+      const co::Decoded d = co::decode({body.data(), static_cast<size_t>(len)});
+      if (!d.message) continue;
+      const co::Payload &p = d.message->payload;
+      if (std::holds_alternative<co::Hello>(p)) {
+        co::Welcome w;
+        w.session = 1;
+        w.lender = wire_borrower();
+        w.borrower = wire_borrower();
+        w.unit_blocks = 2;  // a 16-token block, 32-token chunk: 2 blocks = 1 chunk
+        w.unit_chunks = 1;
+        w.unit_bytes = kChunkBytes;
+        w.capacity_units = 4;
+        w.lease_ns = 60'000'000'000;
+        w.region_bytes = 4 * kChunkBytes;
+        w.identity = "fake";
+        const std::vector<std::byte> a = ucx->serving_address();
+        const auto *ab = reinterpret_cast<const uint8_t *>(a.data());
+        w.ucx_address.assign(ab, ab + a.size());
+        reply(w);
+      } else if (const auto *l = std::get_if<co::Lend>(&p)) {
+        const auto *k = reinterpret_cast<const uint8_t *>(reg->packed_key().data());
+        const std::vector<uint8_t> key(k, k + reg->packed_key().size());
+        co::Grant g{l->request, ++grants, 0, 1, 0, key, reg->base()};
+        if (grants == 1) g.rkey.clear();                    // no key at all
+        if (grants == 2) g.remote_base = UINT64_MAX - 100;  // a range that wraps
+        if (grants == 3) g.first_unit = 4;                  // past the region's capacity
+        reply(g);
+      } else if (std::holds_alternative<co::Release>(p)) {
+        ++releases;
+      }
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = SENTINEL;
+  for (int i = 1; i <= 3; ++i) {
+    assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "fake", 1),
+                  SWIFTKV_EPEER);
+    assert_true(lease == SENTINEL);
+    assert_int_equal(coord_stats(b.ctx).grants_refused, static_cast<uint64_t>(i));
+    assert_int_equal(cache_stats(b).capacity_bytes[SWIFTKV_TIER_PEER], 0);
+  }
+  for (int i = 0; i < 2000 && releases.load() < 3; ++i) sleep_ms(1);
+  assert_int_equal(releases.load(), 3);
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "fake", 1));
+  assert_int_equal(lease, 4);
+  store(b, 9, 1, kChunkTokens);
+  assert_int_equal(lookup(b, 9, 1).chunks_per_tier[SWIFTKV_TIER_PEER], 1);
+  assert_true(std::memcmp(lent.data(), kv_of(9, 1).data(), kChunkBytes) == 0);
+  assert_int_equal(retrieve_checked(b, 9, 1), kChunkTokens);
+  swiftkv_ctx_destroy(b.ctx);
+  stop = true;
+  fake.join();
+  zmq_close(router);
+  zmq_ctx_term(zctx);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
   g_self = argv[0];
+  // Children take the mode from the environment too: their contexts use the same transports.
+  if (const char *u = std::getenv("SWIFTKV_TEST_COORD_UCX"); u != nullptr && *u == '1') {
+    g_ucx = true;
+  }
   if (argc == 4 && std::strcmp(argv[1], "--lender") == 0) {
     return lender_main(argv[2], std::strtoull(argv[3], nullptr, 10));
   }
   if (argc == 3 && std::strcmp(argv[1], "--borrower") == 0) return borrower_main(argv[2]);
   signal(SIGPIPE, SIG_IGN);
-  if (const char *u = std::getenv("SWIFTKV_TEST_COORD_UCX"); u != nullptr && *u == '1') {
-    g_ucx = true;
+  if (g_ucx) {
     if (!swiftkv::transport::ucx_built()) {
       std::fprintf(stderr, "skipped: this build has no UCX\n");
       return 77;
+    }
+    if (const char *ns = std::getenv("SWIFTKV_TEST_COORD_NETNS"); ns != nullptr && *ns != 0) {
+      g_netns = ns;
+      const char *there = std::getenv("SWIFTKV_TEST_LENDER_ADDR");
+      const char *here = std::getenv("SWIFTKV_TEST_BORROWER_ADDR");
+      const char *link = std::getenv("SWIFTKV_TEST_NETNS_LINK");
+      if (there == nullptr || here == nullptr || link == nullptr) {
+        std::fprintf(stderr, "SWIFTKV_TEST_COORD_NETNS needs the addresses and the link\n");
+        return 2;
+      }
+      g_there = there;
+      g_here = here;
+      g_link = link;
+      const struct CMUnitTest across[] = {
+          cmocka_unit_test(store_and_load_across_processes),
+          cmocka_unit_test(reclaim_moves_chunks_down_then_acks),
+          cmocka_unit_test(lender_killed),
+          cmocka_unit_test(borrower_killed),
+          cmocka_unit_test(link_taken_down),
+          cmocka_unit_test(ucx_lender_sends_forged_keys),
+      };
+      return cmocka_run_group_tests_name("across network namespaces", across, nullptr, nullptr);
     }
     const struct CMUnitTest over_ucx[] = {
         cmocka_unit_test(store_and_load_across_processes),
@@ -1105,6 +1327,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(lender_killed),
         cmocka_unit_test(borrower_killed),
         cmocka_unit_test(many_lenders_and_borrowers),
+        cmocka_unit_test(ucx_lender_sends_forged_keys),
     };
     return cmocka_run_group_tests_name("over UCX", over_ucx, nullptr, nullptr);
   }
