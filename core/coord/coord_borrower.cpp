@@ -116,11 +116,9 @@ void BorrowerSessions::on_command(const Command &c) {
         return;
       }
       active_.push_back(c.session);
-      PathWish wish = PathWish::automatic;
-      if (st_.options.path == RemotePath::ucx) wish = PathWish::ucx;
-      if (st_.options.path == RemotePath::local) wish = PathWish::local;
+      // The wire's PathWish has RemotePath's values (checked in coordinator_state.hpp).
       send(s, Hello{s.mine, static_cast<uint32_t>(::getpid()), s.name, st_.host,
-                    static_cast<uint8_t>(wish)});
+                    static_cast<uint8_t>(st_.options.path)});
       return;
     }
     case Command::Kind::lend: {

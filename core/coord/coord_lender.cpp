@@ -461,7 +461,7 @@ void LenderService::on_release(Served &srv, const Release &r) {
     st_.stats.reclaim_ns_total += ns;
     st_.stats.reclaim_ns_max = std::max(st_.stats.reclaim_ns_max, ns);
   }
-  srv.regs.erase(r.lease);  // no borrower reaches the bytes once the region has them back
+  forget_lease(srv, r.lease);  // unregistered first: no borrower reaches the bytes after
   if (const auto region = srv.region.lock()) {
     try {
       region->release(r.lease);
@@ -469,7 +469,6 @@ void LenderService::on_release(Served &srv, const Release &r) {
       // It expired meanwhile: the region has it back already.
     }
   }
-  forget_lease(srv, r.lease);
 }
 
 void LenderService::end_served(Served &srv) {

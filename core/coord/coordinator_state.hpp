@@ -64,6 +64,12 @@ inline std::string geometry_text(const WireGeometry &g) {
          " tokens, dtype " + std::to_string(g.dtype);
 }
 
+// A borrower's option goes on the wire as is.
+static_assert(static_cast<uint8_t>(RemotePath::automatic) ==
+                  static_cast<uint8_t>(PathWish::automatic) &&
+              static_cast<uint8_t>(RemotePath::ucx) == static_cast<uint8_t>(PathWish::ucx) &&
+              static_cast<uint8_t>(RemotePath::local) == static_cast<uint8_t>(PathWish::local));
+
 inline bool known_error_status(int32_t s) { return s <= SWIFTKV_EINVAL && s >= SWIFTKV_EINTERNAL; }
 
 // The chunk layout a borrower's lent memory must have: its geometry with the lender's block size

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "core/common/error.hpp"
+#include "core/memory/host_memory.hpp"
 
 namespace swiftkv {
 
@@ -131,32 +132,32 @@ std::byte *PeerTier::address(uint64_t slot, int32_t *device) noexcept {
   return it->second.data + (slot & 0xffffffffu) * it->second.chunk_bytes;
 }
 
-PeerTier::RemoteSlot PeerTier::remote_slot(uint64_t slot) const {
+PeerTier::SlotPlace PeerTier::place_of(uint64_t slot) const {
   std::lock_guard lock(mu_);
   const auto it = leases_.find(slot >> 32);
   if (it == leases_.end()) fail(SWIFTKV_EINTERNAL, "a peer slot of no lease");
   const Held &h = it->second;
-  if (!h.remote) return {};
-  return RemoteSlot{h.lender->link, h.lease_id, (slot & 0xffffffffu) * h.chunk_bytes};
+  const uint64_t offset = (slot & 0xffffffffu) * h.chunk_bytes;
+  if (h.remote) return SlotPlace{h.lender->link, h.lease_id, offset, nullptr, -1};
+  return SlotPlace{nullptr, h.lease_id, offset, h.data + offset, h.device};
 }
 
-// A remote lease's chunk is one contiguous range of the lease: one operation, and the wait
-// happens without the tier's lock.
-void PeerTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
-                     const std::byte *src) {
-  const RemoteSlot r = remote_slot(slot);
-  if (!r.link) return TierStore::write(slot, key, meta, src);
+// One lookup either way. A remote lease's chunk is one contiguous range of the lease: one
+// operation, and the wait happens without the tier's lock.
+void PeerTier::write(uint64_t slot, const ChunkKey &, const ChunkMeta &meta, const std::byte *src) {
+  const SlotPlace p = place_of(slot);
+  if (!p.link) return copy_bytes(p.data, p.device, src, -1, meta.stored());
   // A put only reads its local buffer.
-  const transport::RmaOp op{transport::RmaOp::Kind::put, r.offset, const_cast<std::byte *>(src),
+  const transport::RmaOp op{transport::RmaOp::Kind::put, p.offset, const_cast<std::byte *>(src),
                             meta.stored()};
-  r.link->transfer(r.lease_id, {&op, 1});
+  p.link->transfer(p.lease_id, {&op, 1});
 }
 
 void PeerTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
-  const RemoteSlot r = remote_slot(slot);
-  if (!r.link) return TierStore::read(slot, meta, dst);
-  const transport::RmaOp op{transport::RmaOp::Kind::get, r.offset, dst, meta.stored()};
-  r.link->transfer(r.lease_id, {&op, 1});
+  const SlotPlace p = place_of(slot);
+  if (!p.link) return copy_bytes(dst, -1, p.data, p.device, meta.stored());
+  const transport::RmaOp op{transport::RmaOp::Kind::get, p.offset, dst, meta.stored()};
+  p.link->transfer(p.lease_id, {&op, 1});
 }
 
 uint64_t PeerTier::capacity_bytes(const ChunkKey &model) const {

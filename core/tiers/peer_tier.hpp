@@ -105,13 +105,16 @@ class PeerTier final : public TierStore {
     std::vector<uint64_t> open;
   };
 
-  // The link and place of a slot of a remote lease (no link: a mapped lease, or none).
-  struct RemoteSlot {
+  // Where a slot's bytes are: a remote lease's link and the offset in the lease, or (no link)
+  // the mapped bytes and their device. EINTERNAL for a slot of no lease.
+  struct SlotPlace {
     std::shared_ptr<LenderLink> link;
     uint64_t lease_id = 0;
     uint64_t offset = 0;
+    std::byte *data = nullptr;
+    int32_t device = -1;
   };
-  RemoteSlot remote_slot(uint64_t slot) const;
+  SlotPlace place_of(uint64_t slot) const;
   // Stops a usable lease from counting in its model's room; call with mu_ held.
   void unusable_locked(uint64_t local, Held &h) noexcept;
   void update_locked(uint64_t local, Held &h, const LinkLeaseState &s);
