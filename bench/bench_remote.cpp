@@ -14,6 +14,13 @@
 // The serving side is this program again ("--serve TLS BYTES"): a registered buffer, progressed
 // on its event fd, as a lender's coordinator thread does, and a TCP listener for the socket
 // baseline.
+//
+// The library's own columns ("retrieve", "store") move the same chunks through the public API:
+// a lender context lends an elastic region laid out for the model over tcp:// (its coordinator
+// thread serves UCX), and a borrower context that reaches it over UCX stores the chunks
+// (swiftkv_store: a put batch per chunk) and retrieves them (swiftkv_retrieve: one get batch for
+// all, straight into the caller's buffer), checking the bytes once. Both contexts live in this
+// process; the lent bytes still cross UCX's tcp transport on loopback.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -37,6 +44,7 @@
 #include "core/common/error.hpp"
 #include "core/transport/ucx_transport.hpp"
 #include "paper_models.h"
+#include "swiftkv/swiftkv.h"
 
 namespace {
 
@@ -168,6 +176,117 @@ double perftest(const char *test, uint64_t bytes, uint64_t iters) {
   return f[5] * 1048576.0 / 1e9;
 }
 
+[[noreturn]] void die(const char *what) {
+  std::fprintf(stderr, "bench_remote: %s: %s\n", what, swiftkv_last_error_message());
+  std::exit(1);
+}
+
+void check(swiftkv_status s, const char *what) {
+  if (s != SWIFTKV_OK) die(what);
+}
+
+// A borrower that stores and retrieves `chunks` chunks of `tokens`-token chunks of model `which`
+// in memory lent over UCX, through the public API.
+class Library {
+ public:
+  Library(int which, uint32_t tokens, uint64_t chunks, const std::string &transports) {
+    const int port = free_tcp_port();
+    if (port < 0) die("no free tcp port");
+    const std::string endpoint = "tcp://127.0.0.1:" + std::to_string(port);
+    const swiftkv_model_desc lent_as = swiftkv_paper_desc(which, 16, tokens);
+    uint64_t chunk = 0;
+    check(swiftkv_geometry_bytes_per_token(&lent_as, &chunk), "bytes per token");
+    chunk *= tokens;
+    // Owned: one chunk's worth of blocks; the rest (the chunks and a spare) is lent.
+    const uint64_t blocks_per_chunk = tokens / 16;
+    swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
+    lc.host_budget_bytes = (chunks + 2) * chunk + (64 << 20);
+    lc.coord_endpoint = endpoint.c_str();
+    lc.coord_ucx_transports = transports.c_str();
+    check(swiftkv_ctx_create(&lender_, &lc), "lender context");
+    swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+    ec.lender = &lent_as;
+    ec.borrower = &lent_as;
+    ec.capacity_blocks = (chunks + 2) * blocks_per_chunk;
+    ec.owned_blocks = blocks_per_chunk;
+    check(swiftkv_elastic_create(&region_, lender_, &ec), "region");
+    check(swiftkv_elastic_offer(region_, "bench"), "offer");
+    swiftkv_ctx_config bc = SWIFTKV_CTX_CONFIG_INIT;
+    bc.host_budget_bytes = 0;  // every chunk in lent memory, or not cached at all
+    bc.demote_free_percent = 0;
+    bc.coord_remote_path = SWIFTKV_REMOTE_PATH_UCX;
+    bc.coord_ucx_transports = transports.c_str();
+    check(swiftkv_ctx_create(&borrower_, &bc), "borrower context");
+    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+    mc.desc = &lent_as;
+    check(swiftkv_model_register(&model_, borrower_, &mc), "register");
+    uint64_t lease = 0;
+    check(swiftkv_borrow_remote(&lease, borrower_, model_, endpoint.c_str(), "bench", UINT32_MAX),
+          "borrow");
+    tokens_.resize(chunks * tokens);
+    for (size_t i = 0; i < tokens_.size(); ++i) tokens_[i] = static_cast<uint32_t>(i * 7 + 1);
+    kv_.resize(chunks * chunk);
+    for (size_t i = 0; i < kv_.size(); ++i) kv_[i] = static_cast<uint8_t>(i * 131 + i / 4099);
+    back_.resize(kv_.size());
+  }
+  ~Library() {
+    swiftkv_ctx_destroy(borrower_);
+    swiftkv_elastic_destroy(region_);
+    swiftkv_ctx_destroy(lender_);
+  }
+  Library(const Library &) = delete;
+  Library &operator=(const Library &) = delete;
+
+  // Seconds to store every chunk (from none cached); the chunks stay cached.
+  double store() {
+    uint64_t cleared = 0, cached = 0;
+    check(swiftkv_clear(&cleared, borrower_, model_, SWIFTKV_TIERS_ALL, tokens_.data(),
+                        tokens_.size()),
+          "clear");
+    const auto t0 = std::chrono::steady_clock::now();
+    check(swiftkv_store(&cached, borrower_, model_, tokens_.data(), tokens_.size(), kv_.data(),
+                        kv_.size()),
+          "store");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (cached != tokens_.size()) {
+      std::fprintf(stderr, "bench_remote: stored %llu of %zu tokens in lent memory\n",
+                   static_cast<unsigned long long>(cached), tokens_.size());
+      std::exit(1);
+    }
+    return s;
+  }
+  // Seconds to retrieve every chunk; with `verify`, checks the bytes.
+  double retrieve(bool verify) {
+    uint64_t loaded = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    check(swiftkv_retrieve(&loaded, borrower_, model_, tokens_.data(), tokens_.size(), 0,
+                           back_.data(), back_.size()),
+          "retrieve");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (loaded != tokens_.size() || (verify && back_ != kv_)) {
+      std::fprintf(stderr, "bench_remote: retrieved %llu of %zu tokens%s\n",
+                   static_cast<unsigned long long>(loaded), tokens_.size(),
+                   verify ? " (or wrong bytes)" : "");
+      std::exit(1);
+    }
+    return s;
+  }
+  // The UCX batches the borrower ran so far.
+  uint64_t batches() const {
+    swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
+    check(swiftkv_coord_stats_get(&cs, borrower_), "coord stats");
+    return cs.rma_batches;
+  }
+
+ private:
+  swiftkv_ctx *lender_ = nullptr;
+  swiftkv_elastic *region_ = nullptr;
+  swiftkv_ctx *borrower_ = nullptr;
+  uint32_t model_ = 0;
+  std::vector<uint32_t> tokens_;
+  std::vector<uint8_t> kv_, back_;
+};
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -283,12 +402,15 @@ int main(int argc, char **argv) {
       "median / best\n\n",
       o.transports.c_str(), o.reps, static_cast<unsigned long long>(o.batch_mib));
   std::printf(
-      "| model | tokens | chunk | chunks/batch | get | ucx_perftest get | ratio | socket "
-      "read | put | ucx_perftest put | ratio | socket write | chunks/s (get) |\n");
-  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| model | tokens | chunk | chunks/batch | get | retrieve | ucx_perftest get | retrieve / "
+      "perftest | socket read | put | store | ucx_perftest put | socket write | chunks/s "
+      "(retrieve) |\n");
+  std::printf(
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   std::string json = "{\"bench\":\"remote\",\"transports\":\"" + o.transports + "\",\"rows\":[";
   bool first_row = true;
-  for (const auto &m : swiftkv_paper_models) {
+  for (int which = 0; which < SWIFTKV_PAPER_MODEL_COUNT; ++which) {
+    const swiftkv_paper_model &m = swiftkv_paper_models[which];
     // A quick run (the smoke test) keeps the smallest and the largest of the Qwen3 models.
     if (o.quick && std::strcmp(m.name, "Qwen3-8B") != 0 && std::strcmp(m.name, "Qwen3-32B") != 0) {
       continue;
@@ -312,38 +434,59 @@ int main(int argc, char **argv) {
             std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         return static_cast<double>(total) / s / 1e9;
       };
-      std::vector<double> get, pget, sget, put, pput, sput;
-      // Warm-up of each, then alternate.
+      // Through the library: the same n chunks per call, `batches` calls per measurement.
+      Library lib(which, static_cast<uint32_t>(tokens), n, o.transports);
+      auto library = [&](bool retrieve) {
+        double s = 0;
+        for (uint64_t b = 0; b < batches; ++b) s += retrieve ? lib.retrieve(false) : lib.store();
+        return static_cast<double>(total) / s / 1e9;
+      };
+      std::vector<double> get, pget, sget, put, pput, sput, lget, lput;
+      // Warm-up of each (the library's checks its bytes and that a retrieve is one batch), then
+      // alternate.
       ours(tr::RmaOp::Kind::get);
       ours(tr::RmaOp::Kind::put);
+      lib.store();
+      const uint64_t batches_before = lib.batches();
+      lib.retrieve(true);
+      if (lib.batches() != batches_before + 1) {
+        std::fprintf(stderr, "bench_remote: a retrieve of %llu chunks ran %llu UCX batches\n",
+                     static_cast<unsigned long long>(n),
+                     static_cast<unsigned long long>(lib.batches() - batches_before));
+        return 1;
+      }
       socket_gbps('g', total);
       perftest("ucp_get", chunk, total / chunk);
       for (int r = 0; r < o.reps; ++r) {
         pget.push_back(perftest("ucp_get", chunk, total / chunk));
         sget.push_back(socket_gbps('g', total));
         get.push_back(ours(tr::RmaOp::Kind::get));
+        lget.push_back(library(true));
         pput.push_back(perftest("ucp_put_bw", chunk, total / chunk));
         sput.push_back(socket_gbps('p', total));
         put.push_back(ours(tr::RmaOp::Kind::put));
+        lput.push_back(library(false));
       }
-      const double rg = median(get) / median(pget), rp = median(put) / median(pput);
-      const double rate = median(get) * 1e9 / static_cast<double>(chunk);
+      const double rl = median(lget) / median(pget);
+      const double rate = median(lget) * 1e9 / static_cast<double>(chunk);
       std::printf(
-          "| %s | %llu | %.2f MiB | %llu | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f | "
-          "%.2f / %.2f | %.2f / %.2f | %.2f | %.2f | %.0f |\n",
+          "| %s | %llu | %.2f MiB | %llu | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f | "
+          "%.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f |\n",
           m.name, static_cast<unsigned long long>(tokens), static_cast<double>(chunk) / 1048576.0,
-          static_cast<unsigned long long>(n), median(get), best(get), median(pget), best(pget), rg,
-          median(sget), median(put), best(put), median(pput), best(pput), rp, median(sput), rate);
+          static_cast<unsigned long long>(n), median(get), best(get), median(lget), best(lget),
+          median(pget), best(pget), rl, median(sget), median(put), best(put), median(lput),
+          best(lput), median(pput), best(pput), median(sput), rate);
       std::fflush(stdout);
-      char buf[640];
+      char buf[768];
       std::snprintf(buf, sizeof buf,
                     "%s{\"model\":\"%s\",\"tokens\":%llu,\"chunk_bytes\":%llu,\"chunks\":%llu,"
-                    "\"get_gbps\":%.4f,\"perftest_get_gbps\":%.4f,\"socket_read_gbps\":%.4f,"
-                    "\"put_gbps\":%.4f,\"perftest_put_gbps\":%.4f,\"socket_write_gbps\":%.4f}",
+                    "\"get_gbps\":%.4f,\"retrieve_gbps\":%.4f,\"perftest_get_gbps\":%.4f,"
+                    "\"socket_read_gbps\":%.4f,\"put_gbps\":%.4f,\"store_gbps\":%.4f,"
+                    "\"perftest_put_gbps\":%.4f,\"socket_write_gbps\":%.4f}",
                     first_row ? "" : ",", m.name, static_cast<unsigned long long>(tokens),
                     static_cast<unsigned long long>(chunk), static_cast<unsigned long long>(n),
-                    median(get), median(pget), median(sget), median(put), median(pput),
-                    median(sput));
+                    median(get), median(lget), median(pget), median(sget), median(put),
+                    median(lput), median(pput), median(sput));
       json += buf;
       first_row = false;
     }

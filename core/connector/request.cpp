@@ -116,14 +116,30 @@ void Request::check_stream_pages() const {
   }
 }
 
-// Disk chunks are read and checked now, as early as the request is known.
+// Chunks that are not in memory here (on disk, encoded, or lent by another node) are read and
+// checked now, as early as the request is known: each disk or encoded chunk on its own task (the
+// disk reads in parallel), every lent one in a single task, as one batch per lender.
 void Request::start_disk_reads() {
   std::unique_lock lock(mu_);
   try {
+    std::vector<LoadChunk *> lent;
     for (size_t i = 0; i < loads_.size(); ++i) {
       if (loads_[i]->src != nullptr) continue;
+      if (loads_[i]->use.where.tier == Tier::peer) {
+        lent.push_back(loads_[i].get());
+        continue;
+      }
       exec_.submit(CpuExecutor::Lane::load, [this, i] {
         stage(*loads_[i]);
+        std::lock_guard l(mu_);
+        --tasks_in_flight_;
+        cv_.notify_all();
+      });
+      ++tasks_in_flight_;
+    }
+    if (!lent.empty()) {
+      exec_.submit(CpuExecutor::Lane::load, [this, lent] {
+        stage_many(lent);
         std::lock_guard l(mu_);
         --tasks_in_flight_;
         cv_.notify_all();
@@ -155,14 +171,42 @@ Request::~Request() {
 }
 
 bool Request::stage(LoadChunk &c) {
+  LoadChunk *const one = &c;
+  stage_many({&one, 1});
   std::lock_guard lock(c.stage_mu);
-  if (c.staged) return true;
-  if (c.stage_failed) return false;
+  return c.staged;
+}
+
+void Request::stage_many(std::span<LoadChunk *const> chunks) {
+  // Each chunk's lock is held from the check to the end (only one caller takes several, in
+  // request order; every other stager takes one at a time), so that a chunk is read once.
+  std::vector<std::unique_lock<std::mutex>> locks;
+  std::vector<LoadChunk *> todo;
+  for (LoadChunk *p : chunks) {
+    LoadChunk &c = *p;
+    std::unique_lock lock(c.stage_mu);
+    if (c.staged || c.stage_failed) continue;
+    locks.push_back(std::move(lock));
+    todo.push_back(&c);
+  }
+  std::vector<uint8_t> ok(todo.size(), 0);
   try {
-    c.staging.allocate(c.use.meta.bytes, *pool_);
-    cache_.read_slot(c.use.where, c.use.meta, c.staging.data());
-    c.staged = true;
+    std::vector<ChunkCache::ChunkRead> reads;
+    reads.reserve(todo.size());
+    for (LoadChunk *c : todo) {
+      c->staging.allocate(c->use.meta.bytes, *pool_);
+      reads.push_back({c->use.where, &c->use.meta, c->staging.data()});
+    }
+    cache_.read_slots(reads, ok);
   } catch (...) {
+    std::fill(ok.begin(), ok.end(), 0);  // out of memory: these chunks fail for this request
+  }
+  for (size_t k = 0; k < todo.size(); ++k) {
+    LoadChunk &c = *todo[k];
+    if (ok[k]) {
+      c.staged = true;
+      continue;
+    }
     c.stage_failed = true;
     c.staging.clear();
     try {
@@ -171,7 +215,6 @@ bool Request::stage(LoadChunk &c) {
       // The chunk stays failed for this request either way.
     }
   }
-  return c.staged;
 }
 
 void Request::fail_chunk(size_t i) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -144,6 +145,8 @@ class Request {
   void submit_save_locked(uint32_t layer);
   void load_task(uint32_t layer, size_t i);
   bool stage(LoadChunk &c);
+  // stage() for several chunks at once: those one lender holds are read in one batch.
+  void stage_many(std::span<LoadChunk *const> chunks);
   void task_done(bool load, uint32_t layer);
   void fail_chunk(size_t i);
   void check_layer(uint32_t layer) const;  // EINVAL past the model's layers

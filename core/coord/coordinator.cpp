@@ -120,15 +120,15 @@ class RemoteLender final : public LenderLink {
     return !fd_peer_gone(s_->fdconn.get());
   }
 
-  void transfer(uint64_t lease_id, std::span<const transport::RmaOp> ops) override {
+  void transfer(std::span<const transport::RangeOp> ops) override {
     std::shared_ptr<transport::UcxEndpoint> ep;
     {
       std::lock_guard lock(st_->mu);
       ep = s_->ep;
     }
-    if (!ep) LenderLink::transfer(lease_id, ops);
+    if (!ep) LenderLink::transfer(ops);
     try {
-      ep->run(lease_id, ops, st_->options.rma_timeout_ns);
+      ep->run(ops, st_->options.rma_timeout_ns);  // a lease's range is named by its id
     } catch (const Error &e) {
       // The thread loses the lender at once, not at its next heartbeat.
       if (ep->failed()) st_->wake();

@@ -397,45 +397,69 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
 
 uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, uint64_t chunk_bytes,
                               std::byte *dst) {
-  uint64_t n = 0;
   const uint64_t t = now();
+  // The run of resident chunks from `start` is held for reading, then read at once (a lender's
+  // chunks in one batch), then checked in order: the first that failed ends what is returned.
+  // A chunk of another size than its model's (a record that passed its checks but not this) is
+  // not this chunk: it ends the run, is dropped as corrupt and never copied.
+  std::vector<ChunkUse> uses;
   for (size_t i = start; i < keys.size(); ++i) {
     std::optional<ChunkUse> use = index_.begin_read(keys[i]);
     if (!use) break;
-    std::vector<SlotRef> to_free;
-    bool ok = true;
-    // Lent memory is checked before and after the copy: a lease lost in between (expired, or its
-    // lender gone) may have been overwritten mid-copy, so those bytes are not returned.
-    const bool lent = use->where.tier == Tier::peer;
-    bool lost = lent && !readable(use->where);
-    // A chunk of another size than its model's (a record that passed its checks but not this)
-    // is not this chunk: it is dropped as corrupt, never copied.
-    if (use->meta.bytes != chunk_bytes) ok = false;
-    if (ok && !loadable(use->meta)) {  // not a failure: the chunk stays for who accepts it
-      end_read(keys[i]);
+    if (use->meta.bytes == chunk_bytes && !loadable(use->meta)) {
+      end_read(keys[i]);  // not a failure: the chunk stays for who accepts it
       break;
     }
-    if (!lost && ok) {
-      const LoadScope load(*this, use->where.tier);
-      try {
-        read_slot(use->where, use->meta, dst + (i - start) * chunk_bytes);
-      } catch (const Error &) {
-        ok = false;
-      }
-      lost = lent && !readable(use->where);
-    }
-    index_.end_read(keys[i], to_free);
-    free_slots(to_free);
-    if (!ok || lost) {
-      load_failures_.fetch_add(1, std::memory_order_relaxed);
-      drop_chunk(keys[i], use->meta, use->where.tier,
-                 lost ? ChunkEventReason::revoked : ChunkEventReason::corrupt);
-      break;
-    }
-    index_.touch(keys[i], t);
-    ++n;
+    uses.push_back(*use);
+    if (use->meta.bytes != chunk_bytes) break;
   }
-  return n;
+  const size_t n = uses.size();
+  std::vector<ChunkRead> reads;
+  std::vector<uint8_t> ok(n, 0), lost(n, 0);
+  std::array<std::optional<LoadScope>, kTierCount> scopes;
+  for (size_t k = 0; k < n; ++k) {
+    const ChunkUse &u = uses[k];
+    // Lent memory is checked before and after the copy: a lease lost in between (expired, or
+    // its lender gone) may have been overwritten mid-copy, so those bytes are not returned.
+    lost[k] = u.where.tier == Tier::peer && !readable(u.where);
+    if (u.meta.bytes != chunk_bytes || lost[k]) continue;
+    if (!scopes[idx(u.where.tier)]) scopes[idx(u.where.tier)].emplace(*this, u.where.tier);
+    reads.push_back({u.where, &uses[k].meta, dst + k * chunk_bytes});
+  }
+  std::vector<uint8_t> read_ok(reads.size());
+  try {
+    read_slots(reads, read_ok);
+  } catch (...) {
+    for (size_t k = 0; k < n; ++k) end_read(keys[start + k]);
+    throw;
+  }
+  for (size_t k = 0, r = 0; k < n; ++k) {
+    if (r < reads.size() && reads[r].meta == &uses[k].meta) ok[k] = read_ok[r++];
+  }
+  uint64_t returned = 0;
+  bool run_open = true;
+  for (size_t k = 0; k < n; ++k) {
+    const ChunkKey &key = keys[start + k];
+    const ChunkUse &u = uses[k];
+    if (ok[k] && u.where.tier == Tier::peer && !readable(u.where)) {
+      ok[k] = 0;
+      lost[k] = 1;
+    }
+    std::vector<SlotRef> to_free;
+    index_.end_read(key, to_free);
+    free_slots(to_free);
+    if (!run_open) continue;
+    if (!ok[k]) {
+      load_failures_.fetch_add(1, std::memory_order_relaxed);
+      drop_chunk(key, u.meta, u.where.tier,
+                 lost[k] ? ChunkEventReason::revoked : ChunkEventReason::corrupt);
+      run_open = false;
+      continue;
+    }
+    index_.touch(key, t);
+    ++returned;
+  }
+  return returned;
 }
 
 ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &meta,
@@ -648,6 +672,46 @@ void ChunkCache::read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst)
   s->read(where.slot, meta, stored.data());
   decode_stored(stored, meta, shape, dst);
   decodes_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void ChunkCache::read_slots(std::span<const ChunkRead> reads, std::span<uint8_t> ok) {
+  // Each tier's reads in one call (in the order given); an encoded chunk is read as stored into
+  // its own buffer, then decoded into dst.
+  std::vector<std::vector<std::byte>> stored(reads.size());
+  for (size_t t = 0; t < kTierCount; ++t) {
+    std::vector<TierStore::SlotRead> batch;
+    std::vector<size_t> index;
+    for (size_t i = 0; i < reads.size(); ++i) {
+      const ChunkRead &r = reads[i];
+      if (static_cast<size_t>(r.where.tier) != t) continue;
+      std::byte *dst = r.dst;
+      if (r.meta->encoded()) {
+        stored[i].resize(r.meta->stored());
+        dst = stored[i].data();
+      }
+      batch.push_back({r.where.slot, r.meta, dst});
+      index.push_back(i);
+    }
+    if (batch.empty()) continue;
+    std::vector<uint8_t> done(batch.size());
+    TierStore *s = store_of(static_cast<Tier>(t));
+    s->read_many(batch, done);
+    // Lent bytes count only if the lease still held once they were read: a lease lost
+    // meanwhile may have been reused by its lender mid-read.
+    for (size_t k = 0; k < batch.size(); ++k) {
+      ok[index[k]] = done[k] && s->readable(batch[k].slot) ? 1 : 0;
+    }
+  }
+  for (size_t i = 0; i < reads.size(); ++i) {
+    if (!ok[i] || !reads[i].meta->encoded()) continue;
+    try {
+      decode_stored(stored[i], *reads[i].meta, shape_of(reads[i].meta->model), reads[i].dst);
+      decodes_.fetch_add(1, std::memory_order_relaxed);
+    } catch (const Error &) {
+      ok[i] = 0;
+    }
+    stored[i] = {};
+  }
 }
 
 void ChunkCache::report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from) {

@@ -198,6 +198,15 @@ class ChunkCache {
   // Copies a whole chunk to host memory, decoded (meta.bytes); throws Error(EIO) when it fails
   // its check or does not decode.
   void read_slot(SlotRef where, const ChunkMeta &meta, std::byte *dst);
+  // read_slot for several chunks: ok[i] is 1 when chunk i was read and decoded, 0 when it failed
+  // as read_slot would have thrown or its slot stopped being readable by the end of the read.
+  // The chunks one lender holds move as one batch.
+  struct ChunkRead {
+    SlotRef where;
+    const ChunkMeta *meta;
+    std::byte *dst;
+  };
+  void read_slots(std::span<const ChunkRead> reads, std::span<uint8_t> ok);
   // A chunk whose bytes could not be trusted: counted as a load failure and dropped.
   void report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from);
   // A slot for a chunk that is not resident, in the best tier with room (peer first), making

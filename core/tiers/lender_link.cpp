@@ -92,9 +92,9 @@ std::vector<LinkLeaseState> LenderLink::renew_many(std::span<const uint64_t> lea
   return out;
 }
 
-void LenderLink::transfer(uint64_t lease_id, std::span<const transport::RmaOp>) {
-  fail(SWIFTKV_EINTERNAL, "lease " + std::to_string(lease_id) + " of " + describe() +
-                              " is mapped in this process: it is copied, not transferred");
+void LenderLink::transfer(std::span<const transport::RangeOp>) {
+  fail(SWIFTKV_EINTERNAL,
+       "the leases of " + describe() + " are mapped in this process: copied, not transferred");
 }
 
 std::shared_ptr<LenderLink> local_lender(std::shared_ptr<ElasticRegion> region) {

@@ -58,11 +58,11 @@ class LenderLink {
   virtual bool valid(uint64_t lease_id) const noexcept = 0;
   // Gives the lease back; nothing reads or writes it any more.
   virtual void release(uint64_t lease_id) noexcept = 0;
-  // Moves bytes of a remote lease: every op (gets and puts at offsets of the lease) as one
-  // batch, one wait. EINVAL: an op outside the lease; EPEER / ETIMEDOUT: the lender failed or
-  // stopped answering, and none of the batch's bytes may be trusted. EINTERNAL for a lease
-  // that is mapped here.
-  virtual void transfer(uint64_t lease_id, std::span<const transport::RmaOp> ops);
+  // Moves bytes of remote leases of this lender: every op (a get or put at an offset of the
+  // lease its `range` names, by lease id) as one batch, one wait. EINVAL: an op outside its
+  // lease, or an unknown lease; EPEER / ETIMEDOUT: the lender failed or stopped answering, and
+  // none of the batch's bytes may be trusted. EINTERNAL for a lender mapped here.
+  virtual void transfer(std::span<const transport::RangeOp> ops);
   // For messages: which lender this is.
   virtual std::string describe() const = 0;
 };

@@ -148,16 +148,58 @@ void PeerTier::write(uint64_t slot, const ChunkKey &, const ChunkMeta &meta, con
   const SlotPlace p = place_of(slot);
   if (!p.link) return copy_bytes(p.data, p.device, src, -1, meta.stored());
   // A put only reads its local buffer.
-  const transport::RmaOp op{transport::RmaOp::Kind::put, p.offset, const_cast<std::byte *>(src),
-                            meta.stored()};
-  p.link->transfer(p.lease_id, {&op, 1});
+  const transport::RangeOp op{
+      p.lease_id,
+      {transport::RmaOp::Kind::put, p.offset, const_cast<std::byte *>(src), meta.stored()}};
+  p.link->transfer({&op, 1});
 }
 
 void PeerTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   const SlotPlace p = place_of(slot);
   if (!p.link) return copy_bytes(dst, -1, p.data, p.device, meta.stored());
-  const transport::RmaOp op{transport::RmaOp::Kind::get, p.offset, dst, meta.stored()};
-  p.link->transfer(p.lease_id, {&op, 1});
+  const transport::RangeOp op{p.lease_id,
+                              {transport::RmaOp::Kind::get, p.offset, dst, meta.stored()}};
+  p.link->transfer({&op, 1});
+}
+
+void PeerTier::read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok) {
+  // Mapped slots are copied at once; remote ones are gathered per lender (a request's chunks
+  // come from few lenders: a short list, searched linearly).
+  struct Batch {
+    std::shared_ptr<LenderLink> link;
+    std::vector<transport::RangeOp> ops;
+    std::vector<size_t> reads;
+  };
+  std::vector<Batch> batches;
+  for (size_t i = 0; i < reads.size(); ++i) {
+    const SlotRead &r = reads[i];
+    ok[i] = 0;
+    SlotPlace p;
+    try {
+      p = place_of(r.slot);
+    } catch (const Error &) {
+      continue;
+    }
+    if (!p.link) {
+      copy_bytes(r.dst, -1, p.data, p.device, r.meta->stored());
+      ok[i] = 1;
+      continue;
+    }
+    auto b = std::find_if(batches.begin(), batches.end(),
+                          [&](const Batch &x) { return x.link->identity() == p.link->identity(); });
+    if (b == batches.end()) b = batches.insert(batches.end(), Batch{p.link, {}, {}});
+    b->ops.push_back(
+        {p.lease_id, {transport::RmaOp::Kind::get, p.offset, r.dst, r.meta->stored()}});
+    b->reads.push_back(i);
+  }
+  for (Batch &b : batches) {
+    try {
+      b.link->transfer(b.ops);
+    } catch (const Error &) {
+      continue;  // nothing of a failed batch is trusted
+    }
+    for (size_t i : b.reads) ok[i] = 1;
+  }
 }
 
 uint64_t PeerTier::capacity_bytes(const ChunkKey &model) const {

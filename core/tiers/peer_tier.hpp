@@ -53,6 +53,9 @@ class PeerTier final : public TierStore {
   void write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
              const std::byte *src) override;
   void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) override;
+  // The reads of remote leases go as one batch per lender: when a lender's batch fails, every
+  // read from that lender failed.
+  void read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok) override;
   // Asks the lender: false once the lease is lost or past its expiry.
   bool readable(uint64_t slot) const noexcept override;
   uint64_t capacity_bytes(const ChunkKey &model) const override;

@@ -21,4 +21,15 @@ void TierStore::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   copy_bytes(dst, -1, p, device, meta.stored());
 }
 
+void TierStore::read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok) {
+  for (size_t i = 0; i < reads.size(); ++i) {
+    try {
+      read(reads[i].slot, *reads[i].meta, reads[i].dst);
+      ok[i] = 1;
+    } catch (const Error &) {
+      ok[i] = 0;
+    }
+  }
+}
+
 }  // namespace swiftkv

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <span>
 
 #include "core/index/chunk_index.hpp"
 
@@ -32,6 +33,18 @@ class TierStore {
   // Copies a slot's bytes to host memory; throws Error(EIO) when they fail their check. The
   // default copies from address().
   virtual void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst);
+
+  // One read of read_many.
+  struct SlotRead {
+    uint64_t slot;
+    const ChunkMeta *meta;
+    std::byte *dst;
+  };
+  // Several reads at once: ok[i] is 1 when read i succeeded and 0 when it failed as read()
+  // would have (with an Error; its dst is then unspecified). Other exceptions (out of memory)
+  // propagate. The default reads one after another; a store reached over a network overrides it
+  // to move them in one batch.
+  virtual void read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok);
 
   // Whether the slot's bytes are still this store's: a lent range can be lost (expired, or its
   // lender gone), after which its bytes may be overwritten. Thread-safe.

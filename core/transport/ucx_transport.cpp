@@ -282,23 +282,33 @@ class Endpoint final : public UcxEndpoint {
     ranges_.erase(it);
   }
 
-  void run(uint64_t id, std::span<const RmaOp> ops, uint64_t timeout_ns) override {
+  using UcxEndpoint::run;
+  void run(std::span<const RangeOp> ops, uint64_t timeout_ns) override {
     std::lock_guard lock(owner_->client_mu);
     Counters &n = owner_->counters();
     if (ep_ == nullptr || failed_.load()) {
       n.batches_failed.fetch_add(1);
       fail(SWIFTKV_EPEER, "UCX: the peer is gone");
     }
-    auto it = ranges_.find(id);
-    if (it == ranges_.end()) fail_invalid("UCX: no remote range " + std::to_string(id));
-    const Range &r = it->second;
-    uint64_t read = 0, written = 0;
-    for (const RmaOp &op : ops) {
-      if (op.offset > r.bytes || op.bytes > r.bytes - op.offset || op.local == nullptr) {
+    // Every op is checked before any is issued; `last` saves a lookup for runs on one range.
+    std::vector<const Range *> on(ops.size());
+    const Range *last = nullptr;
+    uint64_t last_id = 0, read = 0, written = 0;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const RangeOp &ro = ops[i];
+      if (last == nullptr || ro.range != last_id) {
+        const auto it = ranges_.find(ro.range);
+        if (it == ranges_.end()) fail_invalid("UCX: no remote range " + std::to_string(ro.range));
+        last = &it->second;
+        last_id = ro.range;
+      }
+      const RmaOp &op = ro.op;
+      if (op.offset > last->bytes || op.bytes > last->bytes - op.offset || op.local == nullptr) {
         fail_invalid("UCX: " + std::to_string(op.bytes) + " bytes at offset " +
-                     std::to_string(op.offset) + " of a " + std::to_string(r.bytes) +
+                     std::to_string(op.offset) + " of a " + std::to_string(last->bytes) +
                      "-byte remote range");
       }
+      on[i] = last;
       (op.kind == RmaOp::Kind::get ? read : written) += op.bytes;
     }
     n.batches.fetch_add(1);
@@ -314,19 +324,28 @@ class Endpoint final : public UcxEndpoint {
         ++w.pending;
       }
     };
-    for (const RmaOp &op : ops) {
-      if (w.status != UCS_OK) break;
-      const uint64_t addr = r.base + op.offset;
-      track(op.kind == RmaOp::Kind::get ? ucp_get_nbx(ep_, op.local, op.bytes, addr, r.rkey, &rp)
-                                        : ucp_put_nbx(ep_, op.local, op.bytes, addr, r.rkey, &rp));
+    for (size_t i = 0; i < ops.size() && w.status == UCS_OK; ++i) {
+      const RmaOp &op = ops[i].op;
+      const uint64_t addr = on[i]->base + op.offset;
+      ucp_rkey_h key = on[i]->rkey;
+      track(op.kind == RmaOp::Kind::get ? ucp_get_nbx(ep_, op.local, op.bytes, addr, key, &rp)
+                                        : ucp_put_nbx(ep_, op.local, op.bytes, addr, key, &rp));
     }
     n.ops.fetch_add(ops.size());
     // One flush: every op above is complete at the peer when it completes.
     if (w.status == UCS_OK) track(ucp_ep_flush_nbx(ep_, &rp));
-    const uint64_t deadline = monotonic_ns() + timeout_ns;
+    // The deadline moves on whenever an op completes: a long batch that keeps moving is not
+    // a peer that stopped answering.
+    uint64_t deadline = monotonic_ns() + timeout_ns;
+    size_t pending_then = w.pending;
     bool timed_out = false;
     while (w.pending > 0) {
-      if (ep_ != nullptr && (failed_.load() || monotonic_ns() >= deadline)) {
+      const uint64_t now = monotonic_ns();
+      if (w.pending < pending_then) {
+        pending_then = w.pending;
+        deadline = now + timeout_ns;
+      }
+      if (ep_ != nullptr && (failed_.load() || now >= deadline)) {
         // Closing by force completes whatever is still in flight (with an error), so that
         // nothing lands in the local buffers once this returns.
         timed_out = !failed_.load();
@@ -342,7 +361,8 @@ class Endpoint final : public UcxEndpoint {
       drop_ranges_locked();  // after the close: no operation uses a key any more
       if (timed_out)
         fail(SWIFTKV_ETIMEDOUT, "UCX: a batch of " + std::to_string(ops.size()) +
-                                    " operations did not complete in time");
+                                    " operations stopped completing for " +
+                                    std::to_string(timeout_ns / 1000000) + " ms");
       fail(SWIFTKV_EPEER,
            std::string("UCX: a batch failed: ") +
                ucs_status_string(w.status == UCS_OK ? UCS_ERR_CONNECTION_RESET : w.status));

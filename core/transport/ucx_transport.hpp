@@ -107,6 +107,12 @@ struct RmaOp {
   size_t bytes;
 };
 
+// An operation on one of an endpoint's ranges.
+struct RangeOp {
+  uint64_t range;
+  RmaOp op;
+};
+
 // An endpoint of the client worker to one serving peer. Thread-safe.
 class UcxEndpoint {
  public:
@@ -119,15 +125,25 @@ class UcxEndpoint {
   // Forgets a range; nothing more is issued on it. Safe for an unknown id.
   virtual void remove_range(uint64_t id) noexcept = 0;
 
-  // Runs every op on range `id` and waits for all of them, then for their remote completion.
-  // EINVAL (nothing issued): an unknown range, or an op outside it. EPEER: the peer failed or
-  // refused an op; ETIMEDOUT: not all completed within timeout_ns. After EPEER or ETIMEDOUT the
-  // endpoint is closed (failed() is true), no op can still touch the local buffers, and none of
-  // the batch's bytes may be trusted.
-  virtual void run(uint64_t id, std::span<const RmaOp> ops, uint64_t timeout_ns) = 0;
+  // Issues every op (each on its own range) at once, then one flush, and waits for all of them
+  // and their remote completion. EINVAL (nothing issued): an unknown range, or an op outside
+  // its range. EPEER: the peer failed or refused an op; ETIMEDOUT: timeout_ns passed with none
+  // of the batch's outstanding ops completing (a batch that keeps moving may take longer). After
+  // EPEER or ETIMEDOUT the endpoint is closed (failed() is true), no op can still touch the
+  // local buffers, and none of the batch's bytes may be trusted.
+  virtual void run(std::span<const RangeOp> ops, uint64_t timeout_ns) = 0;
+  // run() with every op on range `id`.
+  void run(uint64_t id, std::span<const RmaOp> ops, uint64_t timeout_ns);
 
   // Whether the peer is gone (its error callback fired, or a batch timed out).
   virtual bool failed() const noexcept = 0;
 };
+
+inline void UcxEndpoint::run(uint64_t id, std::span<const RmaOp> ops, uint64_t timeout_ns) {
+  std::vector<RangeOp> on_range;
+  on_range.reserve(ops.size());
+  for (const RmaOp &op : ops) on_range.push_back({id, op});
+  run(on_range, timeout_ns);
+}
 
 }  // namespace swiftkv::transport

@@ -371,9 +371,10 @@ typedef struct swiftkv_ctx_config {
   swiftkv_remote_path coord_remote_path; /* how this context reaches lent memory in another
                                             process, as a borrower (default
                                             SWIFTKV_REMOTE_PATH_AUTO) */
-  uint32_t coord_rma_timeout_ms; /* the longest one batch of UCX reads or writes of lent memory
-                                    may take (default 2000; >= 1): past it the batch fails, the
-                                    lender counts as gone and its leases as lost */
+  uint32_t coord_rma_timeout_ms; /* the longest a batch of UCX reads or writes of lent memory
+                                    may go without one of its operations completing (default
+                                    2000; >= 1): past it the batch fails, the lender counts as
+                                    gone and its leases as lost */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                       \

@@ -37,6 +37,7 @@
 #include "swiftkv/swiftkv.h"
 
 extern "C" {
+#include "child_process.hpp"
 #include "test_support.h"
 }
 
@@ -80,18 +81,10 @@ swiftkv_model_desc lender_desc() {
 }
 
 // A port nothing listens on now (the kernel's choice for an ephemeral bind, given back).
-int free_tcp_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof a;
-  if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) != 0) {
-    fail_msg("no free tcp port");
-  }
-  ::close(fd);
-  return ntohs(a.sin_port);
+int tcp_port() {
+  const int port = free_tcp_port();
+  if (port < 0) fail_msg("no free tcp port");
+  return port;
 }
 
 void use_ucx(swiftkv_ctx_config *c) {
@@ -106,9 +99,9 @@ void use_ucx(swiftkv_ctx_config *c) {
 // process.
 std::string fresh_endpoint(const char *what, bool here = false) {
   if (g_netns != nullptr) {
-    return "tcp://" + (here ? g_here : g_there) + ":" + std::to_string(free_tcp_port());
+    return "tcp://" + (here ? g_here : g_there) + ":" + std::to_string(tcp_port());
   }
-  if (g_ucx) return "tcp://127.0.0.1:" + std::to_string(free_tcp_port());
+  if (g_ucx) return "tcp://127.0.0.1:" + std::to_string(tcp_port());
   static int n = 0;
   return "ipc:///tmp/swiftkv-test-coord-" + std::to_string(::getpid()) + "-" + what + "-" +
          std::to_string(n++);
@@ -207,6 +200,61 @@ swiftkv_lookup_result lookup(const Borrower &b, uint32_t conv, size_t chunks) {
   swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
   assert_ok(swiftkv_lookup(&l, nullptr, 0, b.ctx, b.model, tokens.data(), tokens.size()));
   return l;
+}
+
+// An engine request over the chunks of conversation `conv`, in a new pool of as many pages:
+// page pages[i] holds the prompt's tokens [16 i, 16 i + 16), pages in reverse order if asked.
+struct EngineRequest {
+  uint32_t pool = 0;
+  uint64_t id = 0;
+  std::vector<uint32_t> prompt;
+  std::vector<int32_t> pages;
+};
+
+EngineRequest begin_request(const Borrower &b, uint32_t conv, size_t chunks, bool reversed) {
+  EngineRequest r;
+  r.prompt = tokens_of(conv, chunks);
+  assert_ok(swiftkv_pool_create(&r.pool, b.ctx, b.model, chunks * kChunkTokens / 16, 0));
+  r.pages.resize(r.prompt.size() / 16);
+  for (size_t i = 0; i < r.pages.size(); ++i) {
+    r.pages[i] = static_cast<int32_t>(reversed ? r.pages.size() - 1 - i : i);
+  }
+  swiftkv_request_desc rd = SWIFTKV_REQUEST_DESC_INIT;
+  rd.pool = r.pool;
+  rd.tokens = r.prompt.data();
+  rd.n_tokens = r.prompt.size();
+  rd.pages = r.pages.data();
+  rd.n_pages = r.pages.size();
+  assert_ok(swiftkv_request_begin(&r.id, b.ctx, &rd));
+  return r;
+}
+
+// Checks that layer 0 of a pool's pages holds the first `valid` tokens of conversation `conv`
+// (of `chunks` chunks), token g in page pages[g / 16].
+void check_layer0(const swiftkv_pool_desc &pd, const std::vector<int32_t> &pages, uint32_t conv,
+                  size_t chunks, uint64_t valid) {
+  const auto want = kv_of(conv, chunks);
+  const swiftkv_model_desc md = borrower_desc();
+  const auto *base = static_cast<const uint16_t *>(pd.layer_base[0]);
+  const auto *src = reinterpret_cast<const uint16_t *>(want.data());
+  for (uint64_t g = 0; g < valid; ++g) {
+    const uint64_t chunk = g / kChunkTokens, tt = g % kChunkTokens;
+    for (uint32_t c = 0; c < 2; ++c) {
+      for (uint32_t h = 0; h < md.num_kv_heads; ++h) {
+        for (uint32_t d = 0; d < md.head_dim; ++d) {
+          const uint64_t at = static_cast<uint64_t>(pages[g / 16]) * pd.page_stride +
+                              c * pd.kv_stride + (g % 16) * pd.token_stride + h * pd.head_stride +
+                              d;
+          const uint64_t from = chunk * (kChunkBytes / 2) +
+                                ((c * kChunkTokens + tt) * md.num_kv_heads + h) * md.head_dim +
+                                d;  // layer 0
+          if (base[at] != src[from]) {
+            fail_msg("token %llu differs", static_cast<unsigned long long>(g));
+          }
+        }
+      }
+    }
+  }
 }
 
 // --- A lender context (in this process or the child) -------------------------------------------
@@ -426,6 +474,7 @@ void store_and_load_across_processes(void **) {
   assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 16 * kUnitChunks * kChunkBytes);
   store(b, 1, 40, 40 * kChunkTokens);
   assert_int_equal(lookup(b, 1, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
+  const uint64_t batches_stored = coord_stats(b.ctx).rma_batches;
   assert_int_equal(retrieve_checked(b, 1, 40), 40 * kChunkTokens);
   if (g_ucx) {  // every byte went over UCX (across namespaces, by the host check), no mapping
     const swiftkv_coord_stats u = coord_stats(b.ctx);
@@ -433,6 +482,31 @@ void store_and_load_across_processes(void **) {
     assert_int_equal(u.rma_bytes_written, 40 * kChunkBytes);
     assert_int_equal(u.rma_bytes_read, 40 * kChunkBytes);
     assert_int_equal(u.rma_batches_failed, 0);
+    // The retrieve's 40 chunks went as one batch of gets.
+    assert_int_equal(u.rma_batches - batches_stored, 1);
+  }
+  {
+    // An engine request's loads: the lent chunks are read once, all in one batch over UCX, and
+    // land in the pages bit-exact.
+    const swiftkv_coord_stats before = coord_stats(b.ctx);
+    const EngineRequest er = begin_request(b, 1, 40, true);
+    const uint64_t req = er.id;
+    assert_ok(swiftkv_start_load(b.ctx, req, nullptr));
+    uint64_t valid = SENTINEL;
+    assert_ok(swiftkv_wait_layer_load(&valid, b.ctx, req, 0, nullptr));
+    assert_int_equal(valid, 40 * kChunkTokens);
+    swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+    uint32_t pool_model = 0;
+    assert_ok(swiftkv_pool_get(&pd, &pool_model, b.ctx, er.pool));
+    check_layer0(pd, er.pages, 1, 40, valid);
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_finish(&info, b.ctx, req));
+    assert_ok(swiftkv_pool_destroy(b.ctx, er.pool));
+    if (g_ucx) {
+      const swiftkv_coord_stats after = coord_stats(b.ctx);
+      assert_int_equal(after.rma_batches - before.rma_batches, 1);
+      assert_int_equal(after.rma_bytes_read - before.rma_bytes_read, 40 * kChunkBytes);
+    }
   }
 
   LenderView v = lender_view(lender);
@@ -479,19 +553,8 @@ void reclaim_moves_chunks_down_then_acks(void **) {
     assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 40);
 
     // An engine request holds the chunks (its loads read them) across the reclaim.
-    uint32_t pool = 0;
-    assert_ok(swiftkv_pool_create(&pool, b.ctx, b.model, 40 * kChunkTokens / 16, 0));
-    const auto prompt = tokens_of(2, 40);
-    std::vector<int32_t> pages(prompt.size() / 16);
-    for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(i);
-    swiftkv_request_desc rd = SWIFTKV_REQUEST_DESC_INIT;
-    rd.pool = pool;
-    rd.tokens = prompt.data();
-    rd.n_tokens = prompt.size();
-    rd.pages = pages.data();
-    rd.n_pages = pages.size();
-    uint64_t req = 0;
-    assert_ok(swiftkv_request_begin(&req, b.ctx, &rd));
+    const EngineRequest er = begin_request(b, 2, 40, false);
+    const uint64_t req = er.id;
 
     // A request as large as the whole region: every lent unit is asked back. While the engine's
     // request still reads from the lease, the lender does not get it.
@@ -550,19 +613,8 @@ void lender_killed(void **) {
   assert_int_equal(lookup(b, 3, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 32);
 
   // An engine request that holds the whole prompt's cached run when the lender dies.
-  uint32_t pool = 0;
-  assert_ok(swiftkv_pool_create(&pool, b.ctx, b.model, 40 * kChunkTokens / 16, 0));
-  const auto prompt = tokens_of(3, 40);
-  std::vector<int32_t> pages(prompt.size() / 16);
-  for (size_t i = 0; i < pages.size(); ++i) pages[i] = static_cast<int32_t>(pages.size() - 1 - i);
-  swiftkv_request_desc rd = SWIFTKV_REQUEST_DESC_INIT;
-  rd.pool = pool;
-  rd.tokens = prompt.data();
-  rd.n_tokens = prompt.size();
-  rd.pages = pages.data();
-  rd.n_pages = pages.size();
-  uint64_t req = 0;
-  assert_ok(swiftkv_request_begin(&req, b.ctx, &rd));
+  const EngineRequest er = begin_request(b, 3, 40, true);
+  const uint64_t req = er.id;
 
   // Reads racing the kill: each returns a prefix, and the prefix is bit-exact. (The reader
   // thread only records; cmocka asserts on the test's thread.)
@@ -593,32 +645,11 @@ void lender_killed(void **) {
   assert_ok(swiftkv_start_load(b.ctx, req, nullptr));
   swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
   uint32_t pool_model = 0;
-  assert_ok(swiftkv_pool_get(&pd, &pool_model, b.ctx, pool));
-  const auto want = kv_of(3, 40);
-  const swiftkv_model_desc md = borrower_desc();
+  assert_ok(swiftkv_pool_get(&pd, &pool_model, b.ctx, er.pool));
   uint64_t valid = SENTINEL;
   assert_ok(swiftkv_wait_layer_load(&valid, b.ctx, req, 0, nullptr));
   assert_int_equal(valid, 8 * kChunkTokens);
-  const auto *base = static_cast<const uint16_t *>(pd.layer_base[0]);
-  const auto *src = reinterpret_cast<const uint16_t *>(want.data());
-  for (uint64_t g = 0; g < valid; ++g) {
-    const uint64_t chunk = g / kChunkTokens, tt = g % kChunkTokens;
-    for (uint32_t c = 0; c < 2; ++c) {
-      for (uint32_t h = 0; h < md.num_kv_heads; ++h) {
-        for (uint32_t d = 0; d < md.head_dim; ++d) {
-          const uint64_t at = static_cast<uint64_t>(pages[g / 16]) * pd.page_stride +
-                              c * pd.kv_stride + (g % 16) * pd.token_stride + h * pd.head_stride +
-                              d;
-          const uint64_t from = chunk * (kChunkBytes / 2) +
-                                ((c * kChunkTokens + tt) * md.num_kv_heads + h) * md.head_dim +
-                                d;  // layer 0
-          if (base[at] != src[from]) {
-            fail_msg("token %llu differs", static_cast<unsigned long long>(g));
-          }
-        }
-      }
-    }
-  }
+  check_layer0(pd, er.pages, 3, 40, valid);
   swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
   assert_ok(swiftkv_request_finish(&info, b.ctx, req));
   for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);

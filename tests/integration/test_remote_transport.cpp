@@ -183,10 +183,24 @@ void batches_are_bit_exact(void **) {
   ep->run(1, gets, 10'000'000'000ULL);
   assert_memory_equal(back.data(), src.data(), at);
 
+  // One batch over two ranges (as a borrower's leases of one lender are): range 2 is the
+  // second half of the region under the same key, so its offset 0 is the region's kBytes / 2.
+  // (Both reads miss the bytes the puts above changed.)
+  ep->add_range(2, {peer.range.packed_key, peer.range.base + kBytes / 2, kBytes / 2});
+  std::vector<std::byte> two(2 * 4096);
+  const std::vector<tr::RangeOp> mixed = {
+      {1, {tr::RmaOp::Kind::get, 100000, two.data(), 4096}},
+      {2, {tr::RmaOp::Kind::get, 100000, two.data() + 4096, 4096}}};
+  ep->run(mixed, 10'000'000'000ULL);
+  for (size_t b = 0; b < 4096; ++b) {
+    assert_true(two[b] == pattern(100000 + b));
+    assert_true(two[4096 + b] == pattern(kBytes / 2 + 100000 + b));
+  }
+
   const tr::UcxStats s = ctx->stats();
-  assert_int_equal(s.batches, 3);
+  assert_int_equal(s.batches, 4);
   assert_int_equal(s.batches_failed, 0);
-  assert_int_equal(s.bytes_read, 64 * 65536 + at);
+  assert_int_equal(s.bytes_read, 64 * 65536 + at + 2 * 4096);
   assert_int_equal(s.bytes_written, at);
   assert_false(ep->failed());
 }
@@ -209,7 +223,18 @@ void out_of_range_is_refused(void **) {
   }
   const std::vector<tr::RmaOp> fine = {{tr::RmaOp::Kind::get, (1 << 20) - 100, buf.data(), 100}};
   assert_int_equal(status_of([&] { ep->run(8, fine, 1'000'000'000ULL); }), SWIFTKV_EINVAL);
+  // A batch over several ranges with one unknown range or one op outside its range: nothing of
+  // it is issued, the good ops included.
+  const tr::RmaOp ok_op{tr::RmaOp::Kind::get, 0, buf.data(), 16};
+  const std::vector<tr::RangeOp> bad_mixed[] = {
+      {{7, ok_op}, {8, ok_op}},
+      {{7, ok_op}, {7, {tr::RmaOp::Kind::put, 1 << 20, buf.data(), 1}}},
+  };
+  for (const auto &ops : bad_mixed) {
+    assert_int_equal(status_of([&] { ep->run(ops, 1'000'000'000ULL); }), SWIFTKV_EINVAL);
+  }
   assert_int_equal(ctx->stats().batches, 0);
+  assert_int_equal(ctx->stats().ops, 0);
   ep->run(7, fine, 10'000'000'000ULL);
   for (size_t i = 0; i < 100; ++i) assert_true(buf[i] == pattern((1 << 20) - 100 + i));
   assert_false(ep->failed());

@@ -1,9 +1,12 @@
 // Child processes for the multi-process tests and benchmarks: a program started with its standard
-// input and output on pipes, the lines it prints, and byte strings (UCX addresses and keys) as hex
-// text on a command line or in its output.
+// input and output on pipes, the lines it prints, byte strings (UCX addresses and keys) as hex
+// text on a command line or in its output, and a loopback port for a peer to listen on.
 #pragma once
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -84,4 +87,18 @@ inline std::vector<std::string> read_lines(FILE *f, size_t n) {
   }
   std::free(line);
   return lines;
+}
+
+// A loopback TCP port that was free a moment ago (another process may take it first), or -1.
+inline int free_tcp_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr *>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr *>(&a), &len) == 0;
+  ::close(fd);
+  return ok ? ntohs(a.sin_port) : -1;
 }

@@ -354,7 +354,8 @@ type Config struct {
 	// NoWriteBackOnClose drops them instead (the zero value keeps the library's default).
 	NoWriteBackOnClose bool
 	// Lending across nodes: UCX's transports as UCX_TLS names them ("" : what UCX picks), how a
-	// borrower reaches a lender's memory, and the longest one batch of UCX reads or writes waits.
+	// borrower reaches a lender's memory, and the longest a batch of UCX reads or writes waits
+	// with none of its operations completing.
 	CoordUCXTransports string
 	CoordRemotePath    RemotePath
 	CoordRMATimeoutMs  uint32

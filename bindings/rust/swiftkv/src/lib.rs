@@ -423,7 +423,7 @@ pub struct ContextConfig {
     /// UCX transports for lent memory on another host, as UCX_TLS names them (None: UCX picks).
     pub coord_ucx_transports: Option<String>,
     pub coord_remote_path: RemotePath,
-    /// The longest one batch of UCX reads or writes of lent memory waits.
+    /// The longest a batch of UCX reads or writes of lent memory waits with none completing.
     pub coord_rma_timeout_ms: u32,
 }
 
