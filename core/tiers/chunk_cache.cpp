@@ -441,7 +441,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
   for (size_t k = 0; k < n; ++k) {
     const ChunkKey &key = keys[start + k];
     const ChunkUse &u = uses[k];
-    if (ok[k] && u.where.tier == Tier::peer && !readable(u.where)) {
+    if (u.where.tier == Tier::peer && !readable(u.where)) {  // revoked, not corrupt
       ok[k] = 0;
       lost[k] = 1;
     }

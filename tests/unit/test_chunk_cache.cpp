@@ -1238,6 +1238,100 @@ void a_lost_lease_drops_its_chunks(void **) {
   assert_int_equal(r.cache->stats().chunks[0], 0);
 }
 
+// A lender in this process that the peer tier must treat as remote: its grants carry no address,
+// and its bytes move only through transfer() (copied here, as UCX would move them). Counts the
+// batches; can fail the next one, or lose every lease while one runs.
+class RemoteTwin final : public swiftkv::LenderLink {
+ public:
+  explicit RemoteTwin(std::shared_ptr<swiftkv::ElasticRegion> r)
+      : region_(r), local_(swiftkv::local_lender(std::move(r))) {}
+  void check_geometry(const swiftkv::GeometrySizes &s) const override { local_->check_geometry(s); }
+  swiftkv::LeaseGrant lend(uint64_t max_units) override {
+    swiftkv::LeaseGrant g = local_->lend(max_units);
+    std::lock_guard lock(mu_);
+    data_[g.lease_id] = g.data;
+    g.data = nullptr;
+    g.remote = true;
+    return g;
+  }
+  swiftkv::LinkLeaseState renew(uint64_t id) override { return local_->renew(id); }
+  uint64_t clock_now() const override { return local_->clock_now(); }
+  const void *identity() const noexcept override { return this; }
+  bool valid(uint64_t id) const noexcept override { return local_->valid(id); }
+  void release(uint64_t id) noexcept override { local_->release(id); }
+  std::string describe() const override { return "the remote twin"; }
+  void transfer(std::span<const swiftkv::transport::RangeOp> ops) override {
+    std::lock_guard lock(mu_);
+    ++batches;
+    ops_in_batches += ops.size();
+    if (fail_next) {
+      fail_next = false;
+      throw swiftkv::Error(SWIFTKV_EPEER, "the remote twin failed a batch");
+    }
+    for (const auto &o : ops) {
+      std::byte *lent = data_.at(o.range) + o.op.offset;
+      if (o.op.kind == swiftkv::transport::RmaOp::Kind::get) {
+        std::memcpy(o.op.local, lent, o.op.bytes);
+      } else {
+        std::memcpy(lent, o.op.local, o.op.bytes);
+      }
+    }
+    if (lose_during) region_->end_all_leases();  // the bytes moved, but the leases did not hold
+  }
+  std::mutex mu_;
+  uint64_t batches = 0, ops_in_batches = 0;
+  bool fail_next = false, lose_during = false;
+
+ private:
+  std::shared_ptr<swiftkv::ElasticRegion> region_;
+  std::shared_ptr<swiftkv::LenderLink> local_;
+  std::unordered_map<uint64_t, std::byte *> data_;
+};
+
+// Chunks lent by a remote lender are read as one batch per retrieve; a batch that fails returns
+// nothing from it and drops only the first chunk (as corrupt), and bytes whose lease was lost
+// while they moved are not returned (the chunk dropped as revoked).
+void remote_reads_go_as_one_batch(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 0, 0, 0);
+  swiftkv::ElasticConfig e;
+  e.lender = r.g;
+  e.borrower = r.g;
+  const swiftkv::LendUnit u = swiftkv::lend_unit(r.sizes, r.sizes);
+  e.capacity_blocks = 8 / u.borrower_chunks * u.lender_blocks;
+  e.owned_blocks = 0;
+  swiftkv::HostRegionOptions ho;
+  ho.size = swiftkv::ElasticRegion::required_bytes(e);
+  auto region = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
+  auto twin = std::make_shared<RemoteTwin>(region);
+  r.cache->borrow(r.fp, r.sizes, twin, UINT64_MAX);
+  assert_int_equal(r.store(1, 6), 6);
+  assert_int_equal(twin->batches, 6);  // a store writes chunk by chunk
+
+  const std::vector<ChunkKey> k = r.keys(1, 6);
+  const uint64_t cb = r.sizes.full_chunk_bytes;
+  std::vector<std::byte> out(6 * cb);
+  assert_int_equal(r.cache->retrieve(k, 0, cb, out.data()), 6);
+  assert_int_equal(twin->batches, 7);
+  assert_int_equal(twin->ops_in_batches, 6 + 6);
+  for (size_t i = 0; i < 6; ++i) {
+    assert_true(std::equal(out.begin() + i * cb, out.begin() + (i + 1) * cb,
+                           chunk_bytes(cb, 1, i).begin()));
+  }
+  // From chunk 2 on: one batch of 4 that fails. Chunk 2 is dropped, 3-5 stay for a later load.
+  twin->fail_next = true;
+  assert_int_equal(r.cache->retrieve(k, 2, cb, out.data()), 0);
+  assert_int_equal(twin->batches, 8);
+  assert_false(r.where(1, 2).has_value());
+  for (size_t i : {0, 1, 3, 4, 5}) assert_true(r.where(1, i) == Tier::peer);
+  assert_int_equal(r.cache->stats().load_failures, 1);
+  assert_true(r.intact(1, 4));
+  // The leases end while a batch moves the bytes: none of them is returned.
+  twin->lose_during = true;
+  assert_int_equal(r.cache->retrieve(k, 0, cb, out.data()), 0);
+  assert_int_equal(r.cache->stats().revocations, 1);
+  assert_false(r.where(1, 0).has_value());
+}
+
 void loads_go_before_background_demotion(void **) {
   Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 8, 0, swiftkv::EvictionPolicy::lru, 50);
   assert_int_equal(r.store(1, 4), 4);  // host full: under its 50% free mark
@@ -1418,6 +1512,7 @@ int main() {
       cmocka_unit_test(disk_cleaning_moves_records_under_readers),
       cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
+      cmocka_unit_test(remote_reads_go_as_one_batch),
       cmocka_unit_test(loads_go_before_background_demotion),
       cmocka_unit_test(budgets_hold_under_random_work),
       cmocka_unit_test(host_slabs_are_made_ahead),
