@@ -85,6 +85,57 @@ void generator_is_reproducible(void **) {
   }
 }
 
+// The sessions of --preset swiftcache-fig7: every kept session reaches the long context and none
+// passes the model's limit; the figures of seed 1 are pinned (a change of the generator or of
+// the selection shows here first).
+void long_trace_meets_its_bounds(void **) {
+  for (const WorkloadKind kind : {WorkloadKind::sharegpt, WorkloadKind::docqa}) {
+    for (const uint64_t max_context : {uint64_t{0}, uint64_t{40960}}) {
+      GeneratorOptions o;
+      o.kind = kind;
+      o.sessions = 60;
+      o.sessions_per_s = 0.02;
+      const Trace t = generate_long_trace(o, 20000, max_context);
+      assert_int_equal(t.sessions.size(), 60);
+      uint64_t long_turns = 0;
+      for (const Session &s : t.sessions) {
+        uint64_t history = 0;
+        bool reaches = false;
+        assert_true(s.turns[0].arrival_s.has_value());
+        for (const Turn &turn : s.turns) {
+          const uint64_t context = history + turn.prompt_tokens;
+          if (max_context != 0) assert_true(context + turn.output_tokens <= max_context);
+          reaches = reaches || context >= 20000;
+          long_turns += context >= 20000;
+          history = context + turn.output_tokens;
+        }
+        assert_true(reaches);
+      }
+      // Turns, turns with a long context, the longest session, the last arrival (s).
+      const TraceSummary s = summarize(t);
+      const uint64_t got[] = {
+          s.turns, long_turns, s.max_session_tokens,
+          static_cast<uint64_t>(std::llround(*t.sessions.back().turns[0].arrival_s))};
+      const bool share = kind == WorkloadKind::sharegpt;
+      const uint64_t want[2][4] = {{share ? 1887u : 403u, share ? 838u : 394u,
+                                    share ? 220151u : 59060u, share ? 2888u : 3007u},
+                                   {share ? 1570u : 401u, share ? 489u : 393u,
+                                    share ? 40742u : 40844u, share ? 3349u : 3144u}};
+      for (size_t k = 0; k < 4; ++k) assert_int_equal(got[k], want[max_context != 0][k]);
+    }
+  }
+  // Nothing qualifies: refused rather than a search without end.
+  GeneratorOptions o;
+  o.sessions = 2;
+  bool threw = false;
+  try {
+    generate_long_trace(o, 50000, 40000);
+  } catch (const std::runtime_error &) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
 void trace_round_trips(void **) {
   const std::string p = temp_path("rt.jsonl");
   write(
@@ -370,6 +421,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(generator_meets_sharegpt_statistics),
       cmocka_unit_test(generator_is_reproducible),
+      cmocka_unit_test(long_trace_meets_its_bounds),
       cmocka_unit_test(trace_round_trips),
       cmocka_unit_test(bad_traces_name_their_line),
       cmocka_unit_test(a_session_id_is_a_number_or_a_string_not_both),

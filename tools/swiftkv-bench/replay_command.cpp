@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -53,6 +54,9 @@ struct Options {
   std::string out_dir = "replay-out";
   bool table = true;
   bool progress = true;
+  std::string preset;           // --preset: a paper's experiment instead of one replay
+  uint32_t warmup_turns = 1;    // --preset: turns per session sent first, not measured
+  std::set<std::string> given;  // the options on the command line
 };
 
 ModelSpec preset(const std::string &flag, const std::string &name) {
@@ -73,6 +77,7 @@ Options parse(const std::vector<std::string> &args) {
       return args[++i];
     };
     auto count = [&](double lo, double hi) { return parse_number(a, value(), lo, hi); };
+    o.given.insert(a);
     if (a == "--trace")
       o.trace_file = value();
     else if (a == "--workload") {
@@ -157,8 +162,26 @@ Options parse(const std::vector<std::string> &args) {
       o.table = f == "table";
     } else if (a == "--no-progress")
       o.progress = false;
+    else if (a == "--preset") {
+      o.preset = value();
+      if (o.preset != "swiftcache-fig7") {
+        throw UsageError("--preset: '" + o.preset + "' is not swiftcache-fig7");
+      }
+    } else if (a == "--warmup-turns")
+      o.warmup_turns = static_cast<uint32_t>(count(0, 1e6));
     else
       throw UsageError("unknown option '" + a + "'");
+  }
+  if (!o.preset.empty()) {
+    // The experiment fixes its models, workloads and policies.
+    for (const char *fixed : {"--trace", "--workload", "--policies", "--borrower", "--lender",
+                              "--save-trace", "--compression"}) {
+      if (o.given.count(fixed) != 0) {
+        throw UsageError(std::string(fixed) + " cannot be used with --preset " + o.preset);
+      }
+    }
+  } else if (o.given.count("--warmup-turns") != 0) {
+    throw UsageError("--warmup-turns is an option of --preset");
   }
   o.server.lenders =
       lenders.empty() ? std::vector<ModelSpec>{*find_preset("qwen3-14b"), *find_preset("qwen3-32b")}
@@ -411,6 +434,247 @@ void write_plots(const Options &o, const std::vector<PolicyResult> &rs,
              bars_svg("where each history chunk came from (% of history chunks)", bars));
 }
 
+// Runs each policy on the trace, with a progress bar on a terminal and a line per policy.
+std::vector<PolicyResult> run_policies(const Options &o, const ServerConfig &server,
+                                       const Trace &trace, const std::vector<Policy> &policies,
+                                       const std::string &what) {
+  std::vector<PolicyResult> results;
+  const bool bar = o.progress && isatty(STDERR_FILENO);
+  for (Policy p : policies) {
+    int shown = -1;
+    auto progress = [&](uint64_t done, uint64_t total) {
+      if (!bar || total == 0) return;
+      const int v = static_cast<int>(100 * done / total);
+      if (v == shown) return;
+      shown = v;
+      std::fprintf(stderr, "\r%-13s [%-40s] %3d%%", policy_name(p),
+                   std::string(static_cast<size_t>(v * 40 / 100), '#').c_str(), v);
+      std::fflush(stderr);
+    };
+    results.push_back(run_policy(server, trace, p, progress));
+    // The bar is 61 columns ("%-13s [%-40s] %3d%%"): all of them are cleared.
+    if (bar) std::fprintf(stderr, "\r%-61s\r", "");
+    if (o.progress) {
+      std::fprintf(stderr, "replay: %s%s done in %.1f s\n", what.c_str(), policy_name(p),
+                   results.back().wall_seconds);
+    }
+  }
+  return results;
+}
+
+// --- --preset swiftcache-fig7: SwiftCache §5.1 and Fig. 7 ----------------------------------------
+
+// One bar group of Fig. 7: a master model on a workload.
+struct Fig7Cell {
+  std::string master, workload;
+  uint64_t sessions = 0, turns = 0, measured = 0;
+  double mean_session_tokens = 0;
+  std::vector<double> p99;  // per policy of kFig7Policies, seconds (NaN: nothing measured)
+  std::vector<PolicyResult> results;
+};
+
+constexpr Policy kFig7Policies[] = {Policy::swiftkv, Policy::host_offload, Policy::hierarchical};
+// The paper's reductions of P99 TTFT by swiftkv, per dataset (§5.1): against vLLM with LMCache
+// (host-offload) and SGLang with HiCache (hierarchical).
+struct PaperReduction {
+  const char *workload;
+  double vs_lmcache, vs_hicache;
+};
+constexpr PaperReduction kFig7Paper[] = {{"sharegpt", 54, 67}, {"docqa", 58, 69}};
+// Qwen3's longest context (§5: "all three models support a maximum context length of 40K").
+constexpr uint64_t kQwen3MaxContext = 40960;
+
+// The P99 TTFT of each policy over the turns that count: past the session's warm-up turns, a
+// context of at least min_context, and served by every policy.
+std::vector<double> fig7_p99(const Trace &t, const std::vector<PolicyResult> &rs,
+                             uint64_t min_context, uint32_t warmup, uint64_t *measured) {
+  std::vector<std::vector<double>> ttft(rs.size());
+  size_t i = 0;
+  for (const Session &s : t.sessions) {
+    for (const Turn &turn : s.turns) {
+      bool counts = turn.index >= warmup;
+      for (const PolicyResult &r : rs) {
+        counts = counts && !r.requests[i].rejected && r.requests[i].context_tokens >= min_context;
+      }
+      for (size_t k = 0; counts && k < rs.size(); ++k) ttft[k].push_back(rs[k].requests[i].ttft_s);
+      ++i;
+    }
+  }
+  *measured = ttft.front().size();
+  std::vector<double> p99;
+  for (auto &v : ttft) {
+    std::sort(v.begin(), v.end());
+    p99.push_back(percentile(v, 0.99));
+  }
+  return p99;
+}
+
+double reduction(double ours, double theirs) {
+  return std::isnan(ours) || std::isnan(theirs) || theirs <= 0 ? NAN : 100.0 * (1 - ours / theirs);
+}
+
+int run_fig7(const Options &o) {
+  // The testbed (§5): four 96 GB GPUs, NVLink 400 GB/s, PCIe 4.0 at 32 GB/s, 96 GB of CPU memory
+  // as the baselines' offloading space (and swiftkv's host tier), no disk tier.
+  ServerConfig server = o.server;
+  if (o.given.count("--disk-gib") == 0) server.disk_gib = 0;
+  GeneratorOptions gen = o.gen;
+  if (o.given.count("--sessions") == 0) gen.sessions = 60;
+  if (o.given.count("--rate") == 0) gen.sessions_per_s = 0.01;
+  const std::vector<Policy> policies(std::begin(kFig7Policies), std::end(kFig7Policies));
+  const std::vector<std::string> masters = {"lwm-1m-text", "qwen3-14b", "qwen3-32b"};
+  std::vector<Fig7Cell> cells;
+  for (const WorkloadKind w : {WorkloadKind::sharegpt, WorkloadKind::docqa}) {
+    for (const std::string &m : masters) {
+      Fig7Cell c;
+      server.borrower = *find_preset(m);
+      server.lenders.clear();
+      for (const std::string &other : masters) {
+        if (other != m) server.lenders.push_back(*find_preset(other));
+      }
+      gen.kind = w;
+      const uint64_t max_context = m == "lwm-1m-text" ? 0 : kQwen3MaxContext;
+      const Trace t = generate_long_trace(gen, o.long_tokens, max_context);
+      const TraceSummary ts = summarize(t);
+      c.master = server.borrower.name;
+      c.workload = workload_name(w);
+      c.sessions = ts.sessions;
+      c.turns = ts.turns;
+      c.mean_session_tokens = ts.mean_session_tokens;
+      c.results = run_policies(o, server, t, policies, c.master + " " + c.workload + ": ");
+      c.p99 = fig7_p99(t, c.results, o.long_tokens, o.warmup_turns, &c.measured);
+      cells.push_back(std::move(c));
+    }
+  }
+
+  using nlohmann::json;
+  auto num = [](double v) { return std::isnan(v) ? json(nullptr) : json(v); };
+  json jc = json::array();
+  for (const Fig7Cell &c : cells) {
+    json p = json::object(), detail = json::object();
+    for (size_t k = 0; k < policies.size(); ++k) {
+      const PolicyResult &r = c.results[k];
+      p[policy_name(policies[k])] = num(c.p99[k]);
+      json hits = json::object();
+      for (int s = 0; s < kSourceCount; ++s) {
+        hits[source_name(static_cast<Source>(s))] = r.hit_chunks[static_cast<size_t>(s)];
+      }
+      detail[policy_name(policies[k])] = {
+          {"capacity_tokens",
+           {{"gpu", r.capacity.gpu_tokens},
+            {"peer", r.capacity.peer_tokens},
+            {"host", r.capacity.host_tokens},
+            {"max_context", r.capacity.max_context}}},
+          {"rejected", r.rejected},
+          {"history_chunks", r.history_chunks},
+          {"hit_chunks", hits},
+          {"recomputed_tokens", r.recomputed_tokens},
+          {"bytes", {{"nvlink", r.nvlink_bytes}, {"pcie", r.pcie_bytes}}},
+          {"lender",
+           {{"reclaims", r.reclaims},
+            {"chunks_moved", r.reclaim_moved},
+            {"chunks_dropped", r.reclaim_dropped}}}};
+    }
+    jc.push_back({{"master", c.master},
+                  {"workload", c.workload},
+                  {"sessions", c.sessions},
+                  {"turns", c.turns},
+                  {"mean_session_tokens", c.mean_session_tokens},
+                  {"turns_measured", c.measured},
+                  {"p99_ttft_s", p},
+                  {"policies", detail},
+                  {"reduction_pct",
+                   {{"vs_host_offload", num(reduction(c.p99[0], c.p99[1]))},
+                    {"vs_hierarchical", num(reduction(c.p99[0], c.p99[2]))}}}});
+  }
+  json paper = json::array();
+  for (const PaperReduction &p : kFig7Paper) {
+    paper.push_back({{"workload", p.workload},
+                     {"vs_host_offload", p.vs_lmcache},
+                     {"vs_hierarchical", p.vs_hicache}});
+  }
+  const json j = {{"tool", "swiftkv-bench replay"},
+                  {"preset", o.preset},
+                  {"version", swiftkv_version_string()},
+                  {"seed", gen.seed},
+                  {"sessions_per_cell", gen.sessions},
+                  {"sessions_per_s", gen.sessions_per_s},
+                  {"min_context", o.long_tokens},
+                  {"qwen3_max_context", kQwen3MaxContext},
+                  {"warmup_turns", o.warmup_turns},
+                  {"server",
+                   {{"gpu_gib", server.gpu_gib},
+                    {"host_gib", server.host_gib},
+                    {"disk_gib", server.disk_gib},
+                    {"nvlink_gbps", server.nvlink_gbps},
+                    {"pcie_gbps", server.pcie_gbps},
+                    {"gpu_tflops", server.gpu_tflops}}},
+                  {"cells", jc},
+                  {"paper_reduction_pct", paper}};
+  write_file(o.out_dir + "/fig7.json", j.dump(2) + "\n");
+  std::vector<BarGroup> groups;
+  for (const Fig7Cell &c : cells) {
+    BarGroup g{c.master + " " + (c.workload == "docqa" ? "L-Eval-like" : "ShareGPT"), {}};
+    for (double v : c.p99) g.values.push_back(std::isnan(v) ? 0 : v);
+    groups.push_back(std::move(g));
+  }
+  write_file(
+      o.out_dir + "/fig7.svg",
+      grouped_bars_svg(
+          "P99 TTFT (s), turns with context >= " + std::to_string(o.long_tokens) + " tokens",
+          {"swiftkv", "host-offload (vLLM + LMCache)", "hierarchical (SGLang HiCache)"}, groups));
+  if (!o.table) {
+    std::printf("%s\n", j.dump().c_str());
+    return 0;
+  }
+  std::printf(
+      "swiftkv-bench replay --preset swiftcache-fig7 (libswiftkv %s): SwiftCache §5.1, "
+      "Fig. 7\n",
+      swiftkv_version_string());
+  std::printf(
+      "testbed: %.0f GiB GPUs, NVLink %.0f GB/s, PCIe %.0f GB/s, host %.0f GiB for every "
+      "policy, disk %.0f GiB, %.0f TFLOP/s\n",
+      server.gpu_gib, server.nvlink_gbps, server.pcie_gbps, server.host_gib, server.disk_gib,
+      server.gpu_tflops);
+  std::printf("workload: %u sessions per cell reaching %" PRIu64 " tokens (Qwen3 cut at %" PRIu64
+              "), %.3f sessions/s, seed %" PRIu64 "; P99 TTFT over turns with context >= %" PRIu64
+              " after %u warm-up turn(s) per session, served by every policy\n\n",
+              gen.sessions, o.long_tokens, kQwen3MaxContext, gen.sessions_per_s, gen.seed,
+              o.long_tokens, o.warmup_turns);
+  std::printf(
+      "| master | workload | turns measured | swiftkv ms | host-offload ms | hierarchical "
+      "ms | vs host-offload | vs hierarchical |\n");
+  std::printf("| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const Fig7Cell &c : cells) {
+    std::printf("| %s | %s | %" PRIu64 " | %s | %s | %s | %+.0f%% | %+.0f%% |\n", c.master.c_str(),
+                c.workload.c_str(), c.measured, ms(c.p99[0]).c_str(), ms(c.p99[1]).c_str(),
+                ms(c.p99[2]).c_str(), -reduction(c.p99[0], c.p99[1]),
+                -reduction(c.p99[0], c.p99[2]));
+  }
+  // The median of the three masters: one saturated or starved cell does not decide the row.
+  std::printf(
+      "\nP99 TTFT reduction by swiftkv, median of the three masters, beside the paper's:\n");
+  std::printf(
+      "| workload | vs host-offload | paper vs vLLM + LMCache | vs hierarchical | paper vs "
+      "SGLang HiCache |\n| --- | --- | --- | --- | --- |\n");
+  for (const PaperReduction &p : kFig7Paper) {
+    std::vector<double> a, b;
+    for (const Fig7Cell &c : cells) {
+      if (c.workload != p.workload) continue;
+      a.push_back(reduction(c.p99[0], c.p99[1]));
+      b.push_back(reduction(c.p99[0], c.p99[2]));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? NAN : v[v.size() / 2];
+    };
+    std::printf("| %s | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n", p.workload, median(a), p.vs_lmcache,
+                median(b), p.vs_hicache);
+  }
+  std::printf("\nJSON: %s/fig7.json  plot: %s/fig7.svg\n", o.out_dir.c_str(), o.out_dir.c_str());
+  return 0;
+}
+
 }  // namespace
 
 void print_replay_usage() {
@@ -438,7 +702,13 @@ void print_replay_usage() {
       "  --work-dir DIR           the disk tier's files go under DIR, made if missing (the\n"
       "                           system's temp dir)\n"
       "  --format table|json      what goes to stdout (table); the JSON file is always written\n"
-      "  --no-progress            no progress bar\n");
+      "  --no-progress            no progress bar\n"
+      "  --preset swiftcache-fig7 SwiftCache's Fig. 7 experiment (docs/replay.md): each of\n"
+      "                           LWM-1M-Text, Qwen3-14B and Qwen3-32B as the borrower beside the\n"
+      "                           other two, on long ShareGPT-like and docqa sessions; --sessions\n"
+      "                           per cell (60), --rate (0.01), --long-tokens (20000), --seed and\n"
+      "                           the server's options apply; --disk-gib defaults to 0\n"
+      "  --warmup-turns N         --preset: turns per session sent first, not measured (1)\n");
 }
 
 int run_replay(const std::vector<std::string> &args) {
@@ -459,28 +729,9 @@ int run_replay(const std::vector<std::string> &args) {
     std::filesystem::create_directories(o.out_dir);
     // Both directories are made when missing (--work-dir once had to exist already).
     if (!o.server.work_dir.empty()) std::filesystem::create_directories(o.server.work_dir);
-    std::vector<PolicyResult> results;
     stop_on_signals();
-    const bool bar = o.progress && isatty(STDERR_FILENO);
-    for (Policy p : o.policies) {
-      int shown = -1;
-      auto progress = [&](uint64_t done, uint64_t total) {
-        if (!bar || total == 0) return;
-        const int v = static_cast<int>(100 * done / total);
-        if (v == shown) return;
-        shown = v;
-        std::fprintf(stderr, "\r%-13s [%-40s] %3d%%", policy_name(p),
-                     std::string(static_cast<size_t>(v * 40 / 100), '#').c_str(), v);
-        std::fflush(stderr);
-      };
-      results.push_back(run_policy(o.server, trace, p, progress));
-      // The bar is 61 columns ("%-13s [%-40s] %3d%%"): all of them are cleared.
-      if (bar) std::fprintf(stderr, "\r%-61s\r", "");
-      if (o.progress) {
-        std::fprintf(stderr, "replay: %s done in %.1f s\n", policy_name(p),
-                     results.back().wall_seconds);
-      }
-    }
+    if (!o.preset.empty()) return run_fig7(o);
+    const std::vector<PolicyResult> results = run_policies(o, o.server, trace, o.policies, "");
     const std::vector<Summary> sum = summarize_ttft(results, o.long_tokens);
     const nlohmann::json j = to_json(o, trace, results, sum);
     write_file(o.out_dir + "/replay.json", j.dump(2) + "\n");

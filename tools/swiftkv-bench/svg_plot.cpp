@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <stdexcept>
 
@@ -30,6 +31,25 @@ std::string escape(const std::string &s) {
 
 constexpr double kW = 720, kH = 420, kLeft = 70, kRight = 170, kTop = 40, kBottom = 50;
 
+// The document's start: size, white background, title.
+void open_svg(std::ostringstream &o, double width, const std::string &title) {
+  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << kH
+    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
+       "fill=\"white\"/>\n";
+  o << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">" << escape(title) << "</text>\n";
+}
+
+// Five horizontal grid lines over a plot area of pw x ph, labelled label(0) .. label(4).
+void horizontal_grid(std::ostringstream &o, double pw, double ph,
+                     const std::function<std::string(int)> &label) {
+  for (int k = 0; k <= 4; ++k) {
+    const double yy = kTop + ph - ph * k / 4.0;
+    o << "<line x1=\"" << kLeft << "\" y1=\"" << yy << "\" x2=\"" << kLeft + pw << "\" y2=\"" << yy
+      << "\" stroke=\"#ddd\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << yy + 4
+      << "\" text-anchor=\"end\">" << label(k) << "</text>\n";
+  }
+}
+
 }  // namespace
 
 std::string cdf_svg(const std::string &title, const std::vector<CdfSeries> &series) {
@@ -49,10 +69,7 @@ std::string cdf_svg(const std::string &title, const std::vector<CdfSeries> &seri
   auto x = [&](double ms) { return kLeft + (std::log10(std::max(ms, lo)) - d0) / (d1 - d0) * pw; };
   auto y = [&](double f) { return kTop + (1 - f) * ph; };
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-       "fill=\"white\"/>\n";
-  o << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">" << escape(title) << "</text>\n";
+  open_svg(o, kW, title);
   for (double d = d0; d <= d1; ++d) {
     const double px = x(std::pow(10, d));
     o << "<line x1=\"" << px << "\" y1=\"" << kTop << "\" x2=\"" << px << "\" y2=\"" << kTop + ph
@@ -93,16 +110,8 @@ std::string cdf_svg(const std::string &title, const std::vector<CdfSeries> &seri
 std::string bars_svg(const std::string &title, const std::vector<StackedBar> &bars) {
   const double pw = kW - kLeft - kRight, ph = kH - kTop - kBottom;
   std::ostringstream o;
-  o << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << kW << "\" height=\"" << kH
-    << "\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" "
-       "fill=\"white\"/>\n";
-  o << "<text x=\"" << kLeft << "\" y=\"22\" font-size=\"14\">" << escape(title) << "</text>\n";
-  for (int k = 0; k <= 4; ++k) {
-    const double yy = kTop + ph - ph * k / 4.0;
-    o << "<line x1=\"" << kLeft << "\" y1=\"" << yy << "\" x2=\"" << kLeft + pw << "\" y2=\"" << yy
-      << "\" stroke=\"#ddd\"/>\n<text x=\"" << kLeft - 8 << "\" y=\"" << yy + 4
-      << "\" text-anchor=\"end\">" << 25 * k << "%</text>\n";
-  }
+  open_svg(o, kW, title);
+  horizontal_grid(o, pw, ph, [](int k) { return std::to_string(25 * k) + "%"; });
   const double slot = bars.empty() ? pw : pw / static_cast<double>(bars.size());
   std::vector<std::string> labels;
   for (size_t i = 0; i < bars.size(); ++i) {
@@ -126,6 +135,60 @@ std::string bars_svg(const std::string &title, const std::vector<StackedBar> &ba
     o << "<rect x=\"" << kW - kRight + 15 << "\" y=\"" << ly - 8
       << "\" width=\"14\" height=\"14\" fill=\"" << kColours[k % 6] << "\"/>\n<text x=\""
       << kW - kRight + 36 << "\" y=\"" << ly + 4 << "\">" << escape(labels[k]) << "</text>\n";
+  }
+  o << "</svg>\n";
+  return o.str();
+}
+
+std::string grouped_bars_svg(const std::string &title, const std::vector<std::string> &series,
+                             const std::vector<BarGroup> &groups) {
+  // Wider than the other plots: a group per master and workload, each with a bar per series.
+  // The legend's names are long (a policy and the system it models): a wider right margin.
+  const double right = 250;
+  const double w = std::max(kW, 160.0 * static_cast<double>(groups.size()) + kLeft + right);
+  const double pw = w - kLeft - right, ph = kH - kTop - kBottom - 20;
+  double hi = 0;
+  for (const BarGroup &g : groups) {
+    for (double v : g.values) hi = std::max(hi, v);
+  }
+  // The axis ends at the next 1, 2 or 5 times a power of ten.
+  double top = 1;
+  if (hi > 0) {
+    const double p = std::pow(10, std::floor(std::log10(hi)));
+    top = hi <= p ? p : hi <= 2 * p ? 2 * p : hi <= 5 * p ? 5 * p : 10 * p;
+  }
+  std::ostringstream o;
+  open_svg(o, w, title);
+  horizontal_grid(o, pw, ph, [&](int k) {
+    std::ostringstream v;
+    v << top * k / 4.0;
+    return v.str();
+  });
+  const double slot = groups.empty() ? pw : pw / static_cast<double>(groups.size());
+  const double bar = slot * 0.8 / static_cast<double>(std::max<size_t>(series.size(), 1));
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const double gx = kLeft + slot * static_cast<double>(i) + slot * 0.1;
+    for (size_t k = 0; k < groups[i].values.size() && k < series.size(); ++k) {
+      const double h = ph * std::clamp(groups[i].values[k] / top, 0.0, 1.0);
+      o << "<rect x=\"" << gx + bar * static_cast<double>(k) << "\" y=\"" << kTop + ph - h
+        << "\" width=\"" << bar * 0.9 << "\" height=\"" << h << "\" fill=\"" << kColours[k % 6]
+        << "\"/>\n";
+    }
+    // The group's name on two lines: the model, then the workload.
+    const std::string &name = groups[i].name;
+    const size_t cut = name.find(' ');
+    o << "<text x=\"" << gx + slot * 0.4 << "\" y=\"" << kTop + ph + 16
+      << "\" text-anchor=\"middle\">" << escape(name.substr(0, cut)) << "</text>\n";
+    if (cut != std::string::npos) {
+      o << "<text x=\"" << gx + slot * 0.4 << "\" y=\"" << kTop + ph + 32
+        << "\" text-anchor=\"middle\">" << escape(name.substr(cut + 1)) << "</text>\n";
+    }
+  }
+  for (size_t k = 0; k < series.size(); ++k) {
+    const double ly = kTop + 16 + 20.0 * static_cast<double>(k);
+    o << "<rect x=\"" << w - right + 15 << "\" y=\"" << ly - 8
+      << "\" width=\"14\" height=\"14\" fill=\"" << kColours[k % 6] << "\"/>\n<text x=\""
+      << w - right + 36 << "\" y=\"" << ly + 4 << "\">" << escape(series[k]) << "</text>\n";
   }
   o << "</svg>\n";
   return o.str();

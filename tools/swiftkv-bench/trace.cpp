@@ -249,6 +249,42 @@ Trace generate_trace(const GeneratorOptions &o) {
   return t;
 }
 
+Trace generate_long_trace(const GeneratorOptions &o, uint64_t min_context, uint64_t max_context) {
+  Rng r(o.seed);
+  Trace t;
+  double clock = 0;
+  const uint64_t max_tries = 10000ull * std::max<uint32_t>(o.sessions, 1);
+  for (uint64_t tries = 0; t.sessions.size() < o.sessions; ++tries) {
+    if (tries == max_tries) {
+      throw std::runtime_error("fewer than one " + std::string(workload_name(o.kind)) +
+                               " session in 10,000 reaches " + std::to_string(min_context) +
+                               " tokens within " + std::to_string(max_context));
+    }
+    std::string id = "s" + std::to_string(t.sessions.size());
+    Session s = o.kind == WorkloadKind::sharegpt ? sharegpt_session(r, std::move(id))
+                                                 : docqa_session(r, std::move(id));
+    uint64_t history = 0;
+    size_t keep = 0;
+    bool reaches = false;
+    for (; keep < s.turns.size(); ++keep) {
+      const Turn &turn = s.turns[keep];
+      const uint64_t context = history + turn.prompt_tokens;
+      if (max_context != 0 && context + turn.output_tokens > max_context) break;
+      reaches = reaches || context >= min_context;
+      history = context + turn.output_tokens;
+    }
+    if (!reaches) continue;
+    s.turns.resize(keep);
+    clock += r.exponential(1.0 / o.sessions_per_s);
+    s.turns[0].arrival_s = std::round(clock * 1e3) / 1e3;
+    for (size_t k = 1; k < s.turns.size(); ++k) {
+      s.turns[k].think_s = std::round(r.exponential(o.think_mean_s) * 1e3) / 1e3;
+    }
+    t.sessions.push_back(std::move(s));
+  }
+  return t;
+}
+
 TraceSummary summarize(const Trace &trace) {
   TraceSummary s;
   uint64_t under = 0, over13 = 0, over56 = 0;

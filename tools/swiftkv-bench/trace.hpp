@@ -59,6 +59,14 @@ struct GeneratorOptions {
 // (median 16K tokens) in the first turn, then a few short questions. Same options, same trace.
 Trace generate_trace(const GeneratorOptions &o);
 
+// Sessions of the workload chosen for a long-context experiment (SwiftCache §5.1): candidates are
+// drawn as generate_trace draws them, each is cut before its first turn whose context plus answer
+// would pass max_context (0: no limit), and it is kept only if some turn that is left has a
+// context (history plus prompt) of at least min_context. o.sessions sessions are kept; their
+// first turns arrive as a Poisson process at o.sessions_per_s. Throws std::runtime_error when
+// fewer than one candidate in 10,000 qualifies.
+Trace generate_long_trace(const GeneratorOptions &o, uint64_t min_context, uint64_t max_context);
+
 // The statistics the generator is built to meet.
 struct TraceSummary {
   uint64_t sessions = 0, turns = 0;
