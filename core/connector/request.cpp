@@ -181,19 +181,19 @@ void Request::stage_many(std::span<LoadChunk *const> chunks) {
   // Each chunk's lock is held from the check to the end (only one caller takes several, in
   // request order; every other stager takes one at a time), so that a chunk is read once.
   std::vector<std::unique_lock<std::mutex>> locks;
-  std::vector<LoadChunk *> todo;
+  std::vector<LoadChunk *> pending;
   for (LoadChunk *p : chunks) {
     LoadChunk &c = *p;
     std::unique_lock lock(c.stage_mu);
     if (c.staged || c.stage_failed) continue;
     locks.push_back(std::move(lock));
-    todo.push_back(&c);
+    pending.push_back(&c);
   }
-  std::vector<uint8_t> ok(todo.size(), 0);
+  std::vector<uint8_t> ok(pending.size(), 0);
   try {
     std::vector<ChunkCache::ChunkRead> reads;
-    reads.reserve(todo.size());
-    for (LoadChunk *c : todo) {
+    reads.reserve(pending.size());
+    for (LoadChunk *c : pending) {
       c->staging.allocate(c->use.meta.bytes, *pool_);
       reads.push_back({c->use.where, &c->use.meta, c->staging.data()});
     }
@@ -201,8 +201,8 @@ void Request::stage_many(std::span<LoadChunk *const> chunks) {
   } catch (...) {
     std::fill(ok.begin(), ok.end(), 0);  // out of memory: these chunks fail for this request
   }
-  for (size_t k = 0; k < todo.size(); ++k) {
-    LoadChunk &c = *todo[k];
+  for (size_t k = 0; k < pending.size(); ++k) {
+    LoadChunk &c = *pending[k];
     if (ok[k]) {
       c.staged = true;
       continue;
