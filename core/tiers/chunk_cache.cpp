@@ -415,6 +415,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
   }
   const size_t n = uses.size();
   std::vector<ChunkRead> reads;
+  std::vector<size_t> read_of;  // the chunk each read is for
   std::vector<uint8_t> ok(n, 0), lost(n, 0);
   std::array<std::optional<LoadScope>, kTierCount> scopes;
   for (size_t k = 0; k < n; ++k) {
@@ -424,7 +425,8 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     lost[k] = u.where.tier == Tier::peer && !readable(u.where);
     if (u.meta.bytes != chunk_bytes || lost[k]) continue;
     if (!scopes[idx(u.where.tier)]) scopes[idx(u.where.tier)].emplace(*this, u.where.tier);
-    reads.push_back({u.where, &uses[k].meta, dst + k * chunk_bytes});
+    reads.push_back({u.where, &u.meta, dst + k * chunk_bytes});
+    read_of.push_back(k);
   }
   std::vector<uint8_t> read_ok(reads.size());
   try {
@@ -433,18 +435,15 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     for (size_t k = 0; k < n; ++k) end_read(keys[start + k]);
     throw;
   }
-  for (size_t k = 0, r = 0; k < n; ++k) {
-    if (r < reads.size() && reads[r].meta == &uses[k].meta) ok[k] = read_ok[r++];
-  }
+  for (size_t r = 0; r < reads.size(); ++r) ok[read_of[r]] = read_ok[r];
   uint64_t returned = 0;
   bool run_open = true;
   for (size_t k = 0; k < n; ++k) {
     const ChunkKey &key = keys[start + k];
     const ChunkUse &u = uses[k];
-    if (u.where.tier == Tier::peer && !readable(u.where)) {  // revoked, not corrupt
-      ok[k] = 0;
-      lost[k] = 1;
-    }
+    // A read that succeeded was checked against its lease after it (read_slots); a failed one
+    // is a revocation, not corruption, when the lease is gone.
+    if (!ok[k] && u.where.tier == Tier::peer && !readable(u.where)) lost[k] = 1;
     std::vector<SlotRef> to_free;
     index_.end_read(key, to_free);
     free_slots(to_free);
