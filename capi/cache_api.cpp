@@ -150,7 +150,7 @@ SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *r
     v.chunks = r.chunks;
     v.dropped_head_tokens = r.dropped_head * c;
     v.loadable_tokens = r.loadable * c;
-    v.prefix_tokens = r.dropped_head == 0 ? v.loadable_tokens : 0;
+    v.prefix_tokens = r.prefix * c;
     for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
     swiftkv::capi::write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION,
                                    swiftkv::capi::kLookupResultV1Size, "out",

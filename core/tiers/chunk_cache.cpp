@@ -164,23 +164,25 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
   LookupResult r;
   r.chunks = keys.size();
   const uint64_t t = now();
-  bool seen_resident = false, run_open = true;
   std::vector<std::optional<Tier>> tiers(keys.size());
   index_.touch_many(keys, t, tiers.data());
+  uint64_t run_start = 0, run = 0;  // the current run of resident chunks
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::optional<Tier> tier = tiers[i];
     if (residency != nullptr) residency[i] = tier ? static_cast<uint8_t>(*tier) : kDropped;
-    if (tier) {
-      ++r.per_tier[idx(*tier)];
-      hits_[idx(*tier)].fetch_add(1, std::memory_order_relaxed);
-      if (!seen_resident) {
-        seen_resident = true;
-        r.dropped_head = i;
-      }
-      if (run_open) ++r.loadable;
-    } else {
+    if (!tier) {
       misses_.fetch_add(1, std::memory_order_relaxed);
-      if (seen_resident) run_open = false;
+      run = 0;
+      continue;
+    }
+    ++r.per_tier[idx(*tier)];
+    hits_[idx(*tier)].fetch_add(1, std::memory_order_relaxed);
+    if (run++ == 0) run_start = i;
+    if (run_start == 0) r.prefix = run;
+    // The longest run, the earliest of equal ones: a run from chunk 0 is the prefix.
+    if (run > r.loadable) {
+      r.loadable = run;
+      r.dropped_head = run_start;
     }
   }
   return r;

@@ -82,9 +82,14 @@ struct CacheStats {
 
 // Residency of a run of chunk keys, as lookup sees it.
 struct LookupResult {
-  uint64_t chunks = 0;        // keys looked at
-  uint64_t dropped_head = 0;  // leading chunks not resident, before the first resident one
-  uint64_t loadable = 0;      // resident chunks right after the dropped head
+  uint64_t chunks = 0;  // keys looked at
+  uint64_t prefix = 0;  // resident chunks from chunk 0 on, up to the first miss
+  // The longest run of resident chunks (the earliest of equal ones), which leaves the fewest
+  // chunks to compute: it starts after `dropped_head` chunks (0 when it is the prefix or nothing
+  // is resident) and is `loadable` chunks long. Chunks before it may be resident; an engine
+  // that loads this run recomputes them.
+  uint64_t dropped_head = 0;
+  uint64_t loadable = 0;
   std::array<uint64_t, kTierCount> per_tier{};  // resident chunks in each tier, in all keys
 };
 

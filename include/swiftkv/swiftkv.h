@@ -767,19 +767,22 @@ typedef enum swiftkv_tier {
 
 #define SWIFTKV_LOOKUP_RESULT_VERSION 1
 
-/* What a prompt can reuse. With leading-end eviction a prompt may have a dropped leading range
- * followed by cached chunks: the engine recomputes tokens [0, dropped_head_tokens) as a request
- * of their own and loads [dropped_head_tokens, dropped_head_tokens + loadable_tokens). An output
+/* What a prompt can reuse. A prefix-caching engine loads [0, prefix_tokens) and computes the
+ * rest. With leading-end eviction (SWIFTKV_EVICT_RETENTION) a prompt may have a dropped leading
+ * range, or a chunk missing between cached ones (its tiers give up chunks each on its own): the
+ * engine recomputes tokens [0, dropped_head_tokens) as a request of their own, loads
+ * [dropped_head_tokens, dropped_head_tokens + loadable_tokens) and computes the rest. That run is
+ * the longest cached one (the earliest of equal ones), so it leaves the fewest tokens to compute;
+ * when it is the prefix, dropped_head_tokens is 0 and loadable_tokens is prefix_tokens. An output
  * struct: initialise with SWIFTKV_LOOKUP_RESULT_INIT. */
 typedef struct swiftkv_lookup_result {
   uint32_t size;
   uint32_t version;
   uint64_t chunks;              /* full chunks in the tokens */
   uint64_t prefix_tokens;       /* leading tokens that can be loaded from token 0 */
-  uint64_t dropped_head_tokens; /* leading tokens not cached before the first cached chunk (0
-                                   when the first chunk is cached or none is) */
-  uint64_t loadable_tokens;     /* cached tokens from dropped_head_tokens on, up to the next
-                                   chunk that is not cached */
+  uint64_t dropped_head_tokens; /* tokens before the longest cached run, cached or not (0 when
+                                   that run starts at token 0 or none is cached) */
+  uint64_t loadable_tokens;     /* the longest cached run's tokens */
   uint64_t chunks_per_tier[3];  /* cached chunks in each tier (peer, host, disk), in all chunks */
 } swiftkv_lookup_result;
 

@@ -29,6 +29,21 @@ def test_store_lookup_retrieve(ctx, small_model):
     assert s["chunks"][swiftkv.Tier.HOST] == 4 and s["stores"] == 4
 
 
+def test_lookup_reports_the_longest_run(ctx, small_model):
+    m = ctx.register_model(small_model)
+    tokens = tokens_of(3, 4 * 32)
+    kv = chunks_of(3, 4, small_model.chunk_bytes)
+    assert m.store(tokens, kv) == 128
+    assert m.clear(tokens[:64]) == 2
+    assert m.store(tokens[:32], kv[:small_model.chunk_bytes]) == 32  # chunk 1 alone is missing
+    r = m.lookup(tokens)
+    assert (r.prefix_tokens, r.dropped_head_tokens, r.loadable_tokens) == (32, 64, 64)
+    assert list(r.residency) == [swiftkv.Tier.HOST, swiftkv.Tier.DROPPED] + [swiftkv.Tier.HOST] * 2
+    out = np.zeros(2 * small_model.chunk_bytes, np.uint8)
+    assert m.retrieve(tokens, 64, out) == 64
+    assert np.array_equal(out, kv[2 * small_model.chunk_bytes:])
+
+
 def test_bad_arguments_change_nothing(ctx, small_model):
     m = ctx.register_model(small_model)
     with pytest.raises(swiftkv.Error) as e:

@@ -742,6 +742,37 @@ void lookup_reports_a_dropped_head(void **) {
   assert_memory_equal(out.data(), c2.data(), c2.size());
 }
 
+// A chunk missing between cached ones (tiers give chunks up each on its own): lookup reports
+// the prefix and the longest cached run, the earliest of equal ones.
+void lookup_reports_the_longest_run(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 16, 0, 0, swiftkv::EvictionPolicy::retention);
+  assert_int_equal(r.store(1, 6), 6);
+  const std::vector<ChunkKey> k = r.keys(1, 6);
+  assert_int_equal(r.cache->clear(std::nullopt, 7, std::span<const ChunkKey>(k.data() + 1, 2)), 2);
+  uint8_t res[6];
+  swiftkv::LookupResult l = r.cache->lookup(k, res);
+  assert_int_equal(l.prefix, 1);
+  assert_int_equal(l.dropped_head, 3);  // chunk 0 cached, 1-2 not: recompute 0-2, load 3-5
+  assert_int_equal(l.loadable, 3);
+  assert_int_equal(res[0], static_cast<int>(Tier::host));
+  assert_int_equal(res[1], ChunkCache::kDropped);
+  std::vector<std::byte> out(3 * r.sizes.full_chunk_bytes);
+  assert_int_equal(r.cache->retrieve(k, 3, r.sizes.full_chunk_bytes, out.data()), 3);
+  const auto c3 = chunk_bytes(r.sizes.full_chunk_bytes, 1, 3);
+  assert_memory_equal(out.data(), c3.data(), c3.size());
+  // Runs of equal length: the prefix wins, and the result is the prefix's.
+  assert_int_equal(r.cache->clear(std::nullopt, 7, std::span<const ChunkKey>(k.data() + 5, 1)), 1);
+  assert_int_equal(r.store(1, 2), 2);  // chunk 1 back: 0-1 cached, 2 not, 3-4 cached, 5 not
+  l = r.cache->lookup(k, res);
+  assert_int_equal(l.prefix, 2);
+  assert_int_equal(l.dropped_head, 0);
+  assert_int_equal(l.loadable, 2);
+  // Nothing cached: nothing to load and no head.
+  const std::vector<ChunkKey> other = r.keys(2, 3);
+  l = r.cache->lookup(other, nullptr);
+  assert_int_equal(l.prefix + l.dropped_head + l.loadable, 0);
+}
+
 // The retention policy evicts a long-idle conversation's leading chunks before anything else.
 void retention_eviction_in_the_cache(void **) {
   Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 0, 0, swiftkv::EvictionPolicy::retention);
@@ -1501,6 +1532,7 @@ int main() {
       cmocka_unit_test(demotion_chain_ends_in_drop),
       cmocka_unit_test(pinned_chunks_are_never_evicted),
       cmocka_unit_test(lookup_reports_a_dropped_head),
+      cmocka_unit_test(lookup_reports_the_longest_run),
       cmocka_unit_test(retention_eviction_in_the_cache),
       cmocka_unit_test(restart_finds_disk_chunks_and_rejects_corrupt_ones),
       cmocka_unit_test(disk_skips_what_is_not_a_segment),

@@ -720,7 +720,10 @@ func (m *Model) Unregister() error {
 	return check(func() C.swiftkv_status { return C.swiftkv_model_unregister(h, C.uint32_t(m.ID)) })
 }
 
-// Lookup is what a prompt can reuse, with each full chunk's tier.
+// Lookup is what a prompt can reuse, with each full chunk's tier. PrefixTokens load from token
+// 0. [DroppedHeadTokens, DroppedHeadTokens+LoadableTokens) is the longest cached run (the
+// earliest of equal ones): an engine recomputes the tokens before it, cached or not, loads it
+// and computes the rest. DroppedHeadTokens is 0 when that run is the prefix.
 type Lookup struct {
 	Chunks, PrefixTokens, DroppedHeadTokens, LoadableTokens uint64
 	ChunksPerTier                                           [3]uint64

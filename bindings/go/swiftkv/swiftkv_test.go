@@ -166,6 +166,34 @@ func TestConfigRoundTrip(t *testing.T) {
 	wantStatus(t, err, ESTATE)
 }
 
+func TestLookupReportsTheLongestRun(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	cb := int(val(small().ChunkBytes()))
+	tok := tokensOf(3, 128)
+	kv := kvOf(3, 4*cb)
+	if n := val(m.Store(tok, kv)); n != 128 {
+		t.Fatal(n)
+	}
+	if n := val(m.Clear(tok[:64], TiersAll)); n != 2 {
+		t.Fatal("cleared", n)
+	}
+	if n := val(m.Store(tok[:32], kv[:cb])); n != 32 { // chunk 1 alone is missing
+		t.Fatal(n)
+	}
+	l := val(m.Lookup(tok))
+	if l.PrefixTokens != 32 || l.DroppedHeadTokens != 64 || l.LoadableTokens != 64 ||
+		l.Residency[1] != Dropped || l.Residency[2] != Host {
+		t.Fatalf("%+v", l)
+	}
+	out := make([]byte, 2*cb)
+	if n := val(m.Retrieve(tok, 64, out)); n != 64 || string(out) != string(kv[2*cb:]) {
+		t.Fatal("retrieve", n)
+	}
+}
+
 func TestCacheRoundTripAndController(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HostBudgetBytes = 4 << 20

@@ -322,7 +322,12 @@ class Record:
 
 @dataclass(eq=False, slots=True)
 class Lookup(Record):
-    """What a prompt can reuse (swiftkv_lookup_result), with the tier of each full chunk."""
+    """What a prompt can reuse (swiftkv_lookup_result), with the tier of each full chunk.
+
+    A prefix-caching engine loads [0, prefix_tokens). With a chunk missing before or between
+    cached ones, [dropped_head_tokens, dropped_head_tokens + loadable_tokens) is the longest
+    cached run (the earliest of equal ones): recompute the tokens before it, load it, compute
+    the rest. When that run is the prefix, dropped_head_tokens is 0."""
 
     chunks: int
     prefix_tokens: int

@@ -840,8 +840,12 @@ pub struct Model<'a> {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Lookup {
     pub chunks: u64,
+    /// Leading tokens that load from token 0.
     pub prefix_tokens: u64,
+    /// Tokens before the longest cached run (the earliest of equal ones), cached or not: an
+    /// engine recomputes them and loads the run (0 when the run is the prefix).
     pub dropped_head_tokens: u64,
+    /// The longest cached run's tokens.
     pub loadable_tokens: u64,
     pub chunks_per_tier: [u64; 3],
     /// The tier of each full chunk of the tokens (`Tier::Dropped`: not cached).

@@ -171,6 +171,24 @@ fn cache_round_trip_and_controller() {
 }
 
 #[test]
+fn lookup_reports_the_longest_run() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(3, 128);
+    let kv = kv_of(3, 4 * cb);
+    assert_eq!(m.store(&t, &kv).unwrap(), 128);
+    assert_eq!(m.clear(Some(&t[..64]), TIERS_ALL).unwrap(), 2);
+    assert_eq!(m.store(&t[..32], &kv[..cb]).unwrap(), 32); // chunk 1 alone is missing
+    let l = m.lookup(&t).unwrap();
+    assert_eq!((l.prefix_tokens, l.dropped_head_tokens, l.loadable_tokens), (32, 64, 64));
+    assert_eq!(l.residency, vec![Tier::Host, Tier::Dropped, Tier::Host, Tier::Host]);
+    let mut out = vec![0u8; 2 * cb];
+    assert_eq!(m.retrieve(&t, 64, &mut out).unwrap(), 64);
+    assert_eq!(out, kv[2 * cb..]);
+}
+
+#[test]
 fn identity_keeps_models_apart() {
     let c = ctx(4 << 20);
     let rev1 = c.register_model(&small().identity("weights-rev-1")).unwrap();
