@@ -350,6 +350,45 @@ void tiny_trace_exact_numbers(void **) {
 // The tiny trace with KIVI 4-bit chunks in host memory and on disk: the host (8 raw chunks)
 // holds all 10 encoded, so nothing goes down to disk; what crosses PCIe is the encoded bytes;
 // a's second turn is served its 3 history chunks from host memory, lossy.
+// A miss in the middle of a history: prefix caching computes from it on; swiftkv loads the
+// longest cached run and recomputes the tokens before it, as swiftkv_lookup reports it.
+void a_miss_mid_history_loads_the_longest_run(void **) {
+  const ServerConfig c = tiny_server();
+  const uint64_t C = c.chunk_tokens;  // 256
+  const std::vector<uint8_t> resident{1, 0, 0, 1, 1, 1, 0, 1};
+  const uint64_t ctx = 8 * C + 10;
+  const PrefillPlan prefix = plan_prefill(c, false, resident, ctx, 2 * C);
+  assert_true(prefix.load == (std::vector<uint8_t>{1, 0, 0, 0, 0, 0, 0, 0}));
+  assert_int_equal(prefix.computed_tokens, 7 * C + 10);
+  assert_true(near(prefix.compute_seconds, prefill_seconds(c, C, 7 * C + 10)));
+  assert_int_equal(prefix.streamed_tokens, 6 * C + 10);  // from 2C on
+
+  const PrefillPlan run = plan_prefill(c, true, resident, ctx, 2 * C);
+  assert_true(run.load == (std::vector<uint8_t>{0, 0, 0, 1, 1, 1, 0, 0}));
+  assert_int_equal(run.computed_tokens, 3 * C + 2 * C + 10);
+  assert_true(near(run.compute_seconds,
+                   prefill_seconds(c, 0, 3 * C) + prefill_seconds(c, 6 * C, 2 * C + 10)));
+  assert_int_equal(run.streamed_tokens, C + 2 * C + 10);  // [2C, 3C) and [6C, ctx)
+
+  // Runs of equal length: the earliest, here the prefix; nothing cached: one range.
+  const PrefillPlan tie = plan_prefill(c, true, {1, 0, 1}, 3 * C, 0);
+  assert_true(tie.load == (std::vector<uint8_t>{1, 0, 0}));
+  assert_true(near(tie.compute_seconds, prefill_seconds(c, C, 2 * C)));
+  const PrefillPlan head = plan_prefill(c, true, {0, 1, 1}, 3 * C, 0);
+  assert_true(head.load == (std::vector<uint8_t>{0, 1, 1}));
+  assert_int_equal(head.computed_tokens, C);
+  const PrefillPlan none = plan_prefill(c, true, {0, 0}, 2 * C + 1, 0);
+  assert_int_equal(none.computed_tokens, 2 * C + 1);
+  assert_true(near(none.compute_seconds, prefill_seconds(c, 0, 2 * C + 1)));
+  bool threw = false;
+  try {
+    plan_prefill(c, true, {1, 1}, 2 * C - 1, 0);
+  } catch (const std::invalid_argument &) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
 void tiny_trace_compressed(void **) {
   ServerConfig c = tiny_server();
   c.compression = *parse_compression("fixed:kivi4");
@@ -428,6 +467,7 @@ int main() {
       cmocka_unit_test(tiny_capacities),
       cmocka_unit_test(tiny_trace_exact_numbers),
       cmocka_unit_test(long_turns_need_streaming),
+      cmocka_unit_test(a_miss_mid_history_loads_the_longest_run),
       cmocka_unit_test(tiny_trace_compressed),
       cmocka_unit_test(compression_names_parse),
       cmocka_unit_test(presets_are_the_paper_models),

@@ -671,23 +671,22 @@ class Simulation {
       else if (r[i] == SWIFTKV_TIER_DISK)
         src[i] = kDisk;
     }
-    // Loaded range [h, j): prefix caching loads from chunk 0; swiftkv may recompute a dropped
-    // leading range [0, h) as a sub-request of its own (Pensieve) and load what follows it.
-    uint64_t h = 0;
-    if (policy_ == Policy::swiftkv) {
-      while (h < n && src[h] < 0) ++h;
-      if (h == n) h = 0;
-    }
-    uint64_t j = h;
-    while (j < n && src[j] >= 0) ++j;
-    if (j == h) h = 0;  // nothing to load: compute everything as one request
+    std::vector<uint8_t> resident(n);
+    for (uint64_t i = 0; i < n; ++i) resident[i] = src[i] >= 0 ? 1 : 0;
+    const PrefillPlan plan =
+        plan_prefill(cfg_, policy_ == Policy::swiftkv, resident, ctx_len, cap.gpu_tokens);
+    const std::vector<uint8_t> &load = plan.load;
+    uint64_t last_load = 0;  // one past the last chunk loaded
+    for (uint64_t i = 0; i < n; ++i)
+      if (load[i] != 0) last_load = i + 1;
     double nv = 0, pcie = 0, disk = 0;
     // Compressed chunks cross the links as stored; lossy ones decode on the GPU (beside the
     // prefill), zstd on the CPU before the link (beside the transfers).
     double gpu_decode = 0, cpu_decode = 0;
-    const std::vector<swiftkv_chunk_info> info = chunk_info(ss.tokens, j);
+    const std::vector<swiftkv_chunk_info> info = chunk_info(ss.tokens, last_load);
     const uint64_t hist_chunks = std::min<uint64_t>(ss.history / C, n);
-    for (uint64_t i = h; i < j; ++i) {
+    for (uint64_t i = 0; i < last_load; ++i) {
+      if (load[i] == 0) continue;
       const bool below = src[i] == kHost || src[i] == kDisk;
       const double b = below ? real_bytes(info, i) : static_cast<double>(chunk_real_);
       double q = 1;
@@ -718,16 +717,13 @@ class Simulation {
     result_.nvlink_bytes += static_cast<uint64_t>(nv);
     result_.pcie_bytes += static_cast<uint64_t>(pcie);
     result_.disk_bytes += static_cast<uint64_t>(disk);
-    const uint64_t head = h * C, tail_from = j * C;
-    const uint64_t computed = head + (ctx_len - tail_from);
-    double compute = prefill_seconds(cfg_, 0, head) +
-                     prefill_seconds(cfg_, tail_from, ctx_len - tail_from) + gpu_decode;
+    const uint64_t computed = plan.computed_tokens;
+    const double compute = plan.compute_seconds + gpu_decode;
     // Under swiftkv the tokens past the regular cache live in stream pages: the new ones are
     // saved out over NVLink layer by layer, on the same link as the loads.
     double stream_save = 0;
     if (policy_ == Policy::swiftkv && ctx_len > cap.gpu_tokens) {
-      const uint64_t from = std::max(cap.gpu_tokens, tail_from);
-      stream_save = static_cast<double>((ctx_len - from) * bytes_per_token(cfg_.borrower));
+      stream_save = static_cast<double>(plan.streamed_tokens * bytes_per_token(cfg_.borrower));
     }
     const double link =
         std::max({(nv + stream_save) / (cfg_.nvlink_gbps * 1e9), pcie / (cfg_.pcie_gbps * 1e9),
@@ -956,6 +952,46 @@ double prefill_seconds(const ServerConfig &cfg, uint64_t context, uint64_t token
   const double flops = static_cast<double>(tokens) * 2 * params +
                        4.0 * m.num_layers * q_heads * m.head_dim * attended;
   return flops / (cfg.gpu_tflops * 1e12);
+}
+
+PrefillPlan plan_prefill(const ServerConfig &cfg, bool recompute_head,
+                         const std::vector<uint8_t> &resident, uint64_t context_tokens,
+                         uint64_t gpu_tokens) {
+  const uint64_t C = cfg.chunk_tokens;
+  const uint64_t n = resident.size();
+  if (n * C > context_tokens)
+    throw std::invalid_argument("plan_prefill: more full chunks than the context holds");
+  // The run loaded, [h, j): from chunk 0, or with recompute_head the longest one (the earliest
+  // of equal ones), as swiftkv_lookup reports it.
+  uint64_t h = 0, j = 0;
+  while (j < n && resident[j] != 0) ++j;
+  for (uint64_t i = j; recompute_head && i < n;) {
+    if (resident[i] == 0) {
+      ++i;
+      continue;
+    }
+    uint64_t e = i;
+    while (e < n && resident[e] != 0) ++e;
+    if (e - i > j - h) {
+      h = i;
+      j = e;
+    }
+    i = e;
+  }
+  PrefillPlan p;
+  p.load.assign(n, 0);
+  for (uint64_t i = h; i < j; ++i) p.load[i] = 1;
+  // A computed range [a, b): its tokens, its time after the a tokens before it, and what of it
+  // lies past the regular cache.
+  const auto compute = [&](uint64_t a, uint64_t b) {
+    if (b == a) return;
+    p.computed_tokens += b - a;
+    p.compute_seconds += prefill_seconds(cfg, a, b - a);
+    if (b > gpu_tokens) p.streamed_tokens += b - std::max(a, gpu_tokens);
+  };
+  compute(0, h * C);
+  compute(j * C, context_tokens);
+  return p;
 }
 
 Capacity policy_capacity(const ServerConfig &cfg, Policy p) {

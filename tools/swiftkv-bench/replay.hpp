@@ -113,6 +113,26 @@ struct PolicyResult {
   double wall_seconds = 0;
 };
 
+// How a turn's prefill treats its history: which full chunks it loads and what it computes.
+struct PrefillPlan {
+  std::vector<uint8_t> load;     // per full chunk: 1 loaded, 0 computed
+  uint64_t computed_tokens = 0;  // tokens not loaded: a head, and the rest after the run loaded
+  double compute_seconds = 0;    // their prefill time, each range after the tokens before it
+  uint64_t streamed_tokens = 0;  // computed tokens at or past `gpu_tokens` (saved out)
+};
+
+// The plan for a context of `context_tokens` whose full chunks are cached where `resident` is
+// not 0. Prefix caching (vLLM, LMCache, HiCache) loads the cached run from chunk 0 and computes
+// everything after its first miss. With recompute_head (swiftkv, whose retention order gives up
+// a conversation's cheapest chunks first, in each tier on its own, and so can leave a miss
+// before or between cached chunks) it loads the longest cached run, the earliest of equal ones,
+// as swiftkv_lookup reports it: the tokens before it are recomputed as a request of their own
+// (Pensieve), cached or not, and those after it computed with the new ones. Throws
+// std::invalid_argument when the chunks pass the context.
+PrefillPlan plan_prefill(const ServerConfig &cfg, bool recompute_head,
+                         const std::vector<uint8_t> &resident, uint64_t context_tokens,
+                         uint64_t gpu_tokens);
+
 // Computes each policy's capacities without running anything.
 Capacity policy_capacity(const ServerConfig &cfg, Policy p);
 
