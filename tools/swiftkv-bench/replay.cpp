@@ -420,8 +420,9 @@ class Simulation {
       disk_dir_ = tmpl;
     }
     if (!has_tiers()) return;
-    const swiftkv_eviction_policy ev =
-        policy_ == Policy::swiftkv ? SWIFTKV_EVICT_RETENTION : SWIFTKV_EVICT_LRU;
+    const swiftkv_eviction_policy ev = policy_ == Policy::swiftkv && cfg_.swiftkv_retention
+                                           ? SWIFTKV_EVICT_RETENTION
+                                           : SWIFTKV_EVICT_LRU;
     tiers_ = make_ctx(cap.host_tokens / cfg_.chunk_tokens, has_disk(), ev, 1, 0);
     tiers_model_ = register_borrower(tiers_.get());
     configure_compression();

@@ -70,6 +70,8 @@ struct ServerConfig {
   uint64_t seed = 1;                       // the lenders' own requests
   std::string work_dir;  // where the disk tier's files go (a fresh directory is made)
   CompressionSpec compression;
+  // swiftkv's tiers evict by Pensieve's retention value (true) or by LRU, as the baselines do.
+  bool swiftkv_retention = true;
 };
 
 // What a policy has, in tokens of the borrower.

@@ -160,6 +160,11 @@ Options parse(const std::vector<std::string> &args) {
       if (f != "table" && f != "json")
         throw UsageError("--format: '" + f + "' is not table or json");
       o.table = f == "table";
+    } else if (a == "--swiftkv-eviction") {
+      const std::string &e = value();
+      if (e != "retention" && e != "lru")
+        throw UsageError("--swiftkv-eviction: '" + e + "' is not retention or lru");
+      o.server.swiftkv_retention = e == "retention";
     } else if (a == "--no-progress")
       o.progress = false;
     else if (a == "--preset") {
@@ -358,6 +363,7 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
                  {"chunk_tokens", s.chunk_tokens},
                  {"block_tokens", s.block_tokens},
                  {"lender_rate", s.lender_rate},
+                 {"swiftkv_eviction", s.swiftkv_retention ? "retention" : "lru"},
                  {"compression",
                   {{"mode", compression_name(s.compression)},
                    {"alpha", s.compression.alpha},
@@ -608,7 +614,8 @@ int run_fig7(const Options &o) {
                     {"disk_gib", server.disk_gib},
                     {"nvlink_gbps", server.nvlink_gbps},
                     {"pcie_gbps", server.pcie_gbps},
-                    {"gpu_tflops", server.gpu_tflops}}},
+                    {"gpu_tflops", server.gpu_tflops},
+                    {"swiftkv_eviction", server.swiftkv_retention ? "retention" : "lru"}}},
                   {"cells", jc},
                   {"paper_reduction_pct", paper}};
   write_file(o.out_dir + "/fig7.json", j.dump(2) + "\n");
@@ -633,9 +640,9 @@ int run_fig7(const Options &o) {
       swiftkv_version_string());
   std::printf(
       "testbed: %.0f GiB GPUs, NVLink %.0f GB/s, PCIe %.0f GB/s, host %.0f GiB for every "
-      "policy, disk %.0f GiB, %.0f TFLOP/s\n",
+      "policy, disk %.0f GiB, %.0f TFLOP/s; swiftkv evicts by %s\n",
       server.gpu_gib, server.nvlink_gbps, server.pcie_gbps, server.host_gib, server.disk_gib,
-      server.gpu_tflops);
+      server.gpu_tflops, server.swiftkv_retention ? "retention" : "LRU");
   std::printf("workload: %u sessions per cell reaching %" PRIu64 " tokens (Qwen3 cut at %" PRIu64
               "), %.3f sessions/s, seed %" PRIu64 "; P99 TTFT over turns with context >= %" PRIu64
               " after %u warm-up turn(s) per session, served by every policy\n\n",
@@ -692,6 +699,7 @@ void print_replay_usage() {
       "  --nvlink-gbps F --pcie-gbps F --disk-gbps F   400, 32, 6 (GB/s)\n"
       "  --gpu-tflops F --tpot-ms F   effective prefill TFLOP/s (120), decode ms per token (25)\n"
       "  --lender-rate R          requests per second to each lender (0.5)\n"
+      "  --swiftkv-eviction retention|lru   how swiftkv's tiers evict (retention)\n"
       "  --chunk-tokens N --block-tokens N   256, 16\n"
       "  --long-tokens N          the 'long' TTFT column: contexts of at least N tokens (20000)\n"
       "  --out-dir DIR            JSON and plots go here (replay-out)\n"
