@@ -318,8 +318,14 @@ void tiny_trace_exact_numbers(void **) {
   // full and each evicted one chunk (LRU, no disk).
   assert_int_equal(h.pcie_bytes, 13 * kChunk);
   assert_int_equal(h.evicted_chunks, 2);
-  // host-offload loads before it computes.
-  assert_true(near(h.requests[1].ttft_s, 3.0 * kChunk / pcie + prefill_seconds(c, 768, 256)));
+  // host-offload loads before it computes, and runs LMCache's in-process overhead slower.
+  const double o = 1 + c.lmcache_overhead;
+  assert_true(near(h.requests[1].ttft_s, (3.0 * kChunk / pcie + prefill_seconds(c, 768, 256)) * o));
+  ServerConfig layerwise = c;
+  layerwise.lmcache_layerwise = true;
+  const PolicyResult hl = run_policy(layerwise, t, Policy::host_offload);
+  const double ll = 3.0 * kChunk / pcie / 2, lc = prefill_seconds(c, 768, 256) / 2;
+  assert_true(near(hl.requests[1].ttft_s, std::max(ll + 2 * lc, 2 * ll + lc) * o));
 
   const PolicyResult r = run_policy(c, t, Policy::hierarchical);
   assert_int_equal(r.hit_chunks[kGpu], 0);
@@ -330,6 +336,15 @@ void tiny_trace_exact_numbers(void **) {
   // Layer-wise overlap over 2 layers: max(l + 2c, 2l + c) with l, c per layer.
   const double l = 3.0 * kChunk / pcie / 2, cc = prefill_seconds(c, 768, 256) / 2;
   assert_true(near(r.requests[1].ttft_s, std::max(l + 2 * cc, 2 * l + cc)));
+  // HiCache's selective write-through backs a chunk up only when a later turn uses it from the
+  // GPU: a's chunks left the GPU (b filled it) unused, so nothing reached host memory and a's
+  // second turn recomputes its history.
+  ServerConfig selective = c;
+  selective.hicache_selective = true;
+  const PolicyResult rs = run_policy(selective, t, Policy::hierarchical);
+  assert_int_equal(rs.hit_chunks[kHost] + rs.hit_chunks[kDisk] + rs.hit_chunks[kGpu], 0);
+  assert_int_equal(rs.recomputed_tokens, 768);
+  assert_int_equal(rs.pcie_bytes + rs.disk_bytes, 0);
 
   const PolicyResult s = run_policy(c, t, Policy::swiftkv);
   assert_int_equal(s.hit_chunks[kGpu] + s.hit_chunks[kPeer], 3);  // lent memory holds it all
@@ -350,6 +365,36 @@ void tiny_trace_exact_numbers(void **) {
 // The tiny trace with KIVI 4-bit chunks in host memory and on disk: the host (8 raw chunks)
 // holds all 10 encoded, so nothing goes down to disk; what crosses PCIe is the encoded bytes;
 // a's second turn is served its 3 history chunks from host memory, lossy.
+// HiCache's selective write-through, with a chunk used again: a's first two chunks are used
+// from the GPU by its second turn and backed up then; the chunk that turn adds is never used
+// from the GPU before b pushes a out, so a's third turn finds two chunks in host memory and
+// recomputes the third. Plain write-through has all three.
+void selective_write_through_backs_up_at_the_second_use(void **) {
+  const ServerConfig c = tiny_server();
+  const std::string p = temp_path("selective.jsonl");
+  write(
+      p,
+      "{\"session\":\"a\",\"turn\":0,\"arrival_s\":0,\"prompt_tokens\":512,\"output_tokens\":0}\n"
+      "{\"session\":\"a\",\"turn\":1,\"arrival_s\":50,\"prompt_tokens\":256,\"output_tokens\":0}\n"
+      "{\"session\":\"b\",\"turn\":0,\"arrival_s\":100,\"prompt_tokens\":1280,\"output_tokens\":0}"
+      "\n"
+      "{\"session\":\"a\",\"turn\":2,\"arrival_s\":200,\"prompt_tokens\":256,\"output_tokens\":0}"
+      "\n");
+  const Trace t = load_trace(p);
+  std::remove(p.c_str());
+  ServerConfig selective = c;
+  selective.hicache_selective = true;
+  const PolicyResult r = run_policy(selective, t, Policy::hierarchical);
+  assert_int_equal(r.served, 4);
+  assert_int_equal(r.hit_chunks[kGpu], 2);   // a's second turn
+  assert_int_equal(r.hit_chunks[kHost], 2);  // a's third turn
+  assert_int_equal(r.recomputed_tokens, 256);
+  assert_int_equal(r.pcie_bytes, 4 * kChunk);  // two backed up, two loaded
+  const PolicyResult w = run_policy(c, t, Policy::hierarchical);
+  assert_int_equal(w.hit_chunks[kHost], 3);
+  assert_int_equal(w.recomputed_tokens, 0);
+}
+
 // A miss in the middle of a history: prefix caching computes from it on; swiftkv loads the
 // longest cached run and recomputes the tokens before it, as swiftkv_lookup reports it.
 void a_miss_mid_history_loads_the_longest_run(void **) {
@@ -468,6 +513,7 @@ int main() {
       cmocka_unit_test(tiny_trace_exact_numbers),
       cmocka_unit_test(long_turns_need_streaming),
       cmocka_unit_test(a_miss_mid_history_loads_the_longest_run),
+      cmocka_unit_test(selective_write_through_backs_up_at_the_second_use),
       cmocka_unit_test(tiny_trace_compressed),
       cmocka_unit_test(compression_names_parse),
       cmocka_unit_test(presets_are_the_paper_models),

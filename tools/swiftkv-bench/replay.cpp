@@ -658,6 +658,14 @@ class Simulation {
       lookup(tiers_.get(), tiers_model_, ss.tokens, n * C, r);
     else
       r.assign(n, SWIFTKV_TIER_DROPPED);
+    // HiCache's selective write-through: a chunk used again from the GPU is backed up to host
+    // memory now (its second hit).
+    if (selective_backup()) {
+      uint64_t used = 0;
+      while (used < n && g[used] != SWIFTKV_TIER_DROPPED) ++used;
+      store(tiers_.get(), tiers_model_, ss.tokens, used * C, true);
+      lookup(tiers_.get(), tiers_model_, ss.tokens, n * C, r);
+    }
     // The chunk's source: the own GPU cache where the chunk may sit in regular pages, else the
     // tier the library has it in.
     const uint64_t gpu_chunks_usable = cap.gpu_tokens / C;
@@ -732,9 +740,11 @@ class Simulation {
     const double L = cfg_.borrower.num_layers;
     const double lt = link / L, ct = compute / L;
     // Layer-wise overlap (SwiftCache §3.3): the load of layer l+1 runs under the compute of
-    // layer l. host-offload loads everything before the prefill starts (LMCache's default).
-    const double prefill =
-        policy_ == Policy::host_offload ? link + compute : std::max(lt + L * ct, L * lt + ct);
+    // layer l. host-offload loads everything before the prefill starts (LMCache's default)
+    // unless --lmcache-layerwise, and runs slower by LMCache's in-process overhead.
+    const bool overlap = policy_ != Policy::host_offload || cfg_.lmcache_layerwise;
+    double prefill = overlap ? std::max(lt + L * ct, L * lt + ct) : link + compute;
+    if (policy_ == Policy::host_offload) prefill *= 1 + cfg_.lmcache_overhead;
     rec.computed_tokens = computed;
     result_.computed_tokens += computed;
     const uint64_t new_tokens = t.prompt_tokens;
@@ -792,7 +802,11 @@ class Simulation {
     SessionState &ss = sessions_[s];
     const uint64_t regular = result_.capacity.gpu_tokens / cfg_.chunk_tokens * cfg_.chunk_tokens;
     store(gpu_.get(), gpu_model_, ss.tokens, std::min(n_tok, regular), false);
-    if (has_tiers()) store(tiers_.get(), tiers_model_, ss.tokens, n_tok, true);
+    if (has_tiers() && !selective_backup())
+      store(tiers_.get(), tiers_model_, ss.tokens, n_tok, true);
+  }
+  bool selective_backup() const {
+    return policy_ == Policy::hierarchical && cfg_.hicache_selective;
   }
 
   void prefill_end(uint32_t s, double now) {

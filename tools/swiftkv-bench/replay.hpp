@@ -72,6 +72,15 @@ struct ServerConfig {
   CompressionSpec compression;
   // swiftkv's tiers evict by Pensieve's retention value (true) or by LRU, as the baselines do.
   bool swiftkv_retention = true;
+  // host-offload (vLLM + LMCache): layer-wise pipelined loads (LMCache's use_layerwise; off by
+  // default, so the whole prefix loads before the first layer), and the prefill's slowdown from
+  // LMCache's data movement sharing the engine's process (its tech report, §4.2: 5-10%).
+  bool lmcache_layerwise = false;
+  double lmcache_overhead = 0.05;
+  // hierarchical (SGLang HiCache): a chunk is written through to host memory when stored
+  // (write_through, hit threshold 1), or only once a later turn uses it from the GPU
+  // (write_through_selective, threshold 2); a chunk the GPU drops before then is lost.
+  bool hicache_selective = false;
 };
 
 // What a policy has, in tokens of the borrower.

@@ -165,6 +165,17 @@ Options parse(const std::vector<std::string> &args) {
       if (e != "retention" && e != "lru")
         throw UsageError("--swiftkv-eviction: '" + e + "' is not retention or lru");
       o.server.swiftkv_retention = e == "retention";
+    } else if (a == "--lmcache-layerwise")
+      o.server.lmcache_layerwise = true;
+    else if (a == "--lmcache-overhead")
+      o.server.lmcache_overhead = count(0, 10);
+    else if (a == "--hicache-write-policy") {
+      const std::string &w = value();
+      if (w != "write_through" && w != "write_through_selective") {
+        throw UsageError("--hicache-write-policy: '" + w +
+                         "' is not write_through or write_through_selective");
+      }
+      o.server.hicache_selective = w == "write_through_selective";
     } else if (a == "--no-progress")
       o.progress = false;
     else if (a == "--preset") {
@@ -350,25 +361,29 @@ nlohmann::json to_json(const Options &o, const Trace &t, const std::vector<Polic
   json lenders = json::array();
   for (const ModelSpec &l : o.server.lenders) lenders.push_back(l.name);
   const ServerConfig &s = o.server;
-  j["server"] = {{"borrower", s.borrower.name},
-                 {"lenders", lenders},
-                 {"gpu_gib", s.gpu_gib},
-                 {"host_gib", s.host_gib},
-                 {"disk_gib", s.disk_gib},
-                 {"nvlink_gbps", s.nvlink_gbps},
-                 {"pcie_gbps", s.pcie_gbps},
-                 {"disk_gbps", s.disk_gbps},
-                 {"gpu_tflops", s.gpu_tflops},
-                 {"tpot_ms", s.tpot_ms},
-                 {"chunk_tokens", s.chunk_tokens},
-                 {"block_tokens", s.block_tokens},
-                 {"lender_rate", s.lender_rate},
-                 {"swiftkv_eviction", s.swiftkv_retention ? "retention" : "lru"},
-                 {"compression",
-                  {{"mode", compression_name(s.compression)},
-                   {"alpha", s.compression.alpha},
-                   {"gpu_decode_gbps", s.compression.gpu_decode_gbps},
-                   {"cpu_decode_gbps", s.compression.cpu_decode_gbps}}}};
+  j["server"] = {
+      {"borrower", s.borrower.name},
+      {"lenders", lenders},
+      {"gpu_gib", s.gpu_gib},
+      {"host_gib", s.host_gib},
+      {"disk_gib", s.disk_gib},
+      {"nvlink_gbps", s.nvlink_gbps},
+      {"pcie_gbps", s.pcie_gbps},
+      {"disk_gbps", s.disk_gbps},
+      {"gpu_tflops", s.gpu_tflops},
+      {"tpot_ms", s.tpot_ms},
+      {"chunk_tokens", s.chunk_tokens},
+      {"block_tokens", s.block_tokens},
+      {"lender_rate", s.lender_rate},
+      {"swiftkv_eviction", s.swiftkv_retention ? "retention" : "lru"},
+      {"lmcache_layerwise", s.lmcache_layerwise},
+      {"lmcache_overhead", s.lmcache_overhead},
+      {"hicache_write_policy", s.hicache_selective ? "write_through_selective" : "write_through"},
+      {"compression",
+       {{"mode", compression_name(s.compression)},
+        {"alpha", s.compression.alpha},
+        {"gpu_decode_gbps", s.compression.gpu_decode_gbps},
+        {"cpu_decode_gbps", s.compression.cpu_decode_gbps}}}};
   j["common_turns"] = sum.front().sorted.size();
   j["long_tokens"] = o.long_tokens;
   json pol = json::array();
@@ -615,7 +630,11 @@ int run_fig7(const Options &o) {
                     {"nvlink_gbps", server.nvlink_gbps},
                     {"pcie_gbps", server.pcie_gbps},
                     {"gpu_tflops", server.gpu_tflops},
-                    {"swiftkv_eviction", server.swiftkv_retention ? "retention" : "lru"}}},
+                    {"swiftkv_eviction", server.swiftkv_retention ? "retention" : "lru"},
+                    {"lmcache_layerwise", server.lmcache_layerwise},
+                    {"lmcache_overhead", server.lmcache_overhead},
+                    {"hicache_write_policy",
+                     server.hicache_selective ? "write_through_selective" : "write_through"}}},
                   {"cells", jc},
                   {"paper_reduction_pct", paper}};
   write_file(o.out_dir + "/fig7.json", j.dump(2) + "\n");
@@ -640,9 +659,13 @@ int run_fig7(const Options &o) {
       swiftkv_version_string());
   std::printf(
       "testbed: %.0f GiB GPUs, NVLink %.0f GB/s, PCIe %.0f GB/s, host %.0f GiB for every "
-      "policy, disk %.0f GiB, %.0f TFLOP/s; swiftkv evicts by %s\n",
+      "policy, disk %.0f GiB, %.0f TFLOP/s; swiftkv evicts by %s; LMCache loads %s, +%.0f%%; "
+      "HiCache %s\n",
       server.gpu_gib, server.nvlink_gbps, server.pcie_gbps, server.host_gib, server.disk_gib,
-      server.gpu_tflops, server.swiftkv_retention ? "retention" : "LRU");
+      server.gpu_tflops, server.swiftkv_retention ? "retention" : "LRU",
+      server.lmcache_layerwise ? "layer by layer" : "before the prefill",
+      100 * server.lmcache_overhead,
+      server.hicache_selective ? "write_through_selective" : "write_through");
   std::printf("workload: %u sessions per cell reaching %" PRIu64 " tokens (Qwen3 cut at %" PRIu64
               "), %.3f sessions/s, seed %" PRIu64 "; P99 TTFT over turns with context >= %" PRIu64
               " after %u warm-up turn(s) per session, served by every policy\n\n",
@@ -700,6 +723,10 @@ void print_replay_usage() {
       "  --gpu-tflops F --tpot-ms F   effective prefill TFLOP/s (120), decode ms per token (25)\n"
       "  --lender-rate R          requests per second to each lender (0.5)\n"
       "  --swiftkv-eviction retention|lru   how swiftkv's tiers evict (retention)\n"
+      "  --lmcache-layerwise      host-offload loads layer by layer under the compute (off)\n"
+      "  --lmcache-overhead F     host-offload's prefills take 1 + F times as long (0.05)\n"
+      "  --hicache-write-policy write_through|write_through_selective   when hierarchical\n"
+      "                           backs a chunk up to host memory (write_through)\n"
       "  --chunk-tokens N --block-tokens N   256, 16\n"
       "  --long-tokens N          the 'long' TTFT column: contexts of at least N tokens (20000)\n"
       "  --out-dir DIR            JSON and plots go here (replay-out)\n"
