@@ -15,6 +15,7 @@
 #include <fstream>
 #include <string>
 
+#include "figure_models.hpp"
 #include "model_presets.hpp"
 #include "paper_models.h"
 #include "replay.hpp"
@@ -501,6 +502,69 @@ void presets_are_the_paper_models(void **) {
   assert_int_equal(swiftkv::bench::model_presets().size(), SWIFTKV_PAPER_MODEL_COUNT);
 }
 
+// Fig. 9's activation model and vLLM's longest context, from the formulas in figure_models.hpp.
+void max_context_model(void **) {
+  const ModelSpec lwm = *find_preset("lwm-1m-text");
+  assert_int_equal(activation_bytes(lwm, 1), (2 * 4096 + 3 * 11008) * 2);
+  assert_int_equal(activation_bytes(lwm, 8192), 8192 * activation_bytes(lwm, 1));
+  const uint64_t bpt = bytes_per_token(lwm), a = activation_bytes(lwm, 1);  // 512 KiB, 82432
+  // Room for 100K tokens' KV beside an 8K chunk's activations; unchunked, each token pays both.
+  const uint64_t avail = 100000 * bpt + activation_bytes(lwm, 8192);
+  assert_int_equal(vllm_max_context(lwm, avail, 8192, 16), 100000 / 16 * 16);
+  assert_int_equal(vllm_max_context(lwm, avail, 0, 16), avail / (bpt + a) / 16 * 16);
+  // A context shorter than the chunk holds its own activations only.
+  assert_int_equal(vllm_max_context(lwm, 1000 * (bpt + a), 8192, 1), 1000);
+  ModelSpec unknown = lwm;
+  unknown.hidden = 0;
+  assert_int_equal(activation_bytes(unknown, 10), 0);
+  bool threw = false;
+  try {
+    max_contexts(96, unknown, {}, 0.95, 16);
+  } catch (const std::invalid_argument &) {
+    threw = true;
+  }
+  assert_true(threw);
+  const ContextLimits c =
+      max_contexts(96, lwm, {*find_preset("qwen3-14b"), *find_preset("qwen3-8b")}, 0.95, 16);
+  const double usable = 96.0 * 1024 * 1024 * 1024 * 0.95 - static_cast<double>(lwm.weight_bytes);
+  assert_int_equal(c.vllm_8k, vllm_max_context(lwm, static_cast<uint64_t>(usable), 8192, 16));
+  assert_true(c.vllm_whole < c.vllm_32k && c.vllm_32k < c.vllm_8k && c.vllm_8k < c.swiftkv);
+}
+
+// Fig. 8's interference model: a link-bound master turn uses the worker's HBM at nearly the
+// NVLink rate, a decode stretches by 1 / (1 - u), a compute-bound prefill not at all and a
+// memory-bound one by the same factor.
+void interference_model(void **) {
+  ServerConfig s = tiny_server();
+  s.nvlink_gbps = 400;
+  s.gpu_tflops = 120;
+  const ModelSpec lwm = *find_preset("lwm-1m-text"), q14 = *find_preset("qwen3-14b");
+  const Interference i = estimate_interference(s, lwm, q14, 65536, 128, 2000, 4000);
+  ServerConfig m = s;
+  m.borrower = lwm;
+  const double bytes = (65536.0 + 128) * static_cast<double>(bytes_per_token(lwm));
+  const double lt = bytes / 400e9 / 32, ct = prefill_seconds(m, 65536, 128) / 32;
+  assert_true(near(i.master_seconds, std::max(lt + 32 * ct, 32 * lt + ct)));
+  assert_true(near(i.rate_gbps, bytes / i.master_seconds / 1e9));
+  assert_true(i.rate_gbps <= 400);
+  assert_true(near(i.hbm_share, i.rate_gbps / 4000));
+  assert_true(near(i.tpot_increase, i.hbm_share / (1 - i.hbm_share)));
+  assert_true(near(i.ttft_increase, 0));  // 2000 tokens on Qwen3-14B: compute-bound
+  // A worker whose prefill is all weights and no flops is memory-bound: it stretches too.
+  ModelSpec heavy = q14;
+  heavy.params = 1;
+  heavy.num_layers = 1;
+  const Interference h = estimate_interference(s, lwm, heavy, 65536, 128, 1, 4000);
+  assert_true(near(h.ttft_increase, h.tpot_increase));
+  bool threw = false;
+  try {
+    estimate_interference(s, lwm, q14, 1024, 1, 1, 0);
+  } catch (const std::invalid_argument &) {
+    threw = true;
+  }
+  assert_true(threw);
+}
+
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(generator_meets_sharegpt_statistics),
@@ -517,6 +581,8 @@ int main() {
       cmocka_unit_test(tiny_trace_compressed),
       cmocka_unit_test(compression_names_parse),
       cmocka_unit_test(presets_are_the_paper_models),
+      cmocka_unit_test(max_context_model),
+      cmocka_unit_test(interference_model),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

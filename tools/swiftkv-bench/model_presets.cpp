@@ -23,10 +23,11 @@ std::string lower(std::string s) {
 
 const std::vector<ModelSpec> &model_presets() {
   static const std::vector<ModelSpec> presets = {
-      {"lwm-1m-text", 32, 32, 128, SWIFTKV_DTYPE_F16, fp16_weights(6.74), 32, 6.74e9},
-      {"qwen3-8b", 36, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(8.19), 32, 8.19e9},
-      {"qwen3-14b", 40, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(14.77), 40, 14.77e9},
-      {"qwen3-32b", 64, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(32.76), 64, 32.76e9},
+      // Hidden and MLP sizes from the models' configs (LWM-1M-Text is Llama-2-7B's shape).
+      {"lwm-1m-text", 32, 32, 128, SWIFTKV_DTYPE_F16, fp16_weights(6.74), 32, 6.74e9, 4096, 11008},
+      {"qwen3-8b", 36, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(8.19), 32, 8.19e9, 4096, 12288},
+      {"qwen3-14b", 40, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(14.77), 40, 14.77e9, 5120, 17408},
+      {"qwen3-32b", 64, 8, 128, SWIFTKV_DTYPE_F16, fp16_weights(32.76), 64, 32.76e9, 5120, 25600},
   };
   return presets;
 }

@@ -17,9 +17,11 @@ struct ModelSpec {
   uint32_t num_kv_heads;
   uint32_t head_dim;
   swiftkv_dtype dtype;
-  uint64_t weight_bytes;     // parameters * bytes per parameter
-  uint32_t num_q_heads = 0;  // query heads (GQA); 0: as many as KV heads
-  double params = 0;         // parameter count; 0: weight_bytes / 2
+  uint64_t weight_bytes;      // parameters * bytes per parameter
+  uint32_t num_q_heads = 0;   // query heads (GQA); 0: as many as KV heads
+  double params = 0;          // parameter count; 0: weight_bytes / 2
+  uint32_t hidden = 0;        // hidden size; 0: unknown (no activation estimate)
+  uint32_t intermediate = 0;  // MLP intermediate size; 0: unknown
 };
 
 // Bytes of KV one token takes in all layers: 2 * L * H_kv * D * dtype bytes.

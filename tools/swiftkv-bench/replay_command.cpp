@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli_args.hpp"
+#include "figure_models.hpp"
 #include "model_presets.hpp"
 #include "replay.hpp"
 #include "svg_plot.hpp"
@@ -56,6 +57,7 @@ struct Options {
   bool progress = true;
   std::string preset;           // --preset: a paper's experiment instead of one replay
   uint32_t warmup_turns = 1;    // --preset: turns per session sent first, not measured
+  double hbm_gbps = 4000;       // --preset: each GPU's HBM bandwidth (the H20's 4.0 TB/s)
   std::set<std::string> given;  // the options on the command line
 };
 
@@ -185,6 +187,8 @@ Options parse(const std::vector<std::string> &args) {
       }
     } else if (a == "--warmup-turns")
       o.warmup_turns = static_cast<uint32_t>(count(0, 1e6));
+    else if (a == "--hbm-gbps")
+      o.hbm_gbps = count(1, 1e6);
     else
       throw UsageError("unknown option '" + a + "'");
   }
@@ -196,8 +200,11 @@ Options parse(const std::vector<std::string> &args) {
         throw UsageError(std::string(fixed) + " cannot be used with --preset " + o.preset);
       }
     }
-  } else if (o.given.count("--warmup-turns") != 0) {
-    throw UsageError("--warmup-turns is an option of --preset");
+  } else {
+    for (const char *only : {"--warmup-turns", "--hbm-gbps"}) {
+      if (o.given.count(only) != 0)
+        throw UsageError(std::string(only) + " is an option of --preset");
+    }
   }
   o.server.lenders =
       lenders.empty() ? std::vector<ModelSpec>{*find_preset("qwen3-14b"), *find_preset("qwen3-32b")}
@@ -502,6 +509,29 @@ struct PaperReduction {
   double vs_lmcache, vs_hicache;
 };
 constexpr PaperReduction kFig7Paper[] = {{"sharegpt", 54, 67}, {"docqa", 58, 69}};
+// Fig. 8 (§5.2): a master's turns of these input lengths, the largest TTFT and TPOT increases
+// the paper measured on each worker (for Qwen3-32B as the master it gives one pair for both).
+struct Fig8Case {
+  const char *master, *worker;
+  uint64_t inputs[3];
+  double ttft_pct, tpot_pct;
+};
+constexpr Fig8Case kFig8[] = {
+    {"lwm-1m-text", "qwen3-14b", {16384, 32768, 65536}, 9.7, 6.5},
+    {"lwm-1m-text", "qwen3-32b", {16384, 32768, 65536}, 7.9, 6.4},
+    {"qwen3-32b", "lwm-1m-text", {16384, 32768, 40960}, 7.7, 5.6},
+    {"qwen3-32b", "qwen3-14b", {16384, 32768, 40960}, 7.7, 5.6},
+};
+constexpr uint64_t kFig8MasterPrompt = 128;  // the new tokens of the master's turn
+// Fig. 9 (§5.3): LWM-1M-Text beside Qwen3-14B and Qwen3-8B, or two Qwen3-8B on 24 GB.
+struct Fig9Case {
+  double gpu_gib;
+  const char *workers[2];
+};
+constexpr Fig9Case kFig9[] = {{96, {"qwen3-14b", "qwen3-8b"}},
+                              {80, {"qwen3-14b", "qwen3-8b"}},
+                              {32, {"qwen3-14b", "qwen3-8b"}},
+                              {24, {"qwen3-8b", "qwen3-8b"}}};
 // Qwen3's longest context (§5: "all three models support a maximum context length of 40K").
 constexpr uint64_t kQwen3MaxContext = 40960;
 
@@ -608,6 +638,39 @@ int run_fig7(const Options &o) {
                    {{"vs_host_offload", num(reduction(c.p99[0], c.p99[1]))},
                     {"vs_hierarchical", num(reduction(c.p99[0], c.p99[2]))}}}});
   }
+  std::vector<Interference> fig8;
+  for (const Fig8Case &f : kFig8) {
+    for (uint64_t input : f.inputs) {
+      fig8.push_back(estimate_interference(
+          server, *find_preset(f.master), *find_preset(f.worker), input, kFig8MasterPrompt,
+          static_cast<uint64_t>(server.lender_median_tokens), o.hbm_gbps));
+    }
+  }
+  std::vector<ContextLimits> fig9;
+  for (const Fig9Case &f : kFig9) {
+    fig9.push_back(max_contexts(f.gpu_gib, *find_preset("lwm-1m-text"),
+                                {*find_preset(f.workers[0]), *find_preset(f.workers[1])}, 0.95,
+                                server.block_tokens));
+  }
+  json j8 = json::array(), j9 = json::array();
+  for (const Interference &i : fig8) {
+    j8.push_back({{"master", i.master},
+                  {"worker", i.worker},
+                  {"input_tokens", i.input_tokens},
+                  {"master_turn_s", i.master_seconds},
+                  {"worker_hbm_gbps_used", i.rate_gbps},
+                  {"hbm_share", i.hbm_share},
+                  {"ttft_increase_pct", 100 * i.ttft_increase},
+                  {"tpot_increase_pct", 100 * i.tpot_increase}});
+  }
+  for (const ContextLimits &c : fig9) {
+    j9.push_back({{"gpu_gib", c.gpu_gib},
+                  {"workers", c.workers},
+                  {"swiftkv", c.swiftkv},
+                  {"vllm_chunked_8k", c.vllm_8k},
+                  {"vllm_chunked_32k", c.vllm_32k},
+                  {"vllm_unchunked", c.vllm_whole}});
+  }
   json paper = json::array();
   for (const PaperReduction &p : kFig7Paper) {
     paper.push_back({{"workload", p.workload},
@@ -636,7 +699,10 @@ int run_fig7(const Options &o) {
                     {"hicache_write_policy",
                      server.hicache_selective ? "write_through_selective" : "write_through"}}},
                   {"cells", jc},
-                  {"paper_reduction_pct", paper}};
+                  {"paper_reduction_pct", paper},
+                  {"hbm_gbps", o.hbm_gbps},
+                  {"fig8_interference", j8},
+                  {"fig9_max_context", j9}};
   write_file(o.out_dir + "/fig7.json", j.dump(2) + "\n");
   std::vector<BarGroup> groups;
   for (const Fig7Cell &c : cells) {
@@ -701,6 +767,45 @@ int run_fig7(const Options &o) {
     std::printf("| %s | %.0f%% | %.0f%% | %.0f%% | %.0f%% |\n", p.workload, median(a), p.vs_lmcache,
                 median(b), p.vs_hicache);
   }
+  std::printf(
+      "\nFig. 8: a master's turn loading its whole history from a worker, while it lasts "
+      "(docs/replay.md; HBM %.0f GB/s, worker prefill of %.0f tokens):\n",
+      o.hbm_gbps, server.lender_median_tokens);
+  std::printf(
+      "| master | worker | input tokens | master turn ms | worker HBM GB/s used | TTFT + | TPOT + "
+      "| paper max TTFT + / TPOT + |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  size_t k = 0;
+  for (const Fig8Case &f : kFig8) {
+    for (size_t n = 0; n < std::size(f.inputs); ++n, ++k) {
+      const Interference &i = fig8[k];
+      std::printf("| %s | %s | %" PRIu64 " | %.1f | %.0f | %.1f%% | %.1f%% | %.1f%% / %.1f%% |\n",
+                  i.master.c_str(), i.worker.c_str(), i.input_tokens, 1e3 * i.master_seconds,
+                  i.rate_gbps, 100 * i.ttft_increase, 100 * i.tpot_increase, f.ttft_pct,
+                  f.tpot_pct);
+    }
+  }
+  std::printf(
+      "\nFig. 9: LWM-1M-Text's longest context (tokens; swiftkv with an 8K chunked prefill's "
+      "activations reserved):\n");
+  std::printf(
+      "| GPU GiB | workers | swiftkv | vLLM chunked 8K | vLLM chunked 32K | vLLM unchunked | gain "
+      "vs 8K | gain vs 32K / unchunked |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n");
+  for (const ContextLimits &c : fig9) {
+    auto gain = [&](uint64_t base) {
+      char b[32] = "-";
+      if (base != 0) {
+        std::snprintf(b, sizeof b, "%.2fx",
+                      static_cast<double>(c.swiftkv) / static_cast<double>(base));
+      }
+      return std::string(b);
+    };
+    std::printf("| %.0f | %s, %s | %" PRIu64 " | %" PRIu64 " | %" PRIu64 " | %" PRIu64
+                " | %s | %s / %s |\n",
+                c.gpu_gib, c.workers[0].c_str(), c.workers[1].c_str(), c.swiftkv, c.vllm_8k,
+                c.vllm_32k, c.vllm_whole, gain(c.vllm_8k).c_str(), gain(c.vllm_32k).c_str(),
+                gain(c.vllm_whole).c_str());
+  }
+  std::printf("paper: 1.58x-3.98x against vLLM chunked 8K, 1.81x-6.66x against the other two\n");
   std::printf("\nJSON: %s/fig7.json  plot: %s/fig7.svg\n", o.out_dir.c_str(), o.out_dir.c_str());
   return 0;
 }
@@ -743,7 +848,8 @@ void print_replay_usage() {
       "                           other two, on long ShareGPT-like and docqa sessions; --sessions\n"
       "                           per cell (60), --rate (0.01), --long-tokens (20000), --seed and\n"
       "                           the server's options apply; --disk-gib defaults to 0\n"
-      "  --warmup-turns N         --preset: turns per session sent first, not measured (1)\n");
+      "  --warmup-turns N         --preset: turns per session sent first, not measured (1)\n"
+      "  --hbm-gbps F             --preset: each GPU's HBM bandwidth in GB/s, for Fig. 8 (4000)\n");
 }
 
 int run_replay(const std::vector<std::string> &args) {
