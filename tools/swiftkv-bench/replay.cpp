@@ -248,6 +248,7 @@ struct EventCounts {
   std::mutex mu;
   uint64_t chunk_bytes = 0;  // real bytes of one chunk
   uint64_t pcie = 0, disk = 0, evicted = 0, reclaim_moved = 0, reclaim_dropped = 0;
+  uint64_t reclaim_to_host = 0, reclaim_to_disk = 0;  // chunks moved out of reclaimed leases
   static void on_event(const swiftkv_chunk_event *e, void *self) {
     auto *c = static_cast<EventCounts *>(self);
     std::lock_guard lock(c->mu);
@@ -256,7 +257,11 @@ struct EventCounts {
       if (e->reason == SWIFTKV_CHUNK_REVOKED) ++c->reclaim_dropped;
       return;
     }
-    if (e->reason == SWIFTKV_CHUNK_REVOKED) ++c->reclaim_moved;
+    if (e->reason == SWIFTKV_CHUNK_REVOKED) {
+      ++c->reclaim_moved;
+      if (e->to == SWIFTKV_TIER_HOST) ++c->reclaim_to_host;
+      if (e->to == SWIFTKV_TIER_DISK) ++c->reclaim_to_disk;
+    }
     if (e->to == SWIFTKV_TIER_HOST) c->pcie += c->chunk_bytes;  // lender GPU -> host
     if (e->to == SWIFTKV_TIER_DISK) c->disk += c->chunk_bytes;
   }
@@ -857,7 +862,29 @@ class Simulation {
     const swiftkv_status st =
         swiftkv_elastic_scale_for_request(&lb, &bc, l.region.get(), l.active_tokens);
     if (st != SWIFTKV_ENOMEM) check(st, "swiftkv_elastic_scale_for_request");
-    if (st == SWIFTKV_IN_PROGRESS) wait_reclaimed(l);
+    if (st == SWIFTKV_IN_PROGRESS) {
+      uint64_t host0 = 0, disk0 = 0;
+      {
+        std::lock_guard lock(events_.mu);
+        host0 = events_.reclaim_to_host;
+        disk0 = events_.reclaim_to_disk;
+      }
+      wait_reclaimed(l);
+      // The request waits for the evacuation: the moved chunks' bytes over PCIe, and the disk
+      // as well for those that went down to it.
+      double wait = 0;
+      {
+        std::lock_guard lock(events_.mu);
+        const auto c = static_cast<double>(chunk_real_);
+        wait = static_cast<double>(events_.reclaim_to_host - host0) * c / (cfg_.pcie_gbps * 1e9) +
+               static_cast<double>(events_.reclaim_to_disk - disk0) * c /
+                   (std::min(cfg_.pcie_gbps, cfg_.disk_gbps) * 1e9);
+      }
+      ServerConfig as_lender = cfg_;
+      as_lender.borrower = cfg_.lenders[li];
+      result_.lender_reclaim_waits.push_back({wait, wait / prefill_seconds(as_lender, 0, tokens)});
+    }
+    ++result_.lender_requests;
     push(now + 200 * cfg_.tpot_ms / 1e3, Event::lender_done, li, tokens);
     push(now + rng_.exponential(1.0 / cfg_.lender_rate), Event::lender_arrive, li);
   }

@@ -120,6 +120,14 @@ struct PolicyResult {
   // Lenders (swiftkv): their own scale-ups, leases they asked back, and the borrower's chunks
   // that moved out (to host or disk) or were dropped because of it.
   uint64_t lender_scale_ups = 0, reclaims = 0, reclaim_moved = 0, reclaim_dropped = 0;
+  // Lenders' own requests, and for each that had to reclaim: how long it waited for the
+  // borrower to move the chunks out (their bytes over PCIe, and the disk for those that went
+  // there) and that wait over the request's own prefill time (its TTFT increase).
+  uint64_t lender_requests = 0;
+  struct ReclaimWait {
+    double seconds, ttft_increase;
+  };
+  std::vector<ReclaimWait> lender_reclaim_waits;
   double sim_seconds = 0;  // simulated time from the first arrival to the last event
   double wall_seconds = 0;
 };
