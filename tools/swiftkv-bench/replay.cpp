@@ -858,17 +858,19 @@ class Simulation {
     const auto tokens = static_cast<uint64_t>(
         std::clamp(rng_.lognormal(cfg_.lender_median_tokens, 1.0), 64.0, 32768.0));
     l.active_tokens += tokens;
+    // Counted from before the call: the borrower's background thread starts moving chunks as
+    // soon as the reclaim is asked for.
+    uint64_t host0 = 0, disk0 = 0;
+    {
+      std::lock_guard lock(events_.mu);
+      host0 = events_.reclaim_to_host;
+      disk0 = events_.reclaim_to_disk;
+    }
     uint64_t lb = 0, bc = 0;
     const swiftkv_status st =
         swiftkv_elastic_scale_for_request(&lb, &bc, l.region.get(), l.active_tokens);
     if (st != SWIFTKV_ENOMEM) check(st, "swiftkv_elastic_scale_for_request");
     if (st == SWIFTKV_IN_PROGRESS) {
-      uint64_t host0 = 0, disk0 = 0;
-      {
-        std::lock_guard lock(events_.mu);
-        host0 = events_.reclaim_to_host;
-        disk0 = events_.reclaim_to_disk;
-      }
       wait_reclaimed(l);
       // The request waits for the evacuation: the moved chunks' bytes over PCIe, and the disk
       // as well for those that went down to it.
