@@ -29,6 +29,10 @@ where = os.path.realpath(swiftkv.__file__)
 assert where.startswith(venv + os.sep), f"swiftkv imported from {where}, not from the venv"
 libs = [f for f in os.listdir(os.path.dirname(where)) if f.startswith("libswiftkv.so")]
 assert libs == ["libswiftkv.so.0"], libs
+# The lender's UCX helper, where the library looks for it (a wheel built with UCX has one).
+helper = os.path.join(os.path.dirname(where), "swiftkv-ucx-helper")
+if os.environ.get("SWIFTKV_EXPECT_UCX_HELPER") == "1":
+    assert os.access(helper, os.X_OK), f"no executable {helper}"
 m = swiftkv.ModelDesc("pip", num_layers=2, num_kv_heads=2, head_dim=8, chunk_tokens=16)
 with swiftkv.Context(host_budget_bytes=1 << 20) as ctx:
     model = ctx.register_model(m)

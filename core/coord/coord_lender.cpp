@@ -84,6 +84,12 @@ void LenderService::add_to(PollSet &poll) {
         on_accept();
       },
       /*always=*/true);
+  // The helper says nothing unasked: its channel turns readable when it has gone.
+  if (helper_) {
+    poll.add_fd(helper_->event_fd(), [this] {
+      if (helper_ && helper_->gone()) helper_.reset();  // the next session starts another
+    });
+  }
   for (auto &[routing, srv] : served_) {
     if (!srv.fdconn || srv.gone) continue;
     poll.add_fd(srv.fdconn.get(), [this, routing = routing] {
@@ -161,7 +167,7 @@ void LenderService::on_router() {
       case MsgType::bye:
         srv.recv_seq = m.seq;
         end_served(srv);
-        served_.erase(it);
+        erase_served(it);
         break;
       default: st_.drop(std::string("a ") + msg_type_name(t) + ", which a borrower never sends");
     }
@@ -211,7 +217,18 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
   w.session = srv.id;
   w.token = srv.token;
   if (srv.remote) {
-    const std::vector<std::byte> a = st_.ucx_context().serving_address();
+    // Host memory (one memfd) is served by the helper process where there is one
+    // (ucx_helper.hpp).
+    const RegionExport mem = region->export_range(0, 0);
+    if (mem.kind == MemoryKind::host_memfd && mem.pieces.size() == 1 && mem.pieces[0].fd) {
+      srv.helper = helper_for_session();
+    }
+    if (srv.helper) {
+      srv.helper_region =
+          helper_regions_.try_emplace(mem.identity, helper_regions_.size() + 1).first->second;
+    }
+    const std::vector<std::byte> a =
+        srv.helper ? srv.helper->address() : st_.ucx_context().serving_address();
     const auto *p = reinterpret_cast<const uint8_t *>(a.data());
     w.ucx_address.assign(p, p + a.size());
   } else {
@@ -273,8 +290,18 @@ std::optional<bool> LenderService::choose_path(Served &srv, const Hello &h,
 void LenderService::register_lease(Served &srv, const ElasticRegion &region, const Lease &lease,
                                    Grant *g) {
   const uint64_t bytes = lease.units * region.unit_bytes();
-  std::unique_ptr<transport::UcxRegistration> reg =
-      st_.ucx_context().register_memory(region.memory().data() + region.lease_offset(lease), bytes);
+  std::unique_ptr<transport::UcxRegistration> reg;
+  if (srv.helper) {
+    const RegionExport e = region.export_range(0, 0);
+    if (e.kind != MemoryKind::host_memfd || e.pieces.size() != 1 || !e.pieces[0].fd) {
+      fail(SWIFTKV_EINTERNAL, "a helper-served region that is not one memfd");
+    }
+    reg = srv.helper->register_range(srv.helper_region, e.pieces[0].fd.get(),
+                                     region.memory().size(), region.lease_offset(lease), bytes);
+  } else {
+    reg = st_.ucx_context().register_memory(region.memory().data() + region.lease_offset(lease),
+                                            bytes);
+  }
   const auto *k = reinterpret_cast<const uint8_t *>(reg->packed_key().data());
   g->rkey.assign(k, k + reg->packed_key().size());
   g->remote_base = reg->base();
@@ -541,7 +568,7 @@ void LenderService::scan_served(uint64_t now) {
         if (ended_.size() > 256) ended_.pop_front();
       }
       const bool remote = srv.remote;
-      it = served_.erase(it);
+      it = erase_served(it);
       std::lock_guard lock(st_.mu);
       st_.stats.sessions_served = served_.size();
       if (remote) --st_.stats.remote_sessions;
@@ -549,6 +576,40 @@ void LenderService::scan_served(uint64_t now) {
       ++it;
     }
   }
+}
+
+std::shared_ptr<UcxHelper> LenderService::helper_for_session() {
+  if (helper_ && !helper_->gone()) return helper_;
+  helper_.reset();
+  const std::optional<std::string> path = ucx_helper_path();
+  if (!path) {
+    if (!helper_missing_logged_) {
+      log_info("coordinator: no UCX helper (SWIFTKV_UCX_HELPER); serving UCX in this process");
+      helper_missing_logged_ = true;
+    }
+    return nullptr;
+  }
+  try {
+    helper_ = UcxHelper::start(*path, st_.options.ucx_transports);
+    log_info("coordinator: the UCX helper " + *path + " (pid " + std::to_string(helper_->pid()) +
+             ") serves lent host memory");
+  } catch (const Error &e) {
+    log_warn(std::string("coordinator: ") + e.what() + "; serving UCX in this process");
+  }
+  return helper_;
+}
+
+std::map<std::string, Served>::iterator LenderService::erase_served(
+    std::map<std::string, Served>::iterator it) {
+  const std::shared_ptr<UcxHelper> helper = it->second.helper;
+  const uint64_t key = it->second.helper_region;
+  it = served_.erase(it);  // its registrations go first
+  if (!helper) return it;
+  for (const auto &[routing, s] : served_) {
+    if (s.helper == helper && s.helper_region == key) return it;
+  }
+  helper->forget_region(key);
+  return it;
 }
 
 // --- Borrower side ------------------------------------------------------------------------------

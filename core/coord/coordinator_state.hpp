@@ -33,6 +33,7 @@
 #include "core/common/log.hpp"
 #include "core/common/unique_fd.hpp"
 #include "core/coord/coordinator.hpp"
+#include "core/coord/ucx_helper.hpp"
 #include "core/coord/wire.hpp"
 #include "core/memory/memory_region.hpp"
 #include "core/transport/ucx_transport.hpp"
@@ -268,6 +269,10 @@ struct Served {
   // before the region gets the lease back. Forgotten once silent with no lease.
   bool remote = false;
   uint64_t last_heard_ns = 0;
+  // The helper process that serves this session's UCX (null: this process serves it), and the
+  // region's key there. Before regs: a registration goes first.
+  std::shared_ptr<UcxHelper> helper;
+  uint64_t helper_region = 0;
   std::map<uint64_t, std::unique_ptr<transport::UcxRegistration>> regs;
 };
 
@@ -319,6 +324,11 @@ class LenderService {
   void register_lease(Served &srv, const ElasticRegion &region, const Lease &lease, Grant *g);
   // Forgets a lease of the session (and its registration); the region is not told.
   void forget_lease(Served &srv, uint64_t id);
+  // The helper for a new UCX session on host memory, started when there is none or it has gone;
+  // null when there is no helper binary (or it will not start): this process serves then.
+  std::shared_ptr<UcxHelper> helper_for_session();
+  // Erases a session; its region's mapping in a helper goes once no session uses it there.
+  std::map<std::string, Served>::iterator erase_served(std::map<std::string, Served>::iterator it);
 
   Coordinator::State &st_;
   ZmqSocket router_;
@@ -331,7 +341,10 @@ class LenderService {
   std::string fd_name_;
   std::vector<UniqueFd> unauthed_;
   std::map<std::string, Served> served_;  // by routing id
-  std::deque<std::string> ended_;         // routing ids of sessions closed lately
+  std::shared_ptr<UcxHelper> helper_;     // the UCX helper new sessions use (may have gone)
+  bool helper_missing_logged_ = false;
+  std::map<std::string, uint64_t> helper_regions_;  // region identity -> key in the helpers
+  std::deque<std::string> ended_;                   // routing ids of sessions closed lately
   uint64_t next_session_ = 1;
   uint64_t next_expiry_scan_ns_ = 0;
 };

@@ -34,21 +34,16 @@ struct Counters {
 
 class Context;
 
-class Registration final : public UcxRegistration {
+class Registration final : public KeyedRegistration {
  public:
   Registration(std::shared_ptr<Context> owner, ucp_mem_h memh, std::vector<std::byte> key,
                uint64_t base, uint64_t bytes)
-      : owner_(std::move(owner)), memh_(memh), key_(std::move(key)), base_(base), bytes_(bytes) {}
+      : KeyedRegistration(std::move(key), base, bytes), owner_(std::move(owner)), memh_(memh) {}
   ~Registration() override;
-  const std::vector<std::byte> &packed_key() const noexcept override { return key_; }
-  uint64_t base() const noexcept override { return base_; }
-  uint64_t bytes() const noexcept override { return bytes_; }
 
  private:
   std::shared_ptr<Context> owner_;
   ucp_mem_h memh_;
-  std::vector<std::byte> key_;
-  uint64_t base_, bytes_;
 };
 
 // What a batch's completions count down. Touched only inside the client worker's progress,

@@ -29,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace swiftkv::transport {
@@ -90,6 +91,20 @@ class UcxRegistration {
   virtual const std::vector<std::byte> &packed_key() const noexcept = 0;
   virtual uint64_t base() const noexcept = 0;  // the address peers name
   virtual uint64_t bytes() const noexcept = 0;
+};
+
+// A registration's key, base and size held as values: what every kind of registration shares.
+class KeyedRegistration : public UcxRegistration {
+ public:
+  KeyedRegistration(std::vector<std::byte> key, uint64_t base, uint64_t bytes)
+      : key_(std::move(key)), base_(base), bytes_(bytes) {}
+  const std::vector<std::byte> &packed_key() const noexcept override { return key_; }
+  uint64_t base() const noexcept override { return base_; }
+  uint64_t bytes() const noexcept override { return bytes_; }
+
+ private:
+  std::vector<std::byte> key_;
+  uint64_t base_, bytes_;
 };
 
 // A peer's registered range, reached through one endpoint.

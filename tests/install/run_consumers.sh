@@ -25,6 +25,17 @@ if [ -x "$stage/bin/swiftkv-bench" ]; then
   env -u LD_LIBRARY_PATH "$stage/bin/swiftkv-bench" plan --help >/dev/null
 fi
 
+echo "== the UCX helper sits where the installed library looks for it"
+if [ -x "$build/capi/swiftkv-ucx-helper" ]; then
+  lib=$(find "$stage" -name 'libswiftkv.so.0' -print -quit)
+  helper=$(dirname "$lib")/../libexec/swiftkv/swiftkv-ucx-helper
+  [ -x "$helper" ] || { echo "no executable $helper"; exit 1; }
+  # Started by hand it refuses with 2: it runs, and its libraries resolve.
+  rc=0
+  "$helper" >/dev/null 2>&1 || rc=$?
+  [ "$rc" -eq 2 ] || { echo "the installed helper exits $rc"; exit 1; }
+fi
+
 echo "== C consumer through pkg-config"
 # shellcheck disable=SC2046
 "$cc" -std=c11 -Wall -Wextra -pedantic -Werror "$src/tests/install/consumer.c" -o "$work/c_consumer" \
