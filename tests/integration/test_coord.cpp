@@ -1391,6 +1391,7 @@ int main(int argc, char **argv) {
           cmocka_unit_test(reclaim_moves_chunks_down_then_acks),
           cmocka_unit_test(lender_killed),
           cmocka_unit_test(borrower_killed),
+          cmocka_unit_test(borrowers_killed_mid_read),
           cmocka_unit_test(link_taken_down),
           cmocka_unit_test(ucx_lender_sends_forged_keys),
       };
