@@ -626,6 +626,7 @@ int run_fig7(const Options &o) {
     json p = json::object(), detail = json::object();
     for (size_t k = 0; k < policies.size(); ++k) {
       const PolicyResult &r = c.results[k];
+      const ReclaimWaits w = reclaim_waits(r);
       p[policy_name(policies[k])] = num(c.p99[k]);
       json hits = json::object();
       for (int s = 0; s < kSourceCount; ++s) {
@@ -646,11 +647,11 @@ int run_fig7(const Options &o) {
            {{"reclaims", r.reclaims},
             {"chunks_moved", r.reclaim_moved},
             {"chunks_dropped", r.reclaim_dropped},
-            {"requests", r.lender_requests},
-            {"requests_waiting_for_reclaims", r.lender_reclaim_waits.size()},
-            {"p99_ttft_increase_pct", 100 * reclaim_waits(r).p99_increase},
-            {"max_ttft_increase_pct", 100 * reclaim_waits(r).max_increase},
-            {"max_reclaim_wait_s", reclaim_waits(r).max_wait_s}}}};
+            {"requests", w.requests},
+            {"requests_waiting_for_reclaims", w.waited},
+            {"p99_ttft_increase_pct", 100 * w.p99_increase},
+            {"max_ttft_increase_pct", 100 * w.max_increase},
+            {"max_reclaim_wait_s", w.max_wait_s}}}};
     }
     jc.push_back({{"master", c.master},
                   {"workload", c.workload},
