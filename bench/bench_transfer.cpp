@@ -13,7 +13,9 @@
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
 // copy of the same bytes from pinned memory; and the gather/scatter kernel alone (NHD and HND,
 // 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
-// chunks are) beside a device-to-device copy of the same bytes.
+// chunks are) beside a device-to-device copy of the same bytes; and the decode kernel alone
+// (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
+// CPU twin) beside a device-to-device copy of the decoded bytes.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -34,6 +36,10 @@
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
 #include <cuda_runtime_api.h>
 
+#include <cmath>
+
+#include "core/codec/chunk_codec.hpp"
+#include "core/codec/layer_decode.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cuda_transfer.hpp"
@@ -520,6 +526,44 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
 #endif
 
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
+// A copy of `v` in device memory (cudaFree it).
+template <class T>
+void *upload(const std::vector<T> &v) {
+  void *d = nullptr;
+  cudaMalloc(&d, v.size() * sizeof(T));
+  cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice);
+  return d;
+}
+
+// A non-blocking stream and a pair of events: time(work) is the seconds `work` enqueued on the
+// stream took on the device.
+struct StreamTimer {
+  cudaStream_t stream = nullptr;
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  StreamTimer() {
+    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    cudaEventCreate(&e0);
+    cudaEventCreate(&e1);
+  }
+  ~StreamTimer() {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaStreamDestroy(stream);
+  }
+  StreamTimer(const StreamTimer &) = delete;
+  StreamTimer &operator=(const StreamTimer &) = delete;
+  template <class Work>
+  double time(Work &&work) {
+    cudaEventRecord(e0, stream);
+    work();
+    cudaEventRecord(e1, stream);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    return ms / 1e3;
+  }
+};
+
 // The gather/scatter kernel alone, reading chunk pieces in place from device memory (as it reads
 // lent or IPC-mapped chunks) into scattered pages and back, against one cudaMemcpyAsync of the
 // same bytes device to device, interleaved repetition by repetition on one stream, timed by
@@ -530,14 +574,13 @@ struct KernelRow {
   Rate scatter, gather, copy;
 };
 
-KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps) {
-  const uint64_t piece = kLayerPiece;  // one layer of one chunk, F16, [2, T, H, D]
-  const uint64_t bytes = piece * chunks;
+// The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
+// [pages, 2, H, B, D] pages of F16 of `page` tokens, from each chunk's copy plan as the library
+// builds it.
+std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks) {
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
   const std::vector<int32_t> order = scattered_pages(pages);
-  // NHD [pages, 2, B, H, D] or HND [pages, 2, H, B, D] pages of F16, and each chunk's copy plan
-  // as the library builds it.
   swiftkv::PageLayout lay;
   lay.num_pages = pages;
   lay.page_tokens = page;
@@ -557,6 +600,15 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
     swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
                                items);
   }
+  return items;
+}
+
+KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps) {
+  const uint64_t piece = kLayerPiece;  // one layer of one chunk, F16, [2, T, H, D]
+  const uint64_t bytes = piece * chunks;
+  const uint32_t pages = chunks * (kChunk / page);
+  const int64_t b = page, h = kHeads, d = kDim;
+  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks);
   void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_items = nullptr, *d_chunks = nullptr;
   cudaMalloc(&src, bytes);
   cudaMalloc(&dst, bytes);
@@ -566,26 +618,11 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   for (uint32_t i = 0; i < chunks; ++i) {
     table[i].direct = reinterpret_cast<uint64_t>(src) + uint64_t{i} * piece;
   }
-  cudaMalloc(&d_items, items.size() * sizeof(swiftkv::CopyItem));
-  cudaMalloc(&d_chunks, table.size() * sizeof(swiftkv::ChunkSource));
-  cudaMemcpy(d_items, items.data(), items.size() * sizeof(swiftkv::CopyItem),
-             cudaMemcpyHostToDevice);
-  cudaMemcpy(d_chunks, table.data(), table.size() * sizeof(swiftkv::ChunkSource),
-             cudaMemcpyHostToDevice);
-  cudaStream_t s = nullptr;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  cudaEvent_t e0 = nullptr, e1 = nullptr;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  auto timed = [&](auto &&work) {
-    cudaEventRecord(e0, s);
-    work();
-    cudaEventRecord(e1, s);
-    cudaEventSynchronize(e1);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, e0, e1);
-    return ms / 1e3;
-  };
+  d_items = upload(items);
+  d_chunks = upload(table);
+  StreamTimer timer;
+  const cudaStream_t s = timer.stream;
+  auto timed = [&](auto &&work) { return timer.time(work); };
   const auto n = static_cast<uint32_t>(items.size());
   auto scatter = [&] {
     swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
@@ -611,11 +648,125 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   }
   KernelRow row{layout, page, rate_of(ts, static_cast<double>(bytes)),
                 rate_of(tg, static_cast<double>(bytes)), rate_of(tc, static_cast<double>(bytes))};
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  cudaStreamDestroy(s);
   for (void *p : {src, dst, pool, d_items, d_chunks}) cudaFree(p);
   return row;
+}
+
+// The decode kernel alone: `chunks` chunks' layer payloads under `params` (one chunk of smooth
+// f16 KV encoded once, its payload repeated) in device staging, decoded into scattered NHD pages
+// of `page` tokens, against one device-to-device copy of the decoded bytes, interleaved on one
+// stream. GB/s counts decoded bytes written. The pages are then compared with the CPU twin's.
+struct DecodeRow {
+  std::string codec;
+  uint32_t page;
+  double ratio;
+  Rate decode, copy;
+  bool exact;
+};
+
+DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &params, uint32_t page,
+                         uint32_t chunks, int reps) {
+  namespace cd = swiftkv::codec;
+  const cd::ChunkShape shape{1, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+  std::vector<std::byte> raw(shape.bytes());
+  for (uint64_t e = 0; e < shape.elements(); ++e) {
+    const uint64_t ch = e % (uint64_t{kHeads} * kDim), t = e / (uint64_t{kHeads} * kDim);
+    const float x = 0.25f * static_cast<float>(ch % 13) - 1.5f +
+                    0.1f * std::sin(0.05f * static_cast<float>(t) + static_cast<float>(ch));
+    const uint16_t b = cd::float_to_element(x, SWIFTKV_DTYPE_F16);
+    std::memcpy(raw.data() + 2 * e, &b, 2);
+  }
+  const std::vector<std::byte> frame = cd::encode(shape, params, raw);
+  const cd::LayerShape ls = cd::layer_shape_of(shape);
+  uint32_t encoding = static_cast<uint32_t>(params.codec) | (params.bits << 8);
+  if (params.codec == cd::Codec::kivi) {
+    encoding |= static_cast<uint32_t>(__builtin_ctz(params.group)) << 16;
+  }
+  const uint64_t payload = cd::layer_payload_bytes(ls, encoding);
+  const uint64_t slot = (payload + 15) / 16 * 16;
+  std::vector<std::byte> staging(slot * chunks);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    std::memcpy(staging.data() + i * slot, frame.data() + cd::kFrameHeaderBytes, payload);
+  }
+  const uint32_t pages = chunks * (kChunk / page);
+  const int64_t b = page, h = kHeads, d = kDim;
+  const std::vector<swiftkv::CopyItem> items = kernel_items("nhd", page, chunks);
+  std::vector<swiftkv::ChunkSource> table(chunks);
+  for (uint32_t i = 0; i < chunks; ++i) table[i] = swiftkv::ChunkSource{0, i * slot, encoding, 0};
+  const uint64_t bytes = kLayerPiece * chunks;
+  const uint64_t pool_bytes = uint64_t{pages} * 2 * b * h * d * 2;
+  void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_staging = nullptr, *d_items = nullptr,
+       *d_chunks = nullptr;
+  cudaMalloc(&src, bytes);
+  cudaMalloc(&dst, bytes);
+  cudaMalloc(&pool, pool_bytes);
+  cudaMemset(src, 1, bytes);
+  cudaMemset(pool, 0, pool_bytes);
+  d_staging = upload(staging);
+  d_items = upload(items);
+  d_chunks = upload(table);
+  StreamTimer timer;
+  const cudaStream_t s = timer.stream;
+  auto timed = [&](auto &&work) { return timer.time(work); };
+  const auto n = static_cast<uint32_t>(items.size());
+  auto decode = [&] {
+    swiftkv::launch_decode_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
+                                 static_cast<swiftkv::ChunkSource *>(d_chunks),
+                                 static_cast<std::byte *>(d_staging),
+                                 static_cast<std::byte *>(pool), ls, s);
+  };
+  auto copy = [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s); };
+  for (int w = 0; w < 3; ++w) {  // warm-up
+    timed(decode);
+    timed(copy);
+  }
+  std::vector<double> td, tc;
+  for (int r = 0; r < reps; ++r) {
+    if (r % 2 == 0) {
+      td.push_back(timed(decode));
+      tc.push_back(timed(copy));
+    } else {
+      tc.push_back(timed(copy));
+      td.push_back(timed(decode));
+    }
+  }
+  std::vector<std::byte> got(pool_bytes), want(pool_bytes);
+  cudaMemcpy(got.data(), pool, pool_bytes, cudaMemcpyDeviceToHost);
+  swiftkv::decode_items_cpu(items.data(), items.size(), table.data(), ls, staging.data(),
+                            want.data());
+  DecodeRow row{name,
+                page,
+                static_cast<double>(kLayerPiece) / static_cast<double>(payload),
+                rate_of(td, static_cast<double>(bytes)),
+                rate_of(tc, static_cast<double>(bytes)),
+                got == want};
+  for (void *p : {src, dst, pool, d_staging, d_items, d_chunks}) cudaFree(p);
+  return row;
+}
+
+void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps) {
+  std::printf(
+      "\ndecode kernel on the device, %u chunks of one %llu-byte layer piece decoded from device "
+      "staging into NHD pages, GB/s of decoded bytes, median/best of %d, beside a "
+      "device-to-device copy of the decoded bytes:\n",
+      chunks, static_cast<unsigned long long>(kLayerPiece), reps);
+  std::printf("%-12s %5s %6s %16s %16s %8s %s\n", "codec", "page", "ratio", "decode", "device copy",
+              "de/copy", "CPU twin");
+  for (const DecodeRow &r : rows) {
+    std::printf("%-12s %5u %6.2f %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %s\n", r.codec.c_str(), r.page,
+                r.ratio, r.decode.med, r.decode.best, r.copy.med, r.copy.best,
+                r.decode.med / r.copy.med, r.exact ? "bit-exact" : "DIFFERS");
+  }
+  std::printf("{\"bench\":\"decode_kernel\",\"reps\":%d,\"rows\":[", reps);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DecodeRow &r = rows[i];
+    std::printf(
+        "%s{\"codec\":\"%s\",\"page\":%u,\"ratio\":%.3f,\"decode_gbs\":%.2f,"
+        "\"copy_gbs\":%.2f,\"exact\":%s}",
+        i ? "," : "", r.codec.c_str(), r.page, r.ratio, r.decode.med, r.copy.med,
+        r.exact ? "true" : "false");
+  }
+  std::printf("]}\n");
 }
 
 void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps) {
@@ -757,6 +908,27 @@ int main(int argc, char **argv) {
       }
     }
     print_kernel(kernel_rows, std::max(chunks, 64u), reps);
+    namespace cd = swiftkv::codec;
+    const std::pair<const char *, cd::CodecParams> codecs[] = {
+        {"kivi-8 g32", {cd::Codec::kivi, 8, 32}},
+        {"kivi-4 g32", {cd::Codec::kivi, 4, 32}},
+        {"kivi-2 g32", {cd::Codec::kivi, 2, 32}},
+        {"fp8 e4m3", {cd::Codec::fp8, 0, 0}},
+    };
+    std::vector<DecodeRow> decode_rows;
+    for (const auto &[name, params] : codecs) {
+      for (uint32_t page : {16u, 256u}) {
+        decode_rows.push_back(measure_decode(name, params, page, std::max(chunks, 64u), reps));
+      }
+    }
+    print_decode(decode_rows, std::max(chunks, 64u), reps);
+    for (const DecodeRow &r : decode_rows) {
+      if (!r.exact) {
+        std::fprintf(stderr, "bench_transfer: the decode kernel differs from its CPU twin (%s)\n",
+                     r.codec.c_str());
+        return 1;
+      }
+    }
   }
 #endif
   return 0;

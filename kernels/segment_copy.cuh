@@ -8,7 +8,7 @@
 // issues all its 16-byte loads (up to 8) before its first store, so 8 loads per lane are in flight
 // instead of one. A chunk's piece is read from (or written to) its own memory when that memory is
 // on a device (ChunkSource::direct, peer or IPC-mapped), else from the staging buffer the copy
-// engine filled. The CPU twin is copy_items_cpu.
+// engine filled. The CPU twin is copy_items_cpu. Items of encoded chunks are decode_items' (below).
 #pragma once
 
 #include <cstdint>
@@ -33,6 +33,7 @@ __global__ void __launch_bounds__(kCopyThreads)
   for (uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32; w < n; w += warps) {
     const CopyItem it = items[w];
     const ChunkSource c = chunks[it.chunk];
+    if (c.encoding != 0) continue;  // decode_items' work
     unsigned char *piece =
         (c.direct != 0 ? reinterpret_cast<unsigned char *>(c.direct) + layer_offset
                        : staging + c.staged_at) +
@@ -63,6 +64,47 @@ __global__ void __launch_bounds__(kCopyThreads)
       for (uint32_t i = lane; i < it.bytes / 4; i += 32) t[i] = f[i];
     } else {
       for (uint32_t i = lane; i < it.bytes; i += 32) to[i] = from[i];
+    }
+  }
+}
+
+// The load of encoded (kivi, fp8) chunks: each item's elements decoded from the chunk's layer
+// payload in staging (copied in compressed) and written to the pages, so the decoded bytes never
+// exist anywhere else. One warp per item as above; each lane makes eight elements (one 16-byte
+// store) at a time where the item and the head dim allow, else one. The CPU twin is
+// decode_items_cpu; both call codec::decode_layer_8 / decode_layer_element.
+__global__ void __launch_bounds__(kCopyThreads)
+    decode_items(const CopyItem *__restrict__ items, uint32_t n,
+                 const ChunkSource *__restrict__ chunks, const unsigned char *__restrict__ staging,
+                 unsigned char *pages, codec::LayerShape shape) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = gridDim.x * kCopyWarps;
+  for (uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32; w < n; w += warps) {
+    const CopyItem it = items[w];
+    const ChunkSource c = chunks[it.chunk];
+    if (c.encoding == 0) continue;  // copy_items' work
+    const unsigned char *payload = staging + c.staged_at;
+    unsigned char *page = pages + it.page_offset;
+    const uint64_t first = it.piece_offset / 2;
+    const uint32_t count = it.bytes / 2;
+    if (shape.dim % 8 == 0 && first % 8 == 0 && count % 8 == 0 &&
+        reinterpret_cast<uintptr_t>(page) % 16 == 0) {
+      for (uint32_t k = lane; k < count / 8; k += 32) {
+        uint16_t v[8];
+        codec::decode_layer_8(payload, shape, c.encoding, first + 8 * uint64_t{k}, v);
+        uint4 word;
+        word.x = uint32_t{v[0]} | (uint32_t{v[1]} << 16);
+        word.y = uint32_t{v[2]} | (uint32_t{v[3]} << 16);
+        word.z = uint32_t{v[4]} | (uint32_t{v[5]} << 16);
+        word.w = uint32_t{v[6]} | (uint32_t{v[7]} << 16);
+        reinterpret_cast<uint4 *>(page)[k] = word;
+      }
+    } else {
+      for (uint32_t k = lane; k < count; k += 32) {
+        const uint16_t v = codec::decode_layer_element(payload, shape, c.encoding, first + k);
+        page[2 * k] = static_cast<unsigned char>(v & 0xffu);
+        page[2 * k + 1] = static_cast<unsigned char>(v >> 8);
+      }
     }
   }
 }

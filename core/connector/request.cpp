@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/codec/chunk_codec.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/host_memory.hpp"
 
@@ -62,8 +63,22 @@ void Request::hold_loads(const GeometrySizes &sizes) {
     loads_.push_back(std::make_unique<LoadChunk>(cache_, spec_.keys[c], *use));
     LoadChunk &l = *loads_.back();
     l.plan = plan_for(c);
-    // An encoded chunk is staged (read and decoded into host memory) as a disk chunk is.
-    l.src = use->meta.encoded() ? nullptr : cache_.address(use->where, &l.src_device);
+    // An encoded chunk is staged (read and decoded into host memory) as a disk chunk is, unless
+    // a device pool decodes it: then its frame goes to the device as stored, from host memory in
+    // place (checked here) or read from the disk into staging (checked as it is read).
+    if (device()) l.frame = cache_.device_decodable(use->meta);
+    l.src = use->meta.encoded() && !l.frame ? nullptr : cache_.address(use->where, &l.src_device);
+    if (l.frame && l.src != nullptr) {
+      try {
+        cache_.check_device_frame({l.src, use->meta.stored()}, use->meta);
+      } catch (const Error &) {
+        const ChunkMeta meta = use->meta;
+        const Tier tier = use->where.tier;
+        loads_.pop_back();  // ends the read
+        cache_.report_failed_load(spec_.keys[c], meta, tier);
+        break;
+      }
+    }
     tiers_used[static_cast<size_t>(use->where.tier)] = true;
     if (use->where.tier == Tier::peer) peer_loads_ = true;
   }
@@ -194,8 +209,9 @@ void Request::stage_many(std::span<LoadChunk *const> chunks) {
     std::vector<ChunkCache::ChunkRead> reads;
     reads.reserve(pending.size());
     for (LoadChunk *c : pending) {
-      c->staging.allocate(c->use.meta.bytes, *pool_);
-      reads.push_back({c->use.where, &c->use.meta, c->staging.data()});
+      const bool as_stored = c->frame.has_value();
+      c->staging.allocate(as_stored ? c->use.meta.stored() : c->use.meta.bytes, *pool_);
+      reads.push_back({c->use.where, &c->use.meta, c->staging.data(), as_stored});
     }
     cache_.read_slots(reads, ok);
   } catch (...) {
@@ -453,26 +469,38 @@ void Request::make_device_transfer() {
   const std::shared_ptr<DeviceLanes> &lanes = pool_->device_lanes();
   // A chunk in memory the pool's device reaches (its own, or a peer's) is copied in place by the
   // kernel; the rest (host memory, disk staging) goes through the staging buffers.
+  // A chunk decoded on the device stages its layer's payload (whatever its size), aligned to 16.
   auto add = [&](DeviceSide &side, const std::vector<CopySegment> &plan, std::byte *mem,
-                 int32_t mem_device) {
+                 int32_t mem_device, const ChunkMeta *encoded) {
     const auto chunk = static_cast<uint32_t>(side.chunks.size());
-    ChunkSource src{0, 0};
-    if (mem != nullptr && mem_device >= 0 && reads_in_place(*lanes, mem_device)) {
+    ChunkSource src{0, 0, 0, 0};
+    uint64_t layer_bytes = piece_bytes_;
+    if (encoded != nullptr) {
+      src.encoding = encoded->encoding & ~kEncodingLossy;
+      layer_bytes = codec::layer_payload_bytes(side.shape, src.encoding);
+      side.any_encoded = true;
+    }
+    if (encoded == nullptr && mem != nullptr && mem_device >= 0 &&
+        reads_in_place(*lanes, mem_device)) {
       src.direct = reinterpret_cast<uint64_t>(mem);
     } else {
       src.staged_at = side.staged_bytes;
-      side.staged_bytes += piece_bytes_;
+      side.staged_bytes += (layer_bytes + 15) / 16 * 16;
     }
     side.chunks.push_back(src);
+    side.layer_bytes.push_back(layer_bytes);
     static_assert(sizeof(CopySegment) == 3 * sizeof(uint64_t));
     append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), chunk,
                       side.items);
     side.items_before.push_back(static_cast<uint32_t>(side.items.size()));
   };
   DeviceSide load, save;
-  for (const auto &l : loads_) add(load, l->plan, l->src, l->src_device);
+  for (const auto &l : loads_) {
+    if (l->frame) load.shape = *l->frame;  // every chunk of the request is of its model
+    add(load, l->plan, l->src, l->src_device, l->frame ? &l->use.meta : nullptr);
+  }
   for (const auto &sc : saves_) {
-    add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device);
+    add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device, nullptr);
   }
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");
@@ -488,18 +516,20 @@ void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
   sources.reserve(loads_.size());
   for (size_t i = 0; i < loads_.size() && i < first_failed_.load(); ++i) {
     LoadChunk &c = *loads_[i];
+    // A frame's layers start after its header.
+    const uint64_t skip = c.frame ? codec::kFrameHeaderBytes : 0;
     if (c.src == nullptr) {
       if (!stage(c)) {
         fail_chunk(i);
         break;
       }
-      sources.push_back(c.staging.data());
+      sources.push_back(c.staging.data() + skip);
     } else {
       if (c.use.where.tier == Tier::peer && !cache_.readable(c.use.where)) {
         fail_chunk(i);
         break;
       }
-      sources.push_back(c.src);
+      sources.push_back(c.src + skip);
     }
   }
   dev_->enqueue_load(layer, sources, static_cast<uint32_t>(sources.size()),

@@ -108,6 +108,9 @@ class Request {
     std::vector<CopySegment> plan;
     std::byte *src = nullptr;  // the chunk's bytes in memory, or nullptr (disk: staged)
     int32_t src_device = -1;
+    // A device pool's chunk stored kivi or fp8: it goes to the device as its frame (src, or the
+    // staging, holds the frame) and is decoded there, layer by layer.
+    std::optional<codec::LayerShape> frame;
     std::mutex stage_mu;  // guards staging, staged, stage_failed
     HostBytes staging;
     bool staged = false, stage_failed = false;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <utility>
 
+#include "core/codec/layer_decode.hpp"
 #include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/host_memory.hpp"
@@ -582,6 +583,26 @@ bool ChunkCache::encodes_in(Tier t, const ChunkKey &model) const {
          (c.adaptive.enabled && t != Tier::peer && !c.adaptive.methods.empty());
 }
 
+std::optional<codec::LayerShape> ChunkCache::device_decodable(const ChunkMeta &meta) const {
+  if (!meta.encoded() || !codec::decodes_by_layer(params_of(meta.encoding))) return std::nullopt;
+  try {
+    const codec::ChunkShape shape = shape_of(meta.model);
+    if (shape.bytes() != meta.bytes) return std::nullopt;  // refused by the decode, as on the CPU
+    return codec::layer_shape_of(shape);
+  } catch (const Error &) {
+    return std::nullopt;  // a model not registered: the CPU path reports it
+  }
+}
+
+void ChunkCache::check_device_frame(std::span<const std::byte> stored, const ChunkMeta &meta) {
+  if (stored.size() != meta.stored()) {
+    fail(SWIFTKV_EINTERNAL, "a stored chunk of " + std::to_string(stored.size()) +
+                                " bytes; its meta says " + std::to_string(meta.stored()));
+  }
+  codec::check_layer_frame(stored, shape_of(meta.model), params_of(meta.encoding));
+  decodes_.fetch_add(1, std::memory_order_relaxed);  // the device decodes what passes
+}
+
 bool ChunkCache::loadable(const ChunkMeta &meta) {
   if (!meta.lossy()) return true;
   {
@@ -686,7 +707,7 @@ void ChunkCache::read_slots(std::span<const ChunkRead> reads, std::span<uint8_t>
       const ChunkRead &r = reads[i];
       if (static_cast<size_t>(r.where.tier) != t) continue;
       std::byte *dst = r.dst;
-      if (r.meta->encoded()) {
+      if (r.meta->encoded() && !r.as_stored) {
         stored[i].resize(r.meta->stored());
         dst = stored[i].data();
       }
@@ -705,6 +726,14 @@ void ChunkCache::read_slots(std::span<const ChunkRead> reads, std::span<uint8_t>
   }
   for (size_t i = 0; i < reads.size(); ++i) {
     if (!ok[i] || !reads[i].meta->encoded()) continue;
+    if (reads[i].as_stored) {
+      try {
+        check_device_frame({reads[i].dst, reads[i].meta->stored()}, *reads[i].meta);
+      } catch (const Error &) {
+        ok[i] = 0;
+      }
+      continue;
+    }
     try {
       decode_stored(stored[i], *reads[i].meta, shape_of(reads[i].meta->model), reads[i].dst);
       decodes_.fetch_add(1, std::memory_order_relaxed);

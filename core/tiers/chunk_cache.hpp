@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/codec/layer_decode.hpp"
 #include "core/common/defaults.hpp"
 #include "core/context/context.hpp"
 #include "core/index/chunk_index.hpp"
@@ -163,6 +164,14 @@ class ChunkCache {
   // Whether a load may return this chunk: exact, or its model accepts lossy chunks. Counts a
   // refusal.
   bool loadable(const ChunkMeta &meta);
+  // For a chunk stored encoded layer by layer (kivi, fp8): its shape as the device decoder takes
+  // it, so that a device pool's load moves it compressed and decodes it on the GPU
+  // (core/codec/layer_decode.hpp); nullopt for any other chunk.
+  std::optional<codec::LayerShape> device_decodable(const ChunkMeta &meta) const;
+  // EIO unless `stored` (meta.stored() bytes) is a frame the device decoder takes for this chunk
+  // (codec::check_layer_frame): checked on the host before the frame goes to the device. A frame
+  // that passes counts as decoded.
+  void check_device_frame(std::span<const std::byte> stored, const ChunkMeta &meta);
 
   // Moves the chunks of the tiers in from_mask (tier bits) down to the disk tier as far as its
   // free room goes, evicting nothing there for them, then makes the disk tier durable; returns
@@ -206,10 +215,13 @@ class ChunkCache {
   // read_slot for several chunks: ok[i] is 1 when chunk i was read and decoded, 0 when it failed
   // as read_slot would have thrown or its slot stopped being readable by the end of the read.
   // The chunks one lender holds move as one batch.
+  // With `as_stored`, dst takes the chunk as stored (meta.stored() bytes; for a device decoder,
+  // checked by check_device_frame) instead of decoded.
   struct ChunkRead {
     SlotRef where;
     const ChunkMeta *meta;
     std::byte *dst;
+    bool as_stored = false;
   };
   void read_slots(std::span<const ChunkRead> reads, std::span<uint8_t> ok);
   // A chunk whose bytes could not be trusted: counted as a load failure and dropped.

@@ -22,6 +22,7 @@ void copy_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks, 
   for (size_t i = 0; i < n; ++i) {
     const CopyItem &it = items[i];
     const ChunkSource &c = chunks[it.chunk];
+    if (c.encoding != 0) continue;
     std::byte *piece = c.direct != 0
                            ? reinterpret_cast<std::byte *>(c.direct) + uint64_t{layer} * piece_bytes
                            : staging + c.staged_at;
@@ -32,6 +33,18 @@ void copy_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks, 
     } else {
       std::memcpy(piece, page, it.bytes);
     }
+  }
+}
+
+void decode_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks,
+                      const codec::LayerShape &shape, const std::byte *staging,
+                      std::byte *layer_base) noexcept {
+  for (size_t i = 0; i < n; ++i) {
+    const CopyItem &it = items[i];
+    const ChunkSource &c = chunks[it.chunk];
+    if (c.encoding == 0) continue;
+    codec::decode_layer_cpu(staging + c.staged_at, shape, c.encoding, it.piece_offset / 2,
+                            it.bytes / 2, layer_base + it.page_offset);
   }
 }
 

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/codec/layer_decode.hpp"
+
 namespace swiftkv {
 
 constexpr uint32_t kItemBytes = 4096;
@@ -26,12 +28,16 @@ static_assert(sizeof(CopyItem) == 24, "the kernel's layout");
 // Where chunk i's layer piece is for the kernel: `direct` != 0 is the address of its layer-0
 // piece in memory the pool's device reads and writes in place (its own or a peer's, through a
 // mapping; layer l's piece is l * piece_bytes further), so no copy to staging; 0 means the piece
-// goes through the staging buffer, at `staged_at`.
+// goes through the staging buffer, at `staged_at`. `encoding` != 0 (the index's encoding of a
+// kivi or fp8 chunk, core/codec/layer_decode.hpp): the staging buffer holds the layer's
+// compressed payload, which the decode kernel (not the copy kernel) turns into the piece.
 struct ChunkSource {
   uint64_t direct;
   uint64_t staged_at;
+  uint32_t encoding;
+  uint32_t reserved;
 };
-static_assert(sizeof(ChunkSource) == 16, "the kernel's layout");
+static_assert(sizeof(ChunkSource) == 24, "the kernel's layout");
 
 // Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
 // fields of CopySegment, `n` of them): each segment is cut at kItemBytes from its start, so a
@@ -40,9 +46,17 @@ void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
                        std::vector<CopyItem> &out);
 
 // The kernel on the CPU: for each of the `n` items, the chunk's piece of layer `layer` (direct,
-// or staging + staged_at) to the pages at `layer_base` when scatter, else back.
+// or staging + staged_at) to the pages at `layer_base` when scatter, else back. Items of encoded
+// chunks are left to decode_items_cpu.
 void copy_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks, uint32_t layer,
                     uint64_t piece_bytes, std::byte *staging, std::byte *layer_base,
                     bool scatter) noexcept;
+
+// The decode kernel on the CPU: for each of the `n` items of an encoded chunk, its elements
+// decoded from the layer's payload at staging + staged_at into the pages at `layer_base`
+// (chunks of `shape`: tokens, heads, dim, element type). Other items are left as they are.
+void decode_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks,
+                      const codec::LayerShape &shape, const std::byte *staging,
+                      std::byte *layer_base) noexcept;
 
 }  // namespace swiftkv

@@ -47,15 +47,18 @@ uint64_t round16(uint64_t n) { return (n + 15) / 16 * 16; }
 
 // One warp per item; at most 8 blocks of 256 threads per SM are resident, so a larger grid only
 // queues blocks that the grid-stride loop covers anyway.
+unsigned grid_for(int sms, uint32_t n) {
+  const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
+  return static_cast<unsigned>(
+      std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
+}
+
 void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
                    uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
                    bool scatter, cudaStream_t s) {
   if (n == 0) return;
-  const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
-  const auto blocks =
-      static_cast<unsigned>(std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
-  kernels::copy_items<<<blocks, kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset,
-                                                               staging, pages, scatter ? 1 : 0);
+  kernels::copy_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(
+      items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
 
@@ -363,11 +366,13 @@ class CudaTransfer final : public DeviceTransfer {
     const int b = static_cast<int>(layer % 2);
     l.dst.clear();
     l.src.clear();
+    l.sizes.clear();
     for (uint32_t i = 0; i < chunks; ++i) {
       const ChunkSource &c = load_.chunks[i];
       if (c.direct != 0) continue;
       l.dst.push_back(l.load_staging[b].p + c.staged_at);
-      l.src.push_back(sources[i] + uint64_t{layer} * piece_bytes_);
+      l.src.push_back(sources[i] + uint64_t{layer} * load_.layer_bytes[i]);
+      l.sizes.push_back(load_.layer_bytes[i]);
     }
     if (!l.dst.empty()) {
       // The buffer's last reader was the scatter of layer - 2.
@@ -379,6 +384,10 @@ class CudaTransfer final : public DeviceTransfer {
     if (after_save_layer >= 0) wait(l.load_kernel, l.gathered[after_save_layer]);
     launch(0, load_.items_before[chunks], uint64_t{layer} * piece_bytes_, l.load_staging[b].p,
            reinterpret_cast<unsigned char *>(layer_base), true, l.load_kernel);
+    if (load_.any_encoded) {
+      launch_decode(load_.items_before[chunks], l.load_staging[b].p,
+                    reinterpret_cast<unsigned char *>(layer_base), l.load_kernel);
+    }
     record(l.loaded[layer], l.load_kernel);
   }
 
@@ -410,11 +419,13 @@ class CudaTransfer final : public DeviceTransfer {
     wait(l.save_copy, l.gathered[layer]);
     l.dst.clear();
     l.src.clear();
+    l.sizes.clear();
     for (size_t i = 0; i < save_.chunks.size(); ++i) {
       const ChunkSource &c = save_.chunks[i];
       if (c.direct != 0) continue;
       l.dst.push_back(dsts[i] + uint64_t{layer} * piece_bytes_);
       l.src.push_back(l.save_staging[b].p + c.staged_at);
+      l.sizes.push_back(piece_bytes_);
     }
     copy_pieces(l.save_copy);
     record(l.saved[layer], l.save_copy);
@@ -433,14 +444,13 @@ class CudaTransfer final : public DeviceTransfer {
     if (lane_->drain()) lanes_->give(std::move(lane_));
   }
 
-  // The lane's dst/src pairs, one piece_bytes copy each: a single batched call where the runtime
+  // The lane's dst/src/sizes triples, one copy each: a single batched call where the runtime
   // has one (the driver then picks the copy engines), else one cudaMemcpyAsync per chunk.
   void copy_pieces(cudaStream_t s) {
     CopyLane &l = *lane_;
     if (l.dst.empty()) return;
 #if CUDART_VERSION >= 13000
     if (l.batch_ok) {
-      l.sizes.assign(l.dst.size(), piece_bytes_);
       cudaMemcpyAttributes attr{};
       attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
       size_t first = 0;
@@ -453,7 +463,7 @@ class CudaTransfer final : public DeviceTransfer {
     }
 #endif
     for (size_t i = 0; i < l.dst.size(); ++i) {
-      check_cuda(cudaMemcpyAsync(l.dst[i], l.src[i], piece_bytes_, cudaMemcpyDefault, s),
+      check_cuda(cudaMemcpyAsync(l.dst[i], l.src[i], l.sizes[i], cudaMemcpyDefault, s),
                  "cudaMemcpyAsync (a chunk's layer piece)");
     }
   }
@@ -465,6 +475,17 @@ class CudaTransfer final : public DeviceTransfer {
     const auto *chunks =
         reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[table + 1]);
     launch_kernel(lanes_->sms(), items, n, chunks, layer_offset, staging, pages, scatter, s);
+  }
+
+  // The decode kernel over the load side's first n items (those of encoded chunks).
+  void launch_decode(uint32_t n, const unsigned char *staging, unsigned char *pages,
+                     cudaStream_t s) {
+    if (n == 0) return;
+    const auto *items = reinterpret_cast<const CopyItem *>(lane_->tables.p + table_at_[0]);
+    const auto *chunks = reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[1]);
+    kernels::decode_items<<<grid_for(lanes_->sms(), n), kernels::kCopyThreads, 0, s>>>(
+        items, n, chunks, staging, pages, load_.shape);
+    check_cuda(cudaGetLastError(), "the decode kernel launch");
   }
 
   std::shared_ptr<DeviceLanes> lanes_;
@@ -487,6 +508,22 @@ void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const 
   launch_kernel(sms, items, n, chunks, layer_offset, reinterpret_cast<unsigned char *>(staging),
                 reinterpret_cast<unsigned char *>(pages), scatter,
                 static_cast<cudaStream_t>(stream));
+}
+
+void launch_decode_items(int32_t device, const CopyItem *items, uint32_t n,
+                         const ChunkSource *chunks, const std::byte *staging, std::byte *pages,
+                         const codec::LayerShape &shape, void *stream) {
+  check_device(device);
+  DeviceGuard guard(device);
+  if (n == 0) return;
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute (SM count)");
+  kernels::decode_items<<<grid_for(sms, n), kernels::kCopyThreads, 0,
+                          static_cast<cudaStream_t>(stream)>>>(
+      items, n, chunks, reinterpret_cast<const unsigned char *>(staging),
+      reinterpret_cast<unsigned char *>(pages), shape);
+  check_cuda(cudaGetLastError(), "the decode kernel launch");
 }
 
 std::unique_ptr<DeviceTransfer> DeviceTransfer::create(const std::shared_ptr<DeviceLanes> &lanes,

@@ -9,7 +9,9 @@
 // Per layer of a load: the pieces of the chunks that live in host memory are copied into one of
 // two staging buffers on the load-copy stream (one copy per chunk, batched), and the scatter
 // kernel runs on the load-kernel stream, reading device-resident chunks (peer or IPC-mapped lent
-// memory) in place and the rest from staging. Layer l+1's copy overlaps layer l's scatter; it
+// memory) in place and the rest from staging. A chunk stored encoded (kivi or fp8) crosses the
+// link compressed, its layer's payload only, and the decode kernel, after the scatter on the same
+// stream, decodes it straight into the pages. Layer l+1's copy overlaps layer l's scatter; it
 // waits only for the scatter of layer l-1, the last reader of its buffer. Saves mirror this: the
 // gather kernel writes device-resident slots in place and the rest into staging, and the
 // save-copy stream copies staging out. The load-kernel stream has the highest priority, which
@@ -75,11 +77,17 @@ PinnedBuffer take_pinned(const std::shared_ptr<DeviceLanes> &lanes, uint64_t byt
 
 // One direction of a request: its copy items, items_before[i] = the items of chunks [0, i)
 // (size: chunks + 1), where each chunk's piece is, and the staging its staged chunks need.
+// Loads only: layer_bytes[i] is what a layer of chunk i's source holds (the piece, or an encoded
+// chunk's layer payload: its source is a frame's payload, layer after layer), and `shape` the
+// chunks' shape for the decode kernel.
 struct DeviceSide {
   std::vector<CopyItem> items;
   std::vector<uint32_t> items_before{0};
   std::vector<ChunkSource> chunks;
+  std::vector<uint64_t> layer_bytes;
   uint64_t staged_bytes = 0;
+  codec::LayerShape shape{};
+  bool any_encoded = false;
 };
 
 class DeviceTransfer {
@@ -93,8 +101,9 @@ class DeviceTransfer {
 
   // The scatters wait for what `stream` has enqueued so far (the pages' previous users).
   virtual void after(void *stream) = 0;
-  // Enqueues layer `layer` of the first `chunks` load chunks: sources[i] + layer * piece_bytes is
-  // chunk i's piece for a staged chunk (host memory); a direct chunk's entry is not read. With
+  // Enqueues layer `layer` of the first `chunks` load chunks: sources[i] + layer * layer_bytes[i]
+  // is chunk i's piece (or encoded layer) for a staged chunk (host memory); a direct chunk's entry
+  // is not read. With
   // after_save_layer >= 0 the scatter first waits for that layer's gather (stream pages). Layers
   // are enqueued in increasing order.
   virtual void enqueue_load(uint32_t layer, const std::vector<const std::byte *> &sources,
@@ -116,6 +125,12 @@ class DeviceTransfer {
 void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
                        uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
                        void *stream);
+
+// The decode kernel alone, once: the items of encoded chunks (ChunkSource::encoding != 0) decoded
+// from their layer payloads at staging + staged_at into `pages`. For benchmarks and tests.
+void launch_decode_items(int32_t device, const CopyItem *items, uint32_t n,
+                         const ChunkSource *chunks, const std::byte *staging, std::byte *pages,
+                         const codec::LayerShape &shape, void *stream);
 
 // EUNSUPPORTED when `stream` is capturing into a CUDA graph (see above); `call` names the call.
 void refuse_capture(void *stream, const char *call);

@@ -36,6 +36,11 @@ void launch_copy_items(int32_t device, const CopyItem *, uint32_t, const ChunkSo
   no_cuda("CUDA device " + std::to_string(device));
 }
 
+void launch_decode_items(int32_t device, const CopyItem *, uint32_t, const ChunkSource *,
+                         const std::byte *, std::byte *, const codec::LayerShape &, void *) {
+  no_cuda("CUDA device " + std::to_string(device));
+}
+
 std::unique_ptr<DeviceTransfer> DeviceTransfer::create(const std::shared_ptr<DeviceLanes> &,
                                                        uint32_t, uint64_t, DeviceSide, DeviceSide) {
   no_cuda("a CUDA device");

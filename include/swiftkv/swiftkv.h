@@ -862,7 +862,9 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
  * below the GPU (host memory and disk) may be stored encoded: lossless (zstd, on builds with
  * libzstd) or lossy (KIVI-style quantisation, FP8 E4M3). The budgets count the bytes stored.
  * Lent memory (the peer tier) holds decoded chunks only: a chunk moved there is decoded. Loads
- * (the connector) and swiftkv_retrieve always return decoded bytes; a lossy chunk is returned
+ * (the connector) and swiftkv_retrieve always return decoded bytes (a device pool's loads move
+ * kivi and fp8 chunks compressed and decode them on its GPU, into the pages, bit for bit as the
+ * CPU decodes them); a lossy chunk is returned
  * only to a model that accepts lossy chunks (swiftkv_compression_config), and otherwise ends
  * the cached run as a chunk that is not cached would (counted in lossy_refused). A chunk once
  * lossy stays lossy (its exact bytes are gone), and is never encoded a second time by a move.
@@ -1019,7 +1021,8 @@ typedef struct swiftkv_codec_stats {
   uint64_t raw_bytes[4][3];
   uint64_t stored_bytes[4][3];
   uint64_t encodes;       /* chunks encoded (stores, saves, moves, swiftkv_compress) */
-  uint64_t decodes;       /* encoded chunks decoded (loads, retrieves, moves) */
+  uint64_t decodes;       /* encoded chunks decoded (loads, retrieves, moves; a device
+                             pool's loads decode kivi and fp8 chunks on its GPU) */
   uint64_t lossy_refused; /* lossy chunks a load or retrieve stopped at (exact bytes asked) */
 } swiftkv_codec_stats;
 

@@ -6,7 +6,9 @@
 // stream pages are aliased into every layer (checked to hold layer l at each wait). The device
 // images are also compared with the same requests run on host pools, whose copies are the
 // kernel's CPU twin. The same loop also runs with no host synchronisation between its steps (and
-// a capturing stream is refused). Exits 77 without a usable device or without CUDA.
+// a capturing stream is refused), and with chunks stored kivi or fp8, which the device pool
+// decodes on the GPU and the host pool on the CPU. Exits 77 without a usable device or without
+// CUDA.
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
@@ -60,11 +62,16 @@ Layout layout_of(const char *name, const Geometry &g, uint32_t pages) {
           true};
 }
 
-// The engine's value of (layer, c, token, head, dim), as bytes of the element.
+// Set while chunks are compressed: the codecs take finite values only.
+bool g_finite_values = false;
+
+// The engine's value of (layer, c, token, head, dim), as bytes of the element. With
+// g_finite_values a 16-bit element's exponent is kept below its top half (finite, |x| < 2).
 void value(uint8_t *out, uint32_t bytes, uint32_t l, uint32_t c, uint32_t t, uint32_t h,
            uint32_t d) {
   uint32_t v = (l * 7919u + c * 104729u + t * 613u + h * 97u + d * 13u) ^ 0x5a5au;
   for (uint32_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(v >> (8 * (i % 4)));
+  if (g_finite_values && bytes == 2) out[1] &= 0xbf;
 }
 
 uint64_t offset_of(const Layout &lay, uint32_t page, uint32_t c, uint32_t t, uint32_t h,
@@ -201,8 +208,13 @@ std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
 
 // The round trip of one layout and geometry on the device, with the same requests on a host
 // pool beside it: save, move to `tier`, load into other pages, compare with the values and
-// with the host pool's bytes.
-void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
+// with the host pool's bytes. With `codec`, both contexts store the chunks under it in host
+// memory and on disk: the device pool's loads move them compressed and decode them on the GPU,
+// the host pool's decode on the CPU, and the two must agree bit for bit (the values themselves
+// come back within the codec's bound, not exactly, so they are not compared).
+void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier,
+                const swiftkv_codec_params *codec = nullptr) {
+  g_finite_values = codec != nullptr;
   const uint32_t pages_n = 16;
   const Layout lay = layout_of(layout_name, g, pages_n);
   const uint64_t bytes = lay.span_elems * g.bytes;  // one layer's tensor (all, cross-layer)
@@ -223,6 +235,13 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
     swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
     mc.desc = &m;
     CHECK_OK(swiftkv_model_register(&r->model, r->ctx, &mc));
+    if (codec != nullptr) {
+      swiftkv_compression_config cc = SWIFTKV_COMPRESSION_CONFIG_INIT;
+      cc.accept_lossy = 1;
+      cc.host = *codec;
+      cc.disk = *codec;
+      CHECK_OK(swiftkv_compression_set(r->ctx, r->model, &cc));
+    }
   }
   // The engines' tensors: one per layer, or one for all layers (cross-layer).
   std::vector<void *> dbases(kLayers), hbases(kLayers);
@@ -265,6 +284,16 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
     uint64_t there = 0;
     CHECK_OK(swiftkv_move(&there, r->ctx, r->model, tokens.data(), kTokens, tier));
     CHECK(there == kTokens / kChunk);
+    if (codec != nullptr) {  // stored as asked, so the loads below decode
+      swiftkv_chunk_info info[kTokens / kChunk];
+      size_t n = 0;
+      CHECK_OK(swiftkv_chunk_info_get(info, kTokens / kChunk, &n, r->ctx, r->model, tokens.data(),
+                                      kTokens));
+      CHECK(n == kTokens / kChunk);
+      for (const swiftkv_chunk_info &ci : info) {
+        CHECK(ci.tier == tier && ci.codec == codec->codec && ci.lossy == 1);
+      }
+    }
   }
   CHECK_CUDA(cudaMemset(dmem, 0, hmem.size()));
   std::fill(hmem.begin(), hmem.end(), 0);
@@ -275,7 +304,7 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
   std::vector<uint8_t> back(hmem.size());
   CHECK_CUDA(cudaMemcpy(back.data(), dmem, back.size(), cudaMemcpyDeviceToHost));
   CHECK(back == hmem);  // the kernel and its CPU twin wrote the same bytes
-  for (uint32_t l = 0; l < kLayers; ++l) {
+  for (uint32_t l = 0; l < kLayers && codec == nullptr; ++l) {
     CHECK(layer_holds(back.data() + (static_cast<uint8_t *>(hbases[l]) - hmem.data()), lay, g, l,
                       second, kTokens));
   }
@@ -285,8 +314,15 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier) {
   }
   cudaFree(dmem);
   cudaStreamDestroy(s);
-  std::printf("%s %s via %s: %u tokens of %u layers back bit-exact\n", g.name, layout_name,
-              tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
+  if (codec == nullptr) {
+    std::printf("%s %s via %s: %u tokens of %u layers back bit-exact\n", g.name, layout_name,
+                tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
+  } else {
+    std::printf("%s %s via %s, codec %d bits %u: decoded on the GPU as on the CPU, bit for bit\n",
+                g.name, layout_name, tier == SWIFTKV_TIER_HOST ? "host" : "disk",
+                static_cast<int>(codec->codec), codec->bits);
+  }
+  g_finite_values = false;
 }
 
 // Holds the stream back, so that a copy the library forgets to order after the engine's work
@@ -472,6 +508,28 @@ void stream_pages_round_trip() {
   for (const Geometry &g : kGeometries) stream_pages(g);
 }
 
+// Chunks stored kivi or fp8 in host memory or on disk, loaded into device pools: decoded by the
+// GPU as the CPU decodes them, for the head dim that takes eight elements a store (16) and one
+// that does not (12), in every layout.
+void compressed_round_trips() {
+  swiftkv_codec_params kivi4 = SWIFTKV_CODEC_PARAMS_INIT, kivi2 = SWIFTKV_CODEC_PARAMS_INIT,
+                       fp8 = SWIFTKV_CODEC_PARAMS_INIT;
+  kivi4.codec = kivi2.codec = SWIFTKV_CODEC_KIVI;
+  kivi4.bits = 4;
+  kivi4.group = 16;
+  kivi2.bits = 2;
+  kivi2.group = 8;
+  fp8.codec = SWIFTKV_CODEC_FP8;
+  for (const Geometry &g : {kGeometries[0], kGeometries[1]}) {
+    for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
+      round_trip(g, layout, SWIFTKV_TIER_HOST, &kivi4);
+      round_trip(g, layout, SWIFTKV_TIER_HOST, &fp8);
+    }
+    round_trip(g, "nhd", SWIFTKV_TIER_DISK, &kivi2);
+    round_trip(g, "hnd", SWIFTKV_TIER_DISK, &fp8);
+  }
+}
+
 // Without host synchronisation: the library's own stream waits are all that order the steps.
 void async_round_trips() {
   for (const char *layout : {"nhd", "hnd"}) {
@@ -485,10 +543,9 @@ void async_round_trips() {
 int main() {
   if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
   const CMUnitTest tests[] = {
-      SWIFTKV_GPU_TEST(host_tier_round_trips),
-      SWIFTKV_GPU_TEST(disk_tier_round_trips),
-      SWIFTKV_GPU_TEST(stream_pages_round_trip),
-      SWIFTKV_GPU_TEST(async_round_trips),
+      SWIFTKV_GPU_TEST(host_tier_round_trips),   SWIFTKV_GPU_TEST(disk_tier_round_trips),
+      SWIFTKV_GPU_TEST(stream_pages_round_trip), SWIFTKV_GPU_TEST(async_round_trips),
+      SWIFTKV_GPU_TEST(compressed_round_trips),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -2,7 +2,10 @@
 // chunks cut into items move exactly the bytes the copy plans move (scatter and gather), whether
 // a chunk is read in place (direct) or through staging; items never exceed kItemBytes, keep a
 // segment's 16-byte alignment, and a prefix of the chunks touches only those chunks' pages.
+// The decode kernel's twin: chunks staged as one layer of a kivi or fp8 frame land in the pages
+// as exactly what codec::decode makes of the whole frame, beside raw chunks of the same request.
 #include <algorithm>
+#include <bit>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
@@ -12,6 +15,8 @@
 #include <random>
 #include <vector>
 
+#include "core/codec/chunk_codec.hpp"
+#include "core/codec/layer_decode.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 
@@ -111,9 +116,9 @@ void check_case(const Case &c, uint64_t seed) {
     items_before.push_back(static_cast<uint32_t>(items.size()));
     direct.push_back(random_bytes(rng, 2 * piece_bytes));
     if (rng() % 2 == 0) {
-      sources.push_back(ChunkSource{reinterpret_cast<uint64_t>(direct.back().data()), 0});
+      sources.push_back(ChunkSource{reinterpret_cast<uint64_t>(direct.back().data()), 0, 0, 0});
     } else {
-      sources.push_back(ChunkSource{0, staged});
+      sources.push_back(ChunkSource{0, staged, 0, 0});
       std::memcpy(staging.data() + staged, direct.back().data() + kLayer * piece_bytes,
                   piece_bytes);
       staged += piece_bytes;
@@ -207,12 +212,92 @@ void a_long_segment_is_cut_at_item_size(void **) {
   assert_int_equal(items.size(), 0);
 }
 
+// Smooth f16/bf16 values with per-channel offsets, as KV looks (codecs refuse NaN and inf).
+std::vector<std::byte> kv_like(std::mt19937_64 &rng, const swiftkv::codec::ChunkShape &s) {
+  std::vector<std::byte> v(s.bytes());
+  std::normal_distribution<float> noise(0.0f, 0.3f);
+  const uint64_t row = uint64_t{s.heads} * s.dim;
+  for (uint64_t e = 0; e < s.elements(); ++e) {
+    const float x = static_cast<float>((e % row) % 7) - 3.0f + noise(rng);
+    const uint16_t b = swiftkv::codec::float_to_element(x, s.dtype);
+    std::memcpy(v.data() + 2 * e, &b, 2);
+  }
+  return v;
+}
+
+void encoded_chunks_decode_into_the_plans_pages(void **) {
+  using swiftkv::codec::Codec;
+  using swiftkv::codec::CodecParams;
+  const Case cases[] = {{Kind::nhd, 16, 2, 64, 2}, {Kind::hnd, 16, 3, 16, 2},
+                        {Kind::vllm, 8, 2, 24, 2}, {Kind::cross_layer, 16, 2, 32, 2},
+                        {Kind::nhd, 4, 3, 5, 2},   {Kind::hnd, 8, 1, 12, 2}};
+  const CodecParams codecs[] = {{Codec::kivi, 8, 8},   {Codec::kivi, 4, 32}, {Codec::kivi, 2, 16},
+                                {Codec::kivi, 2, 256}, {Codec::fp8, 0, 0},   {Codec::raw, 0, 0}};
+  constexpr uint32_t kLayers = 3, kLayer = 2;
+  uint64_t seed = 100;
+  for (const Case &c : cases) {
+    for (swiftkv_dtype dtype : {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16}) {
+      std::mt19937_64 rng(seed++);
+      const uint32_t pages_per_chunk = 1 + static_cast<uint32_t>(rng() % 3);
+      const uint32_t chunks = 6;
+      const uint32_t pool_pages = chunks * pages_per_chunk + 2;
+      const swiftkv::codec::ChunkShape shape{kLayers, pages_per_chunk * c.page_tokens, c.heads,
+                                             c.head_dim, dtype};
+      const swiftkv::codec::LayerShape ls = swiftkv::codec::layer_shape_of(shape);
+      const uint64_t piece_bytes = shape.bytes() / kLayers;
+      std::vector<int32_t> order(pool_pages);
+      std::iota(order.begin(), order.end(), 0);
+      std::shuffle(order.begin(), order.end(), rng);
+      Pool want(c, pool_pages), got(c, pool_pages);
+      std::vector<CopyItem> items;
+      std::vector<ChunkSource> sources;
+      std::vector<std::byte> staging;
+      for (uint32_t i = 0; i < chunks; ++i) {
+        const CodecParams &p = codecs[(i + seed) % std::size(codecs)];
+        const std::span<const int32_t> pages(order.data() + i * pages_per_chunk, pages_per_chunk);
+        const std::vector<CopySegment> plan =
+            swiftkv::chunk_copy_plan(want.layout, pages, shape.tokens);
+        swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
+                                   items);
+        const std::vector<std::byte> raw = kv_like(rng, shape);
+        const std::vector<std::byte> frame = swiftkv::codec::encode(shape, p, raw);
+        std::vector<std::byte> decoded(shape.bytes());
+        swiftkv::codec::decode(frame, shape, decoded);
+        swiftkv::scatter_piece(plan, decoded.data() + kLayer * piece_bytes, want.base);
+        ChunkSource src{0, staging.size(), 0, 0};
+        if (p.codec == Codec::raw) {
+          staging.insert(staging.end(), decoded.begin() + kLayer * piece_bytes,
+                         decoded.begin() + (kLayer + 1) * piece_bytes);
+        } else {
+          src.encoding = static_cast<uint32_t>(p.codec) | (p.bits << 8);
+          if (p.codec == Codec::kivi) src.encoding |= std::countr_zero(p.group) << 16;
+          const uint64_t layer = swiftkv::codec::layer_payload_bytes(ls, src.encoding);
+          assert_int_equal(frame.size(), swiftkv::codec::kFrameHeaderBytes + kLayers * layer);
+          swiftkv::codec::check_layer_frame(frame, shape, p);
+          const auto at = frame.begin() + static_cast<ptrdiff_t>(swiftkv::codec::kFrameHeaderBytes +
+                                                                 kLayer * layer);
+          staging.insert(staging.end(), at, at + static_cast<ptrdiff_t>(layer));
+        }
+        staging.resize((staging.size() + 15) / 16 * 16);
+        sources.push_back(src);
+      }
+      // The copy kernel's twin moves the raw chunks, the decode kernel's the encoded ones.
+      swiftkv::copy_items_cpu(items.data(), items.size(), sources.data(), kLayer, piece_bytes,
+                              staging.data(), got.base, true);
+      swiftkv::decode_items_cpu(items.data(), items.size(), sources.data(), ls, staging.data(),
+                                got.base);
+      assert_true(got.memory == want.memory);
+    }
+  }
+}
+
 }  // namespace
 
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_layout_moves_the_plans_bytes),
       cmocka_unit_test(a_long_segment_is_cut_at_item_size),
+      cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

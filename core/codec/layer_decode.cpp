@@ -1,0 +1,68 @@
+// The CPU twin of the CUDA layer decoder (layer_decode.hpp), and the checks a frame passes before
+// it goes to the device. Compiled with -ffp-contract=off, as chunk_codec.cpp is.
+#include "core/codec/layer_decode.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "core/codec/chunk_codec.hpp"
+#include "core/common/error.hpp"
+
+namespace swiftkv::codec {
+
+LayerShape layer_shape_of(const ChunkShape &s) noexcept {
+  return LayerShape{s.tokens, s.heads, s.dim, s.dtype == SWIFTKV_DTYPE_BF16 ? 1u : 0u};
+}
+
+bool decodes_by_layer(const CodecParams &p) noexcept {
+  return p.codec == Codec::kivi || p.codec == Codec::fp8;
+}
+
+void decode_layer_cpu(const std::byte *payload, const LayerShape &s, uint32_t encoding,
+                      uint64_t first, uint64_t count, std::byte *out) noexcept {
+  const auto *p = reinterpret_cast<const uint8_t *>(payload);
+  uint64_t e = first;
+  const uint64_t end = first + count;
+  uint16_t eight[8];
+  while (e < end) {
+    uint16_t v;
+    if (s.dim % 8 == 0 && e % 8 == 0 && end - e >= 8) {
+      decode_layer_8(p, s, encoding, e, eight);
+      std::memcpy(out + (e - first) * 2, eight, sizeof eight);
+      e += 8;
+      continue;
+    }
+    v = decode_layer_element(p, s, encoding, e);
+    std::memcpy(out + (e - first) * 2, &v, 2);
+    ++e;
+  }
+}
+
+void check_layer_frame(std::span<const std::byte> frame, const ChunkShape &shape,
+                       const CodecParams &params) {
+  const FrameInfo fi = read_frame_header(frame, shape);
+  if (fi.params.codec != params.codec || fi.params.bits != params.bits ||
+      fi.params.group != params.group) {
+    fail(SWIFTKV_EIO, "a chunk frame of another encoding than its index entry");
+  }
+  if (!decodes_by_layer(fi.params)) {
+    fail(SWIFTKV_EINTERNAL,
+         std::string("a ") + codec_name(fi.params.codec) + " frame does not decode layer by layer");
+  }
+  if (fi.params.codec != Codec::fp8) return;  // every kivi payload decodes
+  // What fp8's CPU decoder refuses, refused here too: a scale that is not finite and >= 0, a
+  // NaN code.
+  const uint64_t row = uint64_t{shape.heads} * shape.dim;
+  const uint64_t rows = uint64_t{shape.layers} * 2 * shape.tokens;
+  const auto *p = reinterpret_cast<const uint8_t *>(frame.data() + kFrameHeaderBytes);
+  for (uint64_t r = 0; r < rows; ++r, p += 4 + row) {
+    float scale;
+    std::memcpy(&scale, p, 4);
+    if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
+    uint32_t nan = 0;
+    for (uint64_t i = 0; i < row; ++i) nan |= static_cast<uint32_t>((p[4 + i] & 0x7fu) == 0x7fu);
+    if (nan != 0) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
+  }
+}
+
+}  // namespace swiftkv::codec

@@ -1,0 +1,262 @@
+// One layer of a kivi or fp8 frame decoded element by element: the same code runs on the host
+// (the CPU twin, layer_decode.cpp) and in the CUDA decode kernel (kernels/segment_copy.cuh),
+// which decodes a chunk's compressed layer after it crossed the link, straight into the engine's
+// pages. The formulas are chunk_codec.cpp's (docs/codecs.md): an element is bit for bit what
+// codec::decode gives.
+//
+// A layer's payload is the frame's payload from 48 + layer * layer_payload_bytes():
+//  - kivi: key codes, key (lo, scale) pairs, value codes, value pairs;
+//  - fp8: per (K or V, token) a 4-byte float scale and heads * dim one-byte codes.
+// Element e of the decoded layer is in block order: K (token, head, channel), then V.
+//
+// C++17 with no library beyond <cstdint>, so that nvcc compiles it into device code.
+#pragma once
+
+#include <cstdint>
+
+#include <cstring>
+
+#include "core/attention/half_float.hpp"
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define SWIFTKV_HD __host__ __device__ __forceinline__
+#else
+#define SWIFTKV_HD inline
+#endif
+
+namespace swiftkv::codec {
+
+// A chunk's shape as the decoder needs it; 16 bytes, a kernel parameter.
+struct LayerShape {
+  uint32_t tokens;
+  uint32_t heads;
+  uint32_t dim;
+  uint32_t bf16;  // 1: bf16 elements, 0: f16
+};
+
+// A chunk's encoding as the decoder needs it (the index's encoding field, chunk_index.hpp):
+// bits 0-7 the codec (2 kivi, 3 fp8), 8-15 kivi's bits, 16-23 log2 of kivi's group.
+SWIFTKV_HD uint32_t layer_codec(uint32_t encoding) { return encoding & 0xffu; }
+SWIFTKV_HD uint32_t layer_bits(uint32_t encoding) { return (encoding >> 8) & 0xffu; }
+SWIFTKV_HD uint32_t layer_group_log2(uint32_t encoding) { return (encoding >> 16) & 0x1fu; }
+inline constexpr uint32_t kLayerKivi = 2;
+inline constexpr uint32_t kLayerFp8 = 3;
+
+// Elements of one tensor (K or V) of one layer.
+SWIFTKV_HD uint64_t layer_tensor_elements(const LayerShape &s) {
+  return uint64_t{s.tokens} * s.heads * s.dim;
+}
+
+// Bytes of one layer's kivi codes of one tensor, and of its key and value (lo, scale) pairs.
+SWIFTKV_HD uint64_t kivi_code_bytes(const LayerShape &s, uint32_t bits) {
+  return (layer_tensor_elements(s) * bits + 7) / 8;
+}
+SWIFTKV_HD uint64_t kivi_key_pair_bytes(const LayerShape &s, uint32_t group) {
+  return (uint64_t{s.tokens} + group - 1) / group * s.heads * s.dim * 4;
+}
+SWIFTKV_HD uint64_t kivi_value_pair_bytes(const LayerShape &s, uint32_t group) {
+  return uint64_t{s.tokens} * s.heads * ((uint64_t{s.dim} + group - 1) / group) * 4;
+}
+
+// Bytes of one layer's payload under `encoding` (0 for a codec that is not layer by layer).
+SWIFTKV_HD uint64_t layer_payload_bytes(const LayerShape &s, uint32_t encoding) {
+  if (layer_codec(encoding) == kLayerKivi) {
+    const uint32_t bits = layer_bits(encoding);
+    const uint32_t group = 1u << layer_group_log2(encoding);
+    return 2 * kivi_code_bytes(s, bits) + kivi_key_pair_bytes(s, group) +
+           kivi_value_pair_bytes(s, group);
+  }
+  if (layer_codec(encoding) == kLayerFp8) {
+    return 2 * uint64_t{s.tokens} * (4 + uint64_t{s.heads} * s.dim);
+  }
+  return 0;
+}
+
+// --- The arithmetic, identical on both sides --------------------------------------------------
+
+SWIFTKV_HD float layer_bits_to_float(uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(b);
+#else
+  float f;
+  std::memcpy(&f, &b, sizeof f);
+  return f;
+#endif
+}
+
+SWIFTKV_HD float element_value(uint32_t v, uint32_t bf16) {
+  if (bf16 != 0) return layer_bits_to_float(v << 16);
+#if defined(__CUDA_ARCH__)
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(v)));
+#else
+  return half_to_float(static_cast<uint16_t>(v));
+#endif
+}
+
+// Rounded to the element type, to nearest even (overflow to infinity).
+SWIFTKV_HD uint16_t element_bits(float f, uint32_t bf16) {
+#if defined(__CUDA_ARCH__)
+  if (bf16 != 0) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  return __half_as_ushort(__float2half_rn(f));
+#else
+  return bf16 != 0 ? float_to_bf16(f) : float_to_half(f);
+#endif
+}
+
+// A rounded product and a rounded sum, never fused (the host side is compiled with
+// -ffp-contract=off, chunk_codec.cpp's formula).
+SWIFTKV_HD float mul_rounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+SWIFTKV_HD float add_rounded(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+// An FP8 E4M3 ("FN") code's value, exactly. 0x7f and 0xff (NaN, which no encoder writes) give
+// NaN; the host checks frames for them before they go to the device (check_layer_frame).
+SWIFTKV_HD float e4m3_value(uint32_t c) {
+  const uint32_t ex = (c >> 3) & 0xfu, m = c & 0x7u;
+  float v;
+  if (ex == 0) {
+    v = static_cast<float>(m) * (1.0f / 512.0f);
+  } else if (ex == 15 && m == 7) {
+    v = layer_bits_to_float(0x7fc00000u);
+  } else {
+    v = layer_bits_to_float(((ex + 120) << 23) | (m << 20));
+  }
+  return (c & 0x80u) != 0 ? -v : v;
+}
+
+SWIFTKV_HD uint32_t load_u16(const uint8_t *p) { return uint32_t{p[0]} | (uint32_t{p[1]} << 8); }
+SWIFTKV_HD uint32_t load_u32(const uint8_t *p) {
+  return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
+}
+
+// Where element e of a layer is: K (kv 0) or V (1), its index i in that tensor, its token t and
+// its index j in the token's heads x dim row.
+struct LayerPos {
+  uint32_t kv;
+  uint32_t t;
+  uint32_t j;
+  uint64_t i;
+};
+SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
+  const uint64_t n = layer_tensor_elements(s);
+  const uint32_t kv = e >= n ? 1u : 0u;
+  const uint64_t i = e - kv * n;
+  const uint64_t row = uint64_t{s.heads} * s.dim;
+  return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
+}
+
+// fp8: the record (scale, codes) of the element's token.
+SWIFTKV_HD const uint8_t *fp8_record(const uint8_t *p, const LayerShape &s, const LayerPos &at) {
+  return p + (uint64_t{at.kv} * s.tokens + at.t) * (4 + uint64_t{s.heads} * s.dim);
+}
+SWIFTKV_HD uint16_t fp8_element(uint32_t code, float scale, uint32_t bf16) {
+  return element_bits(mul_rounded(e4m3_value(code), scale), bf16);
+}
+
+// kivi: where a layer's parts are, and the (lo, scale) pair of an element.
+struct KiviParts {
+  uint32_t bits, glog;
+  uint64_t codes, key_pairs;
+};
+SWIFTKV_HD KiviParts kivi_parts(const LayerShape &s, uint32_t encoding) {
+  const uint32_t bits = layer_bits(encoding), glog = layer_group_log2(encoding);
+  return {bits, glog, kivi_code_bytes(s, bits), kivi_key_pair_bytes(s, 1u << glog)};
+}
+SWIFTKV_HD const uint8_t *kivi_codes(const uint8_t *p, const KiviParts &k, const LayerPos &at) {
+  return p + (at.kv != 0 ? k.codes + k.key_pairs : 0);
+}
+SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const KiviParts &k,
+                                    const LayerPos &at) {
+  if (at.kv == 0) return p + k.codes + ((uint64_t{at.t >> k.glog} * s.heads * s.dim) + at.j) * 4;
+  const uint32_t h = at.j / s.dim, d = at.j % s.dim;
+  const uint64_t vgroups = (uint64_t{s.dim} + (1u << k.glog) - 1) >> k.glog;
+  return p + 2 * k.codes + k.key_pairs +
+         ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;
+}
+SWIFTKV_HD uint16_t kivi_element(uint32_t q, const uint8_t *pair, uint32_t bf16) {
+  const float lo = element_value(load_u16(pair), bf16);
+  const float scale = element_value(load_u16(pair + 2), bf16);
+  return element_bits(add_rounded(lo, mul_rounded(static_cast<float>(q), scale)), bf16);
+}
+
+// Element e (in [0, 2 x layer_tensor_elements)) of the layer whose payload is at p.
+SWIFTKV_HD uint16_t decode_layer_element(const uint8_t *p, const LayerShape &s, uint32_t encoding,
+                                         uint64_t e) {
+  const LayerPos at = layer_pos(s, e);
+  if (layer_codec(encoding) == kLayerFp8) {
+    const uint8_t *rec = fp8_record(p, s, at);
+    return fp8_element(rec[4 + at.j], layer_bits_to_float(load_u32(rec)), s.bf16);
+  }
+  const KiviParts k = kivi_parts(s, encoding);
+  const uint64_t bit = at.i * k.bits;
+  const uint32_t q = (uint32_t{kivi_codes(p, k, at)[bit / 8]} >> (bit % 8)) & ((1u << k.bits) - 1);
+  return kivi_element(q, kivi_pair(p, s, k, at), s.bf16);
+}
+
+// Elements [e, e + 8) at once, where e % 8 == 0 and dim % 8 == 0: the eight share a token and a
+// head (and, for values, a group: groups are at least 8 channels), and their codes are whole
+// bytes. out[k] is element e + k.
+SWIFTKV_HD void decode_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
+                               uint16_t out[8]) {
+  const LayerPos at = layer_pos(s, e);
+  if (layer_codec(encoding) == kLayerFp8) {
+    const uint8_t *rec = fp8_record(p, s, at);
+    const float scale = layer_bits_to_float(load_u32(rec));
+    for (uint32_t k = 0; k < 8; ++k) out[k] = fp8_element(rec[4 + at.j + k], scale, s.bf16);
+    return;
+  }
+  const KiviParts kp = kivi_parts(s, encoding);
+  const uint8_t *code_at = kivi_codes(p, kp, at) + at.i * kp.bits / 8;
+  uint64_t word = 0;  // the eight codes, low bits first: `bits` bytes
+  for (uint32_t b = 0; b < kp.bits; ++b) word |= uint64_t{code_at[b]} << (8 * b);
+  const uint32_t mask = (1u << kp.bits) - 1;
+  // Keys: a pair per channel, consecutive; values: one pair for the eight.
+  const uint8_t *pair = kivi_pair(p, s, kp, at);
+  const uint32_t step = at.kv == 0 ? 4 : 0;
+  for (uint32_t k = 0; k < 8; ++k) {
+    const uint32_t q = static_cast<uint32_t>(word >> (k * kp.bits)) & mask;
+    out[k] = kivi_element(q, pair + k * step, s.bf16);
+  }
+}
+
+}  // namespace swiftkv::codec
+
+#if !defined(__CUDACC__)
+#include <cstddef>
+#include <span>
+
+namespace swiftkv::codec {
+
+struct ChunkShape;
+struct CodecParams;
+
+LayerShape layer_shape_of(const ChunkShape &s) noexcept;
+// Whether frames of these parameters decode layer by layer (kivi, fp8), on the device too.
+bool decodes_by_layer(const CodecParams &p) noexcept;
+
+// Elements [first, first + count) of the layer whose payload is at `payload`, as the CUDA decoder
+// writes them (little-endian 16-bit elements) into out: the decoder's CPU twin.
+void decode_layer_cpu(const std::byte *payload, const LayerShape &s, uint32_t encoding,
+                      uint64_t first, uint64_t count, std::byte *out) noexcept;
+
+// EIO unless `frame` is a frame of this shape under `params` that codec::decode would take:
+// its header, and for fp8 every scale (finite, >= 0) and code (no NaN). What a frame passes
+// before its layers are decoded on the device, where nothing can be refused.
+void check_layer_frame(std::span<const std::byte> frame, const ChunkShape &shape,
+                       const CodecParams &params);
+
+}  // namespace swiftkv::codec
+#endif
