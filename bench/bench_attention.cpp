@@ -3,7 +3,8 @@
 // contiguous run of memory per sub-request), the two alternated repetition by repetition after
 // a warm-up; median and best over --reps. On the host the CPU twin (an fp64 reference path, not
 // a fast one); on a GPU the kernels, for prefill (8 sub-requests x 512 new tokens over 8K and
-// 32K cached tokens) and decode (64 sub-requests x 1 token). Prints a table and one JSON line.
+// 32K cached tokens) and decode (64 sub-requests x 1 token), for both kernels (the WMMA one and
+// the FlashAttention-2 style one). Prints a table and one JSON line.
 // bench/bench_attention_sdpa.py adds PyTorch's scaled_dot_product_attention as the contiguous
 // baseline on a GPU machine.
 #include <algorithm>
@@ -228,7 +229,9 @@ struct DeviceCase {
   }
 };
 
-Result device_result(const Shape &s, uint32_t page, int reps) {
+// `kernel`: the attention kernel the runs use (SWIFTKV_ATTENTION_KERNEL, read at each run).
+Result device_result(const Shape &s, uint32_t page, int reps, const char *kernel) {
+  setenv("SWIFTKV_ATTENTION_KERNEL", kernel, 1);
   DeviceCase paged(s, page, true), contiguous(s, page, false);
   std::vector<double> p, c;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
@@ -239,7 +242,9 @@ Result device_result(const Shape &s, uint32_t page, int reps) {
       p.push_back(tp);
     }
   }
-  return Result{"gpu", s.name, page, tflops_of(p, flop_of(s)), tflops_of(c, flop_of(s))};
+  unsetenv("SWIFTKV_ATTENTION_KERNEL");
+  return Result{std::string("gpu ") + kernel, s.name, page, tflops_of(p, flop_of(s)),
+                tflops_of(c, flop_of(s))};
 }
 #endif
 
@@ -283,7 +288,11 @@ int main(int argc, char **argv) {
                                 {"decode 64x1 over 8K", 64, 1, 8192},
                                 {"decode 64x1 over 32K", 64, 1, 32768}};
     for (const Shape &s : gpu_shapes) {
-      for (uint32_t page : {16u, 64u}) results.push_back(device_result(s, page, reps));
+      for (uint32_t page : {16u, 64u}) {
+        for (const char *kernel : {"wmma", "fa2"}) {
+          results.push_back(device_result(s, page, reps, kernel));
+        }
+      }
     }
   }
 #endif
@@ -291,10 +300,10 @@ int main(int argc, char **argv) {
       "multi-token paged attention, bf16, %u query / %u KV heads, head dim %u, causal; "
       "TFLOP/s median/best over %d repetitions; contiguous: the same page size in order\n",
       kHq, kHkv, kDim, reps);
-  std::printf("%-5s %-24s %5s %19s %19s %8s\n", "where", "shape", "page", "paged", "contiguous",
+  std::printf("%-8s %-24s %5s %19s %19s %8s\n", "where", "shape", "page", "paged", "contiguous",
               "ratio");
   for (const Result &r : results) {
-    std::printf("%-5s %-24s %5u %9.4f/%9.4f %9.4f/%9.4f %8.3f\n", r.where.c_str(), r.shape.c_str(),
+    std::printf("%-8s %-24s %5u %9.4f/%9.4f %9.4f/%9.4f %8.3f\n", r.where.c_str(), r.shape.c_str(),
                 r.page, r.paged.med, r.paged.best, r.contiguous.med, r.contiguous.best,
                 r.paged.med / r.contiguous.med);
   }

@@ -2,7 +2,8 @@
 """bench_attention_sdpa: the paged attention kernel beside PyTorch's
 scaled_dot_product_attention over the same KV made contiguous (Pensieve Fig. 12's "ideal"),
 measured in the same run on a GPU machine. Prints a table and one JSON line; the bar is the
-paged kernel within 1.2x of the contiguous baseline at page 16.
+paged kernel within 1.2x of the contiguous baseline at page 16. Both attention kernels (the WMMA
+one and the FlashAttention-2 style one, SWIFTKV_ATTENTION_KERNEL) are measured.
 
 It reaches the library through ctypes over the C header's structs (the Python bindings are not
 part of this release yet). `--check-abi` only checks those struct layouts and plans a tiny batch
@@ -16,6 +17,8 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The library's attention kernels (SWIFTKV_ATTENTION_KERNEL): both are measured.
+KERNELS = ("wmma", "fa2")
 
 
 class Desc(C.Structure):
@@ -153,14 +156,20 @@ def run_gpu(lib, torch, shapes, iters):
                 ok(lib, lib.swiftkv_attention_run(C.byref(plan), C.byref(args), ws.data_ptr(),
                                                   torch.cuda.current_stream().cuda_stream), "run")
 
-            paged_ms = time_it(torch, paged, iters)
-            paged()
-            torch.cuda.synchronize()
-            err = (out.float() - ref.float()).abs().max().item()
-            results.append({"shape": name, "page": page, "paged_tflops": flops / paged_ms / 1e9,
-                            "sdpa_tflops": flops / base_ms / 1e9,
-                            "paged_over_sdpa_time": paged_ms / base_ms, "max_abs_diff": err,
-                            "split_requests": plan.split_requests})
+            # Both kernels, chosen by the variable the library reads at each run.
+            for kernel in KERNELS:
+                os.environ["SWIFTKV_ATTENTION_KERNEL"] = kernel
+                out.zero_()
+                paged_ms = time_it(torch, paged, iters)
+                paged()
+                torch.cuda.synchronize()
+                err = (out.float() - ref.float()).abs().max().item()
+                results.append({"shape": name, "page": page, "kernel": kernel,
+                                "paged_tflops": flops / paged_ms / 1e9,
+                                "sdpa_tflops": flops / base_ms / 1e9,
+                                "paged_over_sdpa_time": paged_ms / base_ms, "max_abs_diff": err,
+                                "split_requests": plan.split_requests})
+            os.environ.pop("SWIFTKV_ATTENTION_KERNEL", None)
     return results
 
 
@@ -199,12 +208,12 @@ def main():
     results = run_gpu(lib, torch, shapes, a.iters)
     print("paged attention vs PyTorch SDPA on contiguous KV, bf16, %d/%d heads, dim %d, causal"
           % (HQ, HKV, DIM))
-    print("%-24s %5s %12s %12s %10s %12s" % ("shape", "page", "paged TF/s", "SDPA TF/s",
-                                             "time ratio", "max |diff|"))
+    print("%-24s %5s %6s %12s %12s %10s %12s" % ("shape", "page", "kernel", "paged TF/s",
+                                                  "SDPA TF/s", "time ratio", "max |diff|"))
     for r in results:
-        print("%-24s %5d %12.1f %12.1f %10.3f %12.2e" % (r["shape"], r["page"], r["paged_tflops"],
-                                                        r["sdpa_tflops"], r["paged_over_sdpa_time"],
-                                                        r["max_abs_diff"]))
+        print("%-24s %5d %6s %12.1f %12.1f %10.3f %12.2e" % (
+            r["shape"], r["page"], r["kernel"], r["paged_tflops"], r["sdpa_tflops"],
+            r["paged_over_sdpa_time"], r["max_abs_diff"]))
     print(json.dumps({"bench": "attention_sdpa", "device": torch.cuda.get_device_name(0),
                       "results": results}))
     return 0

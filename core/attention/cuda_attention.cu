@@ -1,13 +1,16 @@
 // The CUDA launcher of paged attention: device checks, the plan's copy into the workspace, and
-// the dispatch of dtype, head dim and tile size onto the kernel templates.
+// the dispatch of kernel, dtype, head dim and tile size onto the kernel templates.
 #include <cuda_runtime_api.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "core/attention/cuda_attention.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/cuda_check.hpp"
 #include "kernels/attention.cuh"
+#include "kernels/attention_fa2.cuh"
 
 namespace swiftkv {
 
@@ -49,20 +52,54 @@ cudaStream_t as_stream(void *stream) { return static_cast<cudaStream_t>(stream);
         fail(SWIFTKV_EINTERNAL, "attention: tile " + std::to_string(value) + " has no kernel"); \
   }
 
-template <class T, int D, int TILE>
-void launch(const AttentionParams &p, bool vectorised, cudaStream_t stream) {
-  // 64 keys per step, 32 for the widest heads so the block's shared memory stays near 150 KB.
-  constexpr int KV_TILE = D == 256 ? 32 : 64;
-  using Smem = kernels::AttentionSmem<D, TILE, KV_TILE>;
-  auto *kernel = &kernels::paged_attention_kernel<T, D, TILE, KV_TILE>;
-  // Not a stream operation: allowed while a graph is being captured.
+// Which kernel runs the work items: the WMMA kernel (kernels/attention.cuh, the default until
+// the FlashAttention-2 style one is validated on a GPU) or that one (kernels/attention_fa2.cuh),
+// chosen by SWIFTKV_ATTENTION_KERNEL=wmma|fa2. fa2 needs 16-byte aligned tensors; a run that is
+// not gets the WMMA kernel.
+enum class AttentionKernel { wmma, fa2 };
+
+AttentionKernel selected_kernel() {
+  const char *e = std::getenv("SWIFTKV_ATTENTION_KERNEL");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "wmma") == 0) return AttentionKernel::wmma;
+  if (std::strcmp(e, "fa2") == 0) return AttentionKernel::fa2;
+  fail_invalid(std::string("SWIFTKV_ATTENTION_KERNEL is '") + e +
+               "': it names the attention kernel, wmma (the default) or fa2");
+}
+
+// The dynamic shared memory a kernel needs, allowed once per call (not a stream operation:
+// allowed while a graph is being captured).
+template <class Kernel>
+void allow_shared_memory(Kernel *kernel, size_t bytes) {
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(Smem::kBytes)),
+                                  static_cast<int>(bytes)),
              "cudaFuncSetAttribute(attention shared memory)");
-  if (p.n_work > 0) {
-    kernel<<<static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, stream>>>(p,
-                                                                                vectorised ? 1 : 0);
-    check_cuda(cudaGetLastError(), "launching the paged attention kernel");
+}
+
+template <class T, int D, int TILE>
+void launch(const AttentionParams &p, bool vectorised, AttentionKernel which, cudaStream_t stream) {
+  if (which == AttentionKernel::fa2 && vectorised) {
+    // Prefill tiles: 64 keys a step, 32 for the widest heads (their O takes 128 registers);
+    // decode tiles: 64 keys a step, 16 per warp.
+    constexpr int KV_TILE = TILE == 64 && D == 256 ? 32 : 64;
+    using Config = kernels::fa2::Config<D, TILE, KV_TILE>;
+    auto *kernel = &kernels::fa2::fa2_attention_kernel<T, D, TILE, KV_TILE>;
+    allow_shared_memory(kernel, Config::kBytes);
+    if (p.n_work > 0) {
+      kernel<<<static_cast<unsigned>(p.n_work), kernels::fa2::kThreads, Config::kBytes, stream>>>(
+          p);
+      check_cuda(cudaGetLastError(), "launching the paged attention kernel (fa2)");
+    }
+  } else {
+    // 64 keys per step, 32 for the widest heads so the block's shared memory stays near 150 KB.
+    constexpr int KV_TILE = D == 256 ? 32 : 64;
+    using Smem = kernels::AttentionSmem<D, TILE, KV_TILE>;
+    auto *kernel = &kernels::paged_attention_kernel<T, D, TILE, KV_TILE>;
+    allow_shared_memory(kernel, Smem::kBytes);
+    if (p.n_work > 0) {
+      kernel<<<static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, stream>>>(
+          p, vectorised ? 1 : 0);
+      check_cuda(cudaGetLastError(), "launching the paged attention kernel");
+    }
   }
   if (p.n_merge > 0) {
     kernels::merge_pieces_kernel<T, D><<<static_cast<unsigned>(p.n_merge), 128, 0, stream>>>(p);
@@ -72,10 +109,10 @@ void launch(const AttentionParams &p, bool vectorised, cudaStream_t stream) {
 
 template <class T>
 void launch_typed(const AttentionShape &s, const AttentionParams &p, bool vectorised,
-                  cudaStream_t stream) {
-  SWIFTKV_DISPATCH_HEAD_DIM(
-      s.head_dim, D,
-      {SWIFTKV_DISPATCH_TILE(p.tile_rows, TILE, { launch<T, D, TILE>(p, vectorised, stream); })})
+                  AttentionKernel which, cudaStream_t stream) {
+  SWIFTKV_DISPATCH_HEAD_DIM(s.head_dim, D, {SWIFTKV_DISPATCH_TILE(p.tile_rows, TILE, {
+                              launch<T, D, TILE>(p, vectorised, which, stream);
+                            })})
 }
 
 }  // namespace
@@ -108,11 +145,12 @@ void attention_copy_plan(int32_t device, void *workspace, const void *plan, uint
 
 void attention_run_cuda(const AttentionShape &s, const AttentionParams &p, bool vectorised,
                         void *stream) {
+  const AttentionKernel which = selected_kernel();
   DeviceGuard guard(s.device);
   switch (s.dtype) {
-    case SWIFTKV_DTYPE_F16: return launch_typed<half>(s, p, vectorised, as_stream(stream));
+    case SWIFTKV_DTYPE_F16: return launch_typed<half>(s, p, vectorised, which, as_stream(stream));
     case SWIFTKV_DTYPE_BF16:
-      return launch_typed<__nv_bfloat16>(s, p, vectorised, as_stream(stream));
+      return launch_typed<__nv_bfloat16>(s, p, vectorised, which, as_stream(stream));
     default: fail(SWIFTKV_EINTERNAL, "attention: unchecked dtype reached the CUDA launcher");
   }
 }

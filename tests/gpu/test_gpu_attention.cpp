@@ -1,7 +1,8 @@
 // On a GPU machine: the paged attention kernels against the CPU twin over sweeps of dtype, head
 // dim, GQA ratio, page size, layout, causal mode, soft cap and KV splits (explicit and chosen by
-// the plan), and a run captured in a CUDA graph giving the same bits as a direct run. Exits 77
-// without a usable device or without CUDA.
+// the plan), and a run captured in a CUDA graph giving the same bits as a direct run; for the
+// WMMA kernel (the default) and the FlashAttention-2 style one (SWIFTKV_ATTENTION_KERNEL=fa2).
+// Exits 77 without a usable device or without CUDA.
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -227,6 +228,37 @@ void graph_capture_replays_the_run() {
   att_free(&p);
 }
 
+// The FlashAttention-2 style kernel (SWIFTKV_ATTENTION_KERNEL=fa2) over the same sweeps, the
+// same automatic split and the same capture; an unknown kernel name is refused.
+void fa2_kernel_matches_the_cpu_twin() {
+  CHECK(setenv("SWIFTKV_ATTENTION_KERNEL", "fa2", 1) == 0);
+  kernels_match_the_cpu_twin();
+  automatic_splits_match();
+  graph_capture_replays_the_run();
+  CHECK(setenv("SWIFTKV_ATTENTION_KERNEL", "nosuch", 1) == 0);
+  {
+    att_problem p;
+    start_problem(p, 8, 2, 128, 16, ATT_NHD);
+    p.n_req = 1;
+    p.q_len[0] = 4;
+    p.kv_len[0] = 40;
+    att_build(&p, 5, 0);
+    DeviceProblem d;
+    CHECK(upload(p, d));
+    swiftkv_attention_desc dev = p.desc;
+    dev.device = 0;
+    uint64_t bytes = 0;
+    CHECK(swiftkv_attention_workspace_size(&bytes, &dev, 1, 4) == SWIFTKV_OK);
+    CHECK_CUDA(cudaMalloc(&d.ws, bytes));
+    swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+    CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len, 1,
+                                      d.ws, bytes, nullptr) == SWIFTKV_OK);
+    CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, nullptr) == SWIFTKV_EINVAL);
+    att_free(&p);
+  }
+  CHECK(unsetenv("SWIFTKV_ATTENTION_KERNEL") == 0);
+}
+
 }  // namespace
 
 int main() {
@@ -235,6 +267,7 @@ int main() {
       SWIFTKV_GPU_TEST(kernels_match_the_cpu_twin),
       SWIFTKV_GPU_TEST(automatic_splits_match),
       SWIFTKV_GPU_TEST(graph_capture_replays_the_run),
+      SWIFTKV_GPU_TEST(fa2_kernel_matches_the_cpu_twin),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
