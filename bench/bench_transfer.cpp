@@ -13,7 +13,9 @@
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
 // copy of the same bytes from pinned memory; and the gather/scatter kernel alone (NHD and HND,
 // 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
-// chunks are) beside a device-to-device copy of the same bytes; and the decode kernel alone
+// chunks are) beside a device-to-device copy of the same bytes; loads from another process's
+// device memory (a lender started by this program, the peer) into a device pool beside a
+// device-to-device copy; and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
 // CPU twin) beside a device-to-device copy of the decoded bytes.
 #include <algorithm>
@@ -35,6 +37,10 @@
 
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
 #include <cuda_runtime_api.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cmath>
 
@@ -52,6 +58,11 @@ constexpr uint64_t kLayerPiece = 2ull * kChunk * kHeads * kDim * 2;  // bytes, F
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+[[noreturn]] void die(const char *what) {
+  std::fprintf(stderr, "bench_transfer: %s\n", what);
+  std::exit(1);
 }
 
 void check(swiftkv_status s, const char *what) {
@@ -450,6 +461,31 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
 // The device pool: chunks cached in pinned host memory loaded into device pages and saved back,
 // beside one cudaMemcpyAsync per page and K/V (scattered) and one large copy, pinned -> device.
+// The engine's own tensors on device 0, NHD per layer ([pages, 2, page, H, D] f16), registered
+// as a pool of `model`; *dev is their memory (cudaFree it after the pool is destroyed).
+uint32_t engine_pool(swiftkv_ctx *ctx, uint32_t model, uint32_t page, uint32_t n_pages,
+                     void **dev) {
+  const uint64_t layer_bytes = uint64_t{n_pages} * 2 * page * kHeads * kDim * 2;
+  if (cudaMalloc(dev, layer_bytes * kLayers) != cudaSuccess) {
+    std::fprintf(stderr, "cudaMalloc of %llu bytes failed\n",
+                 (unsigned long long)(layer_bytes * kLayers));
+    std::exit(1);
+  }
+  std::vector<void *> bases(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<char *>(*dev) + l * layer_bytes;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = n_pages;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = layer_bytes;
+  pd.head_stride = kDim;
+  pd.token_stride = int64_t{kHeads} * kDim;
+  pd.kv_stride = pd.token_stride * page;
+  pd.page_stride = 2 * pd.kv_stride;
+  uint32_t pool = 0;
+  check(swiftkv_pool_register(&pool, ctx, model, &pd), "pool_register");
+  return pool;
+}
+
 Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   Row r{};
   r.page = page;
@@ -466,25 +502,8 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   uint32_t model = 0, pool = 0;
   check(swiftkv_model_register(&model, ctx, &mc), "model_register");
   const uint32_t n_pages = chunks * (kChunk / page);
-  // The engine's own tensors, NHD per layer.
-  const uint64_t layer_bytes = uint64_t{n_pages} * 2 * page * kHeads * kDim * 2;
   void *dev = nullptr;
-  if (cudaMalloc(&dev, layer_bytes * kLayers) != cudaSuccess) {
-    std::fprintf(stderr, "cudaMalloc of %llu bytes failed\n",
-                 (unsigned long long)(layer_bytes * kLayers));
-    std::exit(1);
-  }
-  std::vector<void *> bases(kLayers);
-  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<char *>(dev) + l * layer_bytes;
-  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
-  pd.num_pages = n_pages;
-  pd.layer_base = bases.data();
-  pd.layer_span_bytes = layer_bytes;
-  pd.head_stride = kDim;
-  pd.token_stride = int64_t{kHeads} * kDim;
-  pd.kv_stride = pd.token_stride * page;
-  pd.page_stride = 2 * pd.kv_stride;
-  check(swiftkv_pool_register(&pool, ctx, model, &pd), "pool_register");
+  pool = engine_pool(ctx, model, page, n_pages, &dev);
   cudaStream_t s = nullptr;
   cudaStreamCreate(&s);
   const std::vector<int32_t> pages = scattered_pages(n_pages);
@@ -650,6 +669,180 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
                 rate_of(tg, static_cast<double>(bytes)), rate_of(tc, static_cast<double>(bytes))};
   for (void *p : {src, dst, pool, d_items, d_chunks}) cudaFree(p);
   return row;
+}
+
+// Loads from a peer's device memory: a second process (this program, --lender) offers a region
+// of VMM memory on device 0 through the coordinator; this one borrows it, stores `chunks` chunks
+// there, and loads them into a device pool of `page`-token pages, the kernel reading the mapping
+// in place. Timed from start_load to the stream's end (request_begin, the host's planning, is
+// left out), against one device-to-device cudaMemcpyAsync of the same bytes, alternated
+// repetition by repetition after a warm-up. GB/s counts the bytes loaded.
+struct PeerRow {
+  uint32_t page;
+  Rate load, copy;
+};
+
+extern "C" char **environ;
+
+// The lender's process: a VMM region on device 0 big enough for `chunks` chunks and one unit of
+// its own, offered as "bench" at `endpoint`; "ready" on stdout, gone at end of stdin.
+int lender_main(const char *endpoint, uint32_t chunks) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.coord_endpoint = endpoint;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "lender ctx_create");
+  swiftkv_model_desc ld = bench_model("lender", 16, 0);
+  swiftkv_model_desc bd = bench_model("bench", kChunk, SWIFTKV_DEVICE_HOST);
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  const uint64_t unit_blocks = kChunk / 16;
+  ec.capacity_blocks = (chunks + 1) * unit_blocks;
+  ec.owned_blocks = unit_blocks;
+  ec.cuda_alloc = SWIFTKV_CUDA_ALLOC_VMM;
+  swiftkv_elastic *e = nullptr;
+  check(swiftkv_elastic_create(&e, ctx, &ec), "lender elastic_create");
+  check(swiftkv_elastic_offer(e, "bench"), "lender elastic_offer");
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char line[64];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+  }
+  swiftkv_elastic_destroy(e);
+  swiftkv_ctx_destroy(ctx);
+  return 0;
+}
+
+PeerRow measure_peer(const char *self, uint32_t page, uint32_t chunks, int reps) {
+  const std::string ep = "ipc:///tmp/swiftkv-bench-peer-" + std::to_string(::getpid());
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) die("pipe2");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  std::string n = std::to_string(chunks);
+  char *argv[] = {const_cast<char *>(self), const_cast<char *>("--lender"),
+                  const_cast<char *>(ep.c_str()), n.data(), nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, self, &fa, nullptr, argv, environ) != 0) die("posix_spawn");
+  posix_spawn_file_actions_destroy(&fa);
+  close(to[0]);
+  close(from[1]);
+  FILE *out = fdopen(from[0], "r");
+  char line[64] = {0};
+  if (std::fgets(line, sizeof line, out) == nullptr || std::strcmp(line, "ready\n") != 0) {
+    die("the lender process did not start");
+  }
+
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.host_budget_bytes = 64ull << 20;
+  c.demote_free_percent = 0;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_model_desc m = bench_model("bench", page, 0);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0, pool = 0;
+  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+  uint64_t lease = 0;
+  check(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "bench", chunks), "borrow_remote");
+  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 17);
+  {
+    std::vector<uint8_t> kv(bytes, 0x3c);
+    uint64_t cached = 0;
+    check(swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()),
+          "store");
+    swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+    check(swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()), "lookup");
+    if (cached != tokens.size() || l.chunks_per_tier[SWIFTKV_TIER_PEER] != chunks) {
+      die("the chunks are not all in the lent memory");
+    }
+  }
+  const uint32_t n_pages = chunks * (kChunk / page);
+  void *dev = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
+  pool = engine_pool(ctx, model, page, n_pages, &dev);
+  cudaMalloc(&copy_src, bytes);
+  cudaMalloc(&copy_dst, bytes);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  auto load = [&] {
+    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+    d.pool = pool;
+    d.tokens = tokens.data();
+    d.n_tokens = tokens.size();
+    d.pages = pages.data();
+    d.n_pages = pages.size();
+    d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
+    uint64_t req = 0, valid = 0;
+    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+    cudaStreamSynchronize(s);
+    const double t0 = now_s();
+    check(swiftkv_start_load(ctx, req, s), "start_load");
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      check(swiftkv_wait_layer_load(&valid, ctx, req, l, s), "wait_layer_load");
+    }
+    cudaStreamSynchronize(s);
+    const double t = now_s() - t0;
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    check(swiftkv_request_finish(&info, ctx, req), "request_finish");
+    if (valid != tokens.size()) die("a peer load came back short");
+    return t;
+  };
+  auto copy = [&] {
+    const double t0 = now_s();
+    cudaMemcpyAsync(copy_dst, copy_src, bytes, cudaMemcpyDeviceToDevice, s);
+    cudaStreamSynchronize(s);
+    return now_s() - t0;
+  };
+  std::vector<double> tl, tc;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    double a = 0, b = 0;
+    if (rep % 2 == 0) {
+      a = load();
+      b = copy();
+    } else {
+      b = copy();
+      a = load();
+    }
+    if (rep == 0) continue;
+    tl.push_back(a);
+    tc.push_back(b);
+  }
+  PeerRow row{page, rate_of(tl, static_cast<double>(bytes)),
+              rate_of(tc, static_cast<double>(bytes))};
+  check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
+  swiftkv_ctx_destroy(ctx);
+  cudaStreamDestroy(s);
+  for (void *p : {dev, copy_src, copy_dst}) cudaFree(p);
+  close(to[1]);  // the lender's stdin ends: it leaves
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::fclose(out);
+  return row;
+}
+
+void print_peer(const std::vector<PeerRow> &rows, uint32_t chunks, int reps) {
+  std::printf(
+      "\nloads from another process's device memory (VMM, same GPU) into a device pool, %u "
+      "chunks of %u layers, GB/s median/best of %d, beside a device-to-device copy:\n",
+      chunks, kLayers, reps);
+  std::printf("%5s %16s %16s %8s\n", "page", "peer load", "device copy", "ld/copy");
+  for (const PeerRow &r : rows) {
+    std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %8.2f\n", r.page, r.load.med, r.load.best,
+                r.copy.med, r.copy.best, r.load.med / r.copy.med);
+  }
+  std::printf("{\"bench\":\"peer_load\",\"reps\":%d,\"chunks\":%u,\"rows\":[", reps, chunks);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::printf("%s{\"page\":%u,\"load_gbs\":%.2f,\"copy_gbs\":%.2f}", i ? "," : "", rows[i].page,
+                rows[i].load.med, rows[i].copy.med);
+  }
+  std::printf("]}\n");
 }
 
 // The decode kernel alone: `chunks` chunks' layer payloads under `params` (one chunk of smooth
@@ -856,6 +1049,11 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
 }  // namespace
 
 int main(int argc, char **argv) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (argc == 4 && std::strcmp(argv[1], "--lender") == 0) {
+    return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)));
+  }
+#endif
   uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
@@ -922,6 +1120,11 @@ int main(int argc, char **argv) {
       }
     }
     print_decode(decode_rows, std::max(chunks, 64u), reps);
+    std::vector<PeerRow> peer_rows;
+    for (uint32_t page : {16u, 256u}) {
+      peer_rows.push_back(measure_peer(argv[0], page, std::max(chunks, 64u), reps));
+    }
+    print_peer(peer_rows, std::max(chunks, 64u), reps);
     for (const DecodeRow &r : decode_rows) {
       if (!r.exact) {
         std::fprintf(stderr, "bench_transfer: the decode kernel differs from its CPU twin (%s)\n",

@@ -2,8 +2,11 @@
 // export path of the coordinator: a lender process offers a region on device 0 (VMM granules
 // passed as fds, then cudaMalloc with an IPC handle), this process borrows it, stores chunks into
 // it and reads them back bit-exact, then the lender takes the memory back and the chunks come
-// back from host. Public API only. Exits 77 without a usable device.
+// back from host; and a borrower with a device pool loads lent chunks into its pages in place,
+// then loses the lease mid-load (the lender killed) and gets none of them. Public API only.
+// Exits 77 without a usable device.
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,6 +17,10 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+#include <cuda_runtime_api.h>
+#endif
 
 #include "gpu_check.h"
 #include "gpu_skip.h"
@@ -30,6 +37,7 @@ const char *g_self = nullptr;
 constexpr uint32_t kChunkTokens = 64;
 constexpr size_t kChunkBytes = size_t{2} * 4 * 8 * 128 * kChunkTokens * 2;
 constexpr uint64_t kUnits = 32;
+constexpr uint32_t kLayers = 4, kHeads = 8, kDim = 128;
 
 swiftkv_model_desc desc(uint32_t block_tokens, int32_t device) {
   swiftkv_model_desc m = SWIFTKV_MODEL_DESC_INIT;
@@ -142,19 +150,31 @@ void end_child(Child &c) {
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++g_failures;
 }
 
-void share_device_region(int alloc, const char *name) {
-  const std::string ep =
-      "ipc:///tmp/swiftkv-test-gpu-coord-" + std::to_string(::getpid()) + "-" + name;
-  Child lender = spawn_lender(ep, alloc);
-  CHECK(lender.pid > 0);
-  const std::string hello = ask(lender, nullptr);
+// A lender on `ep` answering "ready" (*ready); *ready false (and the child ended) when its device
+// cannot export `alloc` memory, which the caller reports as skipped. A failed check leaves
+// *ready false with the failure counted.
+void start_lender(const std::string &ep, int alloc, Child *lender, bool *ready) {
+  *ready = false;
+  *lender = spawn_lender(ep, alloc);
+  CHECK(lender->pid > 0);
+  const std::string hello = ask(*lender, nullptr);
   if (hello == "unsupported\n") {
-    std::printf("%s: not supported on this device, skipped\n", name);
-    end_child(lender);
+    end_child(*lender);
     return;
   }
   CHECK(hello == "ready\n");
+  *ready = true;
+}
 
+// A borrower context whose model lives on `device`, with `tokens`' chunks (bytes `kv`) stored in
+// kUnits units borrowed from the lender at `ep`: every chunk in the lender's memory. b->ctx is
+// null after a failed check.
+struct Borrower {
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+};
+void borrow_and_store(const std::string &ep, int32_t device, const std::vector<uint32_t> &tokens,
+                      const std::vector<uint8_t> &kv, Borrower *b) {
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.device_mask = 1;
   c.host_budget_bytes = (kUnits + 8) * kChunkBytes;
@@ -162,26 +182,48 @@ void share_device_region(int alloc, const char *name) {
   c.coord_heartbeat_ms = 20;
   swiftkv_ctx *ctx = nullptr;
   CHECK(swiftkv_ctx_create(&ctx, &c) == SWIFTKV_OK);
-  swiftkv_model_desc bd = desc(kChunkTokens, SWIFTKV_DEVICE_HOST);
+  b->ctx = ctx;
+  swiftkv_model_desc md = desc(kChunkTokens, device);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-  mc.desc = &bd;
-  uint32_t model = 0;
-  CHECK(swiftkv_model_register(&model, ctx, &mc) == SWIFTKV_OK);
-  uint64_t lease = 0;
-  CHECK(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "gpu", kUnits) == SWIFTKV_OK);
+  mc.desc = &md;
+  uint64_t lease = 0, cached = 0;
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  const bool ok =
+      swiftkv_model_register(&b->model, ctx, &mc) == SWIFTKV_OK &&
+      swiftkv_borrow_remote(&lease, ctx, b->model, ep.c_str(), "gpu", kUnits) == SWIFTKV_OK &&
+      swiftkv_store(&cached, ctx, b->model, tokens.data(), tokens.size(), kv.data(), kv.size()) ==
+          SWIFTKV_OK &&
+      cached == tokens.size() &&
+      swiftkv_lookup(&l, nullptr, 0, ctx, b->model, tokens.data(), tokens.size()) == SWIFTKV_OK &&
+      l.chunks_per_tier[SWIFTKV_TIER_PEER] == tokens.size() / kChunkTokens;
+  if (!ok) {
+    swiftkv_ctx_destroy(ctx);
+    b->ctx = nullptr;
+  }
+  CHECK(ok);  // every chunk in the other process's GPU memory
+}
 
+void share_device_region(int alloc, const char *name) {
+  const std::string ep =
+      "ipc:///tmp/swiftkv-test-gpu-coord-" + std::to_string(::getpid()) + "-" + name;
+  Child lender;
+  bool ready = false;
+  start_lender(ep, alloc, &lender, &ready);
+  if (!ready) {
+    std::printf("%s: not supported on this device, skipped\n", name);
+    return;
+  }
   const size_t chunks = kUnits;
   std::vector<uint32_t> tokens(chunks * kChunkTokens);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 + 1);
   std::vector<uint8_t> kv(chunks * kChunkBytes);
   for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<uint8_t>((i * 131 + i / 4099) % 251);
-  uint64_t cached = 0;
-  CHECK(swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()) ==
-        SWIFTKV_OK);
-  CHECK(cached == tokens.size());
+  Borrower b;
+  borrow_and_store(ep, SWIFTKV_DEVICE_HOST, tokens, kv, &b);
+  CHECK(b.ctx != nullptr);
+  swiftkv_ctx *ctx = b.ctx;
+  const uint32_t model = b.model;
   swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
-  CHECK(swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()) == SWIFTKV_OK);
-  CHECK(l.chunks_per_tier[SWIFTKV_TIER_PEER] == chunks);  // in the other process's GPU memory
   std::vector<uint8_t> got(kv.size());
   uint64_t n = 0;
   CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(), got.size()) ==
@@ -202,6 +244,146 @@ void share_device_region(int alloc, const char *name) {
   std::printf("%s: %zu chunks through another process's device memory and back\n", name, chunks);
 }
 
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+// The engine's side of the same sharing: a borrower whose model lives on device 0 loads the
+// chunks it stored into another process's device memory into its own device pool's pages, the
+// kernel reading the mapping in place, bit-exact. Then a second load is held behind the engine's
+// stream while the lender is killed: the lease is lost before the copy runs, and every chunk of
+// the load is reported failed (valid_end 0); nothing the copy read counts.
+void CUDART_CB hold_stream(void *) { ::usleep(300000); }
+
+// Begins a load-only request of `tokens` into `pages` of `pool` and starts its loads on `stream`
+// (behind a 300 ms hold of the stream when `hold`); 0 when a call fails.
+uint64_t begin_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
+                    const std::vector<int32_t> &pages, cudaStream_t stream, bool hold) {
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = pool;
+  d.tokens = tokens.data();
+  d.n_tokens = tokens.size();
+  d.pages = pages.data();
+  d.n_pages = pages.size();
+  d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
+  uint64_t req = 0;
+  if (swiftkv_request_begin(&req, ctx, &d) != SWIFTKV_OK) return 0;
+  if (hold) cudaLaunchHostFunc(stream, hold_stream, nullptr);
+  if (swiftkv_start_load(ctx, req, stream) != SWIFTKV_OK) return 0;
+  return req;
+}
+
+// Waits for every layer and finishes: valid_end after each layer (empty after a failed call).
+std::vector<uint64_t> wait_all(swiftkv_ctx *ctx, uint64_t req, cudaStream_t stream) {
+  std::vector<uint64_t> valid;
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v = 0;
+    if (swiftkv_wait_layer_load(&v, ctx, req, l, stream) != SWIFTKV_OK) return {};
+    valid.push_back(v);
+  }
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  if (swiftkv_request_finish(&info, ctx, req) != SWIFTKV_OK) return {};
+  return valid;
+}
+
+void device_pool_loads_lent_memory() {
+  const std::string ep =
+      "ipc:///tmp/swiftkv-test-gpu-coord-" + std::to_string(::getpid()) + "-pool";
+  Child lender;
+  bool ready = false;
+  start_lender(ep, SWIFTKV_CUDA_ALLOC_VMM, &lender, &ready);
+  if (!ready) {
+    std::printf("device pool: VMM export not supported on this device, skipped\n");
+    return;
+  }
+  const size_t chunks = kUnits;
+  std::vector<uint32_t> tokens(chunks * kChunkTokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 5 + 3);
+  std::vector<uint8_t> kv(chunks * kChunkBytes);
+  for (size_t i = 0; i < kv.size(); ++i) kv[i] = static_cast<uint8_t>((i * 167 + i / 8191) % 253);
+  Borrower b;
+  borrow_and_store(ep, 0, tokens, kv, &b);  // the engine's KV on device 0
+  CHECK(b.ctx != nullptr);
+  swiftkv_ctx *ctx = b.ctx;
+  const uint32_t model = b.model;
+
+  // The engine's NHD tensors, one per layer, [pages, 2, 64, 8, 128] f16: a page is a chunk.
+  const uint32_t n_pages = static_cast<uint32_t>(chunks) + 4;
+  const uint64_t block = uint64_t{kChunkTokens} * kHeads * kDim;  // elements of a page's K or V
+  const uint64_t layer_bytes = uint64_t{n_pages} * 2 * block * 2;
+  void *dmem = nullptr;
+  CHECK(cudaMalloc(&dmem, layer_bytes * kLayers) == cudaSuccess);
+  cudaMemset(dmem, 0, layer_bytes * kLayers);
+  std::vector<void *> bases(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * layer_bytes;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = n_pages;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = layer_bytes;
+  pd.page_stride = static_cast<int64_t>(2 * block);
+  pd.kv_stride = static_cast<int64_t>(block);
+  pd.token_stride = kHeads * kDim;
+  pd.head_stride = kDim;
+  uint32_t pool = 0;
+  CHECK(swiftkv_pool_register(&pool, ctx, model, &pd) == SWIFTKV_OK);
+  std::vector<int32_t> pages(chunks);
+  for (size_t i = 0; i < chunks; ++i) pages[i] = static_cast<int32_t>((i * 7 + 3) % n_pages);
+  cudaStream_t s = nullptr;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+
+  // Every layer of every chunk in its page, as stored: (layer, K/V) blocks of the chunk's bytes.
+  const uint64_t req = begin_load(ctx, pool, tokens, pages, s, false);
+  CHECK(req != 0);
+  const std::vector<uint64_t> valid = wait_all(ctx, req, s);
+  CHECK(valid.size() == kLayers);
+  for (uint64_t v : valid) CHECK(v == tokens.size());
+  cudaStreamSynchronize(s);
+  std::vector<uint8_t> img(layer_bytes * kLayers);
+  CHECK(cudaMemcpy(img.data(), dmem, img.size(), cudaMemcpyDeviceToHost) == cudaSuccess);
+  bool exact = true;
+  for (size_t c = 0; c < chunks; ++c) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      for (uint32_t k = 0; k < 2; ++k) {
+        const uint8_t *want = kv.data() + c * kChunkBytes + (uint64_t{l} * 2 + k) * block * 2;
+        const uint8_t *got =
+            img.data() + l * layer_bytes + (uint64_t(pages[c]) * 2 + k) * block * 2;
+        if (std::memcmp(want, got, block * 2) != 0) exact = false;
+      }
+    }
+  }
+  CHECK(exact);
+
+  // The lender dies while the next load waits behind the engine's stream.
+  cudaMemset(dmem, 0, layer_bytes * kLayers);
+  const uint64_t held = begin_load(ctx, pool, tokens, pages, s, true);
+  CHECK(held != 0);
+  ::kill(lender.pid, SIGKILL);
+  int status = 0;
+  waitpid(lender.pid, &status, 0);
+  std::fclose(lender.in);
+  std::fclose(lender.out);
+  swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
+  for (int i = 0; i < 5000; ++i) {
+    swiftkv_coord_stats_get(&cs, ctx);
+    if (cs.lenders_lost != 0) break;
+    ::usleep(1000);
+  }
+  CHECK(cs.lenders_lost == 1);
+  const std::vector<uint64_t> after = wait_all(ctx, held, s);
+  CHECK(after.size() == kLayers);
+  for (uint64_t v : after) CHECK(v == 0);  // every chunk was in the lost lease
+  uint64_t n = 1;
+  std::vector<uint8_t> got(kv.size());
+  CHECK(swiftkv_retrieve(&n, ctx, model, tokens.data(), tokens.size(), 0, got.data(), got.size()) ==
+        SWIFTKV_OK);
+  CHECK(n == 0);
+  cudaStreamDestroy(s);
+  cudaFree(dmem);
+  swiftkv_ctx_destroy(ctx);
+  std::printf(
+      "device pool: %zu lent chunks loaded in place bit-exact; none after the lease was "
+      "lost mid-load\n",
+      chunks);
+}
+#endif
+
 void vmm_memory_is_borrowed() { share_device_region(SWIFTKV_CUDA_ALLOC_VMM, "vmm"); }
 void cudamalloc_memory_is_borrowed() {
   share_device_region(SWIFTKV_CUDA_ALLOC_MALLOC, "cudamalloc");
@@ -219,8 +401,11 @@ int main(int argc, char **argv) {
     return swiftkv_test_no_gpu("no usable CUDA device (swiftkv_device_count: 0)");
   }
   const CMUnitTest tests[] = {
-      SWIFTKV_GPU_TEST(vmm_memory_is_borrowed),
-      SWIFTKV_GPU_TEST(cudamalloc_memory_is_borrowed),
+    SWIFTKV_GPU_TEST(vmm_memory_is_borrowed),
+    SWIFTKV_GPU_TEST(cudamalloc_memory_is_borrowed),
+#if defined(SWIFTKV_TEST_HAVE_CUDA)
+    SWIFTKV_GPU_TEST(device_pool_loads_lent_memory),
+#endif
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
