@@ -60,10 +60,12 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
 [[noreturn]] void die(const char *what) {
   std::fprintf(stderr, "bench_transfer: %s\n", what);
   std::exit(1);
 }
+#endif
 
 void check(swiftkv_status s, const char *what) {
   if (s != SWIFTKV_OK) {
