@@ -228,11 +228,18 @@ bool ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool a
       evicted |= demote(*v, t, true, ChunkEventReason::policy) != 0;
       continue;
     }
-    // The adaptive policy prices the tier's bytes by what its victims lose.
+    // The adaptive policy takes the victim's cheapest action per byte freed (re-encoded in
+    // place when a slot of its new size is free, else moved down or dropped) and prices the
+    // tier's bytes by what its victims lose.
     const std::optional<ChunkView> before = index_.view(*v);
     const double horizon = before ? adaptive_horizon(before->meta.model) : 0;
     const double reuse = horizon > 0 ? reuse_of(*v, horizon) : 0;
-    const bool gone = demote(*v, t, true, ChunkEventReason::policy) != 0;
+    const RoomAction act = before && horizon > 0 ? room_action(before->meta, t) : RoomAction{};
+    uint64_t freed = 0;
+    if (act.kind == RoomAction::Kind::compress) freed = compress_in_place(*v, t, act.to);
+    if (act.kind == RoomAction::Kind::drop) freed = evict(*v, t);
+    if (freed == 0) freed = demote(*v, t, true, ChunkEventReason::policy);
+    const bool gone = freed != 0;
     evicted |= gone;
     if (gone && before && reuse > 0) {
       const std::optional<ChunkView> after = index_.view(*v);
@@ -334,6 +341,31 @@ uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
   abort_move(key);
   drop_chunk(key, meta, from, reason);
   return meta.stored();
+}
+
+uint64_t ChunkCache::evict(const ChunkKey &key, Tier t) {
+  std::optional<ChunkUse> use = index_.begin_move(key, t, true);
+  if (!use) return 0;
+  const ChunkMeta meta = use->meta;
+  abort_move(key);
+  drop_chunk(key, meta, t, ChunkEventReason::policy);
+  return meta.stored();
+}
+
+uint64_t ChunkCache::compress_in_place(const ChunkKey &key, Tier t, const codec::CodecParams &to) {
+  std::optional<ChunkUse> use = index_.begin_move(key, t, true);
+  if (!use) return 0;
+  const uint64_t before = use->meta.stored();
+  const MoveResult r = move_as(key, *use, t, false, to);
+  if (r == MoveResult::no_room) {
+    abort_move(key);
+    return 0;
+  }
+  if (r == MoveResult::failed) return before;  // dropped as corrupt: its slot is free
+  const std::optional<ChunkView> after = index_.view(key);
+  const uint64_t now_stored = after ? after->meta.stored() : 0;
+  compressed_in_place_.fetch_add(1, std::memory_order_relaxed);
+  return before > now_stored ? before - now_stored : 0;
 }
 
 void ChunkCache::drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from,
@@ -1007,6 +1039,7 @@ CacheStats ChunkCache::stats() const {
   s.lossy_refused = lossy_refused_.load();
   s.encodes = encodes_.load();
   s.decodes = decodes_.load();
+  s.compressed_in_place = compressed_in_place_.load();
   return s;
 }
 

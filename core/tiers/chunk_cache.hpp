@@ -76,6 +76,7 @@ struct CacheStats {
   uint64_t lossy_refused = 0;  // lossy chunks a load or retrieve stopped at (exact bytes asked)
   uint64_t encodes = 0;        // chunks encoded (a store, a move or compress)
   uint64_t decodes = 0;        // encoded chunks decoded (a load, a retrieve or a move)
+  uint64_t compressed_in_place = 0;  // victims the adaptive policy re-encoded where they were
   // The adaptive policy's price of a byte in each tier (utility per byte its last victims lost;
   // the peer tier's is always 0).
   std::array<double, kTierCount> price{};
@@ -301,10 +302,27 @@ class ChunkCache {
   static void carry_measurements(const AdaptivePolicy &from, AdaptivePolicy &to);
   // The model's reuse horizon in adaptive mode; 0 when it is not in adaptive mode.
   double adaptive_horizon(const ChunkKey &model) const;
-  // A victim of make_room in tier t moved (after: its meta there) or dropped (nullopt): what it
-  // lost per byte freed goes into the tier's price.
+  // A victim of make_room in tier t moved (after: its meta there, t itself when it was
+  // re-encoded in place) or dropped (nullopt): what it lost per byte it freed goes into the
+  // tier's price.
   void note_victim(Tier t, const ChunkMeta &before, double reuse,
                    const std::optional<std::pair<Tier, ChunkMeta>> &after);
+  // What make_room does with a victim of the adaptive policy: move it down (or drop it from the
+  // last tier, as demote does), drop it, or re-encode it in place under a smaller method.
+  struct RoomAction {
+    enum class Kind : uint8_t { down, drop, compress };
+    Kind kind = Kind::down;
+    codec::CodecParams to{};  // compress: the encoding
+  };
+  // The action that loses the least utility per byte it frees in tier t (AdaptCache's greedy
+  // step, on the victim the eviction order offers): down, for a chunk of a model not in
+  // adaptive mode or in the peer tier.
+  RoomAction room_action(const ChunkMeta &meta, Tier t) const;
+  // Re-encodes `key` in tier t under `to` into a slot the tier has (no room is made for it):
+  // the bytes it freed, 0 when it could not (no slot of its size, pinned, moving, not there).
+  uint64_t compress_in_place(const ChunkKey &key, Tier t, const codec::CodecParams &to);
+  // Drops `key` from tier t by the policy (not pinned, not moving): its bytes, else 0.
+  uint64_t evict(const ChunkKey &key, Tier t);
   // A chunk's bytes read from `where` and re-encoded under `to`.
   Encoded recode(SlotRef where, const ChunkMeta &meta, const codec::CodecParams &to);
   codec::ChunkShape shape_of(const ChunkKey &model) const;
@@ -374,7 +392,7 @@ class ChunkCache {
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};
   std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0}, demotions_{0},
       promotions_{0}, load_failures_{0}, revocations_{0}, deferred_{0}, lossy_refused_{0},
-      encodes_{0}, decodes_{0};
+      encodes_{0}, decodes_{0}, compressed_in_place_{0};
 
   std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
   std::mutex thread_mu_;                       // guards stop_ and woken_

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "core/codec/utility_policy.hpp"
 #include "core/common/error.hpp"
@@ -174,6 +175,47 @@ bool ChunkCache::needs_measure(const ChunkKey &model) const {
   return it != compression_.end() && it->second.adaptive.enabled && !it->second.adaptive.measured;
 }
 
+ChunkCache::RoomAction ChunkCache::room_action(const ChunkMeta &meta, Tier t) const {
+  RoomAction best;
+  if (t == Tier::peer) return best;  // lent memory holds decoded chunks: they move down
+  const std::optional<Tier> lower = lower_tier(t, meta.model);
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(meta.model);
+  if (it == compression_.end() || !it->second.adaptive.enabled) return best;
+  const AdaptivePolicy &a = it->second.adaptive;
+  // Each action's loss of one reuse's value per byte it frees here (the chunk's expected reuses
+  // scale every action alike, so they do not change which is least). Moving down is valued as
+  // the chunk as it is in the lower tier.
+  const double here = value_of(meta, t, a);
+  const double stored = static_cast<double>(meta.stored());
+  double least = std::numeric_limits<double>::infinity();
+  if (lower) least = (here - value_of(meta, *lower, a)) / stored;
+  const double dropped = a.alpha - static_cast<double>(meta.bytes) / a.recompute_bandwidth;
+  if ((here - dropped) / stored < least) {
+    least = (here - dropped) / stored;
+    best.kind = RoomAction::Kind::drop;
+  }
+  if (meta.lossy()) return best;  // never encoded a second time
+  for (const AdaptiveMethod &m : a.methods) {
+    if (m.ratio <= 0 || m.effective_quality() < 0 || m.effective_decode_bandwidth() <= 0) {
+      continue;  // not measured yet
+    }
+    ChunkMeta smaller = meta;
+    smaller.encoding = encoding_of(m.params, false);
+    smaller.stored_bytes =
+        static_cast<uint64_t>(std::ceil(m.ratio * static_cast<double>(meta.bytes)));
+    if (smaller.stored() >= meta.stored() || same_encoding(meta, m.params)) continue;
+    const double loss =
+        (here - value_of(smaller, t, a)) / static_cast<double>(meta.stored() - smaller.stored());
+    if (loss < least) {
+      least = loss;
+      best.kind = RoomAction::Kind::compress;
+      best.to = m.params;
+    }
+  }
+  return best;
+}
+
 void ChunkCache::note_victim(Tier t, const ChunkMeta &before, double reuse,
                              const std::optional<std::pair<Tier, ChunkMeta>> &after) {
   if (t == Tier::peer) return;  // lent memory holds decoded chunks: no price to set
@@ -187,7 +229,10 @@ void ChunkCache::note_victim(Tier t, const ChunkMeta &before, double reuse,
     const double u_after =
         after ? reuse * value_of(after->second, after->first, a)
               : reuse * (a.alpha - static_cast<double>(before.bytes) / a.recompute_bandwidth);
-    per_byte = std::max(0.0, u - u_after) / static_cast<double>(before.stored());
+    // Re-encoded in place, it freed only the bytes it no longer takes.
+    const uint64_t kept = after && after->first == t ? after->second.stored() : 0;
+    const uint64_t freed = before.stored() > kept ? before.stored() - kept : 1;
+    per_byte = std::max(0.0, u - u_after) / static_cast<double>(freed);
   }
   std::atomic<double> &p = price_[idx(t)];
   p.store(0.875 * p.load(std::memory_order_relaxed) + 0.125 * per_byte, std::memory_order_relaxed);

@@ -68,7 +68,7 @@ struct Rig {
   uint64_t clock_ns = 1'000'000'000;  // the cache's clock with manual_clock
 
   Rig(uint64_t host_chunks, uint64_t disk_bytes, std::string reuse_dir = "",
-      bool manual_clock = false) {
+      bool manual_clock = false, uint64_t host_extra_bytes = 0) {
     g.num_layers = 2;
     g.num_kv_heads = 2;
     g.head_dim = 64;
@@ -78,7 +78,7 @@ struct Rig {
     shape = cd::ChunkShape{2, 16, 2, 64, SWIFTKV_DTYPE_F16};
     fp = swiftkv::model_fingerprint("m", g);
     swiftkv::ContextConfig c;
-    c.host_budget_bytes = host_chunks * sizes.full_chunk_bytes;
+    c.host_budget_bytes = host_chunks * sizes.full_chunk_bytes + host_extra_bytes;
     if (disk_bytes != 0) {
       if (reuse_dir.empty()) {
         char t[] = "/tmp/swiftkv-compress-XXXXXX";
@@ -114,14 +114,16 @@ struct Rig {
     m.accept_lossy = accept_lossy;
     cache->set_compression(fp, m);
   }
-  // Adaptive mode with `methods` (none: the default set).
-  void adaptive(double alpha, std::vector<swiftkv::AdaptiveMethod> methods = {}) {
+  // Adaptive mode with `methods` (none: the default set); recompute_bandwidth 0: the default.
+  void adaptive(double alpha, std::vector<swiftkv::AdaptiveMethod> methods = {},
+                double recompute_bandwidth = 0) {
     swiftkv::ModelCompression m;
     m.shape = shape;
     m.accept_lossy = true;
     m.adaptive.enabled = true;
     m.adaptive.alpha = alpha;
     m.adaptive.methods = std::move(methods);
+    if (recompute_bandwidth > 0) m.adaptive.recompute_bandwidth = recompute_bandwidth;
     cache->set_compression(fp, m);
   }
   std::vector<ChunkKey> keys(uint32_t seq, size_t n) const {
@@ -425,6 +427,66 @@ void adaptive_price_compresses_cold_chunks_not_hot_ones(void **) {
   assert_true(*r.load(23, 3) == r.round_trip(23, 3, fp8()));
 }
 
+// A full host tier with no disk behind it makes room by the victim's cheapest action per byte
+// freed. Recomputing is made dear (1 KB/s) and fp8 nearly exact (the engine's quality 0.999,
+// decoded on its GPU), with alpha 1 so that chunks enter raw (0.001 of quality is worth more
+// than the 8 KB fp8 saves at 25 GB/s). Per byte freed, dropping the 16 KiB victim loses
+// 1/1e3 - 1/25e9 = 1e-3; fp8 in place loses (0.001 - 7888 / 25e9) / 7888 = 1.3e-7 (7888 bytes
+// saved: 16384 less its 8496-byte frame). So the victim is re-encoded where it is, into the one
+// fp8 slot the budget's last 12 KiB make, and nothing is evicted. The next victim finds no fp8
+// slot free and is dropped, as before.
+void make_room_compresses_in_place_when_cheaper(void **) {
+  Rig r(8, 0, "", true, 12288);
+  r.adaptive(1.0, {gpu_decoded(fp8(), 0.999)}, 1e3);
+  assert_int_equal(r.store(30, 8), 8);
+  swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::raw)][ti(Tier::host)], 8);
+  r.clock_ns += 1'000'000'000;
+  assert_int_equal(r.store(31, 1), 1);
+  s = r.cache->stats();
+  assert_int_equal(s.evictions, 0);
+  assert_int_equal(s.compressed_in_place, 1);
+  assert_int_equal(s.chunks[ti(Tier::host)], 9);
+  assert_int_equal(s.codecs.chunks[ci(cd::Codec::fp8)][ti(Tier::host)], 1);
+  // The oldest chunk was the victim: it serves what fp8 decodes, the others their bytes.
+  assert_true(swiftkv::same_encoding(r.view(30, 0).meta, fp8()));
+  assert_int_equal(r.view(30, 0).meta.stored(), r.frame_bytes(fp8()));
+  assert_true(*r.load(30, 0) == r.round_trip(30, 0, fp8()));
+  for (size_t i = 1; i < 8; ++i) assert_true(*r.load(30, i) == r.kv(30, i));
+  assert_true(*r.load(31, 0) == r.kv(31, 0));
+  assert_true(s.price[ti(Tier::host)] > 0);  // what the victim lost per byte it freed
+  // No slot of fp8's size is left and no budget to make one: the next victim is dropped.
+  r.clock_ns += 1'000'000'000;
+  const std::vector<ChunkKey> k = r.keys(32, 1);
+  assert_int_equal(r.store(32, 1), 1);
+  s = r.cache->stats();
+  assert_int_equal(s.evictions, 1);
+  assert_int_equal(s.compressed_in_place, 1);
+  assert_int_equal(s.chunks[ti(Tier::host)], 9);
+  assert_true(*r.load(32, 0) == r.kv(32, 0));
+}
+
+// Dropping wins over moving down when recomputing is cheaper than reading the disk: with
+// recomputation at 1e15 B/s, a dropped chunk is worth alpha - 1.6e-11 s, one on disk alpha -
+// 16384 / 3e9 = alpha - 5.5e-6 s; so the full host tier drops its victims and the disk stays
+// empty. With the default 1.5 GB/s (adaptive_price_compresses_cold_chunks_not_hot_ones) the same
+// victims go to disk.
+void make_room_drops_when_recomputing_is_cheaper(void **) {
+  Rig r(4, uint64_t{4} << 20, "", true);
+  r.adaptive(1.0, {gpu_decoded(fp8(), 0.5)}, 1e15);
+  assert_int_equal(r.store(33, 4), 4);
+  r.clock_ns += 1'000'000'000;
+  assert_int_equal(r.store(34, 4), 4);
+  const swiftkv::CacheStats s = r.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::host)], 4);
+  assert_int_equal(s.chunks[ti(Tier::disk)], 0);
+  assert_int_equal(s.evictions, 4);
+  assert_int_equal(s.demotions, 0);
+  assert_int_equal(s.compressed_in_place, 0);  // fp8 at quality 0.5 loses the most
+  for (size_t i = 0; i < 4; ++i) assert_true(*r.load(34, i) == r.kv(34, i));
+  assert_false(r.load(33, 0).has_value());
+}
+
 // Bad adaptive configs are EINVAL and change nothing; compress without a codec is EINVAL for a
 // model in fixed mode.
 void bad_adaptive_config_is_refused(void **) {
@@ -508,6 +570,8 @@ int main() {
       cmocka_unit_test(adaptive_keeps_chunks_exact_while_there_is_room),
       cmocka_unit_test(adaptive_alpha_zero_takes_the_smallest),
       cmocka_unit_test(adaptive_price_compresses_cold_chunks_not_hot_ones),
+      cmocka_unit_test(make_room_compresses_in_place_when_cheaper),
+      cmocka_unit_test(make_room_drops_when_recomputing_is_cheaper),
       cmocka_unit_test(bad_adaptive_config_is_refused),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
