@@ -13,10 +13,12 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <condition_variable>
 #include <cstddef>
 #include <cstring>
+#include <exception>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -785,6 +787,42 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
   if (sum != h.payload_checksum) {
     fail(SWIFTKV_EIO, path + " at " + std::to_string(off) + ": the record fails its checksum");
   }
+}
+
+void DiskTier::read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok) {
+  uint64_t bytes = 0;
+  for (const SlotRead &r : reads) bytes += r.meta->stored();
+  const auto streams = static_cast<unsigned>(std::min<size_t>(kReadStreams, reads.size()));
+  if (streams < 2 || bytes < kParallelReadBytes) {
+    TierStore::read_many(reads, ok);
+    return;
+  }
+  std::atomic<size_t> next{0};
+  std::exception_ptr failed;  // the first exception other than a failed check
+  std::mutex failed_mu;
+  auto work = [&]() noexcept {
+    for (size_t i = next++; i < reads.size(); i = next++) {
+      try {
+        read(reads[i].slot, *reads[i].meta, reads[i].dst);
+        ok[i] = 1;
+      } catch (const Error &) {
+        ok[i] = 0;
+      } catch (...) {
+        ok[i] = 0;
+        std::lock_guard lock(failed_mu);
+        if (!failed) failed = std::current_exception();
+      }
+    }
+  };
+  std::vector<std::thread> helpers;
+  try {
+    for (unsigned t = 1; t < streams; ++t) helpers.emplace_back(work);
+  } catch (const std::system_error &) {
+    // No thread to be had: the ones started and this one read everything.
+  }
+  work();
+  for (std::thread &t : helpers) t.join();
+  if (failed) std::rethrow_exception(failed);
 }
 
 uint64_t DiskTier::checked_read_rest(int fd, uint64_t payload_at, uint64_t bytes, uint64_t first,

@@ -90,6 +90,12 @@ class DiskTier final : public TierStore {
   // segment generation) and its checksum; Error(EIO) otherwise (a record that is not the chunk
   // is counted as mismatched).
   void read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) override;
+  // Up to kReadStreams records read at once (the caller and helper threads taking the next
+  // record in turn), so the disk has several requests in flight; a batch of one record, or of
+  // less than kParallelReadBytes in all, is read on the caller's thread.
+  void read_many(std::span<const SlotRead> reads, std::span<uint8_t> ok) override;
+  static constexpr unsigned kReadStreams = 4;
+  static constexpr uint64_t kParallelReadBytes = uint64_t{8} << 20;
   // Room for records: the budget less the segment kept free for cleaning.
   uint64_t capacity_bytes(const ChunkKey &) const override;
   // What allocate() can provide now, cleaning included.

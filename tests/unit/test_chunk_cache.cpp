@@ -1191,6 +1191,50 @@ void disk_reads_large_records_in_pieces(void **) {
   std::filesystem::remove_all(t);
 }
 
+// A batch of records read at once (read_many: several in flight on helper threads) gives each
+// its bytes, and a record that fails its checksum fails alone.
+void disk_reads_many_records_at_once(void **) {
+  char t[] = "/tmp/swiftkv-many-XXXXXX";
+  assert_non_null(mkdtemp(t));
+  constexpr uint64_t kPayload = (uint64_t{2} << 20) + 640;
+  constexpr size_t kRecords = 7;  // 14 MiB: above the parallel threshold
+  static_assert(kPayload * kRecords >= swiftkv::DiskTier::kParallelReadBytes);
+  swiftkv::DiskOptions o;
+  o.dir = t;
+  o.segment_bytes = swiftkv::DiskTier::segment_for(kPayload) * 4;
+  o.budget_bytes = o.segment_bytes * 4;
+  swiftkv::DiskTier tier(o);
+  tier.rebuild([](const swiftkv::DiskTier::Found &) {});
+  std::vector<swiftkv::ChunkMeta> metas;
+  std::vector<uint64_t> slots;
+  for (size_t i = 0; i < kRecords; ++i) {
+    const ChunkKey key{10 + i, 20};
+    metas.push_back(swiftkv::ChunkMeta{ChunkKey{3, 4}, static_cast<uint32_t>(i), 256, kPayload});
+    const std::optional<uint64_t> slot = tier.allocate(key, metas.back());
+    assert_true(slot.has_value());
+    tier.write(*slot, key, metas.back(), chunk_bytes(kPayload, 11, i).data());
+    slots.push_back(*slot);
+  }
+  std::vector<std::vector<std::byte>> out(kRecords, std::vector<std::byte>(kPayload));
+  std::vector<swiftkv::TierStore::SlotRead> reads;
+  for (size_t i = 0; i < kRecords; ++i) reads.push_back({slots[i], &metas[i], out[i].data()});
+  std::vector<uint8_t> ok(kRecords, 7);
+  tier.read_many(reads, ok);
+  for (size_t i = 0; i < kRecords; ++i) {
+    assert_int_equal(ok[i], 1);
+    assert_true(out[i] == chunk_bytes(kPayload, 11, i));
+  }
+  const auto loc = tier.location_of(slots[3]);
+  flip_byte(loc.path, loc.offset + swiftkv::DiskTier::kHeaderBytes + (uint64_t{1} << 20) + 3);
+  for (auto &b : out) std::fill(b.begin(), b.end(), std::byte{0});
+  tier.read_many(reads, ok);
+  for (size_t i = 0; i < kRecords; ++i) {
+    assert_int_equal(ok[i], i == 3 ? 0 : 1);
+    if (i != 3) assert_true(out[i] == chunk_bytes(kPayload, 11, i));
+  }
+  std::filesystem::remove_all(t);
+}
+
 // A full disk (here: a file size limit, as a full filesystem answers) refuses new segments: the
 // tier lives within the segments it has, evicting by its policy; with nothing it may evict,
 // stores are rejected and counted; nothing is corrupted and the budget's count stays true.
@@ -1541,6 +1585,7 @@ int main() {
       cmocka_unit_test(disk_survives_sigkill_while_storing),
       cmocka_unit_test(disk_full_lives_within_its_segments),
       cmocka_unit_test(disk_reads_large_records_in_pieces),
+      cmocka_unit_test(disk_reads_many_records_at_once),
       cmocka_unit_test(disk_cleaning_moves_records_under_readers),
       cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
