@@ -141,6 +141,21 @@ SWIFTKV_HD uint32_t load_u16(const uint8_t *p) { return uint32_t{p[0]} | (uint32
 SWIFTKV_HD uint32_t load_u32(const uint8_t *p) {
   return uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) | (uint32_t{p[3]} << 24);
 }
+// The same values, in one load on the device where the address allows it (the eight-element
+// path's words are aligned in every layout, the element path's need not be); on the host the
+// compiler makes one load of the bytes.
+SWIFTKV_HD uint32_t load_word(const uint8_t *p) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(p) & 3u) == 0) return *reinterpret_cast<const uint32_t *>(p);
+#endif
+  return load_u32(p);
+}
+SWIFTKV_HD uint32_t load_half(const uint8_t *p) {
+#if defined(__CUDA_ARCH__)
+  if ((reinterpret_cast<uintptr_t>(p) & 1u) == 0) return *reinterpret_cast<const uint16_t *>(p);
+#endif
+  return load_u16(p);
+}
 
 // Where element e of a layer is: K (kv 0) or V (1), its index i in that tensor, its token t and
 // its index j in the token's heads x dim row.
@@ -187,8 +202,9 @@ SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const
          ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;
 }
 SWIFTKV_HD uint16_t kivi_element(uint32_t q, const uint8_t *pair, uint32_t bf16) {
-  const float lo = element_value(load_u16(pair), bf16);
-  const float scale = element_value(load_u16(pair + 2), bf16);
+  const uint32_t w = load_word(pair);  // lo, then scale
+  const float lo = element_value(w & 0xffffu, bf16);
+  const float scale = element_value(w >> 16, bf16);
   return element_bits(add_rounded(lo, mul_rounded(static_cast<float>(q), scale)), bf16);
 }
 
@@ -198,7 +214,7 @@ SWIFTKV_HD uint16_t decode_layer_element(const uint8_t *p, const LayerShape &s, 
   const LayerPos at = layer_pos(s, e);
   if (layer_codec(encoding) == kLayerFp8) {
     const uint8_t *rec = fp8_record(p, s, at);
-    return fp8_element(rec[4 + at.j], layer_bits_to_float(load_u32(rec)), s.bf16);
+    return fp8_element(rec[4 + at.j], layer_bits_to_float(load_word(rec)), s.bf16);
   }
   const KiviParts k = kivi_parts(s, encoding);
   const uint64_t bit = at.i * k.bits;
@@ -214,14 +230,19 @@ SWIFTKV_HD void decode_layer_8(const uint8_t *p, const LayerShape &s, uint32_t e
   const LayerPos at = layer_pos(s, e);
   if (layer_codec(encoding) == kLayerFp8) {
     const uint8_t *rec = fp8_record(p, s, at);
-    const float scale = layer_bits_to_float(load_u32(rec));
-    for (uint32_t k = 0; k < 8; ++k) out[k] = fp8_element(rec[4 + at.j + k], scale, s.bf16);
+    const float scale = layer_bits_to_float(load_word(rec));
+    const uint64_t codes =
+        uint64_t{load_word(rec + 4 + at.j)} | (uint64_t{load_word(rec + 8 + at.j)} << 32);
+    for (uint32_t k = 0; k < 8; ++k) {
+      out[k] = fp8_element(static_cast<uint32_t>(codes >> (8 * k)) & 0xffu, scale, s.bf16);
+    }
     return;
   }
   const KiviParts kp = kivi_parts(s, encoding);
   const uint8_t *code_at = kivi_codes(p, kp, at) + at.i * kp.bits / 8;
-  uint64_t word = 0;  // the eight codes, low bits first: `bits` bytes
-  for (uint32_t b = 0; b < kp.bits; ++b) word |= uint64_t{code_at[b]} << (8 * b);
+  // The eight codes, low bits first: `bits` bytes (8, 4 or 2).
+  uint64_t word = kp.bits == 2 ? load_half(code_at) : load_word(code_at);
+  if (kp.bits == 8) word |= uint64_t{load_word(code_at + 4)} << 32;
   const uint32_t mask = (1u << kp.bits) - 1;
   // Keys: a pair per channel, consecutive; values: one pair for the eight.
   const uint8_t *pair = kivi_pair(p, s, kp, at);
