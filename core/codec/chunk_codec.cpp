@@ -11,9 +11,21 @@
 #include <zstd.h>
 #endif
 
+#include "core/codec/layer_decode.hpp"
 #include "core/common/error.hpp"
 
 namespace swiftkv::codec {
+
+float fp8_checked_scale(const uint8_t *record, uint64_t row) {
+  float scale;
+  std::memcpy(&scale, record, 4);
+  if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
+  const uint8_t *codes = record + 4;
+  uint32_t nan = 0;
+  for (uint64_t i = 0; i < row; ++i) nan |= static_cast<uint32_t>((codes[i] & 0x7fu) == 0x7fu);
+  if (nan != 0) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
+  return scale;
+}
 
 namespace {
 
@@ -381,15 +393,6 @@ uint8_t to_e4m3(float y) {
   return static_cast<uint8_t>(sign | (exp << 3) | m);
 }
 
-float from_e4m3(uint8_t v) {
-  const float sign = (v & 0x80) != 0 ? -1.0f : 1.0f;
-  const int exp = (v >> 3) & 0xf;
-  const int m = v & 0x7;
-  if (exp == 0) return sign * std::ldexp(static_cast<float>(m), -9);
-  if (exp == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
-  return sign * std::ldexp(1.0f + static_cast<float>(m) / 8.0f, exp - 7);
-}
-
 uint64_t fp8_row(const ChunkShape &s) { return 4 + uint64_t{s.heads} * s.dim; }
 
 void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
@@ -420,7 +423,7 @@ void fp8_encode(const ChunkShape &s, const std::byte *raw, std::byte *out) {
 // the scale, rounded to float, then to the element type.
 void fp8_decode(const ChunkShape &s, const std::byte *in, std::byte *out) {
   std::array<float, 256> table{};
-  for (int v = 0; v < 256; ++v) table[static_cast<size_t>(v)] = from_e4m3(static_cast<uint8_t>(v));
+  for (uint32_t v = 0; v < 256; ++v) table[v] = e4m3_value(v);
   const uint64_t row = uint64_t{s.heads} * s.dim;
   const uint64_t rows = uint64_t{s.layers} * 2 * s.tokens;
   const bool lookup = row > 256;
@@ -428,13 +431,8 @@ void fp8_decode(const ChunkShape &s, const std::byte *in, std::byte *out) {
   std::array<uint16_t, 256> elements{};
   for (uint64_t r = 0; r < rows; ++r) {
     const auto *p = reinterpret_cast<const uint8_t *>(in + r * fp8_row(s));
-    float scale;
-    std::memcpy(&scale, p, 4);
-    if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
+    const float scale = fp8_checked_scale(p, row);
     const uint8_t *codes = p + 4;
-    uint32_t nan = 0;
-    for (uint64_t i = 0; i < row; ++i) nan |= static_cast<uint32_t>((codes[i] & 0x7fu) == 0x7fu);
-    if (nan != 0) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
     std::byte *o = out + r * row * 2;
     if (lookup) {
       for (size_t v = 0; v < 256; ++v) x[v] = table[v] * scale;

@@ -78,6 +78,11 @@ struct FrameInfo {
 };
 FrameInfo read_frame_header(std::span<const std::byte> frame, const ChunkShape &shape);
 
+// One fp8 record (a float scale, then `row` one-byte codes): its scale, or EIO for a scale
+// that is not finite and >= 0 or a NaN code (which no encoder writes). The decoder's check, and
+// the device path's before the record leaves the host.
+float fp8_checked_scale(const uint8_t *record, uint64_t row);
+
 // Decodes a frame into out (shape.bytes()). EIO for a frame that is not a valid encoding of a
 // chunk of this shape; out's contents are then unspecified.
 void decode(std::span<const std::byte> frame, const ChunkShape &shape, std::span<std::byte> out);

@@ -2,7 +2,6 @@
 // it goes to the device. Compiled with -ffp-contract=off, as chunk_codec.cpp is.
 #include "core/codec/layer_decode.hpp"
 
-#include <cmath>
 #include <string>
 
 #include "core/codec/chunk_codec.hpp"
@@ -38,31 +37,18 @@ void decode_layer_cpu(const std::byte *payload, const LayerShape &s, uint32_t en
   }
 }
 
-void check_layer_frame(std::span<const std::byte> frame, const ChunkShape &shape,
-                       const CodecParams &params) {
-  const FrameInfo fi = read_frame_header(frame, shape);
-  if (fi.params.codec != params.codec || fi.params.bits != params.bits ||
-      fi.params.group != params.group) {
-    fail(SWIFTKV_EIO, "a chunk frame of another encoding than its index entry");
-  }
-  if (!decodes_by_layer(fi.params)) {
+void check_layer_values(std::span<const std::byte> frame, const ChunkShape &shape,
+                        const CodecParams &params) {
+  if (!decodes_by_layer(params)) {
     fail(SWIFTKV_EINTERNAL,
-         std::string("a ") + codec_name(fi.params.codec) + " frame does not decode layer by layer");
+         std::string("a ") + codec_name(params.codec) + " frame does not decode layer by layer");
   }
-  if (fi.params.codec != Codec::fp8) return;  // every kivi payload decodes
-  // What fp8's CPU decoder refuses, refused here too: a scale that is not finite and >= 0, a
-  // NaN code.
+  if (params.codec != Codec::fp8) return;  // every kivi payload decodes
+  // What the fp8 decoder refuses, refused here too, row by row by the same check.
   const uint64_t row = uint64_t{shape.heads} * shape.dim;
   const uint64_t rows = uint64_t{shape.layers} * 2 * shape.tokens;
   const auto *p = reinterpret_cast<const uint8_t *>(frame.data() + kFrameHeaderBytes);
-  for (uint64_t r = 0; r < rows; ++r, p += 4 + row) {
-    float scale;
-    std::memcpy(&scale, p, 4);
-    if (!std::isfinite(scale) || scale < 0.0f) fail(SWIFTKV_EIO, "an fp8 frame has a bad scale");
-    uint32_t nan = 0;
-    for (uint64_t i = 0; i < row; ++i) nan |= static_cast<uint32_t>((p[4 + i] & 0x7fu) == 0x7fu);
-    if (nan != 0) fail(SWIFTKV_EIO, "an fp8 frame holds a NaN code");
-  }
+  for (uint64_t r = 0; r < rows; ++r, p += 4 + row) (void)fp8_checked_scale(p, row);
 }
 
 }  // namespace swiftkv::codec

@@ -123,7 +123,7 @@ SWIFTKV_HD float add_rounded(float a, float b) {
 }
 
 // An FP8 E4M3 ("FN") code's value, exactly. 0x7f and 0xff (NaN, which no encoder writes) give
-// NaN; the host checks frames for them before they go to the device (check_layer_frame).
+// NaN; the host checks frames for them before they go to the device (check_layer_values).
 SWIFTKV_HD float e4m3_value(uint32_t c) {
   const uint32_t ex = (c >> 3) & 0xfu, m = c & 0x7u;
   float v;
@@ -273,11 +273,12 @@ bool decodes_by_layer(const CodecParams &p) noexcept;
 void decode_layer_cpu(const std::byte *payload, const LayerShape &s, uint32_t encoding,
                       uint64_t first, uint64_t count, std::byte *out) noexcept;
 
-// EIO unless `frame` is a frame of this shape under `params` that codec::decode would take:
-// its header, and for fp8 every scale (finite, >= 0) and code (no NaN). What a frame passes
-// before its layers are decoded on the device, where nothing can be refused.
-void check_layer_frame(std::span<const std::byte> frame, const ChunkShape &shape,
-                       const CodecParams &params);
+// For a frame whose header was checked (under `params`, of this shape): EIO where
+// codec::decode would refuse its values (fp8: a scale that is not finite and >= 0, a NaN code;
+// every kivi payload decodes), EINTERNAL for a codec that does not decode layer by layer. What a
+// frame passes before its layers are decoded on the device, where nothing can be refused.
+void check_layer_values(std::span<const std::byte> frame, const ChunkShape &shape,
+                        const CodecParams &params);
 
 }  // namespace swiftkv::codec
 #endif

@@ -627,11 +627,9 @@ std::optional<codec::LayerShape> ChunkCache::device_decodable(const ChunkMeta &m
 }
 
 void ChunkCache::check_device_frame(std::span<const std::byte> stored, const ChunkMeta &meta) {
-  if (stored.size() != meta.stored()) {
-    fail(SWIFTKV_EINTERNAL, "a stored chunk of " + std::to_string(stored.size()) +
-                                " bytes; its meta says " + std::to_string(meta.stored()));
-  }
-  codec::check_layer_frame(stored, shape_of(meta.model), params_of(meta.encoding));
+  const codec::ChunkShape shape = shape_of(meta.model);
+  const codec::FrameInfo fi = check_stored_frame(stored, meta, shape);
+  codec::check_layer_values(stored, shape, fi.params);
   decodes_.fetch_add(1, std::memory_order_relaxed);  // the device decodes what passes
 }
 

@@ -170,8 +170,8 @@ class ChunkCache {
   // (core/codec/layer_decode.hpp); nullopt for any other chunk.
   std::optional<codec::LayerShape> device_decodable(const ChunkMeta &meta) const;
   // EIO unless `stored` (meta.stored() bytes) is a frame the device decoder takes for this chunk
-  // (codec::check_layer_frame): checked on the host before the frame goes to the device. A frame
-  // that passes counts as decoded.
+  // (check_stored_frame, then codec::check_layer_values): checked on the host before the frame
+  // goes to the device. A frame that passes counts as decoded.
   void check_device_frame(std::span<const std::byte> stored, const ChunkMeta &meta);
 
   // Moves the chunks of the tiers in from_mask (tier bits) down to the disk tier as far as its

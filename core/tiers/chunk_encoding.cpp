@@ -111,16 +111,20 @@ bool same_encoding(const ChunkMeta &meta, const codec::CodecParams &to) noexcept
   return (meta.encoding & ~kEncodingLossy) == (encoding_of(to, false) & ~kEncodingLossy);
 }
 
-void decode_stored(std::span<const std::byte> stored, const ChunkMeta &meta,
-                   const codec::ChunkShape &shape, std::byte *dst) {
+namespace {
+
+void check_stored_size(std::span<const std::byte> stored, const ChunkMeta &meta) {
   if (stored.size() != meta.stored()) {
     fail(SWIFTKV_EINTERNAL, "a stored chunk of " + std::to_string(stored.size()) +
                                 " bytes; its meta says " + std::to_string(meta.stored()));
   }
-  if (!meta.encoded()) {
-    std::memcpy(dst, stored.data(), stored.size());
-    return;
-  }
+}
+
+}  // namespace
+
+codec::FrameInfo check_stored_frame(std::span<const std::byte> stored, const ChunkMeta &meta,
+                                    const codec::ChunkShape &shape) {
+  check_stored_size(stored, meta);
   if (shape.bytes() != meta.bytes) {
     fail(SWIFTKV_EIO,
          "a chunk of " + std::to_string(meta.bytes) + " decoded bytes is not of its model's shape");
@@ -130,6 +134,17 @@ void decode_stored(std::span<const std::byte> stored, const ChunkMeta &meta,
   if (!same_encoding(meta, fi.params)) {
     fail(SWIFTKV_EIO, "a chunk frame of another encoding than its index entry");
   }
+  return fi;
+}
+
+void decode_stored(std::span<const std::byte> stored, const ChunkMeta &meta,
+                   const codec::ChunkShape &shape, std::byte *dst) {
+  if (!meta.encoded()) {
+    check_stored_size(stored, meta);
+    std::memcpy(dst, stored.data(), stored.size());
+    return;
+  }
+  check_stored_frame(stored, meta, shape);
   codec::decode(stored, shape, std::span<std::byte>(dst, meta.bytes));
 }
 

@@ -79,6 +79,12 @@ uint32_t encoding_of(const codec::CodecParams &p, bool lossy) noexcept;
 // The parameters an encoding word names (its zstd level is not kept: 1).
 codec::CodecParams params_of(uint32_t encoding) noexcept;
 
+// An encoded chunk's stored bytes checked against its index entry: EINTERNAL when they are not
+// meta.stored() long; EIO when its model's shape is not meta.bytes or the frame is malformed, of
+// another shape or of another encoding than the entry's (a record that is not this chunk).
+codec::FrameInfo check_stored_frame(std::span<const std::byte> stored, const ChunkMeta &meta,
+                                    const codec::ChunkShape &shape);
+
 // A chunk's decoded bytes from its stored ones: `stored` (meta.stored() bytes) decoded into
 // dst (meta.bytes). EIO when the frame is not a valid encoding of the shape.
 void decode_stored(std::span<const std::byte> stored, const ChunkMeta &meta,

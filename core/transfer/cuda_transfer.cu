@@ -62,6 +62,15 @@ void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
 
+void launch_decode_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
+                          const unsigned char *staging, unsigned char *pages,
+                          const codec::LayerShape &shape, cudaStream_t s) {
+  if (n == 0) return;
+  kernels::decode_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(items, n, chunks,
+                                                                           staging, pages, shape);
+  check_cuda(cudaGetLastError(), "the decode kernel launch");
+}
+
 }  // namespace
 
 // One request's CUDA objects at a time; see cuda_transfer.hpp.
@@ -480,12 +489,9 @@ class CudaTransfer final : public DeviceTransfer {
   // The decode kernel over the load side's first n items (those of encoded chunks).
   void launch_decode(uint32_t n, const unsigned char *staging, unsigned char *pages,
                      cudaStream_t s) {
-    if (n == 0) return;
     const auto *items = reinterpret_cast<const CopyItem *>(lane_->tables.p + table_at_[0]);
     const auto *chunks = reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[1]);
-    kernels::decode_items<<<grid_for(lanes_->sms(), n), kernels::kCopyThreads, 0, s>>>(
-        items, n, chunks, staging, pages, load_.shape);
-    check_cuda(cudaGetLastError(), "the decode kernel launch");
+    launch_decode_kernel(lanes_->sms(), items, n, chunks, staging, pages, load_.shape, s);
   }
 
   std::shared_ptr<DeviceLanes> lanes_;
@@ -515,15 +521,12 @@ void launch_decode_items(int32_t device, const CopyItem *items, uint32_t n,
                          const codec::LayerShape &shape, void *stream) {
   check_device(device);
   DeviceGuard guard(device);
-  if (n == 0) return;
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
              "cudaDeviceGetAttribute (SM count)");
-  kernels::decode_items<<<grid_for(sms, n), kernels::kCopyThreads, 0,
-                          static_cast<cudaStream_t>(stream)>>>(
-      items, n, chunks, reinterpret_cast<const unsigned char *>(staging),
-      reinterpret_cast<unsigned char *>(pages), shape);
-  check_cuda(cudaGetLastError(), "the decode kernel launch");
+  launch_decode_kernel(sms, items, n, chunks, reinterpret_cast<const unsigned char *>(staging),
+                       reinterpret_cast<unsigned char *>(pages), shape,
+                       static_cast<cudaStream_t>(stream));
 }
 
 std::unique_ptr<DeviceTransfer> DeviceTransfer::create(const std::shared_ptr<DeviceLanes> &lanes,

@@ -273,7 +273,7 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
           if (p.codec == Codec::kivi) src.encoding |= std::countr_zero(p.group) << 16;
           const uint64_t layer = swiftkv::codec::layer_payload_bytes(ls, src.encoding);
           assert_int_equal(frame.size(), swiftkv::codec::kFrameHeaderBytes + kLayers * layer);
-          swiftkv::codec::check_layer_frame(frame, shape, p);
+          swiftkv::codec::check_layer_values(frame, shape, p);
           const auto at = frame.begin() + static_cast<ptrdiff_t>(swiftkv::codec::kFrameHeaderBytes +
                                                                  kLayer * layer);
           staging.insert(staging.end(), at, at + static_cast<ptrdiff_t>(layer));
