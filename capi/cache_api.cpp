@@ -25,10 +25,11 @@ constexpr size_t kStatsV1Size = offsetof(swiftkv_stats, demotions_deferred) + si
 
 Tier read_tier(swiftkv_tier t, const char *arg) {
   const int32_t v = raw_enum_value(t);
-  if (v < SWIFTKV_TIER_PEER || v > SWIFTKV_TIER_DISK) {
+  const std::optional<Tier> tier = v >= 0 ? tier_of_code(static_cast<uint32_t>(v)) : std::nullopt;
+  if (!tier) {
     fail_invalid(std::string(arg) + " (" + std::to_string(v) + ") is not a tier a chunk can be in");
   }
-  return static_cast<Tier>(v);
+  return *tier;
 }
 
 }  // namespace
@@ -152,6 +153,7 @@ SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *r
     v.loadable_tokens = r.loadable * c;
     v.prefix_tokens = r.prefix * c;
     for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
+    v.remote_chunks = r.per_tier[static_cast<size_t>(Tier::remote)];
     swiftkv::capi::write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION,
                                    swiftkv::capi::kLookupResultV1Size, "out",
                                    "SWIFTKV_LOOKUP_RESULT_INIT");
@@ -304,9 +306,10 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
     if (!ctx->cache.configured(t, m.fingerprint)) {
       swiftkv::fail_invalid(std::string("tier ") + swiftkv::tier_name(t) +
                             " is not configured for " + m.name +
-                            (t == Tier::peer   ? " (it borrows no lent memory)"
-                             : t == Tier::host ? " (the context has no host_budget_bytes)"
-                                               : " (the context has no disk_path)"));
+                            (t == Tier::peer     ? " (it borrows no lent memory of this host)"
+                             : t == Tier::remote ? " (it borrows no lent memory of another host)"
+                             : t == Tier::host   ? " (the context has no host_budget_bytes)"
+                                                 : " (the context has no disk_path)"));
     }
     *chunks_there_out = ctx->cache.move(keys, t);
     return SWIFTKV_OK;
@@ -325,6 +328,11 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
       v.capacity_bytes[t] = s.capacity_bytes[t];
       v.hits[t] = s.hits[t];
     }
+    const size_t remote = static_cast<size_t>(Tier::remote);
+    v.remote_chunks = s.chunks[remote];
+    v.remote_bytes = s.bytes[remote];
+    v.remote_capacity_bytes = s.capacity_bytes[remote];
+    v.remote_hits = s.hits[remote];
     v.misses = s.misses;
     v.stores = s.stores;
     v.stores_rejected = s.stores_rejected;
@@ -371,8 +379,8 @@ SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
           if (m.fingerprint == e.model) ev.model = id;
         }
       }
-      ev.from = static_cast<swiftkv_tier>(e.from);
-      ev.to = e.to ? static_cast<swiftkv_tier>(*e.to) : SWIFTKV_TIER_DROPPED;
+      ev.from = static_cast<swiftkv_tier>(swiftkv::tier_code(e.from));
+      ev.to = e.to ? static_cast<swiftkv_tier>(swiftkv::tier_code(*e.to)) : SWIFTKV_TIER_DROPPED;
       ev.reason = static_cast<swiftkv_chunk_event_reason>(e.reason);
       ev.key_lo = e.key.lo;
       ev.key_hi = e.key.hi;

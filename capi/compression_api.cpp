@@ -158,7 +158,7 @@ SWIFTKV_API swiftkv_status swiftkv_chunk_info_get(swiftkv_chunk_info *info_out,
       v.tier = SWIFTKV_TIER_DROPPED;
       if (const std::optional<swiftkv::ChunkView> cv = ctx->cache.view(keys[i])) {
         const swiftkv::codec::CodecParams p = swiftkv::params_of(cv->meta.encoding);
-        v.tier = static_cast<uint8_t>(cv->where.tier);
+        v.tier = swiftkv::tier_code(cv->where.tier);
         v.codec = static_cast<uint8_t>(p.codec);
         v.bits = static_cast<uint8_t>(p.bits);
         v.group = static_cast<uint16_t>(p.group);

@@ -17,9 +17,8 @@ namespace {
 
 constexpr size_t kCtxConfigV1Size =
     offsetof(swiftkv_ctx_config, disk_budget_bytes) + sizeof(uint64_t);
-constexpr size_t kCtxConfigV8Size =
-    offsetof(swiftkv_ctx_config, coord_rma_timeout_ms) + sizeof(uint32_t);
-static_assert(kCtxConfigV8Size == sizeof(swiftkv_ctx_config));
+constexpr size_t kCtxConfigV9Size = offsetof(swiftkv_ctx_config, reserved3) + sizeof(uint32_t);
+static_assert(kCtxConfigV9Size == sizeof(swiftkv_ctx_config));
 constexpr uint32_t kMaxOpenRequestsLimit = uint32_t{1} << 20;
 
 struct ReadConfig {
@@ -38,6 +37,7 @@ void check_config_fields(const swiftkv_ctx_config &c) {
   if (c.reserved0 != 0) swiftkv::fail_invalid("config->reserved0 is not 0");
   if (c.reserved1 != 0) swiftkv::fail_invalid("config->reserved1 is not 0");
   if (c.reserved2 != 0) swiftkv::fail_invalid("config->reserved2 is not 0");
+  if (c.reserved3 != 0) swiftkv::fail_invalid("config->reserved3 is not 0");
   if (c.write_back_on_close > 1) {
     swiftkv::fail_invalid("config->write_back_on_close (" + std::to_string(c.write_back_on_close) +
                           ") is not 0 or 1");
@@ -97,6 +97,14 @@ swiftkv::CacheOptions cache_options(const swiftkv_ctx_config &c) {
     swiftkv::fail_invalid("config->maintenance_interval_ms is 0; leases need renewing");
   }
   o.maintenance_interval_ms = c.maintenance_interval_ms;
+  const int32_t order = swiftkv::capi::raw_enum_value(c.tier_order);
+  if (order == SWIFTKV_TIER_ORDER_HOST_FIRST) {
+    o.chain = {swiftkv::Tier::peer, swiftkv::Tier::host, swiftkv::Tier::remote,
+               swiftkv::Tier::disk};
+  } else if (order != SWIFTKV_TIER_ORDER_REMOTE_FIRST) {
+    swiftkv::fail_invalid("config->tier_order (" + std::to_string(order) +
+                          ") is not a swiftkv_tier_order");
+  }
   if (c.clock != nullptr) {
     const swiftkv_clock_fn fn = c.clock;
     void *user = c.clock_user_data;
@@ -196,7 +204,8 @@ SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
     ctx->finish_requests();
     try {
       const uint64_t n = ctx->cache.write_back(SWIFTKV_TIER_BIT(SWIFTKV_TIER_HOST) |
-                                               SWIFTKV_TIER_BIT(SWIFTKV_TIER_PEER));
+                                               SWIFTKV_TIER_BIT(SWIFTKV_TIER_PEER) |
+                                               SWIFTKV_TIER_BIT(SWIFTKV_TIER_REMOTE));
       if (n != 0)
         swiftkv::log_info("swiftkv_ctx_destroy: wrote " + std::to_string(n) +
                           " chunks back to disk");
@@ -228,6 +237,8 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_get_config(swiftkv_ctx_config *out, const
     v.attention_cost_table = ctx->attention_table.empty() ? nullptr : ctx->attention_table.data();
     v.attention_cost_entries = static_cast<uint32_t>(ctx->attention_table.size());
     v.maintenance_interval_ms = static_cast<uint32_t>(o.maintenance_interval_ms);
+    v.tier_order = o.chain[1] == swiftkv::Tier::host ? SWIFTKV_TIER_ORDER_HOST_FIRST
+                                                     : SWIFTKV_TIER_ORDER_REMOTE_FIRST;
     v.clock = ctx->clock;
     v.clock_user_data = ctx->clock_user_data;
     const swiftkv::coord::CoordOptions &co = ctx->coord.options();

@@ -15,10 +15,19 @@ constexpr bool same(Core core, long public_value) {
   return static_cast<long>(core) == public_value;
 }
 
-static_assert(same(Tier::peer, SWIFTKV_TIER_PEER));
-static_assert(same(Tier::host, SWIFTKV_TIER_HOST));
-static_assert(same(Tier::disk, SWIFTKV_TIER_DISK));
-static_assert(kTierCount == 3 && SWIFTKV_TIERS_ALL == (1u << kTierCount) - 1,
+static_assert(tier_code(Tier::peer) == SWIFTKV_TIER_PEER);
+static_assert(tier_code(Tier::host) == SWIFTKV_TIER_HOST);
+static_assert(tier_code(Tier::disk) == SWIFTKV_TIER_DISK);
+static_assert(tier_code(Tier::remote) == SWIFTKV_TIER_REMOTE);
+static_assert(*tier_of_code(SWIFTKV_TIER_REMOTE) == Tier::remote &&
+              !tier_of_code(SWIFTKV_TIER_DROPPED));
+// Arrays indexed by Tier hold peer, host and disk where the public arrays do.
+static_assert(same(Tier::peer, SWIFTKV_TIER_PEER) && same(Tier::host, SWIFTKV_TIER_HOST) &&
+              same(Tier::disk, SWIFTKV_TIER_DISK));
+static_assert(kTierCount == 4 &&
+                  SWIFTKV_TIERS_ALL ==
+                      (SWIFTKV_TIER_BIT(SWIFTKV_TIER_PEER) | SWIFTKV_TIER_BIT(SWIFTKV_TIER_HOST) |
+                       SWIFTKV_TIER_BIT(SWIFTKV_TIER_DISK) | SWIFTKV_TIER_BIT(SWIFTKV_TIER_REMOTE)),
               "the public tier mask covers every tier");
 static_assert(ChunkCache::kDropped == SWIFTKV_TIER_DROPPED);
 static_assert(same(EvictionPolicy::lru, SWIFTKV_EVICT_LRU));

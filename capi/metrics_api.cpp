@@ -1,6 +1,7 @@
 // The context's counters in Prometheus' text exposition format (version 0.0.4): one family per
-// counter or gauge, with HELP and TYPE lines, per-tier values labelled tier="peer|host|disk".
-// Built from the same snapshots swiftkv_stats_get and swiftkv_coord_stats_get return.
+// counter or gauge, with HELP and TYPE lines, per-tier values labelled
+// tier="peer|host|disk|remote". Built from the same snapshots swiftkv_stats_get and
+// swiftkv_coord_stats_get return.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -11,16 +12,17 @@
 
 namespace {
 
-constexpr const char *kTierNames[3] = {"peer", "host", "disk"};
+constexpr const char *kTierNames[4] = {"peer", "host", "disk", "remote"};
 
 class Exposition {
  public:
-  // One family of three per-tier values.
-  void tiers(const char *name, const char *type, const char *help, const uint64_t (&v)[3]) {
+  // One family of four per-tier values: the public array's three, then the remote tier's.
+  void tiers(const char *name, const char *type, const char *help, const uint64_t (&v)[3],
+             uint64_t remote) {
     header(name, type, help);
-    for (size_t t = 0; t < 3; ++t) {
-      text_ +=
-          std::string(name) + "{tier=\"" + kTierNames[t] + "\"} " + std::to_string(v[t]) + "\n";
+    for (size_t t = 0; t < 4; ++t) {
+      text_ += std::string(name) + "{tier=\"" + kTierNames[t] + "\"} " +
+               std::to_string(t < 3 ? v[t] : remote) + "\n";
     }
   }
   // One family of one value.
@@ -62,12 +64,14 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
       swiftkv::fail(SWIFTKV_EINTERNAL, "coordinator stats");
     }
     Exposition e;
-    e.tiers("swiftkv_chunks", "gauge", "Chunks resident in the tier.", s.chunks);
-    e.tiers("swiftkv_tier_bytes", "gauge", "Bytes of the chunks resident in the tier.", s.bytes);
+    e.tiers("swiftkv_chunks", "gauge", "Chunks resident in the tier.", s.chunks, s.remote_chunks);
+    e.tiers("swiftkv_tier_bytes", "gauge", "Bytes of the chunks resident in the tier.", s.bytes,
+            s.remote_bytes);
     e.tiers("swiftkv_tier_capacity_bytes", "gauge",
             "Bytes the tier may hold: lent memory held, the host budget, the disk budget.",
-            s.capacity_bytes);
-    e.tiers("swiftkv_lookup_hits_total", "counter", "Chunks a lookup found in the tier.", s.hits);
+            s.capacity_bytes, s.remote_capacity_bytes);
+    e.tiers("swiftkv_lookup_hits_total", "counter", "Chunks a lookup found in the tier.", s.hits,
+            s.remote_hits);
     e.one("swiftkv_lookup_misses_total", "counter", "Chunks a lookup did not find.", s.misses);
     e.one("swiftkv_stores_total", "counter", "Chunks stored.", s.stores);
     e.one("swiftkv_stores_rejected_total", "counter", "Chunks no tier had room for.",

@@ -411,13 +411,14 @@ PyObject *swiftkv_py_lookup(swiftkv_ctx *ctx, uint32_t model, PyObject *tokens,
     Py_DECREF(residency);
     return NULL;
   }
-  return Py_BuildValue("(KKKK(KKK)N)", (unsigned long long)r.chunks,
+  return Py_BuildValue("(KKKK(KKK)KN)", (unsigned long long)r.chunks,
                        (unsigned long long)r.prefix_tokens,
                        (unsigned long long)r.dropped_head_tokens,
                        (unsigned long long)r.loadable_tokens,
                        (unsigned long long)r.chunks_per_tier[0],
                        (unsigned long long)r.chunks_per_tier[1],
-                       (unsigned long long)r.chunks_per_tier[2], residency);
+                       (unsigned long long)r.chunks_per_tier[2],
+                       (unsigned long long)r.remote_chunks, residency);
 }
 
 /* The package's exception classes: `base` for every failure, `by_status` (a dict from status

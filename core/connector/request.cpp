@@ -80,7 +80,7 @@ void Request::hold_loads(const GeometrySizes &sizes) {
       }
     }
     tiers_used[static_cast<size_t>(use->where.tier)] = true;
-    if (use->where.tier == Tier::peer) peer_loads_ = true;
+    if (lent(use->where.tier)) peer_loads_ = true;
   }
   info_.load_begin = first * chunk_tokens_;
   info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
@@ -137,11 +137,11 @@ void Request::check_stream_pages() const {
 void Request::start_disk_reads() {
   std::unique_lock lock(mu_);
   try {
-    std::vector<LoadChunk *> lent;
+    std::vector<LoadChunk *> lent_reads;
     for (size_t i = 0; i < loads_.size(); ++i) {
       if (loads_[i]->src != nullptr) continue;
-      if (loads_[i]->use.where.tier == Tier::peer) {
-        lent.push_back(loads_[i].get());
+      if (lent(loads_[i]->use.where.tier)) {
+        lent_reads.push_back(loads_[i].get());
         continue;
       }
       exec_.submit(CpuExecutor::Lane::load, [this, i] {
@@ -152,9 +152,9 @@ void Request::start_disk_reads() {
       });
       ++tasks_in_flight_;
     }
-    if (!lent.empty()) {
-      exec_.submit(CpuExecutor::Lane::load, [this, lent] {
-        stage_many(lent);
+    if (!lent_reads.empty()) {
+      exec_.submit(CpuExecutor::Lane::load, [this, lent_reads] {
+        stage_many(lent_reads);
         std::lock_guard l(mu_);
         --tasks_in_flight_;
         cv_.notify_all();
@@ -242,7 +242,7 @@ void Request::fail_chunk(size_t i) {
 void Request::load_task(uint32_t layer, size_t i) {
   if (i >= first_failed_.load()) return;  // past the valid prefix: the engine recomputes it
   LoadChunk &c = *loads_[i];
-  const bool peer = c.use.where.tier == Tier::peer;
+  const bool peer = lent(c.use.where.tier);
   const std::byte *src = nullptr;
   std::vector<std::byte> bounce;
   if (c.src == nullptr) {
@@ -396,7 +396,7 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
       lock.lock();
       for (size_t i = 0; i < loads_.size() && i < first_failed_.load(); ++i) {
         const LoadChunk &c = *loads_[i];
-        if (c.use.where.tier == Tier::peer && !cache_.readable(c.use.where)) fail_chunk(i);
+        if (lent(c.use.where.tier) && !cache_.readable(c.use.where)) fail_chunk(i);
       }
     } else {
       dev_->stream_wait_load(layer, stream);
@@ -525,7 +525,7 @@ void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
       }
       sources.push_back(c.staging.data() + skip);
     } else {
-      if (c.use.where.tier == Tier::peer && !cache_.readable(c.use.where)) {
+      if (lent(c.use.where.tier) && !cache_.readable(c.use.where)) {
         fail_chunk(i);
         break;
       }

@@ -31,6 +31,7 @@ const char *tier_name(Tier t) noexcept {
     case Tier::peer: return "peer";
     case Tier::host: return "host";
     case Tier::disk: return "disk";
+    case Tier::remote: return "remote";
   }
   return "unknown";
 }
@@ -298,11 +299,13 @@ void ChunkIndex::touch_many(std::span<const ChunkKey> keys, uint64_t now_ns,
 uint32_t ChunkIndex::domain_locked(Tier t, const ChunkKey &model) {
   if (t == Tier::host) return 0;
   if (t == Tier::disk) return 1;
-  for (size_t i = 0; i < peer_models_.size(); ++i) {
-    if (peer_models_[i] == model) return static_cast<uint32_t>(2 + i);
+  for (size_t i = 0; i < lent_domains_.size(); ++i) {
+    if (lent_domains_[i].first == t && lent_domains_[i].second == model) {
+      return static_cast<uint32_t>(2 + i);
+    }
   }
-  peer_models_.push_back(model);
-  return static_cast<uint32_t>(2 + peer_models_.size() - 1);
+  lent_domains_.emplace_back(t, model);
+  return static_cast<uint32_t>(2 + lent_domains_.size() - 1);
 }
 
 void ChunkIndex::link_locked(const Shard &s, const Slot &slot) {

@@ -14,6 +14,7 @@
 #include <shared_mutex>
 #include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "core/index/chunk_key.hpp"
@@ -21,9 +22,27 @@
 
 namespace swiftkv {
 
-enum class Tier : uint8_t { peer = 0, host = 1, disk = 2 };
-inline constexpr size_t kTierCount = 3;
+// The tiers a chunk can be in. peer: memory lent on this host, mapped here; remote: memory lent
+// by another host, reached over the transport. The numbers index per-tier arrays; the C API
+// numbers them otherwise (tier_code).
+enum class Tier : uint8_t { peer = 0, host = 1, disk = 2, remote = 3 };
+inline constexpr size_t kTierCount = 4;
+inline constexpr std::array<Tier, kTierCount> kTiers{Tier::peer, Tier::host, Tier::disk,
+                                                     Tier::remote};
 const char *tier_name(Tier t) noexcept;
+// Lent memory (peer or remote): leases, decoded chunks only, no price of its own.
+inline constexpr bool lent(Tier t) noexcept { return t == Tier::peer || t == Tier::remote; }
+// The tier's number in the C API (swiftkv_tier): remote is 4, after SWIFTKV_TIER_DROPPED.
+inline constexpr uint8_t tier_code(Tier t) noexcept {
+  return t == Tier::remote ? uint8_t{4} : static_cast<uint8_t>(t);
+}
+inline constexpr uint8_t kDroppedCode = 3;  // SWIFTKV_TIER_DROPPED
+// The tier of a C API number; nullopt for SWIFTKV_TIER_DROPPED and numbers of no tier.
+inline constexpr std::optional<Tier> tier_of_code(uint32_t code) noexcept {
+  if (code <= 2) return static_cast<Tier>(code);
+  if (code == 4) return Tier::remote;
+  return std::nullopt;
+}
 
 // A place in a tier's store.
 struct SlotRef {
@@ -148,8 +167,8 @@ class ChunkIndex {
   // call back into the index.
   void for_each(const std::function<void(const ChunkView &)> &fn) const;
 
-  // The chunk tier t gives up first for a chunk of `model` (the model matters for the peer
-  // tier only: lent memory holds one model's chunks), by the index's policy at `now_ns`;
+  // The chunk tier t gives up first for a chunk of `model` (the model matters for the lent
+  // tiers only: lent memory holds one model's chunks), by the index's policy at `now_ns`;
   // nullopt when the tier holds no chunk that may go (all pinned or moving, or none).
   std::optional<ChunkKey> victim(Tier t, const ChunkKey &model, uint64_t now_ns);
   // The last activity of a resident chunk (0 when it is not resident).
@@ -268,9 +287,11 @@ class ChunkIndex {
 
   std::unique_ptr<Shard[]> shards_;
   std::atomic<uint64_t> table_bytes_;  // of all shards' tables
-  mutable std::mutex order_mu_;  // guards order_ and peer_models_; taken before a shard's lock
+  mutable std::mutex order_mu_;  // guards order_ and lent_domains_; taken before a shard's lock
   EvictionOrder order_;
-  std::vector<ChunkKey> peer_models_;  // peer domain 2 + i holds model i's lent chunks
+  // Domain 2 + i holds the chunks of lent tier .first of model .second (each model's leases
+  // make room for that model only).
+  std::vector<std::pair<Tier, ChunkKey>> lent_domains_;
 };
 
 }  // namespace swiftkv

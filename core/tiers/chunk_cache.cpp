@@ -20,6 +20,19 @@ size_t idx(Tier t) { return static_cast<size_t>(t); }
 
 }  // namespace
 
+void check_chain(const std::array<Tier, kTierCount> &chain) {
+  std::array<bool, kTierCount> seen{};
+  for (const Tier t : chain) {
+    if (idx(t) >= kTierCount || seen[idx(t)]) {
+      fail_invalid("the tier chain must name each of peer, remote, host and disk once");
+    }
+    seen[idx(t)] = true;
+  }
+  if (chain.front() != Tier::peer || chain.back() != Tier::disk) {
+    fail_invalid("the tier chain must begin with peer and end with disk");
+  }
+}
+
 ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
     : ctx_(ctx), options_(std::move(options)), index_(options_.policy, options_.cost) {
   check_recompute_cost(options_.cost, "the recompute cost model:");
@@ -27,7 +40,10 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
     fail_invalid("demote_free_percent (" + std::to_string(options_.demote_free_percent) +
                  ") is above 100");
   }
-  peer_ = std::make_unique<PeerTier>([this] { wake(); });
+  check_chain(options_.chain);
+  for (size_t i = 0; i < kTierCount; ++i) chain_pos_[idx(options_.chain[i])] = i;
+  peer_ = std::make_unique<PeerTier>(Tier::peer, [this] { wake(); });
+  remote_ = std::make_unique<PeerTier>(Tier::remote, [this] { wake(); });
   host_ =
       std::make_unique<HostTier>(ctx_, options_.host_slab_bytes, ctx_.effective_device_mask() != 0);
   const ContextConfig &c = ctx_.config();
@@ -66,6 +82,7 @@ ChunkCache::~ChunkCache() {
   stop_thread();
   // The leases go first, with the lenders' watches that would wake this cache.
   peer_.reset();
+  remote_.reset();
 }
 
 void ChunkCache::stop_thread() noexcept {
@@ -137,6 +154,7 @@ TierStore *ChunkCache::store_of(Tier t) const noexcept {
     case Tier::peer: return peer_.get();
     case Tier::host: return host_.get();
     case Tier::disk: return disk_.get();
+    case Tier::remote: return remote_.get();
   }
   return nullptr;
 }
@@ -146,15 +164,20 @@ bool ChunkCache::configured(Tier t, const ChunkKey &model) const {
     case Tier::peer: return peer_->has_leases(model);
     case Tier::host: return ctx_.config().host_budget_bytes != 0;
     case Tier::disk: return disk_ != nullptr;
+    case Tier::remote: return remote_->has_leases(model);
   }
   return false;
 }
 
 std::optional<Tier> ChunkCache::lower_tier(Tier t, const ChunkKey &model) const {
-  for (size_t i = idx(t) + 1; i < kTierCount; ++i) {
-    if (configured(static_cast<Tier>(i), model)) return static_cast<Tier>(i);
+  for (size_t i = chain_pos_[idx(t)] + 1; i < kTierCount; ++i) {
+    if (configured(options_.chain[i], model)) return options_.chain[i];
   }
   return std::nullopt;
+}
+
+PeerTier &ChunkCache::lent_tier(Tier t) const noexcept {
+  return t == Tier::remote ? *remote_ : *peer_;
 }
 
 void ChunkCache::free_slots(const std::vector<SlotRef> &slots) noexcept {
@@ -170,7 +193,7 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
   uint64_t run_start = 0, run = 0;  // the current run of resident chunks
   for (size_t i = 0; i < keys.size(); ++i) {
     const std::optional<Tier> tier = tiers[i];
-    if (residency != nullptr) residency[i] = tier ? static_cast<uint8_t>(*tier) : kDropped;
+    if (residency != nullptr) residency[i] = tier ? tier_code(*tier) : kDropped;
     if (!tier) {
       misses_.fetch_add(1, std::memory_order_relaxed);
       run = 0;
@@ -204,8 +227,8 @@ std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, con
 }
 
 std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &meta, Tier first) {
-  for (size_t i = idx(first); i < kTierCount; ++i) {
-    const auto t = static_cast<Tier>(i);
+  for (size_t i = chain_pos_[idx(first)]; i < kTierCount; ++i) {
+    const Tier t = options_.chain[i];
     if (!configured(t, meta.model)) continue;
     if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
   }
@@ -275,7 +298,7 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
     return false;
   }
   // A lease lost during the copy may have been overwritten under it: the copy is not the chunk.
-  if (use.where.tier == Tier::peer && !readable(use.where)) {
+  if (lent(use.where.tier) && !readable(use.where)) {
     store_of(dst.tier)->free(dst.slot);
     abort_move(key);
     drop_chunk(key, use.meta, use.where.tier, ChunkEventReason::revoked);
@@ -291,7 +314,7 @@ bool ChunkCache::complete_move(const ChunkKey &key, const ChunkUse &use, SlotRef
 ChunkCache::MoveResult ChunkCache::move_into(const ChunkKey &key, const ChunkUse &use, Tier to,
                                              bool room) {
   // The adaptive policy's first look at this model's bytes may be a chunk on its way down.
-  if (to != Tier::peer) measure_from(use);
+  if (!lent(to)) measure_from(use);
   return move_as(key, use, to, room, entering(key, use.meta, to));
 }
 
@@ -419,7 +442,8 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
     bool resident = tiers[i].has_value();
     if (!resident) {
       const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
-      resident = place_new(keys[i], meta, src + i * chunk_bytes, Tier::peer) != Placed::no_room;
+      resident =
+          place_new(keys[i], meta, src + i * chunk_bytes, options_.chain[0]) != Placed::no_room;
       if (!resident) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
     }
     if (!resident) run_open = false;
@@ -457,7 +481,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     const ChunkUse &u = uses[k];
     // Lent memory is checked before and after the copy: a lease lost in between (expired, or
     // its lender gone) may have been overwritten mid-copy, so those bytes are not returned.
-    lost[k] = u.where.tier == Tier::peer && !readable(u.where);
+    lost[k] = lent(u.where.tier) && !readable(u.where);
     if (u.meta.bytes != chunk_bytes || lost[k]) continue;
     if (!scopes[idx(u.where.tier)]) scopes[idx(u.where.tier)].emplace(*this, u.where.tier);
     reads.push_back({u.where, &u.meta, dst + k * chunk_bytes});
@@ -478,7 +502,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     const ChunkUse &u = uses[k];
     // A read that succeeded was checked against its lease after it (read_slots); a failed one
     // is a revocation, not corruption, when the lease is gone.
-    if (!ok[k] && u.where.tier == Tier::peer && !readable(u.where)) lost[k] = 1;
+    if (!ok[k] && lent(u.where.tier) && !readable(u.where)) lost[k] = 1;
     std::vector<SlotRef> to_free;
     index_.end_read(key, to_free);
     free_slots(to_free);
@@ -500,8 +524,8 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
                                          const std::byte *decoded, Tier first) {
   std::optional<Encoded> encoded;  // the last encoding made, for the next tier that asks it
   if (needs_measure(meta.model)) measure_methods(meta.model, decoded);
-  for (size_t i = idx(first); i < kTierCount; ++i) {
-    const auto t = static_cast<Tier>(i);
+  for (size_t i = chain_pos_[idx(first)]; i < kTierCount; ++i) {
+    const Tier t = options_.chain[i];
     if (!configured(t, meta.model)) continue;
     const ChunkMeta *m = &meta;
     const std::byte *bytes = decoded;
@@ -536,7 +560,7 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
 
 std::optional<codec::CodecParams> ChunkCache::entering(const ChunkKey &key, const ChunkMeta &meta,
                                                        Tier t) const {
-  if (t == Tier::peer) {
+  if (lent(t)) {
     return meta.encoded() ? std::optional<codec::CodecParams>(codec::CodecParams{}) : std::nullopt;
   }
   if (meta.lossy()) return std::nullopt;  // approximate already: never encoded a second time
@@ -554,7 +578,7 @@ Encoded ChunkCache::recode(SlotRef where, const ChunkMeta &meta, const codec::Co
   std::vector<std::byte> decoded(meta.bytes);
   read_slot(where, meta, decoded.data());
   // A range of lent memory lost during the read may hold the lender's bytes by now.
-  if (where.tier == Tier::peer && !readable(where)) {
+  if (lent(where.tier) && !readable(where)) {
     fail(SWIFTKV_EIO, "a lent chunk was lost while it was read");
   }
   Encoded e = encode_chunk(decoded, meta, shape, to);
@@ -612,7 +636,7 @@ bool ChunkCache::encodes_in(Tier t, const ChunkKey &model) const {
   if (it == compression_.end()) return false;
   const ModelCompression &c = it->second;
   return c.fixed[idx(t)].has_value() ||
-         (c.adaptive.enabled && t != Tier::peer && !c.adaptive.methods.empty());
+         (c.adaptive.enabled && !lent(t) && !c.adaptive.methods.empty());
 }
 
 std::optional<codec::LayerShape> ChunkCache::device_decodable(const ChunkMeta &meta) const {
@@ -662,7 +686,7 @@ uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> k
   uint64_t there = 0;
   for (const ChunkKey &k : keys) {
     const std::optional<Tier> from = index_.peek(k);
-    if (!from || *from == Tier::peer) continue;
+    if (!from || lent(*from)) continue;
     std::optional<ChunkUse> use = index_.begin_move(k, *from, false);
     if (!use) continue;  // moving meanwhile: another thread's
     // The policy's choice in the tier where the chunk is (nullopt: it stays as it is). The
@@ -780,7 +804,7 @@ void ChunkCache::report_failed_load(const ChunkKey &key, const ChunkMeta &meta, 
 }
 
 std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const ChunkMeta &meta) {
-  std::optional<SlotRef> where = place(key, meta, Tier::peer);
+  std::optional<SlotRef> where = place(key, meta, options_.chain[0]);
   if (!where) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
   return where;
 }
@@ -866,7 +890,7 @@ uint64_t ChunkCache::clear(std::optional<ChunkKey> model, uint32_t tier_mask,
   uint64_t n = 0;
   for (const ChunkKey &k : targets) {
     const std::optional<Tier> t = index_.peek(k);
-    if (!t || (tier_mask & (1u << idx(*t))) == 0) continue;
+    if (!t || (tier_mask & (1u << tier_code(*t))) == 0) continue;
     std::vector<SlotRef> to_free;
     if (index_.drop(k, true, *t, to_free)) ++n;
     free_slots(to_free);
@@ -878,7 +902,7 @@ uint64_t ChunkCache::write_back(uint32_t from_mask) {
   if (!disk_) return 0;
   std::vector<std::pair<ChunkKey, Tier>> targets;
   index_.for_each([&](const ChunkView &v) {
-    if (v.where.tier != Tier::disk && (from_mask & (1u << idx(v.where.tier))) != 0) {
+    if (v.where.tier != Tier::disk && (from_mask & (1u << tier_code(v.where.tier))) != 0) {
       targets.emplace_back(v.key, v.where.tier);
     }
   });
@@ -919,31 +943,38 @@ void ChunkCache::reserve_for(uint64_t chunk_bytes) {
 
 uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
                             std::shared_ptr<LenderLink> lender, uint64_t max_units) {
-  return peer_->attach(model, sizes, std::move(lender), max_units);
+  lender->check_geometry(sizes);
+  const LeaseGrant g = lender->lend(max_units);
+  // Memory mapped here is the peer tier; memory reached over the transport the remote tier.
+  return lent_tier(g.remote ? Tier::remote : Tier::peer).adopt(model, sizes, std::move(lender), g);
 }
 
-void ChunkCache::empty_lease(const PeerTier::LeaseStatus &l) {
+void ChunkCache::empty_lease(Tier t, const PeerTier::LeaseStatus &l) {
+  PeerTier &lt = lent_tier(t);
   // Only the chunks whose readable copy is in this lease: a slot may hold a copy that is being
   // replaced, or a reservation not yet published.
-  for (const ChunkKey &k : peer_->keys_in(l.local_id)) {
+  for (const ChunkKey &k : lt.keys_in(l.local_id)) {
     const std::optional<SlotRef> w = index_.locate(k);
-    if (!w || w->tier != Tier::peer || (w->slot >> 32) != l.local_id) continue;
+    if (!w || w->tier != t || (w->slot >> 32) != l.local_id) continue;
     if (l.lost) {
-      drop_chunk(k, ChunkMeta{l.model, 0, 0, 0}, Tier::peer, ChunkEventReason::revoked);
+      drop_chunk(k, ChunkMeta{l.model, 0, 0, 0}, t, ChunkEventReason::revoked);
     } else {
-      demote(k, Tier::peer, false, ChunkEventReason::revoked);
+      demote(k, t, false, ChunkEventReason::revoked);
     }
   }
-  if (peer_->used_slots(l.local_id) == 0) peer_->retire(l.local_id);
+  if (lt.used_slots(l.local_id) == 0) lt.retire(l.local_id);
 }
 
 void ChunkCache::give_back(const ChunkKey &model) {
   std::lock_guard lock(maint_mu_);
-  // The leases stop taking chunks first, so nothing new lands in them while they empty.
-  const std::vector<uint64_t> leases = peer_->leases_of(model);
-  for (uint64_t local : leases) peer_->retire_later(local);
-  for (uint64_t local : leases) {
-    empty_lease(PeerTier::LeaseStatus{local, 0, model, true, false, 0});
+  for (const Tier t : {Tier::peer, Tier::remote}) {
+    PeerTier &lt = lent_tier(t);
+    // The leases stop taking chunks first, so nothing new lands in them while they empty.
+    const std::vector<uint64_t> leases = lt.leases_of(model);
+    for (uint64_t local : leases) lt.retire_later(local);
+    for (uint64_t local : leases) {
+      empty_lease(t, PeerTier::LeaseStatus{local, 0, model, true, false, 0});
+    }
   }
 }
 
@@ -968,10 +999,19 @@ void ChunkCache::maintain() {
   // The lease protocol first: a reclaimed lease holds up its lender.
   // After a wake-up every lease is renewed (and so learns whether it is asked back).
   const bool all = leases_signalled_.exchange(false, std::memory_order_relaxed);
-  for (const PeerTier::LeaseStatus &l : peer_->refresh(all)) empty_lease(l);
+  for (const Tier t : {Tier::peer, Tier::remote}) {
+    for (const PeerTier::LeaseStatus &l : lent_tier(t).refresh(all)) empty_lease(t, l);
+  }
   if (options_.demote_free_percent == 0) return;
-  for (const ChunkKey &m : peer_->models()) demote_ahead(Tier::peer, m);
-  if (configured(Tier::host, ChunkKey{}) && lower_tier(Tier::host, ChunkKey{})) {
+  // Lent memory makes room per model (its victims go down, or are dropped from the last tier);
+  // host memory only while some tier below it can take its victims.
+  for (const Tier t : {Tier::peer, Tier::remote}) {
+    for (const ChunkKey &m : lent_tier(t).models()) demote_ahead(t, m);
+  }
+  const bool remote_below_host = chain_pos_[idx(Tier::remote)] > chain_pos_[idx(Tier::host)] &&
+                                 remote_->total_capacity_bytes() != 0;
+  if (configured(Tier::host, ChunkKey{}) &&
+      (lower_tier(Tier::host, ChunkKey{}) || remote_below_host)) {
     demote_ahead(Tier::host, ChunkKey{});
   }
 }
@@ -1012,6 +1052,7 @@ CacheStats ChunkCache::stats() const {
     s.hits[i] = hits_[i].load();
   }
   s.capacity_bytes[idx(Tier::peer)] = peer_->total_capacity_bytes();
+  s.capacity_bytes[idx(Tier::remote)] = remote_->total_capacity_bytes();
   s.capacity_bytes[idx(Tier::host)] = ctx_.config().host_budget_bytes;
   s.capacity_bytes[idx(Tier::disk)] = disk_ ? disk_->capacity_bytes(ChunkKey{}) : 0;
   s.misses = misses_.load();

@@ -1,7 +1,8 @@
-// The borrower's chunk cache: the index and the three tiers (peer, host, disk) under one set of
-// rules: where a new chunk goes, which chunk a full tier gives up (the eviction policy), how a
-// chunk moves down the chain peer -> host -> disk -> dropped, and the background thread that
-// demotes ahead of need and keeps the lease protocol with lenders.
+// The borrower's chunk cache: the index and the four tiers (peer, remote, host, disk) under one
+// set of rules: where a new chunk goes, which chunk a full tier gives up (the eviction policy),
+// how a chunk moves down the chain (peer -> remote -> host -> disk -> dropped by default, see
+// CacheOptions::chain), and the background thread that demotes ahead of need and keeps the lease
+// protocol with lenders.
 #pragma once
 
 #include <array>
@@ -30,10 +31,19 @@
 
 namespace swiftkv {
 
+// The default chain: lent memory of this host, lent memory of other hosts, host memory, disk.
+inline constexpr std::array<Tier, kTierCount> kDefaultChain{Tier::peer, Tier::remote, Tier::host,
+                                                            Tier::disk};
+
+// EINVAL unless `chain` names each tier once, with peer first and disk last.
+void check_chain(const std::array<Tier, kTierCount> &chain);
+
 struct CacheOptions {
   EvictionPolicy policy = EvictionPolicy::retention;
+  // The tiers from the top down: where a new chunk goes first and where a victim moves next.
+  std::array<Tier, kTierCount> chain = kDefaultChain;
   RecomputeCost cost;
-  // The background thread demotes from the peer and host tiers while their free space is under
+  // The background thread demotes from the lent and host tiers while their free space is under
   // this percentage of their capacity; 0: only when a store finds no room.
   uint32_t demote_free_percent = defaults::kCtx.demote_free_percent;
   uint64_t host_slab_bytes = uint64_t{64} << 20;
@@ -78,7 +88,7 @@ struct CacheStats {
   uint64_t decodes = 0;        // encoded chunks decoded (a load, a retrieve or a move)
   uint64_t compressed_in_place = 0;  // victims the adaptive policy re-encoded where they were
   // The adaptive policy's price of a byte in each tier (utility per byte its last victims lost;
-  // the peer tier's is always 0).
+  // the lent tiers' are always 0).
   std::array<double, kTierCount> price{};
 };
 
@@ -112,17 +122,17 @@ class ChunkCache {
   // back (unregistering a model, destroying the context) would wait on itself.
   bool in_event_callback() const noexcept;
 
-  // Whether tier t can hold chunks of `model`: peer when the model borrows lent memory, host
-  // with a host budget, disk with a disk path.
+  // Whether tier t can hold chunks of `model`: peer (remote) when the model borrows lent memory
+  // of this host (of another host), host with a host budget, disk with a disk path.
   bool configured(Tier t, const ChunkKey &model) const;
 
   // Residency of each key (residency[i] = tier or kDropped when given), recording activity on
   // the resident ones for the policies.
-  static constexpr uint8_t kDropped = 3;
+  static constexpr uint8_t kDropped = kDroppedCode;
   LookupResult lookup(std::span<const ChunkKey> keys, uint8_t *residency);
 
   // Stores chunk i (bytes at src + i * chunk_bytes) under keys[i] unless it is resident: in the
-  // best configured tier (peer first), making room by the policy. Returns how many leading keys
+  // first configured tier of the chain, making room by the policy. Returns how many leading keys
   // are resident afterwards. A chunk that fails to write (EIO) ends the call with that error;
   // the chunks before it stay stored, and *leading_so_far (when given) holds their leading run
   // at every point of the call.
@@ -138,7 +148,8 @@ class ChunkCache {
   // Controller. pin/unpin: all keys or none (ENOTFOUND naming the first that is not resident,
   // resp. not pinned). move: ENOTFOUND (nothing moved) when a key is not resident; returns how
   // many keys are in tier `to` afterwards. clear: drops the unpinned chunks among `keys` (or,
-  // without keys, all chunks of `model`, or of every model) in the tiers of tier_mask.
+  // without keys, all chunks of `model`, or of every model) in the tiers of tier_mask (bit
+  // tier_code(t) for tier t, as in the C API).
   void pin(std::span<const ChunkKey> keys);
   void unpin(std::span<const ChunkKey> keys);
   uint64_t move(std::span<const ChunkKey> keys, Tier to);
@@ -146,7 +157,7 @@ class ChunkCache {
                  std::optional<std::span<const ChunkKey>> keys);
   // Re-encodes the chunks of `keys` under `to` (raw: decoded) in the tiers where they are: all
   // resident, or ENOTFOUND with nothing changed; EINVAL (nothing changed) when the model is not
-  // registered with the cache or `to` is not a codec for its chunks. A chunk in the peer tier
+  // registered with the cache or `to` is not a codec for its chunks. A chunk in lent memory
   // stays as it is (lent memory holds decoded chunks only), and so does one the tier has no
   // room for re-encoded. Returns how many of `keys` are stored under `to` afterwards.
   // Without `to`, the model's adaptive policy chooses each chunk's encoding in its tier as it
@@ -174,9 +185,10 @@ class ChunkCache {
   // goes to the device. A frame that passes counts as decoded.
   void check_device_frame(std::span<const std::byte> stored, const ChunkMeta &meta);
 
-  // Moves the chunks of the tiers in from_mask (tier bits) down to the disk tier as far as its
-  // free room goes, evicting nothing there for them, then makes the disk tier durable; returns
-  // how many moved. No disk tier: 0. What the context does when it ends (write-back on close).
+  // Moves the chunks of the tiers in from_mask (bit tier_code(t) for tier t) down to the disk tier
+  // as far as its free room goes, evicting nothing there for them, then makes the disk tier
+  // durable; returns how many moved. No disk tier: 0. What the context does when it ends
+  // (write-back on close).
   uint64_t write_back(uint32_t from_mask);
 
   // Sizes the index for every chunk of `chunk_bytes` the host and disk tiers can hold, so that
@@ -189,10 +201,11 @@ class ChunkCache {
   // The index's memory (bytes) and the resident chunks it holds before it grows.
   uint64_t index_bytes() const { return index_.memory_bytes(); }
   uint64_t index_capacity() const noexcept { return index_.capacity(); }
-  // Borrows from a lender for `model` (of geometry `sizes`); returns the lender's lease id.
+  // Borrows from a lender for `model` (of geometry `sizes`); returns the lender's lease id. The
+  // lease joins the peer tier when it is mapped here, the remote tier when it is not.
   uint64_t borrow(const ChunkKey &model, const GeometrySizes &sizes,
                   std::shared_ptr<LenderLink> lender, uint64_t max_units);
-  // Moves every peer chunk of `model` down and gives its leases back (unregistering a model).
+  // Moves every lent chunk of `model` down and gives its leases back (unregistering a model).
   void give_back(const ChunkKey &model);
 
   // --- Chunk by chunk, for the connector's requests.
@@ -227,7 +240,7 @@ class ChunkCache {
   void read_slots(std::span<const ChunkRead> reads, std::span<uint8_t> ok);
   // A chunk whose bytes could not be trusted: counted as a load failure and dropped.
   void report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from);
-  // A slot for a chunk that is not resident, in the best tier with room (peer first), making
+  // A slot for a chunk that is not resident, in the first tier of the chain with room, making
   // room by the policy; nullopt (counted in stores_rejected) when there is none. The slot is the
   // caller's until publish() or release_slot().
   std::optional<SlotRef> reserve_slot(const ChunkKey &key, const ChunkMeta &meta);
@@ -271,6 +284,7 @@ class ChunkCache {
 
  private:
   TierStore *store_of(Tier t) const noexcept;
+  PeerTier &lent_tier(Tier t) const noexcept;  // peer or remote
   std::optional<SlotRef> place(const ChunkKey &key, const ChunkMeta &meta, Tier first);
   // Stores a new chunk from its decoded bytes: in the first tier from `first` on with room,
   // encoded as that tier asks: stored, already resident (another thread stored it first), or
@@ -279,7 +293,7 @@ class ChunkCache {
   Placed place_new(const ChunkKey &key, const ChunkMeta &meta, const std::byte *decoded,
                    Tier first);
   // The encoding a chunk takes when it enters tier t (nullopt: the one it has): decoded for
-  // the peer tier; for an exact chunk, the model's fixed codec or the adaptive policy's choice.
+  // lent memory; for an exact chunk, the model's fixed codec or the adaptive policy's choice.
   std::optional<codec::CodecParams> entering(const ChunkKey &key, const ChunkMeta &meta,
                                              Tier t) const;
 
@@ -316,7 +330,7 @@ class ChunkCache {
   };
   // The action that loses the least utility per byte it frees in tier t (AdaptCache's greedy
   // step, on the victim the eviction order offers): down, for a chunk of a model not in
-  // adaptive mode or in the peer tier.
+  // adaptive mode or in lent memory.
   RoomAction room_action(const ChunkMeta &meta, Tier t) const;
   // Re-encodes `key` in tier t under `to` into a slot the tier has (no room is made for it):
   // the bytes it freed, 0 when it could not (no slot of its size, pinned, moving, not there).
@@ -360,13 +374,15 @@ class ChunkCache {
   void demote_ahead(Tier t, const ChunkKey &model);
   // Moves every chunk of a lease that is asked back down a tier (or drops them, for a lost
   // lease) and retires the lease once none is left in it.
-  void empty_lease(const PeerTier::LeaseStatus &l);
+  void empty_lease(Tier t, const PeerTier::LeaseStatus &l);
   void run_thread();
 
   Context &ctx_;
   const CacheOptions options_;
-  ChunkIndex index_;  // keeps the eviction order of options_.policy
+  ChunkIndex index_;                            // keeps the eviction order of options_.policy
+  std::array<size_t, kTierCount> chain_pos_{};  // each tier's place in options_.chain
   std::unique_ptr<PeerTier> peer_;
+  std::unique_ptr<PeerTier> remote_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
 

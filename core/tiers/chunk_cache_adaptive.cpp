@@ -62,7 +62,7 @@ double ChunkCache::reuse_of(const ChunkKey &key, double horizon_s) const {
 std::optional<codec::CodecParams> ChunkCache::adaptive_choice(const ChunkKey &key,
                                                               const ChunkMeta &meta, Tier t,
                                                               const ModelCompression &mc) const {
-  if (t == Tier::peer || meta.lossy()) return std::nullopt;
+  if (lent(t) || meta.lossy()) return std::nullopt;
   const AdaptivePolicy &a = mc.adaptive;
   codec::ChunkChoice c;
   c.freq = reuse_of(key, a.horizon_s);
@@ -177,7 +177,7 @@ bool ChunkCache::needs_measure(const ChunkKey &model) const {
 
 ChunkCache::RoomAction ChunkCache::room_action(const ChunkMeta &meta, Tier t) const {
   RoomAction best;
-  if (t == Tier::peer) return best;  // lent memory holds decoded chunks: they move down
+  if (lent(t)) return best;  // lent memory holds decoded chunks: they move down
   const std::optional<Tier> lower = lower_tier(t, meta.model);
   std::shared_lock lock(comp_mu_);
   const auto it = compression_.find(meta.model);
@@ -218,7 +218,7 @@ ChunkCache::RoomAction ChunkCache::room_action(const ChunkMeta &meta, Tier t) co
 
 void ChunkCache::note_victim(Tier t, const ChunkMeta &before, double reuse,
                              const std::optional<std::pair<Tier, ChunkMeta>> &after) {
-  if (t == Tier::peer) return;  // lent memory holds decoded chunks: no price to set
+  if (lent(t)) return;  // lent memory holds decoded chunks: no price to set
   double per_byte = 0;
   {
     std::shared_lock lock(comp_mu_);

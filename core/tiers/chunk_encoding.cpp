@@ -55,8 +55,11 @@ void check_adaptive(const ModelCompression &c) {
 }  // namespace
 
 void check_compression(const ModelCompression &c) {
-  if (c.fixed[static_cast<size_t>(Tier::peer)]) {
-    fail_invalid("the peer tier holds decoded chunks only: it takes no codec");
+  for (const Tier t : {Tier::peer, Tier::remote}) {
+    if (c.fixed[static_cast<size_t>(t)]) {
+      fail_invalid(std::string("the ") + tier_name(t) +
+                   " tier holds decoded chunks only: it takes no codec");
+    }
   }
   for (const std::optional<codec::CodecParams> &p : c.fixed) {
     if (p) codec::check_params(c.shape, *p);

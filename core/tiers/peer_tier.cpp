@@ -9,7 +9,8 @@
 
 namespace swiftkv {
 
-PeerTier::PeerTier(std::function<void()> on_reclaim) : on_reclaim_(std::move(on_reclaim)) {}
+PeerTier::PeerTier(Tier tier, std::function<void()> on_reclaim)
+    : tier_(tier), on_reclaim_(std::move(on_reclaim)) {}
 
 PeerTier::~PeerTier() {
   std::lock_guard lock(mu_);
@@ -23,6 +24,11 @@ uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
                           std::shared_ptr<LenderLink> lender, uint64_t max_units) {
   lender->check_geometry(sizes);
   const LeaseGrant g = lender->lend(max_units);
+  return adopt(model, sizes, std::move(lender), g);
+}
+
+uint64_t PeerTier::adopt(const ChunkKey &model, const GeometrySizes &sizes,
+                         std::shared_ptr<LenderLink> lender, const LeaseGrant &g) {
   Held h;
   h.model = model;
   h.lease_id = g.lease_id;

@@ -1,7 +1,9 @@
-// The peer tier: chunks of a borrower model kept in memory lent by an elastic region (in this
-// process or another, see LenderLink). A lease holds whole borrower chunks, chunk c at offset
-// c * chunk_stride of the lease, one contiguous piece per layer, so a chunk is one contiguous
-// range of the lender's memory.
+// A lent tier: chunks of a borrower model kept in memory lent by elastic regions (in this
+// process or another, see LenderLink). The cache keeps two: the peer tier, whose leases are
+// mapped here (this process, or another on this host), and the remote tier, whose leases are
+// another host's memory reached over the transport. A lease holds whole borrower chunks, chunk c at
+// offset c * chunk_stride of the lease, one contiguous piece per layer, so a chunk is one
+// contiguous range of the lender's memory.
 #pragma once
 
 #include <functional>
@@ -34,9 +36,10 @@ class PeerTier final : public TierStore {
     uint64_t used_slots;
   };
 
-  // on_reclaim: called (with a lender's locks held: it must only signal) when a lender in this
-  // process asks a lease back or ends its leases.
-  explicit PeerTier(std::function<void()> on_reclaim = {});
+  // tier: Tier::peer or Tier::remote, what this one reports itself as. on_reclaim: called (with
+  // a lender's locks held: it must only signal) when a lender in this process asks a lease back
+  // or ends its leases.
+  explicit PeerTier(Tier tier = Tier::peer, std::function<void()> on_reclaim = {});
   ~PeerTier() override;
 
   // Borrows up to max_units lending units of `lender` for `model`, of geometry `sizes`: the
@@ -44,8 +47,12 @@ class PeerTier final : public TierStore {
   // when the lender has nothing free.
   uint64_t attach(const ChunkKey &model, const GeometrySizes &sizes,
                   std::shared_ptr<LenderLink> lender, uint64_t max_units);
+  // Takes a lease `lender` granted (of chunks of geometry `sizes`, checked) into this tier;
+  // returns its lease id.
+  uint64_t adopt(const ChunkKey &model, const GeometrySizes &sizes,
+                 std::shared_ptr<LenderLink> lender, const LeaseGrant &g);
 
-  Tier tier() const noexcept override { return Tier::peer; }
+  Tier tier() const noexcept override { return tier_; }
   std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
   // Null for a slot of a remote lease: its bytes move by read and write.
@@ -122,6 +129,7 @@ class PeerTier final : public TierStore {
   void unusable_locked(uint64_t local, Held &h) noexcept;
   void update_locked(uint64_t local, Held &h, const LinkLeaseState &s);
 
+  const Tier tier_;
   const std::function<void()> on_reclaim_;
   mutable std::mutex mu_;
   mutable std::unordered_map<uint64_t, Held> leases_;  // readable() may mark a lease lost

@@ -274,9 +274,17 @@ typedef enum swiftkv_remote_path {
   SWIFTKV_REMOTE_PATH_LOCAL = 2 /* mapping only: a lender on another host is refused */
 } swiftkv_remote_path;
 
+/* Where the remote tier (memory lent by other hosts) stands in the chunk cache's chain. */
+typedef enum swiftkv_tier_order {
+  SWIFTKV_TIER_ORDER_REMOTE_FIRST = 0, /* peer -> remote -> host -> disk: another host's GPU
+                                          memory ahead of this host's DRAM (a fast network) */
+  SWIFTKV_TIER_ORDER_HOST_FIRST = 1    /* peer -> host -> remote -> disk: this host's DRAM first,
+                                          remote memory takes its victims (a slow network) */
+} swiftkv_tier_order;
+
 /* Version 2 added the chunk cache fields after disk_budget_bytes; version 3 the clock; version 4
- * the coordinator; version 8 lending across nodes. */
-#define SWIFTKV_CTX_CONFIG_VERSION 8
+ * the coordinator; version 8 lending across nodes; version 9 the tier order. */
+#define SWIFTKV_CTX_CONFIG_VERSION 9
 
 typedef struct swiftkv_ctx_config {
   uint32_t size;              /* sizeof(swiftkv_ctx_config) as the caller compiled it */
@@ -297,7 +305,7 @@ typedef struct swiftkv_ctx_config {
   /* Version 2: the chunk cache (see "Chunk cache" below). */
   swiftkv_eviction_policy eviction_policy; /* which chunk a full tier gives up first (default
                                               SWIFTKV_EVICT_RETENTION) */
-  uint32_t demote_free_percent;  /* the background thread demotes from the peer and host tiers
+  uint32_t demote_free_percent;  /* the background thread demotes from the lent and host tiers
                                     while their free space is under this percent of their
                                     capacity (default 25; 0: only when a store finds no room;
                                     at most 100) */
@@ -375,6 +383,10 @@ typedef struct swiftkv_ctx_config {
                                     may go without one of its operations completing (default
                                     2000; >= 1): past it the batch fails, the lender counts as
                                     gone and its leases as lost */
+  /* Version 9. */
+  swiftkv_tier_order tier_order; /* the chunk cache's chain (default
+                                    SWIFTKV_TIER_ORDER_REMOTE_FIRST) */
+  uint32_t reserved3;            /* must be 0 */
 } swiftkv_ctx_config;
 
 #define SWIFTKV_CTX_CONFIG_INIT                       \
@@ -408,7 +420,9 @@ typedef struct swiftkv_ctx_config {
     /* reserved2 */ 0,                                \
     /* coord_ucx_transports */ NULL,                  \
     /* coord_remote_path */ SWIFTKV_REMOTE_PATH_AUTO, \
-    /* coord_rma_timeout_ms */ 2000                   \
+    /* coord_rma_timeout_ms */ 2000,                  \
+    /* tier_order */ SWIFTKV_TIER_ORDER_REMOTE_FIRST, \
+    /* reserved3 */ 0                                 \
   }
 /* Fills *out with SWIFTKV_CTX_CONFIG_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_ctx_config_init(swiftkv_ctx_config *out);
@@ -735,12 +749,15 @@ SWIFTKV_API swiftkv_status swiftkv_model_unregister(swiftkv_ctx *ctx, uint32_t m
  * model's chunk_tokens tokens, keyed by XXH3-128 chained over the model fingerprint, the previous
  * chunk's key and the chunk's token ids; a partial last chunk is never cached.
  *
- * Tiers: peer (memory lent by an elastic region, see swiftkv_borrow), host (page-locked DRAM on
- * the context's NUMA node, from host_budget_bytes) and disk (files under disk_path within
- * disk_budget_bytes, each with an XXH3 checksum; found again by the next context). A tier without
- * memory for it is not configured. A new chunk goes to the first configured tier (peer, host,
- * disk); a full tier makes room by its eviction policy, moving its victims down the chain
- * peer -> host -> disk -> dropped. Pinned chunks are never evicted. A background thread demotes
+ * Tiers: peer (memory lent by an elastic region on this host and mapped here, see swiftkv_borrow
+ * and swiftkv_borrow_remote), remote (memory lent by a context on another host, reached over
+ * UCX: swiftkv_borrow_remote, docs/remote.md), host (page-locked DRAM on the context's NUMA node,
+ * from host_budget_bytes) and disk (files under disk_path within disk_budget_bytes, each with an
+ * XXH3 checksum; found again by the next context). A tier without memory for it is not
+ * configured. A new chunk goes to the first configured tier of the chain; a full tier makes room
+ * by its eviction policy, moving its victims down the chain, by default
+ * peer -> remote -> host -> disk -> dropped (swiftkv_ctx_config.tier_order puts host memory
+ * before remote memory). Pinned chunks are never evicted. A background thread demotes
  * ahead of need (demote_free_percent) and lets pending loads out of a tier go first. A chunk that
  * is hit stays where it is: promotion is the caller's choice (swiftkv_move).
  *
@@ -758,14 +775,16 @@ typedef enum swiftkv_tier {
   SWIFTKV_TIER_PEER = 0,
   SWIFTKV_TIER_HOST = 1,
   SWIFTKV_TIER_DISK = 2,
-  SWIFTKV_TIER_DROPPED = 3 /* not cached: recompute */
+  SWIFTKV_TIER_DROPPED = 3, /* not cached: recompute */
+  SWIFTKV_TIER_REMOTE = 4   /* memory lent by another host (numbered after DROPPED, which
+                               predates it) */
 } swiftkv_tier;
 
 /* tier_mask bits for swiftkv_clear. */
 #define SWIFTKV_TIER_BIT(tier) (1u << (tier))
-#define SWIFTKV_TIERS_ALL 0x7u
+#define SWIFTKV_TIERS_ALL 0x17u /* peer, host, disk and remote */
 
-#define SWIFTKV_LOOKUP_RESULT_VERSION 1
+#define SWIFTKV_LOOKUP_RESULT_VERSION 2
 
 /* What a prompt can reuse. A prefix-caching engine loads [0, prefix_tokens) and computes the
  * rest. With leading-end eviction (SWIFTKV_EVICT_RETENTION) a prompt may have a dropped leading
@@ -784,10 +803,12 @@ typedef struct swiftkv_lookup_result {
                                    that run starts at token 0 or none is cached) */
   uint64_t loadable_tokens;     /* the longest cached run's tokens */
   uint64_t chunks_per_tier[3];  /* cached chunks in each tier (peer, host, disk), in all chunks */
+  /* Version 2. */
+  uint64_t remote_chunks;       /* cached chunks in the remote tier, in all chunks */
 } swiftkv_lookup_result;
 
 #define SWIFTKV_LOOKUP_RESULT_INIT \
-  { (uint32_t)sizeof(swiftkv_lookup_result), SWIFTKV_LOOKUP_RESULT_VERSION, 0, 0, 0, 0, {0, 0, 0} }
+  { (uint32_t)sizeof(swiftkv_lookup_result), SWIFTKV_LOOKUP_RESULT_VERSION, 0, 0, 0, 0, {0, 0, 0}, 0 }
 /* Fills *out with SWIFTKV_LOOKUP_RESULT_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_lookup_result_init(swiftkv_lookup_result *out);
 
@@ -1011,9 +1032,10 @@ SWIFTKV_API swiftkv_status swiftkv_chunk_info_get(swiftkv_chunk_info *info_out,
 
 #define SWIFTKV_CODEC_STATS_VERSION 1
 
-/* The cached chunks by codec (rows: swiftkv_codec) and tier (columns: swiftkv_tier), with the
- * bytes they decode to beside the bytes stored: stored_bytes[c][t] / raw_bytes[c][t] is codec
- * c's ratio in tier t. */
+/* The cached chunks by codec (rows: swiftkv_codec) and tier (columns: swiftkv_tier peer, host,
+ * disk), with the bytes they decode to beside the bytes stored: stored_bytes[c][t] /
+ * raw_bytes[c][t] is codec c's ratio in tier t. The remote tier, lent memory like the peer tier,
+ * holds raw chunks only: swiftkv_stats.remote_chunks and remote_bytes count them. */
 typedef struct swiftkv_codec_stats {
   uint32_t size;
   uint32_t version;
@@ -1034,10 +1056,10 @@ SWIFTKV_API void swiftkv_codec_stats_init(swiftkv_codec_stats *out);
 SWIFTKV_API swiftkv_status swiftkv_codec_stats_get(swiftkv_codec_stats *out,
                                                    const swiftkv_ctx *ctx);
 
-#define SWIFTKV_STATS_VERSION 3
+#define SWIFTKV_STATS_VERSION 4
 
 /* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by
- * swiftkv_tier: peer, host, disk. */
+ * swiftkv_tier: peer, host, disk; the remote tier's (version 4) are fields of their own. */
 typedef struct swiftkv_stats {
   uint32_t size;
   uint32_t version;
@@ -1072,12 +1094,17 @@ typedef struct swiftkv_stats {
                                      docs/api.md): not part of host_budget_bytes */
   uint64_t index_capacity_chunks; /* resident chunks the index holds before it grows */
   uint64_t requests_open;         /* connector requests begun and not finished */
+  /* Version 4: the remote tier (memory lent by other hosts). */
+  uint64_t remote_chunks;
+  uint64_t remote_bytes;
+  uint64_t remote_capacity_bytes; /* remote lent memory held */
+  uint64_t remote_hits;           /* chunks swiftkv_lookup found in the remote tier */
 } swiftkv_stats;
 
 #define SWIFTKV_STATS_INIT                                                                  \
   {                                                                                         \
     (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
-        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0                     \
+        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0         \
   }
 /* Fills *out with SWIFTKV_STATS_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_stats_init(swiftkv_stats *out);
@@ -1086,7 +1113,7 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
 
 /* The context's counters (swiftkv_stats and swiftkv_coord_stats) in Prometheus' text exposition
  * format 0.0.4, each with its HELP and TYPE lines; per-tier families carry a label
- * tier="peer|host|disk". The names and units are listed in docs/api.md (counters end in _total,
+ * tier="peer|host|disk|remote". The names and units are listed in docs/api.md (counters end in _total,
  * sizes are bytes, times seconds). *length_out is the text's length without its NUL; when
  * capacity > that length the text and a NUL are written to buf, else nothing is written (call
  * again with a larger buffer). buf may be NULL when capacity is 0. Thread-safe. */

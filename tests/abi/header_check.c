@@ -23,7 +23,9 @@ STATIC_CHECK(offsetof(swiftkv_model_desc, identity) == 48, "swiftkv_model_desc.i
 STATIC_CHECK(sizeof(swiftkv_capacity_plan) == 48, "swiftkv_capacity_plan size");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, stream_blocks) == 8, "plan.stream_blocks");
 STATIC_CHECK(offsetof(swiftkv_capacity_plan, lender_full_blocks) == 40, "plan.lender_full_blocks");
-STATIC_CHECK(sizeof(swiftkv_ctx_config) == 168, "swiftkv_ctx_config size");
+STATIC_CHECK(sizeof(swiftkv_ctx_config) == 176, "swiftkv_ctx_config size");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, tier_order) == 168, "config.tier_order (v9)");
+STATIC_CHECK(offsetof(swiftkv_ctx_config, reserved3) == 172, "config.reserved3");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_ucx_transports) == 152,
              "config.coord_ucx_transports (v8)");
 STATIC_CHECK(offsetof(swiftkv_ctx_config, coord_remote_path) == 160, "config.coord_remote_path");
@@ -83,10 +85,13 @@ STATIC_CHECK(offsetof(swiftkv_elastic_stats, reclaims_requested) == 128,
 STATIC_CHECK(offsetof(swiftkv_elastic_stats, memory_kind) == 136, "stats.memory_kind");
 STATIC_CHECK(sizeof(swiftkv_model_config) == 24, "swiftkv_model_config size");
 STATIC_CHECK(offsetof(swiftkv_model_config, role) == 16, "model_config.role");
-STATIC_CHECK(sizeof(swiftkv_lookup_result) == 64, "swiftkv_lookup_result size");
+STATIC_CHECK(sizeof(swiftkv_lookup_result) == 72, "swiftkv_lookup_result size");
+STATIC_CHECK(offsetof(swiftkv_lookup_result, remote_chunks) == 64, "lookup.remote_chunks (v2)");
 STATIC_CHECK(offsetof(swiftkv_lookup_result, loadable_tokens) == 32, "lookup.loadable_tokens");
 STATIC_CHECK(offsetof(swiftkv_lookup_result, chunks_per_tier) == 40, "lookup.chunks_per_tier");
-STATIC_CHECK(sizeof(swiftkv_stats) == 248, "swiftkv_stats size");
+STATIC_CHECK(sizeof(swiftkv_stats) == 280, "swiftkv_stats size");
+STATIC_CHECK(offsetof(swiftkv_stats, remote_chunks) == 248, "stats.remote_chunks (v4)");
+STATIC_CHECK(offsetof(swiftkv_stats, remote_hits) == 272, "stats.remote_hits");
 STATIC_CHECK(offsetof(swiftkv_stats, index_bytes) == 224, "stats.index_bytes (v3)");
 STATIC_CHECK(offsetof(swiftkv_stats, index_capacity_chunks) == 232, "stats.index_capacity_chunks");
 STATIC_CHECK(offsetof(swiftkv_stats, requests_open) == 240, "stats.requests_open");
@@ -155,7 +160,8 @@ int main(void) {
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;
-  CHECK(cc.version == 8 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.version == 9 && cc.eviction_policy == SWIFTKV_EVICT_RETENTION);
+  CHECK(cc.tier_order == SWIFTKV_TIER_ORDER_REMOTE_FIRST && cc.reserved3 == 0);
   CHECK(cc.coord_ucx_transports == NULL && cc.coord_remote_path == SWIFTKV_REMOTE_PATH_AUTO);
   CHECK(cc.coord_rma_timeout_ms == 2000);
   CHECK(cc.write_back_on_close == 1 && cc.reserved2 == 0);
@@ -171,8 +177,12 @@ int main(void) {
   CHECK(mc.size == sizeof mc && mc.role == SWIFTKV_ROLE_BORROWER && mc.desc == NULL);
   swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
   CHECK(lr.size == sizeof lr && lr.chunks_per_tier[2] == 0);
+  CHECK(lr.version == 2 && lr.remote_chunks == 0);
   swiftkv_stats st = SWIFTKV_STATS_INIT;
-  CHECK(st.size == sizeof st && st.version == 3 && st.demotions_deferred == 0);
+  CHECK(st.size == sizeof st && st.version == 4 && st.demotions_deferred == 0);
+  CHECK(st.remote_chunks == 0 && st.remote_bytes == 0 && st.remote_capacity_bytes == 0);
+  CHECK(st.remote_hits == 0);
+  CHECK(SWIFTKV_TIER_REMOTE == 4 && SWIFTKV_TIERS_ALL == 0x17u);
   CHECK(st.index_bytes == 0 && st.index_capacity_chunks == 0 && st.requests_open == 0);
   CHECK(st.disk_files_skipped == 0 && st.disk_bytes_allocated == 0);
   swiftkv_lease ls = SWIFTKV_LEASE_INIT;

@@ -167,6 +167,24 @@ swiftkv_stats cache_stats(const Borrower &b) {
   return s;
 }
 
+// Lent chunks are in the remote tier when they moved over UCX, in the peer tier when mapped;
+// the other of the two holds none.
+uint64_t lent_chunks(const swiftkv_stats &s) {
+  const uint64_t peer = s.chunks[SWIFTKV_TIER_PEER];
+  assert_int_equal(g_ucx ? peer : s.remote_chunks, 0);
+  return g_ucx ? s.remote_chunks : peer;
+}
+uint64_t lent_capacity(const swiftkv_stats &s) {
+  const uint64_t peer = s.capacity_bytes[SWIFTKV_TIER_PEER];
+  assert_int_equal(g_ucx ? peer : s.remote_capacity_bytes, 0);
+  return g_ucx ? s.remote_capacity_bytes : peer;
+}
+uint64_t lent_found(const swiftkv_lookup_result &l) {
+  const uint64_t peer = l.chunks_per_tier[SWIFTKV_TIER_PEER];
+  assert_int_equal(g_ucx ? peer : l.remote_chunks, 0);
+  return g_ucx ? l.remote_chunks : peer;
+}
+
 swiftkv_coord_stats coord_stats(swiftkv_ctx *ctx) {
   swiftkv_coord_stats s = SWIFTKV_COORD_STATS_INIT;
   assert_ok(swiftkv_coord_stats_get(&s, ctx));
@@ -476,9 +494,9 @@ void store_and_load_across_processes(void **) {
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
   assert_true(lease != 0);
   swiftkv_stats s = cache_stats(b);
-  assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 16 * kUnitChunks * kChunkBytes);
+  assert_int_equal(lent_capacity(s), 16 * kUnitChunks * kChunkBytes);
   store(b, 1, 40, 40 * kChunkTokens);
-  assert_int_equal(lookup(b, 1, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
+  assert_int_equal(lent_found(lookup(b, 1, 40)), 40);
   const uint64_t batches_stored = coord_stats(b.ctx).rma_batches;
   assert_int_equal(retrieve_checked(b, 1, 40), 40 * kChunkTokens);
   if (g_ucx) {  // every byte went over UCX (across namespaces, by the host check), no mapping
@@ -555,7 +573,7 @@ void reclaim_moves_chunks_down_then_acks(void **) {
     uint64_t lease = 0;
     assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
     store(b, 2, 40, 40 * kChunkTokens);
-    assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 40);
+    assert_int_equal(lent_chunks(cache_stats(b)), 40);
 
     // An engine request holds the chunks (its loads read them) across the reclaim.
     const EngineRequest er = begin_request(b, 2, 40, false);
@@ -580,8 +598,8 @@ void reclaim_moves_chunks_down_then_acks(void **) {
 
     // Every chunk is on host or was reported dropped; the ones on host are intact.
     const swiftkv_stats s = cache_stats(b);
-    assert_int_equal(s.chunks[SWIFTKV_TIER_PEER], 0);
-    assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
+    assert_int_equal(lent_chunks(s), 0);
+    assert_int_equal(lent_capacity(s), 0);
     const swiftkv_lookup_result l = lookup(b, 2, 40);
     assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_HOST], s.chunks[SWIFTKV_TIER_HOST]);
     assert_int_equal(s.chunks[SWIFTKV_TIER_HOST] + static_cast<uint64_t>(b.events_dropped.load()),
@@ -615,7 +633,7 @@ void lender_killed(void **) {
   assert_ok(swiftkv_move(&there, b.ctx, b.model, head.data(), head.size(), SWIFTKV_TIER_HOST));
   assert_int_equal(there, 8);
   store(b, 3, 40, 40 * kChunkTokens);
-  assert_int_equal(lookup(b, 3, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 32);
+  assert_int_equal(lent_found(lookup(b, 3, 40)), 32);
 
   // An engine request that holds the whole prompt's cached run when the lender dies.
   const EngineRequest er = begin_request(b, 3, 40, true);
@@ -657,10 +675,10 @@ void lender_killed(void **) {
   check_layer0(pd, er.pages, 3, 40, valid);
   swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
   assert_ok(swiftkv_request_finish(&info, b.ctx, req));
-  for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);
+  for (int i = 0; i < 5000 && lent_chunks(cache_stats(b)) != 0; ++i) sleep_ms(1);
   const swiftkv_stats s = cache_stats(b);
-  assert_int_equal(s.chunks[SWIFTKV_TIER_PEER], 0);
-  assert_int_equal(s.capacity_bytes[SWIFTKV_TIER_PEER], 0);
+  assert_int_equal(lent_chunks(s), 0);
+  assert_int_equal(lent_capacity(s), 0);
   const swiftkv_coord_stats cs = coord_stats(b.ctx);
   assert_int_equal(cs.lenders_lost, 1);
   assert_int_equal(cs.leases_lost, 1);
@@ -1078,7 +1096,7 @@ void borrower_drops_bad_messages(void **) {
     uint64_t lease = SENTINEL;
     assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "x", 1), c.want);
     assert_true(lease == SENTINEL);
-    assert_int_equal(cache_stats(b).capacity_bytes[SWIFTKV_TIER_PEER], 0);
+    assert_int_equal(lent_capacity(cache_stats(b)), 0);
     assert_int_equal(coord_stats(b.ctx).lenders_connected, 0);
     fake.join();
     swiftkv_ctx_destroy(b.ctx);
@@ -1111,7 +1129,7 @@ void many_lenders_and_borrowers(void **) {
   }
   store(b1, 10, 12, 12 * kChunkTokens);
   store(b2, 11, 12, 12 * kChunkTokens);
-  assert_int_equal(lookup(b1, 10, 12).chunks_per_tier[SWIFTKV_TIER_PEER], 12);
+  assert_int_equal(lent_found(lookup(b1, 10, 12)), 12);
   assert_int_equal(retrieve_checked(b1, 10, 12), 12 * kChunkTokens);
   assert_int_equal(retrieve_checked(b2, 11, 12), 12 * kChunkTokens);
   assert_int_equal(elastic_stats(l1.e).leases, 3);
@@ -1200,7 +1218,7 @@ void link_taken_down(void **) {
   uint64_t lease = 0;
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 16));
   store(b, 5, 40, 40 * kChunkTokens);
-  assert_int_equal(lookup(b, 5, 40).chunks_per_tier[SWIFTKV_TIER_PEER], 40);
+  assert_int_equal(lent_found(lookup(b, 5, 40)), 40);
   assert_int_equal(coord_stats(b.ctx).remote_lenders, 1);
 
   std::atomic<int> wrong{0}, reads{0};
@@ -1230,8 +1248,8 @@ void link_taken_down(void **) {
   assert_int_equal(cs.lenders_lost, 1);
   assert_int_equal(cs.remote_lenders, 0);
   assert_true(cs.rma_batches_failed >= 1);  // the read in flight, cut off by its timeout
-  for (int i = 0; i < 5000 && cache_stats(b).chunks[SWIFTKV_TIER_PEER] != 0; ++i) sleep_ms(1);
-  assert_int_equal(cache_stats(b).chunks[SWIFTKV_TIER_PEER], 0);
+  for (int i = 0; i < 5000 && lent_chunks(cache_stats(b)) != 0; ++i) sleep_ms(1);
+  assert_int_equal(lent_chunks(cache_stats(b)), 0);
   assert_int_equal(retrieve_checked(b, 5, 40), 0);
   // The lender lived through it: a new session, new bytes, bit-exact.
   swiftkv_status st = SWIFTKV_EPEER;
@@ -1241,7 +1259,7 @@ void link_taken_down(void **) {
   }
   assert_ok(st);
   store(b, 6, 4, 4 * kChunkTokens);
-  assert_int_equal(lookup(b, 6, 4).chunks_per_tier[SWIFTKV_TIER_PEER], 4);
+  assert_int_equal(lent_found(lookup(b, 6, 4)), 4);
   assert_int_equal(retrieve_checked(b, 6, 4), 4 * kChunkTokens);
   swiftkv_ctx_destroy(b.ctx);
   // The answers to the gets cut off by the link may still sit in UCX's queue; when their
@@ -1338,14 +1356,14 @@ void ucx_lender_sends_forged_keys(void **) {
                   SWIFTKV_EPEER);
     assert_true(lease == SENTINEL);
     assert_int_equal(coord_stats(b.ctx).grants_refused, static_cast<uint64_t>(i));
-    assert_int_equal(cache_stats(b).capacity_bytes[SWIFTKV_TIER_PEER], 0);
+    assert_int_equal(lent_capacity(cache_stats(b)), 0);
   }
   for (int i = 0; i < 2000 && releases.load() < 3; ++i) sleep_ms(1);
   assert_int_equal(releases.load(), 3);
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "fake", 1));
   assert_int_equal(lease, 4);
   store(b, 9, 1, kChunkTokens);
-  assert_int_equal(lookup(b, 9, 1).chunks_per_tier[SWIFTKV_TIER_PEER], 1);
+  assert_int_equal(lent_found(lookup(b, 9, 1)), 1);
   assert_true(std::memcmp(lent.data(), kv_of(9, 1).data(), kChunkBytes) == 0);
   assert_int_equal(retrieve_checked(b, 9, 1), kChunkTokens);
   swiftkv_ctx_destroy(b.ctx);

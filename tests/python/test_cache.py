@@ -211,7 +211,7 @@ def test_metrics_text_and_collector(ctx, small_model):
     assert fams["swiftkv_stores"].type == "counter" and fams["swiftkv_chunks"].type == "gauge"
     assert all(f.documentation for f in fams.values())
     assert {x.labels["tier"]: x.value for x in fams["swiftkv_tier_bytes"].samples} == {
-        "peer": 0, "host": s["bytes"][1], "disk": 0}
+        "peer": 0, "host": s["bytes"][1], "disk": 0, "remote": s["remote_bytes"]}
     assert fams["swiftkv_index_bytes"].samples[0].value == s["index_bytes"]
     reg = CollectorRegistry()
     reg.register(Collector(ctx, prefix="engine_a_"))

@@ -18,7 +18,8 @@ def test_config_round_trip(tmp_path):
                          transfer_threads=3, max_open_requests=7,
                          write_back_on_close=False, coord_ucx_transports="tcp",
                          coord_remote_path=swiftkv.RemotePath.UCX,
-                         coord_rma_timeout_ms=900) as ctx:
+                         coord_rma_timeout_ms=900,
+                         tier_order=swiftkv.TierOrder.HOST_FIRST) as ctx:
         c = ctx.config()
         assert c["host_budget_bytes"] == 1 << 20
         assert c["disk_path"] == str(tmp_path)
@@ -35,6 +36,7 @@ def test_config_round_trip(tmp_path):
         assert c["coord_ucx_transports"] == "tcp"
         assert c["coord_remote_path"] == swiftkv.RemotePath.UCX
         assert c["coord_rma_timeout_ms"] == 900
+        assert c["tier_order"] == swiftkv.TierOrder.HOST_FIRST
         s = ctx.stats()
         assert s["disk_files_skipped"] == 0 and s["disk_bytes_allocated"] == 0
         assert s["requests_open"] == 0 and 0 < s["index_capacity_chunks"] <= 4096  # no model
@@ -51,6 +53,7 @@ def test_config_round_trip(tmp_path):
     ({"coord_timeout_ms": 0}, "coord_timeout_ms", swiftkv.Status.EINVAL),
     ({"coord_rma_timeout_ms": 0}, "coord_rma_timeout_ms", swiftkv.Status.EINVAL),
     ({"coord_remote_path": 7}, "not a swiftkv_remote_path", swiftkv.Status.EINVAL),
+    ({"tier_order": 2}, "not a swiftkv_tier_order", swiftkv.Status.EINVAL),
 ])
 def test_bad_config(kw, needle, status):
     with pytest.raises(swiftkv.Error) as e:

@@ -79,7 +79,9 @@ def test_remote_lender(tmp_path, small_model):
         t = tokens_of(6, 12 * 32)
         kv = chunks_of(6, 12, small_model.chunk_bytes)
         m.store(t, kv)
-        assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 12
+        # Memory of this host, mapped here, is the peer tier.
+        lk = m.lookup(t)
+        assert lk["chunks_per_tier"][swiftkv.Tier.PEER] == 12 and lk["remote_chunks"] == 0
         out = np.zeros_like(kv)
         assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
         # A heartbeat goes every 20 ms; on a loaded machine its answer may take a while.
@@ -130,13 +132,23 @@ def test_remote_lender_over_ucx(small_model):
         t = tokens_of(7, 12 * 32)
         kv = chunks_of(7, 12, small_model.chunk_bytes)
         m.store(t, kv)
-        assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 12
+        # Memory of another host (UCX) is the remote tier, not the peer tier.
+        lk = m.lookup(t)
+        assert lk["remote_chunks"] == 12 and lk["chunks_per_tier"][swiftkv.Tier.PEER] == 0
+        assert (lk["residency"] == swiftkv.Tier.REMOTE).all()
+        assert bctx.stats()["remote_chunks"] == 12
         out = np.zeros_like(kv)
         assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
         cs = bctx.coord_stats()
         assert cs["remote_lenders"] == 1 and cs["rma_batches_failed"] == 0
         assert cs["rma_bytes_written"] == cs["rma_bytes_read"] == 12 * small_model.chunk_bytes
         assert lctx.coord_stats()["remote_sessions"] == 1
+        # The remote tier moves and clears as any tier does: down to host memory and back.
+        assert m.move(t, swiftkv.Tier.HOST) == 12 and m.lookup(t)["remote_chunks"] == 0
+        assert m.move(t, swiftkv.Tier.REMOTE) == 12 and m.lookup(t)["remote_chunks"] == 12
+        assert m.retrieve(t, 0, out) == 12 * 32 and np.array_equal(out, kv)
+        assert m.clear(t, swiftkv.Tier.HOST) == 0
+        assert m.clear(t, swiftkv.Tier.REMOTE) == 12 and bctx.stats()["remote_chunks"] == 0
 
 
 def test_reclaim_deadline(ctx, small_model):

@@ -102,7 +102,8 @@ struct Rig {
 
   Rig(swiftkv::ModelGeometry geo, uint64_t host_chunks, uint64_t disk_chunks, uint64_t peer_chunks,
       swiftkv::EvictionPolicy policy = swiftkv::EvictionPolicy::lru, uint32_t demote_pct = 0,
-      uint64_t interval_ms = 0, std::string reuse_dir = "")
+      uint64_t interval_ms = 0, std::string reuse_dir = "",
+      std::array<Tier, swiftkv::kTierCount> chain = swiftkv::kDefaultChain)
       : g(geo), sizes(swiftkv::geometry_sizes(geo, "g")), fp(swiftkv::model_fingerprint("m", geo)) {
     swiftkv::ContextConfig c;
     // Host slabs are whole pages: the budget is in pages, each holding whole chunks here.
@@ -121,6 +122,7 @@ struct Rig {
     o.policy = policy;
     o.demote_free_percent = demote_pct;
     o.host_slab_bytes = page;
+    o.chain = chain;
     o.maintenance_interval_ms = interval_ms;
     if (interval_ms == 0) o.clock = [this] { return now; };
     cache = std::make_unique<ChunkCache>(*ctx, o);
@@ -170,8 +172,7 @@ struct Rig {
     const std::vector<ChunkKey> k = keys(seq, i + 1);
     uint8_t r[64];
     cache->lookup(k, r);
-    return r[i] == ChunkCache::kDropped ? std::nullopt
-                                        : std::optional<Tier>(static_cast<Tier>(r[i]));
+    return swiftkv::tier_of_code(r[i]);
   }
 };
 
@@ -1363,22 +1364,28 @@ class RemoteTwin final : public swiftkv::LenderLink {
   std::unordered_map<uint64_t, std::byte *> data_;
 };
 
-// Chunks lent by a remote lender are read as one batch per retrieve; a batch that fails returns
-// nothing from it and drops only the first chunk (as corrupt), and bytes whose lease was lost
-// while they moved are not returned (the chunk dropped as revoked).
-void remote_reads_go_as_one_batch(void **) {
-  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 0, 0, 0);
+// A remote lender of `chunks` chunks of r's model, borrowed by r's cache.
+std::shared_ptr<RemoteTwin> borrow_remote_twin(Rig &r, uint64_t chunks) {
   swiftkv::ElasticConfig e;
   e.lender = r.g;
   e.borrower = r.g;
   const swiftkv::LendUnit u = swiftkv::lend_unit(r.sizes, r.sizes);
-  e.capacity_blocks = 8 / u.borrower_chunks * u.lender_blocks;
+  e.capacity_blocks = chunks / u.borrower_chunks * u.lender_blocks;
   e.owned_blocks = 0;
   swiftkv::HostRegionOptions ho;
   ho.size = swiftkv::ElasticRegion::required_bytes(e);
   auto region = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
   auto twin = std::make_shared<RemoteTwin>(region);
   r.cache->borrow(r.fp, r.sizes, twin, UINT64_MAX);
+  return twin;
+}
+
+// Chunks lent by a remote lender are read as one batch per retrieve; a batch that fails returns
+// nothing from it and drops only the first chunk (as corrupt), and bytes whose lease was lost
+// while they moved are not returned (the chunk dropped as revoked).
+void remote_reads_go_as_one_batch(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 0, 0, 0);
+  const std::shared_ptr<RemoteTwin> twin = borrow_remote_twin(r, 8);
   assert_int_equal(r.store(1, 6), 6);
   assert_int_equal(twin->batches, 6);  // a store writes chunk by chunk
 
@@ -1397,7 +1404,7 @@ void remote_reads_go_as_one_batch(void **) {
   assert_int_equal(r.cache->retrieve(k, 2, cb, out.data()), 0);
   assert_int_equal(twin->batches, 8);
   assert_false(r.where(1, 2).has_value());
-  for (size_t i : {0, 1, 3, 4, 5}) assert_true(r.where(1, i) == Tier::peer);
+  for (size_t i : {0, 1, 3, 4, 5}) assert_true(r.where(1, i) == Tier::remote);
   assert_int_equal(r.cache->stats().load_failures, 1);
   assert_true(r.intact(1, 4));
   // The leases end while a batch moves the bytes: none of them is returned.
@@ -1405,6 +1412,71 @@ void remote_reads_go_as_one_batch(void **) {
   assert_int_equal(r.cache->retrieve(k, 0, cb, out.data()), 0);
   assert_int_equal(r.cache->stats().revocations, 1);
   assert_false(r.where(1, 0).has_value());
+}
+
+// Memory lent by another host is a tier of its own, placed in the chain as configured: new
+// chunks fill the chain from the top and victims move one tier down, so with LRU and four chunks
+// per tier the oldest chunks end in the lowest tier. Every chunk reads back intact from its tier.
+void remote_tier_takes_its_place_in_the_chain(void **) {
+  using Chain = std::array<Tier, swiftkv::kTierCount>;
+  for (const Chain &chain :
+       {swiftkv::kDefaultChain, Chain{Tier::peer, Tier::host, Tier::remote, Tier::disk}}) {
+    Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 4, 4, swiftkv::EvictionPolicy::lru, 0, 0, "",
+          chain);
+    const std::shared_ptr<RemoteTwin> twin = borrow_remote_twin(r, 4);
+    assert_true(r.cache->configured(Tier::remote, r.fp));
+    std::vector<swiftkv::ChunkEvent> events;
+    r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) { events.push_back(e); });
+    for (size_t i = 0; i < 16; ++i) {
+      ++r.now;
+      assert_int_equal(r.store(1, i + 1), i + 1);
+    }
+    // Chunks 12-15 at the top, 8-11 in the chain's second tier, 4-7 in its third, 0-3 on disk.
+    for (size_t i = 0; i < 16; ++i) assert_true(r.where(1, i) == chain[3 - i / 4]);
+    const swiftkv::CacheStats s = r.cache->stats();
+    for (const Tier t : swiftkv::kTiers) assert_int_equal(s.chunks[static_cast<size_t>(t)], 4);
+    assert_int_equal(s.capacity_bytes[static_cast<size_t>(Tier::remote)],
+                     4 * r.sizes.full_chunk_bytes);
+    // Every demotion went one step down the chain: chunks 4-7 made one each, 8-11 two, 12-15
+    // three.
+    assert_int_equal(events.size(), 4 * 1 + 4 * 2 + 4 * 3);
+    for (const swiftkv::ChunkEvent &e : events) {
+      const auto from = std::find(chain.begin(), chain.end(), e.from);
+      assert_true(e.to.has_value() && from + 1 != chain.end() && *e.to == *(from + 1));
+    }
+    r.cache->set_event_callback(nullptr);
+    // Reads of the remote tier go through the lender's transfer; the bytes are the chunks'.
+    const uint64_t batches = twin->batches;
+    for (size_t i = 0; i < 16; ++i) assert_true(r.intact(1, i));
+    assert_int_equal(twin->batches, batches + 4);
+    // Lookup reports the remote tier by its public number.
+    uint8_t codes[16];
+    r.cache->lookup(r.keys(1, 16), codes);
+    const size_t first_remote = chain[1] == Tier::remote ? 8 : 4;
+    for (size_t i = 0; i < 16; ++i) {
+      const bool remote = i >= first_remote && i < first_remote + 4;
+      assert_true((codes[i] == SWIFTKV_TIER_REMOTE) == remote);
+    }
+  }
+}
+
+// A chain must begin with the peer tier, end with the disk and name each tier once.
+void tier_chain_is_checked(void **) {
+  using Chain = std::array<Tier, swiftkv::kTierCount>;
+  for (const Chain &bad : {Chain{Tier::host, Tier::peer, Tier::remote, Tier::disk},
+                           Chain{Tier::peer, Tier::remote, Tier::disk, Tier::host},
+                           Chain{Tier::peer, Tier::host, Tier::host, Tier::disk}}) {
+    swiftkv::Context ctx(swiftkv::ContextConfig{});
+    CacheOptions o;
+    o.chain = bad;
+    o.maintenance_interval_ms = 0;
+    try {
+      ChunkCache c(ctx, o);
+      fail_msg("a chain of the wrong order was taken");
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_EINVAL);
+    }
+  }
 }
 
 void loads_go_before_background_demotion(void **) {
@@ -1590,6 +1662,8 @@ int main() {
       cmocka_unit_test(reclaimed_leases_are_evacuated_then_released),
       cmocka_unit_test(a_lost_lease_drops_its_chunks),
       cmocka_unit_test(remote_reads_go_as_one_batch),
+      cmocka_unit_test(remote_tier_takes_its_place_in_the_chain),
+      cmocka_unit_test(tier_chain_is_checked),
       cmocka_unit_test(loads_go_before_background_demotion),
       cmocka_unit_test(budgets_hold_under_random_work),
       cmocka_unit_test(host_slabs_are_made_ahead),

@@ -107,7 +107,8 @@ struct Rig {
   }
   bool keep_dir = false;
 
-  void set(std::array<std::optional<cd::CodecParams>, 3> fixed, bool accept_lossy) {
+  void set(std::array<std::optional<cd::CodecParams>, swiftkv::kTierCount> fixed,
+           bool accept_lossy) {
     swiftkv::ModelCompression m;
     m.shape = shape;
     m.fixed = fixed;

@@ -154,7 +154,7 @@ static void config_size_and_version(void **state) {
   create_refused(&c, SWIFTKV_EVERSION, "initialise it with SWIFTKV_CTX_CONFIG_INIT");
   swiftkv_ctx_config n = SWIFTKV_CTX_CONFIG_INIT;
   n.version = SWIFTKV_CTX_CONFIG_VERSION + 1;
-  create_refused(&n, SWIFTKV_EVERSION, "config->version is 9");
+  create_refused(&n, SWIFTKV_EVERSION, "config->version is 10");
   n = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
   n.size = 8;
   create_refused(&n, SWIFTKV_EVERSION, "config->size is 8");
@@ -165,6 +165,31 @@ static void config_size_and_version(void **state) {
   assert_status(swiftkv_ctx_create(NULL, NULL), SWIFTKV_EINVAL);
   assert_message_contains("out is NULL");
   assert_ptr_equal(out, CTX_SENTINEL);
+}
+
+/* The tier order is read, checked and given back; a version 8 caller gets the default. */
+static void tier_order_is_kept_and_checked(void **state) {
+  (void)state;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.tier_order = SWIFTKV_TIER_ORDER_HOST_FIRST;
+  swiftkv_ctx *ctx = create_ok(&c);
+  assert_int_equal(effective(ctx).tier_order, SWIFTKV_TIER_ORDER_HOST_FIRST);
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config v8 = SWIFTKV_CTX_CONFIG_INIT;
+  v8.tier_order = (swiftkv_tier_order)7; /* past a version 8 caller's size: never read */
+  v8.size = (uint32_t)offsetof(swiftkv_ctx_config, tier_order);
+  v8.version = 8;
+  ctx = create_ok(&v8);
+  assert_int_equal(effective(ctx).tier_order, SWIFTKV_TIER_ORDER_REMOTE_FIRST);
+  swiftkv_ctx_destroy(ctx);
+
+  swiftkv_ctx_config bad = SWIFTKV_CTX_CONFIG_INIT;
+  bad.tier_order = (swiftkv_tier_order)2;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->tier_order (2) is not a swiftkv_tier_order");
+  bad = (swiftkv_ctx_config)SWIFTKV_CTX_CONFIG_INIT;
+  bad.reserved3 = 1;
+  create_refused(&bad, SWIFTKV_EINVAL, "config->reserved3 is not 0");
 }
 
 /* A program built against version 3 (no coordinator fields) gets no endpoint and the default
@@ -546,6 +571,7 @@ int main(void) {
       cmocka_unit_test(version_1_callers_get_cache_defaults),
       cmocka_unit_test(version_3_callers_get_coord_defaults),
       cmocka_unit_test(version_4_callers_get_disk_log_defaults),
+      cmocka_unit_test(tier_order_is_kept_and_checked),
       cmocka_unit_test(version_5_callers_get_the_request_bound),
       cmocka_unit_test(version_7_callers_get_remote_defaults),
       cmocka_unit_test(write_back_on_close_is_checked),

@@ -141,11 +141,25 @@ const (
 	Host    Tier = C.SWIFTKV_TIER_HOST
 	Disk    Tier = C.SWIFTKV_TIER_DISK
 	Dropped Tier = C.SWIFTKV_TIER_DROPPED
+	Remote  Tier = C.SWIFTKV_TIER_REMOTE // memory lent by another host (numbered after Dropped)
 )
 
 func (t Tier) String() string {
 	return enumName(int64(t), map[int64]string{int64(Peer): "Peer", int64(Host): "Host",
-		int64(Disk): "Disk", int64(Dropped): "Dropped"}, "Tier")
+		int64(Disk): "Disk", int64(Dropped): "Dropped", int64(Remote): "Remote"}, "Tier")
+}
+
+// TierOrder is swiftkv_tier_order: where the remote tier stands in the chunk cache's chain.
+type TierOrder uint32
+
+const (
+	TierOrderRemoteFirst TierOrder = C.SWIFTKV_TIER_ORDER_REMOTE_FIRST // peer, remote, host, disk
+	TierOrderHostFirst   TierOrder = C.SWIFTKV_TIER_ORDER_HOST_FIRST   // peer, host, remote, disk
+)
+
+func (o TierOrder) String() string {
+	return enumName(int64(o), map[int64]string{int64(TierOrderRemoteFirst): "RemoteFirst",
+		int64(TierOrderHostFirst): "HostFirst"}, "TierOrder")
 }
 
 // Role is what a registered model does: borrow memory and cache chunks, or lend its own.
@@ -359,6 +373,7 @@ type Config struct {
 	CoordUCXTransports string
 	CoordRemotePath    RemotePath
 	CoordRMATimeoutMs  uint32
+	TierOrder          TierOrder
 }
 
 // RemotePath is swiftkv_remote_path: how a borrower reaches a lender in another process.
@@ -386,7 +401,8 @@ func DefaultConfig() Config {
 		DiskSegmentBytes:       uint64(c.disk_segment_bytes), DiskSyncMs: uint32(c.disk_sync_ms),
 		TransferThreads: uint32(c.transfer_threads), MaxOpenRequests: uint32(c.max_open_requests),
 		NoWriteBackOnClose: c.write_back_on_close == 0,
-		CoordRemotePath:    RemotePath(c.coord_remote_path), CoordRMATimeoutMs: uint32(c.coord_rma_timeout_ms)}
+		CoordRemotePath:    RemotePath(c.coord_remote_path), CoordRMATimeoutMs: uint32(c.coord_rma_timeout_ms),
+		TierOrder: TierOrder(c.tier_order)}
 }
 
 // ChunkEvent is a chunk that left a tier without the caller asking.
@@ -454,6 +470,7 @@ func NewContext(cfg Config) (*Context, error) {
 	}
 	c.coord_remote_path = C.swiftkv_remote_path(cfg.CoordRemotePath)
 	c.coord_rma_timeout_ms = C.uint32_t(cfg.CoordRMATimeoutMs)
+	c.tier_order = C.swiftkv_tier_order(cfg.TierOrder)
 	ctx := &Context{}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_ctx_create(&ctx.raw, c) }); err != nil {
 		return nil, err
@@ -513,7 +530,8 @@ func (c *Context) Config() (Config, error) {
 		CoordTimeoutMs: uint32(v.coord_timeout_ms), DiskSegmentBytes: uint64(v.disk_segment_bytes),
 		DiskSyncMs: uint32(v.disk_sync_ms), TransferThreads: uint32(v.transfer_threads),
 		MaxOpenRequests: uint32(v.max_open_requests), NoWriteBackOnClose: v.write_back_on_close == 0,
-		CoordRemotePath: RemotePath(v.coord_remote_path), CoordRMATimeoutMs: uint32(v.coord_rma_timeout_ms)}
+		CoordRemotePath: RemotePath(v.coord_remote_path), CoordRMATimeoutMs: uint32(v.coord_rma_timeout_ms),
+		TierOrder: TierOrder(v.tier_order)}
 	if v.coord_ucx_transports != nil {
 		out.CoordUCXTransports = C.GoString(v.coord_ucx_transports)
 	}
@@ -550,6 +568,8 @@ type Stats struct {
 	DiskBytesRelocated, DiskBytesAllocated                       uint64
 	// Memory beside the budgets and open requests (swiftkv_stats version 3).
 	IndexBytes, IndexCapacityChunks, RequestsOpen uint64
+	// The remote tier: memory lent by other hosts (swiftkv_stats version 4).
+	RemoteChunks, RemoteBytes, RemoteCapacityBytes, RemoteHits uint64
 }
 
 func (c *Context) Stats() (Stats, error) {
@@ -578,6 +598,8 @@ func (c *Context) Stats() (Stats, error) {
 	out.DiskBytesAllocated = uint64(s.disk_bytes_allocated)
 	out.IndexBytes, out.IndexCapacityChunks = uint64(s.index_bytes), uint64(s.index_capacity_chunks)
 	out.RequestsOpen = uint64(s.requests_open)
+	out.RemoteChunks, out.RemoteBytes = uint64(s.remote_chunks), uint64(s.remote_bytes)
+	out.RemoteCapacityBytes, out.RemoteHits = uint64(s.remote_capacity_bytes), uint64(s.remote_hits)
 	return out, nil
 }
 
@@ -726,7 +748,8 @@ func (m *Model) Unregister() error {
 // and computes the rest. DroppedHeadTokens is 0 when that run is the prefix.
 type Lookup struct {
 	Chunks, PrefixTokens, DroppedHeadTokens, LoadableTokens uint64
-	ChunksPerTier                                           [3]uint64
+	ChunksPerTier                                           [3]uint64 // peer, host, disk
+	RemoteChunks                                            uint64    // in the remote tier
 	Residency                                               []Tier
 }
 
@@ -763,6 +786,7 @@ func (m *Model) Lookup(tokens []uint32) (Lookup, error) {
 	for i := 0; i < 3; i++ {
 		l.ChunksPerTier[i] = uint64(out.chunks_per_tier[i])
 	}
+	l.RemoteChunks = uint64(out.remote_chunks)
 	for _, r := range res {
 		l.Residency = append(l.Residency, Tier(r))
 	}

@@ -138,6 +138,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	cfg.MaxOpenRequests = 7
 	cfg.NoWriteBackOnClose = true
 	cfg.CoordUCXTransports, cfg.CoordRemotePath, cfg.CoordRMATimeoutMs = "tcp", RemotePathUCX, 900
+	cfg.TierOrder = TierOrderHostFirst
 	c := newCtx(t, cfg)
 	got := val(c.Config())
 	if !got.NoWriteBackOnClose || DefaultConfig().NoWriteBackOnClose {
@@ -147,7 +148,8 @@ func TestConfigRoundTrip(t *testing.T) {
 		got.CoordTimeoutMs != 700 || got.CoordHeartbeatMs != 100 || got.CoordEndpoint != "" ||
 		got.DiskSegmentBytes != 1<<18 || got.DiskSyncMs != 250 || got.TransferThreads != 3 ||
 		got.MaxOpenRequests != 7 || got.CoordUCXTransports != "tcp" ||
-		got.CoordRemotePath != RemotePathUCX || got.CoordRMATimeoutMs != 900 {
+		got.CoordRemotePath != RemotePathUCX || got.CoordRMATimeoutMs != 900 ||
+		got.TierOrder != TierOrderHostFirst || DefaultConfig().TierOrder != TierOrderRemoteFirst {
 		t.Fatalf("%+v", got)
 	}
 	if d := DefaultConfig(); d.CoordRemotePath != RemotePathAuto || d.CoordRMATimeoutMs != 2000 {
@@ -401,6 +403,13 @@ func TestRemoteLenderOverUCX(t *testing.T) {
 	cb := int(val(small().ChunkBytes()))
 	tok, kv := tokensOf(8, 12*32), kvOf(8, 12*cb)
 	val(m.Store(tok, kv))
+	// Memory of another host is the remote tier.
+	if l := val(m.Lookup(tok)); l.RemoteChunks != 12 || l.ChunksPerTier[Peer] != 0 || l.Residency[0] != Remote {
+		t.Fatalf("%+v", l)
+	}
+	if st := val(bctx.Stats()); st.RemoteChunks != 12 || st.RemoteCapacityBytes == 0 {
+		t.Fatalf("%+v", st)
+	}
 	out := make([]byte, len(kv))
 	if n := val(m.Retrieve(tok, 0, out)); n != 12*32 || string(out) != string(kv) {
 		t.Fatal("over UCX", n)

@@ -37,7 +37,7 @@ __all__ = [
     "Error", "InvalidArgument", "OutOfMemory", "NotFound", "Busy", "IOFailure", "CudaError",
     "NoDevice", "PeerError", "TimedOut", "VersionMismatch", "Unsupported", "UserError",
     "StateError", "InternalError", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
-    "CudaAlloc", "RemotePath",
+    "CudaAlloc", "RemotePath", "TierOrder",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
     "version", "version_string", "status_string", "last_error_message", "dtype_size",
     "device_count",
@@ -168,6 +168,7 @@ class Tier(enum.IntEnum):
     HOST = _c.SWIFTKV_TIER_HOST
     DISK = _c.SWIFTKV_TIER_DISK
     DROPPED = _c.SWIFTKV_TIER_DROPPED
+    REMOTE = _c.SWIFTKV_TIER_REMOTE  # memory lent by another host (numbered after DROPPED)
 
     @property
     def bit(self) -> int:
@@ -227,6 +228,13 @@ class RemotePath(enum.IntEnum):
     AUTO = _c.SWIFTKV_REMOTE_PATH_AUTO
     UCX = _c.SWIFTKV_REMOTE_PATH_UCX
     LOCAL = _c.SWIFTKV_REMOTE_PATH_LOCAL
+
+
+class TierOrder(enum.IntEnum):
+    """Where the remote tier stands in the chunk cache's chain (swiftkv_tier_order)."""
+
+    REMOTE_FIRST = _c.SWIFTKV_TIER_ORDER_REMOTE_FIRST  # peer, remote, host, disk
+    HOST_FIRST = _c.SWIFTKV_TIER_ORDER_HOST_FIRST  # peer, host, remote, disk
 
 
 class MemoryKind(enum.IntEnum):
@@ -333,7 +341,8 @@ class Lookup(Record):
     prefix_tokens: int
     dropped_head_tokens: int
     loadable_tokens: int
-    chunks_per_tier: list
+    chunks_per_tier: list  # peer, host, disk (index by Tier)
+    remote_chunks: int  # in the remote tier
     residency: np.ndarray
 
 
@@ -457,7 +466,8 @@ class Context:
                "attention_cost_entries", "maintenance_interval_ms", "coord_endpoint",
                "coord_heartbeat_ms", "coord_timeout_ms", "disk_segment_bytes", "disk_sync_ms",
                "transfer_threads", "max_open_requests", "write_back_on_close",
-               "coord_ucx_transports", "coord_remote_path", "coord_rma_timeout_ms")
+               "coord_ucx_transports", "coord_remote_path", "coord_rma_timeout_ms",
+               "tier_order")
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         c = _c.swiftkv_ctx_config_init()
@@ -726,7 +736,8 @@ class Model:
                 or not tokens.flags.c_contiguous):
             tokens = _tokens(tokens)  # a list, int64 arrays and tensors: converted, checked
         r = _c.swiftkv_py_lookup(self.ctx.handle, self.id, tokens, self.desc.chunk_tokens)
-        return Lookup(r[0], r[1], r[2], r[3], list(r[4]), np.frombuffer(r[5], dtype=np.uint8))
+        return Lookup(r[0], r[1], r[2], r[3], list(r[4]), r[5],
+                      np.frombuffer(r[6], dtype=np.uint8))
 
     def store(self, tokens, kv) -> int:
         """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached.

@@ -8,7 +8,7 @@ pub const SWIFTKV_DEVICE_HOST: i32 = -1;
 pub const SWIFTKV_MODEL_DESC_VERSION: u32 = 2;
 pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
-pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 8;
+pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 9;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
 pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
@@ -16,13 +16,13 @@ pub const SWIFTKV_LEASE_VERSION: u32 = 1;
 pub const SWIFTKV_ELASTIC_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_MODEL_ALL: u32 = 4294967295;
 pub const SWIFTKV_MODEL_CONFIG_VERSION: u32 = 1;
-pub const SWIFTKV_TIERS_ALL: u32 = 7;
-pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 1;
+pub const SWIFTKV_TIERS_ALL: u32 = 23;
+pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 2;
 pub const SWIFTKV_CODEC_PARAMS_VERSION: u32 = 1;
 pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_MAX_COMPRESSION_METHODS: u32 = 8;
 pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
-pub const SWIFTKV_STATS_VERSION: u32 = 3;
+pub const SWIFTKV_STATS_VERSION: u32 = 4;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 2;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 2;
@@ -509,6 +509,9 @@ pub const SWIFTKV_REMOTE_PATH_AUTO: swiftkv_remote_path = 0;
 pub const SWIFTKV_REMOTE_PATH_UCX: swiftkv_remote_path = 1;
 pub const SWIFTKV_REMOTE_PATH_LOCAL: swiftkv_remote_path = 2;
 pub type swiftkv_remote_path = ::std::os::raw::c_uint;
+pub const SWIFTKV_TIER_ORDER_REMOTE_FIRST: swiftkv_tier_order = 0;
+pub const SWIFTKV_TIER_ORDER_HOST_FIRST: swiftkv_tier_order = 1;
+pub type swiftkv_tier_order = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_ctx_config {
@@ -542,12 +545,14 @@ pub struct swiftkv_ctx_config {
     pub coord_ucx_transports: *const ::std::os::raw::c_char,
     pub coord_remote_path: swiftkv_remote_path,
     pub coord_rma_timeout_ms: u32,
+    pub tier_order: swiftkv_tier_order,
+    pub reserved3: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_ctx_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_ctx_config>(),
-        168usize,
+        176usize,
         concat!("Size of: ", stringify!(swiftkv_ctx_config))
     );
     assert_eq!(
@@ -1065,6 +1070,40 @@ fn bindgen_test_layout_swiftkv_ctx_config() {
         );
     }
     test_field_coord_rma_timeout_ms();
+    fn test_field_tier_order() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).tier_order) as usize - ptr as usize
+            },
+            168usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(tier_order)
+            )
+        );
+    }
+    test_field_tier_order();
+    fn test_field_reserved3() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_ctx_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved3) as usize - ptr as usize
+            },
+            172usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_ctx_config),
+                "::",
+                stringify!(reserved3)
+            )
+        );
+    }
+    test_field_reserved3();
 }
 extern "C" {
     pub fn swiftkv_ctx_config_init(out: *mut swiftkv_ctx_config);
@@ -2427,6 +2466,7 @@ pub const SWIFTKV_TIER_PEER: swiftkv_tier = 0;
 pub const SWIFTKV_TIER_HOST: swiftkv_tier = 1;
 pub const SWIFTKV_TIER_DISK: swiftkv_tier = 2;
 pub const SWIFTKV_TIER_DROPPED: swiftkv_tier = 3;
+pub const SWIFTKV_TIER_REMOTE: swiftkv_tier = 4;
 pub type swiftkv_tier = ::std::os::raw::c_uint;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
@@ -2438,12 +2478,13 @@ pub struct swiftkv_lookup_result {
     pub dropped_head_tokens: u64,
     pub loadable_tokens: u64,
     pub chunks_per_tier: [u64; 3usize],
+    pub remote_chunks: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_lookup_result() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_lookup_result>(),
-        64usize,
+        72usize,
         concat!("Size of: ", stringify!(swiftkv_lookup_result))
     );
     assert_eq!(
@@ -2570,6 +2611,23 @@ fn bindgen_test_layout_swiftkv_lookup_result() {
         );
     }
     test_field_chunks_per_tier();
+    fn test_field_remote_chunks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_lookup_result>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_chunks) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_lookup_result),
+                "::",
+                stringify!(remote_chunks)
+            )
+        );
+    }
+    test_field_remote_chunks();
 }
 extern "C" {
     pub fn swiftkv_lookup_result_init(out: *mut swiftkv_lookup_result);
@@ -3554,12 +3612,16 @@ pub struct swiftkv_stats {
     pub index_bytes: u64,
     pub index_capacity_chunks: u64,
     pub requests_open: u64,
+    pub remote_chunks: u64,
+    pub remote_bytes: u64,
+    pub remote_capacity_bytes: u64,
+    pub remote_hits: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_stats() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_stats>(),
-        248usize,
+        280usize,
         concat!("Size of: ", stringify!(swiftkv_stats))
     );
     assert_eq!(
@@ -3975,6 +4037,74 @@ fn bindgen_test_layout_swiftkv_stats() {
         );
     }
     test_field_requests_open();
+    fn test_field_remote_chunks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_chunks) as usize - ptr as usize
+            },
+            248usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(remote_chunks)
+            )
+        );
+    }
+    test_field_remote_chunks();
+    fn test_field_remote_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_bytes) as usize - ptr as usize
+            },
+            256usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(remote_bytes)
+            )
+        );
+    }
+    test_field_remote_bytes();
+    fn test_field_remote_capacity_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_capacity_bytes) as usize - ptr as usize
+            },
+            264usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(remote_capacity_bytes)
+            )
+        );
+    }
+    test_field_remote_capacity_bytes();
+    fn test_field_remote_hits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).remote_hits) as usize - ptr as usize
+            },
+            272usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(remote_hits)
+            )
+        );
+    }
+    test_field_remote_hits();
 }
 extern "C" {
     pub fn swiftkv_stats_init(out: *mut swiftkv_stats);

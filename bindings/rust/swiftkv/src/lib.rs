@@ -165,17 +165,29 @@ pub enum Tier {
     Host = sys::SWIFTKV_TIER_HOST as u32,
     Disk = sys::SWIFTKV_TIER_DISK as u32,
     Dropped = sys::SWIFTKV_TIER_DROPPED as u32,
+    /// Memory lent by another host, over UCX (numbered after `Dropped`).
+    Remote = sys::SWIFTKV_TIER_REMOTE as u32,
 }
 
 impl Tier {
     fn from_raw(v: u32) -> Tier {
         match v {
-            0 => Tier::Peer,
-            1 => Tier::Host,
-            2 => Tier::Disk,
+            sys::SWIFTKV_TIER_PEER => Tier::Peer,
+            sys::SWIFTKV_TIER_HOST => Tier::Host,
+            sys::SWIFTKV_TIER_DISK => Tier::Disk,
+            sys::SWIFTKV_TIER_REMOTE => Tier::Remote,
             _ => Tier::Dropped,
         }
     }
+}
+
+/// Where the remote tier stands in the chunk cache's chain (`swiftkv_tier_order`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TierOrder {
+    /// Peer, remote, host, disk (the default).
+    RemoteFirst,
+    /// Peer, host, remote, disk: this host's memory first (a slow network).
+    HostFirst,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -425,6 +437,7 @@ pub struct ContextConfig {
     pub coord_remote_path: RemotePath,
     /// The longest a batch of UCX reads or writes of lent memory waits with none completing.
     pub coord_rma_timeout_ms: u32,
+    pub tier_order: TierOrder,
 }
 
 impl Default for ContextConfig {
@@ -483,6 +496,11 @@ impl ContextConfig {
                 _ => RemotePath::Auto,
             },
             coord_rma_timeout_ms: c.coord_rma_timeout_ms,
+            tier_order: if c.tier_order == sys::SWIFTKV_TIER_ORDER_HOST_FIRST {
+                TierOrder::HostFirst
+            } else {
+                TierOrder::RemoteFirst
+            },
         }
     }
 }
@@ -563,6 +581,10 @@ impl Context {
             RemotePath::Local => sys::SWIFTKV_REMOTE_PATH_LOCAL,
         };
         c.coord_rma_timeout_ms = config.coord_rma_timeout_ms;
+        c.tier_order = match config.tier_order {
+            TierOrder::RemoteFirst => sys::SWIFTKV_TIER_ORDER_REMOTE_FIRST,
+            TierOrder::HostFirst => sys::SWIFTKV_TIER_ORDER_HOST_FIRST,
+        };
         let mut raw = ptr::null_mut();
         check(unsafe { sys::swiftkv_ctx_create(&mut raw, &c) })?;
         Ok(Context { raw, events: Mutex::new(None) })
@@ -847,7 +869,10 @@ pub struct Lookup {
     pub dropped_head_tokens: u64,
     /// The longest cached run's tokens.
     pub loadable_tokens: u64,
+    /// Cached chunks in the peer, host and disk tiers (index by `Tier as usize`).
     pub chunks_per_tier: [u64; 3],
+    /// Cached chunks in the remote tier.
+    pub remote_chunks: u64,
     /// The tier of each full chunk of the tokens (`Tier::Dropped`: not cached).
     pub residency: Vec<Tier>,
 }
@@ -880,6 +905,7 @@ impl<'a> Model<'a> {
             dropped_head_tokens: out.dropped_head_tokens,
             loadable_tokens: out.loadable_tokens,
             chunks_per_tier: out.chunks_per_tier,
+            remote_chunks: out.remote_chunks,
             residency: res.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
         })
     }
@@ -1557,7 +1583,8 @@ impl AttentionPlan {
 // --- Safe forms of the structs the library fills: the sys structs' fields but size, version and
 // the reserved ones, flags as bool. ----------------------------------------------------------
 
-/// A context's counters (`swiftkv_stats`); per-tier arrays are indexed by `Tier as usize` (peer, host, disk).
+/// A context's counters (`swiftkv_stats`); per-tier arrays are indexed by `Tier as usize` (peer,
+/// host, disk), the remote tier's counts are fields of their own.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Stats {
     pub chunks: [u64; 3],
@@ -1582,6 +1609,10 @@ pub struct Stats {
     pub index_bytes: u64,
     pub index_capacity_chunks: u64,
     pub requests_open: u64,
+    pub remote_chunks: u64,
+    pub remote_bytes: u64,
+    pub remote_capacity_bytes: u64,
+    pub remote_hits: u64,
 }
 
 impl From<&sys::swiftkv_stats> for Stats {
@@ -1609,6 +1640,10 @@ impl From<&sys::swiftkv_stats> for Stats {
             index_bytes: c.index_bytes,
             index_capacity_chunks: c.index_capacity_chunks,
             requests_open: c.requests_open,
+            remote_chunks: c.remote_chunks,
+            remote_bytes: c.remote_bytes,
+            remote_capacity_bytes: c.remote_capacity_bytes,
+            remote_hits: c.remote_hits,
         }
     }
 }

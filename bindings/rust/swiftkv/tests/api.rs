@@ -105,10 +105,12 @@ fn config_round_trip_and_errors() {
         coord_ucx_transports: Some("tcp".into()),
         coord_remote_path: RemotePath::Ucx,
         coord_rma_timeout_ms: 900,
+        tier_order: TierOrder::HostFirst,
         ..Default::default()
     })
     .unwrap();
     let got = c.config().unwrap();
+    assert_eq!((got.tier_order, ContextConfig::default().tier_order), (TierOrder::HostFirst, TierOrder::RemoteFirst));
     assert_eq!(got.coord_ucx_transports.as_deref(), Some("tcp"));
     assert_eq!((got.coord_remote_path, got.coord_rma_timeout_ms), (RemotePath::Ucx, 900));
     let d = ContextConfig::default();
@@ -338,6 +340,11 @@ fn remote_lender_over_ucx() {
     let t = tokens_of(8, 12 * 32);
     let kv = kv_of(8, 12 * cb);
     m.store(&t, &kv).unwrap();
+    // Memory of another host is the remote tier.
+    let l = m.lookup(&t).unwrap();
+    assert_eq!((l.remote_chunks, l.chunks_per_tier[Tier::Peer as usize]), (12, 0));
+    assert!(l.residency.iter().all(|&r| r == Tier::Remote));
+    assert_eq!(bc.stats().unwrap().remote_chunks, 12);
     let mut out = vec![0u8; kv.len()];
     assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 12 * 32);
     assert_eq!(out, kv);
