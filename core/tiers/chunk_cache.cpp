@@ -870,7 +870,8 @@ uint64_t ChunkCache::move(std::span<const ChunkKey> keys, Tier to) {
     const std::optional<Tier> from = index_.peek(k);
     if (!from) continue;  // dropped meanwhile
     if (*from != to && move_chunk(k, *from, to)) {
-      (idx(to) < idx(*from) ? promotions_ : demotions_).fetch_add(1, std::memory_order_relaxed);
+      (chain_pos_[idx(to)] < chain_pos_[idx(*from)] ? promotions_ : demotions_)
+          .fetch_add(1, std::memory_order_relaxed);
     }
     if (index_.peek(k) == to) ++there;
   }

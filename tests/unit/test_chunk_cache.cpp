@@ -1457,6 +1457,17 @@ void remote_tier_takes_its_place_in_the_chain(void **) {
       const bool remote = i >= first_remote && i < first_remote + 4;
       assert_true((codes[i] == SWIFTKV_TIER_REMOTE) == remote);
     }
+    // A move from the remote tier to host memory goes up or down as the chain says.
+    const swiftkv::CacheStats before = r.cache->stats();
+    const std::vector<ChunkKey> k = r.keys(1, first_remote + 1);
+    assert_int_equal(r.cache->move(std::span(k).subspan(first_remote, 1), Tier::host), 1);
+    const swiftkv::CacheStats after = r.cache->stats();
+    const bool up = chain[1] == Tier::host;
+    // Host memory is full: making room there demotes its victim to the disk (the move itself
+    // is the second demotion), or to the remote tier, whose victim goes to the disk.
+    assert_int_equal(after.promotions - before.promotions, up ? 1 : 0);
+    assert_int_equal(after.demotions - before.demotions, 2);
+    assert_true(r.where(1, first_remote) == Tier::host);
   }
 }
 
