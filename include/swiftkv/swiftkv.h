@@ -1186,8 +1186,9 @@ SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
 SWIFTKV_API swiftkv_status swiftkv_elastic_offer(swiftkv_elastic *e, const char *name);
 
 /* Borrows up to max_units lending units from the region offered as `lender_name` at `endpoint`
- * (in another process, or this one) into the peer tier of `model`, as swiftkv_borrow does; the
- * first call per endpoint and name makes the handshake, later ones reuse it. *lease_id_out: the
+ * (in another process, or this one) into the peer tier of `model`, as swiftkv_borrow does (the
+ * remote tier when the lender is reached over UCX); the first call per endpoint and name makes
+ * the handshake, later ones reuse it. *lease_id_out: the
  * lender's lease id. EINVAL: a malformed endpoint, or a region lending to another geometry;
  * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; EPEER: nothing
  * listens at the endpoint (the connection is refused or dropped during the handshake: the lender
