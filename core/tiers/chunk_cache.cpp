@@ -947,7 +947,12 @@ uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
   lender->check_geometry(sizes);
   const LeaseGrant g = lender->lend(max_units);
   // Memory mapped here is the peer tier; memory reached over the transport the remote tier.
-  return lent_tier(g.remote ? Tier::remote : Tier::peer).adopt(model, sizes, std::move(lender), g);
+  try {
+    return lent_tier(g.remote ? Tier::remote : Tier::peer).adopt(model, sizes, lender, g);
+  } catch (...) {
+    lender->release(g.lease_id);  // out of memory taking it in: the lease goes straight back
+    throw;
+  }
 }
 
 void ChunkCache::empty_lease(Tier t, const PeerTier::LeaseStatus &l) {

@@ -20,13 +20,6 @@ PeerTier::~PeerTier() {
   }
 }
 
-uint64_t PeerTier::attach(const ChunkKey &model, const GeometrySizes &sizes,
-                          std::shared_ptr<LenderLink> lender, uint64_t max_units) {
-  lender->check_geometry(sizes);
-  const LeaseGrant g = lender->lend(max_units);
-  return adopt(model, sizes, std::move(lender), g);
-}
-
 uint64_t PeerTier::adopt(const ChunkKey &model, const GeometrySizes &sizes,
                          std::shared_ptr<LenderLink> lender, const LeaseGrant &g) {
   Held h;

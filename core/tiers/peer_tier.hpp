@@ -42,13 +42,9 @@ class PeerTier final : public TierStore {
   explicit PeerTier(Tier tier = Tier::peer, std::function<void()> on_reclaim = {});
   ~PeerTier() override;
 
-  // Borrows up to max_units lending units of `lender` for `model`, of geometry `sizes`: the
-  // lender must lay chunks out as the model does (EINVAL). Returns the lender's lease id. ENOMEM
-  // when the lender has nothing free.
-  uint64_t attach(const ChunkKey &model, const GeometrySizes &sizes,
-                  std::shared_ptr<LenderLink> lender, uint64_t max_units);
-  // Takes a lease `lender` granted (of chunks of geometry `sizes`, checked) into this tier;
-  // returns its lease id.
+  // Takes a lease `lender` granted (of chunks of geometry `sizes`, checked by the caller with
+  // LenderLink::check_geometry) into this tier; returns its lease id. ChunkCache::borrow asks
+  // for the grant and picks the tier by it.
   uint64_t adopt(const ChunkKey &model, const GeometrySizes &sizes,
                  std::shared_ptr<LenderLink> lender, const LeaseGrant &g);
 
