@@ -52,7 +52,11 @@ def test_borrow_in_process_and_reclaim(ctx, small_model):
     t = tokens_of(5, 9 * 32)
     kv = chunks_of(5, 9, small_model.chunk_bytes)
     m.store(t, kv)
-    assert m.lookup(t)["chunks_per_tier"][swiftkv.Tier.PEER] == 9
+    # All nine went to the lease; the background thread may already have demoted ahead to host
+    # memory until a quarter of the lease is free again (demote_free_percent 25: three chunks).
+    per_tier = m.lookup(t)["chunks_per_tier"]
+    assert per_tier[swiftkv.Tier.PEER] + per_tier[swiftkv.Tier.HOST] == 9
+    assert per_tier[swiftkv.Tier.PEER] >= 6
     e.reclaim(swiftkv.LEASE_ALL)
     e.wait_reclaims(5000)  # the borrower's thread answers while this one waits
     assert e.pending_reclaims() == []

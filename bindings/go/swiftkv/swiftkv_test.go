@@ -351,7 +351,9 @@ func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	cb := int(val(small().ChunkBytes()))
 	tok, kv := tokensOf(5, 9*32), kvOf(5, 9*cb)
 	val(m.Store(tok, kv))
-	if l := val(m.Lookup(tok)); l.ChunksPerTier[Peer] != 9 {
+	// All nine went to the lease; the background thread may already have demoted ahead to host
+	// memory until a quarter of the lease is free again (demote_free_percent 25: three chunks).
+	if l := val(m.Lookup(tok)); l.ChunksPerTier[Peer]+l.ChunksPerTier[Host] != 9 || l.ChunksPerTier[Peer] < 6 {
 		t.Fatalf("%+v", l)
 	}
 	if err := e2.Reclaim(LeaseAll); err != nil {

@@ -296,7 +296,11 @@ fn elastic_region_and_local_borrow() {
     let t = tokens_of(5, 9 * 32);
     let kv = kv_of(5, 9 * cb);
     m.store(&t, &kv).unwrap();
-    assert_eq!(m.lookup(&t).unwrap().chunks_per_tier[0], 9);
+    // All nine went to the lease; the background thread may already have demoted ahead to host
+    // memory until a quarter of the lease is free again (demote_free_percent 25: three chunks).
+    let l = m.lookup(&t).unwrap();
+    assert_eq!(l.chunks_per_tier[Tier::Peer as usize] + l.chunks_per_tier[Tier::Host as usize], 9);
+    assert!(l.chunks_per_tier[Tier::Peer as usize] >= 6);
     e.reclaim(LEASE_ALL).unwrap();
     e.wait_reclaims(5000).unwrap(); // the borrower's thread answers while this one waits
     assert!(e.pending_reclaims().unwrap().is_empty());
