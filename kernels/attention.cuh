@@ -37,6 +37,13 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
 }
 
+// Keys per step of paged_attention_kernel: 64, 32 for the widest heads so the block's shared
+// memory stays near 150 KB. The launcher (and the CPU emulation's) instantiate with this.
+template <int HEAD_DIM>
+constexpr int wmma_kv_tile() {
+  return HEAD_DIM == 256 ? 32 : 64;
+}
+
 // Shared-memory geometry of one block. Leading dimensions are padded against bank conflicts
 // and keep every 16x16 fragment 32-byte aligned, as WMMA loads require.
 template <int HEAD_DIM, int TILE, int KV_TILE>

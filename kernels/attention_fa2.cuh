@@ -33,6 +33,13 @@ namespace swiftkv::kernels::fa2 {
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 
+// Keys per step: prefill tiles take 64, 32 for the widest heads (their O takes 128
+// registers); decode tiles take 64 keys, 16 per warp. The launcher instantiates with this.
+template <int D, int TILE>
+constexpr int kv_tile() {
+  return TILE == 64 && D == 256 ? 32 : 64;
+}
+
 template <int D, int TILE, int KV_TILE>
 struct Config {
   static constexpr int kRowWarps = TILE / 16;                      // warps side by side over rows
@@ -56,16 +63,26 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// The inline PTX below has a CPU emulation (tests/emu/cuda_emu.hpp) through which a test runs
+// this kernel's source without a device; SWIFTKV_CUDA_EMULATION selects it.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::ldmatrix_x4(r, addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+#endif
 }
 
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::ldmatrix_x4(r, addr, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+#endif
 }
 
 // d += a . b for one m16n8k16 tile, fp32 accumulators.
@@ -75,20 +92,28 @@ __device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint3
 template <>
 __device__ __forceinline__ void mma<half>(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                           uint32_t b1) {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::mma_m16n8k16<half>(d, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 template <>
 __device__ __forceinline__ void mma<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
                                                    uint32_t b0, uint32_t b1) {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::mma_m16n8k16<__nv_bfloat16>(d, a, b0, b1);
+#else
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#endif
 }
 
 // Two floats rounded to the element type, the first in the low half.
@@ -107,13 +132,27 @@ __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
 
 // 16 bytes from global to shared memory, or zeros when !valid (src-size 0: nothing is read).
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void *src, bool valid) {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::cp_async16(dst, src, valid ? 16 : 0);
+#else
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
+#endif
 }
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n"); }
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::cp_async_commit();
+#else
+  asm volatile("cp.async.commit_group;\n");
+#endif
+}
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
+#if defined(SWIFTKV_CUDA_EMULATION)
+  swiftkv_emu::cp_async_wait(N);
+#else
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+#endif
 }
 
 // Keys and values [kt0, kt0 + KV_TILE) into one stage, through the page table; zeros past

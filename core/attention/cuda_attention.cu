@@ -78,9 +78,7 @@ void allow_shared_memory(Kernel *kernel, size_t bytes) {
 template <class T, int D, int TILE>
 void launch(const AttentionParams &p, bool vectorised, AttentionKernel which, cudaStream_t stream) {
   if (which == AttentionKernel::fa2 && vectorised) {
-    // Prefill tiles: 64 keys a step, 32 for the widest heads (their O takes 128 registers);
-    // decode tiles: 64 keys a step, 16 per warp.
-    constexpr int KV_TILE = TILE == 64 && D == 256 ? 32 : 64;
+    constexpr int KV_TILE = kernels::fa2::kv_tile<D, TILE>();
     using Config = kernels::fa2::Config<D, TILE, KV_TILE>;
     auto *kernel = &kernels::fa2::fa2_attention_kernel<T, D, TILE, KV_TILE>;
     allow_shared_memory(kernel, Config::kBytes);
@@ -90,8 +88,7 @@ void launch(const AttentionParams &p, bool vectorised, AttentionKernel which, cu
       check_cuda(cudaGetLastError(), "launching the paged attention kernel (fa2)");
     }
   } else {
-    // 64 keys per step, 32 for the widest heads so the block's shared memory stays near 150 KB.
-    constexpr int KV_TILE = D == 256 ? 32 : 64;
+    constexpr int KV_TILE = kernels::wmma_kv_tile<D>();
     using Smem = kernels::AttentionSmem<D, TILE, KV_TILE>;
     auto *kernel = &kernels::paged_attention_kernel<T, D, TILE, KV_TILE>;
     allow_shared_memory(kernel, Smem::kBytes);

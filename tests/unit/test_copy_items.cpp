@@ -4,6 +4,8 @@
 // segment's 16-byte alignment, and a prefix of the chunks touches only those chunks' pages.
 // The decode kernel's twin: chunks staged as one layer of a kivi or fp8 frame land in the pages
 // as exactly what codec::decode makes of the whole frame, beside raw chunks of the same request.
+// Both kernels' own source (kernels/segment_copy.cuh), run in the CPU emulation of the CUDA
+// execution model (tests/emu), move and decode exactly the bytes their twins do.
 #include <algorithm>
 #include <bit>
 #include <csetjmp>
@@ -19,6 +21,9 @@
 #include "core/codec/layer_decode.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
+#if defined(SWIFTKV_TEST_EMULATION)  // every build but TSan's (tests/CMakeLists.txt)
+#include "emu_kernels.hpp"
+#endif
 
 // After the core headers: CMocka defines a macro named fail.
 extern "C" {
@@ -79,6 +84,12 @@ struct Pool {
     base = memory.data() + base_at;
   }
 };
+
+#if defined(SWIFTKV_TEST_EMULATION)
+// Two blocks of eight warps, one item per warp at a time: a request of more than 16 items goes
+// through the kernels' grid-stride loop.
+constexpr unsigned kEmuGrid = 2;
+#endif
 
 std::vector<std::byte> random_bytes(std::mt19937_64 &rng, size_t n) {
   std::vector<std::byte> v(n);
@@ -155,6 +166,14 @@ void check_case(const Case &c, uint64_t seed) {
   swiftkv::copy_items_cpu(items.data(), items_before[prefix], sources.data(), kLayer, piece_bytes,
                           staging.data(), got.base, true);
   assert_true(got.memory == want.memory);
+#if defined(SWIFTKV_TEST_EMULATION)
+  Pool emu(c, pool_pages);
+  kernel_emulation::run_copy_items(kEmuGrid, items.data(), items_before[prefix], sources.data(),
+                                   kLayer * piece_bytes,
+                                   reinterpret_cast<unsigned char *>(staging.data()),
+                                   reinterpret_cast<unsigned char *>(emu.base), true, {seed});
+  assert_true(emu.memory == want.memory);
+#endif
 
   // Gather every chunk back out of pages filled at random.
   const std::vector<std::byte> fill = random_bytes(rng, want.memory.size());
@@ -170,6 +189,25 @@ void check_case(const Case &c, uint64_t seed) {
   std::vector<std::byte> back_staging(staging.size());
   swiftkv::copy_items_cpu(items.data(), items.size(), back_sources.data(), kLayer, piece_bytes,
                           back_staging.data(), got.base, false);
+#if defined(SWIFTKV_TEST_EMULATION)
+  // The kernel gathers into buffers of its own: the same bytes everywhere, pieces and the rest.
+  std::vector<std::vector<std::byte>> emu_direct(chunks, std::vector<std::byte>(2 * piece_bytes));
+  std::vector<ChunkSource> emu_sources = back_sources;
+  for (uint32_t i = 0; i < chunks; ++i) {
+    if (emu_sources[i].direct != 0) {
+      emu_sources[i].direct = reinterpret_cast<uint64_t>(emu_direct[i].data());
+    }
+  }
+  std::vector<std::byte> emu_staging(staging.size());
+  emu.memory = fill;
+  kernel_emulation::run_copy_items(kEmuGrid, items.data(), static_cast<uint32_t>(items.size()),
+                                   emu_sources.data(), kLayer * piece_bytes,
+                                   reinterpret_cast<unsigned char *>(emu_staging.data()),
+                                   reinterpret_cast<unsigned char *>(emu.base), false, {seed + 1});
+  assert_true(emu_direct == back_direct);
+  assert_true(emu_staging == back_staging);
+  assert_true(emu.memory == fill);
+#endif
   for (uint32_t i = 0; i < chunks; ++i) {
     std::vector<std::byte> expect(piece_bytes);
     swiftkv::gather_piece(plans[i], want.base, expect.data());
@@ -287,6 +325,18 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
       swiftkv::decode_items_cpu(items.data(), items.size(), sources.data(), ls, staging.data(),
                                 got.base);
       assert_true(got.memory == want.memory);
+#if defined(SWIFTKV_TEST_EMULATION)
+      // The two kernels, as the CUDA executor launches them for one layer.
+      Pool emu(c, pool_pages);
+      const auto n = static_cast<uint32_t>(items.size());
+      auto *stage = reinterpret_cast<unsigned char *>(staging.data());
+      auto *pages = reinterpret_cast<unsigned char *>(emu.base);
+      kernel_emulation::run_copy_items(kEmuGrid, items.data(), n, sources.data(),
+                                       kLayer * piece_bytes, stage, pages, true, {seed});
+      kernel_emulation::run_decode_items(kEmuGrid, items.data(), n, sources.data(), stage, pages,
+                                         &ls, sizeof ls, {seed});
+      assert_true(emu.memory == want.memory);
+#endif
     }
   }
 }
@@ -294,6 +344,10 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
 }  // namespace
 
 int main() {
+#if defined(SWIFTKV_TEST_EMULATION)
+  assert_int_equal(kernel_emulation::copy_item_size(), sizeof(CopyItem));
+  assert_int_equal(kernel_emulation::chunk_source_size(), sizeof(ChunkSource));
+#endif
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_layout_moves_the_plans_bytes),
       cmocka_unit_test(a_long_segment_is_cut_at_item_size),

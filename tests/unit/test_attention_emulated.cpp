@@ -1,0 +1,285 @@
+// The CUDA attention kernels' own source (kernels/attention.cuh, kernels/attention_fa2.cuh) run
+// in the CPU emulation of the CUDA execution model (tests/emu/cuda_emu.hpp) against the CPU twin,
+// over the plans a device gets (split for a device's parallelism): both kernels, f16 and bf16,
+// head dims 64/128/256, both tiles, GQA, page sizes, every layout, causal or not, soft cap,
+// explicit and automatic KV splits with the merge kernel. The tolerance is the GPU test's
+// (tests/gpu/test_gpu_attention.cpp), and every output starts as NaN, so a row the kernel never
+// writes fails. Each case runs under two thread orders. This does not replace the run on a
+// device (timing, the memory model, the real instructions); it checks what the source says.
+#include <cmath>
+#include <csetjmp>
+#include <cstdarg>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "attention_fixture.h"
+#include "core/attention/attention_cpu.hpp"
+#include "core/attention/attention_plan.hpp"
+#include "emu_kernels.hpp"
+
+extern "C" {
+#include <cmocka.h>
+}
+
+namespace {
+
+using kernel_emulation::AttentionKernel;
+using swiftkv::AttentionParams;
+
+// What a H100 reports to the plan (132 SMs, two work items each): the splits a device sees.
+constexpr uint32_t kDeviceParallelism = 264;
+
+struct Planned {
+  swiftkv::AttentionShape shape;
+  swiftkv::AttentionPlan plan;
+  void *workspace = nullptr;
+  AttentionParams params{};
+  bool vectorised = false;
+  ~Planned() { std::free(workspace); }
+};
+
+bool aligned16(const void *p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The plan and parameters swiftkv_attention_run would give the kernels (capi/attention_api.cpp).
+void plan_problem(const att_problem &p, Planned &out) {
+  out.shape = swiftkv::check_attention_shape(p.desc, static_cast<int32_t>(p.desc.dtype));
+  const uint64_t bound =
+      swiftkv::attention_workspace_bound(out.shape, p.n_req, uint64_t(p.q_tokens));
+  out.plan = swiftkv::plan_attention(
+      out.shape, swiftkv::AttentionBatch{p.qo_indptr, p.kv_indptr, p.last_page_len, p.n_req}, bound,
+      kDeviceParallelism);
+  out.workspace = std::aligned_alloc(256, (out.plan.bytes + 255) / 256 * 256);
+  std::memset(out.workspace, 0, out.plan.bytes);
+  swiftkv::serialize_attention_plan(out.plan, 1, out.workspace, out.plan.partial_o_offset);
+  auto *ws = static_cast<unsigned char *>(out.workspace);
+  const swiftkv_attention_args &a = p.args;
+  AttentionParams &q = out.params;
+  q.q = a.q;
+  q.q_token_stride = a.q_token_stride;
+  q.q_head_stride = a.q_head_stride;
+  q.k = a.k_base;
+  q.v = a.v_base;
+  q.page_stride = a.page_stride;
+  q.token_stride = a.token_stride;
+  q.head_stride = a.head_stride;
+  q.kv_indices = a.kv_indices;
+  q.num_pages = static_cast<int32_t>(a.num_pages);
+  q.num_qo_heads = static_cast<int32_t>(out.shape.num_qo_heads);
+  q.group = static_cast<int32_t>(out.shape.group());
+  q.page_tokens = static_cast<int32_t>(out.shape.page_tokens);
+  q.causal = out.shape.causal ? 1 : 0;
+  q.tile_rows = static_cast<int32_t>(out.plan.tile_rows);
+  q.head_dim = static_cast<int32_t>(out.shape.head_dim);
+  q.sm_scale = out.shape.sm_scale;
+  q.soft_cap = out.shape.soft_cap;
+  q.out = a.out;
+  q.out_token_stride = a.out_token_stride;
+  q.out_head_stride = a.out_head_stride;
+  q.lse = a.lse;
+  q.work = reinterpret_cast<const swiftkv::AttentionWorkItem *>(ws + out.plan.work_offset);
+  q.n_work = static_cast<int32_t>(out.plan.work.size());
+  q.merge = reinterpret_cast<const swiftkv::AttentionMergeItem *>(ws + out.plan.merge_offset);
+  q.n_merge = static_cast<int32_t>(out.plan.merge.size());
+  q.partial_o = reinterpret_cast<float *>(ws + out.plan.partial_o_offset);
+  q.partial_lse = reinterpret_cast<float *>(ws + out.plan.partial_lse_offset);
+  out.vectorised = aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
+                   a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 &&
+                   a.page_stride % 8 == 0 && a.token_stride % 8 == 0 && a.head_stride % 8 == 0;
+}
+
+// Elements of (out, lse) outside the GPU test's tolerance of the twin's (want_out, want_lse).
+int mismatches(const att_problem &p, const unsigned char *out, const float *lse,
+               const unsigned char *want_out, const float *want_lse, const char *what) {
+  const bool bf16 = p.desc.dtype == SWIFTKV_DTYPE_BF16;
+  const double atol = bf16 ? 1.6e-2 : 2e-3, rtol = bf16 ? 2e-2 : 1e-2;
+  int bad = 0;
+  const int64_t hq = p.desc.num_qo_heads, dim = p.desc.head_dim;
+  for (int64_t t = 0; t < p.q_tokens; ++t) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const float a = lse[t * hq + h], b = want_lse[t * hq + h];
+      if (std::isinf(b) ? !(std::isinf(a) && a < 0)
+                        : !(std::fabs(a - b) <= 1e-3 * std::fmax(1.0, std::fabs(b)))) {
+        if (bad++ < 3)
+          std::fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", what, long(t), long(h), a, b);
+      }
+      for (int64_t e = 0; e < dim; ++e) {
+        const size_t at =
+            size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
+        const double x = att_load(p.desc.dtype, out + at),
+                     y = att_load(p.desc.dtype, want_out + at);
+        if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
+          if (bad++ < 3) {
+            std::fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", what, long(t), long(h),
+                         long(e), x, y);
+          }
+        }
+      }
+    }
+  }
+  return bad;
+}
+
+struct Seen {
+  uint32_t cases = 0, fa2 = 0, split = 0, tile16 = 0, tile64 = 0, unvectorised = 0;
+};
+
+// The twin once, then each kernel under two thread orders, against it.
+void compare_case(att_problem &p, const char *name, Seen &seen) {
+  Planned pl;
+  plan_problem(p, pl);
+  swiftkv::check_attention_pages(pl.params);
+  swiftkv::run_attention_cpu(pl.shape, pl.params);
+  const size_t lse_n = size_t(p.q_tokens) * p.desc.num_qo_heads;
+  const std::vector<unsigned char> want_out(p.out, p.out + p.out_bytes);
+  const std::vector<float> want_lse(p.lse, p.lse + lse_n);
+  ++seen.cases;
+  seen.split += pl.plan.split_requests > 0;
+  seen.tile16 += pl.plan.tile_rows == 16;
+  seen.tile64 += pl.plan.tile_rows == 64;
+  seen.unvectorised += !pl.vectorised;
+  for (AttentionKernel kernel : {AttentionKernel::wmma, AttentionKernel::fa2}) {
+    if (kernel == AttentionKernel::fa2 && !pl.vectorised) continue;  // the launcher's rule
+    seen.fa2 += kernel == AttentionKernel::fa2;
+    // Lockstep warps with copies landing at their wait, then greedy warps with copies landing
+    // when issued.
+    for (int order = 0; order < 2; ++order) {
+      const kernel_emulation::Schedule schedule{uint64_t(1000 * order + 7), order == 1, order == 1};
+      std::memset(p.out, 0xff, p.out_bytes);
+      std::memset(p.lse, 0xff, lse_n * sizeof(float));
+      const kernel_emulation::RunCounts c = kernel_emulation::run_attention(
+          kernel, p.desc.dtype == SWIFTKV_DTYPE_BF16, int(p.desc.head_dim), &pl.params,
+          sizeof pl.params, pl.vectorised, schedule);
+      assert_int_equal(c.blocks, pl.plan.work.size() + pl.plan.merge.size());
+      char what[96];
+      std::snprintf(what, sizeof what, "%s (%s, order %d)", name,
+                    kernel == AttentionKernel::fa2 ? "fa2" : "wmma", order);
+      const int bad = mismatches(p, p.out, p.lse, want_out.data(), want_lse.data(), what);
+      if (bad != 0) fail_msg("%s: %d elements outside the tolerance", what, bad);
+    }
+  }
+}
+
+void start_problem(att_problem &p, uint32_t hq, uint32_t hkv, uint32_t dim, uint32_t page,
+                   att_layout layout, swiftkv_dtype dtype) {
+  std::memset(&p, 0, sizeof p);
+  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  desc.num_qo_heads = hq;
+  desc.num_kv_heads = hkv;
+  desc.head_dim = dim;
+  desc.page_tokens = page;
+  desc.dtype = dtype;
+  p.desc = desc;
+  p.layout = layout;
+}
+
+// The GPU test's sweep, smaller batches (the emulation runs every thread of every block). Under
+// ASan, whose stack switches cost a system call and a shadow clear each, the first third.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr int kSweepCases = 8;
+#else
+constexpr int kSweepCases = 24;
+#endif
+
+void kernels_match_the_cpu_twin(void **) {
+  static const uint32_t dims[] = {64, 128, 256};
+  static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
+  static const uint32_t pages[] = {1, 3, 16, 64, 256};
+  static const swiftkv_dtype types[] = {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16};
+  uint64_t s = 77;
+  Seen seen;
+  for (int c = 0; c < kSweepCases; ++c) {
+    att_problem p;
+    start_problem(p, groups[(c / 3) % 4][0], groups[(c / 3) % 4][1], dims[c % 3], pages[c % 5],
+                  static_cast<att_layout>(c % ATT_LAYOUTS), types[(c / 3 + c / 7) % 2]);
+    p.desc.causal = uint32_t(c % 2);
+    p.desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
+    if (c % 9 == 0) {
+      p.desc.sm_scale = 1.0f;
+      p.desc.logits_soft_cap = 5.0f;
+    }
+    att_ragged_batch(&p, &s, 150, 70, 100);
+    att_build(&p, uint64_t(c) + 100, 3);
+    char name[64];
+    std::snprintf(name, sizeof name, "case %d", c);
+    compare_case(p, name, seen);
+    att_free(&p);
+  }
+  // The sweep reached what it is for.
+  std::printf("cases %u, fa2 %u, split %u, tile16 %u, tile64 %u\n", seen.cases, seen.fa2,
+              seen.split, seen.tile16, seen.tile64);
+  assert_int_equal(seen.cases, kSweepCases);
+  assert_true(seen.fa2 == kSweepCases && seen.split >= 2 && seen.tile16 >= 1 &&
+              seen.tile64 >= kSweepCases / 3);
+}
+
+// A decode step (tile 16, four warps splitting each KV tile inside fa2's block) too small to fill
+// a device with one long KV: the plan splits it and the merge kernel joins the pieces.
+void decode_with_automatic_splits(void **) {
+  Seen seen;
+  for (swiftkv_dtype t : {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16}) {
+    att_problem p;
+    start_problem(p, 16, 4, 128, 16, ATT_NHD, t);
+    p.n_req = 2;
+    p.q_len[0] = 1;
+    p.kv_len[0] = 2100;
+    p.q_len[1] = 1;
+    p.kv_len[1] = 700;
+    att_build(&p, 9, 0);
+    compare_case(p, t == SWIFTKV_DTYPE_F16 ? "decode f16" : "decode bf16", seen);
+    att_free(&p);
+  }
+  assert_int_equal(seen.split, 2);
+  assert_int_equal(seen.tile16, 2);
+}
+
+// A prefill tile of 64 rows with head dim 256 (fa2's 32-key tiles, Q read through ldmatrix at
+// every step) and a causal mask that ends inside a KV tile.
+void wide_heads_prefill(void **) {
+  Seen seen;
+  att_problem p;
+  start_problem(p, 4, 2, 256, 16, ATT_HND, SWIFTKV_DTYPE_BF16);
+  p.n_req = 1;
+  p.q_len[0] = 70;
+  p.kv_len[0] = 101;
+  att_build(&p, 31, 2);
+  compare_case(p, "head dim 256", seen);
+  att_free(&p);
+  assert_int_equal(seen.tile64, 1);
+}
+
+// Tensors not 16-byte aligned: the WMMA kernel's element-by-element loads (fa2 is not launched).
+void unaligned_tensors_take_the_element_path(void **) {
+  Seen seen;
+  att_problem p;
+  start_problem(p, 8, 2, 64, 3, ATT_VLLM, SWIFTKV_DTYPE_F16);
+  p.desc.causal = 1;
+  p.n_req = 2;
+  p.q_len[0] = 5;
+  p.kv_len[0] = 40;
+  p.q_len[1] = 1;
+  p.kv_len[1] = 17;
+  att_build(&p, 12, 1);
+  // One element in: the fixture leaves 8 spare elements after the queries.
+  std::memmove(p.q + p.elem, p.q, p.q_bytes - 8 * p.elem);
+  p.args.q = p.q + p.elem;
+  compare_case(p, "unaligned q", seen);
+  att_free(&p);
+  assert_int_equal(seen.unvectorised, 1);
+  assert_int_equal(seen.fa2, 0);
+}
+
+}  // namespace
+
+int main() {
+  const CMUnitTest tests[] = {
+      cmocka_unit_test(kernels_match_the_cpu_twin),
+      cmocka_unit_test(decode_with_automatic_splits),
+      cmocka_unit_test(wide_heads_prefill),
+      cmocka_unit_test(unaligned_tensors_take_the_element_path),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
