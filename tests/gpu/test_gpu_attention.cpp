@@ -62,42 +62,6 @@ bool upload(const att_problem &p, DeviceProblem &d) {
   return true;
 }
 
-// Elements of a device run's out and lse outside the tolerance of the CPU twin's (p.out, p.lse):
-// fp32 accumulation with P rounded to the dtype before P.V, against fp64. Prints the first few.
-int mismatches(const att_problem &p, const std::vector<unsigned char> &out,
-               const std::vector<float> &lse, const char *name, const char *kernel) {
-  const bool bf16 = p.desc.dtype == SWIFTKV_DTYPE_BF16;
-  const double atol = bf16 ? 1.6e-2 : 2e-3, rtol = bf16 ? 2e-2 : 1e-2;
-  int bad = 0;
-  const int64_t hq = p.desc.num_qo_heads, dim = p.desc.head_dim;
-  for (int64_t t = 0; t < p.q_tokens; ++t) {
-    for (int64_t h = 0; h < hq; ++h) {
-      const float a = lse[size_t(t * hq + h)], b = p.lse[t * hq + h];
-      // Written as "not within" so that a NaN (what the run left unwritten) counts.
-      if (std::isinf(b) ? !(std::isinf(a) && a < 0)
-                        : !(std::fabs(a - b) <= 1e-3 * std::fmax(1.0, std::fabs(b)))) {
-        if (bad++ < 3) {
-          std::fprintf(stderr, "%s (%s): lse t%ld h%ld %g vs %g\n", name, kernel, long(t), long(h),
-                       a, b);
-        }
-      }
-      for (int64_t e = 0; e < dim; ++e) {
-        const size_t at =
-            size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
-        const double x = att_load(p.desc.dtype, out.data() + at),
-                     y = att_load(p.desc.dtype, p.out + at);
-        if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
-          if (bad++ < 3) {
-            std::fprintf(stderr, "%s (%s): out t%ld h%ld d%ld %g vs %g\n", name, kernel, long(t),
-                         long(h), long(e), x, y);
-          }
-        }
-      }
-    }
-  }
-  return bad;
-}
-
 // Runs p on the host (the reference) and on device 0 with each kernel; compares out and lse.
 void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   // The CPU twin.
@@ -139,45 +103,19 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
     std::vector<float> lse(size_t(p.q_tokens) * p.desc.num_qo_heads);
     CHECK_CUDA(cudaMemcpy(out.data(), d.out, p.out_bytes, cudaMemcpyDeviceToHost));
     CHECK_CUDA(cudaMemcpy(lse.data(), d.lse, lse.size() * sizeof(float), cudaMemcpyDeviceToHost));
-    const int bad = mismatches(p, out, lse, name, kernel);
+    char what[96];
+    std::snprintf(what, sizeof what, "%s (%s)", name, kernel);
+    const int bad = att_mismatches(&p, out.data(), lse.data(), p.out, p.lse, what);
     if (bad != 0) std::fprintf(stderr, "%s (%s): %d mismatches\n", name, kernel, bad);
     CHECK(bad == 0);
   }
 }
 
-// A zeroed problem with a description on the host (compare_case and the graph test pick the
-// device) and a layout; lengths come next, then att_build.
-void start_problem(att_problem &p, uint32_t hq, uint32_t hkv, uint32_t dim, uint32_t page,
-                   att_layout layout) {
-  std::memset(&p, 0, sizeof p);
-  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
-  desc.num_qo_heads = hq;
-  desc.num_kv_heads = hkv;
-  desc.head_dim = dim;
-  desc.page_tokens = page;
-  p.desc = desc;
-  p.layout = layout;
-}
-
 void kernels_match_the_cpu_twin() {
-  static const uint32_t dims[] = {64, 128, 256};
-  static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
-  static const uint32_t pages[] = {1, 3, 16, 64, 256};
-  static const swiftkv_dtype types[] = {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16};
   uint64_t s = 77;
   for (int c = 0; c < 80; ++c) {
     att_problem p;
-    start_problem(p, groups[(c / 3) % 4][0], groups[(c / 3) % 4][1], dims[c % 3], pages[c % 5],
-                  static_cast<att_layout>(c % ATT_LAYOUTS));
-    p.desc.dtype = types[(c / 3 + c / 7) % 2];
-    p.desc.causal = uint32_t(c % 2);
-    p.desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
-    if (c % 9 == 0) {
-      p.desc.sm_scale = 1.0f;
-      p.desc.logits_soft_cap = 5.0f;
-    }
-    att_ragged_batch(&p, &s, 600, 150, 400);
-    att_build(&p, uint64_t(c) + 100, 3);
+    att_sweep_case(&p, c, &s, 600, 150, 400);
     char name[64];
     std::snprintf(name, sizeof name, "case %d", c);
     compare_case(p, name, nullptr);
@@ -188,7 +126,7 @@ void kernels_match_the_cpu_twin() {
 // A decode batch too small to fill the device with one long KV: the plan splits it.
 void automatic_splits_match() {
   att_problem p;
-  start_problem(p, 32, 8, 128, 16, ATT_NHD);
+  att_start(&p, 32, 8, 128, 16, ATT_NHD);
   p.n_req = 2;
   p.q_len[0] = 1;
   p.kv_len[0] = 20000;
@@ -204,7 +142,7 @@ void automatic_splits_match() {
 // The run captured in a CUDA graph writes the same bits as a direct run.
 void graph_capture_replays_the_run() {
   att_problem p;
-  start_problem(p, 8, 2, 128, 16, ATT_VLLM);
+  att_start(&p, 8, 2, 128, 16, ATT_VLLM);
   p.desc.kv_chunk_tokens = 64;
   swiftkv_attention_desc desc = p.desc;
   desc.device = 0;
@@ -257,7 +195,7 @@ void fa2_kernel_in_a_graph_and_a_bad_name() {
   CHECK(setenv("SWIFTKV_ATTENTION_KERNEL", "nosuch", 1) == 0);
   {
     att_problem p;
-    start_problem(p, 8, 2, 128, 16, ATT_NHD);
+    att_start(&p, 8, 2, 128, 16, ATT_NHD);
     p.n_req = 1;
     p.q_len[0] = 4;
     p.kv_len[0] = 40;

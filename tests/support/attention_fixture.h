@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -335,6 +336,76 @@ static inline double att_reference(const att_problem *p, uint32_t r, int32_t i, 
   if (limit == 0) return -INFINITY;
   for (int64_t e = 0; e < d; ++e) o[e] /= l;
   return m + log(l);
+}
+
+/* A zeroed problem with a description on the host and a layout; lengths come next, then
+ * att_build. */
+static inline void att_start(att_problem *p, uint32_t hq, uint32_t hkv, uint32_t dim, uint32_t page,
+                             enum att_layout layout) {
+  memset(p, 0, sizeof *p);
+  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
+  desc.num_qo_heads = hq;
+  desc.num_kv_heads = hkv;
+  desc.head_dim = dim;
+  desc.page_tokens = page;
+  p->desc = desc;
+  p->layout = layout;
+}
+
+/* Case c of the kernel sweeps (the GPU test's and the emulated one's): dtype, head dim, GQA,
+ * page size, layout, causal mode, soft cap and explicit splits by turns, a ragged batch of the
+ * given sizes (att_ragged_batch), built. */
+static inline void att_sweep_case(att_problem *p, int c, uint64_t *s, int32_t decode_kv,
+                                  int32_t prefill_q, int32_t prefill_extra) {
+  static const uint32_t dims[] = {64, 128, 256};
+  static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
+  static const uint32_t pages[] = {1, 3, 16, 64, 256};
+  static const swiftkv_dtype types[] = {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16};
+  att_start(p, groups[(c / 3) % 4][0], groups[(c / 3) % 4][1], dims[c % 3], pages[c % 5],
+            (enum att_layout)(c % ATT_LAYOUTS));
+  p->desc.dtype = types[(c / 3 + c / 7) % 2];
+  p->desc.causal = (uint32_t)(c % 2);
+  p->desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
+  if (c % 9 == 0) {
+    p->desc.sm_scale = 1.0f;
+    p->desc.logits_soft_cap = 5.0f;
+  }
+  att_ragged_batch(p, s, decode_kv, prefill_q, prefill_extra);
+  att_build(p, (uint64_t)c + 100, 3);
+}
+
+/* Elements of a kernel run's (out, lse) outside the tolerance of the CPU twin's (want_out,
+ * want_lse): fp32 accumulation with P rounded to the dtype before P.V, against fp64. Written as
+ * "not within", so that a NaN (what a run left unwritten) counts. Prints the first few. */
+static inline int att_mismatches(const att_problem *p, const unsigned char *out, const float *lse,
+                                 const unsigned char *want_out, const float *want_lse,
+                                 const char *what) {
+  const int bf16 = p->desc.dtype == SWIFTKV_DTYPE_BF16;
+  const double atol = bf16 ? 1.6e-2 : 2e-3, rtol = bf16 ? 2e-2 : 1e-2;
+  int bad = 0;
+  const int64_t hq = p->desc.num_qo_heads, dim = p->desc.head_dim;
+  for (int64_t t = 0; t < p->q_tokens; ++t) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const float a = lse[t * hq + h], b = want_lse[t * hq + h];
+      if (isinf(b) ? !(isinf(a) && a < 0) : !(fabs(a - b) <= 1e-3 * fmax(1.0, fabs(b)))) {
+        if (bad++ < 3)
+          fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", what, (long)t, (long)h, a, b);
+      }
+      for (int64_t e = 0; e < dim; ++e) {
+        const size_t at =
+            (size_t)(t * p->args.out_token_stride + h * p->args.out_head_stride + e) * p->elem;
+        const double x = att_load(p->desc.dtype, out + at),
+                     y = att_load(p->desc.dtype, want_out + at);
+        if (!(fabs(x - y) <= atol + rtol * fabs(y))) {
+          if (bad++ < 3) {
+            fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", what, (long)t, (long)h, (long)e, x,
+                    y);
+          }
+        }
+      }
+    }
+  }
+  return bad;
 }
 
 #endif /* SWIFTKV_ATTENTION_FIXTURE_H */

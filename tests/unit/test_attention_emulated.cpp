@@ -91,38 +91,6 @@ void plan_problem(const att_problem &p, Planned &out) {
                    a.page_stride % 8 == 0 && a.token_stride % 8 == 0 && a.head_stride % 8 == 0;
 }
 
-// Elements of (out, lse) outside the GPU test's tolerance of the twin's (want_out, want_lse).
-int mismatches(const att_problem &p, const unsigned char *out, const float *lse,
-               const unsigned char *want_out, const float *want_lse, const char *what) {
-  const bool bf16 = p.desc.dtype == SWIFTKV_DTYPE_BF16;
-  const double atol = bf16 ? 1.6e-2 : 2e-3, rtol = bf16 ? 2e-2 : 1e-2;
-  int bad = 0;
-  const int64_t hq = p.desc.num_qo_heads, dim = p.desc.head_dim;
-  for (int64_t t = 0; t < p.q_tokens; ++t) {
-    for (int64_t h = 0; h < hq; ++h) {
-      const float a = lse[t * hq + h], b = want_lse[t * hq + h];
-      if (std::isinf(b) ? !(std::isinf(a) && a < 0)
-                        : !(std::fabs(a - b) <= 1e-3 * std::fmax(1.0, std::fabs(b)))) {
-        if (bad++ < 3)
-          std::fprintf(stderr, "%s: lse t%ld h%ld %g vs %g\n", what, long(t), long(h), a, b);
-      }
-      for (int64_t e = 0; e < dim; ++e) {
-        const size_t at =
-            size_t(t * p.args.out_token_stride + h * p.args.out_head_stride + e) * p.elem;
-        const double x = att_load(p.desc.dtype, out + at),
-                     y = att_load(p.desc.dtype, want_out + at);
-        if (!(std::fabs(x - y) <= atol + rtol * std::fabs(y))) {
-          if (bad++ < 3) {
-            std::fprintf(stderr, "%s: out t%ld h%ld d%ld %g vs %g\n", what, long(t), long(h),
-                         long(e), x, y);
-          }
-        }
-      }
-    }
-  }
-  return bad;
-}
-
 struct Seen {
   uint32_t cases = 0, fa2 = 0, split = 0, tile16 = 0, tile64 = 0, unvectorised = 0;
 };
@@ -157,23 +125,10 @@ void compare_case(att_problem &p, const char *name, Seen &seen) {
       char what[96];
       std::snprintf(what, sizeof what, "%s (%s, order %d)", name,
                     kernel == AttentionKernel::fa2 ? "fa2" : "wmma", order);
-      const int bad = mismatches(p, p.out, p.lse, want_out.data(), want_lse.data(), what);
+      const int bad = att_mismatches(&p, p.out, p.lse, want_out.data(), want_lse.data(), what);
       if (bad != 0) fail_msg("%s: %d elements outside the tolerance", what, bad);
     }
   }
-}
-
-void start_problem(att_problem &p, uint32_t hq, uint32_t hkv, uint32_t dim, uint32_t page,
-                   att_layout layout, swiftkv_dtype dtype) {
-  std::memset(&p, 0, sizeof p);
-  swiftkv_attention_desc desc = SWIFTKV_ATTENTION_DESC_INIT;
-  desc.num_qo_heads = hq;
-  desc.num_kv_heads = hkv;
-  desc.head_dim = dim;
-  desc.page_tokens = page;
-  desc.dtype = dtype;
-  p.desc = desc;
-  p.layout = layout;
 }
 
 // The GPU test's sweep, smaller batches (the emulation runs every thread of every block). Under
@@ -185,24 +140,11 @@ constexpr int kSweepCases = 24;
 #endif
 
 void kernels_match_the_cpu_twin(void **) {
-  static const uint32_t dims[] = {64, 128, 256};
-  static const uint32_t groups[][2] = {{4, 4}, {8, 2}, {8, 1}, {6, 3}};
-  static const uint32_t pages[] = {1, 3, 16, 64, 256};
-  static const swiftkv_dtype types[] = {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16};
   uint64_t s = 77;
   Seen seen;
   for (int c = 0; c < kSweepCases; ++c) {
     att_problem p;
-    start_problem(p, groups[(c / 3) % 4][0], groups[(c / 3) % 4][1], dims[c % 3], pages[c % 5],
-                  static_cast<att_layout>(c % ATT_LAYOUTS), types[(c / 3 + c / 7) % 2]);
-    p.desc.causal = uint32_t(c % 2);
-    p.desc.kv_chunk_tokens = (c % 4 == 3) ? 48 : 0;
-    if (c % 9 == 0) {
-      p.desc.sm_scale = 1.0f;
-      p.desc.logits_soft_cap = 5.0f;
-    }
-    att_ragged_batch(&p, &s, 150, 70, 100);
-    att_build(&p, uint64_t(c) + 100, 3);
+    att_sweep_case(&p, c, &s, 150, 70, 100);
     char name[64];
     std::snprintf(name, sizeof name, "case %d", c);
     compare_case(p, name, seen);
@@ -222,7 +164,8 @@ void decode_with_automatic_splits(void **) {
   Seen seen;
   for (swiftkv_dtype t : {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16}) {
     att_problem p;
-    start_problem(p, 16, 4, 128, 16, ATT_NHD, t);
+    att_start(&p, 16, 4, 128, 16, ATT_NHD);
+    p.desc.dtype = t;
     p.n_req = 2;
     p.q_len[0] = 1;
     p.kv_len[0] = 2100;
@@ -241,7 +184,8 @@ void decode_with_automatic_splits(void **) {
 void wide_heads_prefill(void **) {
   Seen seen;
   att_problem p;
-  start_problem(p, 4, 2, 256, 16, ATT_HND, SWIFTKV_DTYPE_BF16);
+  att_start(&p, 4, 2, 256, 16, ATT_HND);
+  p.desc.dtype = SWIFTKV_DTYPE_BF16;
   p.n_req = 1;
   p.q_len[0] = 70;
   p.kv_len[0] = 101;
@@ -255,7 +199,8 @@ void wide_heads_prefill(void **) {
 void unaligned_tensors_take_the_element_path(void **) {
   Seen seen;
   att_problem p;
-  start_problem(p, 8, 2, 64, 3, ATT_VLLM, SWIFTKV_DTYPE_F16);
+  att_start(&p, 8, 2, 64, 3, ATT_VLLM);
+  p.desc.dtype = SWIFTKV_DTYPE_F16;
   p.desc.causal = 1;
   p.n_req = 2;
   p.q_len[0] = 5;
