@@ -25,9 +25,8 @@
 //   allow is refused, as a device refuses the launch.
 // - The PTX instructions the FlashAttention-2 style kernel issues through inline assembly
 //   (ldmatrix, mma.sync m16n8k16, cp.async) are functions here with the fragment layouts of the
-//   PTX ISA (9.7.13.4.8, 9.7.13.4.15), written from the manual, not from the kernel. cp.async
-//   writes shared memory only at the cp.async.wait_group that covers it. Addresses are checked
-//   for the alignment the instructions need.
+//   PTX ISA (9.7.13.4.8, 9.7.13.4.15), written from the manual, not from the kernel. Addresses
+//   are checked for the alignment the instructions need.
 // - WMMA fragments hold the whole tile in every lane (the kernels never touch fragment
 //   elements); loads and stores check the 32-byte alignment and leading dimension WMMA needs.
 //
