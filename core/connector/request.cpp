@@ -242,14 +242,14 @@ void Request::fail_chunk(size_t i) {
 void Request::load_task(uint32_t layer, size_t i) {
   if (i >= first_failed_.load()) return;  // past the valid prefix: the engine recomputes it
   LoadChunk &c = *loads_[i];
-  const bool peer = lent(c.use.where.tier);
+  const bool lent_memory = lent(c.use.where.tier);  // peer or remote: checked around the copy
   const std::byte *src = nullptr;
   std::vector<std::byte> bounce;
   if (c.src == nullptr) {
     if (!stage(c)) return fail_chunk(i);
     src = c.staging.data() + layer * piece_bytes_;
   } else {
-    if (peer && !cache_.readable(c.use.where)) return fail_chunk(i);
+    if (lent_memory && !cache_.readable(c.use.where)) return fail_chunk(i);
     src = c.src + layer * piece_bytes_;
     if (c.src_device >= 0) {  // lent device memory and a host pool: through host memory
       bounce.resize(piece_bytes_);
@@ -259,7 +259,7 @@ void Request::load_task(uint32_t layer, size_t i) {
   }
   scatter_piece(c.plan, src, pool_->layout().layer_base[layer]);
   // Checked again after the copy: a range lost during it may have held the lender's bytes.
-  if (peer && !cache_.readable(c.use.where)) fail_chunk(i);
+  if (lent_memory && !cache_.readable(c.use.where)) fail_chunk(i);
 }
 
 void Request::task_done(bool load, uint32_t layer) {

@@ -118,7 +118,7 @@ ChunkIndex::CodecCounts ChunkIndex::codec_counts() const {
 uint64_t ChunkIndex::chunks(Tier t) const noexcept {
   uint64_t n = 0;
   for (size_t i = 0; i < kShards; ++i) {
-    n += shards_[i].chunks[static_cast<size_t>(t)].load(std::memory_order_relaxed);
+    n += shards_[i].chunks[tier_slot(t)].load(std::memory_order_relaxed);
   }
   return n;
 }
@@ -126,7 +126,7 @@ uint64_t ChunkIndex::chunks(Tier t) const noexcept {
 uint64_t ChunkIndex::bytes(Tier t) const noexcept {
   uint64_t n = 0;
   for (size_t i = 0; i < kShards; ++i) {
-    n += shards_[i].bytes[static_cast<size_t>(t)].load(std::memory_order_relaxed);
+    n += shards_[i].bytes[tier_slot(t)].load(std::memory_order_relaxed);
   }
   return n;
 }

@@ -31,6 +31,8 @@ inline constexpr std::array<Tier, kTierCount> kTiers{Tier::peer, Tier::host, Tie
                                                      Tier::remote};
 const char *tier_name(Tier t) noexcept;
 // Lent memory (peer or remote): leases, decoded chunks only, no price of its own.
+// A tier's slot in arrays of kTierCount.
+inline constexpr size_t tier_slot(Tier t) noexcept { return static_cast<size_t>(t); }
 inline constexpr bool lent(Tier t) noexcept { return t == Tier::peer || t == Tier::remote; }
 // The tier's number in the C API (swiftkv_tier): remote is 4, after SWIFTKV_TIER_DROPPED.
 inline constexpr uint8_t tier_code(Tier t) noexcept {

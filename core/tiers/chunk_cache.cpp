@@ -14,19 +14,13 @@
 
 namespace swiftkv {
 
-namespace {
-
-size_t idx(Tier t) { return static_cast<size_t>(t); }
-
-}  // namespace
-
 void check_chain(const std::array<Tier, kTierCount> &chain) {
   std::array<bool, kTierCount> seen{};
   for (const Tier t : chain) {
-    if (idx(t) >= kTierCount || seen[idx(t)]) {
+    if (tier_slot(t) >= kTierCount || seen[tier_slot(t)]) {
       fail_invalid("the tier chain must name each of peer, remote, host and disk once");
     }
-    seen[idx(t)] = true;
+    seen[tier_slot(t)] = true;
   }
   if (chain.front() != Tier::peer || chain.back() != Tier::disk) {
     fail_invalid("the tier chain must begin with peer and end with disk");
@@ -41,7 +35,7 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
                  ") is above 100");
   }
   check_chain(options_.chain);
-  for (size_t i = 0; i < kTierCount; ++i) chain_pos_[idx(options_.chain[i])] = i;
+  for (size_t i = 0; i < kTierCount; ++i) chain_pos_[tier_slot(options_.chain[i])] = i;
   peer_ = std::make_unique<PeerTier>(Tier::peer, [this] { wake(); });
   remote_ = std::make_unique<PeerTier>(Tier::remote, [this] { wake(); });
   host_ =
@@ -170,7 +164,7 @@ bool ChunkCache::configured(Tier t, const ChunkKey &model) const {
 }
 
 std::optional<Tier> ChunkCache::lower_tier(Tier t, const ChunkKey &model) const {
-  for (size_t i = chain_pos_[idx(t)] + 1; i < kTierCount; ++i) {
+  for (size_t i = chain_pos_[tier_slot(t)] + 1; i < kTierCount; ++i) {
     if (configured(options_.chain[i], model)) return options_.chain[i];
   }
   return std::nullopt;
@@ -199,8 +193,8 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
       run = 0;
       continue;
     }
-    ++r.per_tier[idx(*tier)];
-    hits_[idx(*tier)].fetch_add(1, std::memory_order_relaxed);
+    ++r.per_tier[tier_slot(*tier)];
+    hits_[tier_slot(*tier)].fetch_add(1, std::memory_order_relaxed);
     if (run++ == 0) run_start = i;
     if (run_start == 0) r.prefix = run;
     // The longest run, the earliest of equal ones: a run from chunk 0 is the prefix.
@@ -227,7 +221,7 @@ std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, con
 }
 
 std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &meta, Tier first) {
-  for (size_t i = chain_pos_[idx(first)]; i < kTierCount; ++i) {
+  for (size_t i = chain_pos_[tier_slot(first)]; i < kTierCount; ++i) {
     const Tier t = options_.chain[i];
     if (!configured(t, meta.model)) continue;
     if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
@@ -483,7 +477,8 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
     // its lender gone) may have been overwritten mid-copy, so those bytes are not returned.
     lost[k] = lent(u.where.tier) && !readable(u.where);
     if (u.meta.bytes != chunk_bytes || lost[k]) continue;
-    if (!scopes[idx(u.where.tier)]) scopes[idx(u.where.tier)].emplace(*this, u.where.tier);
+    if (!scopes[tier_slot(u.where.tier)])
+      scopes[tier_slot(u.where.tier)].emplace(*this, u.where.tier);
     reads.push_back({u.where, &u.meta, dst + k * chunk_bytes});
     read_of.push_back(k);
   }
@@ -524,7 +519,7 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
                                          const std::byte *decoded, Tier first) {
   std::optional<Encoded> encoded;  // the last encoding made, for the next tier that asks it
   if (needs_measure(meta.model)) measure_methods(meta.model, decoded);
-  for (size_t i = chain_pos_[idx(first)]; i < kTierCount; ++i) {
+  for (size_t i = chain_pos_[tier_slot(first)]; i < kTierCount; ++i) {
     const Tier t = options_.chain[i];
     if (!configured(t, meta.model)) continue;
     const ChunkMeta *m = &meta;
@@ -568,7 +563,7 @@ std::optional<codec::CodecParams> ChunkCache::entering(const ChunkKey &key, cons
   const auto it = compression_.find(meta.model);
   if (it == compression_.end()) return std::nullopt;
   if (it->second.adaptive.enabled) return adaptive_choice(key, meta, t, it->second);
-  const std::optional<codec::CodecParams> &p = it->second.fixed[idx(t)];
+  const std::optional<codec::CodecParams> &p = it->second.fixed[tier_slot(t)];
   if (!p || same_encoding(meta, *p)) return std::nullopt;
   return p;
 }
@@ -635,7 +630,7 @@ bool ChunkCache::encodes_in(Tier t, const ChunkKey &model) const {
   const auto it = compression_.find(model);
   if (it == compression_.end()) return false;
   const ModelCompression &c = it->second;
-  return c.fixed[idx(t)].has_value() ||
+  return c.fixed[tier_slot(t)].has_value() ||
          (c.adaptive.enabled && !lent(t) && !c.adaptive.methods.empty());
 }
 
@@ -870,7 +865,7 @@ uint64_t ChunkCache::move(std::span<const ChunkKey> keys, Tier to) {
     const std::optional<Tier> from = index_.peek(k);
     if (!from) continue;  // dropped meanwhile
     if (*from != to && move_chunk(k, *from, to)) {
-      (chain_pos_[idx(to)] < chain_pos_[idx(*from)] ? promotions_ : demotions_)
+      (chain_pos_[tier_slot(to)] < chain_pos_[tier_slot(*from)] ? promotions_ : demotions_)
           .fetch_add(1, std::memory_order_relaxed);
     }
     if (index_.peek(k) == to) ++there;
@@ -992,7 +987,7 @@ void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
   const uint64_t free_now = s->free_bytes(model);
   if (free_now >= want) return;
   // Loads first: a pending load out of this tier uses the link this demotion would.
-  if (loads_active_[idx(t)].load() != 0) {
+  if (loads_active_[tier_slot(t)].load() != 0) {
     deferred_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -1014,8 +1009,9 @@ void ChunkCache::maintain() {
   for (const Tier t : {Tier::peer, Tier::remote}) {
     for (const ChunkKey &m : lent_tier(t).models()) demote_ahead(t, m);
   }
-  const bool remote_below_host = chain_pos_[idx(Tier::remote)] > chain_pos_[idx(Tier::host)] &&
-                                 remote_->total_capacity_bytes() != 0;
+  const bool remote_below_host =
+      chain_pos_[tier_slot(Tier::remote)] > chain_pos_[tier_slot(Tier::host)] &&
+      remote_->total_capacity_bytes() != 0;
   if (configured(Tier::host, ChunkKey{}) &&
       (lower_tier(Tier::host, ChunkKey{}) || remote_below_host)) {
     demote_ahead(Tier::host, ChunkKey{});
@@ -1057,10 +1053,10 @@ CacheStats ChunkCache::stats() const {
     s.bytes[i] = index_.bytes(t);
     s.hits[i] = hits_[i].load();
   }
-  s.capacity_bytes[idx(Tier::peer)] = peer_->total_capacity_bytes();
-  s.capacity_bytes[idx(Tier::remote)] = remote_->total_capacity_bytes();
-  s.capacity_bytes[idx(Tier::host)] = ctx_.config().host_budget_bytes;
-  s.capacity_bytes[idx(Tier::disk)] = disk_ ? disk_->capacity_bytes(ChunkKey{}) : 0;
+  s.capacity_bytes[tier_slot(Tier::peer)] = peer_->total_capacity_bytes();
+  s.capacity_bytes[tier_slot(Tier::remote)] = remote_->total_capacity_bytes();
+  s.capacity_bytes[tier_slot(Tier::host)] = ctx_.config().host_budget_bytes;
+  s.capacity_bytes[tier_slot(Tier::disk)] = disk_ ? disk_->capacity_bytes(ChunkKey{}) : 0;
   s.misses = misses_.load();
   s.stores = stores_.load();
   s.stores_rejected = stores_rejected_.load();

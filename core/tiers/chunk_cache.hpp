@@ -254,9 +254,7 @@ class ChunkCache {
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
   class LoadScope {
    public:
-    LoadScope(ChunkCache &c, Tier t) : n_(c.loads_active_[static_cast<size_t>(t)]) {
-      n_.fetch_add(1);
-    }
+    LoadScope(ChunkCache &c, Tier t) : n_(c.loads_active_[tier_slot(t)]) { n_.fetch_add(1); }
     ~LoadScope() { n_.fetch_sub(1); }
     LoadScope(const LoadScope &) = delete;
     LoadScope &operator=(const LoadScope &) = delete;

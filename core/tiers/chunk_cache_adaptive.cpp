@@ -15,8 +15,6 @@ namespace swiftkv {
 
 namespace {
 
-size_t idx(Tier t) { return static_cast<size_t>(t); }
-
 double bandwidth_of(const AdaptivePolicy &a, Tier t) {
   return t == Tier::disk ? a.disk_bandwidth : a.host_bandwidth;
 }
@@ -81,7 +79,7 @@ std::optional<codec::CodecParams> ChunkCache::adaptive_choice(const ChunkKey &ke
   if (c.options.size() == 1 && !meta.encoded()) return std::nullopt;
   const codec::TierCapacity tier{0, bandwidth_of(a, t)};
   const double price = store_of(t)->free_bytes(meta.model) < meta.bytes
-                           ? price_[idx(t)].load(std::memory_order_relaxed)
+                           ? price_[tier_slot(t)].load(std::memory_order_relaxed)
                            : 0.0;
   const codec::CodecParams &to = params[codec::entry_choice(c, tier, a.alpha, price)];
   if (same_encoding(meta, to)) return std::nullopt;
@@ -234,7 +232,7 @@ void ChunkCache::note_victim(Tier t, const ChunkMeta &before, double reuse,
     const uint64_t freed = before.stored() > kept ? before.stored() - kept : 1;
     per_byte = std::max(0.0, u - u_after) / static_cast<double>(freed);
   }
-  std::atomic<double> &p = price_[idx(t)];
+  std::atomic<double> &p = price_[tier_slot(t)];
   p.store(0.875 * p.load(std::memory_order_relaxed) + 0.125 * per_byte, std::memory_order_relaxed);
 }
 

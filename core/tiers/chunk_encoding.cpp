@@ -56,7 +56,7 @@ void check_adaptive(const ModelCompression &c) {
 
 void check_compression(const ModelCompression &c) {
   for (const Tier t : {Tier::peer, Tier::remote}) {
-    if (c.fixed[static_cast<size_t>(t)]) {
+    if (c.fixed[tier_slot(t)]) {
       fail_invalid(std::string("the ") + tier_name(t) +
                    " tier holds decoded chunks only: it takes no codec");
     }
