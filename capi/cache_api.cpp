@@ -153,7 +153,7 @@ SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *r
     v.loadable_tokens = r.loadable * c;
     v.prefix_tokens = r.prefix * c;
     for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
-    v.remote_chunks = r.per_tier[static_cast<size_t>(Tier::remote)];
+    v.remote_chunks = r.per_tier[swiftkv::tier_slot(Tier::remote)];
     swiftkv::capi::write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION,
                                    swiftkv::capi::kLookupResultV1Size, "out",
                                    "SWIFTKV_LOOKUP_RESULT_INIT");
@@ -328,7 +328,7 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
       v.capacity_bytes[t] = s.capacity_bytes[t];
       v.hits[t] = s.hits[t];
     }
-    const size_t remote = static_cast<size_t>(Tier::remote);
+    const size_t remote = swiftkv::tier_slot(Tier::remote);
     v.remote_chunks = s.chunks[remote];
     v.remote_bytes = s.bytes[remote];
     v.remote_capacity_bytes = s.capacity_bytes[remote];

@@ -79,7 +79,7 @@ void Request::hold_loads(const GeometrySizes &sizes) {
         break;
       }
     }
-    tiers_used[static_cast<size_t>(use->where.tier)] = true;
+    tiers_used[tier_slot(use->where.tier)] = true;
     if (lent(use->where.tier)) peer_loads_ = true;
   }
   info_.load_begin = first * chunk_tokens_;

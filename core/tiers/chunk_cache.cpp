@@ -754,7 +754,7 @@ void ChunkCache::read_slots(std::span<const ChunkRead> reads, std::span<uint8_t>
     std::vector<size_t> index;
     for (size_t i = 0; i < reads.size(); ++i) {
       const ChunkRead &r = reads[i];
-      if (static_cast<size_t>(r.where.tier) != t) continue;
+      if (tier_slot(r.where.tier) != t) continue;
       std::byte *dst = r.dst;
       if (r.meta->encoded() && !r.as_stored) {
         stored[i].resize(r.meta->stored());

@@ -52,6 +52,8 @@
 #include <vector>
 
 #include "core/attention/half_float.hpp"
+// Schedule. emu_kernels.cpp includes it first, outside the unnamed namespace this file is in.
+#include "emu_kernels.hpp"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -121,11 +123,7 @@ struct WarpSlots {
 };
 
 // How the fibers of a launch are interleaved (see the top of this file).
-struct Schedule {
-  uint64_t seed = 1;
-  bool greedy_warps = false;
-  bool copies_land_at_issue = false;
-};
+using Schedule = kernel_emulation::Schedule;
 
 struct Launch {
   std::function<void()> body;
@@ -142,7 +140,6 @@ struct Launch {
   const void *main_stack = nullptr;
   size_t main_stack_size = 0;
 #endif
-  uint64_t barriers = 0, collectives = 0;
 };
 
 inline Launch *g_launch = nullptr;
@@ -191,14 +188,12 @@ inline void yield_to_scheduler() {
 }
 
 inline void block_barrier() {
-  ++g_launch->barriers;
   me().state = FiberState::block_barrier;
   yield_to_scheduler();
 }
 
 // The warp's lanes meet here; every one of the 32 must still be running.
 inline void warp_barrier() {
-  ++g_launch->collectives;
   me().state = FiberState::warp_barrier;
   yield_to_scheduler();
 }
@@ -294,15 +289,10 @@ __attribute__((noinline)) inline void start_fiber(Fiber &f, unsigned tid) {
   makecontext(&f.ctx, fiber_main, 0);
 }
 
-struct LaunchCounts {
-  uint64_t barriers = 0, collectives = 0;  // block barriers and warp meetings, per thread
-};
-
 // Runs body once per thread of every block of the grid. max_threads: the kernel's
 // __launch_bounds__.
-inline LaunchCounts launch(unsigned grid, unsigned block, size_t smem_bytes, unsigned char *smem,
-                           unsigned max_threads, const Schedule &schedule,
-                           std::function<void()> body) {
+inline void launch(unsigned grid, unsigned block, size_t smem_bytes, unsigned char *smem,
+                   unsigned max_threads, const Schedule &schedule, std::function<void()> body) {
   if (block == 0 || block > 1024 || block > max_threads) fatal("block size refused at launch");
   if (smem_bytes > kMaxSharedBytes) fatal("dynamic shared memory over the device's limit");
   if (grid == 0) fatal("an empty grid is an invalid launch");
@@ -353,7 +343,6 @@ inline LaunchCounts launch(unsigned grid, unsigned block, size_t smem_bytes, uns
 #endif
   }
   g_launch = nullptr;
-  return {l.barriers, l.collectives};
 }
 
 inline void check_shared(const void *p, size_t bytes, size_t align, const char *what) {

@@ -16,35 +16,30 @@ namespace kernel_emulation {
 
 enum class AttentionKernel { wmma, fa2 };
 
-// How threads interleave (cuda_emu.hpp): the seed of the order fibers run in, warps released
-// one at a time (greedy) or together, cp.async landing when issued or at its wait.
+// How threads interleave (cuda_emu.hpp takes it as it is): the seed of the order fibers run in,
+// warps released one at a time (greedy) or together, cp.async landing when issued or at its wait.
 struct Schedule {
   uint64_t seed = 1;
   bool greedy_warps = false;
   bool copies_land_at_issue = false;
 };
 
-// What one emulated run did: blocks run, block barriers and warp meetings (per thread).
-struct RunCounts {
-  uint64_t blocks = 0, barriers = 0, collectives = 0;
-};
-
 // The work items, then the merges, of `params` (a swiftkv::AttentionParams, params_size bytes),
-// as attention_run_cuda launches them; `schedule` says how threads interleave.
-RunCounts run_attention(AttentionKernel kernel, bool bf16, int head_dim, const void *params,
-                        size_t params_size, bool vectorised, const Schedule &schedule);
+// as attention_run_cuda launches them; `schedule` says how threads interleave. Returns the blocks
+// launched.
+uint64_t run_attention(AttentionKernel kernel, bool bf16, int head_dim, const void *params,
+                       size_t params_size, bool vectorised, const Schedule &schedule);
 
 // copy_items and decode_items over `grid` blocks of the transfer engine's block size. items:
 // swiftkv::CopyItem[n], chunks: swiftkv::ChunkSource[], shape: a swiftkv::codec::LayerShape.
-RunCounts run_copy_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
-                         uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
-                         bool scatter, const Schedule &schedule);
-RunCounts run_decode_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
-                           const unsigned char *staging, unsigned char *pages, const void *shape,
-                           size_t shape_size, const Schedule &schedule);
+void run_copy_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
+                    uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
+                    bool scatter, const Schedule &schedule);
+void run_decode_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
+                      const unsigned char *staging, unsigned char *pages, const void *shape,
+                      size_t shape_size, const Schedule &schedule);
 
 // The sizes the emulated kernels were compiled with, for the callers' checks.
-size_t attention_params_size();
 size_t copy_item_size();
 size_t chunk_source_size();
 
