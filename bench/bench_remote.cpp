@@ -150,13 +150,18 @@ double perftest(const char *test, uint64_t bytes, uint64_t iters) {
     ::close(server.in);
     std::fclose(server.out);
   }
+  // The client fails while the server is not listening yet: tried again for up to 15 s (a
+  // loaded machine, a sanitizer build beside it, took over a second), not once the server is gone.
   std::string out;
-  for (int attempt = 0; attempt < 50 && out.empty(); ++attempt) {
+  bool server_alive = server.pid > 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  while (out.empty() && server_alive && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     out = run_capture({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
                        std::to_string(bytes), "-n", std::to_string(iters), "-w", "2"});
+    if (out.empty()) server_alive = ::waitpid(server.pid, nullptr, WNOHANG) == 0;
   }
-  if (server.pid > 0) {
+  if (server_alive) {
     ::kill(server.pid, SIGTERM);
     ::waitpid(server.pid, nullptr, 0);
   }
