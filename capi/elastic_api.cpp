@@ -1,5 +1,7 @@
 // The elastic region entry points: read and check the versioned config, pick the memory
 // backend from the lender's device, and hand out leases and views as versioned structs.
+#include <unistd.h>
+
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -10,6 +12,7 @@
 #include "capi/model_desc.hpp"
 #include "capi/raw_enum.hpp"
 #include "capi/versioned.hpp"
+#include "core/common/checked_math.hpp"
 #include "core/context/context.hpp"
 #include "core/elastic/elastic_region.hpp"
 #include "core/memory/cuda_region.hpp"
@@ -28,6 +31,7 @@ constexpr size_t kElasticStatsV1Size = offsetof(swiftkv_elastic_stats, device) +
 struct ReadConfig {
   ElasticConfig core;
   CudaAllocation cuda_alloc;
+  uint64_t host_granule_bytes = 0;
 };
 
 ReadConfig read_config(const swiftkv_elastic_config *config) {
@@ -66,6 +70,17 @@ ReadConfig read_config(const swiftkv_elastic_config *config) {
     fail_invalid("config->cuda_alloc (" + std::to_string(alloc) + ") is not a swiftkv_cuda_alloc");
   }
   r.cuda_alloc = static_cast<CudaAllocation>(alloc);
+  if (c.host_granule_bytes != 0 && r.core.lender.device != SWIFTKV_DEVICE_HOST) {
+    fail_invalid("config->host_granule_bytes is " + std::to_string(c.host_granule_bytes) +
+                 " for a region on CUDA device " + std::to_string(r.core.lender.device) +
+                 " (host regions only; device memory has its own granules)");
+  }
+  const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  if (c.host_granule_bytes % page != 0) {
+    fail_invalid("config->host_granule_bytes (" + std::to_string(c.host_granule_bytes) +
+                 ") is not a multiple of the page size (" + std::to_string(page) + ")");
+  }
+  r.host_granule_bytes = c.host_granule_bytes;
   return r;
 }
 
@@ -117,7 +132,11 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
     require(out, "out");
     require(ctx, "ctx");
     ReadConfig c = read_config(config);
-    const uint64_t bytes = swiftkv::ElasticRegion::required_bytes(c.core);
+    uint64_t bytes = swiftkv::ElasticRegion::required_bytes(c.core);
+    if (c.host_granule_bytes != 0) {  // the region is whole granules: the budget counts them all
+      bytes = swiftkv::checked_mul(swiftkv::ceil_div(bytes, c.host_granule_bytes),
+                                   c.host_granule_bytes, "the region's bytes in granules");
+    }
     auto e = std::make_unique<swiftkv_elastic>();
     e->ctx = &ctx->core;
     e->coord = &ctx->coord;
@@ -129,6 +148,7 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
       o.numa_node = e->ctx->host_numa_node();
       o.page_lock = e->ctx->device_count() > 0;
       o.name = "swiftkv-elastic";
+      o.granule = c.host_granule_bytes;
       e->ctx->reserve_host(
           bytes, "an elastic region of " + std::to_string(c.core.capacity_blocks) + " blocks");
       e->host_reserved = bytes;

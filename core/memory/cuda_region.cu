@@ -9,7 +9,6 @@
 
 #include <cstring>
 #include <mutex>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -18,6 +17,7 @@
 #include "core/memory/cuda_check.hpp"
 #include "core/memory/cuda_region.hpp"
 #include "core/memory/device_query.hpp"
+#include "core/memory/granule_holds.hpp"
 #include "core/memory/region_registry.hpp"
 
 namespace swiftkv {
@@ -107,13 +107,6 @@ CUmemAccessDesc read_write_on(int32_t device) {
   return access;
 }
 
-std::string random_identity(const char *prefix) {
-  std::random_device rd;
-  std::string id(prefix);
-  for (int i = 0; i < 4; ++i) id += ":" + std::to_string(rd());
-  return id;
-}
-
 // One granule's physical allocation as mapped in some process.
 struct Granule {
   CUmemGenericAllocationHandle handle = 0;  // 0: nothing mapped
@@ -164,7 +157,7 @@ class VmmRegion final : public MemoryRegion {
     check_cu(driver().address_reserve(&base_, size_, 0, 0, 0),
              "cuMemAddressReserve of " + std::to_string(size_) + " bytes");
     granules_.resize(size_ / granule_);
-    identity_ = random_identity("cuda_vmm");
+    identity_ = random_region_identity("cuda_vmm");
   }
   ~VmmRegion() override {
     for (uint64_t i = 0; i < granules_.size(); ++i) unmap_granule(base_, i, granule_, granules_[i]);
@@ -255,7 +248,7 @@ class ImportedVmmRegion final : public RegionMapping {
     }
     check_cu(driver().address_reserve(&base_, size_, 0, 0, 0), "cuMemAddressReserve (import)");
     granules_.resize(size_ / granule_);
-    holds_.assign(granules_.size(), 0);
+    holds_ = GranuleHolds(size_, granule_);
     try {
       adopt(e);
     } catch (...) {
@@ -272,24 +265,15 @@ class ImportedVmmRegion final : public RegionMapping {
 
   void hold(uint64_t offset, uint64_t size) override {
     std::lock_guard lock(mu_);
-    const auto [first, end] = granules_of(offset, size);
-    for (uint64_t i = first; i < end; ++i) {
-      if (granules_[i].handle == 0) {
-        fail(SWIFTKV_EPEER, "the lender granted bytes at " + std::to_string(offset) +
-                                " without passing the memory behind granule " + std::to_string(i));
-      }
-    }
-    for (uint64_t i = first; i < end; ++i) ++holds_[i];
+    holds_.hold(offset, size, [&](uint64_t i) { return granules_[i].handle != 0; });
   }
 
   void drop(uint64_t offset, uint64_t size) noexcept override {
     std::lock_guard lock(mu_);
-    const auto [first, end] = granules_of(offset, size);
     try {
       DeviceGuard guard(device_);
-      for (uint64_t i = first; i < end; ++i) {
-        if (holds_[i] > 0 && --holds_[i] == 0) unmap_granule(base_, i, granule_, granules_[i]);
-      }
+      holds_.drop(offset, size,
+                  [&](uint64_t i) { unmap_granule(base_, i, granule_, granules_[i]); });
     } catch (...) {
       // The device is gone: its mappings went with it.
     }
@@ -317,13 +301,6 @@ class ImportedVmmRegion final : public RegionMapping {
   }
 
  private:
-  // The granules [first, end) that [offset, offset + size) touches, clipped to the region.
-  std::pair<uint64_t, uint64_t> granules_of(uint64_t offset, uint64_t size) const noexcept {
-    const uint64_t end = std::min(size_, offset + size);
-    if (offset >= end) return {0, 0};
-    return {offset / granule_, (end + granule_ - 1) / granule_};
-  }
-
   void release_all() noexcept {
     for (uint64_t i = 0; i < granules_.size(); ++i) unmap_granule(base_, i, granule_, granules_[i]);
     if (base_ != 0) (void)driver().address_free(base_, size_);
@@ -336,7 +313,7 @@ class ImportedVmmRegion final : public RegionMapping {
   CUdeviceptr base_ = 0;
   std::mutex mu_;
   std::vector<Granule> granules_;  // guarded by mu_
-  std::vector<uint32_t> holds_;    // guarded by mu_: leases on each granule
+  GranuleHolds holds_;             // guarded by mu_: leases on each granule
 };
 
 // The fallback owner: one cudaMalloc, committed whole, shared by an IPC handle.

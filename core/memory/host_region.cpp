@@ -1,5 +1,7 @@
 // Host regions: a memfd sized to the region, mapped shared. Commit allocates the file's pages
-// (fallocate), decommit punches them out, so physical memory follows what the region uses.
+// (fallocate), decommit punches them out, so physical memory follows what the region uses. Or,
+// granular: one memfd per granule mapped into a reserved range, committed and passed to other
+// processes granule by granule, the host twin of VMM device memory.
 #include "core/memory/host_region.hpp"
 
 #include <fcntl.h>
@@ -20,6 +22,7 @@
 
 #include "core/common/checked_math.hpp"
 #include "core/common/error.hpp"
+#include "core/memory/granule_holds.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/region_registry.hpp"
 
@@ -32,6 +35,27 @@ uint64_t page_size() noexcept { return static_cast<uint64_t>(::sysconf(_SC_PAGES
 [[noreturn]] void fail_errno(swiftkv_status status, const std::string &what) {
   const int e = errno;
   fail(status, what + ": " + std::strerror(e));
+}
+
+// Binds the shared mapping [p, p + size) to NUMA node `node` (-1: nothing). mbind on a shared
+// mapping sets the memfd's own policy, so pages allocated through any mapping of it (an
+// importer's too) come from `node`.
+void bind_to_node(void *p, uint64_t size, int32_t node) {
+  if (node < 0) return;
+#if defined(SWIFTKV_HAVE_NUMA)
+  if (numa_available() < 0) return;
+  unsigned long mask = 0;
+  if (node >= static_cast<int32_t>(8 * sizeof mask)) {
+    fail(SWIFTKV_EUNSUPPORTED, "NUMA node " + std::to_string(node) + " is beyond node 63");
+  }
+  mask = 1UL << node;
+  if (::mbind(p, size, MPOL_BIND, &mask, 8 * sizeof mask, 0) != 0) {
+    fail_errno(SWIFTKV_EINVAL, "binding host region memory to NUMA node " + std::to_string(node));
+  }
+#else
+  (void)p;
+  (void)size;
+#endif
 }
 
 // The mapping of a memfd's whole file, shared. Both owners and importers hold one.
@@ -70,7 +94,7 @@ class HostRegion final : public MemoryRegion {
       fail_errno(SWIFTKV_ENOMEM, "ftruncate of the memfd to " + std::to_string(size) + " bytes");
     }
     map_ = std::make_unique<MemfdMapping>(fd_.get(), size);
-    bind_to_node(o.numa_node);
+    bind_to_node(map_->data(), size, o.numa_node);
     committed_.assign(size / page, 0);
     if (o.page_lock) {
       commit(0, size);  // cudaHostRegister faults every page in anyway; account for it
@@ -142,23 +166,6 @@ class HostRegion final : public MemoryRegion {
   }
 
  private:
-  void bind_to_node(int32_t node) {
-    if (node < 0) return;
-#if defined(SWIFTKV_HAVE_NUMA)
-    if (numa_available() < 0) return;
-    // mbind on a shared mapping sets the memfd's own policy, so pages allocated through any
-    // mapping of it (an importer's too) come from `node`.
-    unsigned long mask = 0;
-    if (node >= static_cast<int32_t>(8 * sizeof mask)) {
-      fail(SWIFTKV_EUNSUPPORTED, "NUMA node " + std::to_string(node) + " is beyond node 63");
-    }
-    mask = 1UL << node;
-    if (::mbind(map_->data(), map_->size(), MPOL_BIND, &mask, 8 * sizeof mask, 0) != 0) {
-      fail_errno(SWIFTKV_EINVAL, "binding host region memory to NUMA node " + std::to_string(node));
-    }
-#endif
-  }
-
   // Calls fn(first_page, n_pages) for each maximal run of pages in the range whose committed
   // flag equals `want`. The range must be page-aligned or end at the region's end.
   template <class Fn>
@@ -207,6 +214,234 @@ class ImportedHostRegion final : public RegionMapping {
   MemfdMapping map_;
 };
 
+
+// An address range reserved with no access and no memory behind it; granules are mapped into it
+// in place (MAP_FIXED) and unmapped by mapping the reservation back over them.
+class Reservation {
+ public:
+  explicit Reservation(uint64_t size) : size_(size) {
+    void *p = ::mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+      fail_errno(SWIFTKV_ENOMEM, "reserving " + std::to_string(size) + " bytes of address space");
+    }
+    base_ = static_cast<std::byte *>(p);
+  }
+  Reservation(const Reservation &) = delete;
+  Reservation &operator=(const Reservation &) = delete;
+  ~Reservation() { ::munmap(base_, size_); }
+
+  std::byte *data() const noexcept { return base_; }
+  uint64_t size() const noexcept { return size_; }
+
+  // Maps `fd`'s first n bytes shared at `offset`, replacing whatever was mapped there.
+  void map(uint64_t offset, uint64_t n, int fd) {
+    void *p = ::mmap(base_ + offset, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0);
+    if (p == MAP_FAILED) {
+      fail_errno(SWIFTKV_ENOMEM, "mapping a granule of " + std::to_string(n) + " bytes");
+    }
+  }
+  // Puts the reservation back over [offset, offset + n): the granule's memory is no longer
+  // reachable here, and goes once nobody else maps it.
+  void unmap(uint64_t offset, uint64_t n) noexcept {
+    (void)::mmap(base_ + offset, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                 -1, 0);
+  }
+
+ private:
+  std::byte *base_ = nullptr;
+  uint64_t size_;
+};
+
+// The owner of a granular region: each committed granule is a memfd of its own, mapped at its
+// place in the range. Locking: mu_ guards fds_, generations_, locked_ and the counts; the range
+// itself is immutable, so data() needs no lock.
+class GranularHostRegion final : public MemoryRegion {
+ public:
+  explicit GranularHostRegion(const HostRegionOptions &o)
+      : granule_(o.granule),
+        range_(checked_mul(ceil_div(o.size, o.granule), o.granule, "host region size")),
+        numa_node_(o.numa_node),
+        page_lock_(o.page_lock),
+        name_(o.name),
+        fds_(range_.size() / granule_),
+        generations_(fds_.size(), 0),
+        locked_(fds_.size(), 0),
+        identity_(random_region_identity("host_granules")) {}
+
+  ~GranularHostRegion() override {
+    for (uint64_t i = 0; i < fds_.size(); ++i) {
+      if (locked_[i]) page_unlock(range_.data() + i * granule_);
+    }
+  }
+
+  const std::string &identity() const noexcept { return identity_; }
+  std::byte *data() const noexcept override { return range_.data(); }
+  uint64_t size() const noexcept override { return range_.size(); }
+  MemoryKind kind() const noexcept override { return MemoryKind::host_granules; }
+  int32_t device() const noexcept override { return -1; }
+  void adopt(const RegionExport &) override {}
+  uint64_t commit_granule() const noexcept override { return granule_; }
+
+  void commit(uint64_t offset, uint64_t size) override {
+    std::lock_guard lock(mu_);
+    const auto [first, end] = granules(offset, size);
+    for (uint64_t i = first; i < end; ++i) {
+      if (fds_[i]) continue;
+      UniqueFd fd(::memfd_create(name_.c_str(), MFD_CLOEXEC));
+      if (!fd) fail_errno(SWIFTKV_ENOMEM, "memfd_create");
+      if (::ftruncate(fd.get(), static_cast<off_t>(granule_)) != 0) {
+        fail_errno(SWIFTKV_ENOMEM, "ftruncate of a granule's memfd");
+      }
+      const uint64_t at = i * granule_;
+      range_.map(at, granule_, fd.get());
+      try {
+        bind_to_node(range_.data() + at, granule_, numa_node_);
+        // Allocated now, under the binding: running out of memory is an error here, not a
+        // SIGBUS on first touch.
+        if (::fallocate(fd.get(), 0, 0, static_cast<off_t>(granule_)) != 0) {
+          fail_errno(SWIFTKV_ENOMEM, "allocating a " + std::to_string(granule_) +
+                                         "-byte granule of host region memory");
+        }
+        locked_[i] = page_lock_ && page_lock(range_.data() + at, granule_);
+      } catch (...) {
+        range_.unmap(at, granule_);
+        throw;
+      }
+      fds_[i] = std::move(fd);
+      generations_[i] = ++next_generation_;
+      committed_ += granule_;
+    }
+  }
+
+  void decommit(uint64_t offset, uint64_t size) noexcept override {
+    std::lock_guard lock(mu_);
+    const auto [first, end] = granules(offset, size);
+    for (uint64_t i = first; i < end; ++i) {
+      if (!fds_[i]) continue;
+      if (locked_[i]) page_unlock(range_.data() + i * granule_);
+      locked_[i] = 0;
+      range_.unmap(i * granule_, granule_);
+      fds_[i].reset();  // the memory lives on in importers that still map it
+      committed_ -= granule_;
+    }
+  }
+
+  uint64_t committed_bytes() const noexcept override {
+    std::lock_guard lock(mu_);
+    return committed_;
+  }
+
+  RegionExport export_range(uint64_t offset, uint64_t size) const override {
+    std::lock_guard lock(mu_);
+    RegionExport e;
+    e.kind = MemoryKind::host_granules;
+    e.device = -1;
+    e.size = range_.size();
+    e.identity = identity_;
+    const auto [first, end] = granules(offset, size);
+    for (uint64_t i = first; i < end; ++i) {
+      if (!fds_[i]) continue;
+      ExportedPiece p;
+      p.offset = i * granule_;
+      p.size = granule_;
+      p.generation = generations_[i];
+      p.fd.reset(::fcntl(fds_[i].get(), F_DUPFD_CLOEXEC, 0));
+      if (!p.fd) fail_errno(SWIFTKV_ENOMEM, "duplicating a granule's memfd");
+      e.pieces.push_back(std::move(p));
+    }
+    return e;
+  }
+
+ private:
+  // The granules [first, end) that [offset, offset + size) touches, clipped to the region.
+  std::pair<uint64_t, uint64_t> granules(uint64_t offset, uint64_t size) const {
+    if (offset > range_.size() || size > range_.size() - offset) {
+      fail(SWIFTKV_EINTERNAL, "host region range [" + std::to_string(offset) + ", +" +
+                                  std::to_string(size) + ") is not inside");
+    }
+    return {offset / granule_, ceil_div(offset + size, granule_)};
+  }
+
+  const uint64_t granule_;
+  Reservation range_;
+  const int32_t numa_node_;
+  const bool page_lock_;
+  const std::string name_;
+  mutable std::mutex mu_;
+  std::vector<UniqueFd> fds_;            // guarded by mu_: one per committed granule
+  std::vector<uint64_t> generations_;    // guarded by mu_
+  std::vector<uint8_t> locked_;          // guarded by mu_: page-locked granules
+  uint64_t committed_ = 0;               // guarded by mu_
+  uint64_t next_generation_ = 0;         // guarded by mu_
+  const std::string identity_;
+};
+
+// An importer's view of a granular region: the granules it was given, mapped at their places in
+// a range of its own, each unmapped once no lease holds it. mu_ guards the table and the holds.
+class ImportedGranularHostRegion final : public RegionMapping {
+ public:
+  explicit ImportedGranularHostRegion(const RegionExport &e) : range_(checked_size(e)) {
+    granule_ = e.pieces.front().size;
+    generations_.assign(range_.size() / granule_, 0);
+    holds_ = GranuleHolds(range_.size(), granule_);
+    adopt(e);
+  }
+
+  std::byte *data() const noexcept override { return range_.data(); }
+  uint64_t size() const noexcept override { return range_.size(); }
+  MemoryKind kind() const noexcept override { return MemoryKind::host_granules; }
+  int32_t device() const noexcept override { return -1; }
+
+  void adopt(const RegionExport &e) override {
+    std::lock_guard lock(mu_);
+    for (const ExportedPiece &p : e.pieces) {
+      if (p.size != granule_ || p.offset % granule_ != 0 || p.offset >= range_.size() || !p.fd ||
+          p.generation == 0) {
+        fail_invalid("a host granule export piece at offset " + std::to_string(p.offset) +
+                     " does not match the region's granules");
+      }
+      struct stat st {};
+      if (::fstat(p.fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
+          static_cast<uint64_t>(st.st_size) < granule_) {
+        fail_invalid("the fd passed for the granule at offset " + std::to_string(p.offset) +
+                     " is not a memfd of " + std::to_string(granule_) + " bytes");
+      }
+      uint64_t &g = generations_[p.offset / granule_];
+      if (g == p.generation) continue;
+      range_.map(p.offset, granule_, p.fd.get());  // replaces an older generation in place
+      g = p.generation;
+    }
+  }
+
+  void hold(uint64_t offset, uint64_t size) override {
+    std::lock_guard lock(mu_);
+    holds_.hold(offset, size, [&](uint64_t i) { return generations_[i] != 0; });
+  }
+
+  void drop(uint64_t offset, uint64_t size) noexcept override {
+    std::lock_guard lock(mu_);
+    holds_.drop(offset, size, [&](uint64_t i) {
+      range_.unmap(i * granule_, granule_);
+      generations_[i] = 0;
+    });
+  }
+
+ private:
+  static uint64_t checked_size(const RegionExport &e) {
+    if (e.pieces.empty()) fail_invalid("a host granule export carries no pieces");
+    const uint64_t g = e.pieces.front().size;
+    if (g == 0 || g % page_size() != 0 || e.size == 0 || e.size % g != 0) {
+      fail_invalid("a host granule export's pieces do not tile its size");
+    }
+    return e.size;
+  }
+
+  Reservation range_;
+  uint64_t granule_ = 0;
+  std::mutex mu_;
+  std::vector<uint64_t> generations_;  // guarded by mu_: 0 where nothing is mapped
+  GranuleHolds holds_;                 // guarded by mu_
+};
 }  // namespace
 
 std::string memfd_identity(int fd) {
@@ -216,12 +451,32 @@ std::string memfd_identity(int fd) {
 }
 
 std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o) {
-  auto r = std::make_shared<HostRegion>(o);
+  if (o.granule == 0) {
+    auto r = std::make_shared<HostRegion>(o);
+    register_region(r->identity(), r);
+    return r;
+  }
+  if (o.size == 0) fail_invalid("host region size is 0");
+  if (o.granule % page_size() != 0) {
+    fail_invalid("a host granule of " + std::to_string(o.granule) +
+                 " bytes is not a multiple of the page size (" + std::to_string(page_size()) +
+                 ")");
+  }
+  auto r = std::make_shared<GranularHostRegion>(o);
   register_region(r->identity(), r);
   return r;
 }
 
 std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e) {
+  if (e.kind == MemoryKind::host_granules) {
+    std::shared_ptr<RegionMapping> m = find_or_open_region(
+        e.identity, [&] { return std::make_shared<ImportedGranularHostRegion>(e); });
+    if (m->kind() != MemoryKind::host_granules || m->size() != e.size) {
+      fail_invalid("the export names a region open here as another kind or size");
+    }
+    m->adopt(e);  // a mapping opened before gets this export's granules too
+    return m;
+  }
   if (e.pieces.size() != 1 || !e.pieces[0].fd) {
     fail_invalid("a host region export must carry exactly one open memfd");
   }

@@ -17,10 +17,16 @@ struct HostRegionOptions {
   bool page_lock = false;  // cudaHostRegister the whole region when a device is usable; a locked
                            // region is committed whole and never decommits (see .cpp)
   std::string name = "swiftkv";  // shows in /proc/<pid>/fd and /proc/<pid>/maps
+  // 0: one memfd for the whole region (MemoryKind::host_memfd), exported whole. Else one memfd
+  // per granule of this many bytes, a multiple of the page size (MemoryKind::host_granules):
+  // committed, page-locked and exported granule by granule, as VMM device memory is, so that an
+  // importer maps only the granules it is given and a decommitted granule lives on only in the
+  // mappings of importers that still hold it.
+  uint64_t granule = 0;
 };
 
-// Throws Error: EINVAL for a zero size, ENOMEM when the kernel refuses memory, ECUDA when
-// page-locking fails.
+// Throws Error: EINVAL for a zero size or a granule that is not a multiple of the page size,
+// ENOMEM when the kernel refuses memory, ECUDA when page-locking fails.
 std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o);
 
 // The NUMA node holding the page at `p` (which must be touched), or -1 when it cannot be told.

@@ -19,9 +19,16 @@ enum class MemoryKind : int32_t {
   host_memfd = 0,  // host pages of a memfd; shared by passing the fd
   cuda_vmm = 1,    // device memory through cuMemCreate/cuMemMap; shared by one POSIX fd per granule
   cuda_ipc = 2,    // one cudaMalloc; shared by a cudaIpcMemHandle; never released before the end
+  host_granules = 3,  // host pages in granules of one memfd each; shared by one fd per granule
 };
 
 const char *memory_kind_name(MemoryKind kind) noexcept;
+
+// Whether a region of this kind passes its memory with each lease, granule by granule (only what
+// the lease covers), rather than once whole at the handshake.
+constexpr bool passed_per_lease(MemoryKind kind) noexcept {
+  return kind == MemoryKind::cuda_vmm || kind == MemoryKind::host_granules;
+}
 
 // One piece of physical memory behind a range of the region. `generation` changes every time the
 // owner creates new physical memory at that offset, so an importer knows to remap.
@@ -39,7 +46,8 @@ struct RegionExport {
   int32_t device = -1;  // CUDA ordinal in the exporting process; -1 for host memory
   uint64_t size = 0;
   std::string identity;
-  std::vector<ExportedPiece> pieces;           // memfd: one piece, the whole file
+  std::vector<ExportedPiece> pieces;           // memfd: one piece, the whole file; granular
+                                               // kinds: one per granule asked for and committed
   std::array<unsigned char, 64> ipc_handle{};  // cuda_ipc: the cudaIpcMemHandle_t bytes
 };
 

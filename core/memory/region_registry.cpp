@@ -3,6 +3,7 @@
 #include "core/memory/region_registry.hpp"
 
 #include <mutex>
+#include <random>
 #include <unordered_map>
 
 #include "core/common/error.hpp"
@@ -34,8 +35,16 @@ const char *memory_kind_name(MemoryKind kind) noexcept {
     case MemoryKind::host_memfd: return "host memfd";
     case MemoryKind::cuda_vmm: return "CUDA VMM";
     case MemoryKind::cuda_ipc: return "CUDA cudaMalloc + IPC handle";
+    case MemoryKind::host_granules: return "host memfd granules";
   }
   return "unknown";
+}
+
+std::string random_region_identity(const char *prefix) {
+  std::random_device rd;
+  std::string id(prefix);
+  for (int i = 0; i < 4; ++i) id += ":" + std::to_string(rd());
+  return id;
 }
 
 void register_region(const std::string &identity, const std::shared_ptr<RegionMapping> &m) {
@@ -60,7 +69,8 @@ std::shared_ptr<RegionMapping> find_or_open_region(
 
 std::shared_ptr<RegionMapping> open_region(const RegionExport &e, int32_t device) {
   switch (e.kind) {
-    case MemoryKind::host_memfd: return open_host_region(e);
+    case MemoryKind::host_memfd:
+    case MemoryKind::host_granules: return open_host_region(e);
     case MemoryKind::cuda_vmm:
     case MemoryKind::cuda_ipc: return open_cuda_region(e, device);
   }

@@ -22,6 +22,9 @@ std::shared_ptr<RegionMapping> find_or_open_region(
 // The backends' own openers, behind open_region().
 std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e);
 std::shared_ptr<RegionMapping> open_cuda_region(const RegionExport &e, int32_t device);
+// A fresh identity for a region that has no name in the kernel to derive one from: `prefix`
+// and 128 random bits.
+std::string random_region_identity(const char *prefix);
 // The identity under which an exported memfd's mapping is registered (its device and inode).
 std::string memfd_identity(int fd);
 

@@ -454,7 +454,9 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_device_count(uint32_t *out, const swiftkv
  *
  * Memory: lender->device SWIFTKV_DEVICE_HOST puts the region in host memory from a memfd
  * (shareable with another process, bound to the context's NUMA node, page-locked when the
- * context uses a device; it counts against the context's host_budget_bytes). A device ordinal
+ * context uses a device; it counts against the context's host_budget_bytes), or from one memfd
+ * per granule (host_granule_bytes), which passes to a borrower lease by lease as device memory
+ * does. A device ordinal
  * puts it on that CUDA device, which the context must use (else SWIFTKV_ENODEV). Memory that is
  * neither owned nor lent is returned to the system (VMM granules unmapped, memfd pages punched
  * out) unless SWIFTKV_ELASTIC_KEEP_COMMITTED is set; a cudaMalloc region is fixed at capacity.
@@ -474,7 +476,9 @@ typedef enum swiftkv_memory_kind {
   SWIFTKV_MEMORY_HOST_MEMFD = 0, /* host pages of a memfd */
   SWIFTKV_MEMORY_CUDA_VMM = 1,   /* device memory mapped in granules (cuMemCreate/cuMemMap),
                                     shareable as POSIX file descriptors */
-  SWIFTKV_MEMORY_CUDA_IPC = 2    /* one cudaMalloc shared by a CUDA IPC handle; fixed size */
+  SWIFTKV_MEMORY_CUDA_IPC = 2,   /* one cudaMalloc shared by a CUDA IPC handle; fixed size */
+  SWIFTKV_MEMORY_HOST_GRANULES = 3 /* host pages in granules of one memfd each
+                                      (swiftkv_elastic_config.host_granule_bytes) */
 } swiftkv_memory_kind;
 
 /* How device memory is allocated. */
@@ -487,7 +491,7 @@ typedef enum swiftkv_cuda_alloc {
 /* flags: never return free memory to the system (resizes then never map or unmap). */
 #define SWIFTKV_ELASTIC_KEEP_COMMITTED (1u << 0)
 
-#define SWIFTKV_ELASTIC_CONFIG_VERSION 2
+#define SWIFTKV_ELASTIC_CONFIG_VERSION 3
 
 typedef struct swiftkv_elastic_config {
   uint32_t size;                      /* sizeof(swiftkv_elastic_config) as compiled */
@@ -508,6 +512,16 @@ typedef struct swiftkv_elastic_config {
                                          most this long after the asking (what was granted
                                          before stays); then it expires whether or not the
                                          borrower released it (default 30000, > 0) */
+  /* Version 3. */
+  uint64_t host_granule_bytes;        /* host regions only. 0 (default): one memfd for the whole
+                                         region, which a borrower in another process maps whole
+                                         at its handshake. Else a multiple of the page size: one
+                                         memfd per granule of this many bytes
+                                         (SWIFTKV_MEMORY_HOST_GRANULES), committed and returned
+                                         granule by granule and passed to a borrower with each
+                                         lease, as VMM device memory is: the borrower maps only
+                                         the granules of what it holds, never the lender's own
+                                         blocks. Each committed granule holds one fd. */
 } swiftkv_elastic_config;
 
 #define SWIFTKV_ELASTIC_CONFIG_INIT                       \
@@ -524,7 +538,8 @@ typedef struct swiftkv_elastic_config {
     /* flags */ 0,                                        \
     /* clock */ NULL,                                     \
     /* clock_user_data */ NULL,                           \
-    /* reclaim_deadline_ms */ 30000                       \
+    /* reclaim_deadline_ms */ 30000,                      \
+    /* host_granule_bytes */ 0                            \
   }
 /* Fills *out with SWIFTKV_ELASTIC_CONFIG_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_elastic_config_init(swiftkv_elastic_config *out);

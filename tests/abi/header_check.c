@@ -66,7 +66,9 @@ STATIC_CHECK(offsetof(swiftkv_ctx_config, disk_budget_bytes) == 40, "config.disk
 STATIC_CHECK(sizeof(swiftkv_status) == 4 && sizeof(swiftkv_dtype) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_memory_kind) == 4 && sizeof(swiftkv_cuda_alloc) == 4, "enum size");
 STATIC_CHECK(sizeof(swiftkv_remote_path) == 4, "enum size");
-STATIC_CHECK(sizeof(swiftkv_elastic_config) == 88, "swiftkv_elastic_config size");
+STATIC_CHECK(sizeof(swiftkv_elastic_config) == 96, "swiftkv_elastic_config size");
+STATIC_CHECK(offsetof(swiftkv_elastic_config, host_granule_bytes) == 88,
+             "elastic_config.host_granule_bytes (v3)");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, reclaim_deadline_ms) == 80,
              "elastic_config.reclaim_deadline_ms");
 STATIC_CHECK(offsetof(swiftkv_elastic_config, borrower) == 16, "elastic_config.borrower");
@@ -156,7 +158,7 @@ int main(void) {
   CHECK(ec.size == sizeof ec && ec.version == SWIFTKV_ELASTIC_CONFIG_VERSION);
   CHECK(ec.window_ms == 60000 && ec.lease_ms == 10000 && ec.cuda_alloc == SWIFTKV_CUDA_ALLOC_AUTO);
   CHECK(ec.lender == NULL && ec.borrower == NULL && ec.clock == NULL && ec.flags == 0);
-  CHECK(ec.version == 2 && ec.reclaim_deadline_ms == 30000);
+  CHECK(ec.version == 3 && ec.reclaim_deadline_ms == 30000 && ec.host_granule_bytes == 0);
   swiftkv_layer_view lv = SWIFTKV_LAYER_VIEW_INIT;
   CHECK(lv.size == sizeof lv && lv.version == SWIFTKV_LAYER_VIEW_VERSION && lv.base == NULL);
   swiftkv_ctx_config cc = SWIFTKV_CTX_CONFIG_INIT;

@@ -499,6 +499,53 @@ static void test_bad_calls_change_nothing(void **state) {
   assert_same_stats(&before, &after);
 }
 
+/* A region in host granules of 8 KiB (two pages; the fixture's unit is 12 KiB): physical memory
+ * follows the granules that owned and lent units touch, a granule two units share stays while
+ * either holds it, and bytes survive lending, a scale-up into the lent tail and back. */
+static void test_host_granules(void **state) {
+  fixture *f = *state;
+  swiftkv_elastic_config c = small_config(f, 30, 6); /* 120 KiB: 15 granules */
+  c.host_granule_bytes = 8192;
+  swiftkv_elastic *e = NULL;
+  assert_ok(swiftkv_elastic_create(&e, f->ctx, &c));
+  swiftkv_elastic_stats s = stats(e);
+  assert_int_equal(s.memory_kind, SWIFTKV_MEMORY_HOST_GRANULES);
+  assert_int_equal(s.region_bytes, 30 * 4096);
+  assert_int_equal(s.committed_bytes, 3 * 8192); /* blocks 0-5, 24 KiB: granules 0-2 */
+  swiftkv_layer_view v0 = SWIFTKV_LAYER_VIEW_INIT;
+  assert_ok(swiftkv_elastic_layer_view(&v0, e, 0));
+  unsigned char *base = v0.base;
+  memset(base, 0x5a, 6 * 4096); /* the lender's own blocks */
+
+  /* Units 8-9 (blocks 24-29, bytes 96-120 KiB) are granules 12-14; unit 7 (blocks 21-23,
+   * 84-96 KiB) shares granule 10 with unit 6 and has granule 11 alone. */
+  swiftkv_lease a = SWIFTKV_LEASE_INIT, b = SWIFTKV_LEASE_INIT;
+  assert_ok(swiftkv_elastic_lend(&a, e, 2));
+  assert_int_equal(a.first_block, 24);
+  assert_int_equal(stats(e).committed_bytes, 6 * 8192);
+  assert_ok(swiftkv_elastic_lend(&b, e, 1));
+  assert_int_equal(b.first_block, 21);
+  assert_int_equal(stats(e).committed_bytes, 8 * 8192);
+  for (uint64_t i = 0; i < a.bytes; ++i) ((unsigned char *)a.data)[i] = (unsigned char)(i * 7);
+  memset(b.data, 0xb1, b.bytes);
+  assert_ok(swiftkv_elastic_release(e, b.id));
+  assert_int_equal(stats(e).committed_bytes, 6 * 8192); /* granules 10 and 11 went back */
+
+  /* The owned part grows over units 2-7 (free) without touching a byte of its own blocks. */
+  uint64_t blocks = 0, chunks = 0;
+  assert_ok(swiftkv_elastic_scale_for_request(&blocks, &chunks, e, 16 * 24));
+  assert_true(blocks > 0);
+  s = stats(e);
+  assert_true(s.owned_blocks > 6 && s.owned_blocks <= 24); /* units 8-9 stay lent */
+  assert_int_equal(s.committed_bytes, (s.owned_blocks * 4096 + 8191) / 8192 * 8192 + 3 * 8192);
+  for (uint64_t i = 0; i < 6 * 4096; ++i) assert_int_equal(base[i], 0x5a);
+  for (uint64_t i = 0; i < a.bytes; ++i) {
+    assert_int_equal(((unsigned char *)a.data)[i], (unsigned char)(i * 7));
+  }
+  assert_ok(swiftkv_elastic_release(e, a.id));
+  swiftkv_elastic_destroy(e);
+}
+
 static void expect_create_fails(swiftkv_ctx *ctx, const swiftkv_elastic_config *c,
                                 swiftkv_status status, const char *needle) {
   swiftkv_elastic *e = (swiftkv_elastic *)&e; /* any non-NULL value: it must stay */
@@ -540,8 +587,24 @@ static void test_create_rejects(void **state) {
   c.lender = &dev;
   expect_create_fails(f->ctx, &c, SWIFTKV_ENODEV, "device_mask");
   c = small_config(f, 30, 6);
-  c.version = 3;
-  expect_create_fails(f->ctx, &c, SWIFTKV_EVERSION, "config->version is 3");
+  c.version = 4;
+  expect_create_fails(f->ctx, &c, SWIFTKV_EVERSION, "config->version is 4");
+  c = small_config(f, 30, 6);
+  c.host_granule_bytes = 4096 + 512;
+  expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "host_granule_bytes (4608) is not a multiple");
+  c = small_config(f, 30, 6);
+  c.lender = &dev;
+  c.host_granule_bytes = 4096;
+  expect_create_fails(f->ctx, &c, SWIFTKV_EINVAL, "host regions only");
+  /* A version 2 struct (no host_granule_bytes) is read as one memfd, whatever lies past it. */
+  c = small_config(f, 30, 6);
+  c.version = 2;
+  c.size = (uint32_t)offsetof(swiftkv_elastic_config, host_granule_bytes);
+  c.host_granule_bytes = 4096 + 1; /* past its size: not read */
+  swiftkv_elastic *v2 = NULL;
+  assert_ok(swiftkv_elastic_create(&v2, f->ctx, &c));
+  assert_int_equal(stats(v2).memory_kind, SWIFTKV_MEMORY_HOST_MEMFD);
+  swiftkv_elastic_destroy(v2);
   /* A version 1 struct (no reclaim_deadline_ms) is read with the default deadline. */
   c = small_config(f, 30, 6);
   c.version = 1;
@@ -641,6 +704,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_wait_reclaims, setup, teardown),
       cmocka_unit_test_setup_teardown(test_bad_calls_change_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_create_rejects, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_host_granules, setup, teardown),
       cmocka_unit_test_setup_teardown(test_no_borrower, setup, teardown),
       cmocka_unit_test_setup_teardown(test_concurrent_lend_and_scale, setup, teardown),
   };
