@@ -40,7 +40,9 @@ void BorrowerSessions::add_to(PollSet &poll) {
 
 uint64_t BorrowerSessions::next_due_ns() const noexcept {
   uint64_t due = UINT64_MAX;
-  for (const auto &s : active_) due = std::min(due, s->next_heartbeat_ns);
+  for (const auto &s : active_) {
+    due = std::min({due, s->next_heartbeat_ns, s->queue.next_deadline_ns()});
+  }
   return due;
 }
 
@@ -155,6 +157,8 @@ void BorrowerSessions::on_command(const Command &c) {
 void BorrowerSessions::close_session(const std::shared_ptr<Session> &s) {
   stop_monitor(*s);
   s->sock.reset();
+  s->queue.clear();  // the memory passed for grants that will not come is closed
+  s->parked.clear();
   std::erase(active_, s);
 }
 
@@ -218,6 +222,13 @@ void BorrowerSessions::lose_lender(const std::shared_ptr<Session> &s, const std:
     }
     st_.stats.leases_lost += n;
     ++st_.stats.lenders_lost;
+    // Lends still waiting fail with the cause, not a bare "went away".
+    for (auto &[request, w] : s->lends) {
+      if (w.done) continue;
+      w.done = true;
+      w.status = SWIFTKV_EPEER;
+      w.message = "lost the lender: " + why;
+    }
     if (s->ep) --st_.stats.remote_lenders;
     for (auto it = st_.sessions.begin(); it != st_.sessions.end(); ++it) {
       if (it->second == s) {
@@ -249,7 +260,7 @@ void BorrowerSessions::on_session(const std::shared_ptr<Session> &sp) {
       continue;
     }
     if (!accept(s, *d.message)) continue;
-    if (handle(s, *d.message) && s.on_reclaim) s.on_reclaim();
+    if (handle(sp, *d.message) && s.on_reclaim) s.on_reclaim();
   }
 }
 
@@ -283,7 +294,8 @@ bool BorrowerSessions::accept(Session &s, const Message &m) {
   return true;
 }
 
-bool BorrowerSessions::handle(Session &s, const Message &m) {
+bool BorrowerSessions::handle(const std::shared_ptr<Session> &sp, const Message &m) {
+  Session &s = *sp;
   switch (type_of(m.payload)) {
     case MsgType::welcome: on_welcome(s, std::get<Welcome>(m.payload)); return false;
     case MsgType::refuse: {
@@ -293,7 +305,7 @@ bool BorrowerSessions::handle(Session &s, const Message &m) {
           "the lender \"" + s.name + "\" refused: " + r.message);
       return false;
     }
-    case MsgType::grant: on_grant(s, std::get<Grant>(m.payload)); return false;
+    case MsgType::grant: on_grant(sp, std::get<Grant>(m.payload)); return false;
     case MsgType::deny: on_deny(s, std::get<Deny>(m.payload)); return false;
     case MsgType::heartbeat_ack: return on_ack(s, std::get<HeartbeatAck>(m.payload));
     case MsgType::reclaim: return on_reclaim_asked(s, std::get<Reclaim>(m.payload));
@@ -302,6 +314,7 @@ bool BorrowerSessions::handle(Session &s, const Message &m) {
 }
 
 void BorrowerSessions::on_deny(Session &s, const Deny &dn) {
+  s.queue.discard(dn.request);  // pieces sent before the lender gave up on the lend
   std::lock_guard lock(st_.mu);
   const auto it = s.lends.find(dn.request);
   if (it == s.lends.end() || it->second.done) {
@@ -316,6 +329,13 @@ void BorrowerSessions::on_deny(Session &s, const Deny &dn) {
 }
 
 bool BorrowerSessions::on_reclaim_asked(Session &s, const Reclaim &r) {
+  // A lease whose memory is still coming is asked back once it is in (record_grant).
+  for (auto &[request, p] : s.parked) {
+    if (p.grant.lease == r.lease) {
+      p.reclaim = true;
+      return false;
+    }
+  }
   std::lock_guard lock(st_.mu);
   const auto it = s.leases.find(r.lease);
   if (it == s.leases.end() || it->second.lost) {
@@ -350,7 +370,8 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
             " blocks, " + std::to_string(u.borrower_chunks) + " chunks";
     }
   }
-  if (bad.empty() && (w.capacity_units == 0 || w.lease_ns == 0 || w.memory_kind > 2 ||
+  if (bad.empty() && (w.capacity_units == 0 || w.lease_ns == 0 ||
+                      w.memory_kind > static_cast<uint32_t>(MemoryKind::host_granules) ||
                       w.capacity_units > w.region_bytes / w.unit_bytes || w.identity.empty())) {
     bad = "its region description does not add up";
   }
@@ -369,6 +390,9 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
     fail_session(s, SWIFTKV_EPEER, e.what());
     return;
   }
+  // The region's own pieces (tag 0) follow on the fd channel, for the handshake to map.
+  s.queue = PieceQueue(w.region_bytes);
+  (void)s.queue.expect(0, std::nullopt, monotonic_ns() + kFdWaitNs);
   std::lock_guard lock(st_.mu);
   s.info = w;
   s.phase = Phase::awaiting_pieces;
@@ -423,32 +447,6 @@ void BorrowerSessions::add_remote_range(Session &s, const Grant &g) {
 
 namespace {
 
-// Checks a piece packet against what was asked for: its tag, one fd per piece, pieces inside
-// the region. Appends the pieces; returns the packets that follow, or an error.
-std::optional<uint32_t> take_pieces(FdPacket &p, uint64_t tag, uint64_t region_bytes,
-                                    std::vector<ExportedPiece> *out, std::string *error) {
-  std::optional<PiecePacket> pp = decode_pieces(p.bytes, error);
-  if (!pp) return std::nullopt;
-  if (pp->tag != tag || pp->pieces.size() != p.fds.size()) {
-    *error = "a piece packet for another request, or with the wrong number of fds";
-    return std::nullopt;
-  }
-  for (size_t i = 0; i < pp->pieces.size(); ++i) {
-    const WirePiece &w = pp->pieces[i];
-    if (w.size == 0 || w.offset > region_bytes || w.size > region_bytes - w.offset) {
-      *error = "a piece outside the region";
-      return std::nullopt;
-    }
-    ExportedPiece e;
-    e.offset = w.offset;
-    e.size = w.size;
-    e.generation = w.generation;
-    e.fd = std::move(p.fds[i]);
-    out->push_back(std::move(e));
-  }
-  return pp->more;
-}
-
 RegionExport export_of(const Welcome &w, std::vector<ExportedPiece> pieces) {
   RegionExport e;
   e.kind = static_cast<MemoryKind>(w.memory_kind);
@@ -462,37 +460,91 @@ RegionExport export_of(const Welcome &w, std::vector<ExportedPiece> pieces) {
 
 }  // namespace
 
-void BorrowerSessions::on_session_fd(const std::shared_ptr<Session> &sp) {
+void BorrowerSessions::on_session_fd(const std::shared_ptr<Session> &sp) { drain_fd(sp); }
+
+bool BorrowerSessions::drain_fd(const std::shared_ptr<Session> &sp) {
+  Session &s = *sp;
+  // Every packet waiting is taken now, whatever the session expects: the poll loop never waits
+  // on this channel, and a packet ahead of its grant is kept, not lost.
+  while (s.sock && s.fdconn && fd_pending(s.fdconn.get())) {
+    FdPacket p;
+    try {
+      p = fd_recv(s.fdconn.get(), 0);
+    } catch (const Error &e) {
+      p.closed = true;
+    }
+    if (p.closed) {
+      Phase phase;
+      {
+        std::lock_guard lock(st_.mu);
+        phase = s.phase;
+      }
+      if (phase == Phase::ready) {
+        lose_lender(sp, "its fd channel hung up");
+      } else {
+        fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" hung up in the handshake");
+        close_session(sp);
+      }
+      return false;
+    }
+    if (!on_piece_packet(sp, std::move(p))) return false;
+  }
+  return static_cast<bool>(s.sock);
+}
+
+bool BorrowerSessions::on_piece_packet(const std::shared_ptr<Session> &sp, FdPacket p) {
   Session &s = *sp;
   Phase phase;
   {
     std::lock_guard lock(st_.mu);
     phase = s.phase;
   }
-  FdPacket p;
+  // Tag 0 belongs to the handshake alone; a request's tag is wanted while its lend waits, stale
+  // once it was answered or given up, and foreign if this side never sent it.
+  const auto use = [&](uint64_t tag) {
+    using Use = PieceQueue::TagUse;
+    if (phase != Phase::ready) return tag == 0 ? Use::wanted : Use::foreign;
+    std::lock_guard lock(st_.mu);
+    if (tag == 0 || tag >= s.next_request) return Use::foreign;
+    const auto it = s.lends.find(tag);
+    return it != s.lends.end() && !it->second.done ? Use::wanted : Use::stale;
+  };
+  const PieceQueue::Result r = s.queue.add_packet(std::move(p), use);
+  switch (r.kind) {
+    case PieceQueue::Result::Kind::kept: return true;
+    case PieceQueue::Result::Kind::stale:
+      st_.drop("a piece packet for request " + std::to_string(r.tag) +
+               ", which was answered or given up already (its fds are closed)");
+      return true;
+    case PieceQueue::Result::Kind::error:
+      protocol_error(sp, "the lender \"" + s.name + "\" sent " + r.error);
+      return false;
+    case PieceQueue::Result::Kind::complete: break;
+  }
+  if (phase != Phase::ready) {
+    finish_handshake(sp);
+    return static_cast<bool>(s.sock);
+  }
+  const auto it = s.parked.find(r.tag);
+  if (it == s.parked.end()) {  // complete means its grant came: the queue says so
+    protocol_error(sp, "pieces for request " + std::to_string(r.tag) + " with no grant waiting");
+    return false;
+  }
+  const Session::Parked parked = it->second;
+  s.parked.erase(it);
+  finish_grant(sp, parked.grant, s.queue.take(r.tag), parked.reclaim);
+  return static_cast<bool>(s.sock);
+}
+
+void BorrowerSessions::finish_handshake(const std::shared_ptr<Session> &sp) {
+  Session &s = *sp;
+  std::vector<ExportedPiece> pieces = s.queue.take(0);
   try {
-    p = fd_recv(s.fdconn.get(), 0);
-  } catch (const Error &e) {
-    p.closed = true;
-  }
-  if (p.closed) {
-    if (phase == Phase::ready) return lose_lender(sp, "its fd channel hung up");
-    fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" hung up in the handshake");
-    return close_session(sp);
-  }
-  if (phase != Phase::awaiting_pieces) return st_.drop("an fd packet nobody asked for");
-  std::string error;
-  const std::optional<uint32_t> more = take_pieces(p, 0, s.info.region_bytes, &s.pieces, &error);
-  if (!more) {
-    fail_session(s, SWIFTKV_EPEER, "the lender \"" + s.name + "\" sent " + error);
-    return close_session(sp);
-  }
-  if (*more != 0) return;
-  try {
-    // A VMM region passes its granules with each grant: it is mapped at the first one.
+    // Memory passed per lease comes with each grant: it is mapped at the first one.
     std::shared_ptr<RegionMapping> m;
-    if (!(s.pieces.empty() && s.info.memory_kind == static_cast<uint32_t>(MemoryKind::cuda_vmm))) {
-      m = open_region(export_of(s.info, std::move(s.pieces)), s.device);
+    const auto kind = static_cast<MemoryKind>(s.info.memory_kind);
+    if (!(pieces.empty() && passed_per_lease(kind))) {
+      m = open_region(export_of(s.info, std::move(pieces)), s.device);
     }
     std::lock_guard lock(st_.mu);
     s.mapping = std::move(m);
@@ -507,7 +559,60 @@ void BorrowerSessions::on_session_fd(const std::shared_ptr<Session> &sp) {
   st_.cv.notify_all();
 }
 
-void BorrowerSessions::on_grant(Session &s, const Grant &g) {
+void BorrowerSessions::protocol_error(const std::shared_ptr<Session> &sp, const std::string &why) {
+  Phase phase;
+  {
+    std::lock_guard lock(st_.mu);
+    phase = sp->phase;
+  }
+  st_.count(&CoordStats::messages_dropped);
+  if (phase == Phase::ready) return lose_lender(sp, why);
+  fail_session(*sp, SWIFTKV_EPEER, why);
+  close_session(sp);
+}
+
+void BorrowerSessions::expire_pieces(const std::shared_ptr<Session> &sp, uint64_t now) {
+  Session &s = *sp;
+  if (s.queue.empty()) return;
+  for (const PieceQueue::Overdue &o : s.queue.overdue(now)) {
+    const std::string got = std::to_string(o.received) + " of " +
+                            (o.expected != 0 ? std::to_string(o.expected) : std::string("its")) +
+                            " piece packets in " + std::to_string(kFdWaitNs / 1'000'000) + " ms";
+    if (o.tag == 0) {
+      fail_session(s, SWIFTKV_EPEER,
+                   "the lender \"" + s.name + "\" passed its region's memory too slowly: " + got);
+      return close_session(sp);
+    }
+    s.queue.discard(o.tag);
+    const auto it = s.parked.find(o.tag);
+    if (it == s.parked.end()) continue;
+    const Grant g = it->second.grant;
+    s.parked.erase(it);
+    refuse_grant(s, g, SWIFTKV_EPEER,
+                 "no piece packet on the fd channel in time: the lender passed " + got +
+                     " for lease " + std::to_string(g.lease));
+  }
+  Phase phase;
+  {
+    std::lock_guard lock(st_.mu);
+    phase = s.phase;
+  }
+  if (phase != Phase::ready) return;
+  const auto use = [&](uint64_t tag) {
+    std::lock_guard lock(st_.mu);
+    const auto it = s.lends.find(tag);
+    return it != s.lends.end() && !it->second.done ? PieceQueue::TagUse::wanted
+                                                   : PieceQueue::TagUse::stale;
+  };
+  for (uint64_t tag : s.queue.unwanted(use)) {
+    const size_t n = s.queue.discard(tag);
+    st_.drop(std::to_string(n) + " piece packet(s) for request " + std::to_string(tag) +
+             ", which was answered or given up before its grant came (their fds are closed)");
+  }
+}
+
+void BorrowerSessions::on_grant(const std::shared_ptr<Session> &sp, const Grant &g) {
+  Session &s = *sp;
   uint64_t max_units = 0;
   uint64_t sent_ns = 0;
   bool known = false;
@@ -529,24 +634,80 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
       g.units > s.info.capacity_units - g.first_unit || known || g.lease == 0) {
     return refuse_grant(s, g, SWIFTKV_EPEER, "the lender granted a lease that does not add up");
   }
-  std::shared_ptr<RegionMapping> mapping;
-  const bool remote = static_cast<bool>(s.ep);  // set with the welcome, before any grant
-  try {
-    if (remote) {
+  if (s.ep) {  // set with the welcome, before any grant
+    try {
       add_remote_range(s, g);
-    } else {
-      mapping = map_grant(s, g, receive_pieces(s, g));
+    } catch (const Error &e) {
+      return refuse_grant(s, g, e.status(), e.what());
     }
-  } catch (const Error &e) {
-    return refuse_grant(s, g, e.status(), e.what());
+    return record_grant(s, g, nullptr, sent_ns, false);
   }
-  std::lock_guard lock(st_.mu);
-  if (!remote) s.mapping = mapping;
+  // The lender writes a grant's pieces before the grant: they wait in the socket now unless the
+  // lender stopped. Taking them first means a grant rarely waits, and then only for a slow peer.
+  if (g.pieces != 0 && !drain_fd(sp)) return;
+  // The pieces may have come already, or come later: the queue keeps whichever is first.
+  const PieceQueue::Result r = s.queue.expect(g.request, g.pieces, monotonic_ns() + kFdWaitNs);
+  switch (r.kind) {
+    case PieceQueue::Result::Kind::complete:
+      return finish_grant(sp, g, s.queue.take(g.request), false);
+    case PieceQueue::Result::Kind::kept: s.parked[g.request] = Session::Parked{g, false}; return;
+    default: {
+      const std::string why = "the lender \"" + s.name + "\" sent " + r.error;
+      refuse_grant(s, g, SWIFTKV_EPEER, why);
+      return protocol_error(sp, why);
+    }
+  }
+}
+
+void BorrowerSessions::finish_grant(const std::shared_ptr<Session> &sp, const Grant &g,
+                                    std::vector<ExportedPiece> pieces, bool reclaim) {
+  Session &s = *sp;
+  std::optional<uint64_t> sent_ns;
+  {
+    std::lock_guard lock(st_.mu);
+    const auto it = s.lends.find(g.request);
+    if (it != s.lends.end() && !it->second.done) sent_ns = it->second.sent_ns;
+  }
+  if (!sent_ns) {  // given up while its pieces came: nothing is mapped
+    log_warn("coordinator: the lend for lease " + std::to_string(g.lease) +
+             " was given up before its memory came; giving it back");
+    return refuse_grant(s, g, SWIFTKV_EPEER, "");
+  }
+  std::shared_ptr<RegionMapping> mapping;
+  try {
+    mapping = map_grant(s, g, std::move(pieces));
+  } catch (const Error &e) {
+    if (e.status() != SWIFTKV_EINVAL && e.status() != SWIFTKV_EPEER) {
+      return refuse_grant(s, g, e.status(), e.what());  // this side's trouble (memory, driver)
+    }
+    // Pieces that do not fit the region (their size, their granule) are the lender's doing.
+    const std::string why = "the lender \"" + s.name + "\" passed memory that does not fit: " +
+                            e.what();
+    refuse_grant(s, g, SWIFTKV_EPEER, why);
+    return protocol_error(sp, why);
+  }
+  record_grant(s, g, mapping, *sent_ns, reclaim);
+}
+
+void BorrowerSessions::record_grant(Session &s, const Grant &g,
+                                    const std::shared_ptr<RegionMapping> &mapping,
+                                    uint64_t sent_ns, bool reclaim) {
+  const bool remote = mapping == nullptr;
+  std::unique_lock lock(st_.mu);
   const auto it = s.lends.find(g.request);
+  if (it == s.lends.end() || it->second.done) {
+    // The caller gave up while the grant was mapped: the hold goes, the lease goes back.
+    lock.unlock();
+    if (mapping) mapping->drop(g.first_unit * s.info.unit_bytes, g.units * s.info.unit_bytes);
+    if (remote) s.ep->remove_range(g.lease);
+    return refuse_grant(s, g, SWIFTKV_EPEER, "");
+  }
+  if (!remote) s.mapping = mapping;
   MirrorLease l;
   l.first_unit = g.first_unit;
   l.units = g.units;
   l.deadline_ns = sent_ns + s.info.lease_ns;  // the lender's lease began after the lend was sent
+  l.reclaim = reclaim;
   s.leases[g.lease] = l;
   it->second.done = true;
   it->second.grant.lease_id = g.lease;
@@ -556,17 +717,22 @@ void BorrowerSessions::on_grant(Session &s, const Grant &g) {
     it->second.grant.data = s.mapping->data() + g.first_unit * s.info.unit_bytes;
     it->second.grant.device = s.mapping->device();
   }
+  lock.unlock();
   st_.cv.notify_all();
+  if (reclaim && s.on_reclaim) s.on_reclaim();
 }
 
 void BorrowerSessions::refuse_grant(Session &s, const Grant &g, swiftkv_status st,
                                     const std::string &why) {
-  // A lease this side cannot use goes straight back, so the lender does not wait a lease out.
+  // A lease this side cannot use goes straight back, so the lender does not wait a lease out;
+  // whatever of its memory came is closed, and what comes later is a stale packet.
+  s.queue.discard(g.request);
+  s.parked.erase(g.request);
   send(s, Release{g.lease});
   std::lock_guard lock(st_.mu);
   ++st_.stats.grants_refused;
   const auto it = s.lends.find(g.request);
-  if (it == s.lends.end()) {
+  if (it == s.lends.end() || it->second.done) {  // given up, or answered by an earlier message
     ++st_.stats.messages_dropped;
     return;
   }
@@ -574,26 +740,6 @@ void BorrowerSessions::refuse_grant(Session &s, const Grant &g, swiftkv_status s
   it->second.status = st;
   it->second.message = why;
   st_.cv.notify_all();
-}
-
-std::vector<ExportedPiece> BorrowerSessions::receive_pieces(Session &s, const Grant &g) {
-  std::vector<ExportedPiece> pieces;
-  for (uint32_t i = 0; i < g.pieces; ++i) {
-    FdPacket p;
-    try {
-      p = fd_recv(s.fdconn.get(), kFdWaitMs);
-    } catch (const Error &e) {
-      fail(SWIFTKV_EPEER, e.what());  // whatever went wrong on the channel, the peer broke it
-    }
-    if (p.closed) fail(SWIFTKV_EPEER, "the lender hung up while passing memory");
-    std::string error;
-    const std::optional<uint32_t> more =
-        take_pieces(p, g.request, s.info.region_bytes, &pieces, &error);
-    if (!more || *more != g.pieces - i - 1) {
-      fail(SWIFTKV_EPEER, "the lender sent " + (error.empty() ? "too few pieces" : error));
-    }
-  }
-  return pieces;
 }
 
 std::shared_ptr<RegionMapping> BorrowerSessions::map_grant(Session &s, const Grant &g,
@@ -655,6 +801,8 @@ void BorrowerSessions::heartbeats(uint64_t now) {
   std::vector<std::shared_ptr<Session>> sessions_now = active_;
   for (const auto &sp : sessions_now) {
     Session &s = *sp;
+    if (!s.sock) continue;
+    expire_pieces(sp, now);
     if (!s.sock) continue;
     std::vector<uint64_t> ids;
     bool notify = false;

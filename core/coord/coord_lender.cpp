@@ -350,8 +350,8 @@ void LenderService::on_auth(UniqueFd fd) {
   if (!region) return;  // its region went away: the session's lends are denied
   try {
     uint32_t packets = 0;
-    // memfd: the whole file, mapped once; VMM: nothing yet (each grant brings its granules);
-    // CUDA IPC: the handle went in the welcome.
+    // memfd: the whole file, mapped once; VMM and host granules: nothing yet (each grant
+    // brings its granules); CUDA IPC: the handle went in the welcome.
     const RegionExport e = region->export_range(0, 0);
     send_pieces(srv->fdconn.get(), 0, e, &packets);
   } catch (const Error &e) {
@@ -425,7 +425,7 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
       }
       return deny(SWIFTKV_EPEER, std::string("registering the lease with UCX failed: ") + e.what());
     }
-  } else if (region->memory().kind() == MemoryKind::cuda_vmm) {
+  } else if (passed_per_lease(region->memory().kind())) {
     try {
       const RegionExport e =
           region->export_range(region->lease_offset(lease), lease.units * region->unit_bytes());

@@ -33,6 +33,7 @@
 #include "core/common/log.hpp"
 #include "core/common/unique_fd.hpp"
 #include "core/coord/coordinator.hpp"
+#include "core/coord/piece_queue.hpp"
 #include "core/coord/ucx_helper.hpp"
 #include "core/coord/wire.hpp"
 #include "core/memory/memory_region.hpp"
@@ -40,7 +41,9 @@
 
 namespace swiftkv::coord {
 
-inline constexpr int kFdWaitMs = 2000;  // the pieces of a grant are written before it: never long
+// How long a grant (or the handshake) waits for the fd packets it names once it has come. The
+// lender writes them before it sends the grant, so only a lender that stopped takes this long.
+inline constexpr uint64_t kFdWaitNs = 2'000'000'000;
 inline constexpr size_t kMaxServed = 4096;  // borrower sessions one context serves at most
 
 inline WireGeometry wire_geometry(const ModelGeometry &g) {
@@ -245,7 +248,15 @@ struct Session {
   uint64_t send_seq = 0, recv_seq = 0;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
   uint64_t next_heartbeat_ns = 0;
-  std::vector<ExportedPiece> pieces;  // the handshake's, as they arrive
+  // Memory pieces from the fd channel by request tag (0: the handshake's) until the message that
+  // asks for them and all their packets are in, whichever came first (piece_queue.hpp); and the
+  // grants waiting for their pieces, by request.
+  PieceQueue queue{0};
+  struct Parked {
+    Grant grant;
+    bool reclaim = false;  // the lender asked the lease back before its memory was all in
+  };
+  std::map<uint64_t, Parked> parked;
   // A session over UCX (its welcome carried a UCX address): set with the welcome, under mu, then
   // never changed. Its leases are not mapped; each has a range on the endpoint, by lease id.
   std::shared_ptr<transport::UcxEndpoint> ep;
@@ -368,18 +379,35 @@ class BorrowerSessions {
   // A decoded message in order, of this epoch, and one this phase expects; else dropped.
   bool accept(Session &s, const Message &m);
   // Acts on an accepted message; true when the engine's reclaim callback is due.
-  bool handle(Session &s, const Message &m);
+  bool handle(const std::shared_ptr<Session> &s, const Message &m);
   void on_deny(Session &s, const Deny &d);
   bool on_reclaim_asked(Session &s, const Reclaim &r);
   void on_session_fd(const std::shared_ptr<Session> &s);
+  // One packet from the fd channel into the session's queue; false when it ended the session.
+  bool on_piece_packet(const std::shared_ptr<Session> &s, FdPacket p);
+  // The handshake's pieces are all in: the region is mapped (or, passed per lease, not yet).
+  void finish_handshake(const std::shared_ptr<Session> &s);
+  // A grant whose pieces are all in: mapped and recorded, or given back.
+  void finish_grant(const std::shared_ptr<Session> &s, const Grant &g,
+                    std::vector<ExportedPiece> pieces, bool reclaim);
+  // A grant usable on this side: the lease mirrored (asked back already if `reclaim`), its lend
+  // answered (mapping null: UCX).
+  void record_grant(Session &s, const Grant &g, const std::shared_ptr<RegionMapping> &mapping,
+                    uint64_t sent_ns, bool reclaim);
+  // Takes every packet the fd channel holds now into the queue; false when that ended the
+  // session.
+  bool drain_fd(const std::shared_ptr<Session> &s);
+  // Grants whose pieces did not come in time are given back; pieces nobody waits for any more
+  // are closed.
+  void expire_pieces(const std::shared_ptr<Session> &s, uint64_t now);
+  // A peer that broke the protocol: the handshake fails, or a ready session loses its lender.
+  void protocol_error(const std::shared_ptr<Session> &s, const std::string &why);
   void on_monitor(const std::shared_ptr<Session> &s);
   void stop_monitor(Session &s) noexcept;
   void on_welcome(Session &s, const Welcome &w);
-  void on_grant(Session &s, const Grant &g);
+  void on_grant(const std::shared_ptr<Session> &s, const Grant &g);
   // Gives a lease this side cannot use straight back and fails its lend with `why`.
   void refuse_grant(Session &s, const Grant &g, swiftkv_status st, const std::string &why);
-  // The grant's memory pieces from the fd channel; EPEER when they do not come or add up.
-  std::vector<ExportedPiece> receive_pieces(Session &s, const Grant &g);
   // The session's mapping with the grant's pieces adopted and its units held.
   std::shared_ptr<RegionMapping> map_grant(Session &s, const Grant &g,
                                            std::vector<ExportedPiece> pieces);

@@ -140,6 +140,11 @@ FdPacket fd_recv(int sock, int timeout_ms) {
   return out;
 }
 
+bool fd_pending(int sock) noexcept {
+  pollfd p{sock, POLLIN, 0};
+  return ::poll(&p, 1, 0) > 0 && p.revents != 0;
+}
+
 bool fd_peer_gone(int sock) noexcept {
   pollfd p{sock, POLLRDHUP, 0};
   return ::poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;

@@ -36,6 +36,9 @@ struct FdPacket {
 // none came, Error(EPEER) for a truncated packet or a socket error.
 FdPacket fd_recv(int sock, int timeout_ms);
 
+// True when a packet (or the peer's hang-up) waits to be received (checked without blocking).
+bool fd_pending(int sock) noexcept;
+
 // True when the peer of a connected socket hung up (checked without blocking).
 bool fd_peer_gone(int sock) noexcept;
 
