@@ -681,8 +681,8 @@ void BorrowerSessions::finish_grant(const std::shared_ptr<Session> &sp, const Gr
       return refuse_grant(s, g, e.status(), e.what());  // this side's trouble (memory, driver)
     }
     // Pieces that do not fit the region (their size, their granule) are the lender's doing.
-    const std::string why = "the lender \"" + s.name + "\" passed memory that does not fit: " +
-                            e.what();
+    const std::string why =
+        "the lender \"" + s.name + "\" passed memory that does not fit: " + e.what();
     refuse_grant(s, g, SWIFTKV_EPEER, why);
     return protocol_error(sp, why);
   }
@@ -690,8 +690,8 @@ void BorrowerSessions::finish_grant(const std::shared_ptr<Session> &sp, const Gr
 }
 
 void BorrowerSessions::record_grant(Session &s, const Grant &g,
-                                    const std::shared_ptr<RegionMapping> &mapping,
-                                    uint64_t sent_ns, bool reclaim) {
+                                    const std::shared_ptr<RegionMapping> &mapping, uint64_t sent_ns,
+                                    bool reclaim) {
   const bool remote = mapping == nullptr;
   std::unique_lock lock(st_.mu);
   const auto it = s.lends.find(g.request);

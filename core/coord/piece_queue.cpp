@@ -21,8 +21,7 @@ void PieceQueue::forget(std::map<uint64_t, Entry>::iterator it) noexcept {
   entries_.erase(it);  // closes the fds
 }
 
-PieceQueue::Result PieceQueue::add_packet(FdPacket p,
-                                          const std::function<TagUse(uint64_t)> &use) {
+PieceQueue::Result PieceQueue::add_packet(FdPacket p, const std::function<TagUse(uint64_t)> &use) {
   std::string error;
   const std::optional<PiecePacket> pp = decode_pieces(p.bytes, &error);
   if (!pp) return Result{Result::Kind::error, 0, error};
@@ -54,25 +53,24 @@ PieceQueue::Result PieceQueue::add_packet(FdPacket p,
                              " says " + std::to_string(pp->more) + " follow");
   }
   // Pieces ascend without overlap, inside the region, after the tag's earlier ones.
-  uint64_t floor = e != nullptr && !e->pieces.empty()
-                       ? e->pieces.back().offset + e->pieces.back().size
-                       : 0;
+  uint64_t floor =
+      e != nullptr && !e->pieces.empty() ? e->pieces.back().offset + e->pieces.back().size : 0;
   uint64_t bytes = 0;
   for (const WirePiece &w : pp->pieces) {
     if (w.size == 0 || w.offset > region_bytes_ || w.size > region_bytes_ - w.offset) {
-      return fail_tag(tag, "a piece outside the region (offset " + std::to_string(w.offset) +
-                               ", " + std::to_string(w.size) + " bytes)");
+      return fail_tag(tag, "a piece outside the region (offset " + std::to_string(w.offset) + ", " +
+                               std::to_string(w.size) + " bytes)");
     }
     if (w.offset < floor) {
-      return fail_tag(tag, "pieces that overlap or do not ascend (offset " +
-                               std::to_string(w.offset) + ")");
+      return fail_tag(
+          tag, "pieces that overlap or do not ascend (offset " + std::to_string(w.offset) + ")");
     }
     floor = w.offset + w.size;
     bytes += w.size;
   }
   if (packets_ + 1 > kMaxQueuedPackets || fds_ + p.fds.size() > kMaxQueuedFds ||
       bytes_ + bytes > 2 * region_bytes_) {
-    return fail_tag(tag, "more memory passed ahead of its grants than a session may hold (" +
+    return fail_tag(tag, "more memory ahead of its grants than a session may hold (" +
                              std::to_string(packets_ + 1) + " packets, " +
                              std::to_string(fds_ + p.fds.size()) + " fds, " +
                              std::to_string(bytes_ + bytes) + " bytes)");
@@ -98,11 +96,11 @@ PieceQueue::Result PieceQueue::add_packet(FdPacket p,
 PieceQueue::Result PieceQueue::expect(uint64_t tag, std::optional<uint32_t> packets,
                                       uint64_t deadline_ns) {
   Entry &e = entries_[tag];
-  if (e.asked) return fail_tag(tag, "a second message for request " + std::to_string(tag));
+  if (e.asked) return fail_tag(tag, "a second grant for request " + std::to_string(tag));
   if (packets && e.expected && *e.expected != *packets) {
-    return fail_tag(tag, "the grant for request " + std::to_string(tag) + " names " +
-                             std::to_string(*packets) + " piece packets, its first packet " +
-                             std::to_string(*e.expected));
+    return fail_tag(tag, "a grant for request " + std::to_string(tag) + " naming " +
+                             std::to_string(*packets) + " piece packets where its first packet " +
+                             "named " + std::to_string(*e.expected));
   }
   if (packets) e.expected = *packets;
   e.asked = true;

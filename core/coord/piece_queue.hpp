@@ -85,9 +85,9 @@ class PieceQueue {
  private:
   struct Entry {
     std::vector<ExportedPiece> pieces;
-    uint32_t received = 0;            // packets
-    std::optional<uint32_t> expected; // packets in all, from the first packet or the message
-    bool asked = false;               // the message came
+    uint32_t received = 0;             // packets
+    std::optional<uint32_t> expected;  // packets in all, from the first packet or the message
+    bool asked = false;                // the message came
     uint64_t deadline_ns = 0;
     uint64_t bytes = 0;
   };

@@ -214,7 +214,6 @@ class ImportedHostRegion final : public RegionMapping {
   MemfdMapping map_;
 };
 
-
 // An address range reserved with no access and no memory behind it; granules are mapped into it
 // in place (MAP_FIXED) and unmapped by mapping the reservation back over them.
 class Reservation {
@@ -243,8 +242,8 @@ class Reservation {
   // Puts the reservation back over [offset, offset + n): the granule's memory is no longer
   // reachable here, and goes once nobody else maps it.
   void unmap(uint64_t offset, uint64_t n) noexcept {
-    (void)::mmap(base_ + offset, n, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
-                 -1, 0);
+    (void)::mmap(base_ + offset, n, PROT_NONE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
   }
 
  private:
@@ -368,11 +367,11 @@ class GranularHostRegion final : public MemoryRegion {
   const bool page_lock_;
   const std::string name_;
   mutable std::mutex mu_;
-  std::vector<UniqueFd> fds_;            // guarded by mu_: one per committed granule
-  std::vector<uint64_t> generations_;    // guarded by mu_
-  std::vector<uint8_t> locked_;          // guarded by mu_: page-locked granules
-  uint64_t committed_ = 0;               // guarded by mu_
-  uint64_t next_generation_ = 0;         // guarded by mu_
+  std::vector<UniqueFd> fds_;          // guarded by mu_: one per committed granule
+  std::vector<uint64_t> generations_;  // guarded by mu_
+  std::vector<uint8_t> locked_;        // guarded by mu_: page-locked granules
+  uint64_t committed_ = 0;             // guarded by mu_
+  uint64_t next_generation_ = 0;       // guarded by mu_
   const std::string identity_;
 };
 
@@ -459,8 +458,7 @@ std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o) {
   if (o.size == 0) fail_invalid("host region size is 0");
   if (o.granule % page_size() != 0) {
     fail_invalid("a host granule of " + std::to_string(o.granule) +
-                 " bytes is not a multiple of the page size (" + std::to_string(page_size()) +
-                 ")");
+                 " bytes is not a multiple of the page size (" + std::to_string(page_size()) + ")");
   }
   auto r = std::make_shared<GranularHostRegion>(o);
   register_region(r->identity(), r);

@@ -11,12 +11,14 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csetjmp>
@@ -26,13 +28,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/common/error.hpp"
 #include "core/coord/coordinator.hpp"
 #include "core/coord/fd_channel.hpp"
 #include "core/coord/wire.hpp"
+#include "core/memory/memory_region.hpp"
 #include "core/transport/ucx_transport.hpp"
 #include "swiftkv/swiftkv.h"
 
@@ -55,7 +60,12 @@ bool g_ucx = false;
 // test_remote_netns (tests/integration/remote_netns.sh) runs this binary in one network namespace
 // with these set: children (lenders, and the killed borrower) run in the other namespace, joined
 // by a veth pair, and every context is left to choose its path (UCX, since the namespaces differ).
-const char *g_netns = nullptr;        // the children's namespace
+const char *g_netns = nullptr;  // the children's namespace
+// SWIFTKV_TEST_COORD_GRANULES=1 (ctest's test_coord_granules): every lender's region is host
+// memory in granules of four pages, passed to a borrower with each grant as VMM device memory is,
+// so that the per-grant path of the fd channel runs without a GPU. Four pages do not divide the
+// 24 KiB lending unit: leases share granules.
+bool g_granules = false;
 std::string g_there, g_here, g_link;  // its address, this namespace's address, this veth end
 
 // Borrower: 2 layers, 2 KV heads, head dim 16, 32-token chunks: 8 KiB a chunk. Lender: 3 layers,
@@ -301,6 +311,7 @@ swiftkv_status lender_up(Lender *l, const std::string &endpoint, uint64_t lease_
   ec.capacity_blocks = kCapacityBlocks;
   ec.owned_blocks = kOwnedBlocks;
   ec.lease_ms = lease_ms;
+  if (g_granules) ec.host_granule_bytes = 4 * static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   st = swiftkv_elastic_create(&l->e, l->ctx, &ec);
   if (st != SWIFTKV_OK) return st;
   l->endpoint = endpoint;
@@ -894,13 +905,23 @@ void lender_drops_bad_messages(void **) {
   swiftkv::UniqueFd fdc = co::fd_connect(w.fd_socket);
   co::fd_send(fdc.get(), co::encode_auth(co::FdAuth{w.session, w.token}), {});
   co::FdPacket p = co::fd_recv(fdc.get(), 2000);
-  assert_int_equal(p.fds.size(), 1);
+  assert_int_equal(p.fds.size(), g_granules ? 0 : 1);  // granules come with each grant
 
   // A lend, granted; the same message again (a duplicate) and an older one (a replay): dropped.
   zsend(sock, wire(6, co::Lend{2, 4}));
   a = zrecv(sock);
   const co::Grant gr = std::get<co::Grant>(a.payload);
   assert_int_equal(gr.units, 4);
+  if (g_granules) {  // the lease's granules came before the grant, under its request's tag
+    assert_int_equal(gr.pieces, 1);
+    p = co::fd_recv(fdc.get(), 2000);
+    std::string error;
+    const auto pp = co::decode_pieces(p.bytes, &error);
+    assert_true(pp.has_value());
+    assert_int_equal(pp->tag, 2);
+    assert_int_equal(pp->more, 0);
+    assert_true(!p.fds.empty() && p.fds.size() == pp->pieces.size());
+  }
   zsend(sock, wire(6, co::Lend{2, 4}));
   zsend(sock, wire(5, co::Lend{3, 4}));
   // Releases of a lease the session does not hold, and a heartbeat naming it: no effect.
@@ -1193,6 +1214,490 @@ void many_lenders_and_borrowers(void **) {
   lender_down(&l1);
 }
 
+// Six borrower contexts borrow from one lender at once, unit by unit, and store and read back
+// their conversations while the lender takes its whole region back: grants, their pieces and
+// reclaims interleave across sessions. Every read is bit-exact, every lend succeeds or finds
+// nothing free (ENOMEM), and every lease comes back acked.
+void many_borrowers_many_grants(void **) {
+  const std::string ep = fresh_endpoint("many-grants");
+  Child lender = spawn_lender(ep);
+  constexpr int kBorrowers = 6, kLends = 5;
+  std::atomic<int> wrong{0}, refused{0}, granted{0};
+  std::vector<Borrower> bs(kBorrowers);
+  for (Borrower &b : bs) borrower_up(&b, 64 * kChunkBytes);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kBorrowers; ++i) {
+    threads.emplace_back([&, i] {
+      Borrower &b = bs[static_cast<size_t>(i)];
+      for (int k = 0; k < kLends; ++k) {
+        uint64_t lease = 0;
+        const swiftkv_status st =
+            swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1);
+        if (st == SWIFTKV_OK) {
+          ++granted;
+        } else if (st == SWIFTKV_ENOMEM) {
+          ++refused;
+        } else {
+          ++wrong;
+        }
+        const uint32_t conv = 100 + static_cast<uint32_t>(i * kLends + k);
+        const auto tokens = tokens_of(conv, 3);
+        const auto kv = kv_of(conv, 3);
+        uint64_t n = 0;
+        if (swiftkv_store(&n, b.ctx, b.model, tokens.data(), tokens.size(), kv.data(), kv.size()) !=
+            SWIFTKV_OK) {
+          ++wrong;
+        }
+        std::vector<uint8_t> got(kv.size());
+        for (int j = 0; j <= k; ++j) {  // every conversation so far, wherever it went
+          const uint32_t c = 100 + static_cast<uint32_t>(i * kLends + j);
+          const auto t = tokens_of(c, 3);
+          const auto want = kv_of(c, 3);
+          if (swiftkv_retrieve(&n, b.ctx, b.model, t.data(), t.size(), 0, got.data(), got.size()) !=
+                  SWIFTKV_OK ||
+              std::memcmp(got.data(), want.data(), n / kChunkTokens * kChunkBytes) != 0) {
+            ++wrong;
+          }
+        }
+      }
+    });
+  }
+  // Once a dozen units are lent, the lender takes its whole region back while lends go on:
+  // every lease is asked back, and later lends find nothing free.
+  for (int i = 0; i < 10000 && granted.load() < 2 * kBorrowers; ++i) sleep_ms(1);
+  const std::string r = ask(lender, "scale " + std::to_string(kCapacityBlocks * 16));
+  assert_int_equal(std::atoi(r.c_str()), SWIFTKV_IN_PROGRESS);
+  for (std::thread &t : threads) t.join();
+  assert_int_equal(wrong.load(), 0);
+  assert_int_equal(granted.load() + refused.load(), kBorrowers * kLends);
+  assert_true(granted.load() >= 2 * kBorrowers);
+  assert_string_equal(ask(lender, "settle 10000").c_str(), "0\n");
+  const LenderView v = lender_view(lender);
+  assert_int_equal(v.owned, kCapacityBlocks);
+  assert_int_equal(v.lent + v.leases, 0);
+  assert_int_equal(v.sessions, kBorrowers);
+  assert_true(v.reclaims_sent >= 1);  // (a lease a borrower's tier could not take went back)
+  assert_int_equal(v.reclaims_acked, v.reclaims_sent);
+  for (Borrower &b : bs) assert_int_equal(lent_capacity(cache_stats(b)), 0);
+  for (Borrower &b : bs) swiftkv_ctx_destroy(b.ctx);
+  end_child(&lender, false);
+}
+
+// --- The two channels in every order ------------------------------------------------------------
+
+// A lender played by the test: a ROUTER socket and an fd channel spoken by hand, so that which of
+// a grant's two halves (the ZeroMQ message, the fd packets) arrives first, and what they carry,
+// are the test's to choose. Its region is host memory in granules of one page, one memfd each,
+// as a real lender's with host_granule_bytes: kUnits units of one borrower chunk.
+struct FakeLender {
+  static constexpr uint64_t kUnits = 8;
+  std::string endpoint;
+  void *zctx = nullptr, *router = nullptr;
+  swiftkv::UniqueFd listener, conn;
+  std::string fd_name, id;
+  uint64_t seq = 0, next_lease = 1, next_unit = 0;
+  uint64_t granule = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  std::vector<swiftkv::UniqueFd> memory;  // one memfd per granule, named swiftkv-fake
+  std::vector<uint64_t> released;         // leases the borrower gave back
+
+  FakeLender() : endpoint(fresh_endpoint("fake")) {
+    zctx = zmq_ctx_new();
+    router = zmq_socket(zctx, ZMQ_ROUTER);
+    const int zero = 0;
+    zmq_setsockopt(router, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_bind(router, endpoint.c_str()) != 0) std::abort();
+    listener = co::fd_listen(&fd_name);
+    for (uint64_t i = 0; i < region_bytes() / granule; ++i) {
+      memory.emplace_back(::memfd_create("swiftkv-fake", MFD_CLOEXEC));
+      if (::ftruncate(memory.back().get(), static_cast<off_t>(granule)) != 0) std::abort();
+    }
+  }
+  ~FakeLender() {
+    zmq_close(router);
+    zmq_ctx_term(zctx);
+  }
+  static uint64_t region_bytes() { return kUnits * kChunkBytes; }
+
+  void reply(co::Payload p) {
+    const std::vector<uint8_t> b = wire(++seq, std::move(p));
+    zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
+    zmq_send(router, b.data(), b.size(), 0);
+  }
+  // The borrower's next message other than a heartbeat (answered: every lease, a minute left).
+  // Returns false when none comes within `ms`.
+  bool next(co::Message *out, int ms = 5000) {
+    const uint64_t end = now_ms() + static_cast<uint64_t>(ms);
+    while (now_ms() < end) {
+      zmq_pollitem_t it{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&it, 1, 20) != 1) continue;
+      char rid[256];
+      const int n = zmq_recv(router, rid, sizeof rid, 0);
+      std::vector<uint8_t> b(co::kMaxMessageBytes);
+      const int m = zmq_recv(router, b.data(), b.size(), 0);
+      if (n <= 0 || m <= 0) continue;
+      b.resize(static_cast<size_t>(m));
+      co::Decoded d = co::decode(b);
+      if (!d.message) continue;
+      id.assign(rid, static_cast<size_t>(n));
+      if (const auto *h = std::get_if<co::Heartbeat>(&d.message->payload)) {
+        co::HeartbeatAck ack;
+        ack.echo = d.message->seq;
+        for (uint64_t l = 1; l < next_lease; ++l) {
+          if (std::find(released.begin(), released.end(), l) == released.end()) {
+            ack.leases.push_back(co::LeaseState{l, 60'000'000'000ull, false});
+          }
+        }
+        (void)h;
+        reply(std::move(ack));
+        continue;
+      }
+      if (const auto *r = std::get_if<co::Release>(&d.message->payload))
+        released.push_back(r->lease);
+      *out = *d.message;
+      return true;
+    }
+    return false;
+  }
+  // The hello, the welcome, the fd channel's auth and the handshake's (empty) packet.
+  bool handshake() {
+    co::Message m;
+    if (!next(&m) || !std::holds_alternative<co::Hello>(m.payload)) return false;
+    co::Welcome w;
+    w.session = 1;
+    w.token[0] = 42;
+    w.fd_socket = fd_name;
+    w.lender = wire_borrower();  // one 16-token block is half a chunk: a unit is one chunk
+    w.borrower = wire_borrower();
+    w.unit_blocks = 2;
+    w.unit_chunks = 1;
+    w.unit_bytes = kChunkBytes;
+    w.capacity_units = kUnits;
+    w.lease_ns = 60'000'000'000ull;
+    w.memory_kind = static_cast<uint32_t>(swiftkv::MemoryKind::host_granules);
+    w.region_bytes = region_bytes();
+    w.identity = "fake:" + endpoint;
+    reply(w);
+    for (int i = 0; i < 500 && !conn; ++i) {
+      conn = co::fd_accept(listener.get());
+      if (!conn) sleep_ms(10);
+    }
+    if (!conn) return false;
+    const co::FdPacket auth = co::fd_recv(conn.get(), 5000);
+    if (auth.closed) return false;
+    send_packet(co::PiecePacket{0, 0, {}}, {});
+    return true;
+  }
+  bool lend(co::Lend *out) {
+    co::Message m;
+    if (!next(&m) || !std::holds_alternative<co::Lend>(m.payload)) return false;
+    *out = std::get<co::Lend>(m.payload);
+    return true;
+  }
+  void send_packet(const co::PiecePacket &p, const std::vector<int> &fds) {
+    co::fd_send(conn.get(), co::encode_pieces(p), fds);
+  }
+  // The granules of units [first, first + units) as `packets` packets of `tag` (the last
+  // packets take what does not divide).
+  void send_granules(uint64_t tag, uint64_t first, uint64_t units, uint32_t packets) {
+    const uint64_t g0 = first * kChunkBytes / granule;
+    const uint64_t n = units * kChunkBytes / granule;
+    uint64_t sent = 0;
+    for (uint32_t k = 0; k < packets; ++k) {
+      const uint64_t take = k + 1 == packets ? n - sent : n / packets;
+      co::PiecePacket p{tag, packets - k - 1, {}};
+      std::vector<int> fds;
+      for (uint64_t i = g0 + sent; i < g0 + sent + take; ++i) {
+        p.pieces.push_back(co::WirePiece{i * granule, granule, 1});
+        fds.push_back(memory[i].get());
+      }
+      send_packet(p, fds);
+      sent += take;
+    }
+  }
+  co::Grant grant(const co::Lend &l, uint64_t units, uint32_t packets) {
+    co::Grant g{l.request, next_lease++, next_unit, units, packets, {}, 0};
+    next_unit += units;
+    return g;
+  }
+  // Whether a chunk of these bytes lies in the lent memory, at any chunk slot.
+  bool holds(const std::vector<uint8_t> &chunk) const {
+    std::vector<uint8_t> slot(kChunkBytes);
+    for (uint64_t u = 0; u < kUnits; ++u) {
+      for (uint64_t off = 0; off < kChunkBytes; off += granule) {
+        const uint64_t at = u * kChunkBytes + off;
+        if (::pread(memory[at / granule].get(), slot.data() + off, granule, 0) !=
+            static_cast<ssize_t>(granule)) {
+          return false;
+        }
+      }
+      if (std::memcmp(slot.data(), chunk.data(), kChunkBytes) == 0) return true;
+    }
+    return false;
+  }
+};
+
+// How many of this process's mappings are of the fake lender's memfds.
+int fake_mappings() {
+  FILE *f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return -1;
+  char line[512];
+  int n = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    n += std::strstr(line, "swiftkv-fake") != nullptr;
+  std::fclose(f);
+  return n;
+}
+
+int open_fds() {
+  int n = 0;
+  for (int fd = 0; fd < 4096; ++fd) n += ::fcntl(fd, F_GETFD) != -1;
+  return n;
+}
+
+// Four grants of two units each, their fd packets sent before the grant, right behind it, after
+// it, and split around it: every one is borrowed, the borrower's chunks land in the fake's own
+// memfds (the memory passed with the grants), and they load back bit-exact.
+void pieces_in_any_order(void **) {
+  FakeLender fake;
+  const char *orders[] = {"before", "with", "after", "split"};
+  std::atomic<bool> ok{false};
+  std::thread lender([&] {
+    if (!fake.handshake()) return;
+    for (const char *order : orders) {
+      co::Lend l;
+      if (!fake.lend(&l) || l.max_units != 2) return;
+      const std::string o = order;
+      const uint32_t packets = o == "split" ? 2 : 1;
+      const co::Grant g = fake.grant(l, 2, packets);
+      if (o == "before") {
+        fake.send_granules(l.request, g.first_unit, 2, packets);
+        sleep_ms(50);  // the packets wait in the borrower's socket, read before their grant
+        fake.reply(g);
+      } else if (o == "with") {
+        fake.send_granules(l.request, g.first_unit, 2, packets);
+        fake.reply(g);
+      } else if (o == "after") {
+        fake.reply(g);
+        sleep_ms(50);
+        fake.send_granules(l.request, g.first_unit, 2, packets);
+      } else {  // the first packet, the grant, then the second
+        const uint64_t half = kChunkBytes / fake.granule;  // one unit's granules
+        co::PiecePacket first{l.request, 1, {}};
+        std::vector<int> fds;
+        for (uint64_t i = 0; i < half; ++i) {
+          const uint64_t gi = g.first_unit * half + i;
+          first.pieces.push_back(co::WirePiece{gi * fake.granule, fake.granule, 1});
+          fds.push_back(fake.memory[gi].get());
+        }
+        fake.send_packet(first, fds);
+        fake.reply(g);
+        sleep_ms(50);
+        co::PiecePacket second{l.request, 0, {}};
+        fds.clear();
+        for (uint64_t i = half; i < 2 * half; ++i) {
+          const uint64_t gi = g.first_unit * half + i;
+          second.pieces.push_back(co::WirePiece{gi * fake.granule, fake.granule, 1});
+          fds.push_back(fake.memory[gi].get());
+        }
+        fake.send_packet(second, fds);
+      }
+    }
+    ok = true;
+    co::Message m;
+    while (fake.next(&m, 300)) {
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  for (size_t i = 0; i < 4; ++i) {
+    uint64_t lease = 0;
+    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 2));
+    assert_int_equal(lease, i + 1);
+  }
+  assert_int_equal(lent_capacity(cache_stats(b)), FakeLender::region_bytes());
+  store(b, 20, 8, 8 * kChunkTokens);
+  assert_int_equal(lent_found(lookup(b, 20, 8)), 8);
+  assert_int_equal(retrieve_checked(b, 20, 8), 8 * kChunkTokens);
+  const std::vector<uint8_t> kv = kv_of(20, 8);
+  for (size_t c = 0; c < 8; ++c) {
+    const std::vector<uint8_t> chunk(kv.begin() + c * kChunkBytes,
+                                     kv.begin() + (c + 1) * kChunkBytes);
+    if (!fake.holds(chunk)) fail_msg("chunk %zu is not in the memory the grants passed", c);
+  }
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.messages_dropped, 0);
+  assert_int_equal(cs.grants_refused, 0);
+  swiftkv_ctx_destroy(b.ctx);
+  lender.join();
+  assert_true(ok.load());
+  assert_int_equal(fake_mappings(), 0);  // the borrower's mappings went with its context
+}
+
+// Packets that do not add up, forged or surplus, a grant that disagrees with its packets,
+// memory that does not fit: the lend fails with EPEER naming the cause, the session is failed
+// (the lender counts as lost), nothing of the fake's memory stays mapped and no fd stays open.
+void forged_pieces_fail_the_session(void **) {
+  struct Case {
+    const char *what, *needle;
+  };
+  const Case cases[] = {
+      {"foreign tag", "which this borrower never asked for"},
+      {"surplus", "surplus piece packet"},
+      {"count", "naming 2 piece packets where its first packet named 1"},
+      {"fds", "1 pieces with 2 fds"},
+      {"outside", "a piece outside the region"},
+      {"overlap", "do not ascend"},
+      {"flood", "257 packets"},
+      {"too few", "without passing the memory"},
+      {"mixed sizes", "does not fit"},
+  };
+  const int fds_before = open_fds();
+  for (const Case &c : cases) {
+    auto fake_ptr = std::make_unique<FakeLender>();
+    FakeLender &fake = *fake_ptr;
+    const auto play = [&fake](const std::string &what) {
+      if (!fake.handshake()) return;
+      co::Lend l;
+      if (!fake.lend(&l)) return;
+      const uint64_t g = fake.granule;
+      const int m0 = fake.memory[0].get(), m1 = fake.memory[1].get();
+      co::Grant gr = fake.grant(l, 1, 1);
+      if (what == "foreign tag") {
+        fake.send_packet(co::PiecePacket{l.request + 100, 0, {{0, g, 1}}}, {m0});
+      } else if (what == "surplus") {
+        fake.send_granules(l.request, 0, 1, 1);
+        fake.send_granules(l.request, 0, 1, 1);
+      } else if (what == "count") {
+        fake.send_granules(l.request, 0, 1, 1);
+        gr.pieces = 2;
+      } else if (what == "fds") {
+        fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}}}, {m0, m1});
+      } else if (what == "outside") {
+        fake.send_packet(co::PiecePacket{l.request, 0, {{FakeLender::region_bytes(), g, 1}}}, {m0});
+      } else if (what == "overlap") {
+        fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}, {0, g, 1}}}, {m0, m1});
+      } else if (what == "flood") {
+        for (uint32_t k = 0; k < 300; ++k)
+          fake.send_packet(co::PiecePacket{l.request, 299 - k, {}}, {});
+        gr.pieces = 300;
+      } else if (what == "too few") {  // one granule of the unit's two (or more)
+        fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}}}, {m0});
+      } else {  // a granule of one page, then one of two
+        fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}, {g, 2 * g, 1}}}, {m0, m1});
+      }
+      fake.reply(gr);
+      co::Message m;
+      while (fake.next(&m, 300)) {
+      }
+    };
+    std::thread lender([&] {
+      try {
+        play(c.what);
+      } catch (const swiftkv::Error &) {
+        // The borrower hung up on the fake, as it should: sends fail from there on.
+      }
+    });
+    Borrower b;
+    borrower_up(&b, 1 << 20);
+    uint64_t lease = SENTINEL;
+    const swiftkv_status st =
+        swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1);
+    if (st != SWIFTKV_EPEER) {
+      fail_msg("%s: %s, %s", c.what, swiftkv_status_string(st), swiftkv_last_error_message());
+    }
+    if (std::strstr(swiftkv_last_error_message(), c.needle) == nullptr) {
+      fail_msg("%s: \"%s\" does not say \"%s\"", c.what, swiftkv_last_error_message(), c.needle);
+    }
+    assert_true(lease == SENTINEL);
+    assert_int_equal(lent_capacity(cache_stats(b)), 0);
+    for (int i = 0; i < 2000 && coord_stats(b.ctx).lenders_lost == 0; ++i) sleep_ms(1);
+    const swiftkv_coord_stats cs = coord_stats(b.ctx);
+    assert_int_equal(cs.lenders_lost, 1);
+    assert_int_equal(cs.lenders_connected, 0);
+    if (fake_mappings() != 0) fail_msg("%s: the fake's memory is mapped", c.what);
+    lender.join();
+    swiftkv_ctx_destroy(b.ctx);
+    fake_ptr.reset();
+    // Every fd the borrower received was closed.
+    if (open_fds() != fds_before) fail_msg("%s: %d fds more open", c.what, open_fds() - fds_before);
+  }
+}
+
+// The lender asks a lease back while its memory is still on the way: the reclaim is kept for
+// the lease, and once the pieces are in the borrower gives it straight back.
+void reclaim_racing_a_grant(void **) {
+  FakeLender fake;
+  std::atomic<uint64_t> released{0};
+  std::thread lender([&] {
+    if (!fake.handshake()) return;
+    co::Lend l;
+    if (!fake.lend(&l)) return;
+    const co::Grant g = fake.grant(l, 2, 1);
+    fake.reply(g);
+    fake.reply(co::Reclaim{g.lease});
+    sleep_ms(50);
+    fake.send_granules(l.request, g.first_unit, 2, 1);
+    co::Message m;
+    const uint64_t end = now_ms() + 5000;
+    while (now_ms() < end && fake.next(&m, 100)) {
+      if (const auto *r = std::get_if<co::Release>(&m.payload)) released = r->lease;
+      if (released != 0) break;
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 2));
+  lender.join();
+  assert_int_equal(released.load(), lease);
+  for (int i = 0; i < 2000 && lent_capacity(cache_stats(b)) != 0; ++i) sleep_ms(1);
+  assert_int_equal(lent_capacity(cache_stats(b)), 0);
+  assert_int_equal(coord_stats(b.ctx).lenders_lost, 0);  // a reclaim is no protocol error
+  swiftkv_ctx_destroy(b.ctx);
+}
+
+// The child fake lender: passes a lend's memory, says so, and waits to be killed before its
+// grant goes out.
+int fake_lender_main() {
+  FakeLender fake;
+  std::printf("%s\n", fake.endpoint.c_str());
+  std::fflush(stdout);
+  co::Lend l;
+  if (!fake.handshake() || !fake.lend(&l)) return 2;
+  fake.send_granules(l.request, 0, 2, 1);
+  std::printf("sent\n");
+  std::fflush(stdout);
+  for (;;) pause();
+}
+
+// A lender killed between passing a lease's memory and sending its grant: the lend fails with
+// EPEER saying the lender hung up, and the packets that came are closed.
+void lender_killed_between_pieces_and_grant(void **) {
+  const int fds_before = open_fds();
+  Child fake = spawn({"--fake-lender"});
+  std::string ep = ask(fake, "");
+  ep.pop_back();
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  std::atomic<swiftkv_status> st{SWIFTKV_OK};
+  std::string message;
+  std::thread borrower([&] {
+    uint64_t lease = 0;
+    st = swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "x", 2);
+    message = swiftkv_last_error_message();
+  });
+  assert_string_equal(ask(fake, "").c_str(), "sent\n");
+  end_child(&fake, true);
+  borrower.join();
+  assert_int_equal(st.load(), SWIFTKV_EPEER);
+  if (message.find("hung up") == std::string::npos) fail_msg("message: %s", message.c_str());
+  assert_int_equal(coord_stats(b.ctx).lenders_lost, 1);
+  assert_int_equal(fake_mappings(), 0);
+  swiftkv_ctx_destroy(b.ctx);
+  assert_int_equal(open_fds(), fds_before);
+  if (!g_ucx) ::unlink(ep.c_str() + 6);
+}
+
 // --- Over UCX -----------------------------------------------------------------------------------
 
 // Runs `ip ARGS...` in this namespace and checks it worked.
@@ -1382,6 +1887,10 @@ int main(int argc, char **argv) {
   if (const char *u = std::getenv("SWIFTKV_TEST_COORD_UCX"); u != nullptr && *u == '1') {
     g_ucx = true;
   }
+  if (const char *u = std::getenv("SWIFTKV_TEST_COORD_GRANULES"); u != nullptr && *u == '1') {
+    g_granules = true;
+  }
+  if (argc == 2 && std::strcmp(argv[1], "--fake-lender") == 0) return fake_lender_main();
   if (argc == 4 && std::strcmp(argv[1], "--lender") == 0) {
     return lender_main(argv[2], std::strtoull(argv[3], nullptr, 10));
   }
@@ -1438,6 +1947,23 @@ int main(int argc, char **argv) {
       cmocka_unit_test(handshake_with_no_lender),
       cmocka_unit_test(borrower_drops_bad_messages),
       cmocka_unit_test(many_lenders_and_borrowers),
+      cmocka_unit_test(many_borrowers_many_grants),
+      cmocka_unit_test(pieces_in_any_order),
+      cmocka_unit_test(forged_pieces_fail_the_session),
+      cmocka_unit_test(reclaim_racing_a_grant),
+      cmocka_unit_test(lender_killed_between_pieces_and_grant),
   };
+  if (g_granules) {  // the real lender's scenarios, its memory passed grant by grant
+    const struct CMUnitTest granules[] = {
+        cmocka_unit_test(store_and_load_across_processes),
+        cmocka_unit_test(reclaim_moves_chunks_down_then_acks),
+        cmocka_unit_test(lender_killed),
+        cmocka_unit_test(borrower_killed),
+        cmocka_unit_test(lender_drops_bad_messages),
+        cmocka_unit_test(many_lenders_and_borrowers),
+        cmocka_unit_test(many_borrowers_many_grants),
+    };
+    return cmocka_run_group_tests_name("host granules", granules, nullptr, nullptr);
+  }
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

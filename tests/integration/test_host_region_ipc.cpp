@@ -1,6 +1,7 @@
 // The host backend across processes: one process exports a memfd region, a child it spawns maps
 // it and writes, and the first reads the bytes back. Also: opening a region twice in one process
-// reuses the mapping, decommit returns pages, and NUMA binding places them.
+// reuses the mapping, decommit returns pages, NUMA binding places them, and a region in granules
+// is exported, imported, held, dropped and replaced granule by granule as VMM memory is.
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -18,6 +19,7 @@
 #include "core/common/error.hpp"
 #include "core/memory/host_region.hpp"
 #include "core/memory/numa_nodes.hpp"
+#include "core/memory/region_registry.hpp"
 
 extern "C" {
 #include <cmocka.h>
@@ -139,6 +141,111 @@ void test_numa_binding(void **) {
   assert_int_equal(swiftkv::numa_node_of(region->data() + region->size() - 1), nodes.max_node);
 }
 
+// Whether the page at p is mapped readable here, by /proc/self/maps (a granule's place holds a
+// PROT_NONE reservation when nothing is mapped there).
+bool readable(const std::byte *p) {
+  FILE *f = std::fopen("/proc/self/maps", "r");
+  if (f == nullptr) return false;
+  char line[512];
+  bool ok = false;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    unsigned long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line, "%lx-%lx %4s", &lo, &hi, perms) == 3 && at >= lo && at < hi) {
+      ok = perms[0] == 'r';
+      break;
+    }
+  }
+  std::fclose(f);
+  return ok;
+}
+
+// Granules of two pages: commit and decommit go granule by granule; an export carries one fd per
+// committed granule asked for, with a generation that changes when the owner makes new memory
+// there; an importer (opened under another identity here, as another process would) maps only
+// what it is given, shares its bytes with the owner, keeps a granule the owner decommitted until
+// its last lease drops it, and takes the new generation in place of the old.
+void test_granules_export_and_import(void **) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE)), granule = 2 * page;
+  swiftkv::HostRegionOptions o;
+  o.size = 7 * granule + 1;  // rounded up to 8 granules
+  o.granule = granule;
+  auto region = swiftkv::create_host_region(o);
+  assert_int_equal(static_cast<int>(region->kind()),
+                   static_cast<int>(swiftkv::MemoryKind::host_granules));
+  assert_int_equal(region->size(), 8 * granule);
+  assert_int_equal(region->commit_granule(), granule);
+  assert_int_equal(region->committed_bytes(), 0);
+  assert_false(readable(region->data()));
+  region->commit(granule, 3 * granule);  // granules 1-3
+  assert_int_equal(region->committed_bytes(), 3 * granule);
+  assert_true(readable(region->data() + granule) && readable(region->data() + 3 * granule));
+  std::memset(region->data() + granule, 0x11, 3 * granule);
+
+  swiftkv::RegionExport e = region->export_range(0, 8 * granule);
+  assert_int_equal(e.pieces.size(), 3);  // only what holds memory
+  assert_int_equal(e.pieces[0].offset, granule);
+  assert_int_equal(e.pieces[2].offset, 3 * granule);
+  const uint64_t gen1 = e.pieces[0].generation;
+  assert_true(gen1 != 0);
+  e.identity += ":elsewhere";  // an importer's view, not the owner's mapping
+  auto imp = swiftkv::open_region(e);
+  assert_true(imp.get() != region.get());
+  assert_int_equal(imp->size(), 8 * granule);
+  assert_false(readable(imp->data()));  // granule 0 was never passed
+  assert_int_equal(static_cast<int>(imp->data()[granule]), 0x11);
+  imp->data()[2 * granule] = std::byte{0x22};  // one memory: the owner sees it
+  assert_int_equal(static_cast<int>(region->data()[2 * granule]), 0x22);
+
+  // A lease on granules 1-2 holds; one reaching granule 0 was not passed: EPEER.
+  imp->hold(granule, 2 * granule);
+  try {
+    imp->hold(0, 2 * granule);
+    fail_msg("a hold over a granule never passed was accepted");
+  } catch (const swiftkv::Error &err) {
+    assert_int_equal(err.status(), SWIFTKV_EPEER);
+  }
+  // The owner gives granule 1 back and makes new memory there: the importer's lease still reads
+  // the old bytes until it adopts the new generation.
+  region->decommit(granule, granule);
+  assert_int_equal(region->committed_bytes(), 2 * granule);
+  assert_int_equal(static_cast<int>(imp->data()[granule]), 0x11);
+  region->commit(granule, granule);
+  assert_int_equal(static_cast<int>(region->data()[granule]), 0);  // fresh memory
+  swiftkv::RegionExport again = region->export_range(granule, granule);
+  assert_int_equal(again.pieces.size(), 1);
+  assert_true(again.pieces[0].generation > gen1);
+  again.identity = e.identity;
+  imp->adopt(again);
+  region->data()[granule] = std::byte{0x33};
+  assert_int_equal(static_cast<int>(imp->data()[granule]), 0x33);
+
+  // Dropping the lease unmaps the granules it alone held; granule 3 was never held and stays.
+  imp->drop(granule, 2 * granule);
+  assert_false(readable(imp->data() + granule) || readable(imp->data() + 2 * granule));
+  assert_true(readable(imp->data() + 3 * granule));
+
+  // Pieces that do not fit the importer's granules are refused.
+  swiftkv::RegionExport bad = region->export_range(granule, granule);
+  bad.identity = e.identity;
+  bad.pieces[0].size = page;
+  try {
+    imp->adopt(bad);
+    fail_msg("a piece of the wrong size was adopted");
+  } catch (const swiftkv::Error &err) {
+    assert_int_equal(err.status(), SWIFTKV_EINVAL);
+  }
+  // A granule that is not whole pages is refused at creation.
+  o.granule = page + 1;
+  try {
+    (void)swiftkv::create_host_region(o);
+    fail_msg("a granule of page + 1 bytes was accepted");
+  } catch (const swiftkv::Error &err) {
+    assert_int_equal(err.status(), SWIFTKV_EINVAL);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -151,6 +258,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_open_twice_reuses_mapping),
       cmocka_unit_test(test_decommit_returns_pages),
       cmocka_unit_test(test_numa_binding),
+      cmocka_unit_test(test_granules_export_and_import),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
