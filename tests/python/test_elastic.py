@@ -41,6 +41,9 @@ def test_region_calls(ctx, small_model):
     with pytest.raises(swiftkv.Error) as err:
         ctx.elastic(lender_desc(), small_model, capacity_blocks=63)  # not whole units
     assert err.value.status == swiftkv.Status.EINVAL
+    with pytest.raises(swiftkv.Error) as err:
+        ctx.elastic(lender_desc(), small_model, capacity_blocks=64, host_granule_bytes=4097)
+    assert err.value.status == swiftkv.Status.EINVAL and "page size" in str(err.value)
     e.close()
 
 
@@ -66,13 +69,18 @@ def test_borrow_in_process_and_reclaim(ctx, small_model):
     assert ctx.stats()["revocations"] == 9
 
 
-def test_remote_lender(tmp_path, small_model):
+@pytest.mark.parametrize("granule", [0, 16384])
+def test_remote_lender(tmp_path, small_model, granule):
+    # With host granules the region's memory passes with each grant, as device memory does.
     ep = endpoint(tmp_path, "lender")
     with swiftkv.Context(host_budget_bytes=4 << 20, coord_endpoint=ep,
                          coord_heartbeat_ms=20) as lctx, \
             swiftkv.Context(host_budget_bytes=4 << 20, coord_heartbeat_ms=20,
                             demote_free_percent=0) as bctx:
-        e = lctx.elastic(lender_desc(), small_model, capacity_blocks=32, owned_blocks=8)
+        e = lctx.elastic(lender_desc(), small_model, capacity_blocks=32, owned_blocks=8,
+                         host_granule_bytes=granule)
+        kind = swiftkv.MemoryKind.HOST_GRANULES if granule else swiftkv.MemoryKind.HOST_MEMFD
+        assert e.stats()["memory_kind"] == kind
         e.offer("pool-a")
         with pytest.raises(swiftkv.Error) as err:
             e.offer("pool-b")

@@ -189,6 +189,22 @@ func (a CudaAlloc) String() string {
 		int64(CudaAllocVMM): "CudaAllocVMM", int64(CudaAllocMalloc): "CudaAllocMalloc"}, "CudaAlloc")
 }
 
+// MemoryKind is the memory behind an elastic region.
+type MemoryKind int32
+
+const (
+	MemoryHostMemfd    MemoryKind = C.SWIFTKV_MEMORY_HOST_MEMFD    // one memfd, passed to a borrower whole
+	MemoryCudaVMM      MemoryKind = C.SWIFTKV_MEMORY_CUDA_VMM      // device granules, passed with each lease
+	MemoryCudaIPC      MemoryKind = C.SWIFTKV_MEMORY_CUDA_IPC      // one cudaMalloc, shared by an IPC handle
+	MemoryHostGranules MemoryKind = C.SWIFTKV_MEMORY_HOST_GRANULES // one memfd per granule, passed with each lease
+)
+
+func (k MemoryKind) String() string {
+	return enumName(int64(k), map[int64]string{int64(MemoryHostMemfd): "MemoryHostMemfd",
+		int64(MemoryCudaVMM): "MemoryCudaVMM", int64(MemoryCudaIPC): "MemoryCudaIPC",
+		int64(MemoryHostGranules): "MemoryHostGranules"}, "MemoryKind")
+}
+
 const (
 	DeviceHost = int32(C.SWIFTKV_DEVICE_HOST)
 	TiersAll   = uint32(C.SWIFTKV_TIERS_ALL)
@@ -920,6 +936,10 @@ type ElasticConfig struct {
 	// A lease asked back is renewed to at most this long after the asking, then expires
 	// whether or not the borrower released it. 0: the default 30000.
 	ReclaimDeadlineMs uint64
+	// Host regions: 0 for one memfd, passed to a borrower in another process whole; else a
+	// multiple of the page size, one memfd per granule, passed with each lease as VMM device
+	// memory is (MemoryHostGranules).
+	HostGranuleBytes uint64
 }
 
 // Elastic is a lender's elastic region; safe from any goroutine.
@@ -957,6 +977,7 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	if cfg.ReclaimDeadlineMs != 0 {
 		ec.reclaim_deadline_ms = C.uint64_t(cfg.ReclaimDeadlineMs)
 	}
+	ec.host_granule_bytes = C.uint64_t(cfg.HostGranuleBytes)
 	ec.cuda_alloc = C.swiftkv_cuda_alloc(cfg.CudaAlloc)
 	if cfg.KeepCommitted {
 		ec.flags = C.SWIFTKV_ELASTIC_KEEP_COMMITTED
@@ -1105,6 +1126,8 @@ type ElasticStats struct {
 	CapacityBlocks, OwnedBlocks, ReadyBlocks, ReclaimingBlocks, LentBlocks, FreeBlocks uint64
 	UnitLenderBlocks, UnitBorrowerChunks, Leases, RegionBytes, CommittedBytes          uint64
 	ScaleUps, ScaleDowns, LeasesGranted, LeasesExpired, ReclaimsRequested              uint64
+	MemoryKind                                                                         MemoryKind
+	Device                                                                             int32 // CUDA device, or DeviceHost
 }
 
 func (e *Elastic) Stats() (ElasticStats, error) {
@@ -1116,7 +1139,7 @@ func (e *Elastic) Stats() (ElasticStats, error) {
 		uint64(s.reclaiming_blocks), uint64(s.lent_blocks), uint64(s.free_blocks), uint64(s.unit_lender_blocks),
 		uint64(s.unit_borrower_chunks), uint64(s.leases), uint64(s.region_bytes), uint64(s.committed_bytes),
 		uint64(s.scale_ups), uint64(s.scale_downs), uint64(s.leases_granted), uint64(s.leases_expired),
-		uint64(s.reclaims_requested)}, err
+		uint64(s.reclaims_requested), MemoryKind(s.memory_kind), int32(s.device)}, err
 }
 
 // Offer offers the region to other processes through the context's coordinator endpoint.

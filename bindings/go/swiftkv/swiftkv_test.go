@@ -303,6 +303,29 @@ func TestEventsThroughTheHandleTable(t *testing.T) {
 	}
 }
 
+func TestHostGranules(t *testing.T) {
+	// One memfd per granule of four pages: the region says so, its physical memory follows
+	// the granules in use, and a granule that is not whole pages is refused.
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 8 << 20
+	c := newCtx(t, cfg)
+	b := small()
+	ec := ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64, OwnedBlocks: 8, HostGranuleBytes: 16384}
+	e := val(c.NewElastic(ec))
+	s := val(e.Stats())
+	block := s.RegionBytes / 64
+	if s.MemoryKind != MemoryHostGranules || s.Device != DeviceHost || s.CommittedBytes != (8*block+16383)/16384*16384 {
+		t.Fatalf("%+v", s)
+	}
+	ec.HostGranuleBytes = 16385
+	_, err := c.NewElastic(ec)
+	wantStatus(t, err, EINVAL)
+	e2 := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64}))
+	if s := val(e2.Stats()); s.MemoryKind != MemoryHostMemfd {
+		t.Fatalf("%+v", s)
+	}
+}
+
 func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HostBudgetBytes = 8 << 20

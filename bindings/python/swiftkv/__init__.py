@@ -241,6 +241,7 @@ class MemoryKind(enum.IntEnum):
     HOST_MEMFD = _c.SWIFTKV_MEMORY_HOST_MEMFD
     CUDA_VMM = _c.SWIFTKV_MEMORY_CUDA_VMM
     CUDA_IPC = _c.SWIFTKV_MEMORY_CUDA_IPC
+    HOST_GRANULES = _c.SWIFTKV_MEMORY_HOST_GRANULES
 
 
 class CudaAlloc(enum.IntEnum):
@@ -558,12 +559,15 @@ class Context:
                 lease_ms: int = _ELASTIC_DEFAULTS.lease_ms, cuda_alloc: CudaAlloc = CudaAlloc.AUTO,
                 keep_committed: bool = False,
                 clock: Optional[Callable[[], int]] = None,
-                reclaim_deadline_ms: int = _ELASTIC_DEFAULTS.reclaim_deadline_ms) -> "Elastic":
+                reclaim_deadline_ms: int = _ELASTIC_DEFAULTS.reclaim_deadline_ms,
+                host_granule_bytes: int = _ELASTIC_DEFAULTS.host_granule_bytes) -> "Elastic":
         """A lender's elastic region (swiftkv_elastic_create). A lease asked back is renewed
-        to at most reclaim_deadline_ms after the asking, then expires, released or not."""
+        to at most reclaim_deadline_ms after the asking, then expires, released or not. A host
+        region with host_granule_bytes (a multiple of the page size) is one memfd per granule,
+        passed to a borrower in another process with each lease rather than whole."""
         return self._adopt(Elastic(self, lender, borrower, capacity_blocks, owned_blocks,
                                    window_ms, lease_ms, cuda_alloc, keep_committed, clock,
-                                   reclaim_deadline_ms))
+                                   reclaim_deadline_ms, host_granule_bytes))
 
     def stats(self) -> Record:
         out = _c.swiftkv_stats_init()
@@ -1009,7 +1013,8 @@ class Elastic:
 
     def __init__(self, ctx, lender, borrower, capacity_blocks, owned_blocks, window_ms, lease_ms,
                  cuda_alloc, keep_committed, clock,
-                 reclaim_deadline_ms=_ELASTIC_DEFAULTS.reclaim_deadline_ms):
+                 reclaim_deadline_ms=_ELASTIC_DEFAULTS.reclaim_deadline_ms,
+                 host_granule_bytes=_ELASTIC_DEFAULTS.host_granule_bytes):
         self.ctx = ctx
         cfg = _c.swiftkv_elastic_config_init()
         self._keep = (lender.struct(), borrower.struct() if borrower else None, clock)
@@ -1020,6 +1025,7 @@ class Elastic:
         cfg.window_ms = window_ms
         cfg.lease_ms = lease_ms
         cfg.reclaim_deadline_ms = reclaim_deadline_ms
+        cfg.host_granule_bytes = host_granule_bytes
         cfg.cuda_alloc = int(cuda_alloc)
         cfg.flags = _c.SWIFTKV_ELASTIC_KEEP_COMMITTED if keep_committed else 0
         if clock is not None:

@@ -10,7 +10,7 @@ pub const SWIFTKV_CAPACITY_PLAN_VERSION: u32 = 1;
 pub const SWIFTKV_NUMA_NODE_AUTO: i32 = -1;
 pub const SWIFTKV_CTX_CONFIG_VERSION: u32 = 9;
 pub const SWIFTKV_ELASTIC_KEEP_COMMITTED: u32 = 1;
-pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 2;
+pub const SWIFTKV_ELASTIC_CONFIG_VERSION: u32 = 3;
 pub const SWIFTKV_LAYER_VIEW_VERSION: u32 = 1;
 pub const SWIFTKV_LEASE_VERSION: u32 = 1;
 pub const SWIFTKV_ELASTIC_STATS_VERSION: u32 = 1;
@@ -1134,6 +1134,7 @@ pub struct swiftkv_elastic {
 pub const SWIFTKV_MEMORY_HOST_MEMFD: swiftkv_memory_kind = 0;
 pub const SWIFTKV_MEMORY_CUDA_VMM: swiftkv_memory_kind = 1;
 pub const SWIFTKV_MEMORY_CUDA_IPC: swiftkv_memory_kind = 2;
+pub const SWIFTKV_MEMORY_HOST_GRANULES: swiftkv_memory_kind = 3;
 pub type swiftkv_memory_kind = ::std::os::raw::c_uint;
 pub const SWIFTKV_CUDA_ALLOC_AUTO: swiftkv_cuda_alloc = 0;
 pub const SWIFTKV_CUDA_ALLOC_VMM: swiftkv_cuda_alloc = 1;
@@ -1155,12 +1156,13 @@ pub struct swiftkv_elastic_config {
     pub clock: swiftkv_clock_fn,
     pub clock_user_data: *mut ::std::os::raw::c_void,
     pub reclaim_deadline_ms: u64,
+    pub host_granule_bytes: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_elastic_config() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_elastic_config>(),
-        88usize,
+        96usize,
         concat!("Size of: ", stringify!(swiftkv_elastic_config))
     );
     assert_eq!(
@@ -1389,6 +1391,23 @@ fn bindgen_test_layout_swiftkv_elastic_config() {
         );
     }
     test_field_reclaim_deadline_ms();
+    fn test_field_host_granule_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_elastic_config>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).host_granule_bytes) as usize - ptr as usize
+            },
+            88usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_elastic_config),
+                "::",
+                stringify!(host_granule_bytes)
+            )
+        );
+    }
+    test_field_host_granule_bytes();
 }
 extern "C" {
     pub fn swiftkv_elastic_config_init(out: *mut swiftkv_elastic_config);

@@ -1125,6 +1125,10 @@ pub struct ElasticConfig {
     /// A lease asked back is renewed to at most this long after the asking, then expires
     /// whether or not the borrower released it.
     pub reclaim_deadline_ms: u64,
+    /// Host regions: 0 for one memfd, passed to a borrower in another process whole; else a
+    /// multiple of the page size, one memfd per granule, passed with each lease as VMM device
+    /// memory is (`SWIFTKV_MEMORY_HOST_GRANULES`).
+    pub host_granule_bytes: u64,
 }
 
 impl ElasticConfig {
@@ -1145,6 +1149,7 @@ impl ElasticConfig {
             },
             keep_committed: c.flags & sys::SWIFTKV_ELASTIC_KEEP_COMMITTED != 0,
             reclaim_deadline_ms: c.reclaim_deadline_ms,
+            host_granule_bytes: c.host_granule_bytes,
         }
     }
 }
@@ -1182,6 +1187,7 @@ impl<'a> Elastic<'a> {
         cfg.window_ms = c.window_ms;
         cfg.lease_ms = c.lease_ms;
         cfg.reclaim_deadline_ms = c.reclaim_deadline_ms;
+        cfg.host_granule_bytes = c.host_granule_bytes;
         cfg.cuda_alloc = match c.cuda_alloc {
             CudaAlloc::Auto => sys::SWIFTKV_CUDA_ALLOC_AUTO,
             CudaAlloc::Vmm => sys::SWIFTKV_CUDA_ALLOC_VMM,

@@ -49,6 +49,7 @@ fn defaults_come_from_the_library() {
     assert_eq!(c.eviction_policy, EvictionPolicy::Retention);
     let e = ElasticConfig::new(m.clone(), None, 8);
     assert_eq!((e.window_ms, e.lease_ms, e.reclaim_deadline_ms), (60000, 10000, 30000));
+    assert_eq!(e.host_granule_bytes, 0);
     assert_eq!((e.cuda_alloc, e.keep_committed), (CudaAlloc::Auto, false));
     let a = AttentionDesc::new(8, 2, 64, DType::F16);
     assert_eq!((a.page_tokens, a.causal, a.device), (16, true, -1));
@@ -258,6 +259,23 @@ fn reclaim_deadline() {
     assert_eq!(ended, Some(Status::ETIMEDOUT));
     assert!(e.pending_reclaims().unwrap().is_empty());
     cfg.reclaim_deadline_ms = 0;
+    assert_eq!(c.elastic(&cfg).err().unwrap().status, Status::EINVAL);
+}
+
+#[test]
+fn host_granules() {
+    // One memfd per granule of four pages: the region says so, its physical memory follows the
+    // granules in use, and a granule that is not whole pages is refused.
+    let c = ctx(8 << 20);
+    let mut cfg = ElasticConfig::new(lender(), Some(small()), 64);
+    cfg.owned_blocks = 8;
+    cfg.host_granule_bytes = 16384;
+    let e = c.elastic(&cfg).unwrap();
+    let s = e.stats().unwrap();
+    assert_eq!(s.memory_kind, sys::SWIFTKV_MEMORY_HOST_GRANULES as u32);
+    let block = s.region_bytes / 64;
+    assert_eq!(s.committed_bytes, (8 * block + 16383) / 16384 * 16384);
+    cfg.host_granule_bytes = 16385;
     assert_eq!(c.elastic(&cfg).err().unwrap().status, Status::EINVAL);
 }
 
