@@ -1172,8 +1172,9 @@ SWIFTKV_API swiftkv_status swiftkv_set_chunk_event_callback(swiftkv_ctx *ctx,
  * A lender's context binds coord_endpoint and offers elastic regions under names; a borrower's
  * context borrows from one by endpoint and name. The handshake checks that the region lends to
  * a borrower of the model's chunk geometry and that both sides compute the same lending unit;
- * the lender then passes its memory (a memfd or VMM handles over a Unix socket, or a CUDA IPC
- * handle) and the borrower maps it once. That needs both processes on one host (the fds cross a
+ * the lender then passes its memory (a memfd over a Unix socket, or a CUDA IPC handle) and the
+ * borrower maps it once; memory passed per lease (VMM device memory, host granules) comes with
+ * each grant, and the borrower maps only the granules of the leases it holds. That needs both processes on one host (the fds cross a
  * Unix socket; a CUDA export needs the same GPUs). A lender on another host (another kernel or
  * network namespace), or any lender when coord_remote_path is SWIFTKV_REMOTE_PATH_UCX, is reached
  * over UCX instead: each grant carries the remote key of the lease's registered bytes, which the
