@@ -15,7 +15,8 @@
 // 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
 // chunks are) beside a device-to-device copy of the same bytes; loads from another process's
 // device memory (a lender started by this program, the peer) into a device pool beside a
-// device-to-device copy; and the decode kernel alone
+// device-to-device copy (and, on every build, from another process's host memory in granules
+// into a host pool beside a memcpy); and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
 // CPU twin) beside a device-to-device copy of the decoded bytes.
 #include <algorithm>
@@ -27,6 +28,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <span>
 #include <string>
@@ -35,12 +37,13 @@
 
 #include "swiftkv/swiftkv.h"
 
-#if defined(SWIFTKV_BENCH_HAVE_CUDA)
-#include <cuda_runtime_api.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 
@@ -60,12 +63,10 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-#if defined(SWIFTKV_BENCH_HAVE_CUDA)
 [[noreturn]] void die(const char *what) {
   std::fprintf(stderr, "bench_transfer: %s\n", what);
   std::exit(1);
 }
-#endif
 
 void check(swiftkv_status s, const char *what) {
   if (s != SWIFTKV_OK) {
@@ -673,180 +674,6 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   return row;
 }
 
-// Loads from a peer's device memory: a second process (this program, --lender) offers a region
-// of VMM memory on device 0 through the coordinator; this one borrows it, stores `chunks` chunks
-// there, and loads them into a device pool of `page`-token pages, the kernel reading the mapping
-// in place. Timed from start_load to the stream's end (request_begin, the host's planning, is
-// left out), against one device-to-device cudaMemcpyAsync of the same bytes, alternated
-// repetition by repetition after a warm-up. GB/s counts the bytes loaded.
-struct PeerRow {
-  uint32_t page;
-  Rate load, copy;
-};
-
-extern "C" char **environ;
-
-// The lender's process: a VMM region on device 0 big enough for `chunks` chunks and one unit of
-// its own, offered as "bench" at `endpoint`; "ready" on stdout, gone at end of stdin.
-int lender_main(const char *endpoint, uint32_t chunks) {
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.device_mask = 1;
-  c.coord_endpoint = endpoint;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "lender ctx_create");
-  swiftkv_model_desc ld = bench_model("lender", 16, 0);
-  swiftkv_model_desc bd = bench_model("bench", kChunk, SWIFTKV_DEVICE_HOST);
-  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
-  ec.lender = &ld;
-  ec.borrower = &bd;
-  const uint64_t unit_blocks = kChunk / 16;
-  ec.capacity_blocks = (chunks + 1) * unit_blocks;
-  ec.owned_blocks = unit_blocks;
-  ec.cuda_alloc = SWIFTKV_CUDA_ALLOC_VMM;
-  swiftkv_elastic *e = nullptr;
-  check(swiftkv_elastic_create(&e, ctx, &ec), "lender elastic_create");
-  check(swiftkv_elastic_offer(e, "bench"), "lender elastic_offer");
-  std::printf("ready\n");
-  std::fflush(stdout);
-  char line[64];
-  while (std::fgets(line, sizeof line, stdin) != nullptr) {
-  }
-  swiftkv_elastic_destroy(e);
-  swiftkv_ctx_destroy(ctx);
-  return 0;
-}
-
-PeerRow measure_peer(const char *self, uint32_t page, uint32_t chunks, int reps) {
-  const std::string ep = "ipc:///tmp/swiftkv-bench-peer-" + std::to_string(::getpid());
-  int to[2], from[2];
-  if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) die("pipe2");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  std::string n = std::to_string(chunks);
-  char *argv[] = {const_cast<char *>(self), const_cast<char *>("--lender"),
-                  const_cast<char *>(ep.c_str()), n.data(), nullptr};
-  pid_t pid = -1;
-  if (posix_spawn(&pid, self, &fa, nullptr, argv, environ) != 0) die("posix_spawn");
-  posix_spawn_file_actions_destroy(&fa);
-  close(to[0]);
-  close(from[1]);
-  FILE *out = fdopen(from[0], "r");
-  char line[64] = {0};
-  if (std::fgets(line, sizeof line, out) == nullptr || std::strcmp(line, "ready\n") != 0) {
-    die("the lender process did not start");
-  }
-
-  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.device_mask = 1;
-  c.host_budget_bytes = 64ull << 20;
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
-  swiftkv_model_desc m = bench_model("bench", page, 0);
-  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-  mc.desc = &m;
-  uint32_t model = 0, pool = 0;
-  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
-  uint64_t lease = 0;
-  check(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "bench", chunks), "borrow_remote");
-  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 17);
-  {
-    std::vector<uint8_t> kv(bytes, 0x3c);
-    uint64_t cached = 0;
-    check(swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()),
-          "store");
-    swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
-    check(swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()), "lookup");
-    if (cached != tokens.size() || l.chunks_per_tier[SWIFTKV_TIER_PEER] != chunks) {
-      die("the chunks are not all in the lent memory");
-    }
-  }
-  const uint32_t n_pages = chunks * (kChunk / page);
-  void *dev = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
-  pool = engine_pool(ctx, model, page, n_pages, &dev);
-  cudaMalloc(&copy_src, bytes);
-  cudaMalloc(&copy_dst, bytes);
-  cudaStream_t s = nullptr;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  const std::vector<int32_t> pages = scattered_pages(n_pages);
-  auto load = [&] {
-    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
-    d.pool = pool;
-    d.tokens = tokens.data();
-    d.n_tokens = tokens.size();
-    d.pages = pages.data();
-    d.n_pages = pages.size();
-    d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
-    uint64_t req = 0, valid = 0;
-    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
-    cudaStreamSynchronize(s);
-    const double t0 = now_s();
-    check(swiftkv_start_load(ctx, req, s), "start_load");
-    for (uint32_t l = 0; l < kLayers; ++l) {
-      check(swiftkv_wait_layer_load(&valid, ctx, req, l, s), "wait_layer_load");
-    }
-    cudaStreamSynchronize(s);
-    const double t = now_s() - t0;
-    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
-    check(swiftkv_request_finish(&info, ctx, req), "request_finish");
-    if (valid != tokens.size()) die("a peer load came back short");
-    return t;
-  };
-  auto copy = [&] {
-    const double t0 = now_s();
-    cudaMemcpyAsync(copy_dst, copy_src, bytes, cudaMemcpyDeviceToDevice, s);
-    cudaStreamSynchronize(s);
-    return now_s() - t0;
-  };
-  std::vector<double> tl, tc;
-  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    double a = 0, b = 0;
-    if (rep % 2 == 0) {
-      a = load();
-      b = copy();
-    } else {
-      b = copy();
-      a = load();
-    }
-    if (rep == 0) continue;
-    tl.push_back(a);
-    tc.push_back(b);
-  }
-  PeerRow row{page, rate_of(tl, static_cast<double>(bytes)),
-              rate_of(tc, static_cast<double>(bytes))};
-  check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
-  swiftkv_ctx_destroy(ctx);
-  cudaStreamDestroy(s);
-  for (void *p : {dev, copy_src, copy_dst}) cudaFree(p);
-  close(to[1]);  // the lender's stdin ends: it leaves
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::fclose(out);
-  return row;
-}
-
-void print_peer(const std::vector<PeerRow> &rows, uint32_t chunks, int reps) {
-  std::printf(
-      "\nloads from another process's device memory (VMM, same GPU) into a device pool, %u "
-      "chunks of %u layers, GB/s median/best of %d, beside a device-to-device copy:\n",
-      chunks, kLayers, reps);
-  std::printf("%5s %16s %16s %8s\n", "page", "peer load", "device copy", "ld/copy");
-  for (const PeerRow &r : rows) {
-    std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %8.2f\n", r.page, r.load.med, r.load.best,
-                r.copy.med, r.copy.best, r.load.med / r.copy.med);
-  }
-  std::printf("{\"bench\":\"peer_load\",\"reps\":%d,\"chunks\":%u,\"rows\":[", reps, chunks);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    std::printf("%s{\"page\":%u,\"load_gbs\":%.2f,\"copy_gbs\":%.2f}", i ? "," : "", rows[i].page,
-                rows[i].load.med, rows[i].copy.med);
-  }
-  std::printf("]}\n");
-}
-
 // The decode kernel alone: `chunks` chunks' layer payloads under `params` (one chunk of smooth
 // f16 KV encoded once, its payload repeated) in device staging, decoded into scattered NHD pages
 // of `page` tokens, against one device-to-device copy of the decoded bytes, interleaved on one
@@ -1048,14 +875,255 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
   std::printf("]}\n");
 }
 
+// Loads from a peer's memory: a second process (this program, --lender) offers a region through
+// the coordinator, this one borrows it, stores `chunks` chunks there, and loads them into a pool
+// of `page`-token pages, reading the lent memory in place. On the device: the lender's region is
+// VMM memory on device 0 and the pool the engine's tensors there, beside one device-to-device
+// cudaMemcpyAsync of the same bytes. On the host: the region is host memory in 2 MiB granules
+// (passed with the grant, as VMM memory is) and the pool a host pool, beside one large memcpy of
+// the same bytes on the copy engine's threads. Timed from start_load to the end of the last
+// layer (request_begin, the host's planning, is left out), alternated with the baseline
+// repetition by repetition after a warm-up. GB/s counts the bytes loaded.
+struct PeerRow {
+  uint32_t page;
+  Rate load, copy;
+};
+
+extern "C" char **environ;
+
+// The lender's process: a region on `device` (SWIFTKV_DEVICE_HOST: host granules) big enough for
+// `chunks` chunks and one unit of its own, offered as "bench" at `endpoint`; "ready" on stdout,
+// gone at end of stdin.
+int lender_main(const char *endpoint, uint32_t chunks, int32_t device) {
+  const uint64_t unit_blocks = kChunk / 16;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = device >= 0 ? 1u << device : 0;
+  c.host_budget_bytes = device >= 0 ? 0 : (uint64_t{chunks} + 1) * kLayerPiece * kLayers;
+  c.coord_endpoint = endpoint;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "lender ctx_create");
+  swiftkv_model_desc ld = bench_model("lender", 16, device);
+  swiftkv_model_desc bd = bench_model("bench", kChunk, SWIFTKV_DEVICE_HOST);
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  ec.capacity_blocks = (chunks + 1) * unit_blocks;
+  ec.owned_blocks = unit_blocks;
+  ec.cuda_alloc = SWIFTKV_CUDA_ALLOC_VMM;
+  if (device < 0) ec.host_granule_bytes = 2 << 20;
+  swiftkv_elastic *e = nullptr;
+  check(swiftkv_elastic_create(&e, ctx, &ec), "lender elastic_create");
+  check(swiftkv_elastic_offer(e, "bench"), "lender elastic_offer");
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char line[64];
+  while (std::fgets(line, sizeof line, stdin) != nullptr) {
+  }
+  swiftkv_elastic_destroy(e);
+  swiftkv_ctx_destroy(ctx);
+  return 0;
+}
+
+// What the borrower holds after storing into lent memory, for a run that finds the chunks
+// elsewhere than in the lender's memory: the store's count, where the lookup finds them, and the
+// tiers' sizes.
+[[noreturn]] void die_placement(swiftkv_ctx *ctx, uint64_t cached, uint64_t tokens,
+                                const swiftkv_lookup_result &l) {
+  swiftkv_stats st = SWIFTKV_STATS_INIT;
+  swiftkv_stats_get(&st, ctx);
+  swiftkv_coord_stats cs = SWIFTKV_COORD_STATS_INIT;
+  swiftkv_coord_stats_get(&cs, ctx);
+  std::fprintf(stderr,
+               "bench_transfer: the chunks are not all in the lent memory: stored %llu of %llu "
+               "tokens; found %llu in peer, %llu in host, %llu on disk; peer tier %llu chunks of "
+               "%llu capacity bytes, host tier %llu chunks; stores rejected %llu, evictions %llu; "
+               "grants refused %llu, leases lost %llu\n",
+               (unsigned long long)cached, (unsigned long long)tokens,
+               (unsigned long long)l.chunks_per_tier[SWIFTKV_TIER_PEER],
+               (unsigned long long)l.chunks_per_tier[SWIFTKV_TIER_HOST],
+               (unsigned long long)l.chunks_per_tier[SWIFTKV_TIER_DISK],
+               (unsigned long long)st.chunks[SWIFTKV_TIER_PEER],
+               (unsigned long long)st.capacity_bytes[SWIFTKV_TIER_PEER],
+               (unsigned long long)st.chunks[SWIFTKV_TIER_HOST],
+               (unsigned long long)st.stores_rejected, (unsigned long long)st.evictions,
+               (unsigned long long)cs.grants_refused, (unsigned long long)cs.leases_lost);
+  std::exit(1);
+}
+
+PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t chunks, int reps,
+                     Workers &workers) {
+  const std::string ep = "ipc:///tmp/swiftkv-bench-peer-" + std::to_string(::getpid());
+  int to[2], from[2];
+  if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) die("pipe2");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  std::string n = std::to_string(chunks), dev = std::to_string(device);
+  char *argv[] = {const_cast<char *>(self),
+                  const_cast<char *>("--lender"),
+                  const_cast<char *>(ep.c_str()),
+                  n.data(),
+                  dev.data(),
+                  nullptr};
+  pid_t pid = -1;
+  if (posix_spawn(&pid, self, &fa, nullptr, argv, environ) != 0) die("posix_spawn");
+  posix_spawn_file_actions_destroy(&fa);
+  close(to[0]);
+  close(from[1]);
+  FILE *out = fdopen(from[0], "r");
+  char line[64] = {0};
+  if (std::fgets(line, sizeof line, out) == nullptr || std::strcmp(line, "ready\n") != 0) {
+    die("the lender process did not start");
+  }
+
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = device >= 0 ? 1u << device : 0;
+  c.host_budget_bytes = 64ull << 20;
+  c.demote_free_percent = 0;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_model_desc m = bench_model("bench", page, device);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0, pool = 0;
+  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+  uint64_t lease = 0;
+  check(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "bench", chunks), "borrow_remote");
+  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 17);
+  {
+    std::vector<uint8_t> kv(bytes, 0x3c);
+    uint64_t cached = 0;
+    check(swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()),
+          "store");
+    swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+    check(swiftkv_lookup(&l, nullptr, 0, ctx, model, tokens.data(), tokens.size()), "lookup");
+    if (cached != tokens.size() || l.chunks_per_tier[SWIFTKV_TIER_PEER] != chunks) {
+      die_placement(ctx, cached, tokens.size(), l);
+    }
+  }
+  const uint32_t n_pages = chunks * (kChunk / page);
+  void *stream = nullptr;
+  std::function<double()> copy;
+  std::unique_ptr<CopyLimit> limit;
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  void *dev_pool = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
+  cudaStream_t s = nullptr;
+#endif
+  if (device >= 0) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    pool = engine_pool(ctx, model, page, n_pages, &dev_pool);
+    cudaMalloc(&copy_src, bytes);
+    cudaMalloc(&copy_dst, bytes);
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    stream = s;
+    copy = [&] {
+      const double t0 = now_s();
+      cudaMemcpyAsync(copy_dst, copy_src, bytes, cudaMemcpyDeviceToDevice, s);
+      cudaStreamSynchronize(s);
+      return now_s() - t0;
+    };
+#endif
+  } else {
+    check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
+    limit = std::make_unique<CopyLimit>(bytes, page, workers);
+    copy = [&] { return limit->large_s(); };
+  }
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  auto load = [&] {
+    swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+    d.pool = pool;
+    d.tokens = tokens.data();
+    d.n_tokens = tokens.size();
+    d.pages = pages.data();
+    d.n_pages = pages.size();
+    d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
+    uint64_t req = 0, valid = 0;
+    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (s != nullptr) cudaStreamSynchronize(s);
+#endif
+    const double t0 = now_s();
+    check(swiftkv_start_load(ctx, req, stream), "start_load");
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
+    }
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (s != nullptr) cudaStreamSynchronize(s);
+#endif
+    const double t = now_s() - t0;
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    check(swiftkv_request_finish(&info, ctx, req), "request_finish");
+    if (valid != tokens.size()) die("a peer load came back short");
+    return t;
+  };
+  std::vector<double> tl, tc;
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    double a = 0, b = 0;
+    if (rep % 2 == 0) {
+      a = load();
+      b = copy();
+    } else {
+      b = copy();
+      a = load();
+    }
+    if (rep == 0) continue;
+    tl.push_back(a);
+    tc.push_back(b);
+  }
+  PeerRow row{page, rate_of(tl, static_cast<double>(bytes)),
+              rate_of(tc, static_cast<double>(bytes))};
+  check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
+  swiftkv_ctx_destroy(ctx);
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (s != nullptr) cudaStreamDestroy(s);
+  for (void *p : {dev_pool, copy_src, copy_dst}) {
+    if (p != nullptr) cudaFree(p);
+  }
+#endif
+  close(to[1]);  // the lender's stdin ends: it leaves
+  int status = 0;
+  waitpid(pid, &status, 0);
+  std::fclose(out);
+  return row;
+}
+
+void print_peer(const char *backend, const std::vector<PeerRow> &rows, uint32_t chunks, int reps) {
+  const bool host = std::strcmp(backend, "host") == 0;
+  std::printf(
+      "\n%s backend: loads from another process's %s into a %s pool, %u chunks of %u layers, "
+      "GB/s median/best of %d, beside %s:\n",
+      backend, host ? "host memory (2 MiB granules)" : "device memory (VMM, same GPU)",
+      host ? "host" : "device", chunks, kLayers, reps,
+      host ? "one large memcpy of the same bytes on the copy engine's threads"
+           : "a device-to-device copy");
+  std::printf("%5s %16s %16s %8s\n", "page", "peer load", host ? "memcpy" : "device copy",
+              "ld/copy");
+  for (const PeerRow &r : rows) {
+    std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %8.2f\n", r.page, r.load.med, r.load.best,
+                r.copy.med, r.copy.best, r.load.med / r.copy.med);
+  }
+  std::printf("{\"bench\":\"peer_load\",\"backend\":\"%s\",\"reps\":%d,\"chunks\":%u,\"rows\":[",
+              backend, reps, chunks);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::printf(
+        "%s{\"page\":%u,\"load_gbs\":%.2f,\"load_best_gbs\":%.2f,\"copy_gbs\":%.2f,"
+        "\"copy_best_gbs\":%.2f}",
+        i ? "," : "", rows[i].page, rows[i].load.med, rows[i].load.best, rows[i].copy.med,
+        rows[i].copy.best);
+  }
+  std::printf("]}\n");
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
-#if defined(SWIFTKV_BENCH_HAVE_CUDA)
-  if (argc == 4 && std::strcmp(argv[1], "--lender") == 0) {
-    return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)));
+  if (argc == 5 && std::strcmp(argv[1], "--lender") == 0) {
+    return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
+                       std::atoi(argv[4]));
   }
-#endif
   uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
   for (int i = 1; i < argc; ++i) {
@@ -1094,6 +1162,14 @@ int main(int argc, char **argv) {
   print_rows("host", rows, chunks, reps);
   print_overlap(overlap, overlap_chunks, overlap_reps);
   print_json("host", rows, overlap, chunks, reps);
+  {
+    std::vector<PeerRow> peer_rows;
+    Workers workers(threads);
+    for (uint32_t page : {16u, 256u}) {
+      peer_rows.push_back(measure_peer(argv[0], SWIFTKV_DEVICE_HOST, page, chunks, reps, workers));
+    }
+    print_peer("host", peer_rows, chunks, reps);
+  }
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) == SWIFTKV_OK && devices > 0) {
@@ -1123,10 +1199,13 @@ int main(int argc, char **argv) {
     }
     print_decode(decode_rows, std::max(chunks, 64u), reps);
     std::vector<PeerRow> peer_rows;
-    for (uint32_t page : {16u, 256u}) {
-      peer_rows.push_back(measure_peer(argv[0], page, std::max(chunks, 64u), reps));
+    {
+      Workers workers(threads);
+      for (uint32_t page : {16u, 256u}) {
+        peer_rows.push_back(measure_peer(argv[0], 0, page, std::max(chunks, 64u), reps, workers));
+      }
     }
-    print_peer(peer_rows, std::max(chunks, 64u), reps);
+    print_peer("cuda", peer_rows, std::max(chunks, 64u), reps);
     for (const DecodeRow &r : decode_rows) {
       if (!r.exact) {
         std::fprintf(stderr, "bench_transfer: the decode kernel differs from its CPU twin (%s)\n",
