@@ -390,9 +390,10 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
     fail_session(s, SWIFTKV_EPEER, e.what());
     return;
   }
-  // The region's own pieces (tag 0) follow on the fd channel, for the handshake to map.
+  // The region's own pieces (tag 0) follow on the fd channel, for the handshake to map, within
+  // the handshake's own time.
   s.queue = PieceQueue(w.region_bytes);
-  (void)s.queue.expect(0, std::nullopt, monotonic_ns() + kFdWaitNs);
+  (void)s.queue.expect(0, std::nullopt, monotonic_ns() + st_.options.timeout_ns);
   std::lock_guard lock(st_.mu);
   s.info = w;
   s.phase = Phase::awaiting_pieces;
@@ -577,10 +578,11 @@ void BorrowerSessions::expire_pieces(const std::shared_ptr<Session> &sp, uint64_
   for (const PieceQueue::Overdue &o : s.queue.overdue(now)) {
     const std::string got = std::to_string(o.received) + " of " +
                             (o.expected != 0 ? std::to_string(o.expected) : std::string("its")) +
-                            " piece packets in " + std::to_string(kFdWaitNs / 1'000'000) + " ms";
+                            " piece packets in ";
     if (o.tag == 0) {
       fail_session(s, SWIFTKV_EPEER,
-                   "the lender \"" + s.name + "\" passed its region's memory too slowly: " + got);
+                   "the lender \"" + s.name + "\" passed its region's memory too slowly: " + got +
+                       std::to_string(st_.options.timeout_ns / 1'000'000) + " ms");
       return close_session(sp);
     }
     s.queue.discard(o.tag);
@@ -590,7 +592,8 @@ void BorrowerSessions::expire_pieces(const std::shared_ptr<Session> &sp, uint64_
     s.parked.erase(it);
     refuse_grant(s, g, SWIFTKV_EPEER,
                  "no piece packet on the fd channel in time: the lender passed " + got +
-                     " for lease " + std::to_string(g.lease));
+                     std::to_string(kFdWaitNs / 1'000'000) + " ms for lease " +
+                     std::to_string(g.lease));
   }
   Phase phase;
   {

@@ -1656,6 +1656,55 @@ void reclaim_racing_a_grant(void **) {
   swiftkv_ctx_destroy(b.ctx);
 }
 
+// A grant whose pieces do not come: after 2 s the lend fails with EPEER saying so and the lease
+// goes back, but the session stays; the pieces, coming later still, are closed and counted, and
+// the next lend works.
+void grant_without_its_pieces(void **) {
+  FakeLender fake;
+  std::atomic<uint64_t> released{0};
+  std::thread lender([&] {
+    try {
+      if (!fake.handshake()) return;
+      co::Lend l;
+      if (!fake.lend(&l)) return;
+      const co::Grant g = fake.grant(l, 1, 1);
+      fake.reply(g);
+      co::Message m;
+      while (released == 0 && fake.next(&m, 5000)) {
+        if (const auto *r = std::get_if<co::Release>(&m.payload)) released = r->lease;
+      }
+      fake.send_granules(l.request, g.first_unit, 1, 1);  // too late
+      if (!fake.lend(&l)) return;
+      const co::Grant g2 = fake.grant(l, 1, 1);
+      fake.send_granules(l.request, g2.first_unit, 1, 1);
+      fake.reply(g2);
+      while (fake.next(&m, 300)) {
+      }
+    } catch (const swiftkv::Error &) {
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = SENTINEL;
+  const uint64_t t0 = now_ms();
+  assert_status(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1),
+                SWIFTKV_EPEER);
+  assert_message_contains("no piece packet on the fd channel in time");
+  assert_true(now_ms() - t0 >= 1900);
+  assert_true(lease == SENTINEL);
+  for (int i = 0; i < 2000 && released.load() == 0; ++i) sleep_ms(1);
+  assert_int_equal(released.load(), 1);
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  assert_int_equal(lease, 2);
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.lenders_lost, 0);
+  assert_int_equal(cs.grants_refused, 1);
+  assert_true(cs.messages_dropped >= 1);  // the late packet
+  assert_int_equal(lent_capacity(cache_stats(b)), kChunkBytes);
+  swiftkv_ctx_destroy(b.ctx);
+  lender.join();
+}
+
 // The child fake lender: passes a lend's memory, says so, and waits to be killed before its
 // grant goes out.
 int fake_lender_main() {
@@ -1951,6 +2000,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(pieces_in_any_order),
       cmocka_unit_test(forged_pieces_fail_the_session),
       cmocka_unit_test(reclaim_racing_a_grant),
+      cmocka_unit_test(grant_without_its_pieces),
       cmocka_unit_test(lender_killed_between_pieces_and_grant),
   };
   if (g_granules) {  // the real lender's scenarios, its memory passed grant by grant
