@@ -173,6 +173,8 @@ def tensor_info(obj) -> TensorInfo:
         return obj
     if isinstance(obj, int):
         return TensorInfo(obj, (), (), 1, "u", HOST)
+    if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
+        obj = obj.detach()  # the same memory; torch exports no tensor that autograd tracks
     iface = getattr(obj, "__cuda_array_interface__", None)
     if iface is not None:
         return _from_interface(iface, _cuda_device_of(obj))

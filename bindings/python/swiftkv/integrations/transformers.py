@@ -1,35 +1,43 @@
-"""libswiftkv under Hugging Face transformers: a ``Cache`` that serves conversation prefixes from
+"""libswiftkv under Hugging Face transformers 5: a ``Cache`` that serves conversation prefixes from
 the library (lent peer memory, host, disk) and saves what the model computes, layer by layer.
 
     import swiftkv
     from swiftkv.integrations.transformers import SwiftKVCache, model_desc
 
     ctx = swiftkv.Context(host_budget_bytes=1 << 30, disk_path="/ssd/kv", disk_budget_bytes=16 << 30)
-    kv_model = ctx.register_model(model_desc(hf_model.config, "llama-3-8b", identity="rev-8c22764"))
-    cache = SwiftKVCache(kv_model, max_tokens=8192)
+    kv_model = ctx.register_model(model_desc(hf_model, "llama-3-8b", identity="rev-8c22764"))
+    cache = SwiftKVCache(kv_model, max_tokens=8192)  # pages on the model's device
     for turn in conversation:                       # ids: the whole conversation so far
         out = cache.prefill(hf_model, ids)          # computes only ids[out.cached_tokens:]
-        ...                                         # decode with past_key_values=cache as usual
+        ...                                         # decode with the cache as with DynamicCache
 
 A turn is one connector request over the whole conversation: ``begin`` finds the cached prefix
 and starts loading it into the cache's pages; the model runs on the tokens after it; each
-layer's ``update`` waits for that layer's load, writes the layer's new K/V into the pages,
-hands the layer to ``save_layer`` (the library copies every new full chunk out) and returns the
-layer's whole K/V; ``end`` waits for the saves. Decoding after ``end`` works as with
-``DynamicCache`` (the decoded tokens are saved with the next turn's request, which covers them).
+layer's ``update`` (a transformers cache layer per model layer) waits for that layer's load,
+writes the layer's new K/V into the pages, hands the layer to ``save_layer`` (the library copies
+every new full chunk out) and returns the layer's whole K/V; after the last layer the turn ends
+(the saves are waited for). Before a layer's update the layer reports the cached prefix as its
+length, so the attention mask and positions transformers derive from the cache cover the prefix
+from the first layer on. Decoding after the turn works as with ``DynamicCache``, by hand or in
+``generate`` (``SwiftKVCache.generate``); the decoded tokens are saved with the next turn's
+request, which covers them.
 
-One sequence at a time (batch 1). The K/V the library holds are what the model's attention
-layers hand to the cache (after rotary embedding), so a prefix is reused only at the positions
-it was computed at: the start of a conversation. Models differing in weights must differ in
-name or identity (see model_desc): both are part of every chunk key.
+transformers 5.0 and later 5.x releases (the cache-layer interface); transformers 4 is not
+supported. One sequence at a time (batch 1), full-attention decoders (Llama, Qwen2, Mistral and
+the like; no sliding-window or linear-attention layers). The K/V the library holds are what the
+model's attention layers hand to the cache (after rotary embedding), so a prefix is reused only
+at the positions it was computed at: the start of a conversation. Models differing in weights
+must differ in name or identity (see model_desc): both are part of every chunk key. The cache
+serves inference: no gradient flows through the K/V it returns.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+import inspect
+from typing import Optional, Tuple
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import DType, Model, ModelDesc
 
@@ -38,20 +46,42 @@ __all__ = ["SwiftKVCache", "model_desc", "PrefixLoadFailed"]
 _DTYPES = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32}
 
 
-def model_desc(config, name: str, *, identity: Optional[str] = None,
-               dtype: torch.dtype = torch.float32, chunk_tokens: int = 256,
-               block_tokens: int = 16, device: Optional[int] = None) -> ModelDesc:
-    """The KV geometry of a transformers decoder config (Llama, Qwen2, Mistral and the like):
-    layers, KV heads and head dim read from it. ``name`` and ``identity`` (a weights revision
-    such as the checkpoint's commit hash, an adapter, a tenant) go into every chunk key: two
-    models whose K/V differ must differ in one of them."""
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+def _device_index(device) -> Optional[int]:
+    """A torch device as a swiftkv device: None for the CPU, the CUDA ordinal otherwise."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        return None
+    if device.type != "cuda":
+        raise ValueError(f"swiftkv pages live on the CPU or a CUDA device, not {device}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,
+               dtype: Optional[torch.dtype] = None, chunk_tokens: int = 256,
+               block_tokens: int = 16, device=None) -> ModelDesc:
+    """The KV geometry of a transformers decoder (Llama, Qwen2, Mistral and the like): layers, KV
+    heads and head dim read from its config. Given the model itself, its parameters' dtype and
+    device are the KV's unless ``dtype`` or ``device`` say otherwise (a config alone: float32 on
+    the CPU). ``name`` and ``identity`` (a weights revision such as the checkpoint's commit hash,
+    an adapter, a tenant) go into every chunk key: two models whose K/V differ must differ in one
+    of them."""
+    config = getattr(model_or_config, "config", model_or_config)
+    param = None
+    if isinstance(model_or_config, torch.nn.Module):
+        param = next(model_or_config.parameters(), None)
+    if dtype is None:
+        dtype = param.dtype if param is not None else torch.float32
+    if device is None and param is not None:
+        device = param.device
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
     if dtype not in _DTYPES:
         raise ValueError(f"no swiftkv DType for {dtype}")
-    kw = {} if device is None else {"device": device}
-    return ModelDesc(name, num_layers=config.num_hidden_layers, num_kv_heads=kv_heads,
+    index = None if device is None else _device_index(device)
+    kw = {} if index is None else {"device": index}
+    return ModelDesc(name, num_layers=text.num_hidden_layers, num_kv_heads=kv_heads,
                      head_dim=head_dim, block_tokens=block_tokens, chunk_tokens=chunk_tokens,
                      dtype=_DTYPES[dtype], identity=identity, **kw)
 
@@ -66,37 +96,87 @@ class PrefixLoadFailed(RuntimeError):
         self.layer, self.valid_tokens = layer, valid_tokens
 
 
-class SwiftKVCache(DynamicCache):
+class _SwiftKVLayer(DynamicLayer):
+    """One model layer of a SwiftKVCache. In a turn, ``update`` goes through the library (see
+    the module's text) and the layer's length is the cached prefix until then; after the turn
+    it grows as a DynamicLayer."""
+
+    def __init__(self, cache: "SwiftKVCache", index: int):
+        super().__init__()
+        self._cache, self._index = cache, index
+        self._updated = False  # this turn's update has run
+
+    def begin_turn(self) -> None:
+        self.keys = self.values = None
+        self.is_initialized = False
+        self._updated = False
+
+    def get_seq_length(self) -> int:
+        if self._cache._request is not None and not self._updated:
+            return self._cache._use
+        return super().get_seq_length()
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args,
+               **kwargs) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._cache._request is None:  # decoding after a turn: as DynamicLayer
+            return super().update(key_states, value_states, *args, **kwargs)
+        k, v = self._cache._update_in_turn(self._index, key_states, value_states)
+        # Copies: the pages are reused by the next turn while decoding may still read these.
+        self.keys, self.values = k.contiguous(), v.contiguous()
+        self.device = self.keys.device
+        self.is_initialized = True
+        self._updated = True
+        return self.keys, self.values
+
+
+class SwiftKVCache(Cache):
     """A transformers ``Cache`` backed by a libswiftkv borrower model (see the module's text).
 
     ``kv_model`` is a registered swiftkv.Model whose desc matches the transformers model (see
     ``model_desc``); ``max_tokens`` bounds a conversation (the cache's pages hold that many
-    tokens per layer, registered with the library as a vLLM-layout pool of torch tensors)."""
+    tokens per layer, registered with the library as a vLLM-layout pool of torch tensors).
+    ``device`` is where the pages live: by default the model's device as its desc says (the
+    CPU, or ``cuda:<desc.device>``), which the context must use (swiftkv.Context uses every
+    visible device unless told otherwise)."""
 
-    def __init__(self, kv_model: Model, max_tokens: int, *, device: str = "cpu"):
-        super().__init__()
+    def __init__(self, kv_model: Model, max_tokens: int, *, device=None):
         d = kv_model.desc
+        if device is None:
+            device = "cpu" if d.device < 0 else f"cuda:{d.device}"
+        index = _device_index(device)
+        if (index if index is not None else -1) != d.device:
+            raise ValueError(f"the pages would live on {device}, but the model's desc says device "
+                             f"{d.device} (swiftkv.DEVICE_HOST is the CPU): register the model "
+                             "with the device its K/V are on (model_desc(model, ...) reads it)")
+        super().__init__(layers=[_SwiftKVLayer(self, i) for i in range(d.num_layers)])
         self.kv_model = kv_model
         self.dtype = {v: k for k, v in _DTYPES.items()}[DType(d.dtype)]
         self.block_tokens = d.block_tokens
         self.num_pages = -(-max_tokens // d.block_tokens)
         self.max_tokens = self.num_pages * d.block_tokens
-        self.layers = [torch.zeros((2, self.num_pages, d.block_tokens, d.num_kv_heads, d.head_dim),
-                                   dtype=self.dtype, device=device)
-                       for _ in range(d.num_layers)]
-        self.pool = kv_model.pool_from_tensors(self.layers, layout="vllm")
+        self.pages = [torch.zeros((2, self.num_pages, d.block_tokens, d.num_kv_heads, d.head_dim),
+                                  dtype=self.dtype, device=device)
+                      for _ in range(d.num_layers)]
+        self.pool = kv_model.pool_from_tensors(self.pages, layout="vllm")
+        self._device = index  # None: the CPU
         self._request = None
         self._use = 0       # tokens of the prefix the model does not compute this turn
         self._tokens = 0    # the whole turn's tokens
         self.cached_tokens = 0
         self.saved_tokens = 0
 
+    @property
+    def _stream(self):
+        """The stream the model computes on now (None on the CPU): every library call of a turn
+        is enqueued there, so nothing waits on the host between layers."""
+        return None if self._device is None else torch.cuda.current_stream(self._device)
+
     # --- a turn ---------------------------------------------------------------------------
 
     def begin(self, input_ids, *, use_cached: bool = True) -> int:
         """Starts a turn over the whole conversation ``input_ids`` ([T] or [1, T]); returns how
         many leading tokens come from the library: run the model on input_ids[..., that:] with
-        past_key_values=self, then call end()."""
+        this cache, then call end()."""
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2:
             if ids.shape[0] != 1:
@@ -106,9 +186,10 @@ class SwiftKVCache(DynamicCache):
         if n == 0 or n > self.max_tokens:
             raise ValueError(f"a turn of {n} tokens; this cache holds 1..{self.max_tokens}")
         self.end()
-        self.key_cache, self.value_cache = [], []
+        for layer in self.layers:
+            layer.begin_turn()
         pages = torch.arange(-(-n // self.block_tokens), dtype=torch.int32)
-        self._request = self.kv_model.request(self.pool, ids, pages)
+        self._request = self.kv_model.request(self.pool, ids.cpu(), pages)
         info = self._request.info()
         # The model needs at least one token to compute: a prefix covering the whole turn is
         # used up to its last token, which is computed again (and not saved twice).
@@ -116,8 +197,7 @@ class SwiftKVCache(DynamicCache):
         self._use = min(cached, n - 1)
         self._tokens = n
         self.cached_tokens = self._use
-        self._seen_tokens = self._use
-        self._request.start_load()
+        self._request.start_load(self._stream)
         return self._use
 
     def end(self) -> int:
@@ -127,7 +207,7 @@ class SwiftKVCache(DynamicCache):
         req, self._request = self._request, None
         try:
             if req.info()["layers_saved"] == len(self.layers):
-                self.saved_tokens = req.wait_save()
+                self.saved_tokens = req.wait_save(self._stream)
         finally:
             req.finish()
         return self.saved_tokens
@@ -149,9 +229,9 @@ class SwiftKVCache(DynamicCache):
         for _ in range(3):
             start = self.begin(ids, use_cached=use_cached)
             try:
-                positions = torch.arange(start, ids.shape[1])
-                out = model(input_ids=ids[:, start:], past_key_values=self, use_cache=True,
-                            cache_position=positions, position_ids=positions[None], **kwargs)
+                positions = torch.arange(start, ids.shape[1], device=ids.device)
+                out = model(input_ids=ids[:, start:], use_cache=True, position_ids=positions[None],
+                            **_cache_kwarg(model, self), **kwargs)
             except PrefixLoadFailed:
                 self.abort()
                 continue  # the next request finds fewer chunks (or none) cached
@@ -164,10 +244,27 @@ class SwiftKVCache(DynamicCache):
         # Loads kept failing: compute everything.
         return self.prefill_without_cache(model, ids, **kwargs)
 
+    def generate(self, model, input_ids, **kwargs):
+        """One turn through ``model.generate``: the cached prefix is loaded, generate's first
+        forward computes the rest of ``input_ids`` (and the library saves it), and its decoding
+        steps go on as with DynamicCache. Returns what generate returns; ``cached_tokens`` says
+        how much of the prompt came from the library."""
+        ids = torch.as_tensor(input_ids)
+        if ids.dim() == 1:
+            ids = ids[None]
+        self.begin(ids)
+        try:
+            out = model.generate(input_ids=ids, **_cache_kwarg(model, self), **kwargs)
+        except BaseException:
+            self.abort()
+            raise
+        self.end()
+        return out
+
     def prefill_without_cache(self, model, ids, **kwargs):
         self.begin(ids, use_cached=False)
         try:
-            out = model(input_ids=ids, past_key_values=self, use_cache=True, **kwargs)
+            out = model(input_ids=ids, use_cache=True, **_cache_kwarg(model, self), **kwargs)
         except BaseException:
             self.abort()
             raise
@@ -175,17 +272,10 @@ class SwiftKVCache(DynamicCache):
         out.cached_tokens = 0
         return out
 
-    # --- transformers' Cache interface -----------------------------------------------------
+    # --- what a layer's update does in a turn ---------------------------------------------
 
-    def get_seq_length(self, layer_idx: Optional[int] = 0) -> int:
-        if self._request is not None and len(self.key_cache) <= (layer_idx or 0):
-            return self._use
-        return super().get_seq_length(layer_idx)
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: Optional[Dict[str, Any]] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-        if self._request is None:  # decoding after a turn: as DynamicCache
-            return super().update(key_states, value_states, layer_idx, cache_kwargs)
+    def _update_in_turn(self, layer_idx: int, key_states: torch.Tensor,
+                        value_states: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         if key_states.shape[0] != 1:
             raise ValueError("SwiftKVCache serves one sequence at a time (batch 1)")
         new = key_states.shape[-2]
@@ -193,28 +283,36 @@ class SwiftKVCache(DynamicCache):
             raise ValueError(f"layer {layer_idx}: {new} new tokens after a prefix of {self._use}, "
                              f"but the turn has {self._tokens} tokens: run the model on "
                              "input_ids[..., cached_tokens:]")
-        valid = self._request.wait_layer_load(layer_idx)
+        # Enqueued on the current stream: the layer's pages are written after its load lands.
+        valid = self._request.wait_layer_load(layer_idx, self._stream)
         if valid < self._use:
             raise PrefixLoadFailed(layer_idx, valid, self._use)
-        k_all = self.layers[layer_idx][0].view(-1, *self.layers[layer_idx].shape[3:])
-        v_all = self.layers[layer_idx][1].view(-1, *self.layers[layer_idx].shape[3:])
-        # [1, heads, new, dim] -> the pages' [token, heads, dim]
-        k_all[self._use:self._tokens] = key_states[0].transpose(0, 1).to(self.dtype)
-        v_all[self._use:self._tokens] = value_states[0].transpose(0, 1).to(self.dtype)
-        self._request.save_layer(layer_idx)
+        page = self.pages[layer_idx]
+        k_all = page[0].view(-1, *page.shape[3:])
+        v_all = page[1].view(-1, *page.shape[3:])
+        # [1, heads, new, dim] -> the pages' [token, heads, dim]. The pages are the library's
+        # memory, outside any autograd graph.
+        with torch.no_grad():
+            k_all[self._use:self._tokens] = key_states[0].transpose(0, 1).to(self.dtype)
+            v_all[self._use:self._tokens] = value_states[0].transpose(0, 1).to(self.dtype)
+        self._request.save_layer(layer_idx, self._stream)
         k = k_all[:self._tokens].transpose(0, 1).unsqueeze(0)
         v = v_all[:self._tokens].transpose(0, 1).unsqueeze(0)
-        while len(self.key_cache) <= layer_idx:
-            self.key_cache.append([])
-            self.value_cache.append([])
-        # Copies: the pages are reused by the next turn while decoding may still read these.
-        self.key_cache[layer_idx] = k.contiguous()
-        self.value_cache[layer_idx] = v.contiguous()
-        if layer_idx == 0:
-            self._seen_tokens = self._tokens
-        return self.key_cache[layer_idx], self.value_cache[layer_idx]
+        if layer_idx == len(self.layers) - 1:
+            # The turn's forward is done with the library: what follows (generate's decoding
+            # steps) grows the layers as DynamicCache does.
+            k, v = k.contiguous(), v.contiguous()
+            self.end()
+        return k, v
 
     def close(self) -> None:
         """Ends any turn and the pool (the context also does this when it closes)."""
         self.abort()
         self.pool.close()
+
+
+def _cache_kwarg(model, cache) -> dict:
+    """The keyword a model's forward takes its cache by: ``cache`` in newer 5.x releases,
+    ``past_key_values`` in earlier ones."""
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
