@@ -3,7 +3,11 @@
 SWIG call under it measured in the same run (interleaved, same thread): Model.lookup with
 tokens as a uint32 numpy array, an int64 numpy array, a torch int64 tensor (when torch is
 there) and a list, over a prompt whose chunks are all cached in the host tier; and the
-connector's per-layer calls for a batch of 64 open requests over 32 layers.
+connector's per-layer calls for a batch of 64 open requests over 32 layers. With torch and a
+CUDA device: a load of 16 chunks from the host tier into a pool of torch CUDA tensors (16-token
+pages, vLLM layout), through swiftkv.Request and through the raw SWIG calls, each beside one
+pinned-host-to-device copy of the same bytes, interleaved; GB/s of KV loaded (the C path's own
+figure is bench_transfer's).
 
     PYTHONPATH=build/bindings/python python3 bench/bench_python.py [--tokens 256] [--reps 9]
 
@@ -79,6 +83,73 @@ def connector_calls(reps: int) -> dict:
     return out
 
 
+def cuda_loads(reps: int):
+    """GB/s of a 16-chunk load from the host tier into a torch CUDA pool through Request, through
+    the raw SWIG calls, and of one pinned copy of the same bytes; None without torch and a CUDA
+    device. Timed from start_load to the stream's end; the request's begin (host planning) and
+    finish are outside the timing, as in bench_transfer."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available() or swiftkv.device_count() == 0:
+        return None
+    layers, heads, dim, chunk, page, chunks = 8, 8, 128, 256, 16, 16
+    desc = swiftkv.ModelDesc("bench-python-cuda", num_layers=layers, num_kv_heads=heads,
+                             head_dim=dim, block_tokens=page, chunk_tokens=chunk, device=0)
+    n_pages = chunks * chunk // page
+    nbytes = chunks * desc.chunk_bytes
+    out = {"Request load": [], "raw SWIG load": [], "pinned copy": []}
+    with swiftkv.Context(host_budget_bytes=2 * nbytes + (64 << 20)) as ctx:
+        model = ctx.register_model(desc)
+        tokens = np.arange(chunks * chunk, dtype=np.uint32)
+        model.store(tokens, np.full(nbytes, 0x3C, np.uint8))
+        kv = [torch.zeros((2, n_pages, page, heads, dim), dtype=torch.float16, device="cuda")
+              for _ in range(layers)]
+        pool = model.pool_from_tensors(kv, layout="vllm")
+        pages = np.random.default_rng(1).permutation(n_pages).astype(np.int32)
+        stream = torch.cuda.Stream()
+        src = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        h = ctx.handle
+        shape = swiftkv.RequestShape.LOAD_ONLY
+
+        def load(raw: bool) -> float:
+            r = model.request(pool, tokens, pages, shape=shape)
+            stream.synchronize()
+            t0 = time.perf_counter_ns()
+            if raw:
+                sh = swiftkv.stream_handle(stream)
+                capi.swiftkv_start_load(h, r.id, sh)
+                for layer in range(layers):
+                    capi.swiftkv_wait_layer_load(h, r.id, layer, sh)
+            else:
+                r.start_load(stream)
+                for layer in range(layers):
+                    r.wait_layer_load(layer, stream)
+            stream.synchronize()
+            t = (time.perf_counter_ns() - t0) / 1e9
+            if r.finish()["valid_end_tokens"] != len(tokens):
+                raise SystemExit("bench_python: a CUDA load came back short")
+            return nbytes / t / 1e9
+
+        def copy() -> float:
+            stream.synchronize()
+            t0 = time.perf_counter_ns()
+            with torch.cuda.stream(stream):
+                dst.copy_(src, non_blocking=True)
+            stream.synchronize()
+            return nbytes / ((time.perf_counter_ns() - t0) / 1e9) / 1e9
+
+        load(False), load(True), copy()  # warm-up
+        for _ in range(reps):
+            out["Request load"].append(load(False))
+            out["raw SWIG load"].append(load(True))
+            out["pinned copy"].append(copy())
+        pool.close()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=256)
@@ -134,6 +205,16 @@ def main() -> None:
         med, lo = statistics.median(xs), min(xs)
         report[name] = {"median_us": round(med, 3), "min_us": round(lo, 3)}
         print(f"{name:40} {med:10.2f} {lo:10.2f}")
+    loads = cuda_loads(args.reps)
+    if loads is not None:
+        print(f"CUDA loads, 16 chunks of 8 layers from the host tier into a torch CUDA pool, "
+              f"GB/s median / max of {args.reps}, beside one pinned copy of the same bytes")
+        copy_med = statistics.median(loads["pinned copy"])
+        for name, xs in loads.items():
+            med, hi = statistics.median(xs), max(xs)
+            report[name] = {"median_gbs": round(med, 2), "max_gbs": round(hi, 2),
+                            "over_pinned_copy": round(med / copy_med, 3)}
+            print(f"{name:40} {med:10.1f} {hi:10.1f} {med / copy_med:8.2f}")
     print(json.dumps({"bench": "python", "tokens": args.tokens, "results": report}))
 
 

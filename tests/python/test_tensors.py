@@ -37,6 +37,8 @@ def test_tensor_info_reads_every_protocol():
     assert (tx.address, tx.shape, tx.strides, tx.itemsize, tx.kind) == (
         x.data_ptr(), (2, 4, 3), tuple(x.stride()), 2, "bf")
     assert swiftkv.tensor_info(x).span_bytes == ((2 - 1) * 15 + (4 - 1) * 3 + 2 + 1) * 2
+    g = torch.zeros((2, 3), requires_grad=True)  # read through a detached view: same memory
+    assert swiftkv.tensor_info(g).address == g.data_ptr()
     b = bytearray(10)
     tb = swiftkv.tensor_info(b)
     assert tb.shape == (10,) and tb.itemsize == 1 and not tb.readonly
@@ -140,6 +142,30 @@ def test_pool_from_tensors_round_trip(small_model, layout):
                 k, v = _token_slot(layout, tensors, l, pages2[tok // B], tok % B)
                 assert torch.equal(k, truth[l, tok, 0]) and torch.equal(v, truth[l, tok, 1])
         pool.close()
+
+
+def test_a_tensor_changed_under_its_pool_is_refused(ctx, small_model):
+    """A registered tensor resized (its memory gone) or pointed at other memory is refused at the
+    next request, with nothing begun; dropping the engine's own reference is harmless (the pool
+    keeps the tensor alive)."""
+    m = ctx.register_model(small_model)
+    tensors = _engine_tensors("vllm", 8)
+    pool = m.pool_from_tensors(tensors)
+    ref = weakref.ref(tensors[1])
+    del tensors[1]
+    gc.collect()
+    assert ref() is not None  # the pool holds it
+    tokens = tokens_of(3, 32)
+    with m.request(pool, tokens, [0, 1]) as r:
+        r.start_load()
+    tensors[0].resize_(0)  # its storage is freed
+    with pytest.raises(swiftkv.StateError, match="tensor 0 changed since it was registered"):
+        m.request(pool, tokens, [0, 1])
+    assert ctx.stats()["requests_open"] == 0
+    tensors[0].set_(torch.zeros((2, 8, B, H, D), dtype=torch.float16))  # other memory, same shape
+    with pytest.raises(swiftkv.StateError, match="register the tensors again"):
+        m.request(pool, tokens, [0, 1])
+    pool.close()
 
 
 def test_pool_from_tensors_names_what_contradicts_the_model(ctx, small_model):

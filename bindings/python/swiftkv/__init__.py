@@ -459,7 +459,12 @@ def device_count() -> int:
 
 class Context:
     """One per engine process (swiftkv_ctx). Keyword arguments are swiftkv_ctx_config fields;
-    ``clock`` is a callable returning monotonic nanoseconds. Thread-safe, like the C context."""
+    ``clock`` is a callable returning monotonic nanoseconds. Thread-safe, like the C context.
+
+    ``device_mask`` defaults to every CUDA device this process sees (none on a machine without
+    one), where the C config's default is 0, host memory only: a Python engine with a model on
+    a GPU needs no option for its pools and loads there. Pass ``device_mask=0`` for host only
+    (its host memory is then not page-locked)."""
 
     _CONFIG = ("device_mask", "host_budget_bytes", "host_numa_node", "disk_path",
                "disk_budget_bytes", "eviction_policy", "demote_free_percent",
@@ -472,6 +477,8 @@ class Context:
 
     def __init__(self, *, clock: Optional[Callable[[], int]] = None, **config):
         c = _c.swiftkv_ctx_config_init()
+        if "device_mask" not in config:
+            config["device_mask"] = (1 << device_count()) - 1
         keep = []
         table = config.pop("attention_cost_table", None)
         if table is not None:
@@ -973,8 +980,12 @@ class Model:
         d.layer_span_bytes = span
         d.page_stride, d.kv_stride, d.token_stride, d.head_stride = strides
         _, pid = _c.swiftkv_pool_register(self.ctx.handle, self.id, d)
-        return self.ctx._adopt(Pool(self, pid, (list(keep) if isinstance(keep, (list, tuple))
-                                                else [keep], bases)))
+        kept = list(keep) if isinstance(keep, (list, tuple)) else [keep]
+        pool = self.ctx._adopt(Pool(self, pid, (kept, bases)))
+        # What each tensor was when registered, to refuse one resized or moved since (its
+        # memory may be gone: the library would write there).
+        pool._was = [(t, _layout_of(t)) for t in kept if not isinstance(t, int)]
+        return pool
 
     def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0,
                 shape: RequestShape = RequestShape.LOAD_AND_SAVE) -> "Request":
@@ -1106,12 +1117,33 @@ class Elastic:
 # --- Pools and requests -------------------------------------------------------------------------
 
 
+def _layout_of(t):
+    """A tensor's address, shape and strides as the library was told them."""
+    i = tensor_info(t)
+    return i.address, i.shape, i.strides
+
+
 class Pool:
     """A borrower's paged KV pool (swiftkv_pool_create or swiftkv_pool_register)."""
 
     def __init__(self, model: Model, pid: int, keep):
         self.model, self.id, self._keep = model, pid, keep
+        self._was = []  # (tensor, (address, shape, strides)) of registered tensors
         self._open = True
+
+    def check_tensors(self) -> None:
+        """Raises StateError when a tensor registered in this pool was resized or its memory
+        moved (torch's resize_, set_) since: the library would read and write memory that is no
+        longer the tensor's. Every request on the pool checks it first. The pool keeps its
+        tensors alive, so deleting the engine's own reference is harmless."""
+        for n, (t, was) in enumerate(self._was):
+            now = _layout_of(t)
+            if now != was:
+                raise StateError(Status.ESTATE,
+                                 f"pool {self.id}: tensor {n} changed since it was registered "
+                                 f"(address {was[0]:#x}, shape {tuple(was[1])} -> address "
+                                 f"{now[0]:#x}, shape {tuple(now[1])}): register the tensors "
+                                 "again as a new pool")
 
     def close(self) -> None:
         """Ends the pool (EBUSY, and it stays open, while a request uses it)."""
@@ -1161,6 +1193,7 @@ class Request:
 
     def __init__(self, model, pool, tokens, pages, load_from_tokens,
                  shape=RequestShape.LOAD_AND_SAVE):
+        pool.check_tensors()
         self.model, self.pool = model, pool
         self._tokens = _tokens(tokens)
         self._pages = _tokens_like(pages, np.int32)
