@@ -1276,7 +1276,9 @@ void many_borrowers_many_grants(void **) {
   assert_int_equal(v.owned, kCapacityBlocks);
   assert_int_equal(v.lent + v.leases, 0);
   assert_int_equal(v.sessions, kBorrowers);
-  assert_true(v.reclaims_sent >= 1);  // (a lease a borrower's tier could not take went back)
+  // IN_PROGRESS above: leases were asked back. How many by a reclaim message depends on timing
+  // (a borrower also learns it from a heartbeat's answer, and may give a lease back first), but
+  // every one sent was acked.
   assert_int_equal(v.reclaims_acked, v.reclaims_sent);
   for (Borrower &b : bs) assert_int_equal(lent_capacity(cache_stats(b)), 0);
   for (Borrower &b : bs) swiftkv_ctx_destroy(b.ctx);
