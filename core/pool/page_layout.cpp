@@ -19,6 +19,22 @@ struct Dim {
   uint64_t extent;
 };
 
+// Whether an element offset minus another (in elements) can be `d`: d = sum over dims[0..k] of
+// stride * t with |t| < extent. The dims are sorted by stride and nested (each stride steps over
+// what the smaller ones reach), so at each dimension only the two multiples of its stride that
+// leave a remainder inside the smaller ones' reach can work.
+bool offsets_differ_by(const std::array<Dim, 5> &dims, int k, int64_t d) {
+  if (k < 0) return d == 0;
+  const Dim &dim = dims[static_cast<size_t>(k)];
+  const auto last = static_cast<int64_t>(dim.extent) - 1;
+  if (last == 0) return offsets_differ_by(dims, k - 1, d);
+  const int64_t t0 = d >= 0 ? d / dim.stride : -((-d + dim.stride - 1) / dim.stride);
+  for (const int64_t t : {t0, t0 + 1}) {
+    if (t >= -last && t <= last && offsets_differ_by(dims, k - 1, d - t * dim.stride)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 void check_page_layout(const PageLayout &l, const ModelGeometry &g, std::string_view arg) {
@@ -78,6 +94,24 @@ void check_page_layout(const PageLayout &l, const ModelGeometry &g, std::string_
   std::sort(sorted.begin(), sorted.end());
   if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
     fail_invalid(a + ": two layers have the same base");
+  }
+  // Layers are one lattice of elements at different bases: two meet where their bases differ by
+  // a difference of element offsets. Spans may interleave (cross-layer pages), elements may not:
+  // a load into one layer would overwrite another's.
+  for (size_t i = 0; i < l.layer_base.size(); ++i) {
+    for (size_t j = 0; j < l.layer_base.size(); ++j) {
+      const auto pi = reinterpret_cast<uintptr_t>(l.layer_base[i]);
+      const auto pj = reinterpret_cast<uintptr_t>(l.layer_base[j]);
+      if (pj <= pi || pj - pi >= span_bytes) continue;
+      const auto d = static_cast<int64_t>((pj - pi) / l.dtype_bytes);
+      if ((pj - pi) % l.dtype_bytes == 0 && offsets_differ_by(dims, 4, d)) {
+        fail_invalid(a + ": layers " + std::to_string(i) + " and " + std::to_string(j) +
+                     " share memory (layer " + std::to_string(j) + " starts " +
+                     std::to_string(pj - pi) + " bytes after layer " + std::to_string(i) +
+                     ", at one of its elements); only stream pages may alias, and they do so "
+                     "by mapping, not by address");
+      }
+    }
   }
 }
 

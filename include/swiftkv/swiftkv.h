@@ -1315,7 +1315,9 @@ SWIFTKV_API void swiftkv_pool_desc_init(swiftkv_pool_desc *out);
  * reused). The descriptor is checked against the model (layers, heads, head dim, dtype) and
  * itself; the message names the field that is wrong. The engine keeps the memory, which must
  * outlive the pool. For a model on a CUDA device the bases are that device's memory, which the
- * context must use (SWIFTKV_ENODEV otherwise). Thread-safe. */
+ * context must use (SWIFTKV_ENODEV otherwise). No element of one layer may share an address
+ * with an element of another (EINVAL naming the two layers): spans may interleave, as
+ * cross-layer pages do, but stream pages alias by mapping, never by address. Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_pool_register(uint32_t *pool_out, swiftkv_ctx *ctx,
                                                  uint32_t model, const swiftkv_pool_desc *desc);
 

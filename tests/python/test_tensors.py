@@ -168,6 +168,16 @@ def test_a_tensor_changed_under_its_pool_is_refused(ctx, small_model):
     pool.close()
 
 
+def test_layers_that_overlap_are_refused(ctx, small_model):
+    """Two slices of one tensor that share pages are two layers on the same memory: a load into
+    one would overwrite the other. Refused, naming the layers; disjoint slices are fine."""
+    m = ctx.register_model(small_model)
+    big = torch.zeros((12, 2, B, H, D), dtype=torch.float16)
+    with pytest.raises(swiftkv.InvalidArgument, match="layers 0 and 1 share memory"):
+        m.pool_from_tensors([big[0:8], big[4:12]])
+    m.pool_from_tensors([big[0:6], big[6:12]]).close()
+
+
 def test_pool_from_tensors_names_what_contradicts_the_model(ctx, small_model):
     m = ctx.register_model(small_model)
     with pytest.raises(ValueError, match=r"dimension 3 \(kv_heads\) is 4 .*num_kv_heads=2"):

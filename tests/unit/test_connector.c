@@ -746,6 +746,20 @@ static void bad_pool_descriptors_are_rejected(void **state) {
   bases[2] = (char *)e.d.layer_base[2] + 1;
   assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
   assert_message_contains("not aligned");
+  /* Layers that share memory: layer 2 starting at layer 1's page 4 (the overlap of two slices
+   * of one tensor), and at layer 1's V of page 0 (interleaved with it, not on a page). */
+  const size_t page_bytes = (size_t)good.page_stride * 2;
+  bases[2] = (char *)e.d.layer_base[1] + 4 * page_bytes;
+  d.layer_span_bytes = good.layer_span_bytes - 4 * page_bytes;
+  d.num_pages = PAGES - 4;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_message_contains("layers 1 and 2 share memory");
+  d = good;
+  bases[2] = (char *)e.d.layer_base[1] + (size_t)good.kv_stride * 2;
+  assert_status(swiftkv_pool_register(&id, e.ctx, e.model, &d), SWIFTKV_EINVAL);
+  assert_message_contains("share memory");
+  /* (Spans that interleave with no element in common, cross-layer pages, are accepted: the
+   * CROSS engine of the round trips registers one.) */
   bases[2] = e.d.layer_base[2];
   assert_status(swiftkv_pool_register(&id, e.ctx, e.model + 5, &d), SWIFTKV_ENOTFOUND);
   d.reserved0 = 1;
