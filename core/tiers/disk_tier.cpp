@@ -6,6 +6,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -36,7 +37,8 @@ constexpr char kSegMagic[8] = {'S', 'W', 'K', 'V', 'S', 'E', 'G', '\0'};
 constexpr char kRecMagic[8] = {'S', 'W', 'K', 'V', 'R', 'E', 'C', '\0'};
 constexpr uint32_t kChunkRecord = 1;
 constexpr uint32_t kCommitRecord = 2;
-constexpr uint32_t kDeadMark = 0x44414544;  // "DEAD": the record was freed
+constexpr uint32_t kDeadMark = 0x44414544;     // "DEAD": the record was freed
+constexpr char kLockName[] = ".swiftkv.lock";  // the directory's owner, by flock and pid
 constexpr char kSegPrefix[] = "seg-";
 constexpr char kSegSuffix[] = ".kvlog";
 // A header, one record of an empty payload and room for a commit record.
@@ -279,6 +281,27 @@ DiskTier::DiskTier(DiskOptions options) : options_(std::move(options)) {
   }
   if (::access(options_.dir.c_str(), R_OK | W_OK | X_OK) != 0) {
     fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not writable: " + errno_text(errno));
+  }
+  // Two tiers on one directory would each take the whole budget and recover each other's
+  // segments as their own: one owner at a time, the other refused. flock is held per open file,
+  // so a second context in the same process is refused too, and the kernel releases a dead
+  // owner's lock.
+  const std::string lock_path = options_.dir + "/" + kLockName;
+  lock_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  if (!lock_) fail(SWIFTKV_EIO, "cannot open " + lock_path + ": " + errno_text(errno));
+  if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e != EWOULDBLOCK) fail(SWIFTKV_EIO, "cannot lock " + lock_path + ": " + errno_text(e));
+    char pid[32] = {};
+    const ssize_t n = ::pread(lock_.get(), pid, sizeof pid - 1, 0);
+    const std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "unknown";
+    fail(SWIFTKV_EBUSY, "disk_path " + options_.dir + " is in use by another context (pid " +
+                            holder + " holds " + lock_path + ")");
+  }
+  const std::string me = std::to_string(::getpid());
+  if (::ftruncate(lock_.get(), 0) != 0 ||
+      ::pwrite(lock_.get(), me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
+    log_warn("disk tier: could not write this pid into " + lock_path + ": " + errno_text(errno));
   }
   // At least two segments (one stays free for cleaning); by default at least four.
   const uint64_t wanted =
@@ -936,7 +959,7 @@ std::vector<std::pair<uint32_t, std::string>> DiskTier::segment_files(Recovery &
   std::vector<std::pair<uint32_t, std::string>> names;
   while (const dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
-    if (name == "." || name == "..") continue;
+    if (name == "." || name == ".." || name == kLockName) continue;
     const std::optional<uint32_t> n = segment_number(name);
     if (!n) {
       ++rec.skipped;  // not ours: left alone

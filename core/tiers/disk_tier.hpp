@@ -223,6 +223,9 @@ class DiskTier final : public TierStore {
   std::vector<Found> admit_locked(const std::vector<size_t> &order, Recovery &rec);
 
   const DiskOptions options_;
+  // The directory's lock (kLockName, flock'ed): one tier at a time owns a disk path, and the
+  // kernel lets go of it when the owner dies.
+  UniqueFd lock_;
   uint64_t segment_bytes_ = 0;
   uint64_t max_segments_ = 0;  // budget / segment_bytes_
   mutable std::mutex mu_;

@@ -299,7 +299,9 @@ typedef struct swiftkv_ctx_config {
                                  libnuma accepts only AUTO and 0 (SWIFTKV_EUNSUPPORTED else). */
   uint32_t reserved0;         /* must be 0 */
   const char *disk_path;      /* directory for the disk tier, or NULL (default: no disk tier). It
-                                 must exist and be writable; the context copies the string. */
+                                 must exist and be writable; the context copies the string. One
+                                 context owns it at a time (its .swiftkv.lock): another that
+                                 holds it makes create SWIFTKV_EBUSY. */
   uint64_t disk_budget_bytes; /* the most bytes the disk tier may hold; > 0 exactly when
                                  disk_path is set. Default 0. */
   /* Version 2: the chunk cache (see "Chunk cache" below). */

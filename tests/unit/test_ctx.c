@@ -1,10 +1,13 @@
 /* The context: defaults, the versioned config (copy, defaults, refusal of unknown versions),
- * validation of devices, NUMA node and disk tier with nothing created on failure, and
+ * validation of devices, NUMA node and disk tier with nothing created on failure, one owner of
+ * a disk path at a time (in this process, in another, and after that one is killed), and
  * concurrent creation. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test_support.h"
@@ -105,6 +108,14 @@ static void numa_node(void **state) {
   assert_ptr_equal(out, CTX_SENTINEL);
 }
 
+/* Removes a disk directory a context used: its segment files and the lock file it leaves (a
+ * lock file is never removed by its owner, or a late opener could lock a name no longer there). */
+static void remove_disk_dir(const char *dir) {
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 static void disk_tier(void **state) {
   (void)state;
   char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
@@ -144,7 +155,49 @@ static void disk_tier(void **state) {
   c.disk_path = file;
   create_refused(&c, SWIFTKV_EINVAL, "is not a directory");
   assert_int_equal(unlink(file), 0);
-  assert_int_equal(rmdir(dir), 0);
+  remove_disk_dir(dir);
+}
+
+/* A disk path has one owner at a time: a second context on it, in this process or another, is
+ * refused with EBUSY naming the holder's pid and nothing made; the owner's close, or its death,
+ * lets the next one in. */
+static void a_disk_path_has_one_owner(void **state) {
+  (void)state;
+  char dir[] = "/tmp/swiftkv-ctx-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = dir;
+  c.disk_budget_bytes = UINT64_C(16) << 20;
+  swiftkv_ctx *first = create_ok(&c);
+  char holder[64];
+  snprintf(holder, sizeof holder, "in use by another context (pid %d holds", (int)getpid());
+  create_refused(&c, SWIFTKV_EBUSY, holder);
+  swiftkv_ctx_destroy(first);
+  swiftkv_ctx_destroy(create_ok(&c)); /* closed: free again */
+
+  /* Another process holds it, then is killed: the kernel lets go of its lock. */
+  int ready[2];
+  assert_int_equal(pipe(ready), 0);
+  const pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    swiftkv_ctx *mine = NULL;
+    const char ok = swiftkv_ctx_create(&mine, &c) == SWIFTKV_OK ? 'y' : 'n';
+    if (write(ready[1], &ok, 1) != 1) _exit(2);
+    for (;;) pause();
+  }
+  char ok = 0;
+  assert_int_equal(read(ready[0], &ok, 1), 1);
+  assert_int_equal(ok, 'y');
+  snprintf(holder, sizeof holder, "(pid %d holds", (int)child);
+  create_refused(&c, SWIFTKV_EBUSY, holder);
+  assert_int_equal(kill(child, SIGKILL), 0);
+  int status = 0;
+  assert_int_equal(waitpid(child, &status, 0), child);
+  close(ready[0]);
+  close(ready[1]);
+  swiftkv_ctx_destroy(create_ok(&c));
+  remove_disk_dir(dir);
 }
 
 static void config_size_and_version(void **state) {
@@ -277,7 +330,7 @@ static void version_4_callers_get_disk_log_defaults(void **state) {
   swiftkv_ctx_config bad = SWIFTKV_CTX_CONFIG_INIT;
   bad.transfer_threads = 65;
   create_refused(&bad, SWIFTKV_EINVAL, "config->transfer_threads (65) is above 64");
-  rmdir(dir);
+  remove_disk_dir(dir);
 }
 
 /* A program built against version 5 (no request bound) gets 4096 open requests; get_config
@@ -567,6 +620,7 @@ int main(void) {
       cmocka_unit_test(host_budget_is_kept),
       cmocka_unit_test(numa_node),
       cmocka_unit_test(disk_tier),
+      cmocka_unit_test(a_disk_path_has_one_owner),
       cmocka_unit_test(config_size_and_version),
       cmocka_unit_test(version_1_callers_get_cache_defaults),
       cmocka_unit_test(version_3_callers_get_coord_defaults),
