@@ -138,3 +138,33 @@ func TestCloseWaitsForCallsInFlight(t *testing.T) {
 	_, err = c.Stats()
 	wantStatus(t, err, ESTATE)
 }
+
+// Closing a context ends the regions made in it that are still open, before the context
+// itself (the C library needs them gone first): later calls on them say they are closed, and
+// their own Close, or their finalizer, does nothing more.
+func TestContextCloseEndsItsRegions(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c, err := NewContext(cfg)
+	noErr(t, err)
+	b := small()
+	kept := val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64}))
+	val(kept.Lend(1))
+	for i := 0; i < 8; i++ { // dropped without Close: the finalizers find them ended
+		val(c.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64}))
+	}
+	c.Close()
+	_, err = kept.Stats()
+	wantStatus(t, err, ESTATE)
+	kept.Close()
+	runtime.GC()
+	runtime.GC()
+	// A finalizer run after its context is gone would have crashed the program by now; one
+	// more context made and closed shows the library still works.
+	c2, err := NewContext(cfg)
+	noErr(t, err)
+	e := val(c2.NewElastic(ElasticConfig{Lender: lender(), Borrower: &b, CapacityBlocks: 64}))
+	val(e.Lend(1))
+	c2.Close()
+	e.Close()
+}

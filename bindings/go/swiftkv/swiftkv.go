@@ -436,6 +436,11 @@ type Context struct {
 	raw    *C.swiftkv_ctx
 	evMu   sync.Mutex // guards events
 	events cgo.Handle
+	// The regions made in this context and not yet closed: Close ends them first, as the C
+	// library requires. It holds their handles, not the Elastic values, so that a region the
+	// program drops is still ended by its finalizer.
+	regMu   sync.Mutex
+	regions map[*regionHandle]struct{}
 }
 
 func NewContext(cfg Config) (*Context, error) {
@@ -501,6 +506,13 @@ func NewContext(cfg Config) (*Context, error) {
 func (c *Context) Close() {
 	if !c.g.close() {
 		return
+	}
+	c.regMu.Lock()
+	open := c.regions
+	c.regions = nil
+	c.regMu.Unlock()
+	for r := range open {
+		r.close()
 	}
 	C.swiftkv_ctx_destroy(c.raw)
 	c.raw = nil
@@ -944,9 +956,24 @@ type ElasticConfig struct {
 
 // Elastic is a lender's elastic region; safe from any goroutine.
 type Elastic struct {
+	*regionHandle
+	ctx *Context // the region lives in its context, which ends it first when it is closed
+}
+
+// regionHandle is a region's C handle and the guard of the calls on it, shared by the Elastic
+// and the Context it was made in.
+type regionHandle struct {
 	g   guard
-	ctx *Context // the region lives in its context: the context outlives it
 	raw *C.swiftkv_elastic
+}
+
+// close ends the region once the calls in flight on it have returned (the first close only).
+func (r *regionHandle) close() {
+	if !r.g.close() {
+		return
+	}
+	C.swiftkv_elastic_destroy(r.raw)
+	r.raw = nil
 }
 
 func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
@@ -982,21 +1009,29 @@ func (c *Context) NewElastic(cfg ElasticConfig) (*Elastic, error) {
 	if cfg.KeepCommitted {
 		ec.flags = C.SWIFTKV_ELASTIC_KEEP_COMMITTED
 	}
-	e := &Elastic{ctx: c}
+	e := &Elastic{regionHandle: &regionHandle{}, ctx: c}
 	if err := check(func() C.swiftkv_status { return C.swiftkv_elastic_create(&e.raw, h, ec) }); err != nil {
 		return nil, err
 	}
+	// Known to the context before the call that made it returns: a Close of the context waits
+	// for this call, then ends the region.
+	c.regMu.Lock()
+	if c.regions == nil {
+		c.regions = make(map[*regionHandle]struct{})
+	}
+	c.regions[e.regionHandle] = struct{}{}
+	c.regMu.Unlock()
 	runtime.SetFinalizer(e, func(e *Elastic) { e.Close() })
 	return e, nil
 }
 
 // Close ends the region and every lease on it, once the calls in flight on it have returned.
+// Closing its Context closes it too.
 func (e *Elastic) Close() {
-	if !e.g.close() {
-		return
-	}
-	C.swiftkv_elastic_destroy(e.raw)
-	e.raw = nil
+	e.regionHandle.close()
+	e.ctx.regMu.Lock()
+	delete(e.ctx.regions, e.regionHandle)
+	e.ctx.regMu.Unlock()
 	runtime.KeepAlive(e.ctx)
 }
 
