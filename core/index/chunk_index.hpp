@@ -59,6 +59,17 @@ struct SlotRef {
 inline constexpr uint32_t kEncodingCodecMask = 0xff;
 inline constexpr uint32_t kEncodingLossy = uint32_t{1} << 31;
 inline constexpr size_t kCodecCount = 4;  // raw, zstd, kivi, fp8
+// The codecs that are lossy by definition (kivi, fp8), as bits by codec number: their chunks are
+// lossy whatever bit 31 says (codec::lossless is the same rule; a test ties the two).
+inline constexpr uint32_t kLossyCodecBits = (uint32_t{1} << 2) | (uint32_t{1} << 3);
+
+// Whether an encoding read from outside (a disk record) is one the library writes: a known codec,
+// and bit 31 set where the codec is lossy. A contradiction is a corrupt record.
+constexpr bool encoding_consistent(uint32_t e) noexcept {
+  const uint32_t c = e & kEncodingCodecMask;
+  if (c >= kCodecCount) return false;
+  return ((kLossyCodecBits >> c) & 1u) == 0 || (e & kEncodingLossy) != 0;
+}
 
 // What the index keeps about a chunk besides its place.
 struct ChunkMeta {
@@ -73,7 +84,11 @@ struct ChunkMeta {
   uint64_t stored() const noexcept { return stored_bytes != 0 ? stored_bytes : bytes; }
   // Whether the stored bytes are a frame to decode (not the chunk's bytes as they are).
   bool encoded() const noexcept { return (encoding & kEncodingCodecMask) != 0; }
-  bool lossy() const noexcept { return (encoding & kEncodingLossy) != 0; }
+  // Lossy: bit 31, or a lossy codec (so that a cleared bit never passes a kivi chunk as exact).
+  bool lossy() const noexcept {
+    const uint32_t c = encoding & kEncodingCodecMask;
+    return (encoding & kEncodingLossy) != 0 || (c < 32 && ((kLossyCodecBits >> c) & 1u) != 0);
+  }
   size_t codec_index() const noexcept {
     const uint32_t c = encoding & kEncodingCodecMask;
     return c < kCodecCount ? c : 0;

@@ -669,6 +669,11 @@ uint64_t ChunkCache::compress(const ChunkKey &model, std::span<const ChunkKey> k
   if (!c) fail_invalid("the model is not registered with the chunk cache");
   if (to) {
     codec::check_params(c->shape, *to);
+    if (!codec::lossless(to->codec) && !c->accept_lossy) {
+      fail_invalid(std::string("the codec ") + codec::codec_name(to->codec) +
+                   " is lossy, and the model accepts exact bytes only: its chunks could never "
+                   "load (set accept_lossy)");
+    }
   } else if (!c->adaptive.enabled) {
     fail_invalid("the policy chooses only for a model in adaptive mode; name a codec");
   }

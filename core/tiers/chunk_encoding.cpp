@@ -61,8 +61,15 @@ void check_compression(const ModelCompression &c) {
                    " tier holds decoded chunks only: it takes no codec");
     }
   }
-  for (const std::optional<codec::CodecParams> &p : c.fixed) {
-    if (p) codec::check_params(c.shape, *p);
+  for (const Tier t : {Tier::host, Tier::disk}) {
+    const std::optional<codec::CodecParams> &p = c.fixed[tier_slot(t)];
+    if (!p) continue;
+    codec::check_params(c.shape, *p);
+    if (!codec::lossless(p->codec) && !c.accept_lossy) {
+      fail_invalid(std::string("the ") + tier_name(t) + " codec " + codec::codec_name(p->codec) +
+                   " is lossy, and the model accepts exact bytes only: its chunks could never "
+                   "load (set accept_lossy)");
+    }
   }
   if (c.adaptive.enabled) check_adaptive(c);
 }

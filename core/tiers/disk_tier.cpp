@@ -794,7 +794,7 @@ void DiskTier::read(uint64_t slot, const ChunkMeta &meta, std::byte *dst) {
                     h.key_lo == key.lo && h.key_hi == key.hi && h.model_lo == meta.model.lo &&
                     h.model_hi == meta.model.hi && h.position == meta.position &&
                     h.tokens == meta.tokens && h.payload_bytes == payload &&
-                    h.encoding == meta.encoding;
+                    h.encoding == meta.encoding && encoding_consistent(h.encoding);
   if (!same) {
     std::lock_guard lock(mu_);
     ++counters_.records_mismatched;
@@ -949,6 +949,11 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
     counters_.files_skipped += rec.skipped;
     counters_.records_dropped += rec.dropped;
   }
+  if (rec.inconsistent != 0) {
+    log_warn("disk tier: " + std::to_string(rec.inconsistent) + " record(s) in " + options_.dir +
+             " name a lossy codec without the lossy mark (a record the library never writes): "
+             "dropped as corrupt");
+  }
   for (const Found &f : out) found(f);
 }
 
@@ -1047,6 +1052,13 @@ void DiskTier::scan_records_locked(Segment &seg, const std::string &path, Recove
     }
     if (h.type == kCommitRecord) {
       covered = std::max(covered, std::min(h.covered_to, off));
+    } else if (!encoding_consistent(h.encoding)) {
+      // A whole header whose encoding the library never writes (a lossy codec without the
+      // lossy bit, an unknown codec): corrupt. Only this record is dropped; the log goes on.
+      if (h.dead != kDeadMark) {
+        ++rec.dropped;
+        ++rec.inconsistent;
+      }
     } else if (h.dead != kDeadMark) {
       rec.cands.push_back(Candidate{seg.index, off, len, h.sequence, h.written_ns,
                                     ChunkKey{h.key_lo, h.key_hi}, record_meta(h)});

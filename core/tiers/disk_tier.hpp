@@ -207,6 +207,7 @@ class DiskTier final : public TierStore {
     std::vector<Candidate> cands;
     uint64_t skipped = 0;            // files left alone
     uint64_t dropped = 0;            // records not kept
+    uint64_t inconsistent = 0;       // of those, records whose encoding contradicts itself
     std::vector<std::byte> payload;  // scratch for checking uncommitted records
   };
   // The directory's segment files, newest first; other entries are counted as skipped.

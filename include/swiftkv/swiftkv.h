@@ -433,7 +433,8 @@ SWIFTKV_API void swiftkv_ctx_config_init(swiftkv_ctx_config *out);
  * nothing is allocated. Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_ctx_config *config);
 
-/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one. Called
+/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one, and every
+ * region made in it must be destroyed first (swiftkv_elastic_destroy). Called
  * from the context's own chunk event callback it would wait for itself: it then does nothing,
  * and says so in swiftkv_last_error_message (ESTATE) and on stderr. */
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx);
@@ -1006,7 +1007,8 @@ SWIFTKV_API void swiftkv_compression_config_init(swiftkv_compression_config *out
 
 /* Sets what `model` asks of compression, from now on (chunks already stored stay as they are;
  * swiftkv_compress re-encodes them). A model registers with SWIFTKV_COMPRESSION_CONFIG_INIT.
- * EINVAL (nothing changed) for a codec the model's chunks do not take; in adaptive mode also for
+ * EINVAL (nothing changed) for a codec the model's chunks do not take, or a lossy host or disk
+ * codec without accept_lossy (its chunks could never load); in adaptive mode also for
  * a host or disk codec beside it, a raw, repeated or (without accept_lossy) lossy method, more
  * than SWIFTKV_MAX_COMPRESSION_METHODS, a quality above 1, or an alpha, horizon or bandwidth
  * that is not finite and positive (alpha may be 0). EUNSUPPORTED for zstd in a build without
@@ -1022,7 +1024,7 @@ SWIFTKV_API swiftkv_status swiftkv_compression_set(swiftkv_ctx *ctx, uint32_t mo
  * starts from its approximation; the policy never re-encodes one. *chunks_out: the chunks of
  * `tokens` stored under `params` (or the policy's choice) afterwards. ENOTFOUND, nothing
  * changed, when a chunk is not cached; EINVAL, nothing changed, for parameters the model's
- * chunks do not take. */
+ * chunks do not take, or a lossy codec for a model without accept_lossy. */
 SWIFTKV_API swiftkv_status swiftkv_compress(uint64_t *chunks_out, swiftkv_ctx *ctx, uint32_t model,
                                             const uint32_t *tokens, size_t n_tokens,
                                             const swiftkv_codec_params *params);

@@ -262,7 +262,9 @@ def test_compression(ctx, small_model):
     kv = rng.uniform(0.5, 1.0, 2 * small_model.chunk_bytes // 2).astype(np.float16).view(np.uint8)
     with pytest.raises(swiftkv.Error):
         m.set_compression(host=swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=3, group=32))
-    m.set_compression(host=swiftkv.Codec(swiftkv.CodecKind.FP8))
+    with pytest.raises(swiftkv.InvalidArgument, match="exact bytes only"):
+        m.set_compression(host=swiftkv.Codec(swiftkv.CodecKind.FP8))  # chunks it could not load
+    m.set_compression(accept_lossy=True, host=swiftkv.Codec(swiftkv.CodecKind.FP8))
     assert m.store(tokens, kv) == 64
     info = m.chunk_info(tokens)
     assert [i.tier for i in info] == [swiftkv.Tier.HOST] * 2
@@ -272,7 +274,8 @@ def test_compression(ctx, small_model):
     assert s["chunks"][swiftkv.CodecKind.FP8][swiftkv.Tier.HOST] == 2
     assert s["raw_bytes"][swiftkv.CodecKind.FP8][swiftkv.Tier.HOST] == 2 * small_model.chunk_bytes
     out = np.zeros_like(kv)
-    assert m.retrieve(tokens, 0, out) == 0  # exact bytes asked
+    m.set_compression()  # exact bytes again: the lossy chunks stay, refused
+    assert m.retrieve(tokens, 0, out) == 0
     assert ctx.codec_stats()["lossy_refused"] == 1
     m.set_compression(accept_lossy=True, host=swiftkv.Codec(swiftkv.CodecKind.FP8))
     assert m.retrieve(tokens, 0, out) == 64

@@ -894,6 +894,35 @@ static void compression_through_the_api(void **state) {
 
   swiftkv_compression_config cc = SWIFTKV_COMPRESSION_CONFIG_INIT;
   cc.host.codec = SWIFTKV_CODEC_FP8;
+  /* A lossy codec for a model that takes exact bytes only would make chunks it can never load:
+   * refused, on either tier, and nothing changes (a store keeps its chunks exact). */
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &cc), SWIFTKV_EINVAL);
+  swiftkv_compression_config lossy_disk = SWIFTKV_COMPRESSION_CONFIG_INIT;
+  lossy_disk.disk.codec = SWIFTKV_CODEC_KIVI;
+  lossy_disk.disk.bits = 4;
+  lossy_disk.disk.group = 8;
+  assert_status(swiftkv_compression_set(r.ctx, r.model, &lossy_disk), SWIFTKV_EINVAL);
+  {
+    uint32_t probe[CHUNK_TOKENS];
+    fill_tokens(probe, CHUNK_TOKENS, 99);
+    uint64_t n = 0;
+    assert_ok(swiftkv_store(&n, r.ctx, r.model, probe, CHUNK_TOKENS, kv, CHUNK_BYTES));
+    swiftkv_chunk_info pi[1];
+    size_t pn = 0;
+    assert_ok(swiftkv_chunk_info_get(pi, 1, &pn, r.ctx, r.model, probe, CHUNK_TOKENS));
+    assert_int_equal(pn, 1);
+    assert_int_equal(pi[0].codec, SWIFTKV_CODEC_RAW);
+    assert_int_equal(pi[0].lossy, 0);
+    swiftkv_codec_params fp8 = SWIFTKV_CODEC_PARAMS_INIT;
+    fp8.codec = SWIFTKV_CODEC_FP8;
+    uint64_t there = SENTINEL;
+    assert_status(swiftkv_compress(&there, r.ctx, r.model, probe, CHUNK_TOKENS, &fp8),
+                  SWIFTKV_EINVAL);
+    assert_int_equal(there, SENTINEL);
+    assert_ok(swiftkv_chunk_info_get(pi, 1, &pn, r.ctx, r.model, probe, CHUNK_TOKENS));
+    assert_int_equal(pi[0].codec, SWIFTKV_CODEC_RAW);
+  }
+  cc.accept_lossy = 1;
   assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
   /* Bad configs change nothing: kivi with 3 bits, fields another codec uses, no such codec. */
   swiftkv_compression_config bad = cc;
@@ -927,15 +956,18 @@ static void compression_through_the_api(void **state) {
   assert_int_equal(cs.chunks[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2);
   assert_int_equal(cs.raw_bytes[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2 * CHUNK_BYTES);
   assert_int_equal(cs.stored_bytes[SWIFTKV_CODEC_FP8][SWIFTKV_TIER_HOST], 2 * info[1].stored_bytes);
-  assert_int_equal(stats(&r).bytes[SWIFTKV_TIER_HOST], 2 * info[1].stored_bytes);
+  /* and the probe chunk above, exact */
+  assert_int_equal(stats(&r).bytes[SWIFTKV_TIER_HOST], 2 * info[1].stored_bytes + CHUNK_BYTES);
 
-  /* Exact bytes asked: the lossy chunks are not returned, and stay cached. */
+  /* The model goes back to exact bytes: the lossy chunks it made are not returned, and stay
+   * cached until it accepts them again. */
+  swiftkv_compression_config exact = SWIFTKV_COMPRESSION_CONFIG_INIT;
+  assert_ok(swiftkv_compression_set(r.ctx, r.model, &exact));
   uint64_t loaded = SENTINEL;
   assert_ok(
       swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));
   assert_int_equal(loaded, 0);
   assert_int_equal(codec_stats(&r).lossy_refused, 1);
-  cc.accept_lossy = 1;
   assert_ok(swiftkv_compression_set(r.ctx, r.model, &cc));
   assert_ok(
       swiftkv_retrieve(&loaded, r.ctx, r.model, tokens, 2 * CHUNK_TOKENS, 0, out, sizeof out));

@@ -11,17 +11,22 @@
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <xxhash.h>
 
 #include "core/codec/chunk_codec.hpp"
 #include "core/common/error.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/tiers/chunk_cache.hpp"
+#include "core/tiers/disk_tier.hpp"
 #include "synthetic_kv.hpp"
 
 // cmocka last: it defines a `fail` macro that the core's headers must not see.
@@ -204,8 +209,9 @@ void fixed_host_codec_counts_stored_bytes(void **) {
 void lossy_only_where_accepted(void **) {
   Rig r(16, 0);
   const cd::CodecParams k2 = kivi(2, 32);
-  r.set({std::nullopt, k2, std::nullopt}, false);
+  r.set({std::nullopt, k2, std::nullopt}, true);
   assert_int_equal(r.store(2, 3), 3);
+  r.set({}, false);  // the model takes exact bytes again; what it stored stays lossy
   assert_false(r.load(2, 1).has_value());
   assert_int_equal(r.cache->stats().lossy_refused, 1);
   assert_int_equal(r.cache->stats().load_failures, 0);
@@ -272,6 +278,62 @@ void encoded_records_survive_a_restart(void **) {
   for (size_t i = 0; i < 5; ++i) assert_true(*again.load(4, i) == again.kv(4, i));
 }
 
+// Kivi and fp8 are lossy by definition: a chunk stored under either is lossy whatever its lossy
+// bit says. A kivi record on disk whose bit was cleared (its checksum made right again) is one
+// the library never writes: corrupt, dropped at recovery, never returned as exact bytes. The
+// records around it still load.
+void a_lossy_record_passed_off_as_exact_is_dropped(void **) {
+  for (uint32_t c = 0; c < swiftkv::kCodecCount; ++c) {
+    const bool by_bits = ((swiftkv::kLossyCodecBits >> c) & 1u) != 0;
+    assert_true(by_bits == !cd::lossless(static_cast<cd::Codec>(c)));
+  }
+  const cd::CodecParams k4 = kivi(4, 32);
+  swiftkv::ChunkMeta cleared;
+  cleared.encoding = swiftkv::encoding_of(k4, false) & ~swiftkv::kEncodingLossy;
+  assert_true(cleared.lossy());
+  assert_false(swiftkv::encoding_consistent(cleared.encoding));
+  assert_true(swiftkv::encoding_consistent(swiftkv::encoding_of(k4, false)));
+  assert_true(swiftkv::encoding_consistent(swiftkv::kEncodingLossy));  // raw after a lossy codec
+
+  std::string dir;
+  {
+    Rig r(0, uint64_t{4} << 20);
+    r.keep_dir = true;
+    dir = r.dir;
+    r.set({std::nullopt, std::nullopt, k4}, true);
+    assert_int_equal(r.store(8, 3), 3);
+    const swiftkv::ChunkView v = r.view(8, 1);
+    assert_int_equal(static_cast<int>(v.where.tier), static_cast<int>(Tier::disk));
+    const swiftkv::DiskTier::Location at = r.cache->disk()->location_of(v.where.slot);
+    std::fstream f(at.path, std::ios::in | std::ios::out | std::ios::binary);
+    char h[128];
+    f.seekg(static_cast<std::streamoff>(at.offset));
+    f.read(h, sizeof h);
+    uint32_t enc = 0;
+    std::memcpy(&enc, h + 112, 4);
+    assert_int_equal(enc, swiftkv::encoding_of(k4, false));
+    enc &= ~swiftkv::kEncodingLossy;
+    std::memcpy(h + 112, &enc, 4);
+    char summed[128];
+    std::memcpy(summed, h, sizeof h);
+    std::memset(summed + 20, 0, 4);  // `dead` is outside the checksum
+    const uint64_t sum = XXH3_64bits(summed, 120);
+    std::memcpy(h + 120, &sum, 8);
+    f.seekp(static_cast<std::streamoff>(at.offset));
+    f.write(h, sizeof h);
+  }
+  Rig again(0, uint64_t{4} << 20, dir);  // a model that takes exact bytes only
+  const swiftkv::CacheStats s = again.cache->stats();
+  assert_int_equal(s.chunks[ti(Tier::disk)], 2);
+  assert_int_equal(s.corrupt_files_removed, 1);
+  assert_false(again.cache->resident(again.keys(8, 2)[1]));
+  assert_false(again.load(8, 1).has_value());
+  assert_false(again.load(8, 2).has_value());  // lossy, refused
+  again.set({}, true);
+  assert_true(*again.load(8, 2) == again.round_trip(8, 2, k4));
+  assert_true(*again.load(8, 0) == again.round_trip(8, 0, k4));
+}
+
 // compress: re-encodes in place; raw decodes (a lossy chunk stays lossy); a missing chunk is
 // ENOTFOUND and bad parameters EINVAL, each with nothing changed.
 void compress_in_place(void **) {
@@ -328,6 +390,25 @@ void bad_compression_is_refused(void **) {
     fail_msg("kivi group 512");
   } catch (const swiftkv::Error &e) {
     assert_int_equal(e.status(), SWIFTKV_EINVAL);
+  }
+  // A lossy codec, on either tier, for a model that takes exact bytes only.
+  for (const size_t slot : {ti(Tier::host), ti(Tier::disk)}) {
+    swiftkv::ModelCompression lossy;
+    lossy.shape = r.shape;
+    lossy.fixed[slot] = kivi(4, 32);
+    try {
+      r.cache->set_compression(r.fp, lossy);
+      fail_msg("a lossy codec for exact bytes");
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_EINVAL);
+      assert_non_null(std::strstr(e.what(), "exact bytes only"));
+    }
+  }
+  try {
+    r.cache->compress(r.fp, r.keys(7, 1), fp8());
+    fail_msg("a lossy compress for exact bytes");
+  } catch (const swiftkv::Error &e) {
+    assert_int_equal(e.status(), SWIFTKV_EINVAL);  // the parameters, before the chunks
   }
   // Nothing changed: chunks still go to the host as they are.
   assert_int_equal(r.store(7, 1), 1);
@@ -566,6 +647,7 @@ int main() {
       cmocka_unit_test(lossy_only_where_accepted),
       cmocka_unit_test(demotion_encodes_on_the_way_down),
       cmocka_unit_test(encoded_records_survive_a_restart),
+      cmocka_unit_test(a_lossy_record_passed_off_as_exact_is_dropped),
       cmocka_unit_test(compress_in_place),
       cmocka_unit_test(bad_compression_is_refused),
       cmocka_unit_test(adaptive_keeps_chunks_exact_while_there_is_room),

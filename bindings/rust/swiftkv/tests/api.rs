@@ -685,7 +685,11 @@ fn compression_fixed_lossy_and_compress() {
     let kv = halves_of(21, 2 * chunk);
     let bad = Compression { host: Codec::Kivi { bits: 3, group: 32 }, ..Default::default() };
     assert_eq!(m.set_compression(&bad).unwrap_err().status, Status::EINVAL);
-    m.set_compression(&Compression { host: Codec::Fp8, ..Default::default() }).unwrap();
+    // A lossy codec for a model that takes exact bytes only: chunks it could never load.
+    let exact_only = Compression { host: Codec::Fp8, ..Default::default() };
+    assert_eq!(m.set_compression(&exact_only).unwrap_err().status, Status::EINVAL);
+    m.set_compression(&Compression { accept_lossy: true, host: Codec::Fp8, ..Default::default() })
+        .unwrap();
     assert_eq!(m.store(&t, &kv).unwrap(), 64);
     let info = m.chunk_info(&t).unwrap();
     assert_eq!(info.len(), 2);
@@ -696,7 +700,8 @@ fn compression_fixed_lossy_and_compress() {
     assert_eq!(s.raw_bytes[3][1], 2 * chunk as u64);
 
     let mut out = vec![0u8; 2 * chunk];
-    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 0); // exact bytes asked
+    m.set_compression(&Compression::default()).unwrap(); // exact bytes again
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 0); // the lossy chunks stay, refused
     assert_eq!(c.codec_stats().unwrap().lossy_refused, 1);
     m.set_compression(&Compression { accept_lossy: true, host: Codec::Fp8, ..Default::default() })
         .unwrap();
