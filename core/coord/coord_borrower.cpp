@@ -769,9 +769,13 @@ std::shared_ptr<RegionMapping> BorrowerSessions::map_grant(Session &s, const Gra
 bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {
   const auto sent = s.hb_sent.find(a.echo);
   if (sent == s.hb_sent.end()) {
-    st_.drop("a heartbeat ack for no heartbeat in flight");
+    // A lender that was stopped answers every heartbeat it missed: the old ones are late, and
+    // say nothing the newer answers don't.
+    if (a.echo != 0 && a.echo <= s.hb_given_up) return false;
+    st_.drop("a heartbeat ack for no heartbeat sent");
     return false;
   }
+  if (sent != s.hb_sent.begin()) s.hb_given_up = std::max(s.hb_given_up, std::prev(sent)->first);
   const uint64_t sent_ns = sent->second.first;
   const std::vector<uint64_t> listed = std::move(sent->second.second);
   s.hb_sent.erase(s.hb_sent.begin(), std::next(sent));
@@ -839,7 +843,10 @@ void BorrowerSessions::heartbeats(uint64_t now) {
     // A UCX session heartbeats with no lease too: it is the lender's only sign of this process.
     if (ids.empty() && !ep) continue;
     if (ids.size() > kMaxLeasesPerMessage) ids.resize(kMaxLeasesPerMessage);
-    if (s.hb_sent.size() > 64) s.hb_sent.erase(s.hb_sent.begin());  // answers lost for good
+    if (s.hb_sent.size() > 64) {  // answers lost for good
+      s.hb_given_up = std::max(s.hb_given_up, s.hb_sent.begin()->first);
+      s.hb_sent.erase(s.hb_sent.begin());
+    }
     s.hb_sent[s.send_seq + 1] = {now, ids};
     send(s, Heartbeat{std::move(ids)});
     st_.count(&CoordStats::heartbeats_sent);

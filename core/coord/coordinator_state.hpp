@@ -247,6 +247,9 @@ struct Session {
   UniqueFd fdconn;
   uint64_t send_seq = 0, recv_seq = 0;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> hb_sent;  // seq -> (ns, ids)
+  // The newest heartbeat given up on without its answer (more than 64 unanswered, or a newer
+  // one answered first): an answer to it or an older one is late, not foreign.
+  uint64_t hb_given_up = 0;
   uint64_t next_heartbeat_ns = 0;
   // Memory pieces from the fd channel by request tag (0: the handshake's) until the message that
   // asks for them and all their packets are in, whichever came first (piece_queue.hpp); and the
@@ -464,10 +467,12 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
     std::lock_guard lock(mu);
     stats.*field += n;
   }
+  // A message not acted on: counted, and logged at most once per 10 s (a peer may send many).
   void drop(const std::string &why) {
     count(&CoordStats::messages_dropped);
-    log_warn("coordinator: dropped a message: " + why);
+    drop_log.warn("coordinator: dropped a message: " + why);
   }
+  LogLimiter drop_log;
 
   void start_locked();
   void run();

@@ -1707,6 +1707,46 @@ void grant_without_its_pieces(void **) {
   lender.join();
 }
 
+// A lender that stops (a helper under SIGSTOP) and then answers every heartbeat it missed, in
+// order: the borrower gave up on the oldest (it keeps 64 unanswered), so their answers are late,
+// not foreign; they are neither counted nor logged as dropped messages, and the lease holds.
+void late_heartbeat_answers_are_not_dropped_messages(void **) {
+  FakeLender fake;
+  std::atomic<bool> answered{false};
+  std::thread lender([&] {
+    try {
+      if (!fake.handshake()) return;
+      co::Lend l;
+      if (!fake.lend(&l)) return;
+      const co::Grant g = fake.grant(l, 1, 1);
+      fake.send_granules(l.request, g.first_unit, 1, 1);
+      fake.reply(g);
+      sleep_ms(2500);  // stopped: about 125 heartbeats of 20 ms wait in the socket
+      co::Message m;
+      fake.next(&m, 500);  // answers each, oldest first
+      answered = true;
+      while (fake.next(&m, 300)) {
+      }
+    } catch (const swiftkv::Error &) {
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = SENTINEL;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  for (int i = 0; i < 5000 && !answered.load(); ++i) sleep_ms(1);
+  assert_true(answered.load());
+  sleep_ms(100);
+  const swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_true(cs.heartbeats_sent >= 80);
+  assert_true(cs.heartbeats_answered >= 1);
+  assert_int_equal(cs.messages_dropped, 0);
+  assert_int_equal(cs.lenders_lost + cs.leases_lost, 0);
+  assert_int_equal(lent_capacity(cache_stats(b)), kChunkBytes);
+  swiftkv_ctx_destroy(b.ctx);
+  lender.join();
+}
+
 // The child fake lender: passes a lend's memory, says so, and waits to be killed before its
 // grant goes out.
 int fake_lender_main() {
@@ -2003,6 +2043,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(forged_pieces_fail_the_session),
       cmocka_unit_test(reclaim_racing_a_grant),
       cmocka_unit_test(grant_without_its_pieces),
+      cmocka_unit_test(late_heartbeat_answers_are_not_dropped_messages),
       cmocka_unit_test(lender_killed_between_pieces_and_grant),
   };
   if (g_granules) {  // the real lender's scenarios, its memory passed grant by grant
