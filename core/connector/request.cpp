@@ -380,10 +380,10 @@ void Request::fail_order(const std::string &call) const {
 }
 
 uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
+  check_layer(layer);  // arguments before state: a layer past the model's is EINVAL in any state
   std::unique_lock lock(mu_);
   if (!spec_.load) fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
-  check_layer(layer);
   if (layer != info_.layers_loaded || (spec_.save && info_.layers_saved != layer)) {
     fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   }
@@ -413,9 +413,9 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
 }
 
 void Request::save_layer(uint32_t layer, void *stream) {
+  check_layer(layer);
   std::lock_guard lock(mu_);
   if (!spec_.save) fail_order("save_layer(" + std::to_string(layer) + ")");
-  check_layer(layer);
   if (layer != info_.layers_saved || (spec_.load && info_.layers_loaded != layer + 1)) {
     fail_order("save_layer(" + std::to_string(layer) + ")");
   }

@@ -342,6 +342,7 @@ static void load_only_and_save_only(void **state) {
   uint64_t v = 0;
   assert_status(swiftkv_start_load(e.ctx, req, NULL), SWIFTKV_ESTATE);
   assert_message_contains("a save-only request loads nothing");
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, LAYERS, NULL), SWIFTKV_EINVAL);
   assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
   assert_status(swiftkv_save_layer(e.ctx, req, 1, NULL), SWIFTKV_ESTATE);
   assert_message_contains("next is save_layer(0)");
@@ -365,6 +366,7 @@ static void load_only_and_save_only(void **state) {
   assert_int_equal(info.save_tokens, 0);
   assert_status(swiftkv_save_layer(e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
   assert_message_contains("a load-only request");
+  assert_status(swiftkv_save_layer(e.ctx, req, LAYERS, NULL), SWIFTKV_EINVAL);
   assert_ok(swiftkv_start_load(e.ctx, req, NULL));
   for (uint32_t l = 0; l < LAYERS; ++l) {
     assert_ok(swiftkv_wait_layer_load(&v, e.ctx, req, l, NULL));
@@ -626,6 +628,9 @@ static void bad_input_changes_nothing(void **state) {
   swiftkv_request_info before = SWIFTKV_REQUEST_INFO_INIT, now = SWIFTKV_REQUEST_INFO_INIT;
   assert_ok(swiftkv_request_info_get(&before, e.ctx, req));
   uint64_t v = 0;
+  /* Arguments before state: a layer past the model's is EINVAL whatever the state. */
+  assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, LAYERS, NULL), SWIFTKV_EINVAL);
+  assert_message_contains("is not below the model's");
   assert_status(swiftkv_wait_layer_load(&v, e.ctx, req, 0, NULL), SWIFTKV_ESTATE);
   assert_message_contains("before start_load");
   int fake_stream = 0;
