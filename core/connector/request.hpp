@@ -121,7 +121,7 @@ class Request {
     SaveChunk(ChunkCache &c, const ChunkKey &k, const ChunkMeta &m, SlotRef w)
         : cache(c), key(k), meta(m), where(w) {}
     ~SaveChunk() {
-      if (!published) cache.release_slot(where);
+      if (!published) cache.release_slot(where, meta);
     }
     SaveChunk(const SaveChunk &) = delete;
     SaveChunk &operator=(const SaveChunk &) = delete;

@@ -804,13 +804,27 @@ void ChunkCache::report_failed_load(const ChunkKey &key, const ChunkMeta &meta, 
 }
 
 std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const ChunkMeta &meta) {
-  std::optional<SlotRef> where = place(key, meta, options_.chain[0]);
-  if (!where) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
-  return where;
+  const uint64_t bytes = meta.stored();
+  for (size_t i = 0; i < kTierCount; ++i) {
+    const Tier t = options_.chain[i];
+    if (!configured(t, meta.model)) continue;
+    std::atomic<uint64_t> &held = reserved_[tier_slot(t)];
+    const uint64_t share = store_of(t)->capacity_bytes(meta.model) / kReserveShare;
+    if (held.fetch_add(bytes, std::memory_order_relaxed) + bytes > share) {
+      held.fetch_sub(bytes, std::memory_order_relaxed);
+      continue;  // the requests open hold their share of this tier already
+    }
+    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
+    held.fetch_sub(bytes, std::memory_order_relaxed);
+  }
+  stores_rejected_.fetch_add(1, std::memory_order_relaxed);
+  return std::nullopt;
 }
 
 bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where,
                          const std::byte *staging) {
+  // No longer a reservation, whatever follows: the slot becomes the chunk's or is freed.
+  reserved_[tier_slot(where.tier)].fetch_sub(meta.stored(), std::memory_order_relaxed);
   TierStore *s = store_of(where.tier);
   if (staging != nullptr && entering(key, meta, where.tier)) {
     // The tier encodes: the decoded reservation gives way to the encoded chunk.
@@ -836,7 +850,10 @@ bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef whe
   return false;
 }
 
-void ChunkCache::release_slot(SlotRef where) noexcept { store_of(where.tier)->free(where.slot); }
+void ChunkCache::release_slot(SlotRef where, const ChunkMeta &meta) noexcept {
+  reserved_[tier_slot(where.tier)].fetch_sub(meta.stored(), std::memory_order_relaxed);
+  store_of(where.tier)->free(where.slot);
+}
 
 void ChunkCache::pin(std::span<const ChunkKey> keys) {
   for (size_t i = 0; i < keys.size(); ++i) {

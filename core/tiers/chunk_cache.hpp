@@ -242,13 +242,20 @@ class ChunkCache {
   void report_failed_load(const ChunkKey &key, const ChunkMeta &meta, Tier from);
   // A slot for a chunk that is not resident, in the first tier of the chain with room, making
   // room by the policy; nullopt (counted in stores_rejected) when there is none. The slot is the
-  // caller's until publish() or release_slot().
+  // caller's until publish() or release_slot(). Reserved slots take at most 1/kReserveShare of
+  // a tier's capacity: past that the next tier is tried, so that requests begun and not
+  // finished cannot evict more than that share of what the tier caches.
+  static constexpr uint64_t kReserveShare = 2;
   std::optional<SlotRef> reserve_slot(const ChunkKey &key, const ChunkMeta &meta);
+  uint64_t reserved_bytes(Tier t) const noexcept {
+    return reserved_[tier_slot(t)].load(std::memory_order_relaxed);
+  }
   // Makes a reserved slot the chunk's readable copy, writing `staging` (when not nullptr) into
   // it first: a disk slot, or memory the caller could not write directly. False, with the slot
   // freed, when the chunk became resident meanwhile or the slot is no longer readable.
+  // `meta` is the one reserve_slot() was given.
   bool publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where, const std::byte *staging);
-  void release_slot(SlotRef where) noexcept;
+  void release_slot(SlotRef where, const ChunkMeta &meta) noexcept;
 
   // Marks a load out of tier t as pending for as long as the scope lives: background demotion
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
@@ -404,6 +411,7 @@ class ChunkCache {
 
   std::array<std::atomic<uint32_t>, kTierCount> loads_active_{};
   std::array<std::atomic<uint64_t>, kTierCount> hits_{};
+  std::array<std::atomic<uint64_t>, kTierCount> reserved_{};  // bytes of reserved slots, by tier
   std::atomic<uint64_t> misses_{0}, stores_{0}, stores_rejected_{0}, evictions_{0}, demotions_{0},
       promotions_{0}, load_failures_{0}, revocations_{0}, deferred_{0}, lossy_refused_{0},
       encodes_{0}, decodes_{0}, compressed_in_place_{0};

@@ -362,8 +362,10 @@ typedef struct swiftkv_ctx_config {
   uint32_t max_open_requests;  /* connector requests open at once (begun, not finished):
                                   swiftkv_request_begin beyond is SWIFTKV_EBUSY with nothing
                                   changed. Each open request holds its cached run and the room
-                                  reserved for its new chunks until it is finished. Default
-                                  4096; 1 to 1048576. */
+                                  reserved for its new chunks until it is finished; all open
+                                  requests together reserve at most half of each tier's
+                                  capacity (a chunk past that is reserved in the next tier, or
+                                  not saved). Default 4096; 1 to 1048576. */
   uint32_t reserved1;          /* must be 0 */
   /* Version 7. */
   uint32_t write_back_on_close; /* with a disk tier: 1 (default) makes swiftkv_ctx_destroy, once

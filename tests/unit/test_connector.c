@@ -670,7 +670,8 @@ static uint64_t requests_open(const struct engine *e) {
 /* Requests begun and never finished hold the room reserved for their chunks: at most
  * max_open_requests of them, and a begin beyond is EBUSY with nothing reserved, so later stores
  * still find room. Finishing one makes room for the next. The host tier holds 6 chunks (8192
- * bytes in slabs of whole pages: 3 chunks of 1152 bytes per page); each request reserves 2. */
+ * bytes in slabs of whole pages: 3 chunks of 1152 bytes per page); each request asks for 2, and
+ * reservations take at most half the tier's 8192 bytes: 3 chunks, so the second request gets 1. */
 static void open_requests_are_bounded(void **state) {
   (void)state;
   struct engine e;
@@ -710,7 +711,12 @@ static void open_requests_are_bounded(void **state) {
   swiftkv_stats s = SWIFTKV_STATS_INIT;
   assert_ok(swiftkv_stats_get(&s, e.ctx));
   assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], 2);
-  assert_int_equal(s.stores_rejected, 0);
+  assert_int_equal(s.stores_rejected, 1); /* the second request's second chunk */
+  swiftkv_request_info ri = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&ri, e.ctx, req[0]));
+  assert_int_equal(ri.save_tokens, 2 * CHUNK);
+  assert_ok(swiftkv_request_info_get(&ri, e.ctx, req[1]));
+  assert_int_equal(ri.save_tokens, CHUNK);
   /* A finished request makes room for the next. */
   assert_ok(swiftkv_request_finish(NULL, e.ctx, req[1]));
   assert_int_equal(requests_open(&e), 1);
@@ -719,6 +725,66 @@ static void open_requests_are_bounded(void **state) {
   assert_ok(swiftkv_request_finish(NULL, e.ctx, req[0]));
   assert_ok(swiftkv_request_finish(NULL, e.ctx, req[2]));
   assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+}
+
+/* Requests begun and never finished keep at most half of a tier for their reservations: the
+ * cache keeps its chunks (issue 44: 200 abandoned requests under the default bound of 4096 used
+ * to leave 0 of 400 cached chunks). The host holds 402 chunks (134 pages of 3); 400 are cached,
+ * then 200 requests ask for 2 new chunks each. Reservations stop at half the tier's bytes,
+ * floor(548864 / 2 / 1152) = 238 chunks, and the rest of the cache stays: at least 402 - 238.
+ * Finishing the requests gives their room back; nothing of theirs was saved. */
+static void abandoned_requests_leave_the_cache_its_chunks(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up_bounded(&e, VLLM, 134 * 4096, 0, 4096);
+  static uint32_t conv[200][2 * CHUNK];
+  static unsigned char kv[2 * CHUNK_BYTES];
+  for (uint32_t i = 0; i < 200; ++i) {
+    fill_tokens(conv[i], 2 * CHUNK, 1000 + i);
+    memset(kv, (int)(i & 0xff), sizeof kv);
+    uint64_t cached = 0;
+    assert_ok(swiftkv_store(&cached, e.ctx, e.model, conv[i], 2 * CHUNK, kv, sizeof kv));
+    assert_int_equal(cached, 2 * CHUNK);
+  }
+  swiftkv_stats s = SWIFTKV_STATS_INIT;
+  assert_ok(swiftkv_stats_get(&s, e.ctx));
+  assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], 400);
+
+  static uint32_t fresh[200][2 * CHUNK];
+  static uint64_t req[200];
+  uint64_t asked = 0;
+  for (uint32_t i = 0; i < 200; ++i) {
+    fill_tokens(fresh[i], 2 * CHUNK, 5000 + i);
+    const int32_t pages[4] = {(int32_t)(i % 10) * 4, (int32_t)(i % 10) * 4 + 1,
+                              (int32_t)(i % 10) * 4 + 2, (int32_t)(i % 10) * 4 + 3};
+    req[i] = begin_shaped(&e, fresh[i], 2 * CHUNK, pages, 0, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+    swiftkv_request_info ri = SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_info_get(&ri, e.ctx, req[i]));
+    asked += ri.save_tokens / CHUNK;
+  }
+  const uint64_t share = 134u * 4096u / 2u / CHUNK_BYTES;
+  assert_int_equal(asked, share);
+  assert_ok(swiftkv_stats_get(&s, e.ctx));
+  assert_int_equal(s.requests_open, 200);
+  assert_true(s.chunks[SWIFTKV_TIER_HOST] >= 402 - share);
+  const uint64_t kept = s.chunks[SWIFTKV_TIER_HOST];
+  /* What stays is the newest conversations, whole and exact (LRU). */
+  swiftkv_lookup_result lr = SWIFTKV_LOOKUP_RESULT_INIT;
+  assert_ok(swiftkv_lookup(&lr, NULL, 0, e.ctx, e.model, conv[199], 2 * CHUNK));
+  assert_int_equal(lr.prefix_tokens, 2 * CHUNK);
+
+  for (uint32_t i = 0; i < 200; ++i) assert_ok(swiftkv_request_finish(NULL, e.ctx, req[i]));
+  assert_ok(swiftkv_stats_get(&s, e.ctx));
+  assert_int_equal(s.requests_open, 0);
+  assert_int_equal(s.chunks[SWIFTKV_TIER_HOST], kept);
+  /* The room is back: a new request reserves both its chunks. */
+  const int32_t pages[4] = {0, 1, 2, 3};
+  const uint64_t r = begin_shaped(&e, fresh[0], 2 * CHUNK, pages, 0, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+  swiftkv_request_info ri = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&ri, e.ctx, r));
+  assert_int_equal(ri.save_tokens, 2 * CHUNK);
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, r));
   engine_down(&e);
 }
 
@@ -828,6 +894,7 @@ int main(void) {
       cmocka_unit_test(bad_input_changes_nothing),
       cmocka_unit_test(bad_pool_descriptors_are_rejected),
       cmocka_unit_test(open_requests_are_bounded),
+      cmocka_unit_test(abandoned_requests_leave_the_cache_its_chunks),
       cmocka_unit_test(device_pools_need_their_device),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
