@@ -348,6 +348,7 @@ SWIFTKV_API swiftkv_status swiftkv_stats_get(swiftkv_stats *out, const swiftkv_c
     v.disk_segments_cleaned = s.disk_segments_cleaned;
     v.disk_bytes_relocated = s.disk_bytes_relocated;
     v.disk_bytes_allocated = s.disk_bytes_allocated;
+    v.disk_full_refusals = s.disk_full_refusals;
     v.index_bytes = ctx->cache.index_bytes();
     v.index_capacity_chunks = ctx->cache.index_capacity();
     {

@@ -99,6 +99,8 @@ SWIFTKV_API swiftkv_status swiftkv_metrics_text(char *buf, size_t capacity, size
           "Record bytes copied by segment cleaning.", s.disk_bytes_relocated);
     e.one("swiftkv_disk_allocated_bytes", "gauge", "Bytes of segment files on disk.",
           s.disk_bytes_allocated);
+    e.one("swiftkv_disk_full_refusals_total", "counter",
+          "Disk segments the filesystem could not give (a full disk).", s.disk_full_refusals);
     e.one("swiftkv_index_bytes", "gauge", "Host memory of the chunk index.", s.index_bytes);
     e.one("swiftkv_index_capacity_chunks", "gauge",
           "Resident chunks the index holds before it grows.", s.index_capacity_chunks);

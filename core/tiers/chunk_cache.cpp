@@ -1095,6 +1095,7 @@ CacheStats ChunkCache::stats() const {
     s.disk_segments_cleaned = d.segments_cleaned;
     s.disk_bytes_relocated = d.bytes_relocated;
     s.disk_bytes_allocated = d.allocated_bytes;
+    s.disk_full_refusals = d.full_refusals;
   }
   s.demotions_deferred = deferred_.load();
   s.codecs = index_.codec_counts();

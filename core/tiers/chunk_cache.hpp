@@ -82,6 +82,7 @@ struct CacheStats {
   uint64_t disk_segments_cleaned = 0;
   uint64_t disk_bytes_relocated = 0;
   uint64_t disk_bytes_allocated = 0;  // segment files on disk (what the disk budget counts)
+  uint64_t disk_full_refusals = 0;    // segments the filesystem could not give (a full disk)
   ChunkIndex::CodecCounts codecs;     // resident chunks by codec and tier, decoded and stored
   uint64_t lossy_refused = 0;  // lossy chunks a load or retrieve stopped at (exact bytes asked)
   uint64_t encodes = 0;        // chunks encoded (a store, a move or compress)

@@ -26,6 +26,7 @@
 #include <unordered_map>
 
 #include "core/common/checked_math.hpp"
+#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 #include "core/common/log.hpp"
 
@@ -310,6 +311,7 @@ DiskTier::DiskTier(DiskOptions options) : options_(std::move(options)) {
   segment_bytes_ = std::min(wanted, cap) / kAlign * kAlign;
   if (segment_bytes_ < kMinSegmentBytes) segment_bytes_ = 0;  // the budget holds nothing
   max_segments_ = segment_bytes_ == 0 ? 0 : options_.budget_bytes / segment_bytes_;
+  budget_segments_ = max_segments_;
   counters_.segment_bytes = segment_bytes_;
 }
 
@@ -394,7 +396,7 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
     seg->fd.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (seg->fd) break;
     if (errno != EEXIST || tries > 64) {
-      log_warn("disk tier: cannot create " + path + ": " + errno_text(errno));
+      disk_full_locked("cannot create " + path + ": " + errno_text(errno));
       return nullptr;
     }
   }
@@ -403,9 +405,10 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   // in the middle of a record.
   const int e = ::posix_fallocate(seg->fd.get(), 0, static_cast<off_t>(segment_bytes_));
   if (e != 0) {
-    log_warn("disk tier: cannot allocate " + std::to_string(segment_bytes_) + " bytes for " + path +
-             ": " + errno_text(e));
     (void)::unlink(path.c_str());
+    --next_number_;  // the number is free again: a full disk does not use up names
+    disk_full_locked("cannot allocate " + std::to_string(segment_bytes_) + " bytes for " + path +
+                     ": " + errno_text(e));
     return nullptr;
   }
   seg->size = segment_bytes_;
@@ -418,6 +421,16 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   Segment &s = *segments_.back();
   recount_locked(s);
   return &s;
+}
+
+void DiskTier::disk_full_locked(const std::string &what) {
+  ++counters_.full_refusals;
+  max_segments_ = std::min(max_segments_, segment_files_);
+  full_since_ns_ = std::max<uint64_t>(1, monotonic_ns());
+  full_log_.warn("disk tier: " + what + "; the tier keeps to the " +
+                 std::to_string(segment_files_) + " segments it has (" +
+                 std::to_string(capacity_bytes({})) + " bytes of records) and asks again in " +
+                 std::to_string(kFullRetryNs / 1'000'000'000ull) + " s");
 }
 
 void DiskTier::open_segment_locked(Segment &s) {
@@ -636,6 +649,23 @@ void DiskTier::mark_dead_locked(const Record &r) noexcept {
   (void)::pwrite(s.fd.get(), &mark, sizeof mark, static_cast<off_t>(r.off + kDeadOffset));
 }
 
+void DiskTier::write_filler_locked(const Segment &s, const Record &r) noexcept {
+  // A dead record header over the room, so that a walk of the log goes past it: without one,
+  // the zeros (or an earlier generation's bytes) of a room never written end the log there at
+  // the next start, and every record after it in the segment is lost.
+  RecordHeader h{};
+  std::memcpy(h.magic, kRecMagic, sizeof kRecMagic);
+  h.format = kFormat;
+  h.header_bytes = sizeof h;
+  h.type = kChunkRecord;
+  h.dead = kDeadMark;
+  h.generation = s.generation;
+  h.payload_bytes = r.len - kHeaderBytes;
+  h.written_ns = realtime_ns();
+  h.checksum = record_checksum(h);
+  (void)::pwrite(s.fd.get(), &h, sizeof h, static_cast<off_t>(r.off));
+}
+
 void DiskTier::free(uint64_t slot) noexcept {
   std::lock_guard lock(mu_);
   if (slot >= records_.size()) return;
@@ -643,7 +673,10 @@ void DiskTier::free(uint64_t slot) noexcept {
   if (r.state == RecState::free) return;
   Segment &s = *segments_[r.seg];
   if (r.state == RecState::live) mark_dead_locked(r);
-  if (r.state == RecState::reserved) s.pending.erase(r.off);
+  if (r.state == RecState::reserved) {
+    s.pending.erase(r.off);
+    write_filler_locked(s, r);
+  }
   s.live -= r.len;
   live_ -= r.len;
   r.state = RecState::free;
@@ -924,6 +957,14 @@ void DiskTier::sync() {
 }
 
 void DiskTier::maintain(uint64_t now_ns) {
+  {
+    std::lock_guard lock(mu_);
+    if (full_since_ns_ != 0 && monotonic_ns() - full_since_ns_ >= kFullRetryNs) {
+      full_since_ns_ = 0;
+      max_segments_ =
+          budget_segments_;  // the next segment asked for tells whether it is still full
+    }
+  }
   if (options_.sync_ns == 0) return;
   {
     std::lock_guard lock(mu_);

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/common/defaults.hpp"
+#include "core/common/log.hpp"
 #include "core/common/unique_fd.hpp"
 #include "core/tiers/tier_store.hpp"
 
@@ -43,6 +44,8 @@ struct DiskStats {
   uint64_t segments_cleaned = 0;    // segments whose live records moved so they could be reused
   uint64_t bytes_relocated = 0;     // record bytes those moves copied
   uint64_t syncs = 0;               // group commits
+  uint64_t full_refusals = 0;       // segments the filesystem could not give (a full disk): each
+                                    // shrinks the tier to the segments it has
 };
 
 // Thread-safe: mu_ guards the segment and record tables and every segment's append point,
@@ -228,7 +231,17 @@ class DiskTier final : public TierStore {
   // kernel lets go of it when the owner dies.
   UniqueFd lock_;
   uint64_t segment_bytes_ = 0;
-  uint64_t max_segments_ = 0;  // budget / segment_bytes_
+  uint64_t max_segments_ = 0;     // budget / segment_bytes_, or fewer while the disk is full
+  uint64_t budget_segments_ = 0;  // budget / segment_bytes_
+  // While the filesystem refuses new segments: the tier makes do with the ones it has, and asks
+  // for more again only after kFullRetryNs (its warning at most once per 10 s).
+  static constexpr uint64_t kFullRetryNs = 30'000'000'000ull;
+  uint64_t full_since_ns_ = 0;  // 0: not full
+  LogLimiter full_log_;
+  // Writes a dead record over a reserved room that is given up unwritten.
+  void write_filler_locked(const Segment &s, const Record &r) noexcept;
+  // The filesystem refused a segment: the budget shrinks to the segments held.
+  void disk_full_locked(const std::string &what);
   mutable std::mutex mu_;
   std::vector<std::unique_ptr<Segment>> segments_;  // by index; a segment keeps its index
   std::vector<Record> records_;                     // by slot

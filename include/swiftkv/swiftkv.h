@@ -1077,7 +1077,7 @@ SWIFTKV_API void swiftkv_codec_stats_init(swiftkv_codec_stats *out);
 SWIFTKV_API swiftkv_status swiftkv_codec_stats_get(swiftkv_codec_stats *out,
                                                    const swiftkv_ctx *ctx);
 
-#define SWIFTKV_STATS_VERSION 4
+#define SWIFTKV_STATS_VERSION 5
 
 /* The chunk cache's counts (now) and counters (since the context began). Arrays are indexed by
  * swiftkv_tier: peer, host, disk; the remote tier's (version 4) are fields of their own. */
@@ -1120,12 +1120,16 @@ typedef struct swiftkv_stats {
   uint64_t remote_bytes;
   uint64_t remote_capacity_bytes; /* remote lent memory held */
   uint64_t remote_hits;           /* chunks swiftkv_lookup found in the remote tier */
+  /* Version 5: a full disk. */
+  uint64_t disk_full_refusals; /* segments the filesystem could not give (no space, quota): each
+                                  shrinks the disk tier to the segments it holds, which it keeps
+                                  filling; it asks for more again after 30 s (docs/disk-format.md) */
 } swiftkv_stats;
 
 #define SWIFTKV_STATS_INIT                                                                  \
   {                                                                                         \
     (uint32_t)sizeof(swiftkv_stats), SWIFTKV_STATS_VERSION, {0, 0, 0}, {0, 0, 0}, {0, 0, 0}, \
-        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0         \
+        {0, 0, 0}, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0      \
   }
 /* Fills *out with SWIFTKV_STATS_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_stats_init(swiftkv_stats *out);

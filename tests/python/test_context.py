@@ -39,6 +39,7 @@ def test_config_round_trip(tmp_path):
         assert c["tier_order"] == swiftkv.TierOrder.HOST_FIRST
         s = ctx.stats()
         assert s["disk_files_skipped"] == 0 and s["disk_bytes_allocated"] == 0
+        assert s["disk_full_refusals"] == 0
         assert s["requests_open"] == 0 and 0 < s["index_capacity_chunks"] <= 4096  # no model
         assert 0 < s["index_bytes"] < 1 << 20  # the empty index
         assert ctx.device_count() == 0

@@ -598,6 +598,8 @@ type Stats struct {
 	IndexBytes, IndexCapacityChunks, RequestsOpen uint64
 	// The remote tier: memory lent by other hosts (swiftkv_stats version 4).
 	RemoteChunks, RemoteBytes, RemoteCapacityBytes, RemoteHits uint64
+	// Segments the filesystem could not give, a full disk (swiftkv_stats version 5).
+	DiskFullRefusals uint64
 }
 
 func (c *Context) Stats() (Stats, error) {
@@ -628,6 +630,7 @@ func (c *Context) Stats() (Stats, error) {
 	out.RequestsOpen = uint64(s.requests_open)
 	out.RemoteChunks, out.RemoteBytes = uint64(s.remote_chunks), uint64(s.remote_bytes)
 	out.RemoteCapacityBytes, out.RemoteHits = uint64(s.remote_capacity_bytes), uint64(s.remote_hits)
+	out.DiskFullRefusals = uint64(s.disk_full_refusals)
 	return out, nil
 }
 

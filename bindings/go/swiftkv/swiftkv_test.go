@@ -155,7 +155,7 @@ func TestConfigRoundTrip(t *testing.T) {
 	if d := DefaultConfig(); d.CoordRemotePath != RemotePathAuto || d.CoordRMATimeoutMs != 2000 {
 		t.Fatalf("%+v", d)
 	}
-	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 ||
+	if st := val(c.Stats()); st.DiskFilesSkipped != 0 || st.DiskBytesAllocated != 0 || st.DiskFullRefusals != 0 ||
 		st.RequestsOpen != 0 || st.IndexBytes == 0 || st.IndexCapacityChunks == 0 {
 		t.Fatalf("%+v", st)
 	}

@@ -22,7 +22,7 @@ pub const SWIFTKV_CODEC_PARAMS_VERSION: u32 = 1;
 pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_MAX_COMPRESSION_METHODS: u32 = 8;
 pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
-pub const SWIFTKV_STATS_VERSION: u32 = 4;
+pub const SWIFTKV_STATS_VERSION: u32 = 5;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 2;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 2;
@@ -3635,12 +3635,13 @@ pub struct swiftkv_stats {
     pub remote_bytes: u64,
     pub remote_capacity_bytes: u64,
     pub remote_hits: u64,
+    pub disk_full_refusals: u64,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_stats() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_stats>(),
-        280usize,
+        288usize,
         concat!("Size of: ", stringify!(swiftkv_stats))
     );
     assert_eq!(
@@ -4124,6 +4125,23 @@ fn bindgen_test_layout_swiftkv_stats() {
         );
     }
     test_field_remote_hits();
+    fn test_field_disk_full_refusals() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_stats>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).disk_full_refusals) as usize - ptr as usize
+            },
+            280usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_stats),
+                "::",
+                stringify!(disk_full_refusals)
+            )
+        );
+    }
+    test_field_disk_full_refusals();
 }
 extern "C" {
     pub fn swiftkv_stats_init(out: *mut swiftkv_stats);

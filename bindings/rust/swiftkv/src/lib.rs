@@ -1619,6 +1619,8 @@ pub struct Stats {
     pub remote_bytes: u64,
     pub remote_capacity_bytes: u64,
     pub remote_hits: u64,
+    /// Segments the filesystem could not give (a full disk); `swiftkv_stats` version 5.
+    pub disk_full_refusals: u64,
 }
 
 impl From<&sys::swiftkv_stats> for Stats {
@@ -1650,6 +1652,7 @@ impl From<&sys::swiftkv_stats> for Stats {
             remote_bytes: c.remote_bytes,
             remote_capacity_bytes: c.remote_capacity_bytes,
             remote_hits: c.remote_hits,
+            disk_full_refusals: c.disk_full_refusals,
         }
     }
 }

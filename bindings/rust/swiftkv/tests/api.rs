@@ -121,7 +121,7 @@ fn config_round_trip_and_errors() {
     assert_eq!((got.transfer_threads, got.max_open_requests), (3, 7));
     assert_eq!(ContextConfig::default().max_open_requests, 4096);
     let st = c.stats().unwrap();
-    assert_eq!((st.disk_files_skipped, st.disk_bytes_allocated), (0, 0));
+    assert_eq!((st.disk_files_skipped, st.disk_bytes_allocated, st.disk_full_refusals), (0, 0, 0));
     assert_eq!(st.requests_open, 0);
     assert!(st.index_bytes > 0 && st.index_capacity_chunks > 0);
     assert_eq!(got.host_budget_bytes, 1 << 20);
