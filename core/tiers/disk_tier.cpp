@@ -347,11 +347,13 @@ uint64_t DiskTier::free_bytes(const ChunkKey &) const {
 uint64_t DiskTier::free_bytes_locked() const {
   if (max_segments_ < 2) return 0;
   // The open segment's room, the free segments but one (kept for cleaning), and what cleaning
-  // the cleanable ones gives back; never more than the capacity leaves.
-  uint64_t n = cleanable_gain_;
-  if (open_ != nullptr) n += open_->size - open_->write_at - kHeaderBytes;
+  // the cleanable ones gives back; never more than the capacity leaves. Cleaning needs an open
+  // or a free segment to copy into: after a restart that found every segment holding records
+  // there is neither, and the policy must first empty a segment whole.
   const uint64_t free_segments =
       free_segments_ + (max_segments_ - std::min(max_segments_, segment_files_));
+  uint64_t n = open_ != nullptr || free_segments != 0 ? cleanable_gain_ : 0;
+  if (open_ != nullptr) n += open_->size - open_->write_at - kHeaderBytes;
   if (free_segments > 1) n += (free_segments - 1) * (segment_bytes_ - 2 * kHeaderBytes);
   const uint64_t cap = capacity_bytes({});
   return std::min(n, cap > live_ ? cap - live_ : 0);
@@ -396,7 +398,13 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
     seg->fd.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (seg->fd) break;
     if (errno != EEXIST || tries > 64) {
-      disk_full_locked("cannot create " + path + ": " + errno_text(errno));
+      const int e = errno;
+      const std::string what = "cannot create " + path + ": " + errno_text(e);
+      if (e == ENOSPC || e == EDQUOT) {
+        disk_full_locked(what);
+      } else {
+        full_log_.warn("disk tier: " + what);  // not the disk's room (no fds, say): asked again
+      }
       return nullptr;
     }
   }
@@ -407,8 +415,13 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   if (e != 0) {
     (void)::unlink(path.c_str());
     --next_number_;  // the number is free again: a full disk does not use up names
-    disk_full_locked("cannot allocate " + std::to_string(segment_bytes_) + " bytes for " + path +
-                     ": " + errno_text(e));
+    const std::string what = "cannot allocate " + std::to_string(segment_bytes_) + " bytes for " +
+                             path + ": " + errno_text(e);
+    if (e == ENOSPC || e == EDQUOT || e == EFBIG) {
+      disk_full_locked(what);
+    } else {
+      full_log_.warn("disk tier: " + what);
+    }
     return nullptr;
   }
   seg->size = segment_bytes_;

@@ -1286,13 +1286,109 @@ void a_room_given_up_does_not_end_the_log(void **) {
   std::filesystem::remove_all(dir);
 }
 
-// A full filesystem (issue 44): 8 MiB of tmpfs under a 16 MiB budget of 1 MiB segments, 100
-// stores of 10 chunks of 8 KiB. The filesystem gives 7 segments and refuses the next: the tier
-// counts that once, keeps to the 7 (it asks again only after 30 s, so segment names stay low
-// and the log says it once), and goes on filling them, evicting its oldest and cleaning their
-// segments: it holds what 7 segments fit less at most one segment being cleaned, every store is
-// cached, and what it holds is exact. The filesystem is a private mount in a child (root only;
-// without it the test is skipped).
+// Kills while cleaning moves records (issue 44, item 7): can a conversation lose its leading
+// chunk that way? A 4 MiB tier of 1 MiB segments (126 chunks of 8 KiB each, 378 in all) takes
+// conversations of 10 chunks, one store each; conversation 0 is looked up before every store, so
+// it stays while the ones around it are evicted, its segment falls to an eighth live and is
+// cleaned, and its chunks move, again and again. Ten children are killed at random moments; after
+// each, a fresh tier on the directory finds: every chunk exact; every conversation's chunks one
+// unbroken run (a conversation is evicted from one end: LRU takes chunks stored together from
+// the last, and chunks recovered after a restart, ordered by when they were written, from the
+// first); conversation 0 whole; the five conversations stored last whole. Cleaning moved records
+// in every run. So what a prefix check finds missing after kills is the eviction policy's doing
+// (recovered chunks, and retention's order, lose a conversation's leading chunks first), not
+// cleaning's.
+void kills_while_cleaning_lose_no_moved_chunk(void **) {
+  const auto g = geometry(2, 64, SWIFTKV_DTYPE_F16);
+  const std::string dir = temp_dir();
+  std::mt19937 rng(44);
+  uint32_t next = 1;
+  uint64_t relocated_runs = 0;
+  std::vector<uint32_t> in_flight;  // the conversation each child was storing when killed
+  for (int round = 0; round < 10; ++round) {
+    int fds[2];
+    assert_int_equal(pipe(fds), 0);
+    const uint32_t first = next;
+    const pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+      close(fds[0]);
+      setenv("SWIFTKV_LOG", "off", 1);
+      Rig r(g, 0, 0, 0);
+      reopen_on_disk(r, dir, 4u << 20);
+      if (first == 1 && r.store(0, 10) != 10) _exit(3);
+      for (uint32_t seq = first;; ++seq) {
+        r.now += 10;
+        uint8_t res[10];
+        if (r.cache->lookup(r.keys(0, 10), res).prefix != 10) _exit(4);
+        r.now += 10;
+        if (r.store(seq, 10) != 10) _exit(5);  // room is always made
+        const uint64_t moved = r.cache->stats().disk_bytes_relocated;
+        const uint64_t msg[2] = {seq, moved};
+        if (write(fds[1], msg, sizeof msg) != sizeof msg) _exit(6);
+      }
+    }
+    close(fds[1]);
+    // At least 60 conversations in (the tier holds 37: it has evicted and cleaned), then a kill
+    // at a random moment of what follows.
+    uint64_t msg[2] = {0, 0};
+    uint32_t done = first;  // conversations [first, done) returned
+    uint64_t moved = 0;
+    while (done < first + 60 && read(fds[0], msg, sizeof msg) == sizeof msg) {
+      done = static_cast<uint32_t>(msg[0]) + 1;
+      moved = msg[1];
+    }
+    usleep(rng() % 20000);
+    kill(pid, SIGKILL);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFSIGNALED(status)) fail_msg("the child ended itself: %d", WEXITSTATUS(status));
+    while (read(fds[0], msg, sizeof msg) == sizeof msg) {
+      done = static_cast<uint32_t>(msg[0]) + 1;
+      moved = msg[1];
+    }
+    close(fds[0]);
+    assert_true(done >= first + 60);
+    if (moved > 0) ++relocated_runs;
+    in_flight.push_back(done);
+    Rig r(g, 0, 0, 0);
+    reopen_on_disk(r, dir, 4u << 20);
+    for (uint32_t s2 = 0; s2 <= done; ++s2) {
+      int runs = 0;
+      bool before = false;
+      size_t present = 0;
+      for (size_t i = 0; i < 10; ++i) {
+        const bool there = r.where(s2, i).has_value();
+        if (there && !before) ++runs;
+        before = there;
+        if (there) {
+          ++present;
+          assert_true(r.intact(s2, i));
+        }
+      }
+      // The conversation a child was storing when killed may have any of its chunks (they are
+      // written side by side); every other is one run.
+      const bool flying = std::find(in_flight.begin(), in_flight.end(), s2) != in_flight.end();
+      if (runs > 1 && !flying) {
+        std::string pat;
+        for (size_t i = 0; i < 10; ++i) pat += r.where(s2, i).has_value() ? '#' : '.';
+        fail_msg("round %d: conversation %u of %u is %s", round, s2, done, pat.c_str());
+      }
+      if (s2 == 0 || (s2 + 5 >= done && s2 < done)) assert_int_equal(present, 10);
+    }
+    next = done + 1;
+  }
+  assert_int_equal(relocated_runs, 10);
+  std::filesystem::remove_all(dir);
+}
+
+// A full filesystem (issue 44; ENOSPC, EDQUOT or EFBIG, not a lack of fds): 8 MiB of tmpfs under a
+// 16 MiB budget of 1 MiB segments, 100 stores of 10 chunks of 8 KiB. The filesystem gives 7
+// segments and refuses the next: the tier counts that once, keeps to the 7 (it asks again only
+// after 30 s, so segment names stay low and the log says it once), and goes on filling them,
+// evicting its oldest and cleaning their segments: it holds what 7 segments fit less at most one
+// segment being cleaned, every store is cached, and what it holds is exact. The filesystem is a
+// private mount in a child (root only; without it the test is skipped).
 void a_full_filesystem_shrinks_the_disk_tier_to_what_it_gave(void **) {
   const auto g = geometry(2, 64, SWIFTKV_DTYPE_F16);
   const pid_t pid = fork();
@@ -1793,6 +1889,7 @@ int main() {
       cmocka_unit_test(disk_full_lives_within_its_segments),
       cmocka_unit_test(a_full_filesystem_shrinks_the_disk_tier_to_what_it_gave),
       cmocka_unit_test(a_room_given_up_does_not_end_the_log),
+      cmocka_unit_test(kills_while_cleaning_lose_no_moved_chunk),
       cmocka_unit_test(disk_reads_large_records_in_pieces),
       cmocka_unit_test(disk_reads_many_records_at_once),
       cmocka_unit_test(disk_cleaning_moves_records_under_readers),
