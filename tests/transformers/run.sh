@@ -1,34 +1,13 @@
 #!/usr/bin/env bash
-# ctest "transformers": a venv of its own over Debian's python3 with the stack users run (torch 2
-# and transformers 5 from PyPI, pinned in requirements.txt), then pytest on test_transformers.py
+# ctest "transformers": pytest on the transformers integration's tests and the two-model example
+# (tests/transformers/test_*.py) in the venv venv.sh makes (torch 2 and transformers 5 from PyPI),
 # with the build's Python package first on the path. No model weights are downloaded: the tests
 # build their models from configs with random weights.
-#
-# PyPI's torch comes with its CUDA libraries (about 3.5 GB to download, 5.6 GB installed, a few
-# minutes), so the venv lives in a cache outside the build tree and is made again only when
-# requirements.txt changes: under $SWIFTKV_VENV_CACHE, else ~/.cache/swiftkv. One venv is kept
-# there; a venv of other requirements is removed when a new one is made.
 #   run.sh PYTHON PACKAGE_DIR
 set -euo pipefail
 py=$1 pkg=$2
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${SWIFTKV_VENV_CACHE:-${HOME:-/root}/.cache/swiftkv}
-sum=$(sha256sum "$here/requirements.txt" | cut -c1-12)
-venv="$cache/transformers-$sum"
-mkdir -p "$cache"
-exec 9>"$cache/.transformers.lock"
-flock 9
-if [ ! -f "$venv/.complete" ]; then
-  for old in "$cache"/transformers-*; do
-    [ -d "$old" ] && [ "$old" != "$venv" ] && rm -rf "$old"
-  done
-  rm -rf "$venv"
-  echo "run.sh: making $venv (torch and transformers from PyPI, once)" >&2
-  "$py" -m venv "$venv"
-  "$venv/bin/pip" install --quiet --disable-pip-version-check --no-cache-dir \
-    -r "$here/requirements.txt"
-  touch "$venv/.complete"
-fi
-flock -u 9
+venv=$("$here/venv.sh" "$py")
 export PYTHONPATH="$pkg${PYTHONPATH:+:$PYTHONPATH}"
-exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/test_transformers.py"
+exec "$venv/bin/python" -m pytest -q -p no:cacheprovider "$here/test_transformers.py" \
+  "$here/test_two_models.py"
