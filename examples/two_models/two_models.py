@@ -26,6 +26,7 @@ GPU (its kernels' own reduction order, TF32 off).
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -150,60 +151,63 @@ def run(turns: int = 8, reclaim_at: int = 4, idle_at: int = 6, kill_lender_at: i
     lender = Lender(endpoint, desc, device, env)
     rows = []
     chunk_bytes = CHUNK * desc.bytes_per_token
-    # Host memory for 4 chunks, the disk for the rest: a chunk the worker asks back goes down.
-    with swiftkv.Context(host_budget_bytes=4 * chunk_bytes, disk_path=work + "/disk",
-                         disk_budget_bytes=64 << 20, coord_heartbeat_ms=20,
-                         coord_timeout_ms=2000, device_mask=device_mask(device)) as ctx:
-        km = ctx.register_model(desc)
-        lease = km.borrow_remote(endpoint, "worker", lend_units)
-        cache = SwiftKVCache(km, max_tokens=4096)
-        turns_ids = conversation(turns, device)
-        with torch.no_grad():
-            model(input_ids=turns_ids[0], use_cache=False)  # warm-up: not timed
-        try:
-            for k, ids in enumerate(turns_ids):
-                event = ""
-                if k == reclaim_at:
-                    # A request of 640 tokens: 40 of the worker's 48 blocks, 4 of the 6 units
-                    # it lent.
-                    a = lender.ask("load 640")
-                    lender.ask("settle")
-                    event = f"worker busy: -{a['borrower_chunks']} chunks"
-                if k == idle_at:
-                    a = lender.ask("idle")
-                    try:
-                        km.borrow_remote(endpoint, "worker", lend_units)
-                        event = f"worker idle: lends again (+{a['borrower_chunks']} chunks)"
-                    except swiftkv.Error as e:
-                        event = f"worker idle, no lease: {e}"
-                found = km.lookup(ids[0].cpu())
-                usable = min(found.prefix_tokens, ids.shape[1] - 1) // CHUNK
-                where = tiers_of(found, usable)
-                kill_hook = None
-                if k == kill_lender_at:
-                    # Killed while this turn runs: after its first layer, before the rest load.
-                    layers = model.model.layers
+    try:
+        # Host memory for 4 chunks, the disk for the rest: a chunk the worker asks back goes down.
+        with swiftkv.Context(host_budget_bytes=4 * chunk_bytes, disk_path=work + "/disk",
+                             disk_budget_bytes=64 << 20, coord_heartbeat_ms=20,
+                             coord_timeout_ms=2000, device_mask=device_mask(device)) as ctx:
+            km = ctx.register_model(desc)
+            lease = km.borrow_remote(endpoint, "worker", lend_units)
+            cache = SwiftKVCache(km, max_tokens=4096)
+            turns_ids = conversation(turns, device)
+            with torch.no_grad():
+                model(input_ids=turns_ids[0], use_cache=False)  # warm-up: not timed
+            try:
+                for k, ids in enumerate(turns_ids):
+                    event = ""
+                    if k == reclaim_at:
+                        # A request of 640 tokens: 40 of the worker's 48 blocks, 4 of the 6 units
+                        # it lent.
+                        a = lender.ask("load 640")
+                        lender.ask("settle")
+                        event = f"worker busy: -{a['borrower_chunks']} chunks"
+                    if k == idle_at:
+                        a = lender.ask("idle")
+                        try:
+                            km.borrow_remote(endpoint, "worker", lend_units)
+                            event = f"worker idle: lends again (+{a['borrower_chunks']} chunks)"
+                        except swiftkv.Error as e:
+                            event = f"worker idle, no lease: {e}"
+                    found = km.lookup(ids[0].cpu())
+                    usable = min(found.prefix_tokens, ids.shape[1] - 1) // CHUNK
+                    where = tiers_of(found, usable)
+                    kill_hook = None
+                    if k == kill_lender_at:
+                        # Killed while this turn runs: after its first layer, before the rest load.
+                        layers = model.model.layers
 
-                    def kill_now(*_):
-                        lender.kill()
-                        kill_hook.remove()
+                        def kill_now(*_):
+                            lender.kill()
+                            kill_hook.remove()
 
-                    kill_hook = layers[1].register_forward_pre_hook(kill_now)
-                    event = "worker killed during the turn"
-                with torch.no_grad():
-                    out, ttft = timed(lambda: cache.prefill(model, ids), device)
-                    ref, ttft_ref = timed(lambda: model(input_ids=ids, use_cache=False), device)
-                start = out.cached_tokens
-                diff = (out.logits[0, -1] - ref.logits[0, -1]).abs().max().item()
-                diff_all = (out.logits[0] - ref.logits[0, start:]).abs().max().item()
-                rows.append(dict(turn=k, tokens=ids.shape[1], cached=start, **where,
-                                 ttft_ms=ttft * 1e3, recompute_ms=ttft_ref * 1e3,
-                                 max_diff=max(diff, diff_all), event=event))
-        finally:
-            cache.close()
-            stats = ctx.stats()
-            coord = ctx.coord_stats()
-    lender.close()  # after the borrower let go of its leases
+                        kill_hook = layers[1].register_forward_pre_hook(kill_now)
+                        event = "worker killed during the turn"
+                    with torch.no_grad():
+                        out, ttft = timed(lambda: cache.prefill(model, ids), device)
+                        ref, ttft_ref = timed(lambda: model(input_ids=ids, use_cache=False), device)
+                    start = out.cached_tokens
+                    diff = (out.logits[0, -1] - ref.logits[0, -1]).abs().max().item()
+                    diff_all = (out.logits[0] - ref.logits[0, start:]).abs().max().item()
+                    rows.append(dict(turn=k, tokens=ids.shape[1], cached=start, **where,
+                                     ttft_ms=ttft * 1e3, recompute_ms=ttft_ref * 1e3,
+                                     max_diff=max(diff, diff_all), event=event))
+            finally:
+                cache.close()
+                stats = ctx.stats()
+                coord = ctx.coord_stats()
+    finally:
+        lender.close()  # after the borrower let go of its leases (or failed)
+        shutil.rmtree(work, ignore_errors=True)  # the endpoint's socket, the disk tier's segments
     if not quiet:
         print(f"{'turn':>4} {'tokens':>6} {'cached':>6} {'peer':>4} {'host':>4} {'disk':>4} "
               f"{'TTFT ms':>8} {'recompute ms':>12} {'max |dlogit|':>12}  event")
