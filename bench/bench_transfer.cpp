@@ -8,7 +8,10 @@
 // Then the layer-wise pipeline: per-layer compute simulated by a busy wait of c per layer while
 // the loads run, for c = 0.5, 1 and 2 times the per-layer transfer time measured in the same
 // run, at 32 and 64 layers: the fraction of the hideable transfer time that was hidden.
-// And the per-layer hook overhead (wait_layer_load + save_layer with nothing to copy).
+// And the per-layer hook overhead with nothing to copy: hook_us, a whole request's calls per
+// layer (begin and finish included); pair_us, one request's wait_layer_load + save_layer alone;
+// batch_us and each_us, per request and layer for 64 open requests through the batch calls and
+// through the per-request ones.
 // On a CUDA build with a device, the same for a device pool (host chunks to device pages and
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
 // copy of the same bytes from pinned memory; and the gather/scatter kernel alone (NHD and HND,
@@ -58,6 +61,7 @@ namespace {
 
 constexpr uint32_t kLayers = 8, kHeads = 8, kDim = 128, kChunk = 256;
 constexpr uint64_t kLayerPiece = 2ull * kChunk * kHeads * kDim * 2;  // bytes, F16
+constexpr uint32_t kBatchRequests = 64;  // the requests of a decode step, for the hook figures
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -89,7 +93,10 @@ struct Row {
   uint32_t page;
   Rate load, save, per_page, large;
   double first_save_gbs = 0, first_load_gbs = 0;  // the first requests of a fresh context
-  double hook_us = 0;
+  double hook_us = 0;         // a whole request's calls with nothing to copy, per layer
+  double pair_us = 0;         // one request's wait_layer_load + save_layer alone
+  double batch_us = 0;        // per request and layer, kBatchRequests through the batch calls
+  double per_request_us = 0;  // the same requests through the per-request calls
 };
 
 // The seconds of each measured repetition (save, load, per-page and one-copy baselines), made
@@ -323,6 +330,64 @@ double hook_us(swiftkv_ctx *ctx, uint32_t pool, uint32_t page, void *stream) {
   return per[per.size() / 2];
 }
 
+// The hooks alone, nothing to copy: `n` requests of fewer tokens than a page are begun and
+// started outside the clock, then per layer either each request's wait_layer_load and
+// save_layer, or (batch) the two batch calls for all of them. Microseconds per request and
+// layer: the median of 5 runs after a warm-up one.
+double hooks_only_us(swiftkv_ctx *ctx, uint32_t pool, uint32_t page, uint32_t n, bool batch,
+                     void *stream) {
+  std::vector<uint32_t> few(page > 1 ? page - 1 : 1, 7);
+  const uint32_t rounds = std::max(200u / n, 4u);
+  std::vector<int32_t> one{0};
+  std::vector<uint64_t> reqs(n), valid(n);
+  std::vector<double> per;
+  for (int run = 0; run <= 5; ++run) {  // run 0 warms up
+    double hooks_s = 0;
+    for (uint32_t round = 0; round < rounds; ++round) {
+      for (uint32_t i = 0; i < n; ++i) {
+        swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+        d.pool = pool;
+        d.tokens = few.data();
+        d.n_tokens = few.size();
+        d.pages = one.data();
+        d.n_pages = 1;
+        check(swiftkv_request_begin(&reqs[i], ctx, &d), "request_begin");
+        check(swiftkv_start_load(ctx, reqs[i], stream), "start_load");
+      }
+      const double t0 = now_s();
+      for (uint32_t l = 0; l < kLayers; ++l) {
+        if (batch) {
+          check(swiftkv_wait_layer_load_batch(valid.data(), ctx, reqs.data(), n, l, stream),
+                "wait_layer_load_batch");
+          check(swiftkv_save_layer_batch(ctx, reqs.data(), n, l, stream), "save_layer_batch");
+        } else {
+          for (uint32_t i = 0; i < n; ++i) {
+            check(swiftkv_wait_layer_load(&valid[i], ctx, reqs[i], l, stream), "wait_layer_load");
+            check(swiftkv_save_layer(ctx, reqs[i], l, stream), "save_layer");
+          }
+        }
+      }
+      hooks_s += now_s() - t0;
+      for (uint32_t i = 0; i < n; ++i) {
+        uint64_t saved = 0;
+        check(swiftkv_wait_save(&saved, ctx, reqs[i], stream), "wait_save");
+        check(swiftkv_request_finish(nullptr, ctx, reqs[i]), "request_finish");
+      }
+    }
+    if (run > 0) per.push_back(hooks_s / rounds / n / kLayers * 1e6);
+  }
+  std::sort(per.begin(), per.end());
+  return per[per.size() / 2];
+}
+
+// The three hook figures of a row.
+void measure_hooks(Row &r, swiftkv_ctx *ctx, uint32_t pool, uint32_t page, void *stream) {
+  r.hook_us = hook_us(ctx, pool, page, stream);
+  r.pair_us = hooks_only_us(ctx, pool, page, 1, false, stream);
+  r.batch_us = hooks_only_us(ctx, pool, page, kBatchRequests, true, stream);
+  r.per_request_us = hooks_only_us(ctx, pool, page, kBatchRequests, false, stream);
+}
+
 Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
   Row r{};
   r.page = page;
@@ -358,7 +423,7 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
     if (rep > 1) samples.add(save_s, load_s, tp, tl);
   }
   samples.into(r, bytes);
-  r.hook_us = hook_us(ctx, pool, page, nullptr);
+  measure_hooks(r, ctx, pool, page, nullptr);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return r;
@@ -537,7 +602,7 @@ Row measure_device(uint32_t page, uint32_t chunks, int reps) {
     if (rep > 1) samples.add(save_s, load_s, tp, tl);
   }
   samples.into(r, bytes);
-  r.hook_us = hook_us(ctx, pool, page, s);
+  measure_hooks(r, ctx, pool, page, s);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   cudaFreeHost(pinned);
@@ -820,16 +885,19 @@ void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chun
       "%s backend, %u chunks of %u tokens, %u layers x %llu KiB per chunk; GB/s median/best "
       "over %d repetitions\n",
       backend, chunks, kChunk, kLayers, static_cast<unsigned long long>(kLayerPiece >> 10), reps);
-  std::printf("%5s %13s %13s %13s %13s %10s %10s %10s %8s\n", "page", "load", "save", "per_page",
-              "large", "load/limit", "1st_save", "1st_load", "hook_us");
+  std::printf("%5s %13s %13s %13s %13s %10s %10s %10s %8s %8s %8s %8s\n", "page", "load", "save",
+              "per_page", "large", "load/limit", "1st_save", "1st_load", "hook_us", "pair_us",
+              "batch_us", "each_us");
   for (const Row &r : rows) {
     // The machine's copy limit: the faster of the two baselines (a large memcpy is not always
     // the faster on every machine).
     const double limit = std::max(r.per_page.med, r.large.med);
-    std::printf("%5u %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %10.2f %10.2f %10.2f %8.2f\n",
-                r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med,
-                r.per_page.best, r.large.med, r.large.best, r.load.med / limit, r.first_save_gbs,
-                r.first_load_gbs, r.hook_us);
+    std::printf(
+        "%5u %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %10.2f %10.2f %10.2f %8.2f %8.3f "
+        "%8.3f %8.3f\n",
+        r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med, r.per_page.best,
+        r.large.med, r.large.best, r.load.med / limit, r.first_save_gbs, r.first_load_gbs,
+        r.hook_us, r.pair_us, r.batch_us, r.per_request_us);
   }
 }
 
@@ -859,9 +927,11 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
         "%s{\"page\":%u,\"load_gbs\":%.3f,\"load_best_gbs\":%.3f,\"save_gbs\":%.3f,"
         "\"save_best_gbs\":%.3f,\"per_page_gbs\":%.3f,\"large_gbs\":%.3f,"
         "\"large_best_gbs\":%.3f,\"first_save_gbs\":%.3f,\"first_load_gbs\":%.3f,"
-        "\"hook_us\":%.2f}",
+        "\"hook_us\":%.2f,\"hook_pair_us\":%.3f,\"hook_batch_us\":%.3f,"
+        "\"hook_per_request_us\":%.3f,\"batch_requests\":%u}",
         i ? "," : "", r.page, r.load.med, r.load.best, r.save.med, r.save.best, r.per_page.med,
-        r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs, r.hook_us);
+        r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs, r.hook_us, r.pair_us,
+        r.batch_us, r.per_request_us, kBatchRequests);
   }
   std::printf("],\"overlap\":[");
   for (size_t i = 0; i < ov.size(); ++i) {

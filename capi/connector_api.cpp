@@ -74,6 +74,33 @@ std::shared_ptr<Request> request_on(swiftkv_ctx *ctx, uint64_t request, const vo
   return r;
 }
 
+// A batch's requests, each open and named once, with the stream checked as request_on does.
+// `any_device` says whether one of them is on a device pool.
+std::vector<std::shared_ptr<Request>> batch_on(swiftkv_ctx *ctx, const uint64_t *ids, size_t n,
+                                               const void *stream, bool *any_device) {
+  std::vector<uint64_t> sorted(ids, ids + n);
+  std::sort(sorted.begin(), sorted.end());
+  const auto twice = std::adjacent_find(sorted.begin(), sorted.end());
+  if (twice != sorted.end()) {
+    fail_invalid("request " + std::to_string(*twice) + " is named twice in the batch");
+  }
+  std::vector<std::shared_ptr<Request>> rs;
+  rs.reserve(n);
+  {
+    std::lock_guard lock(ctx->io_mu);
+    for (size_t i = 0; i < n; ++i) rs.push_back(find_request_locked(ctx, ids[i])->second);
+  }
+  *any_device = false;
+  for (const auto &r : rs) {
+    if (r->pool().layout().device >= 0) {
+      *any_device = true;
+    } else if (stream != nullptr) {
+      fail_invalid("stream is not NULL, and host pools take no stream");
+    }
+  }
+  return rs;
+}
+
 // Removes an open request from the table: no later call finds it.
 std::shared_ptr<Request> take_request(swiftkv_ctx *ctx, uint64_t request) {
   std::lock_guard lock(ctx->io_mu);
@@ -343,6 +370,46 @@ SWIFTKV_API swiftkv_status swiftkv_save_layer(swiftkv_ctx *ctx, uint64_t request
   try {
     require(ctx, "ctx");
     swiftkv::capi::request_on(ctx, request, stream)->save_layer(layer, stream);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_wait_layer_load_batch(uint64_t *valid_ends_out, swiftkv_ctx *ctx,
+                                                         const uint64_t *requests,
+                                                         size_t n_requests, uint32_t layer,
+                                                         void *stream) {
+  try {
+    require(ctx, "ctx");
+    if (n_requests == 0) return SWIFTKV_OK;
+    require(valid_ends_out, "valid_ends_out");
+    require(requests, "requests");
+    bool any_device = false;
+    const std::vector<std::shared_ptr<swiftkv::Request>> rs =
+        swiftkv::capi::batch_on(ctx, requests, n_requests, stream, &any_device);
+    for (const auto &r : rs) r->check_wait_layer_load(layer);
+    if (any_device) swiftkv::refuse_capture(stream, "swiftkv_wait_layer_load_batch");
+    for (size_t i = 0; i < rs.size(); ++i) {
+      valid_ends_out[i] = rs[i]->wait_layer_load(layer, stream, false);
+    }
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_save_layer_batch(swiftkv_ctx *ctx, const uint64_t *requests,
+                                                    size_t n_requests, uint32_t layer,
+                                                    void *stream) {
+  try {
+    require(ctx, "ctx");
+    if (n_requests == 0) return SWIFTKV_OK;
+    require(requests, "requests");
+    bool any_device = false;
+    const std::vector<std::shared_ptr<swiftkv::Request>> rs =
+        swiftkv::capi::batch_on(ctx, requests, n_requests, stream, &any_device);
+    for (const auto &r : rs) r->check_save_layer(layer);
+    if (any_device) swiftkv::refuse_capture(stream, "swiftkv_save_layer_batch");
+    for (const auto &r : rs) r->save_layer(layer, stream, false);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

@@ -26,7 +26,8 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   hold_loads(sizes);
   reserve_saves(sizes);
   check_stream_pages();
-  if (device()) make_device_transfer();
+  // A request that copies nothing (a decode step between chunk boundaries) makes no CUDA call.
+  if (device() && (!loads_.empty() || !saves_.empty())) make_device_transfer();
   start_disk_reads();
 }
 
@@ -322,7 +323,8 @@ void Request::start_load(void *stream) {
   if (started_) fail(SWIFTKV_ESTATE, "start_load was already called for this request");
   if (device()) {
     refuse_capture(stream, "start_load");
-    dev_->after(stream);  // the pages' previous users on the engine's stream go first
+    // The pages' previous users on the engine's stream go first.
+    if (!loads_.empty()) dev_->after(stream);
     started_ = true;
     if (info_.stream_ordered) {
       enqueue_device_load_locked(0, -1);
@@ -379,17 +381,29 @@ void Request::fail_order(const std::string &call) const {
                            counts + ", next is " + next);
 }
 
-uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
-  check_layer(layer);  // arguments before state: a layer past the model's is EINVAL in any state
-  std::unique_lock lock(mu_);
+void Request::check_wait_layer_load_locked(uint32_t layer) const {
   if (!spec_.load) fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   if (!started_) fail(SWIFTKV_ESTATE, "wait_layer_load before start_load");
   if (layer != info_.layers_loaded || (spec_.save && info_.layers_saved != layer)) {
     fail_order("wait_layer_load(" + std::to_string(layer) + ")");
   }
+}
+
+void Request::check_wait_layer_load(uint32_t layer) const {
+  check_layer(layer);  // arguments before state: a layer past the model's is EINVAL in any state
+  std::lock_guard lock(mu_);
+  check_wait_layer_load_locked(layer);
+}
+
+uint64_t Request::wait_layer_load(uint32_t layer, void *stream, bool check_capture) {
+  check_layer(layer);
+  std::unique_lock lock(mu_);
+  check_wait_layer_load_locked(layer);
   if (device()) {
-    refuse_capture(stream, "wait_layer_load");
-    if (peer_loads_) {
+    if (check_capture) refuse_capture(stream, "wait_layer_load");
+    if (loads_.empty()) {
+      // Nothing was loaded: the stream has nothing to wait for.
+    } else if (peer_loads_) {
       // Lent memory: the lease is checked again once the copy is done, on the host.
       lock.unlock();
       dev_->sync_load(layer);
@@ -412,19 +426,31 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream) {
   return info_.valid_end;
 }
 
-void Request::save_layer(uint32_t layer, void *stream) {
-  check_layer(layer);
-  std::lock_guard lock(mu_);
+void Request::check_save_layer_locked(uint32_t layer) const {
   if (!spec_.save) fail_order("save_layer(" + std::to_string(layer) + ")");
   if (layer != info_.layers_saved || (spec_.load && info_.layers_loaded != layer + 1)) {
     fail_order("save_layer(" + std::to_string(layer) + ")");
   }
+}
+
+void Request::check_save_layer(uint32_t layer) const {
+  check_layer(layer);
+  std::lock_guard lock(mu_);
+  check_save_layer_locked(layer);
+}
+
+void Request::save_layer(uint32_t layer, void *stream, bool check_capture) {
+  check_layer(layer);
+  std::lock_guard lock(mu_);
+  check_save_layer_locked(layer);
   if (device()) {
-    refuse_capture(stream, "save_layer");
-    std::vector<std::byte *> dsts;
-    dsts.reserve(saves_.size());
-    for (auto &sc : saves_) dsts.push_back(sc->dst);
-    dev_->enqueue_save(layer, stream, pool_->layout().layer_base[layer], dsts);
+    if (check_capture) refuse_capture(stream, "save_layer");
+    // With nothing to save the gather is only needed to order the next layer's load into
+    // stream pages after the engine's work on this one.
+    const bool orders_a_load = info_.stream_ordered && !loads_.empty() && layer + 1 < layers_;
+    if (!saves_.empty() || orders_a_load) {
+      dev_->enqueue_save(layer, stream, pool_->layout().layer_base[layer], save_dsts_);
+    }
     info_.layers_saved = layer + 1;
     if (info_.stream_ordered && layer + 1 < layers_) {
       enqueue_device_load_locked(layer + 1, static_cast<int>(layer));
@@ -502,6 +528,8 @@ void Request::make_device_transfer() {
   for (const auto &sc : saves_) {
     add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device, nullptr);
   }
+  save_dsts_.clear();
+  for (const auto &sc : saves_) save_dsts_.push_back(sc->dst);
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");
   }
@@ -512,6 +540,11 @@ void Request::make_device_transfer() {
 // checked) first, on this thread if the early read has not finished; a lent chunk whose lease is
 // gone, or a disk chunk that fails its check, ends the valid prefix there.
 void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
+  if (loads_.empty()) {
+    load_submitted_[layer] = true;
+    if (++layers_load_done_ == layers_) load_scopes_.clear();
+    return;
+  }
   std::vector<const std::byte *> sources;
   sources.reserve(loads_.size());
   for (size_t i = 0; i < loads_.size() && i < first_failed_.load(); ++i) {

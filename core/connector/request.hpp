@@ -68,8 +68,13 @@ class Request {
   void start_load(void *stream = nullptr);
   // Layer l is in the pages (host: blocks until it is; device: `stream` waits for it); returns
   // valid_end.
-  uint64_t wait_layer_load(uint32_t layer, void *stream = nullptr);
-  void save_layer(uint32_t layer, void *stream = nullptr);
+  // check_capture false: the caller has checked that `stream` is not capturing (a batch).
+  uint64_t wait_layer_load(uint32_t layer, void *stream = nullptr, bool check_capture = true);
+  void save_layer(uint32_t layer, void *stream = nullptr, bool check_capture = true);
+  // What wait_layer_load(layer) or save_layer(layer) would throw for its arguments and order,
+  // without doing anything: a batch checks every request before it changes any.
+  void check_wait_layer_load(uint32_t layer) const;
+  void check_save_layer(uint32_t layer) const;
   // Every layer is saved (waits), then the whole chunks become visible; returns saved tokens.
   uint64_t wait_save(void *stream = nullptr);
   RequestInfo info() const;
@@ -153,6 +158,8 @@ class Request {
   void task_done(bool load, uint32_t layer);
   void fail_chunk(size_t i);
   void check_layer(uint32_t layer) const;  // EINVAL past the model's layers
+  void check_wait_layer_load_locked(uint32_t layer) const;
+  void check_save_layer_locked(uint32_t layer) const;
   // The ESTATE message of a call out of order: what came, the order, what is due next.
   [[noreturn]] void fail_order(const std::string &call) const;
   // The device path.
@@ -173,8 +180,10 @@ class Request {
   std::vector<std::unique_ptr<SaveChunk>> saves_;
   std::vector<std::unique_ptr<ChunkCache::LoadScope>> load_scopes_;  // while loads are pending
   std::atomic<size_t> first_failed_{SIZE_MAX};  // loads stop at the first chunk that failed
-  std::unique_ptr<DeviceTransfer> dev_;         // a device pool's executor
-  bool peer_loads_ = false;                     // some load reads lent memory
+  // A device pool's executor; none when the request copies nothing.
+  std::unique_ptr<DeviceTransfer> dev_;
+  std::vector<std::byte *> save_dsts_;  // each save chunk's dst, for dev_
+  bool peer_loads_ = false;             // some load reads lent memory
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

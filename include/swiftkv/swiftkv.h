@@ -1487,6 +1487,25 @@ SWIFTKV_API swiftkv_status swiftkv_wait_layer_load(uint64_t *valid_end_tokens_ou
                                                    uint32_t layer, void *stream);
 SWIFTKV_API swiftkv_status swiftkv_save_layer(swiftkv_ctx *ctx, uint64_t request, uint32_t layer,
                                               void *stream);
+/* The per-layer hooks for a whole batch: the same as swiftkv_wait_layer_load (or
+ * swiftkv_save_layer) for requests[0], requests[1], ... in order, with one `layer` and one
+ * `stream`, in one call, as an engine calls per layer for all of a step's requests. The requests
+ * may belong to different pools; a host pool's takes stream NULL (EINVAL otherwise).
+ * Every request is checked before any is touched: one not open (ENOTFOUND), one named twice
+ * or a layer past a request's model (EINVAL), or a call out of order for one of them (ESTATE)
+ * fails the call with nothing changed and nothing written to valid_ends_out. A capturing
+ * stream is EUNSUPPORTED, also with nothing changed. valid_ends_out[i] is what
+ * swiftkv_wait_layer_load would give for requests[i]. n_requests 0 does nothing (the arrays
+ * may then be NULL).
+ * On a device pool a request with nothing to copy (no chunk to load or save: a decode step
+ * between chunk boundaries) makes no CUDA call, here or in the per-request calls. */
+SWIFTKV_API swiftkv_status swiftkv_wait_layer_load_batch(uint64_t *valid_ends_out,
+                                                         swiftkv_ctx *ctx, const uint64_t *requests,
+                                                         size_t n_requests, uint32_t layer,
+                                                         void *stream);
+SWIFTKV_API swiftkv_status swiftkv_save_layer_batch(swiftkv_ctx *ctx, const uint64_t *requests,
+                                                    size_t n_requests, uint32_t layer,
+                                                    void *stream);
 /* *saved_tokens_out: tokens in the chunks made visible. */
 SWIFTKV_API swiftkv_status swiftkv_wait_save(uint64_t *saved_tokens_out, swiftkv_ctx *ctx,
                                              uint64_t request, void *stream);

@@ -7,8 +7,8 @@
 // images are also compared with the same requests run on host pools, whose copies are the
 // kernel's CPU twin. The same loop also runs with no host synchronisation between its steps (and
 // a capturing stream is refused), and with chunks stored kivi or fp8, which the device pool
-// decodes on the GPU and the host pool on the CPU. Exits 77 without a usable device or without
-// CUDA.
+// decodes on the GPU and the host pool on the CPU, and through the batch hooks. Exits 77 without a
+// usable device or without CUDA.
 #include <unistd.h>
 #include <cstdint>
 #include <cstdio>
@@ -134,14 +134,15 @@ swiftkv_model_desc desc_of(const Geometry &g, int32_t device) {
   return m;
 }
 
-// Begins a request of the test's tokens (1000, 1001, ...) over `pages`; 0 when it fails.
-uint64_t begin_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<int32_t> &pages) {
-  std::vector<uint32_t> tokens(kTokens);
-  for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
+// Begins a request of the test's first n tokens (1000, 1001, ...) over `pages`; 0 when it fails.
+uint64_t begin_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<int32_t> &pages,
+                       uint32_t n = kTokens) {
+  std::vector<uint32_t> tokens(n);
+  for (uint32_t i = 0; i < n; ++i) tokens[i] = 1000 + i;
   swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
   d.pool = pool;
   d.tokens = tokens.data();
-  d.n_tokens = kTokens;
+  d.n_tokens = n;
   d.pages = pages.data();
   d.n_pages = pages.size();
   uint64_t req = 0;
@@ -325,6 +326,45 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier,
   g_finite_values = false;
 }
 
+// A context on device 0 with 16 MiB of host tier and no disk, and a model of `g` on the device.
+void device_ctx(const Geometry &g, swiftkv_ctx **ctx, uint32_t *model) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = 1;
+  c.host_budget_bytes = 16 << 20;
+  CHECK_OK(swiftkv_ctx_create(ctx, &c));
+  swiftkv_model_desc m = desc_of(g, 0);
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  CHECK_OK(swiftkv_model_register(model, *ctx, &mc));
+}
+
+// One device tensor per layer of `span` bytes (one zeroed allocation, *dmem), registered as a
+// pool of `pages_n` pages in layout `lay` (*pool); bases gets each layer's base.
+void device_pool(swiftkv_ctx *ctx, uint32_t model, const Layout &lay, uint32_t pages_n,
+                 uint64_t span, uint32_t *pool, void **dmem, std::vector<void *> *bases) {
+  CHECK_CUDA(cudaMalloc(dmem, span * kLayers));
+  CHECK_CUDA(cudaMemset(*dmem, 0, span * kLayers));
+  bases->resize(kLayers);
+  for (uint32_t l = 0; l < kLayers; ++l) (*bases)[l] = static_cast<uint8_t *>(*dmem) + l * span;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = pages_n;
+  pd.layer_base = bases->data();
+  pd.layer_span_bytes = span;
+  pd.page_stride = lay.page;
+  pd.kv_stride = lay.kv;
+  pd.token_stride = lay.token;
+  pd.head_stride = lay.head;
+  CHECK_OK(swiftkv_pool_register(pool, ctx, model, &pd));
+}
+
+// Two zeroed page-locked images of `bytes`: what the engine writes, and where it reads back.
+void pinned_images(uint64_t bytes, uint8_t **write_img, uint8_t **read_img) {
+  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(write_img), bytes));
+  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(read_img), bytes));
+  std::memset(*write_img, 0, bytes);
+  std::memset(*read_img, 0, bytes);
+}
+
 // Holds the stream back, so that a copy the library forgets to order after the engine's work
 // (or the engine's read forgotten after the library's) sees the wrong bytes instead of
 // winning the race by luck.
@@ -355,28 +395,14 @@ void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier t
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
   CHECK_OK(swiftkv_model_register(&r.model, r.ctx, &mc));
-  std::vector<void *> bases(kLayers);
+  std::vector<void *> bases;
   void *dmem = nullptr;
-  CHECK_CUDA(cudaMalloc(&dmem, span * kLayers));
-  CHECK_CUDA(cudaMemset(dmem, 0, span * kLayers));
-  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * span;
   uint32_t pool = 0;
-  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
-  pd.num_pages = pages_n;
-  pd.layer_base = bases.data();
-  pd.layer_span_bytes = span;
-  pd.page_stride = lay.page;
-  pd.kv_stride = lay.kv;
-  pd.token_stride = lay.token;
-  pd.head_stride = lay.head;
-  CHECK_OK(swiftkv_pool_register(&pool, r.ctx, r.model, &pd));
+  device_pool(r.ctx, r.model, lay, pages_n, span, &pool, &dmem, &bases);
   const std::vector<int32_t> first{9, 2, 14, 0, 5, 11}, second{3, 15, 1, 8, 12, 6};
   // Page-locked images: what the engine writes per layer, and where it reads the layers back.
   uint8_t *write_img = nullptr, *read_img = nullptr;
-  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(&write_img), span * kLayers));
-  CHECK_CUDA(cudaMallocHost(reinterpret_cast<void **>(&read_img), span * kLayers));
-  std::memset(write_img, 0, span * kLayers);
-  std::memset(read_img, 0, span * kLayers);
+  pinned_images(span * kLayers, &write_img, &read_img);
   for (uint32_t l = 0; l < kLayers; ++l) write_layer(write_img + l * span, lay, g, l, first);
   std::vector<uint32_t> tokens(kTokens);
   for (uint32_t i = 0; i < kTokens; ++i) tokens[i] = 1000 + i;
@@ -445,16 +471,9 @@ void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier t
 // A library-made device pool with stream pages: at each wait_layer_load(l) the stream pages
 // hold layer l of the loaded tokens.
 void stream_pages(const Geometry &g) {
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.device_mask = 1;
-  c.host_budget_bytes = 16 << 20;
   swiftkv_ctx *ctx = nullptr;
-  CHECK_OK(swiftkv_ctx_create(&ctx, &c));
-  swiftkv_model_desc m = desc_of(g, 0);
-  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-  mc.desc = &m;
   uint32_t model = 0;
-  CHECK_OK(swiftkv_model_register(&model, ctx, &mc));
+  device_ctx(g, &ctx, &model);
   uint32_t pool = 0;
   const swiftkv_status st = swiftkv_pool_create(&pool, ctx, model, 8, 4);
   if (st == SWIFTKV_EUNSUPPORTED) {
@@ -491,6 +510,94 @@ void stream_pages(const Geometry &g) {
 const Geometry kGeometries[] = {{"f16-d16", SWIFTKV_DTYPE_F16, 16, 2},
                                 {"bf16-d12", SWIFTKV_DTYPE_BF16, 12, 2},
                                 {"fp8-d5", SWIFTKV_DTYPE_FP8_E4M3, 5, 1}};
+
+// The batch hooks on a device pool, with no host synchronisation: a batch of a request that
+// saves its chunks and one that copies nothing (fewer tokens than a chunk), then a batch of a
+// request that loads them into other pages and another that copies nothing. Each layer is
+// written (or read back) behind a delay on the engine's stream, so a missing stream wait shows
+// as wrong bytes. A batch on a capturing stream is refused and changes nothing.
+void batch_round_trip() {
+  const Geometry &g = kGeometries[0];
+  const uint32_t pages_n = 16;
+  const Layout lay = layout_of("nhd", g, pages_n);
+  const uint64_t span = lay.span_elems * g.bytes;
+  cudaStream_t s = nullptr;
+  CHECK_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  device_ctx(g, &ctx, &model);
+  std::vector<void *> bases;
+  void *dmem = nullptr;
+  uint32_t pool = 0;
+  device_pool(ctx, model, lay, pages_n, span, &pool, &dmem, &bases);
+  const std::vector<int32_t> first{9, 2, 14, 0, 5, 11}, second{3, 15, 1, 8, 12, 6};
+  uint8_t *write_img = nullptr, *read_img = nullptr;
+  pinned_images(span * kLayers, &write_img, &read_img);
+  for (uint32_t l = 0; l < kLayers; ++l) write_layer(write_img + l * span, lay, g, l, first);
+
+  uint64_t reqs[2] = {begin_request(ctx, pool, first), begin_request(ctx, pool, {7}, 10)};
+  CHECK(reqs[0] != 0 && reqs[1] != 0);
+  for (uint64_t r : reqs) CHECK_OK(swiftkv_start_load(ctx, r, s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v[2] = {1, 1};
+    CHECK_OK(swiftkv_wait_layer_load_batch(v, ctx, reqs, 2, l, s));
+    CHECK(v[0] == 0 && v[1] == 0);
+    CHECK_CUDA(cudaLaunchHostFunc(s, hold_stream, nullptr));
+    CHECK_CUDA(cudaMemcpyAsync(bases[l], write_img + l * span, span, cudaMemcpyHostToDevice, s));
+    CHECK_OK(swiftkv_save_layer_batch(ctx, reqs, 2, l, s));
+  }
+  uint64_t saved = 0;
+  CHECK_OK(swiftkv_wait_save(&saved, ctx, reqs[0], s));
+  CHECK(saved == kTokens);
+  CHECK_OK(swiftkv_wait_save(&saved, ctx, reqs[1], s));
+  CHECK(saved == 0);
+  for (uint64_t r : reqs) CHECK_OK(swiftkv_request_finish(nullptr, ctx, r));
+
+  CHECK_CUDA(cudaLaunchHostFunc(s, hold_stream, nullptr));
+  CHECK_CUDA(cudaMemsetAsync(dmem, 0, span * kLayers, s));
+  reqs[0] = begin_request(ctx, pool, second);
+  reqs[1] = begin_request(ctx, pool, {4}, 10);
+  CHECK(reqs[0] != 0 && reqs[1] != 0);
+  for (uint64_t r : reqs) CHECK_OK(swiftkv_start_load(ctx, r, s));
+  {
+    cudaStream_t cap = nullptr;
+    CHECK_CUDA(cudaStreamCreateWithFlags(&cap, cudaStreamNonBlocking));
+    CHECK_CUDA(cudaStreamBeginCapture(cap, cudaStreamCaptureModeThreadLocal));
+    uint64_t v[2] = {7, 7};
+    const swiftkv_status st = swiftkv_wait_layer_load_batch(v, ctx, reqs, 2, 0, cap);
+    cudaGraph_t graph = nullptr;
+    CHECK_CUDA(cudaStreamEndCapture(cap, &graph));
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaStreamDestroy(cap);
+    CHECK(st == SWIFTKV_EUNSUPPORTED && v[0] == 7 && v[1] == 7);
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    CHECK_OK(swiftkv_request_info_get(&info, ctx, reqs[0]));
+    CHECK(info.layers_loaded == 0);
+  }
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    uint64_t v[2] = {0, 1};
+    CHECK_OK(swiftkv_wait_layer_load_batch(v, ctx, reqs, 2, l, s));
+    CHECK(v[0] == kTokens && v[1] == 0);
+    CHECK_CUDA(cudaMemcpyAsync(read_img + l * span, bases[l], span, cudaMemcpyDeviceToHost, s));
+    CHECK_OK(swiftkv_save_layer_batch(ctx, reqs, 2, l, s));
+  }
+  for (uint64_t r : reqs) {
+    CHECK_OK(swiftkv_wait_save(&saved, ctx, r, s));
+    CHECK(saved == 0);
+    CHECK_OK(swiftkv_request_finish(nullptr, ctx, r));
+  }
+  CHECK_CUDA(cudaStreamSynchronize(s));
+  for (uint32_t l = 0; l < kLayers; ++l) {
+    CHECK(layer_holds(read_img + l * span, lay, g, l, second, kTokens));
+  }
+  swiftkv_ctx_destroy(ctx);
+  cudaFreeHost(write_img);
+  cudaFreeHost(read_img);
+  cudaFree(dmem);
+  cudaStreamDestroy(s);
+  std::printf("batch hooks, no host syncs: %u tokens of %u layers back bit-exact\n", kTokens,
+              kLayers);
+}
 
 void host_tier_round_trips() {
   for (const Geometry &g : kGeometries) {
@@ -545,7 +652,7 @@ int main() {
   const CMUnitTest tests[] = {
       SWIFTKV_GPU_TEST(host_tier_round_trips),   SWIFTKV_GPU_TEST(disk_tier_round_trips),
       SWIFTKV_GPU_TEST(stream_pages_round_trip), SWIFTKV_GPU_TEST(async_round_trips),
-      SWIFTKV_GPU_TEST(compressed_round_trips),
+      SWIFTKV_GPU_TEST(compressed_round_trips),  SWIFTKV_GPU_TEST(batch_round_trip),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

@@ -133,3 +133,70 @@ def test_load_only_and_save_only(ctx, small_model):
         for p in pages:
             assert np.array_equal(layers[l][:, p], want[l][:, p])
     assert ctx.stats()["stores"] == 3
+
+
+def test_batch_hooks(ctx, small_model):
+    """Three requests of one step through the batch hooks: the first step saves them, the
+    second loads them into other pages, every element checked; a bad batch changes nothing."""
+    m = ctx.register_model(small_model)
+    layers = [np.zeros((12, 2, 16, 2, 16), np.float16) for _ in range(2)]  # NHD
+    pool = m.pool_from_tensors(layers)
+    rng = np.random.default_rng(11)
+    truth = [[rng.standard_normal((2, 64, 2, 16)).astype(np.float16) for _ in range(2)]
+             for _ in range(3)]
+    toks = [tokens_of(20 + i, 64) for i in range(3)]
+
+    def step(pages):
+        reqs = [m.request(pool, toks[i], pages[i]) for i in range(3)]
+        for r in reqs:
+            r.start_load()
+        valid = []
+        for l in range(2):
+            valid.append(swiftkv.wait_layer_load_batch(reqs, l))
+            for i in range(3):
+                for tok in range(valid[-1][i], 64):
+                    layers[l][pages[i][tok // 16], :, tok % 16] = truth[i][l][:, tok]
+            swiftkv.save_layer_batch(reqs, l)
+        saved = [r.wait_save() for r in reqs]
+        for r in reqs:
+            r.finish()
+        return valid, saved
+
+    valid, saved = step([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]])
+    assert valid == [[0, 0, 0]] * 2 and saved == [64, 64, 64]
+    for l in layers:
+        l[:] = 0
+    pages = [[11, 2, 7, 4], [0, 9, 3, 6], [5, 10, 1, 8]]
+    valid, saved = step(pages)
+    assert valid == [[64, 64, 64]] * 2 and saved == [0, 0, 0]
+    for i in range(3):
+        for l in range(2):
+            for tok in range(64):
+                assert np.array_equal(layers[l][pages[i][tok // 16], :, tok % 16],
+                                      truth[i][l][:, tok])
+
+    a = m.request(pool, toks[0], [0, 1, 2, 3])
+    b = m.request(pool, toks[1], [4, 5, 6, 7])
+    a.start_load()
+    with pytest.raises(swiftkv.StateError) as e:  # b has not started
+        swiftkv.wait_layer_load_batch([a, b], 0)
+    assert "before start_load" in e.value.message
+    assert a.info()["layers_loaded"] == 0
+    with pytest.raises(swiftkv.InvalidArgument) as e:
+        swiftkv.wait_layer_load_batch([a, a], 0)
+    assert "named twice" in e.value.message
+    b.start_load()
+    assert swiftkv.wait_layer_load_batch([a, b], 0) == [64, 64]
+    assert swiftkv.wait_layer_load_batch([], 0) == []
+    with swiftkv.Context(host_budget_bytes=1 << 20) as other:
+        om = other.register_model(small_model)
+        opool = om.pool_create(4)
+        with om.request(opool, toks[2], [0, 1, 2, 3]) as c:
+            with pytest.raises(ValueError):
+                swiftkv.save_layer_batch([a, c], 0)
+        opool.close()
+    swiftkv.save_layer_batch([a, b], 0)
+    assert a.info()["layers_saved"] == 1 and b.info()["layers_saved"] == 1
+    a.finish()
+    b.finish()
+    pool.close()

@@ -661,6 +661,181 @@ static void bad_input_changes_nothing(void **state) {
   engine_down(&e);
 }
 
+/* One step of a batch: requests[i] over tokens[i][0, n[i]) in pages[i] of engines[i] (their
+ * pools may differ), each layer waited for and saved for all of them in one call, the loaded
+ * tokens checked as the batch's wait returns and the rest computed. Returns the wrong elements. */
+#define BATCH_MAX 4
+static uint64_t run_batch(const struct engine *const *engines, uint32_t count,
+                          uint32_t tokens[][6 * CHUNK], const size_t *n, int32_t pages[][12],
+                          const uint32_t *seqs, swiftkv_request_info *infos) {
+  uint64_t reqs[BATCH_MAX];
+  for (uint32_t i = 0; i < count; ++i) {
+    reqs[i] = begin_shaped(engines[i], tokens[i], n[i], pages[i], 0, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+    assert_ok(swiftkv_start_load(engines[i]->ctx, reqs[i], NULL));
+    infos[i] = (swiftkv_request_info)SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_info_get(&infos[i], engines[i]->ctx, reqs[i]));
+  }
+  swiftkv_ctx *ctx = engines[0]->ctx;
+  uint64_t wrong = 0;
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    uint64_t valid[BATCH_MAX];
+    assert_ok(swiftkv_wait_layer_load_batch(valid, ctx, reqs, count, l, NULL));
+    for (uint32_t i = 0; i < count; ++i) {
+      assert_int_equal(valid[i], infos[i].load_end_tokens); /* nothing failed */
+      wrong += engine_wrong(engines[i], pages[i], seqs[i], l, 0, valid[i]);
+      engine_write(engines[i], pages[i], seqs[i], l, valid[i], n[i]);
+    }
+    assert_ok(swiftkv_save_layer_batch(ctx, reqs, count, l, NULL));
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    uint64_t saved = 0;
+    assert_ok(swiftkv_wait_save(&saved, ctx, reqs[i], NULL));
+    assert_ok(swiftkv_request_finish(&infos[i], ctx, reqs[i]));
+    assert_int_equal(infos[i].saved_tokens, saved);
+    assert_int_equal(infos[i].layers_loaded, LAYERS);
+    assert_int_equal(infos[i].layers_saved, LAYERS);
+  }
+  return wrong;
+}
+
+/* The batch hooks do what the per-request calls do, for requests of two pools at once (one of
+ * them a library-made pool whose stream pages order each layer's load after the last save):
+ * a first step saves every conversation's chunks, a second one loads them into other pages,
+ * every byte checked, and saves the new ones. */
+static void a_batch_does_what_its_requests_do(void **state) {
+  (void)state;
+  struct engine e, s;
+  engine_up(&e, NHD, 1 << 20, 0);
+  s = e;
+  assert_ok(swiftkv_pool_create(&s.pool, e.ctx, e.model, 5, 16));
+  s.d = (swiftkv_pool_desc)SWIFTKV_POOL_DESC_INIT;
+  uint32_t owner = 99;
+  assert_ok(swiftkv_pool_get(&s.d, &owner, e.ctx, s.pool));
+  const struct engine *engines[BATCH_MAX] = {&e, &e, &e, &s};
+  const uint32_t seqs[BATCH_MAX] = {21, 22, 23, 24};
+  uint32_t tokens[BATCH_MAX][6 * CHUNK];
+  int32_t pages[BATCH_MAX][12];
+  swiftkv_request_info infos[BATCH_MAX];
+  for (uint32_t i = 0; i < BATCH_MAX; ++i) fill_tokens(tokens[i], 6 * CHUNK, seqs[i]);
+
+  /* Step 1: 2, 3, 1 and 2 chunks (and a few more tokens) each, nothing cached. */
+  size_t n[BATCH_MAX] = {2 * CHUNK + 3, 3 * CHUNK, CHUNK + 1, 2 * CHUNK + 2};
+  for (uint32_t i = 0; i < 3; ++i) pick_pages(pages[i], 12, 12 * i, 12, 30 + i);
+  pick_pages(pages[3], 12, s.d.stream_first, s.d.stream_pages, 33);
+  assert_int_equal(run_batch(engines, BATCH_MAX, tokens, n, pages, seqs, infos), 0);
+  const uint64_t saved1[BATCH_MAX] = {2 * CHUNK, 3 * CHUNK, CHUNK, 2 * CHUNK};
+  for (uint32_t i = 0; i < BATCH_MAX; ++i) {
+    assert_int_equal(infos[i].load_end_tokens, 0);
+    assert_int_equal(infos[i].saved_tokens, saved1[i]);
+    assert_int_equal(infos[i].stream_ordered, i == 3);
+    for (size_t c = 0; c < saved1[i] / CHUNK; ++c) {
+      assert_chunk_bytes(&e, tokens[i], saved1[i], seqs[i], c);
+    }
+  }
+
+  /* Step 2: each conversation goes on; its cached chunks load into other pages. */
+  engine_scramble(&e);
+  const size_t n2[BATCH_MAX] = {4 * CHUNK, 4 * CHUNK + 5, 2 * CHUNK, 3 * CHUNK + 1};
+  for (uint32_t i = 0; i < 3; ++i) pick_pages(pages[i], 12, 12 * ((i + 1) % 3), 12, 40 + i);
+  pick_pages(pages[3], 12, s.d.stream_first, s.d.stream_pages, 43);
+  assert_int_equal(run_batch(engines, BATCH_MAX, tokens, n2, pages, seqs, infos), 0);
+  for (uint32_t i = 0; i < BATCH_MAX; ++i) {
+    assert_int_equal(infos[i].load_end_tokens, saved1[i]);
+    assert_int_equal(infos[i].valid_end_tokens, saved1[i]);
+    assert_int_equal(infos[i].saved_tokens, n2[i] / CHUNK * CHUNK - saved1[i]);
+    for (size_t c = 0; c < n2[i] / CHUNK; ++c) {
+      assert_chunk_bytes(&e, tokens[i], n2[i] / CHUNK * CHUNK, seqs[i], c);
+    }
+  }
+  assert_ok(swiftkv_pool_destroy(e.ctx, s.pool));
+  engine_down(&e);
+}
+
+/* A batch with one bad request changes none of them: each request's state, the output array and
+ * the cache stay as they were, whichever request is bad and however. */
+static void a_bad_batch_changes_nothing(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  uint32_t tokens[3][2 * CHUNK];
+  int32_t pages[3][4];
+  uint64_t reqs[3];
+  for (uint32_t i = 0; i < 3; ++i) {
+    fill_tokens(tokens[i], 2 * CHUNK, 50 + i);
+    pick_pages(pages[i], 4, 4 * i, 4, i);
+    reqs[i] = begin_shaped(&e, tokens[i], 2 * CHUNK, pages[i], 0, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+  }
+  swiftkv_request_info before[3];
+  for (uint32_t i = 0; i < 3; ++i) {
+    before[i] = (swiftkv_request_info)SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_info_get(&before[i], e.ctx, reqs[i]));
+  }
+  uint64_t valid[3] = {7, 7, 7};
+  /* Not started: ESTATE for the last one only, nothing done for the first two. */
+  assert_ok(swiftkv_start_load(e.ctx, reqs[0], NULL));
+  assert_ok(swiftkv_start_load(e.ctx, reqs[1], NULL));
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, reqs, 3, 0, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("before start_load");
+  assert_ok(swiftkv_start_load(e.ctx, reqs[2], NULL));
+  /* One request ahead of the others: wait_layer_load(0) again is out of order for it. */
+  uint64_t v = 0;
+  assert_ok(swiftkv_wait_layer_load(&v, e.ctx, reqs[1], 0, NULL));
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, reqs, 3, 0, NULL), SWIFTKV_ESTATE);
+  assert_message_contains("out of order");
+  const uint64_t twice[3] = {reqs[0], reqs[2], reqs[0]};
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, twice, 3, 0, NULL), SWIFTKV_EINVAL);
+  assert_message_contains("named twice");
+  const uint64_t unknown[2] = {reqs[0], 999};
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, unknown, 2, 0, NULL),
+                SWIFTKV_ENOTFOUND);
+  const uint64_t two[2] = {reqs[0], reqs[2]};
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, two, 2, LAYERS, NULL), SWIFTKV_EINVAL);
+  assert_message_contains("is not below the model's");
+  int fake_stream = 0;
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, two, 2, 0, &fake_stream),
+                SWIFTKV_EINVAL);
+  assert_message_contains("host pools take no stream");
+  assert_status(swiftkv_wait_layer_load_batch(NULL, e.ctx, two, 2, 0, NULL), SWIFTKV_EINVAL);
+  assert_status(swiftkv_wait_layer_load_batch(valid, e.ctx, NULL, 2, 0, NULL), SWIFTKV_EINVAL);
+  /* Request 1 has waited for layer 0 and may save it; the others may not yet. */
+  assert_status(swiftkv_save_layer_batch(e.ctx, reqs, 3, 0, NULL), SWIFTKV_ESTATE);
+  assert_status(swiftkv_save_layer_batch(e.ctx, twice, 3, 0, NULL), SWIFTKV_EINVAL);
+  assert_status(swiftkv_save_layer_batch(e.ctx, NULL, 1, 0, NULL), SWIFTKV_EINVAL);
+  assert_int_equal(valid[0], 7);
+  assert_int_equal(valid[1], 7);
+  assert_int_equal(valid[2], 7);
+  before[1].layers_loaded = 1;
+  for (uint32_t i = 0; i < 3; ++i) {
+    swiftkv_request_info now = SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_info_get(&now, e.ctx, reqs[i]));
+    assert_info_equal(&before[i], &now);
+  }
+  /* An empty batch does nothing, and its arrays may be NULL. */
+  assert_ok(swiftkv_wait_layer_load_batch(NULL, e.ctx, NULL, 0, 0, NULL));
+  assert_ok(swiftkv_save_layer_batch(e.ctx, NULL, 0, 0, NULL));
+
+  /* The batch calls and the per-request ones mix: the requests go on and save everything. */
+  assert_ok(swiftkv_wait_layer_load_batch(valid, e.ctx, two, 2, 0, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    if (l > 0) assert_ok(swiftkv_wait_layer_load_batch(valid, e.ctx, reqs, 3, l, NULL));
+    for (uint32_t i = 0; i < 3; ++i) engine_write(&e, pages[i], 50 + i, l, 0, 2 * CHUNK);
+    if (l == 1) {
+      assert_ok(swiftkv_save_layer(e.ctx, reqs[2], l, NULL));
+      assert_ok(swiftkv_save_layer_batch(e.ctx, reqs, 2, l, NULL));
+    } else {
+      assert_ok(swiftkv_save_layer_batch(e.ctx, reqs, 3, l, NULL));
+    }
+  }
+  for (uint32_t i = 0; i < 3; ++i) {
+    uint64_t saved = 0;
+    assert_ok(swiftkv_wait_save(&saved, e.ctx, reqs[i], NULL));
+    assert_int_equal(saved, 2 * CHUNK);
+    assert_ok(swiftkv_request_finish(NULL, e.ctx, reqs[i]));
+    for (size_t c = 0; c < 2; ++c) assert_chunk_bytes(&e, tokens[i], 2 * CHUNK, 50 + i, c);
+  }
+  engine_down(&e);
+}
+
 static uint64_t requests_open(const struct engine *e) {
   swiftkv_stats s = SWIFTKV_STATS_INIT;
   assert_ok(swiftkv_stats_get(&s, e->ctx));
@@ -892,6 +1067,8 @@ int main(void) {
       cmocka_unit_test(lost_lent_memory_loads_nothing),
       cmocka_unit_test(clear_during_a_request_loses_nothing),
       cmocka_unit_test(bad_input_changes_nothing),
+      cmocka_unit_test(a_batch_does_what_its_requests_do),
+      cmocka_unit_test(a_bad_batch_changes_nothing),
       cmocka_unit_test(bad_pool_descriptors_are_rejected),
       cmocka_unit_test(open_requests_are_bounded),
       cmocka_unit_test(abandoned_requests_leave_the_cache_its_chunks),

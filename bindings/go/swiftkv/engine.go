@@ -228,6 +228,63 @@ func (r *Request) SaveLayer(layer uint32, stream unsafe.Pointer) error {
 	})
 }
 
+// batchOf is the context of a batch and its request ids: one context for all (EINVAL otherwise).
+func batchOf(requests []*Request) (*Context, []uint64, error) {
+	if len(requests) == 0 {
+		return nil, nil, nil
+	}
+	ids := make([]uint64, len(requests))
+	for i, r := range requests {
+		if r.ctx != requests[0].ctx {
+			return nil, nil, &Error{EINVAL, "the requests of a batch belong to one context"}
+		}
+		ids[i] = r.ID
+	}
+	return requests[0].ctx, ids, nil
+}
+
+// WaitLayerLoadBatch is WaitLayerLoad(layer) for every request of a step in one call
+// (swiftkv_wait_layer_load_batch): each request is checked first, and a bad one fails the call
+// with none of them changed. It returns the valid ends, in order.
+func WaitLayerLoadBatch(requests []*Request, layer uint32, stream unsafe.Pointer) ([]uint64, error) {
+	c, ids, err := batchOf(requests)
+	if err != nil || c == nil {
+		return []uint64{}, err
+	}
+	h, done, err := c.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	out := make([]uint64, len(ids))
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_wait_layer_load_batch((*C.uint64_t)(unsafe.Pointer(&out[0])), h,
+			(*C.uint64_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), C.uint32_t(layer), stream)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SaveLayerBatch is SaveLayer(layer) for every request of a step in one call
+// (swiftkv_save_layer_batch), checked as WaitLayerLoadBatch is.
+func SaveLayerBatch(requests []*Request, layer uint32, stream unsafe.Pointer) error {
+	c, ids, err := batchOf(requests)
+	if err != nil || c == nil {
+		return err
+	}
+	h, done, err := c.acquire()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return check(func() C.swiftkv_status {
+		return C.swiftkv_save_layer_batch(h, (*C.uint64_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)),
+			C.uint32_t(layer), stream)
+	})
+}
+
 func (r *Request) WaitSave(stream unsafe.Pointer) (uint64, error) {
 	h, done, err := r.ctx.acquire()
 	if err != nil {

@@ -647,6 +647,101 @@ func TestPoolsAndTheConnector(t *testing.T) {
 	val(r3.Finish())
 }
 
+// The batch hooks: two requests of one step saved, then loaded into other pages, every element
+// checked; a bad batch (one request not started, one named twice, two contexts) changes nothing.
+func TestBatchHooks(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	pool := val(m.PoolCreate(12, 0))
+	defer pool.Close()
+	lay := val(pool.Layout())
+	elem := func(l int, pg int32, kv, tk, i int64) *uint16 {
+		return (*uint16)(unsafe.Add(lay.LayerBase[l],
+			2*(int64(pg)*lay.PageStride+kv*lay.KVStride+tk*lay.TokenStride+i)))
+	}
+	value := func(seq, l int, kv int64, tk int, i int64) uint16 {
+		return uint16(seq*31 + l*7919 + int(kv)*104729 + tk*97 + int(i))
+	}
+	toks := [][]uint32{tokensOf(31, 64), tokensOf(32, 64)}
+	step := func(pages [][]int32, write bool) [][]uint64 {
+		rs := []*Request{val(m.Begin(pool, toks[0], pages[0], 0)), val(m.Begin(pool, toks[1], pages[1], 0))}
+		for _, r := range rs {
+			noErr(t, r.StartLoad(nil))
+		}
+		var valid [][]uint64
+		for l := 0; l < 2; l++ {
+			valid = append(valid, val(WaitLayerLoadBatch(rs, uint32(l), nil)))
+			for seq, p := range pages {
+				for tk := 0; tk < 64; tk++ {
+					for kv := int64(0); kv < 2; kv++ {
+						for i := int64(0); i < 32; i++ {
+							at := elem(l, p[tk/16], kv, int64(tk%16), i)
+							if write {
+								*at = value(seq, l, kv, tk, i)
+							} else if *at != value(seq, l, kv, tk, i) {
+								t.Fatalf("request %d layer %d token %d differs", seq, l, tk)
+							}
+						}
+					}
+				}
+			}
+			noErr(t, SaveLayerBatch(rs, uint32(l), nil))
+		}
+		for _, r := range rs {
+			n := val(r.WaitSave(nil))
+			if (write && n != 64) || (!write && n != 0) {
+				t.Fatal(n)
+			}
+			val(r.Finish())
+		}
+		return valid
+	}
+	if v := step([][]int32{{0, 1, 2, 3}, {4, 5, 6, 7}}, true); fmt.Sprint(v) != "[[0 0] [0 0]]" {
+		t.Fatal(v)
+	}
+	if v := step([][]int32{{9, 2, 7, 4}, {0, 11, 3, 8}}, false); fmt.Sprint(v) != "[[64 64] [64 64]]" {
+		t.Fatal(v)
+	}
+
+	a := val(m.Begin(pool, toks[0], []int32{0, 1, 2, 3}, 0))
+	b := val(m.Begin(pool, toks[1], []int32{4, 5, 6, 7}, 0))
+	noErr(t, a.StartLoad(nil))
+	_, err := WaitLayerLoadBatch([]*Request{a, b}, 0, nil)
+	wantStatus(t, err, ESTATE)
+	if !strings.Contains(err.Error(), "before start_load") {
+		t.Fatal(err)
+	}
+	if info := val(a.Info()); info.LayersLoaded != 0 {
+		t.Fatalf("%+v", info)
+	}
+	_, err = WaitLayerLoadBatch([]*Request{a, a}, 0, nil)
+	wantStatus(t, err, EINVAL)
+	c2 := newCtx(t, cfg)
+	m2 := val(c2.RegisterModel(small(), Borrower))
+	pool2 := val(m2.PoolCreate(4, 0))
+	other := val(m2.Begin(pool2, toks[0], []int32{0, 1, 2, 3}, 0))
+	noErr(t, other.StartLoad(nil))
+	_, err = WaitLayerLoadBatch([]*Request{a, other}, 0, nil)
+	wantStatus(t, err, EINVAL)
+	val(other.Finish())
+	noErr(t, pool2.Close())
+	noErr(t, b.StartLoad(nil))
+	if v := val(WaitLayerLoadBatch([]*Request{a, b}, 0, nil)); fmt.Sprint(v) != "[64 64]" {
+		t.Fatal(v)
+	}
+	if v := val(WaitLayerLoadBatch(nil, 0, nil)); len(v) != 0 {
+		t.Fatal(v)
+	}
+	noErr(t, SaveLayerBatch([]*Request{b, a}, 0, nil))
+	if info := val(b.Info()); info.LayersSaved != 1 {
+		t.Fatalf("%+v", info)
+	}
+	val(a.Finish())
+	val(b.Finish())
+}
+
 func TestAttentionOnTheHost(t *testing.T) {
 	a := NewAttentionDesc(4, 2, 64, F32)
 	const nPages, pt, hk, d, tq = 4, 16, 2, 64, 3

@@ -26,7 +26,7 @@ import ctypes
 import enum
 import threading
 from dataclasses import asdict, dataclass, fields, make_dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -37,7 +37,7 @@ __all__ = [
     "Error", "InvalidArgument", "OutOfMemory", "NotFound", "Busy", "IOFailure", "CudaError",
     "NoDevice", "PeerError", "TimedOut", "VersionMismatch", "Unsupported", "UserError",
     "StateError", "InternalError", "Status", "DType", "Tier", "Role", "RequestShape", "EvictionPolicy", "MemoryKind",
-    "CudaAlloc", "RemotePath", "TierOrder",
+    "CudaAlloc", "RemotePath", "TierOrder", "wait_layer_load_batch", "save_layer_batch",
     "ChunkEventReason", "DEVICE_MASK_ALL", "ModelDesc", "Context", "Model", "Elastic", "Pool", "Request",
     "version", "version_string", "status_string", "last_error_message", "dtype_size",
     "device_count",
@@ -1250,6 +1250,41 @@ class Request:
 
     def __exit__(self, *exc):
         self.finish()
+
+
+def _batch(requests: Sequence["Request"], stream):
+    """The batch's context handle, its request ids as a uint64 array, and the stream handle."""
+    requests = list(requests)
+    if not requests:
+        return None, np.zeros(0, dtype=np.uint64), stream_handle(stream)
+    ctx = requests[0].model.ctx
+    for r in requests:
+        if not isinstance(r, Request):
+            raise TypeError(f"a batch holds swiftkv.Request objects, not {type(r).__name__}")
+        if r.model.ctx is not ctx:
+            raise ValueError("the requests of a batch belong to one context")
+    ids = np.fromiter((r.id for r in requests), dtype=np.uint64, count=len(requests))
+    return ctx.handle, ids, stream_handle(stream)
+
+
+def wait_layer_load_batch(requests: Sequence["Request"], layer: int, stream=None) -> List[int]:
+    """Request.wait_layer_load(layer) for every request of a step in one call (one context;
+    their pools may differ). Each request is checked first: a bad one raises with none of them
+    changed. Returns each request's valid_end_tokens, in order."""
+    handle, ids, s = _batch(requests, stream)
+    if handle is None:
+        return []
+    out = np.zeros(len(ids), dtype=np.uint64)
+    _c.swiftkv_wait_layer_load_batch(out, handle, ids, layer, s)
+    return [int(v) for v in out]
+
+
+def save_layer_batch(requests: Sequence["Request"], layer: int, stream=None) -> None:
+    """Request.save_layer(layer) for every request of a step in one call; checked as
+    wait_layer_load_batch is."""
+    handle, ids, s = _batch(requests, stream)
+    if handle is not None:
+        _c.swiftkv_save_layer_batch(handle, ids, layer, s)
 
 
 def _address(obj) -> Optional[int]:

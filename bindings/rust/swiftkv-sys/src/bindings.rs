@@ -5488,6 +5488,25 @@ extern "C" {
     ) -> swiftkv_status;
 }
 extern "C" {
+    pub fn swiftkv_wait_layer_load_batch(
+        valid_ends_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        requests: *const u64,
+        n_requests: usize,
+        layer: u32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_save_layer_batch(
+        ctx: *mut swiftkv_ctx,
+        requests: *const u64,
+        n_requests: usize,
+        layer: u32,
+        stream: *mut ::std::os::raw::c_void,
+    ) -> swiftkv_status;
+}
+extern "C" {
     pub fn swiftkv_wait_save(
         saved_tokens_out: *mut u64,
         ctx: *mut swiftkv_ctx,

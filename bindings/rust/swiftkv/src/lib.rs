@@ -1446,6 +1446,55 @@ impl Request<'_> {
     }
 }
 
+/// The context of a batch and its request ids: one context for all (EINVAL otherwise).
+fn batch_of(requests: &[&Request<'_>]) -> Result<(*mut sys::swiftkv_ctx, Vec<u64>)> {
+    let raw = match requests.first() {
+        Some(r) => r.ctx.raw,
+        None => return Ok((ptr::null_mut(), Vec::new())),
+    };
+    if requests.iter().any(|r| r.ctx.raw != raw) {
+        return Err(invalid("the requests of a batch belong to one context"));
+    }
+    Ok((raw, requests.iter().map(|r| r.id).collect()))
+}
+
+/// `wait_layer_load(layer)` for every request of a step in one call (`swiftkv_wait_layer_load_batch`):
+/// each request is checked first, and a bad one fails the call with none of them changed. The
+/// valid ends, in order.
+pub fn wait_layer_load_batch(
+    requests: &[&Request<'_>],
+    layer: u32,
+    stream: Stream,
+) -> Result<Vec<u64>> {
+    let (raw, ids) = batch_of(requests)?;
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut out = vec![0u64; ids.len()];
+    check(unsafe {
+        sys::swiftkv_wait_layer_load_batch(
+            out.as_mut_ptr(),
+            raw,
+            ids.as_ptr(),
+            ids.len(),
+            layer,
+            stream.0,
+        )
+    })?;
+    Ok(out)
+}
+
+/// `save_layer(layer)` for every request of a step in one call (`swiftkv_save_layer_batch`),
+/// checked as [`wait_layer_load_batch`] is.
+pub fn save_layer_batch(requests: &[&Request<'_>], layer: u32, stream: Stream) -> Result<()> {
+    let (raw, ids) = batch_of(requests)?;
+    if ids.is_empty() {
+        return Ok(());
+    }
+    check(unsafe { sys::swiftkv_save_layer_batch(raw, ids.as_ptr(), ids.len(), layer, stream.0) })
+        .map(|_| ())
+}
+
 impl Drop for Request<'_> {
     fn drop(&mut self) {
         if self.open {

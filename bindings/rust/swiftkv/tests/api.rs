@@ -550,6 +550,81 @@ fn pools_and_the_connector() {
     assert_eq!(r.wait_layer_load(0, Stream::HOST).unwrap_err().status, Status::ESTATE);
 }
 
+// The batch hooks: two requests of one step saved, then loaded into other pages, every element
+// checked; a bad batch (one request not started, one named twice, two contexts) changes nothing.
+#[test]
+fn batch_hooks() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let pool = m.pool_create(12, 0).unwrap();
+    let lay = pool.layout().unwrap();
+    let elem = |l: usize, p: i32, kv: i64, t: i64, i: i64| unsafe {
+        (lay.layer_base[l] as *mut u16)
+            .offset((p as i64 * lay.page_stride + kv * lay.kv_stride + t * lay.token_stride + i) as isize)
+    };
+    let value = |seq: usize, l: usize, kv: i64, tok: usize, i: i64| {
+        (seq * 31 + l * 7919 + kv as usize * 104_729 + tok * 97 + i as usize) as u16
+    };
+    let toks = [tokens_of(31, 64), tokens_of(32, 64)];
+    let step = |pages: &[[i32; 4]; 2], write: bool| -> Vec<Vec<u64>> {
+        let rs: Vec<Request<'_>> =
+            (0..2).map(|i| m.request(&pool, &toks[i], &pages[i], 0).unwrap()).collect();
+        for r in &rs {
+            r.start_load(Stream::HOST).unwrap();
+        }
+        let batch: Vec<&Request<'_>> = rs.iter().collect();
+        let mut valid = Vec::new();
+        for l in 0..2u32 {
+            valid.push(wait_layer_load_batch(&batch, l, Stream::HOST).unwrap());
+            for (seq, p) in pages.iter().enumerate() {
+                for tok in 0..64 {
+                    for kv in 0..2 {
+                        for i in 0..32 {
+                            let at = elem(l as usize, p[tok / 16], kv, (tok % 16) as i64, i);
+                            if write {
+                                unsafe { *at = value(seq, l as usize, kv, tok, i) };
+                            } else {
+                                assert_eq!(unsafe { *at }, value(seq, l as usize, kv, tok, i));
+                            }
+                        }
+                    }
+                }
+            }
+            save_layer_batch(&batch, l, Stream::HOST).unwrap();
+        }
+        for r in rs {
+            assert_eq!(r.wait_save(Stream::HOST).unwrap(), if write { 64 } else { 0 });
+        }
+        valid
+    };
+    assert_eq!(step(&[[0, 1, 2, 3], [4, 5, 6, 7]], true), vec![vec![0, 0]; 2]);
+    assert_eq!(step(&[[9, 2, 7, 4], [0, 11, 3, 8]], false), vec![vec![64, 64]; 2]);
+
+    let a = m.request(&pool, &toks[0], &[0, 1, 2, 3], 0).unwrap();
+    let b = m.request(&pool, &toks[1], &[4, 5, 6, 7], 0).unwrap();
+    a.start_load(Stream::HOST).unwrap();
+    let e = wait_layer_load_batch(&[&a, &b], 0, Stream::HOST).unwrap_err();
+    assert_eq!(e.status, Status::ESTATE);
+    assert!(e.message.contains("before start_load"), "{}", e.message);
+    assert_eq!(a.info().unwrap().layers_loaded, 0);
+    let e = wait_layer_load_batch(&[&a, &a], 0, Stream::HOST).unwrap_err();
+    assert_eq!(e.status, Status::EINVAL);
+    assert!(e.message.contains("named twice"), "{}", e.message);
+    let c2 = ctx(1 << 20);
+    let m2 = c2.register_model(&small()).unwrap();
+    let pool2 = m2.pool_create(4, 0).unwrap();
+    let other = m2.request(&pool2, &toks[0], &[0, 1, 2, 3], 0).unwrap();
+    other.start_load(Stream::HOST).unwrap();
+    assert_eq!(wait_layer_load_batch(&[&a, &other], 0, Stream::HOST).unwrap_err().status,
+               Status::EINVAL);
+    assert_eq!(a.info().unwrap().layers_loaded, 0);
+    b.start_load(Stream::HOST).unwrap();
+    assert_eq!(wait_layer_load_batch(&[&a, &b], 0, Stream::HOST).unwrap(), vec![64, 64]);
+    assert!(wait_layer_load_batch(&[], 0, Stream::HOST).unwrap().is_empty());
+    save_layer_batch(&[&b, &a], 0, Stream::HOST).unwrap();
+    assert_eq!(b.info().unwrap().layers_saved, 1);
+}
+
 #[test]
 fn open_requests_are_bounded() {
     let c = Context::new(&ContextConfig {
