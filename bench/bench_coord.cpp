@@ -4,16 +4,22 @@
 //      the lender grows over it and waits (swiftkv_elastic_wait_reclaims), and the time from the
 //      reclaim request to the borrower's ack is read from the lender's coordinator (the borrower
 //      copies the chunks to host meanwhile), beside a memcpy of the same bytes in the same
-//      repetition. Median and min over --reps after a warm-up.
+//      repetition. Median and min over --reps after a warm-up. The reclaim comes once the
+//      borrower has settled (held its lease 300 ms: its host tier makes the room an evacuation
+//      takes in the background, as a lease is borrowed), and, alternating with it, right after
+//      the borrow and the stores (unsettled: that room is still being made).
 //   2. Heartbeat overhead: the CPU time both contexts spend per second with L leases at
 //      heartbeat periods of 1, 10 and 100 ms, less the idle baseline measured just before in the
 //      same repetition: the same two contexts with the region offered and nothing borrowed.
+//      Beside it, in each repetition, what the smallest message exchange costs: a bare ZeroMQ
+//      request and answer of a heartbeat's sizes between two contexts at the same period.
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
 // the second part; --reclaims: only the first; --reps N.
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -24,6 +30,8 @@
 #include <vector>
 
 #include "swiftkv/swiftkv.h"
+
+#include <zmq.h>
 
 namespace {
 
@@ -110,7 +118,7 @@ struct ReclaimRow {
   double memcpy_ms;  // the same bytes copied once, for scale
 };
 
-ReclaimRow reclaim_once(uint64_t chunks) {
+ReclaimRow reclaim_once(uint64_t chunks, bool settled) {
   const uint64_t units = std::max<uint64_t>(chunks, 1);
   Pair p = make_pair(units, 100, units * kChunkBytes + (64 << 20));
   uint64_t lease = 0;
@@ -125,6 +133,10 @@ ReclaimRow reclaim_once(uint64_t chunks) {
                      kv.size()),
        "store");
   }
+  // A settled borrower has held its lease for a while: its host tier has made the room an
+  // evacuation takes (in the background, as a lease is borrowed). Unsettled: the reclaim comes
+  // right after the borrow and the stores, while that room is still being made.
+  if (settled) std::this_thread::sleep_for(std::chrono::milliseconds(300));
   std::vector<uint8_t> dst(kv.size() + 1, 0);
   const auto c0 = Clock::now();
   if (!kv.empty()) std::memcpy(dst.data(), kv.data(), kv.size());
@@ -150,6 +162,7 @@ struct HeartbeatRow {
   double idle_ms_per_s = 0;                       // the baseline itself (median)
   double heartbeats_per_s = 0;
   double us_per_heartbeat = 0;  // CPU time per heartbeat and its answer, both sides
+  double round_trip_us = 0;     // a bare ZeroMQ request and answer of the same sizes (median)
 };
 
 // CPU ms per second of this process over `seconds` while it sleeps.
@@ -172,7 +185,9 @@ void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *
     ok(swiftkv_borrow_remote(&lease, p.borrower, p.model, p.endpoint.c_str(), "bench", 1),
        "borrow");
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Settled: the host tier has made the room the leases' evacuation would take (once, as they
+  // are borrowed), so what is measured is the heartbeats alone.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   swiftkv_coord_stats a = SWIFTKV_COORD_STATS_INIT, b = SWIFTKV_COORD_STATS_INIT;
   ok(swiftkv_coord_stats_get(&a, p.borrower), "coord stats");
   *with = cpu_over(seconds);
@@ -181,16 +196,72 @@ void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *
   *beats = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered) / seconds;
 }
 
+// What a heartbeat is at least: one small request and its answer (46 and 63 bytes, a heartbeat
+// and its ack) between a DEALER and a ROUTER in two ZeroMQ contexts over ipc://, as between two
+// coordinators, each side waiting in zmq_poll, the request sent every period_ms. CPU us per round
+// trip, less the idle baseline (the answering thread polling, nothing sent) measured before it.
+double zmq_round_trip_us(uint32_t period_ms, double seconds) {
+  static int n = 0;
+  const std::string ep =
+      "ipc:///tmp/swiftkv-bench-zmq-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
+  void *sctx = zmq_ctx_new(), *cctx = zmq_ctx_new();
+  void *router = zmq_socket(sctx, ZMQ_ROUTER), *dealer = zmq_socket(cctx, ZMQ_DEALER);
+  if (zmq_bind(router, ep.c_str()) != 0 || zmq_connect(dealer, ep.c_str()) != 0) {
+    die("zmq baseline sockets");
+  }
+  std::atomic<bool> stop{false};
+  std::thread answer([&] {
+    char id[256], msg[256], ack[63] = {};
+    while (!stop.load()) {
+      zmq_pollitem_t item{router, 0, ZMQ_POLLIN, 0};
+      if (zmq_poll(&item, 1, 50) <= 0) continue;
+      const int idn = zmq_recv(router, id, sizeof id, 0);
+      if (idn < 0 || zmq_recv(router, msg, sizeof msg, 0) < 0) continue;
+      zmq_send(router, id, static_cast<size_t>(idn), ZMQ_SNDMORE);
+      zmq_send(router, ack, sizeof ack, 0);
+    }
+  });
+  char beat[46] = {}, reply[256];
+  zmq_send(dealer, beat, sizeof beat, 0);  // connects, and warms both sides
+  zmq_recv(dealer, reply, sizeof reply, 0);
+  const double idle = cpu_over(seconds);
+  const double c0 = cpu_seconds();
+  const auto start = Clock::now();
+  const auto period = std::chrono::milliseconds(period_ms);
+  uint64_t trips = 0;
+  for (auto next = start; Clock::now() - start < std::chrono::duration<double>(seconds);) {
+    zmq_send(dealer, beat, sizeof beat, 0);
+    zmq_recv(dealer, reply, sizeof reply, 0);
+    ++trips;
+    next += period;
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
+    zmq_pollitem_t item{dealer, 0, ZMQ_POLLIN, 0};
+    if (wait.count() > 0) zmq_poll(&item, 1, static_cast<long>(wait.count()));
+  }
+  const double cpu_ms = (cpu_seconds() - c0) * 1e3;
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  stop = true;
+  answer.join();
+  zmq_close(dealer);
+  zmq_close(router);
+  zmq_ctx_term(cctx);
+  zmq_ctx_term(sctx);
+  return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
+}
+
 HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
-  std::vector<double> net, idle, beats;
-  for (int r = 0; r <= reps; ++r) {  // r 0 warms up
+  std::vector<double> net, idle, beats, trip;
+  for (int r = 0; r <= reps; ++r) {  // r 0 warms up; the message baseline alternates with it
     double w = 0, i = 0, b = 0;
     heartbeat_rep(period_ms, leases, seconds, &w, &i, &b);
+    const double t = zmq_round_trip_us(period_ms, seconds);
     if (r == 0) continue;
     net.push_back(w - i);
     idle.push_back(i);
     beats.push_back(b);
+    trip.push_back(t);
   }
+  std::sort(trip.begin(), trip.end());
   std::sort(net.begin(), net.end());
   std::sort(idle.begin(), idle.end());
   std::sort(beats.begin(), beats.end());
@@ -202,6 +273,7 @@ HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, 
   h.idle_ms_per_s = idle[idle.size() / 2];
   h.heartbeats_per_s = beats[beats.size() / 2];
   h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
+  h.round_trip_us = trip[trip.size() / 2];
   return h;
 }
 
@@ -236,33 +308,41 @@ int main(int argc, char **argv) {
       "reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
       "over %d repetitions\n",
       static_cast<double>(kChunkBytes) / (1 << 20), reps);
-  std::printf("%8s %17s %10s %12s %12s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
-              "evac GB/s");
+  std::printf("%8s %17s %10s %12s %12s %10s %18s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
+              "evac GB/s", "memcpy/ack", "unsettled ack ms");
   struct Reclaim {
     ReclaimRow med;
     double ack_min_ms;
+    double unsettled_ms;  // median, the reclaim right after the borrow
   };
   std::vector<Reclaim> rr;
   for (uint64_t n : sizes) {
     if (beats_only) break;
     std::vector<ReclaimRow> runs;
-    for (int r = 0; r <= reps; ++r) {
-      const ReclaimRow row = reclaim_once(n);
-      if (r > 0) runs.push_back(row);  // r 0 warms up
+    std::vector<double> unsettled;
+    for (int r = 0; r <= reps; ++r) {  // r 0 warms up; settled and unsettled alternate
+      const ReclaimRow row = reclaim_once(n, true);
+      const ReclaimRow cold = reclaim_once(n, false);
+      if (r == 0) continue;
+      runs.push_back(row);
+      unsettled.push_back(cold.ack_ms);
     }
     std::sort(runs.begin(), runs.end(),
               [](const ReclaimRow &x, const ReclaimRow &y) { return x.ack_ms < y.ack_ms; });
+    std::sort(unsettled.begin(), unsettled.end());
     const ReclaimRow &m = runs[runs.size() / 2];
-    rr.push_back(Reclaim{m, runs.front().ack_ms});
+    rr.push_back(Reclaim{m, runs.front().ack_ms, unsettled[unsettled.size() / 2]});
     const double gbs = m.ack_ms > 0 ? static_cast<double>(n * kChunkBytes) / (m.ack_ms * 1e6) : 0;
-    std::printf("%8llu %8.3f/%8.3f %10.3f %12.3f %12.2f\n", static_cast<unsigned long long>(n),
-                m.ack_ms, runs.front().ack_ms, m.settle_ms, m.memcpy_ms, gbs);
+    std::printf("%8llu %8.3f/%8.3f %10.3f %12.3f %12.2f %10.2f %18.3f\n",
+                static_cast<unsigned long long>(n), m.ack_ms, runs.front().ack_ms, m.settle_ms,
+                m.memcpy_ms, gbs, m.ack_ms > 0 ? m.memcpy_ms / m.ack_ms : 0,
+                rr.back().unsettled_ms);
   }
   std::printf(
       "\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
       "region offered, nothing borrowed) measured before it in each repetition\n");
-  std::printf("%10s %8s %18s %12s %12s %14s\n", "period ms", "leases", "cpu ms/s med/min",
-              "idle ms/s", "beats/s", "cpu us/beat");
+  std::printf("%10s %8s %18s %12s %12s %14s %14s %8s\n", "period ms", "leases", "cpu ms/s med/min",
+              "idle ms/s", "beats/s", "cpu us/beat", "zmq rt us", "ratio");
   std::vector<HeartbeatRow> hr;
   const double secs = quick ? 0.2 : 1.0;
   for (uint32_t period : {1u, 10u, 100u}) {
@@ -271,9 +351,10 @@ int main(int argc, char **argv) {
       if (quick && (period != 10 || leases == 64)) continue;
       const HeartbeatRow h = heartbeat_row(period, leases, secs, reps);
       hr.push_back(h);
-      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f\n", h.period_ms,
+      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f %14.2f %8.2f\n", h.period_ms,
                   static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s, h.cpu_ms_per_s_min,
-                  h.idle_ms_per_s, h.heartbeats_per_s, h.us_per_heartbeat);
+                  h.idle_ms_per_s, h.heartbeats_per_s, h.us_per_heartbeat, h.round_trip_us,
+                  h.round_trip_us > 0 ? h.us_per_heartbeat / h.round_trip_us : 0);
     }
   }
   std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reps\":%d,\"reclaim\":[",
@@ -281,17 +362,19 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < rr.size(); ++i) {
     std::printf(
         "%s{\"chunks\":%llu,\"ack_ms\":%.4f,\"ack_min_ms\":%.4f,\"settle_ms\":%.4f,"
-        "\"memcpy_ms\":%.4f}",
+        "\"memcpy_ms\":%.4f,\"unsettled_ack_ms\":%.4f}",
         i ? "," : "", static_cast<unsigned long long>(rr[i].med.chunks), rr[i].med.ack_ms,
-        rr[i].ack_min_ms, rr[i].med.settle_ms, rr[i].med.memcpy_ms);
+        rr[i].ack_min_ms, rr[i].med.settle_ms, rr[i].med.memcpy_ms, rr[i].unsettled_ms);
   }
   std::printf("],\"heartbeat\":[");
   for (size_t i = 0; i < hr.size(); ++i) {
     std::printf(
         "%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
-        "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f}",
+        "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f,"
+        "\"us_per_beat\":%.2f,\"zmq_round_trip_us\":%.2f}",
         i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
-        hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s, hr[i].heartbeats_per_s);
+        hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s, hr[i].heartbeats_per_s,
+        hr[i].us_per_heartbeat, hr[i].round_trip_us);
   }
   std::printf("]}\n");
   return 0;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <utility>
 
 #include "core/codec/layer_decode.hpp"
@@ -964,12 +965,36 @@ uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
   lender->check_geometry(sizes);
   const LeaseGrant g = lender->lend(max_units);
   // Memory mapped here is the peer tier; memory reached over the transport the remote tier.
+  uint64_t local = 0;
   try {
-    return lent_tier(g.remote ? Tier::remote : Tier::peer).adopt(model, sizes, lender, g);
+    local = lent_tier(g.remote ? Tier::remote : Tier::peer).adopt(model, sizes, lender, g);
   } catch (...) {
     lender->release(g.lease_id);  // out of memory taking it in: the lease goes straight back
     throw;
   }
+  {
+    std::lock_guard lock(room_mu_);
+    lent_chunk_bytes_[model] = sizes.full_chunk_bytes;
+  }
+  keep_evacuation_room();
+  return local;
+}
+
+void ChunkCache::keep_evacuation_room() {
+  if (!host_) return;
+  {
+    std::lock_guard lock(room_mu_);
+    if (lent_chunk_bytes_.empty()) return;  // never borrowed: nothing to do at each pass
+  }
+  // Per chunk size, the chunks every lease of the models of that size can hold: a reclaim
+  // evacuates them into the host tier, which makes its slabs for them ahead.
+  std::map<uint64_t, uint64_t> room;
+  std::lock_guard lock(room_mu_);
+  for (const auto &[model, bytes] : lent_chunk_bytes_) {
+    const uint64_t lent = peer_->capacity_bytes(model) + remote_->capacity_bytes(model);
+    room[bytes] += lent / bytes;
+  }
+  for (const auto &[bytes, slots] : room) host_->keep_room(bytes, slots);
 }
 
 void ChunkCache::empty_lease(Tier t, const PeerTier::LeaseStatus &l) {
@@ -1025,6 +1050,7 @@ void ChunkCache::maintain() {
   for (const Tier t : {Tier::peer, Tier::remote}) {
     for (const PeerTier::LeaseStatus &l : lent_tier(t).refresh(all)) empty_lease(t, l);
   }
+  keep_evacuation_room();  // what stores into the host tier took of it, made again
   if (options_.demote_free_percent == 0) return;
   // Lent memory makes room per model (its victims go down, or are dropped from the last tier);
   // host memory only while some tier below it can take its victims.

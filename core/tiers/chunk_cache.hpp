@@ -378,6 +378,8 @@ class ChunkCache {
   void free_slots(const std::vector<SlotRef> &slots) noexcept;
   void emit(const ChunkEvent &e);
   void demote_ahead(Tier t, const ChunkKey &model);
+  // Asks the host tier to keep free slots for every chunk the lent tiers can hold.
+  void keep_evacuation_room();
   // Moves every chunk of a lease that is asked back down a tier (or drops them, for a lost
   // lease) and retires the lease once none is left in it.
   void empty_lease(Tier t, const PeerTier::LeaseStatus &l);
@@ -403,7 +405,9 @@ class ChunkCache {
   std::condition_variable cb_cv_;
   std::shared_ptr<EventSlot> on_event_;
   std::mutex maint_mu_;
-  mutable std::shared_mutex comp_mu_;  // guards compression_
+  std::mutex room_mu_;  // guards lent_chunk_bytes_
+  std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> lent_chunk_bytes_;  // model -> chunk bytes
+  mutable std::shared_mutex comp_mu_;                                      // guards compression_
   std::unordered_map<ChunkKey, ModelCompression, ChunkKeyHash> compression_;
   // Per tier, the utility per byte its last victims lost (an average with weight 1/8 on the
   // newest): what the adaptive policy charges a chunk entering it for its bytes.

@@ -148,10 +148,33 @@ void HostTier::prepare(uint64_t bytes) {
   cv_.notify_all();
 }
 
-void HostTier::maybe_prepare_locked(uint64_t bytes) {
-  if (!ahead_) return;
-  const auto last = last_slots_.find(bytes);
-  if (last == last_slots_.end() || free_[bytes].size() * 2 >= last->second) return;
+void HostTier::keep_room(uint64_t bytes, uint64_t slots) {
+  std::lock_guard lock(mu_);
+  if (slots == 0) {
+    room_.erase(bytes);
+    return;
+  }
+  room_[bytes] = slots;
+  maybe_prepare_locked(bytes, true);
+}
+
+bool HostTier::short_of_room_locked(uint64_t bytes) const {
+  const auto room = room_.find(bytes);
+  if (room == room_.end()) return false;
+  const auto list = free_.find(bytes);
+  if ((list == free_.end() ? 0 : list->second.size()) >= room->second) return false;
+  // With no budget left for a slot the thread would wake for nothing at every allocation.
+  const uint64_t budget = ctx_.config().host_budget_bytes;
+  const uint64_t used = ctx_.host_reserved();
+  return budget > used && budget - used >= bytes;
+}
+
+void HostTier::maybe_prepare_locked(uint64_t bytes, bool for_room) {
+  if (!for_room || !short_of_room_locked(bytes)) {
+    if (!ahead_) return;
+    const auto last = last_slots_.find(bytes);
+    if (last == last_slots_.end() || free_[bytes].size() * 2 >= last->second) return;
+  }
   if (making_.count(bytes) != 0 || wanted_.count(bytes) != 0 || stop_) return;
   try {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -169,10 +192,14 @@ void HostTier::run() {
     if (stop_) return;
     const uint64_t bytes = *wanted_.begin();
     wanted_.erase(wanted_.begin());
-    // Still wanted: no free slot yet (a registration), or below half of the last slab.
+    // Still wanted: no free slot yet (a registration), below half of the last slab, or below
+    // the room kept for the size.
     const auto last = last_slots_.find(bytes);
     const size_t free_now = free_[bytes].size();
-    if (last == last_slots_.end() ? free_now != 0 : free_now * 2 >= last->second) continue;
+    if ((last == last_slots_.end() ? free_now != 0 : free_now * 2 >= last->second) &&
+        !short_of_room_locked(bytes)) {
+      continue;
+    }
     std::optional<SlabPlan> plan;
     try {
       plan = plan_slab_locked(bytes);
@@ -190,7 +217,10 @@ void HostTier::run() {
     }
     lock.lock();
     making_.erase(bytes);
-    if (memory) add_slab_locked(*plan, std::move(memory));
+    if (memory) {
+      add_slab_locked(*plan, std::move(memory));
+      if (short_of_room_locked(bytes)) wanted_.insert(bytes);  // the next slab of the room
+    }
     cv_.notify_all();
   }
 }

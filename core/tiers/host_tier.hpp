@@ -53,6 +53,10 @@ class HostTier final : public TierStore {
   // Asks the thread for a slab of `bytes` chunks if the size has no free slot yet (the cache
   // calls it when a model is registered). Nothing without `ahead`.
   void prepare(uint64_t bytes);
+  // Keeps at least `slots` free slots of `bytes` ready, made ahead by the thread within the
+  // budget (with or without `ahead`): the room that evacuating lent memory takes when its lender
+  // asks for it back, so that a reclaim copies into memory that is already there. 0: none kept.
+  void keep_room(uint64_t bytes, uint64_t slots);
 
  private:
   struct Slab {
@@ -76,8 +80,12 @@ class HostTier final : public TierStore {
   // starve the others. Only when a slab of `bytes` finds no budget, so steady use never churns.
   // Whether any was released.
   bool release_empty_slabs_locked(uint64_t bytes);
-  // Wakes the thread for `bytes` when its free slots fall below half of its last slab.
-  void maybe_prepare_locked(uint64_t bytes);
+  // Wakes the thread for `bytes` when its free slots fall below half of its last slab (with
+  // `ahead`), or (for_room) below the room kept for the size. Allocations do not ask for the
+  // room: an evacuation takes it slot by slot, and making more meanwhile would compete with
+  // it; keep_room (the cache calls it at each maintenance pass) makes it again.
+  void maybe_prepare_locked(uint64_t bytes, bool for_room = false);
+  bool short_of_room_locked(uint64_t bytes) const;
   void run();
 
   Context &ctx_;
@@ -90,6 +98,7 @@ class HostTier final : public TierStore {
   uint64_t reserved_ = 0;                           // bytes of all slabs
   uint64_t free_slot_bytes_ = 0;
   std::map<uint64_t, uint64_t> last_slots_;  // slot bytes -> slots of its newest slab
+  std::map<uint64_t, uint64_t> room_;        // slot bytes -> free slots kept ready
   // The thread: sizes asked for, the size being made (allocate waits for it), stop.
   std::condition_variable cv_;
   std::set<uint64_t> wanted_, making_;

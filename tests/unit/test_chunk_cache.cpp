@@ -1798,6 +1798,59 @@ void host_slabs_are_made_ahead(void **) {
   assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
 }
 
+// The room kept for evacuations: keep_room has the thread make slabs until that many slots are
+// free (with or without slabs ahead), no further than the budget; allocations taking the room do
+// not make more on their own (an evacuation is taking it), a later keep_room does.
+void host_room_is_kept(void **) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t bytes = 3 * page;
+  swiftkv::ContextConfig c;
+  c.host_budget_bytes = 64 * bytes;  // slabs of 8 chunks
+  swiftkv::Context ctx(c);
+  swiftkv::HostTier tier(ctx, uint64_t{1} << 30, false);
+  auto reserved_after_wait = [&](uint64_t want) {
+    for (int i = 0; i < 10000 && tier.slab_bytes_reserved() < want; ++i) ::usleep(1000);
+    return tier.slab_bytes_reserved();
+  };
+  tier.keep_room(bytes, 20);
+  assert_int_equal(reserved_after_wait(24 * bytes), 24 * bytes);  // 3 slabs: 24 >= 20 free
+  ::usleep(20000);
+  assert_int_equal(tier.slab_bytes_reserved(), 24 * bytes);
+  const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
+  std::vector<uint64_t> slots;
+  for (int i = 0; i < 20; ++i) slots.push_back(*tier.allocate(ChunkKey{}, meta));
+  ::usleep(20000);
+  assert_int_equal(tier.slab_bytes_reserved(), 24 * bytes);  // 4 free: nothing made meanwhile
+  tier.keep_room(bytes, 20);
+  assert_int_equal(reserved_after_wait(40 * bytes), 40 * bytes);  // 4 + 16: 20 free
+  tier.keep_room(bytes, 1000);  // past the budget: as much as it holds, and no more
+  assert_int_equal(reserved_after_wait(64 * bytes), 64 * bytes);
+  ::usleep(20000);
+  assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
+  assert_true(ctx.host_reserved() <= c.host_budget_bytes);
+  for (uint64_t s : slots) tier.free(s);
+  assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
+}
+
+// A borrowed lease makes the host tier ready for its evacuation: as soon as it is borrowed, host
+// slabs for every chunk it can hold are made (before anything is stored), and a reclaim then
+// moves every chunk into them, exact.
+void borrowing_makes_room_for_the_evacuation(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 16, 0, 8);
+  const uint64_t want = 8 * r.sizes.full_chunk_bytes;
+  for (int i = 0; i < 10000 && r.ctx->host_reserved() < want; ++i) ::usleep(1000);
+  assert_true(r.ctx->host_reserved() >= want);
+  assert_int_equal(r.store(3, 8), 8);
+  for (size_t i = 0; i < 8; ++i) assert_true(r.where(3, i) == Tier::peer);
+  r.lender->reclaim(swiftkv::ElasticRegion::kAllLeases);
+  r.cache->maintain();
+  for (size_t i = 0; i < 8; ++i) {
+    assert_true(r.where(3, i) == Tier::host);
+    assert_true(r.intact(3, i));
+  }
+  assert_int_equal(r.lender->stats().lent_blocks, 0);
+}
+
 void concurrent_use(void **) {
   Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 8, 4, swiftkv::EvictionPolicy::lru, 25, 1);
   std::atomic<int> bad{0};
@@ -1885,6 +1938,8 @@ int main() {
       cmocka_unit_test(loads_go_before_background_demotion),
       cmocka_unit_test(budgets_hold_under_random_work),
       cmocka_unit_test(host_slabs_are_made_ahead),
+      cmocka_unit_test(host_room_is_kept),
+      cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
       cmocka_unit_test(concurrent_use),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
