@@ -14,7 +14,8 @@
 // through the per-request ones.
 // On a CUDA build with a device, the same for a device pool (host chunks to device pages and
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
-// copy of the same bytes from pinned memory; and the gather/scatter kernel alone (NHD and HND,
+// copy of the same bytes from pinned memory; the layer-wise pipeline there, the engine's compute
+// a kernel spinning for c on its stream (spin_kernel.cu); and the gather/scatter kernel alone (NHD and HND,
 // 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
 // chunks are) beside a device-to-device copy of the same bytes; loads from another process's
 // device memory (a lender started by this program, the peer) into a device pool beside a
@@ -55,6 +56,8 @@
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cuda_transfer.hpp"
+
+bool bench_spin_on_stream(double seconds, void *stream);  // spin_kernel.cu
 #endif
 
 namespace {
@@ -235,9 +238,33 @@ void spin_for(double seconds) {
   }
 }
 
+// A context whose host tier holds twice `bytes` and more, demoting nothing ahead, on the devices
+// of `device_mask` (0: none).
+swiftkv_ctx *bench_ctx(uint64_t bytes, uint32_t device_mask) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.device_mask = device_mask;
+  c.host_budget_bytes = 2 * bytes + (64ull << 20);
+  c.demote_free_percent = 0;
+  swiftkv_ctx *ctx = nullptr;
+  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  return ctx;
+}
+
+// The engine's compute of one layer: a busy wait on the host, or on a device pool's stream a
+// kernel that spins for as long.
+void compute_layer(double seconds, void *stream) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (stream != nullptr) {
+    if (!bench_spin_on_stream(seconds, stream)) die("the spin kernel did not launch");
+    return;
+  }
+#endif
+  spin_for(seconds);
+}
+
 // One request over tokens [0, n) with the given pages, over `layers` layers, with `compute_s` of
-// busy compute after each wait_layer_load (an engine's layer); returns seconds from begin to
-// finish.
+// compute after each wait_layer_load (an engine's layer: compute_layer); returns seconds from
+// begin to finish.
 double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
                    const std::vector<int32_t> &pages, uint64_t *loaded, uint64_t *saved,
                    void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0) {
@@ -254,7 +281,7 @@ double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> 
   uint64_t valid = 0;
   for (uint32_t l = 0; l < layers; ++l) {
     check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
-    if (compute_s > 0) spin_for(compute_s);
+    if (compute_s > 0) compute_layer(compute_s, stream);
     check(swiftkv_save_layer(ctx, req, l, stream), "save_layer");
   }
   check(swiftkv_wait_save(saved, ctx, req, stream), "wait_save");
@@ -392,11 +419,7 @@ Row measure(uint32_t page, uint32_t chunks, int reps, Workers &workers) {
   Row r{};
   r.page = page;
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.host_budget_bytes = 2 * bytes + (64ull << 20);
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_ctx *ctx = bench_ctx(bytes, 0);
   swiftkv_model_desc m = bench_model("bench", page, SWIFTKV_DEVICE_HOST);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
@@ -440,16 +463,56 @@ struct Overlap {
 // A load of `tokens` (cached) over `layers` layers with `compute_s` of busy compute per layer:
 // the request's seconds.
 double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
-                      const std::vector<int32_t> &pages, uint32_t layers, double compute_s) {
+                      const std::vector<int32_t> &pages, uint32_t layers, double compute_s,
+                      void *stream = nullptr) {
   uint64_t loaded = 0, saved = 0;
   const double t =
-      run_request(ctx, pool, tokens, pages, &loaded, &saved, nullptr, layers, compute_s);
+      run_request(ctx, pool, tokens, pages, &loaded, &saved, stream, layers, compute_s);
   if (loaded != tokens.size()) {
     std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n", (unsigned long long)loaded,
                  tokens.size());
     std::exit(1);
   }
   return t;
+}
+
+// The rows of one layer count: t per layer from the copy limit (`limit_s`: the seconds to copy
+// all layers' bytes, median of 5), then for c = 0.5, 1 and 2 t the library's load with no compute
+// and with c per layer (`load_s(c)`), alternating with the copy limit, over `reps` after a warm-up.
+std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function<double()> &limit_s,
+                                  const std::function<double(double)> &load_s) {
+  std::vector<double> t0s;
+  for (int i = 0; i < 5; ++i) t0s.push_back(limit_s());
+  std::sort(t0s.begin(), t0s.end());
+  const double t_layer = t0s[t0s.size() / 2] / layers;
+  std::vector<Overlap> out;
+  for (double factor : {0.5, 1.0, 2.0}) {
+    const double comp = factor * t_layer;
+    std::vector<double> limit, own, piped;
+    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+      const double a = limit_s();
+      const double b = load_s(0);
+      const double p = load_s(comp);
+      if (rep > 0) {
+        limit.push_back(a);
+        own.push_back(b);
+        piped.push_back(p);
+      }
+    }
+    std::sort(limit.begin(), limit.end());
+    std::sort(own.begin(), own.end());
+    std::sort(piped.begin(), piped.end());
+    auto hidden = [&](double transfer_s, double piped_s) {
+      const double t = transfer_s / layers;
+      return (layers * (t + comp) - piped_s) / ((layers - 1) * std::min(t, comp));
+    };
+    Overlap o{layers, factor, t_layer * 1e3};
+    o.hidden_med = hidden(own[own.size() / 2], piped[piped.size() / 2]);
+    o.hidden_min = hidden(own.front(), piped.back());
+    o.hidden_limit = hidden(limit[limit.size() / 2], piped[piped.size() / 2]);
+    out.push_back(o);
+  }
+  return out;
 }
 
 // The layer-wise pipeline: serial time L(t + c) less the measured time, over the hideable part
@@ -461,11 +524,7 @@ double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_
 // slower copy than the limit shows as less hidden, never as more.)
 std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps, Workers &threads) {
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * layers;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.host_budget_bytes = 2 * bytes + (64ull << 20);
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_ctx *ctx = bench_ctx(bytes, 0);
   swiftkv_model_desc m = bench_model("overlap", 16, SWIFTKV_DEVICE_HOST);
   m.num_layers = layers;
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
@@ -489,38 +548,9 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
   }
   // The copy limit: the faster of the two ways to copy the bytes, as in the table above.
   CopyLimit limit(bytes, 16, threads);
-  auto copy_limit_s = [&] { return std::min(limit.per_page_s(), limit.large_s()); };
-  std::vector<double> t0s;
-  for (int i = 0; i < 5; ++i) t0s.push_back(copy_limit_s());
-  std::sort(t0s.begin(), t0s.end());
-  const double t_layer = t0s[t0s.size() / 2] / layers;
-  std::vector<Overlap> out;
-  for (double factor : {0.5, 1.0, 2.0}) {
-    const double comp = factor * t_layer;
-    std::vector<double> limit, own, piped;
-    for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-      const double a = copy_limit_s();
-      const double b = pipelined_load(ctx, pool, tokens, pages, layers, 0);
-      const double p = pipelined_load(ctx, pool, tokens, pages, layers, comp);
-      if (rep > 0) {
-        limit.push_back(a);
-        own.push_back(b);
-        piped.push_back(p);
-      }
-    }
-    std::sort(limit.begin(), limit.end());
-    std::sort(own.begin(), own.end());
-    std::sort(piped.begin(), piped.end());
-    auto hidden = [&](double transfer_s, double piped_s) {
-      const double t = transfer_s / layers;
-      return (layers * (t + comp) - piped_s) / ((layers - 1) * std::min(t, comp));
-    };
-    Overlap o{layers, factor, t_layer * 1e3};
-    o.hidden_med = hidden(own[own.size() / 2], piped[piped.size() / 2]);
-    o.hidden_min = hidden(own.front(), piped.back());
-    o.hidden_limit = hidden(limit[limit.size() / 2], piped[piped.size() / 2]);
-    out.push_back(o);
-  }
+  const std::vector<Overlap> out = overlap_rows(
+      layers, reps, [&] { return std::min(limit.per_page_s(), limit.large_s()); },
+      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp); });
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return out;
@@ -531,16 +561,16 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
 // beside one cudaMemcpyAsync per page and K/V (scattered) and one large copy, pinned -> device.
 // The engine's own tensors on device 0, NHD per layer ([pages, 2, page, H, D] f16), registered
 // as a pool of `model`; *dev is their memory (cudaFree it after the pool is destroyed).
-uint32_t engine_pool(swiftkv_ctx *ctx, uint32_t model, uint32_t page, uint32_t n_pages,
-                     void **dev) {
+uint32_t engine_pool(swiftkv_ctx *ctx, uint32_t model, uint32_t page, uint32_t n_pages, void **dev,
+                     uint32_t layers = kLayers) {
   const uint64_t layer_bytes = uint64_t{n_pages} * 2 * page * kHeads * kDim * 2;
-  if (cudaMalloc(dev, layer_bytes * kLayers) != cudaSuccess) {
+  if (cudaMalloc(dev, layer_bytes * layers) != cudaSuccess) {
     std::fprintf(stderr, "cudaMalloc of %llu bytes failed\n",
-                 (unsigned long long)(layer_bytes * kLayers));
+                 (unsigned long long)(layer_bytes * layers));
     std::exit(1);
   }
-  std::vector<void *> bases(kLayers);
-  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<char *>(*dev) + l * layer_bytes;
+  std::vector<void *> bases(layers);
+  for (uint32_t l = 0; l < layers; ++l) bases[l] = static_cast<char *>(*dev) + l * layer_bytes;
   swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
   pd.num_pages = n_pages;
   pd.layer_base = bases.data();
@@ -554,16 +584,59 @@ uint32_t engine_pool(swiftkv_ctx *ctx, uint32_t model, uint32_t page, uint32_t n
   return pool;
 }
 
+// The layer-wise pipeline on the GPU (SwiftCache §3.3): host chunks loaded into a device pool
+// layer by layer while the engine computes, its compute per layer a kernel spinning for c on its
+// stream after each wait_layer_load. t per layer from one pinned-to-device copy of all the bytes.
+std::vector<Overlap> measure_device_overlap(uint32_t layers, uint32_t chunks, int reps) {
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * layers;
+  swiftkv_ctx *ctx = bench_ctx(bytes, 1);
+  swiftkv_model_desc m = bench_model("overlap-device", 16, 0);
+  m.num_layers = layers;
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &m;
+  uint32_t model = 0;
+  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+  const uint32_t n_pages = chunks * (kChunk / 16);
+  void *dev = nullptr;
+  const uint32_t pool = engine_pool(ctx, model, 16, n_pages, &dev, layers);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 + 5);
+  {
+    uint64_t loaded = 0, saved = 0;
+    run_request(ctx, pool, tokens, pages, &loaded, &saved, s, layers);
+    if (saved != tokens.size()) die("the device pipeline's chunks were not all saved");
+  }
+  void *pinned = nullptr, *dst = nullptr;
+  if (cudaMallocHost(&pinned, bytes) != cudaSuccess || cudaMalloc(&dst, bytes) != cudaSuccess) {
+    die("the device pipeline's copy buffers");
+  }
+  std::memset(pinned, 1, bytes);
+  const std::vector<Overlap> out = overlap_rows(
+      layers, reps,
+      [&] {
+        const double t0 = now_s();
+        cudaMemcpyAsync(dst, pinned, bytes, cudaMemcpyHostToDevice, s);
+        cudaStreamSynchronize(s);
+        return now_s() - t0;
+      },
+      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp, s); });
+  check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
+  swiftkv_ctx_destroy(ctx);
+  cudaFreeHost(pinned);
+  cudaFree(dst);
+  cudaFree(dev);
+  cudaStreamDestroy(s);
+  return out;
+}
+
 Row measure_device(uint32_t page, uint32_t chunks, int reps) {
   Row r{};
   r.page = page;
   const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.device_mask = 1;
-  c.host_budget_bytes = 2 * bytes + (64ull << 20);
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+  swiftkv_ctx *ctx = bench_ctx(bytes, 1);
   swiftkv_model_desc m = bench_model("bench-device", page, 0);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
@@ -901,14 +974,17 @@ void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chun
   }
 }
 
-void print_overlap(const std::vector<Overlap> &rows, uint32_t chunks, int reps) {
+void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32_t chunks,
+                   int reps) {
+  const bool host = std::strcmp(backend, "host") == 0;
   std::printf(
-      "\nlayer-wise pipeline (host), %u chunks per request: compute c per layer as a busy "
-      "wait after each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
+      "\nlayer-wise pipeline (%s), %u chunks per request: compute c per layer as %s after "
+      "each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
       "layer 0's load having nothing to hide under; t the library's own load with no compute "
-      "(median/min),\nor a layer's bytes at the copy limit (the faster memcpy); all in the "
-      "same %d repetitions\n",
-      chunks, reps);
+      "(median/min),\nor a layer's bytes at the copy limit (%s); all in the same %d "
+      "repetitions\n",
+      backend, chunks, host ? "a busy wait" : "a kernel spinning on the engine's stream",
+      host ? "the faster memcpy" : "one pinned-to-device copy of the bytes", reps);
   std::printf("%7s %6s %14s %16s %18s\n", "layers", "c/t", "t_per_layer_ms", "hidden_fraction",
               "vs_copy_limit");
   for (const Overlap &o : rows) {
@@ -1230,7 +1306,7 @@ int main(int argc, char **argv) {
   std::printf("the copy engine and the baselines run on %u thread%s\n", threads,
               threads == 1 ? "" : "s");
   print_rows("host", rows, chunks, reps);
-  print_overlap(overlap, overlap_chunks, overlap_reps);
+  print_overlap("host", overlap, overlap_chunks, overlap_reps);
   print_json("host", rows, overlap, chunks, reps);
   {
     std::vector<PeerRow> peer_rows;
@@ -1245,8 +1321,15 @@ int main(int argc, char **argv) {
   if (swiftkv_device_count(&devices) == SWIFTKV_OK && devices > 0) {
     std::vector<Row> dev_rows;
     for (uint32_t page : {16u, 64u, 256u}) dev_rows.push_back(measure_device(page, chunks, reps));
+    std::vector<Overlap> dev_overlap;
+    for (uint32_t layers : {32u, 64u}) {
+      for (const Overlap &o : measure_device_overlap(layers, overlap_chunks, overlap_reps)) {
+        dev_overlap.push_back(o);
+      }
+    }
     print_rows("cuda", dev_rows, chunks, reps);
-    print_json("cuda", dev_rows, {}, chunks, reps);
+    print_overlap("cuda", dev_overlap, overlap_chunks, overlap_reps);
+    print_json("cuda", dev_rows, dev_overlap, chunks, reps);
     std::vector<KernelRow> kernel_rows;
     for (const char *layout : {"nhd", "hnd"}) {
       for (uint32_t page : {16u, 256u}) {
@@ -1283,6 +1366,10 @@ int main(int argc, char **argv) {
         return 1;
       }
     }
+  } else {
+    std::printf(
+        "\nno CUDA device here: the cuda rows (loads, the pipeline, the kernels) are "
+        "skipped\n");
   }
 #endif
   return 0;
