@@ -45,8 +45,8 @@ void wait(cudaStream_t s, cudaEvent_t e) {
 
 uint64_t round16(uint64_t n) { return (n + 15) / 16 * 16; }
 
-// One warp per item; at most 8 blocks of 256 threads per SM are resident, so a larger grid only
-// queues blocks that the grid-stride loop covers anyway.
+// One warp per unit of work (an item, or a group of them); at most 8 blocks of 256 threads per SM
+// are resident, so a larger grid only queues blocks that the grid-stride loop covers anyway.
 unsigned grid_for(int sms, uint32_t n) {
   const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
   return static_cast<unsigned>(
@@ -57,7 +57,9 @@ void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource
                    uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
                    bool scatter, cudaStream_t s) {
   if (n == 0) return;
-  kernels::copy_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(
+  // A warp per group of kGroupItems items.
+  const uint32_t groups = (n + kernels::kGroupItems - 1) / kernels::kGroupItems;
+  kernels::copy_items<<<grid_for(sms, groups), kernels::kCopyThreads, 0, s>>>(
       items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
