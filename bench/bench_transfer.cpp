@@ -15,10 +15,10 @@
 // On a CUDA build with a device, the same for a device pool (host chunks to device pages and
 // back, through the CUDA executor), beside one cudaMemcpyAsync per page and K/V and one large
 // copy of the same bytes from pinned memory; the layer-wise pipeline there, the engine's compute
-// a kernel spinning for c on its stream (spin_kernel.cu); and the gather/scatter kernel alone (NHD and HND,
-// 16- and 256-token pages, chunk pieces read in place from device memory as lent or IPC-mapped
-// chunks are) beside a device-to-device copy of the same bytes; loads from another process's
-// device memory (a lender started by this program, the peer) into a device pool beside a
+// a kernel spinning for c on its stream (spin_kernel.cu); and the gather/scatter kernel alone (NHD
+// and HND, 16- and 256-token pages, chunk pieces read in place from device memory as lent or
+// IPC-mapped chunks are) beside a device-to-device copy of the same bytes; loads from another
+// process's device memory (a lender started by this program, the peer) into a device pool beside a
 // device-to-device copy (and, on every build, from another process's host memory in granules
 // into a host pool beside a memcpy); and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
