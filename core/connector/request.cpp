@@ -525,11 +525,11 @@ void Request::make_device_transfer() {
     if (l->frame) load.shape = *l->frame;  // every chunk of the request is of its model
     add(load, l->plan, l->src, l->src_device, l->frame ? &l->use.meta : nullptr);
   }
+  save_dsts_.clear();
   for (const auto &sc : saves_) {
     add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device, nullptr);
+    save_dsts_.push_back(sc->dst);
   }
-  save_dsts_.clear();
-  for (const auto &sc : saves_) save_dsts_.push_back(sc->dst);
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");
   }

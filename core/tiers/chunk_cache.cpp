@@ -982,12 +982,9 @@ uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
 
 void ChunkCache::keep_evacuation_room() {
   if (!host_) return;
-  {
-    std::lock_guard lock(room_mu_);
-    if (lent_chunk_bytes_.empty()) return;  // never borrowed: nothing to do at each pass
-  }
   // Per chunk size, the chunks every lease of the models of that size can hold: a reclaim
-  // evacuates them into the host tier, which makes its slabs for them ahead.
+  // evacuates them into the host tier, which makes its slabs for them ahead. Nothing for a
+  // cache that never borrowed.
   std::map<uint64_t, uint64_t> room;
   std::lock_guard lock(room_mu_);
   for (const auto &[model, bytes] : lent_chunk_bytes_) {

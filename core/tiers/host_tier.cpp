@@ -169,12 +169,19 @@ bool HostTier::short_of_room_locked(uint64_t bytes) const {
   return budget > used && budget - used >= bytes;
 }
 
+bool HostTier::slab_wanted_locked(uint64_t bytes, bool for_room) const {
+  if (for_room && short_of_room_locked(bytes)) return true;
+  if (!ahead_) return false;
+  // Ahead: no free slot yet (a registration), or below half of the last slab.
+  const auto last = last_slots_.find(bytes);
+  const auto list = free_.find(bytes);
+  const size_t free_now = list == free_.end() ? 0 : list->second.size();
+  return last == last_slots_.end() ? free_now == 0 : free_now * 2 < last->second;
+}
+
 void HostTier::maybe_prepare_locked(uint64_t bytes, bool for_room) {
-  if (!for_room || !short_of_room_locked(bytes)) {
-    if (!ahead_) return;
-    const auto last = last_slots_.find(bytes);
-    if (last == last_slots_.end() || free_[bytes].size() * 2 >= last->second) return;
-  }
+  if (last_slots_.count(bytes) == 0 && !for_room) return;  // prepare() asks for the first slab
+  if (!slab_wanted_locked(bytes, for_room)) return;
   if (making_.count(bytes) != 0 || wanted_.count(bytes) != 0 || stop_) return;
   try {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
@@ -192,14 +199,7 @@ void HostTier::run() {
     if (stop_) return;
     const uint64_t bytes = *wanted_.begin();
     wanted_.erase(wanted_.begin());
-    // Still wanted: no free slot yet (a registration), below half of the last slab, or below
-    // the room kept for the size.
-    const auto last = last_slots_.find(bytes);
-    const size_t free_now = free_[bytes].size();
-    if ((last == last_slots_.end() ? free_now != 0 : free_now * 2 >= last->second) &&
-        !short_of_room_locked(bytes)) {
-      continue;
-    }
+    if (!slab_wanted_locked(bytes, true)) continue;  // no longer: slots were freed meanwhile
     std::optional<SlabPlan> plan;
     try {
       plan = plan_slab_locked(bytes);

@@ -86,6 +86,9 @@ class HostTier final : public TierStore {
   // it; keep_room (the cache calls it at each maintenance pass) makes it again.
   void maybe_prepare_locked(uint64_t bytes, bool for_room = false);
   bool short_of_room_locked(uint64_t bytes) const;
+  // Whether the thread should make a slab of `bytes` now: below the room kept for the size (when
+  // for_room), or, with `ahead`, no free slot yet or fewer than half of the last slab's.
+  bool slab_wanted_locked(uint64_t bytes, bool for_room) const;
   void run();
 
   Context &ctx_;
