@@ -1,5 +1,8 @@
-// The engine's per-layer compute for bench_transfer's pipeline on the GPU: one block that spins
-// on the GPU's global timer for a given time, on the engine's stream.
+// Kernels that spin on the GPU's global timer for a given time. bench_transfer's pipeline uses
+// one block as the engine's per-layer compute on its stream; test_gpu_connector fills every
+// block slot of the device with them, so that a kernel the library launches next on another
+// stream runs late while the copy engines do not wait, and a missing stream wait between the
+// library's kernels and the engine's copies shows as wrong bytes every time.
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
@@ -19,5 +22,20 @@ __global__ void spin(uint64_t ns) {
 // Enqueues `seconds` of spinning on `stream`; false when the launch failed.
 bool bench_spin_on_stream(double seconds, void *stream) {
   spin<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<uint64_t>(seconds * 1e9));
+  return cudaGetLastError() == cudaSuccess;
+}
+
+// Fills every block slot of every multiprocessor of the current device for `seconds` on
+// `stream`; false on failure.
+bool bench_occupy_device(double seconds, void *stream) {
+  int device = 0, sms = 0, slots = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&slots, cudaDevAttrMaxBlocksPerMultiprocessor, device) !=
+          cudaSuccess) {
+    return false;
+  }
+  spin<<<sms * slots, 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<uint64_t>(seconds * 1e9));
   return cudaGetLastError() == cudaSuccess;
 }

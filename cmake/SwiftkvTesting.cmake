@@ -22,7 +22,9 @@ function(swiftkv_add_test name)
   target_link_libraries(${name} PRIVATE swiftkv::swiftkv PkgConfig::CMOCKA Threads::Threads
                                         ${T_LIBS})
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests/support)
-  target_compile_options(${name} PRIVATE -Wall -Wextra ${SWIFTKV_WERROR_FLAG})
+  target_compile_options(
+    ${name} PRIVATE $<$<COMPILE_LANGUAGE:C,CXX>:-Wall -Wextra ${SWIFTKV_WERROR_FLAG}>
+                    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra${SWIFTKV_WERROR_CUDA}>)
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS "${T_LABELS}" SKIP_RETURN_CODE 77
                                               TIMEOUT ${SWIFTKV_TEST_TIMEOUT})

@@ -402,7 +402,11 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream, bool check_captu
   if (device()) {
     if (check_capture) refuse_capture(stream, "wait_layer_load");
     if (loads_.empty()) {
-      // Nothing was loaded: the stream has nothing to wait for.
+      // Nothing was loaded. With stream pages the engine is about to write this layer into the
+      // memory that the previous layer's gather reads: it waits for that gather.
+      if (info_.stream_ordered && !saves_.empty() && layer > 0) {
+        dev_->stream_wait_save(layer - 1, stream);
+      }
     } else if (peer_loads_) {
       // Lent memory: the lease is checked again once the copy is done, on the host.
       lock.unlock();

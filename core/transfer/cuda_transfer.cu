@@ -407,6 +407,11 @@ class CudaTransfer final : public DeviceTransfer {
     wait(static_cast<cudaStream_t>(stream), lane_->loaded[layer]);
   }
 
+  void stream_wait_save(uint32_t layer, void *stream) override {
+    DeviceGuard guard(lanes_->device());
+    wait(static_cast<cudaStream_t>(stream), lane_->gathered[layer]);
+  }
+
   void sync_load(uint32_t layer) override {
     DeviceGuard guard(lanes_->device());
     check_cuda(cudaEventSynchronize(lane_->loaded[layer]), "cudaEventSynchronize");

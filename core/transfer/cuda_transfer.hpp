@@ -110,6 +110,9 @@ class DeviceTransfer {
                             uint32_t chunks, std::byte *layer_base, int after_save_layer) = 0;
   // `stream` waits for layer's loads (enqueue only); sync_load waits on the host.
   virtual void stream_wait_load(uint32_t layer, void *stream) = 0;
+  // `stream` waits for layer's gather (enqueue only): the engine is about to write the next
+  // layer into stream pages that the gather reads.
+  virtual void stream_wait_save(uint32_t layer, void *stream) = 0;
   virtual void sync_load(uint32_t layer) = 0;
   // After `stream`'s work so far (the engine wrote the layer's K/V): gathers every save chunk's
   // segments of the pages at `layer_base`, in place for a direct chunk, else through staging to

@@ -27,6 +27,9 @@
 #include "gpu_check.h"
 #include "swiftkv/swiftkv.h"
 
+// bench/spin_kernel.cu
+bool bench_occupy_device(double seconds, void *stream);
+
 namespace {
 
 constexpr uint32_t kLayers = 3, kHeads = 2, kBlock = 16, kChunk = 32, kTokens = 96;
@@ -154,13 +157,14 @@ uint64_t begin_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<int32_
 }
 
 // One request over `pages`: loads (checking valid_end at each layer), the engine writes the
-// tokens it did not load, saves. Returns the per-layer valid_end; `check_stream` asks whether
-// layer l's stream pages hold layer l at its wait (device pools only).
+// tokens it did not load, saves. Returns the per-layer valid_end; `check_each_layer` asks whether
+// layer l's stream pages hold layer l at its wait (device pools only). `before_save`, when set,
+// runs just before each save_layer.
 std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
                                   const std::vector<int32_t> &pages, const Layout &lay,
                                   const Geometry &g, const std::vector<void *> &bases,
                                   uint64_t span, bool device, cudaStream_t s, bool write_all,
-                                  bool check_each_layer) {
+                                  bool check_each_layer, void (*before_save)() = nullptr) {
   std::vector<uint64_t> valid;
   const uint64_t req = begin_request(ctx, pool, pages);
   if (req == 0) return valid;
@@ -198,6 +202,7 @@ std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
         std::memcpy(bases[l], img.data(), span);
       }
     }
+    if (before_save != nullptr) before_save();
     if (swiftkv_save_layer(ctx, req, l, stream) != SWIFTKV_OK) return {};
   }
   uint64_t saved = 0;
@@ -468,8 +473,22 @@ void async_round_trip(const Geometry &g, const char *layout_name, swiftkv_tier t
               layout_name, tier == SWIFTKV_TIER_HOST ? "host" : "disk", kTokens, kLayers);
 }
 
+cudaStream_t g_busy_stream = nullptr;
+
+// Every multiprocessor held for 5 ms on a stream of its own: the library's gather of the layer
+// about to be saved runs late, while the engine's copies (copy engines) do not wait for it.
+void occupy_device() {
+  if (!bench_occupy_device(5e-3, g_busy_stream)) {
+    std::fprintf(stderr, "the kernel that fills the device did not launch\n");
+    ++g_failures;
+  }
+}
+
 // A library-made device pool with stream pages: at each wait_layer_load(l) the stream pages
-// hold layer l of the loaded tokens.
+// hold layer l of the loaded tokens. While saving, each layer's gather is held up behind a
+// kernel that fills the device: the engine's write of the next layer into the same memory
+// must still wait for it (its wait_layer_load orders the stream after the gather), or the
+// chunks saved hold the wrong layer.
 void stream_pages(const Geometry &g) {
   swiftkv_ctx *ctx = nullptr;
   uint32_t model = 0;
@@ -498,7 +517,11 @@ void stream_pages(const Geometry &g) {
   CHECK_CUDA(cudaStreamCreate(&s));
   // Save (the engine writes each layer into the stream pages as it goes), then load back,
   // checking at each wait that the pages hold that layer.
-  auto v = run_request(ctx, pool, pages, lay, g, bases, pd.layer_span_bytes, true, s, true, false);
+  CHECK_CUDA(cudaStreamCreateWithFlags(&g_busy_stream, cudaStreamNonBlocking));
+  auto v = run_request(ctx, pool, pages, lay, g, bases, pd.layer_span_bytes, true, s, true, false,
+                       occupy_device);
+  CHECK_CUDA(cudaStreamSynchronize(g_busy_stream));
+  CHECK_CUDA(cudaStreamDestroy(g_busy_stream));
   CHECK(v.size() == kLayers && v[0] == 0);
   v = run_request(ctx, pool, pages, lay, g, bases, pd.layer_span_bytes, true, s, false, true);
   CHECK(v.size() == kLayers && v[kLayers - 1] == kTokens);
