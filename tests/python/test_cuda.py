@@ -77,9 +77,15 @@ def test_a_resized_cuda_tensor_is_refused(cuda_model):
 
 
 def test_a_host_only_context_says_what_to_do(cuda_model):
+    """A model on a device registers in a host-only context (its lookups need no device), but
+    a pool over CUDA tensors is refused with ENODEV, naming the option to set."""
     with swiftkv.Context(host_budget_bytes=8 << 20, device_mask=0) as ctx:
-        with pytest.raises(swiftkv.Error, match="device_mask"):
-            ctx.register_model(cuda_model)
+        assert ctx.device_count() == 0
+        m = ctx.register_model(cuda_model)
+        tensors = [t.cuda() for t in _engine_tensors("vllm", 8)]
+        with pytest.raises(swiftkv.Error, match="device_mask") as e:
+            m.pool_from_tensors(tensors)
+        assert e.value.status == swiftkv.Status.ENODEV
 
 
 def test_swiftkv_cache_on_cuda():
@@ -110,10 +116,14 @@ def test_swiftkv_cache_on_cuda():
         cache = SwiftKVCache(km, max_tokens=512)
         assert cache.pages[0].is_cuda
         with torch.no_grad():
+            prev = 0
             for ids in turns:
                 ids = ids.cuda()
                 out = cache.prefill(model, ids)
                 start = out.cached_tokens
+                # Each turn finds the whole chunks of the turn before it.
+                assert start == prev // 32 * 32
+                prev = ids.shape[1]
                 dc = DynamicCache()
                 if start:
                     model(ids[:, :start], use_cache=True, **{key: dc})
@@ -121,4 +131,4 @@ def test_swiftkv_cache_on_cuda():
                 want = model(ids[:, start:], use_cache=True, position_ids=pos[None],
                              **{key: dc}).logits[0]
                 assert (out.logits[0] - want).abs().max().item() < 1e-4
-        assert out.cached_tokens == 160
+        assert out.cached_tokens == 96  # the 115 tokens of turn two: three chunks
