@@ -458,6 +458,7 @@ struct Overlap {
   uint32_t layers;
   double factor;                          // compute per layer / transfer per layer
   double transfer_ms;                     // per layer, measured
+  double compute_ms = 0;                  // per layer, the engine's compute alone, measured
   double hidden_med = 0, hidden_min = 0;  // hidden / hideable, t the library's own load
   double hidden_limit = 0;                // the same, t at the machine's copy limit
 };
@@ -478,11 +479,25 @@ double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_
   return t;
 }
 
+// The engine's compute alone: `layers` layers of `comp` seconds each (compute_layer), the
+// seconds until the last is done. On the GPU this counts the kernels' launches and the gaps
+// between them, which the engine pays with or without the library.
+double compute_alone(uint32_t layers, double comp, void *stream) {
+  const double t0 = now_s();
+  for (uint32_t l = 0; l < layers; ++l) compute_layer(comp, stream);
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+#endif
+  return now_s() - t0;
+}
+
 // The rows of one layer count: t per layer from the copy limit (`limit_s`: the seconds to copy
 // all layers' bytes, median of 5), then for c = 0.5, 1 and 2 t the library's load with no compute
-// and with c per layer (`load_s(c)`), alternating with the copy limit, over `reps` after a warm-up.
+// and with c per layer (`load_s(c)`) and the compute alone on `stream`, alternating with the copy
+// limit, over `reps` after a warm-up. The serial time is the load with no compute plus the
+// compute alone, both measured.
 std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function<double()> &limit_s,
-                                  const std::function<double(double)> &load_s) {
+                                  const std::function<double(double)> &load_s, void *stream) {
   std::vector<double> t0s;
   for (int i = 0; i < 5; ++i) t0s.push_back(limit_s());
   std::sort(t0s.begin(), t0s.end());
@@ -490,25 +505,26 @@ std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function
   std::vector<Overlap> out;
   for (double factor : {0.5, 1.0, 2.0}) {
     const double comp = factor * t_layer;
-    std::vector<double> limit, own, piped;
+    std::vector<double> limit, own, piped, alone;
     for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
       const double a = limit_s();
       const double b = load_s(0);
       const double p = load_s(comp);
+      const double c = compute_alone(layers, comp, stream);
       if (rep > 0) {
         limit.push_back(a);
         own.push_back(b);
         piped.push_back(p);
+        alone.push_back(c);
       }
     }
-    std::sort(limit.begin(), limit.end());
-    std::sort(own.begin(), own.end());
-    std::sort(piped.begin(), piped.end());
+    for (std::vector<double> *v : {&limit, &own, &piped, &alone}) std::sort(v->begin(), v->end());
+    const double comp_s = alone[alone.size() / 2];
     auto hidden = [&](double transfer_s, double piped_s) {
-      const double t = transfer_s / layers;
-      return (layers * (t + comp) - piped_s) / ((layers - 1) * std::min(t, comp));
+      const double t = transfer_s / layers, c = comp_s / layers;
+      return (transfer_s + comp_s - piped_s) / ((layers - 1) * std::min(t, c));
     };
-    Overlap o{layers, factor, t_layer * 1e3};
+    Overlap o{layers, factor, t_layer * 1e3, comp_s / layers * 1e3};
     o.hidden_med = hidden(own[own.size() / 2], piped[piped.size() / 2]);
     o.hidden_min = hidden(own.front(), piped.back());
     o.hidden_limit = hidden(limit[limit.size() / 2], piped[piped.size() / 2]);
@@ -552,7 +568,7 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
   CopyLimit limit(bytes, 16, threads);
   const std::vector<Overlap> out = overlap_rows(
       layers, reps, [&] { return std::min(limit.per_page_s(), limit.large_s()); },
-      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp); });
+      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp); }, nullptr);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return out;
@@ -624,7 +640,7 @@ std::vector<Overlap> measure_device_overlap(uint32_t layers, uint32_t chunks, in
         cudaStreamSynchronize(s);
         return now_s() - t0;
       },
-      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp, s); });
+      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp, s); }, s);
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   cudaFreeHost(pinned);
@@ -983,15 +999,15 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
       "\nlayer-wise pipeline (%s), %u chunks per request: compute c per layer as %s after "
       "each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
       "layer 0's load having nothing to hide under; t the library's own load with no compute "
-      "(median/min),\nor a layer's bytes at the copy limit (%s); all in the same %d "
-      "repetitions\n",
+      "(median/min),\nor a layer's bytes at the copy limit (%s); c the compute alone "
+      "(measured: c_ms); all in the same %d repetitions\n",
       backend, chunks, host ? "a busy wait" : "a kernel spinning on the engine's stream",
       host ? "the faster memcpy" : "one pinned-to-device copy of the bytes", reps);
-  std::printf("%7s %6s %14s %16s %18s\n", "layers", "c/t", "t_per_layer_ms", "hidden_fraction",
-              "vs_copy_limit");
+  std::printf("%7s %6s %14s %8s %16s %18s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
+              "hidden_fraction", "vs_copy_limit");
   for (const Overlap &o : rows) {
-    std::printf("%7u %6.1f %14.3f %8.3f/%7.3f %18.3f\n", o.layers, o.factor, o.transfer_ms,
-                o.hidden_med, o.hidden_min, o.hidden_limit);
+    std::printf("%7u %6.1f %14.3f %8.3f %8.3f/%7.3f %18.3f\n", o.layers, o.factor, o.transfer_ms,
+                o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit);
   }
 }
 
@@ -1015,10 +1031,10 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
   for (size_t i = 0; i < ov.size(); ++i) {
     std::printf(
         "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
-        "\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
+        "\"compute_ms\":%.4f,\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
         "\"hidden_vs_copy_limit\":%.4f}",
-        i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].hidden_med,
-        ov[i].hidden_min, ov[i].hidden_limit);
+        i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].compute_ms,
+        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit);
   }
   std::printf("]}\n");
 }
