@@ -1283,6 +1283,51 @@ void print_peer(const char *backend, const std::vector<PeerRow> &rows, uint32_t 
 
 }  // namespace
 
+// The gather/scatter and decode kernels alone (--kernels: nothing else, for a profiler); 1 when
+// a decode differs from its CPU twin.
+int kernel_tables(uint32_t chunks, int reps) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  uint32_t devices = 0;
+  if (swiftkv_device_count(&devices) != SWIFTKV_OK || devices == 0) {
+    std::printf("no CUDA device here: the kernel rows are skipped\n");
+    return 0;
+  }
+  std::vector<KernelRow> kernel_rows;
+  for (const char *layout : {"nhd", "hnd"}) {
+    for (uint32_t page : {16u, 256u}) {
+      kernel_rows.push_back(measure_kernel(layout, page, std::max(chunks, 64u), reps));
+    }
+  }
+  print_kernel(kernel_rows, std::max(chunks, 64u), reps);
+  namespace cd = swiftkv::codec;
+  const std::pair<const char *, cd::CodecParams> codecs[] = {
+      {"kivi-8 g32", {cd::Codec::kivi, 8, 32}},
+      {"kivi-4 g32", {cd::Codec::kivi, 4, 32}},
+      {"kivi-2 g32", {cd::Codec::kivi, 2, 32}},
+      {"fp8 e4m3", {cd::Codec::fp8, 0, 0}},
+  };
+  std::vector<DecodeRow> decode_rows;
+  for (const auto &[name, params] : codecs) {
+    for (uint32_t page : {16u, 256u}) {
+      decode_rows.push_back(measure_decode(name, params, page, std::max(chunks, 64u), reps));
+    }
+  }
+  print_decode(decode_rows, std::max(chunks, 64u), reps);
+  for (const DecodeRow &r : decode_rows) {
+    if (!r.exact) {
+      std::fprintf(stderr, "bench_transfer: the decode kernel differs from its CPU twin (%s)\n",
+                   r.codec.c_str());
+      return 1;
+    }
+  }
+#else
+  (void)chunks;
+  (void)reps;
+  std::printf("libswiftkv was built without CUDA: the kernel rows are skipped\n");
+#endif
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 5 && std::strcmp(argv[1], "--lender") == 0) {
     return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
@@ -1290,15 +1335,20 @@ int main(int argc, char **argv) {
   }
   uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
+  bool kernels_only = false;
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--chunks") == 0 && i + 1 < argc) {
+    if (std::strcmp(argv[i], "--kernels") == 0) {
+      kernels_only = true;
+    } else if (std::strcmp(argv[i], "--chunks") == 0 && i + 1 < argc) {
       chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--overlap-chunks") == 0 && i + 1 < argc) {
       overlap_chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else {
-      std::fprintf(stderr, "usage: bench_transfer [--chunks N] [--reps N] [--overlap-chunks N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_transfer [--kernels] [--chunks N] [--reps N] "
+                   "[--overlap-chunks N]\n");
       return 2;
     }
   }
@@ -1312,6 +1362,7 @@ int main(int argc, char **argv) {
   std::vector<Overlap> overlap;
   // The hidden fraction is a small difference of two times: more repetitions than the rest.
   const int overlap_reps = 2 * reps + 1;
+  if (kernels_only) return kernel_tables(chunks, reps);
   {
     Workers workers(threads);
     for (uint32_t page : {16u, 64u, 256u}) rows.push_back(measure(page, chunks, reps, workers));
@@ -1348,27 +1399,7 @@ int main(int argc, char **argv) {
     print_rows("cuda", dev_rows, chunks, reps);
     print_overlap("cuda", dev_overlap, overlap_chunks, overlap_reps);
     print_json("cuda", dev_rows, dev_overlap, chunks, reps);
-    std::vector<KernelRow> kernel_rows;
-    for (const char *layout : {"nhd", "hnd"}) {
-      for (uint32_t page : {16u, 256u}) {
-        kernel_rows.push_back(measure_kernel(layout, page, std::max(chunks, 64u), reps));
-      }
-    }
-    print_kernel(kernel_rows, std::max(chunks, 64u), reps);
-    namespace cd = swiftkv::codec;
-    const std::pair<const char *, cd::CodecParams> codecs[] = {
-        {"kivi-8 g32", {cd::Codec::kivi, 8, 32}},
-        {"kivi-4 g32", {cd::Codec::kivi, 4, 32}},
-        {"kivi-2 g32", {cd::Codec::kivi, 2, 32}},
-        {"fp8 e4m3", {cd::Codec::fp8, 0, 0}},
-    };
-    std::vector<DecodeRow> decode_rows;
-    for (const auto &[name, params] : codecs) {
-      for (uint32_t page : {16u, 256u}) {
-        decode_rows.push_back(measure_decode(name, params, page, std::max(chunks, 64u), reps));
-      }
-    }
-    print_decode(decode_rows, std::max(chunks, 64u), reps);
+    if (const int rc = kernel_tables(chunks, reps); rc != 0) return rc;
     std::vector<PeerRow> peer_rows;
     {
       Workers workers(threads);
@@ -1377,13 +1408,6 @@ int main(int argc, char **argv) {
       }
     }
     print_peer("cuda", peer_rows, std::max(chunks, 64u), reps);
-    for (const DecodeRow &r : decode_rows) {
-      if (!r.exact) {
-        std::fprintf(stderr, "bench_transfer: the decode kernel differs from its CPU twin (%s)\n",
-                     r.codec.c_str());
-        return 1;
-      }
-    }
   } else {
     std::printf(
         "\nno CUDA device here: the cuda rows (loads, the pipeline, the kernels) are "
