@@ -1,8 +1,9 @@
 // The work items of the gather/scatter kernel: a request's copy plans cut into pieces of at most
 // kItemBytes, one warp each, so that every kernel launch has work for every SM whatever the page
-// layout (HND pages give 256-byte segments, 256-token pages a few large ones). Built once per
-// request on the host, the same for every layer. copy_items_cpu is the kernel's CPU twin: the
-// kernel must move exactly the bytes it moves. C++17, so that nvcc compiles it too.
+// layout (256-token pages give a few large segments, cut; HND pages many 256-byte ones, joined
+// into rows of one item where they are evenly spaced). Built once per request on the host, the
+// same for every layer. copy_items_cpu is the kernel's CPU twin: the kernel must move exactly the
+// bytes it moves. C++17, so that nvcc compiles it too.
 #pragma once
 
 #include <cstddef>
@@ -15,15 +16,21 @@ namespace swiftkv {
 
 constexpr uint32_t kItemBytes = 4096;
 
-// `bytes` (at most kItemBytes) at `page_offset` from a layer's base in the pool and at
-// `piece_offset` in chunk `chunk`'s piece of that layer. 24 bytes, the kernel reads it whole.
+// `rows` runs of `bytes` each (rows * bytes at most kItemBytes): run r at page_offset + r *
+// page_stride from a layer's base in the pool and at piece_offset + r * piece_stride in chunk
+// `chunk`'s piece of that layer. With one row the strides are 0. Runs never overlap (each stride
+// is at least `bytes`). 32 bytes, the kernel reads it whole.
 struct CopyItem {
   uint64_t page_offset;
   uint64_t piece_offset;
   uint32_t chunk;
-  uint32_t bytes;
+  uint16_t bytes;
+  uint16_t rows;
+  uint32_t page_stride;
+  uint32_t piece_stride;
 };
-static_assert(sizeof(CopyItem) == 24, "the kernel's layout");
+static_assert(sizeof(CopyItem) == 32, "the kernel's layout");
+static_assert(kItemBytes <= UINT16_MAX, "an item's bytes fit its field");
 
 // Where chunk i's layer piece is for the kernel: `direct` != 0 is the address of its layer-0
 // piece in memory the pool's device reads and writes in place (its own or a peer's, through a
@@ -40,10 +47,13 @@ struct ChunkSource {
 static_assert(sizeof(ChunkSource) == 24, "the kernel's layout");
 
 // Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
-// fields of CopySegment, `n` of them): each segment is cut at kItemBytes from its start, so a
-// 16-byte aligned segment gives 16-byte aligned items.
+// fields of CopySegment, `n` of them): a segment longer than kItemBytes is cut at kItemBytes from
+// its start, so a 16-byte aligned segment gives 16-byte aligned items. With `join_rows`, shorter
+// segments of one size that follow each other at the same distance on both sides (an HND
+// layout's heads of one token) become the rows of one item, up to kItemBytes; without it (the
+// items of a chunk decoded on the device) every item is one row.
 void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
-                       std::vector<CopyItem> &out);
+                       std::vector<CopyItem> &out, bool join_rows = true);
 
 // The kernel on the CPU: for each of the `n` items, the chunk's piece of layer `layer` (direct,
 // or staging + staged_at) to the pages at `layer_base` when scatter, else back. Items of encoded

@@ -57,9 +57,7 @@ void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource
                    uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
                    bool scatter, cudaStream_t s) {
   if (n == 0) return;
-  // A warp per group of kGroupItems items.
-  const uint32_t groups = (n + kernels::kGroupItems - 1) / kernels::kGroupItems;
-  kernels::copy_items<<<grid_for(sms, groups), kernels::kCopyThreads, 0, s>>>(
+  kernels::copy_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(
       items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }

@@ -141,21 +141,31 @@ void check_case(const Case &c, uint64_t seed) {
     for (uint32_t k = items_before[i]; k < items_before[i + 1]; ++k) {
       const CopyItem &it = items[k];
       assert_int_equal(it.chunk, i);
-      assert_true(it.bytes > 0 && it.bytes <= swiftkv::kItemBytes);
-      item_bytes += it.bytes;
+      assert_true(it.bytes > 0 && it.rows > 0 &&
+                  it.rows * uint32_t{it.bytes} <= swiftkv::kItemBytes);
+      if (it.rows > 1) assert_true(it.page_stride >= it.bytes && it.piece_stride >= it.bytes);
+      item_bytes += uint64_t{it.rows} * it.bytes;
     }
     assert_int_equal(item_bytes, seg_bytes);
     assert_int_equal(seg_bytes, piece_bytes);
   }
   for (const CopyItem &it : items) {
-    // A segment aligned to 16 bytes on both sides gives items aligned the same way.
-    const auto seg =
-        std::find_if(plans[it.chunk].begin(), plans[it.chunk].end(), [&](const CopySegment &s) {
-          return it.piece_offset >= s.piece_offset && it.piece_offset < s.piece_offset + s.bytes;
-        });
-    assert_true(seg != plans[it.chunk].end());
-    assert_int_equal(it.page_offset - seg->page_offset, it.piece_offset - seg->piece_offset);
-    assert_int_equal((it.piece_offset - seg->piece_offset) % swiftkv::kItemBytes, 0);
+    // Every row lies in one segment at the segment's own distance between page and piece (a
+    // joined row is a whole segment; a cut one starts a multiple of kItemBytes into it, so a
+    // segment aligned to 16 bytes on both sides gives rows aligned the same way).
+    for (uint32_t r = 0; r < it.rows; ++r) {
+      const uint64_t page = it.page_offset + uint64_t{r} * it.page_stride;
+      const uint64_t piece = it.piece_offset + uint64_t{r} * it.piece_stride;
+      const auto seg =
+          std::find_if(plans[it.chunk].begin(), plans[it.chunk].end(), [&](const CopySegment &s) {
+            return piece >= s.piece_offset && piece < s.piece_offset + s.bytes;
+          });
+      assert_true(seg != plans[it.chunk].end());
+      assert_int_equal(page - seg->page_offset, piece - seg->piece_offset);
+      assert_int_equal((piece - seg->piece_offset) % swiftkv::kItemBytes, 0);
+      assert_true(piece + it.bytes <= seg->piece_offset + seg->bytes);
+      if (it.rows > 1) assert_int_equal(it.bytes, seg->bytes);
+    }
   }
 
   // Scatter of a prefix: only those chunks' pages change, exactly as the plans put them.
@@ -224,6 +234,8 @@ void every_layout_moves_the_plans_bytes(void **) {
       {Kind::nhd, 16, 8, 128, 2},        {Kind::nhd, 1, 4, 64, 2},    {Kind::hnd, 16, 8, 128, 2},
       {Kind::hnd, 256, 2, 128, 2},       {Kind::vllm, 16, 8, 128, 2}, {Kind::vllm, 4, 3, 5, 1},
       {Kind::cross_layer, 16, 2, 64, 4}, {Kind::hnd, 8, 3, 6, 1},     {Kind::nhd, 32, 1, 2, 1},
+      // HND rows of 3 words (a warp step ends mid-row) and of 64 words (a row takes two steps).
+      {Kind::hnd, 4, 5, 24, 2},          {Kind::hnd, 2, 3, 512, 2},
   };
   uint64_t seed = 1;
   for (const Case &c : cases) {
@@ -248,6 +260,57 @@ void a_long_segment_is_cut_at_item_size(void **) {
   items.clear();
   swiftkv::append_copy_items(segs, 0, 0, items);
   assert_int_equal(items.size(), 0);
+}
+
+// HND's segments (a token's heads: 256 bytes each, heads a page's head stride apart in the pages
+// and next to each other in the piece) are joined into rows, up to kItemBytes an item; what
+// breaks the spacing or the size starts a new item, and no item spans two chunks.
+void evenly_spaced_segments_become_rows(void **) {
+  std::vector<uint64_t> segs;
+  for (uint64_t t = 0; t < 2; ++t) {
+    for (uint64_t h = 0; h < 20; ++h) {  // 20 heads: 16 rows fill an item, 4 more start one
+      segs.insert(segs.end(), {h * 4096 + t * 256, (t * 20 + h) * 256, 256});
+    }
+  }
+  std::vector<CopyItem> items;
+  swiftkv::append_copy_items(segs.data(), segs.size() / 3, 3, items);
+  // Token 0: heads 0-15, then 16-19; token 1 starts again at page offset 256, which is not the
+  // next row of token 0's second item.
+  assert_int_equal(items.size(), 4);
+  const uint16_t rows[] = {16, 4, 16, 4};
+  const uint64_t page[] = {0, 16 * 4096, 256, 16 * 4096 + 256};
+  const uint64_t piece[] = {0, 16 * 256, 20 * 256, 36 * 256};
+  for (size_t k = 0; k < items.size(); ++k) {
+    assert_int_equal(items[k].rows, rows[k]);
+    assert_int_equal(items[k].bytes, 256);
+    assert_int_equal(items[k].page_offset, page[k]);
+    assert_int_equal(items[k].piece_offset, piece[k]);
+    assert_int_equal(items[k].page_stride, 4096);
+    assert_int_equal(items[k].piece_stride, 256);
+    assert_int_equal(items[k].chunk, 3);
+  }
+  // The next chunk's items start afresh even where its segments would continue the spacing.
+  const uint64_t next[] = {20 * 4096 + 256, 40 * 256, 256};
+  swiftkv::append_copy_items(next, 1, 4, items);
+  assert_int_equal(items.size(), 5);
+  assert_int_equal(items[4].rows, 1);
+  assert_int_equal(items[4].chunk, 4);
+  // Without joining (a chunk decoded on the device), one row an item.
+  items.clear();
+  swiftkv::append_copy_items(segs.data(), segs.size() / 3, 0, items, false);
+  assert_int_equal(items.size(), 40);
+  for (const CopyItem &it : items) {
+    assert_int_equal(it.rows, 1);
+    assert_int_equal(it.page_stride, 0);
+  }
+  // A segment of another size, one that would overlap the row before it, and one going
+  // backwards are not joined: five segments, five items of one row.
+  const uint64_t odd[] = {0,   0,    256, 4096, 256, 128,  8192, 512,
+                          256, 8292, 768, 256,  100, 1024, 256};
+  items.clear();
+  swiftkv::append_copy_items(odd, 5, 0, items);
+  assert_int_equal(items.size(), 5);
+  for (const CopyItem &it : items) assert_int_equal(it.rows, 1);
 }
 
 // Smooth f16/bf16 values with per-channel offsets, as KV looks (codecs refuse NaN and inf).
@@ -351,6 +414,7 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_layout_moves_the_plans_bytes),
       cmocka_unit_test(a_long_segment_is_cut_at_item_size),
+      cmocka_unit_test(evenly_spaced_segments_become_rows),
       cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
