@@ -231,11 +231,18 @@ void check_case(const Case &c, uint64_t seed) {
 
 void every_layout_moves_the_plans_bytes(void **) {
   const Case cases[] = {
-      {Kind::nhd, 16, 8, 128, 2},        {Kind::nhd, 1, 4, 64, 2},    {Kind::hnd, 16, 8, 128, 2},
-      {Kind::hnd, 256, 2, 128, 2},       {Kind::vllm, 16, 8, 128, 2}, {Kind::vllm, 4, 3, 5, 1},
-      {Kind::cross_layer, 16, 2, 64, 4}, {Kind::hnd, 8, 3, 6, 1},     {Kind::nhd, 32, 1, 2, 1},
+      {Kind::nhd, 16, 8, 128, 2},
+      {Kind::nhd, 1, 4, 64, 2},
+      {Kind::hnd, 16, 8, 128, 2},
+      {Kind::hnd, 256, 2, 128, 2},
+      {Kind::vllm, 16, 8, 128, 2},
+      {Kind::vllm, 4, 3, 5, 1},
+      {Kind::cross_layer, 16, 2, 64, 4},
+      {Kind::hnd, 8, 3, 6, 1},
+      {Kind::nhd, 32, 1, 2, 1},
       // HND rows of 3 words (a warp step ends mid-row) and of 64 words (a row takes two steps).
-      {Kind::hnd, 4, 5, 24, 2},          {Kind::hnd, 2, 3, 512, 2},
+      {Kind::hnd, 4, 5, 24, 2},
+      {Kind::hnd, 2, 3, 512, 2},
   };
   uint64_t seed = 1;
   for (const Case &c : cases) {
