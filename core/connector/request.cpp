@@ -328,8 +328,13 @@ void Request::start_load(void *stream) {
     started_ = true;
     if (info_.stream_ordered) {
       enqueue_device_load_locked(0, -1);
-    } else {
+    } else if (loads_.empty()) {
       for (uint32_t l = 0; l < layers_; ++l) enqueue_device_load_locked(l, -1);
+    } else {
+      // The rest are enqueued by wait_layer_load, as the engine goes: the engine's first layer
+      // is not held up behind every layer's copies and kernel launches (a millisecond of host
+      // work for 64 layers), and the staging buffers are two layers deep anyway.
+      enqueue_device_loads_to_locked(std::min(layers_, kDeviceLoadsAhead));
     }
     return;
   }
@@ -401,6 +406,9 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream, bool check_captu
   check_wait_layer_load_locked(layer);
   if (device()) {
     if (check_capture) refuse_capture(stream, "wait_layer_load");
+    if (!info_.stream_ordered && !loads_.empty()) {
+      enqueue_device_loads_to_locked(std::min(layers_, layer + 1 + kDeviceLoadsAhead));
+    }
     if (loads_.empty()) {
       // Nothing was loaded. With stream pages the engine is about to write this layer into the
       // memory that the previous layer's gather reads: it waits for that gather.
@@ -545,6 +553,10 @@ void Request::make_device_transfer() {
 // Enqueues the loads of one layer for the chunks still valid: disk chunks are staged (read and
 // checked) first, on this thread if the early read has not finished; a lent chunk whose lease is
 // gone, or a disk chunk that fails its check, ends the valid prefix there.
+void Request::enqueue_device_loads_to_locked(uint32_t end) {
+  while (device_loads_enqueued_ < end) enqueue_device_load_locked(device_loads_enqueued_++, -1);
+}
+
 void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
   if (loads_.empty()) {
     load_submitted_[layer] = true;

@@ -165,6 +165,10 @@ class Request {
   // The device path.
   void make_device_transfer();
   void enqueue_device_load_locked(uint32_t layer, int after_save_layer);
+  // Enqueues the device loads of layers device_loads_enqueued_ .. end - 1, in order.
+  void enqueue_device_loads_to_locked(uint32_t end);
+  // How many layers' device loads are enqueued ahead of the one the engine waits for.
+  static constexpr uint32_t kDeviceLoadsAhead = 2;
   bool device() const noexcept { return pool_->layout().device >= 0; }
 
   ChunkCache &cache_;
@@ -192,6 +196,9 @@ class Request {
   uint32_t layers_load_done_ = 0;  // layers whose loads all finished
   uint64_t tasks_in_flight_ = 0;
   bool started_ = false, save_done_ = false;
+  // Device loads not ordered by stream pages: layers below this are enqueued. start_load
+  // enqueues the first kDeviceLoadsAhead, each wait_layer_load(l) up to l + kDeviceLoadsAhead.
+  uint32_t device_loads_enqueued_ = 0;
   RequestInfo info_;
 };
 
