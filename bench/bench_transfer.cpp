@@ -264,18 +264,25 @@ void compute_layer(double seconds, void *stream) {
   spin_for(seconds);
 }
 
-// One request over tokens [0, n) with the given pages, over `layers` layers, with `compute_s` of
-// compute after each wait_layer_load (an engine's layer: compute_layer); returns seconds from
-// begin to finish.
-double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
-                   const std::vector<int32_t> &pages, uint64_t *loaded, uint64_t *saved,
-                   void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0) {
+// A request of `tokens` over `pages` of `pool`.
+swiftkv_request_desc request_desc(uint32_t pool, const std::vector<uint32_t> &tokens,
+                                  const std::vector<int32_t> &pages) {
   swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
   d.pool = pool;
   d.tokens = tokens.data();
   d.n_tokens = tokens.size();
   d.pages = pages.data();
   d.n_pages = pages.size();
+  return d;
+}
+
+// One request over tokens [0, n) with the given pages, over `layers` layers, with `compute_s` of
+// compute after each wait_layer_load (an engine's layer: compute_layer); returns seconds from
+// begin to finish.
+double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
+                   const std::vector<int32_t> &pages, uint64_t *loaded, uint64_t *saved,
+                   void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0) {
+  const swiftkv_request_desc d = request_desc(pool, tokens, pages);
   const double t0 = now_s();
   uint64_t req = 0;
   check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
@@ -459,6 +466,7 @@ struct Overlap {
   double factor;                          // compute per layer / transfer per layer
   double transfer_ms;                     // per layer, measured
   double compute_ms = 0;                  // per layer, the engine's compute alone, measured
+  double start_ms = 0;                    // the host time of start_load, median of 5
   double hidden_med = 0, hidden_min = 0;  // hidden / hideable, t the library's own load
   double hidden_limit = 0;                // the same, t at the machine's copy limit
 };
@@ -477,6 +485,33 @@ double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_
     std::exit(1);
   }
   return t;
+}
+
+// The host time of swiftkv_start_load alone for a request of `layers` layers whose chunks are all
+// cached, median of 5 after a warm-up: what holds the engine's first layer back.
+double start_load_host_s(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
+                         const std::vector<int32_t> &pages, uint32_t layers, void *stream) {
+  std::vector<double> times;
+  for (int rep = 0; rep <= 5; ++rep) {
+    const swiftkv_request_desc d = request_desc(pool, tokens, pages);
+    uint64_t req = 0, valid = 0, saved = 0;
+    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+    const double t0 = now_s();
+    check(swiftkv_start_load(ctx, req, stream), "start_load");
+    const double t = now_s() - t0;
+    for (uint32_t l = 0; l < layers; ++l) {
+      check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
+      check(swiftkv_save_layer(ctx, req, l, stream), "save_layer");
+    }
+    check(swiftkv_wait_save(&saved, ctx, req, stream), "wait_save");
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+#endif
+    check(swiftkv_request_finish(nullptr, ctx, req), "request_finish");
+    if (rep > 0) times.push_back(t);
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
 }
 
 // The engine's compute alone: `layers` layers of `comp` seconds each (compute_layer), the
@@ -566,9 +601,11 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
   }
   // The copy limit: the faster of the two ways to copy the bytes, as in the table above.
   CopyLimit limit(bytes, 16, threads);
-  const std::vector<Overlap> out = overlap_rows(
+  std::vector<Overlap> out = overlap_rows(
       layers, reps, [&] { return std::min(limit.per_page_s(), limit.large_s()); },
       [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp); }, nullptr);
+  const double start_s = start_load_host_s(ctx, pool, tokens, pages, layers, nullptr);
+  for (Overlap &o : out) o.start_ms = start_s * 1e3;
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   return out;
@@ -632,7 +669,7 @@ std::vector<Overlap> measure_device_overlap(uint32_t layers, uint32_t chunks, in
     die("the device pipeline's copy buffers");
   }
   std::memset(pinned, 1, bytes);
-  const std::vector<Overlap> out = overlap_rows(
+  std::vector<Overlap> out = overlap_rows(
       layers, reps,
       [&] {
         const double t0 = now_s();
@@ -641,6 +678,8 @@ std::vector<Overlap> measure_device_overlap(uint32_t layers, uint32_t chunks, in
         return now_s() - t0;
       },
       [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp, s); }, s);
+  const double start_s = start_load_host_s(ctx, pool, tokens, pages, layers, s);
+  for (Overlap &o : out) o.start_ms = start_s * 1e3;
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
   cudaFreeHost(pinned);
@@ -1000,14 +1039,15 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
       "each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
       "layer 0's load having nothing to hide under; t the library's own load with no compute "
       "(median/min),\nor a layer's bytes at the copy limit (%s); c the compute alone "
-      "(measured: c_ms); all in the same %d repetitions\n",
+      "(measured: c_ms); all in the same %d repetitions; start_ms: the host time of start_load\n",
       backend, chunks, host ? "a busy wait" : "a kernel spinning on the engine's stream",
       host ? "the faster memcpy" : "one pinned-to-device copy of the bytes", reps);
-  std::printf("%7s %6s %14s %8s %16s %18s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
-              "hidden_fraction", "vs_copy_limit");
+  std::printf("%7s %6s %14s %8s %16s %18s %9s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
+              "hidden_fraction", "vs_copy_limit", "start_ms");
   for (const Overlap &o : rows) {
-    std::printf("%7u %6.1f %14.3f %8.3f %8.3f/%7.3f %18.3f\n", o.layers, o.factor, o.transfer_ms,
-                o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit);
+    std::printf("%7u %6.1f %14.3f %8.3f %8.3f/%7.3f %18.3f %9.3f\n", o.layers, o.factor,
+                o.transfer_ms, o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit,
+                o.start_ms);
   }
 }
 
@@ -1032,9 +1072,9 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
     std::printf(
         "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
         "\"compute_ms\":%.4f,\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
-        "\"hidden_vs_copy_limit\":%.4f}",
+        "\"hidden_vs_copy_limit\":%.4f,\"start_load_ms\":%.4f}",
         i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].compute_ms,
-        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit);
+        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit, ov[i].start_ms);
   }
   std::printf("]}\n");
 }
