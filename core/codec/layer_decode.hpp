@@ -170,6 +170,12 @@ SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
   const uint32_t kv = e >= n ? 1u : 0u;
   const uint64_t i = e - kv * n;
   const uint64_t row = uint64_t{s.heads} * s.dim;
+  // A layer's tensor is far below 2^32 elements in practice: a 32-bit division there (a 64-bit
+  // one is a long software routine on a GPU, and the decoder divides once per 8 elements).
+  if (i <= UINT32_MAX && row <= UINT32_MAX) {
+    const auto i32 = static_cast<uint32_t>(i), row32 = static_cast<uint32_t>(row);
+    return {kv, i32 / row32, i32 % row32, i};
+  }
   return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
 }
 
@@ -188,7 +194,10 @@ struct KiviParts {
 };
 SWIFTKV_HD KiviParts kivi_parts(const LayerShape &s, uint32_t encoding) {
   const uint32_t bits = layer_bits(encoding), glog = layer_group_log2(encoding);
-  return {bits, glog, kivi_code_bytes(s, bits), kivi_key_pair_bytes(s, 1u << glog)};
+  // kivi_key_pair_bytes with the group's power of two as a shift: the decoder makes these parts
+  // once per 8 elements, and a 64-bit division by a variable is a long routine on a GPU.
+  const uint64_t key_groups = (uint64_t{s.tokens} + (1u << glog) - 1) >> glog;
+  return {bits, glog, kivi_code_bytes(s, bits), key_groups * s.heads * s.dim * 4};
 }
 SWIFTKV_HD const uint8_t *kivi_codes(const uint8_t *p, const KiviParts &k, const LayerPos &at) {
   return p + (at.kv != 0 ? k.codes + k.key_pairs : 0);
