@@ -278,15 +278,18 @@ swiftkv_request_desc request_desc(uint32_t pool, const std::vector<uint32_t> &to
 
 // One request over tokens [0, n) with the given pages, over `layers` layers, with `compute_s` of
 // compute after each wait_layer_load (an engine's layer: compute_layer); returns seconds from
-// begin to finish.
+// begin to finish, and in *start_load_s (when given) the host time of start_load alone.
 double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
                    const std::vector<int32_t> &pages, uint64_t *loaded, uint64_t *saved,
-                   void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0) {
+                   void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0,
+                   double *start_load_s = nullptr) {
   const swiftkv_request_desc d = request_desc(pool, tokens, pages);
   const double t0 = now_s();
   uint64_t req = 0;
   check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
+  const double t_start = now_s();
   check(swiftkv_start_load(ctx, req, stream), "start_load");
+  if (start_load_s != nullptr) *start_load_s = now_s() - t_start;
   uint64_t valid = 0;
   for (uint32_t l = 0; l < layers; ++l) {
     check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
@@ -493,21 +496,9 @@ double start_load_host_s(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint
                          const std::vector<int32_t> &pages, uint32_t layers, void *stream) {
   std::vector<double> times;
   for (int rep = 0; rep <= 5; ++rep) {
-    const swiftkv_request_desc d = request_desc(pool, tokens, pages);
-    uint64_t req = 0, valid = 0, saved = 0;
-    check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
-    const double t0 = now_s();
-    check(swiftkv_start_load(ctx, req, stream), "start_load");
-    const double t = now_s() - t0;
-    for (uint32_t l = 0; l < layers; ++l) {
-      check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
-      check(swiftkv_save_layer(ctx, req, l, stream), "save_layer");
-    }
-    check(swiftkv_wait_save(&saved, ctx, req, stream), "wait_save");
-#if defined(SWIFTKV_BENCH_HAVE_CUDA)
-    if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-#endif
-    check(swiftkv_request_finish(nullptr, ctx, req), "request_finish");
+    uint64_t loaded = 0, saved = 0;
+    double t = 0;
+    run_request(ctx, pool, tokens, pages, &loaded, &saved, stream, layers, 0, &t);
     if (rep > 0) times.push_back(t);
   }
   std::sort(times.begin(), times.end());

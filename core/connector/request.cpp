@@ -328,13 +328,12 @@ void Request::start_load(void *stream) {
     started_ = true;
     if (info_.stream_ordered) {
       enqueue_device_load_locked(0, -1);
-    } else if (loads_.empty()) {
-      for (uint32_t l = 0; l < layers_; ++l) enqueue_device_load_locked(l, -1);
     } else {
-      // The rest are enqueued by wait_layer_load, as the engine goes: the engine's first layer
-      // is not held up behind every layer's copies and kernel launches (a millisecond of host
-      // work for 64 layers), and the staging buffers are two layers deep anyway.
-      enqueue_device_loads_to_locked(std::min(layers_, kDeviceLoadsAhead));
+      // With something to copy the rest are enqueued by wait_layer_load, as the engine goes: the
+      // engine's first layer is not held up behind every layer's copies and kernel launches, and
+      // the staging buffers are two layers deep anyway. With nothing, every layer is done now.
+      enqueue_device_loads_to_locked(loads_.empty() ? layers_
+                                                    : std::min(layers_, kDeviceLoadsAhead));
     }
     return;
   }
@@ -406,7 +405,7 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream, bool check_captu
   check_wait_layer_load_locked(layer);
   if (device()) {
     if (check_capture) refuse_capture(stream, "wait_layer_load");
-    if (!info_.stream_ordered && !loads_.empty()) {
+    if (!info_.stream_ordered) {
       enqueue_device_loads_to_locked(std::min(layers_, layer + 1 + kDeviceLoadsAhead));
     }
     if (loads_.empty()) {
@@ -550,13 +549,13 @@ void Request::make_device_transfer() {
   dev_ = DeviceTransfer::create(lanes, layers_, piece_bytes_, std::move(load), std::move(save));
 }
 
-// Enqueues the loads of one layer for the chunks still valid: disk chunks are staged (read and
-// checked) first, on this thread if the early read has not finished; a lent chunk whose lease is
-// gone, or a disk chunk that fails its check, ends the valid prefix there.
 void Request::enqueue_device_loads_to_locked(uint32_t end) {
   while (device_loads_enqueued_ < end) enqueue_device_load_locked(device_loads_enqueued_++, -1);
 }
 
+// Enqueues the loads of one layer for the chunks still valid: disk chunks are staged (read and
+// checked) first, on this thread if the early read has not finished; a lent chunk whose lease is
+// gone, or a disk chunk that fails its check, ends the valid prefix there.
 void Request::enqueue_device_load_locked(uint32_t layer, int after_save_layer) {
   if (loads_.empty()) {
     load_submitted_[layer] = true;

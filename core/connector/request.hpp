@@ -197,7 +197,8 @@ class Request {
   uint64_t tasks_in_flight_ = 0;
   bool started_ = false, save_done_ = false;
   // Device loads not ordered by stream pages: layers below this are enqueued. start_load
-  // enqueues the first kDeviceLoadsAhead, each wait_layer_load(l) up to l + kDeviceLoadsAhead.
+  // enqueues the first kDeviceLoadsAhead (every layer when nothing is copied), each
+  // wait_layer_load(l) up to l + kDeviceLoadsAhead.
   uint32_t device_loads_enqueued_ = 0;
   RequestInfo info_;
 };
