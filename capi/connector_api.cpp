@@ -154,12 +154,11 @@ std::vector<int32_t> request_pages(const swiftkv_request_desc &d, uint64_t block
 swiftkv::RequestSpec request_spec(const swiftkv_request_desc &d, int32_t shape,
                                   const swiftkv::capi::RegisteredPool &rp,
                                   const swiftkv::capi::RegisteredModel &m) {
-  const uint64_t chunk = m.geometry.chunk_tokens;
-  std::vector<int32_t> pages =
-      request_pages(d, m.geometry.block_tokens, rp.pool->layout().num_pages);
-  if (d.load_from_tokens % chunk != 0 || d.load_from_tokens > d.n_tokens) {
+  const uint64_t block = m.geometry.block_tokens;
+  std::vector<int32_t> pages = request_pages(d, block, rp.pool->layout().num_pages);
+  if (d.load_from_tokens % block != 0 || d.load_from_tokens > d.n_tokens) {
     swiftkv::fail_invalid("desc->load_from_tokens (" + std::to_string(d.load_from_tokens) +
-                          ") is not a chunk boundary within the " + std::to_string(d.n_tokens) +
+                          ") is not a block boundary within the " + std::to_string(d.n_tokens) +
                           " tokens");
   }
   swiftkv::RequestSpec spec;

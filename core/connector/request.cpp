@@ -31,22 +31,25 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   start_disk_reads();
 }
 
-std::vector<CopySegment> Request::plan_for(size_t c) {
+std::vector<CopySegment> Request::plan_for(size_t c, uint32_t first_token) {
   const PageLayout &layout = pool_->layout();
   const ModelGeometry &g = pool_->geometry();
   const uint64_t pages_per_chunk = g.chunk_tokens / g.block_tokens;
   const auto pages =
       std::span<const int32_t>(spec_.pages).subspan(c * pages_per_chunk, pages_per_chunk);
   // A chunk copied into or out of stream pages orders each layer's load after the last save.
-  for (int32_t p : pages) {
+  for (int32_t p : pages.subspan(first_token / g.block_tokens)) {
     if (layout.is_stream(static_cast<uint32_t>(p))) info_.stream_ordered = true;
   }
-  return chunk_copy_plan(layout, pages, g.chunk_tokens);
+  return chunk_copy_plan(layout, pages, g.chunk_tokens, first_token);
 }
 
-// The loads: the cached run from load_from, each chunk held until the request ends.
+// The loads: the cached run from load_from, each chunk held until the request ends. A load_from
+// inside a chunk (a block boundary: the engine has the blocks before it) loads that chunk's
+// tokens from load_from on and leaves the pages before it alone.
 void Request::hold_loads(const GeometrySizes &sizes) {
   const size_t first = spec_.load_from / chunk_tokens_;
+  const auto skip = static_cast<uint32_t>(spec_.load_from % chunk_tokens_);
   bool tiers_used[kTierCount] = {};
   for (size_t c = first; spec_.load && c < spec_.keys.size(); ++c) {
     std::optional<ChunkUse> use = cache_.begin_read(spec_.keys[c]);
@@ -63,7 +66,7 @@ void Request::hold_loads(const GeometrySizes &sizes) {
     }
     loads_.push_back(std::make_unique<LoadChunk>(cache_, spec_.keys[c], *use));
     LoadChunk &l = *loads_.back();
-    l.plan = plan_for(c);
+    l.plan = plan_for(c, c == first ? skip : 0);
     // An encoded chunk is staged (read and decoded into host memory) as a disk chunk is, unless
     // a device pool decodes it: then its frame goes to the device as stored, from host memory in
     // place (checked here) or read from the disk into staging (checked as it is read).
@@ -83,8 +86,8 @@ void Request::hold_loads(const GeometrySizes &sizes) {
     tiers_used[tier_slot(use->where.tier)] = true;
     if (lent(use->where.tier)) peer_loads_ = true;
   }
-  info_.load_begin = first * chunk_tokens_;
-  info_.load_end = info_.load_begin + loads_.size() * chunk_tokens_;
+  info_.load_begin = spec_.load_from;
+  info_.load_end = std::max(spec_.load_from, (first + loads_.size()) * chunk_tokens_);
   info_.valid_end = info_.load_end;
   for (size_t t = 0; t < kTierCount; ++t) {
     if (tiers_used[t]) {
@@ -432,7 +435,8 @@ uint64_t Request::wait_layer_load(uint32_t layer, void *stream, bool check_captu
   info_.layers_loaded = layer + 1;
   const size_t bad = first_failed_.load();
   if (bad < loads_.size()) {
-    info_.valid_end = std::min(info_.valid_end, info_.load_begin + bad * chunk_tokens_);
+    const uint64_t bad_begin = (spec_.load_from / chunk_tokens_ + bad) * chunk_tokens_;
+    info_.valid_end = std::min(info_.valid_end, std::max(info_.load_begin, bad_begin));
   }
   return info_.valid_end;
 }

@@ -22,7 +22,7 @@
 namespace swiftkv {
 
 struct RequestInfo {
-  uint64_t load_begin = 0;      // first token loaded (a chunk boundary)
+  uint64_t load_begin = 0;      // first token loaded (load_from, a block boundary)
   uint64_t load_end = 0;        // end of the cached run found at begin
   uint64_t valid_end = 0;       // [load_begin, valid_end) was loaded intact in every layer so far
   uint64_t save_tokens = 0;     // tokens in the chunks this request will save
@@ -38,7 +38,7 @@ struct RequestSpec {
   std::vector<ChunkKey> keys;  // of the full chunks of the tokens
   std::vector<int32_t> pages;  // checked by the caller: in range, distinct, enough of them
   uint64_t n_tokens = 0;
-  uint64_t load_from = 0;  // a chunk boundary
+  uint64_t load_from = 0;  // a block boundary: the pages before it are the engine's
   // The request's shape: both (the engine's per-layer loop), loads only (the cached prefix into
   // the pages, nothing saved) or saves only (pages the engine computed, nothing loaded). A
   // shape without one half cannot use stream pages (no call says when a layer is done with).
@@ -147,7 +147,8 @@ class Request {
   void check_stream_pages() const;
   void start_disk_reads();
   // The copy plan of chunk c between its pages and a chunk's bytes; notes stream pages.
-  std::vector<CopySegment> plan_for(size_t c);
+  // Chunk c's segments, from token first_token of the chunk on.
+  std::vector<CopySegment> plan_for(size_t c, uint32_t first_token = 0);
 
   void submit_load_locked(uint32_t layer);
   void submit_save_locked(uint32_t layer);

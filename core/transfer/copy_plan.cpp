@@ -6,12 +6,16 @@
 namespace swiftkv {
 
 std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const int32_t> pages,
-                                         uint32_t chunk_tokens) {
+                                         uint32_t chunk_tokens, uint32_t first_token) {
   std::vector<CopySegment> plan;
   const uint64_t row = uint64_t{l.head_dim} * l.dtype_bytes;  // one head of one token
   uint64_t piece = 0;
   for (uint32_t c = 0; c < 2; ++c) {
     for (uint32_t t = 0; t < chunk_tokens; ++t) {
+      if (t < first_token) {
+        piece += row * l.heads;
+        continue;
+      }
       const auto page = static_cast<uint32_t>(pages[t / l.page_tokens]);
       for (uint32_t h = 0; h < l.heads; ++h, piece += row) {
         const uint64_t at = l.offset(page, c, t % l.page_tokens, h);

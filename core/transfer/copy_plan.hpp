@@ -23,9 +23,11 @@ struct CopySegment {
 // The segments of one chunk. A chunk's layer piece is (2, chunk_tokens, H, D) elements, K before
 // V; `pages` are the pool pages of its chunk_tokens / page_tokens blocks, in order. Runs that are
 // contiguous on both sides are merged, so a layout with whole contiguous pages needs one segment
-// per page and K or V, and consecutive pages of vLLM's layout merge further.
+// per page and K or V, and consecutive pages of vLLM's layout merge further. Tokens before
+// `first_token` (a load that starts inside the chunk) have no segments: their pages are not
+// touched.
 std::vector<CopySegment> chunk_copy_plan(const PageLayout &layout, std::span<const int32_t> pages,
-                                         uint32_t chunk_tokens);
+                                         uint32_t chunk_tokens, uint32_t first_token = 0);
 
 // Chunk piece -> pages of one layer, and back. The CPU twin of the gather/scatter kernel.
 void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece,

@@ -1425,8 +1425,11 @@ typedef struct swiftkv_request_desc {
   uint64_t n_tokens;
   const int32_t *pages;       /* pages[b]: the pool page of tokens [b*B, (b+1)*B); distinct */
   uint64_t n_pages;           /* at least ceil(n_tokens / block_tokens); extra ones unused */
-  uint64_t load_from_tokens;  /* a chunk boundary where loading starts: 0, or the
-                                 dropped_head_tokens of swiftkv_lookup */
+  uint64_t load_from_tokens;  /* a block boundary where loading starts: 0, the
+                                 dropped_head_tokens of swiftkv_lookup, or the end of the blocks
+                                 the engine holds already (its own prefix cache). Inside a
+                                 chunk, that chunk loads from here on and the pages before
+                                 load_from_tokens are not touched */
   /* Version 2. */
   swiftkv_request_shape shape; /* default SWIFTKV_REQUEST_LOAD_AND_SAVE. A load-only or
                                   save-only request cannot use stream pages (EINVAL): they hold
@@ -1476,7 +1479,7 @@ typedef struct swiftkv_request_info {
 SWIFTKV_API void swiftkv_request_info_init(swiftkv_request_info *out);
 
 /* Begins a request; *request_out is its id. EINVAL: tokens, pages (out of the pool, repeated,
- * too few) or load_from_tokens (not a chunk boundary, past the tokens) are wrong; ENOTFOUND: an
+ * too few) or load_from_tokens (not a block boundary, past the tokens) are wrong; ENOTFOUND: an
  * unknown pool; EBUSY: config->max_open_requests requests are open (nothing held or reserved). */
 SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_ctx *ctx,
                                                  const swiftkv_request_desc *desc);

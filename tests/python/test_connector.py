@@ -133,6 +133,21 @@ def test_load_only_and_save_only(ctx, small_model):
         for p in pages:
             assert np.array_equal(layers[l][:, p], want[l][:, p])
     assert ctx.stats()["stores"] == 3
+    # An engine with the first block in its own prefix cache loads from token 16, inside the
+    # first chunk: its page is left alone, the others arrive.
+    for l in layers:
+        l[:] = 0
+    with m.request(pool, tokens, pages, load_from_tokens=16,
+                   shape=swiftkv.RequestShape.LOAD_ONLY) as r:
+        r.start_load()
+        assert [r.wait_layer_load(l) for l in range(2)] == [96, 96]
+        assert r.info()["load_begin_tokens"] == 16
+    for l in range(2):
+        assert not layers[l][:, pages[0]].any()
+        for p in pages[1:]:
+            assert np.array_equal(layers[l][:, p], want[l][:, p])
+    with pytest.raises(swiftkv.InvalidArgument, match="not a block boundary"):
+        m.request(pool, tokens, pages, load_from_tokens=8)
 
 
 def test_batch_hooks(ctx, small_model):

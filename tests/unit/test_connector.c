@@ -459,22 +459,14 @@ static void created_pool_aliases_stream_pages(void **state) {
 
 /* The disk copy of chunk 1 has a flipped byte: it is never loaded, the valid prefix ends at it,
  * and the failure is counted. */
-static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
-  (void)state;
-  struct engine e;
-  engine_up(&e, NHD, 1 << 20, 1);
-  uint32_t tokens[3 * CHUNK];
-  fill_tokens(tokens, 3 * CHUNK, 2);
-  int32_t pages[6];
-  pick_pages(pages, 6, 0, PAGES, 3);
-  run_turn(&e, tokens, 3 * CHUNK, pages, 2, 0, NULL);
-  chunk_1_to_disk(&e, tokens);
-  DIR *dir = opendir(e.dir);
+/* Flips a bit in the payload of chunk 1 on disk, after chunk_1_to_disk. */
+static void corrupt_disk_chunk_1(const struct engine *e) {
+  DIR *dir = opendir(e->dir);
   struct dirent *de;
   char path[512] = "";
   while ((de = readdir(dir)) != NULL) {
     if (strstr(de->d_name, ".kvlog") != NULL) {
-      snprintf(path, sizeof path, "%s/%s", e.dir, de->d_name);
+      snprintf(path, sizeof path, "%s/%s", e->dir, de->d_name);
     }
   }
   closedir(dir);
@@ -490,6 +482,19 @@ static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
   fseek(f, at, SEEK_SET);
   fputc(byte ^ 0x40, f);
   fclose(f);
+}
+
+static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 1);
+  uint32_t tokens[3 * CHUNK];
+  fill_tokens(tokens, 3 * CHUNK, 2);
+  int32_t pages[6];
+  pick_pages(pages, 6, 0, PAGES, 3);
+  run_turn(&e, tokens, 3 * CHUNK, pages, 2, 0, NULL);
+  chunk_1_to_disk(&e, tokens);
+  corrupt_disk_chunk_1(&e);
 
   engine_scramble(&e);
   pick_pages(pages, 6, 0, PAGES, 4);
@@ -510,6 +515,71 @@ static void corrupt_disk_chunk_ends_the_valid_prefix(void **state) {
   assert_int_equal(res[1], SWIFTKV_TIER_DROPPED);
   assert_int_equal(lr.prefix_tokens, CHUNK);
   engine_down(&e);
+}
+
+/* An engine with the first blocks of a prompt in its own prefix cache loads from the end of them,
+ * inside a chunk: that chunk's later tokens are loaded, the engine's blocks before them are not
+ * touched (other requests may be reading them), and a failure of that chunk leaves nothing valid
+ * past load_from. */
+static void load_from_inside_a_chunk(enum layout layout) {
+  struct engine e;
+  engine_up(&e, layout, 1 << 20, 1);
+  uint32_t tokens[6 * CHUNK];
+  fill_tokens(tokens, 6 * CHUNK, 5);
+  int32_t pages[12];
+  pick_pages(pages, 12, 0, PAGES, 5);
+  run_turn(&e, tokens, 4 * CHUNK, pages, 5, 0, NULL);
+  chunk_1_to_disk(&e, tokens);
+
+  for (int corrupt = 0; corrupt < 2; ++corrupt) {
+    if (corrupt) corrupt_disk_chunk_1(&e);
+    engine_scramble(&e); /* 0xEEEE everywhere: the engine's own blocks, as far as we know */
+    pick_pages(pages, 12, 0, PAGES, 6 + (uint32_t)corrupt);
+    const uint64_t from = CHUNK + BLOCK; /* the engine holds tokens [0, 12) */
+    const uint64_t req =
+        begin_shaped(&e, tokens, 6 * CHUNK, pages, from, SWIFTKV_REQUEST_LOAD_AND_SAVE);
+    assert_ok(swiftkv_start_load(e.ctx, req, NULL));
+    swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+    assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
+    assert_int_equal(info.load_begin_tokens, from);
+    /* The first pass saves chunks 4 and 5, so the second finds all six. */
+    assert_int_equal(info.load_end_tokens, corrupt ? 6 * CHUNK : 4 * CHUNK);
+    assert_int_equal(info.save_tokens, corrupt ? 0 : 2 * CHUNK);
+    for (uint32_t l = 0; l < LAYERS; ++l) {
+      uint64_t valid_end = 0;
+      assert_ok(swiftkv_wait_layer_load(&valid_end, e.ctx, req, l, NULL));
+      assert_int_equal(valid_end, corrupt ? from : 4 * CHUNK);
+      assert_int_equal(engine_wrong(&e, pages, 5, l, from, valid_end), 0);
+      for (uint64_t t = 0; t < from; ++t) {
+        for (uint32_t c = 0; c < 2; ++c) {
+          for (uint32_t h = 0; h < HEADS; ++h) {
+            const uint16_t *x = element(&e, l, pages[t / BLOCK], c, (uint32_t)(t % BLOCK), h);
+            for (uint32_t d = 0; d < DIM; ++d) assert_int_equal(x[d], 0xEEEE);
+          }
+        }
+      }
+      engine_write(&e, pages, 5, l, 0, from);
+      engine_write(&e, pages, 5, l, valid_end, 6 * CHUNK);
+      assert_ok(swiftkv_save_layer(e.ctx, req, l, NULL));
+    }
+    uint64_t saved = 0;
+    assert_ok(swiftkv_wait_save(&saved, e.ctx, req, NULL));
+    assert_int_equal(saved, corrupt ? 0 : 2 * CHUNK);
+    assert_ok(swiftkv_request_finish(&info, e.ctx, req));
+    assert_int_equal(info.valid_end_tokens, corrupt ? from : 4 * CHUNK);
+  }
+  for (size_t i = 4; i < 6; ++i) assert_chunk_bytes(&e, tokens, 6 * CHUNK, 5, i);
+  engine_down(&e);
+}
+
+static void load_from_inside_a_chunk_nhd(void **state) {
+  (void)state;
+  load_from_inside_a_chunk(NHD);
+}
+
+static void load_from_inside_a_chunk_vllm(void **state) {
+  (void)state;
+  load_from_inside_a_chunk(VLLM);
 }
 
 static swiftkv_elastic *g_lender;
@@ -614,7 +684,7 @@ static void bad_input_changes_nothing(void **state) {
   d.n_pages = 4;
   d.load_from_tokens = 3;
   assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
-  assert_message_contains("not a chunk boundary");
+  assert_message_contains("not a block boundary");
   d.load_from_tokens = 0;
   d.pool = e.pool + 1;
   assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_ENOTFOUND);
@@ -1064,6 +1134,8 @@ int main(void) {
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(created_pool_aliases_stream_pages),
       cmocka_unit_test(corrupt_disk_chunk_ends_the_valid_prefix),
+      cmocka_unit_test(load_from_inside_a_chunk_nhd),
+      cmocka_unit_test(load_from_inside_a_chunk_vllm),
       cmocka_unit_test(lost_lent_memory_loads_nothing),
       cmocka_unit_test(clear_during_a_request_loses_nothing),
       cmocka_unit_test(bad_input_changes_nothing),

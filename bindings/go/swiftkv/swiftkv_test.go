@@ -638,7 +638,41 @@ func TestPoolsAndTheConnector(t *testing.T) {
 			}
 		}
 	}
+	// An engine holding the first block itself (its own prefix cache) loads from token 16, inside
+	// the first chunk: its block is left as it is, the rest arrives.
+	for l := 0; l < 2; l++ {
+		for i := range layer(l) {
+			layer(l)[i] = 0
+		}
+	}
+	rb := val(m.BeginShaped(p, tok, pages2, 16, LoadOnly))
+	noErr(t, rb.StartLoad(nil))
+	for l := 0; l < 2; l++ {
+		if v := val(rb.WaitLayerLoad(uint32(l), nil)); v != 96 {
+			t.Fatal(v)
+		}
+	}
+	if info := val(rb.Finish()); info.LoadBeginTokens != 16 {
+		t.Fatalf("%+v", info)
+	}
+	for l := 0; l < 2; l++ {
+		for tk := 0; tk < 96; tk++ {
+			for c := 0; c < 2; c++ {
+				for i := 0; i < 32; i++ {
+					want := value(l, c, tk, i)
+					if tk < 16 {
+						want = 0
+					}
+					if layer(l)[at(c, pages2[tk/16], (tk%16)*32+i)] != want {
+						t.Fatalf("load from 16: layer %d token %d", l, tk)
+					}
+				}
+			}
+		}
+	}
 	_, err := m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
+	wantStatus(t, err, EINVAL)
+	_, err = m.Begin(p, tok[:64], []int32{0, 1, 2, 3}, 8) // inside a block
 	wantStatus(t, err, EINVAL)
 	r3 := val(m.Begin(p, tok[:32], []int32{0, 1}, 0))
 	_, err = r3.WaitLayerLoad(0, nil)

@@ -542,8 +542,32 @@ fn pools_and_the_connector() {
             }
         }
     }
-    // Bad requests leave nothing behind.
+    // An engine holding the first block itself (its own prefix cache) loads from token 16,
+    // inside the first chunk: its block is left as it is, the rest arrives.
+    for l in layers.iter_mut() {
+        l.iter_mut().for_each(|x| *x = 0);
+    }
+    let r = m.request_shaped(&pool, &tokens, &pages2, 16, RequestShape::LoadOnly).unwrap();
+    r.start_load(Stream::HOST).unwrap();
+    for l in 0..2u32 {
+        assert_eq!(r.wait_layer_load(l, Stream::HOST).unwrap(), 96);
+    }
+    assert_eq!(r.info().unwrap().load_begin_tokens, 16);
+    drop(r);
+    for l in 0..2 {
+        for tok in 0..96 {
+            for c in 0..2 {
+                for i in 0..32 {
+                    let want = if tok < 16 { 0 } else { value(l, c, tok, i) };
+                    assert_eq!(layers[l][at(c, pages2[tok / 16], (tok % 16) * 32 + i)], want);
+                }
+            }
+        }
+    }
+    // Bad requests leave nothing behind: a page named twice, a start inside a block.
     assert_eq!(m.request(&pool, &tokens[..64], &[0, 0, 1, 2], 0).err().unwrap().status,
+               Status::EINVAL);
+    assert_eq!(m.request(&pool, &tokens[..64], &[0, 1, 2, 3], 8).err().unwrap().status,
                Status::EINVAL);
     assert_eq!(c.stats().unwrap().requests_open, 0);
     let r = m.request(&pool, &tokens[..32], &[0, 1], 0).unwrap();
