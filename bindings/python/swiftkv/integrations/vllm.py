@@ -1,0 +1,539 @@
+"""libswiftkv as a KV connector of vLLM's V1 engine: conversation prefixes cached in pinned host
+memory and on disk, found by the scheduler and loaded into vLLM's paged KV cache layer by layer
+while the model computes; what the model computes is saved layer by layer as it goes.
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "SwiftKVConnector",
+        "kv_connector_module_path": "swiftkv.integrations.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"host_budget_bytes": 17179869184}}'
+
+docs/vllm.md has the options (``kv_connector_extra_config``), what is supported and what is not.
+
+How vLLM's calls map onto the library:
+
+- Scheduler side. ``get_num_new_matched_tokens`` looks the request's tokens up
+  (``swiftkv_lookup``) and offers the cached run that follows vLLM's own prefix-cache hit, in
+  whole blocks, at most up to the last block before the final token (vLLM computes at least one
+  token). ``update_state_after_alloc`` records the load vLLM accepted; ``build_connector_meta``
+  gives the workers, per scheduled request, its tokens so far, its block ids, the tokens to load
+  and whether a chunk completes this step (then it is saved).
+- Worker side. ``register_kv_caches`` registers vLLM's per-layer KV tensors as one pool (their
+  layout read from the tensors: vLLM's [2, blocks, B, H, D] or [blocks, 2, B, H, D], NHD or HND
+  strides). Each step begins one library request per scheduled request that loads or saves
+  (load and save, or save only), ``start_load_kv`` starts the loads, ``wait_for_layer_load`` and
+  ``save_kv_layer`` are the library's per-layer hooks for the whole batch, and ``wait_for_save``
+  waits for the step's saves and ends its requests: saves are synchronous, so vLLM may free a
+  finished request's blocks at once (``request_finished`` returns False). A load that fails (a
+  chunk lost or corrupt) is reported by ``get_block_ids_with_load_errors``: exactly the blocks
+  from the first one not loaded intact to the end of the load, so that vLLM's
+  ``kv_load_failure_policy="recompute"`` recomputes from there.
+
+The scheduler and the worker share one library context, so they must run in one process: vLLM's
+single-process executor (one GPU per engine: tensor and pipeline parallel size 1). Calls out of
+the order vLLM makes them raise HookOrderError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import threading
+from typing import Any, Optional
+
+import numpy as np
+import torch
+import vllm
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+from vllm.logger import init_logger
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+import swiftkv
+
+_log = init_logger(__name__)
+
+__all__ = ["SwiftKVConnector", "SwiftKVConnectorMetadata", "HookOrderError", "SUPPORTED_VLLM",
+           "OPTIONS"]
+
+# The vLLM releases this connector is tested with: [first, end) as (major, minor).
+SUPPORTED_VLLM = ((0, 33), (0, 34))
+
+
+def _check_vllm_version(version: str) -> None:
+    m = re.match(r"(\d+)\.(\d+)", version)
+    lo, hi = SUPPORTED_VLLM
+    if m is None or not lo <= (int(m.group(1)), int(m.group(2))) < hi:
+        raise ImportError(f"swiftkv.integrations.vllm supports vLLM {lo[0]}.{lo[1]}.x (its "
+                          f"KVConnectorBase_V1 interface), not vLLM {version}")
+
+
+_check_vllm_version(vllm.__version__)
+
+
+class HookOrderError(RuntimeError):
+    """A connector call out of the order vLLM makes its calls in."""
+
+
+# kv_connector_extra_config keys and their defaults.
+OPTIONS = {
+    "host_budget_bytes": 4 << 30,  # pinned host memory for cached chunks
+    "disk_path": None,             # a directory for the disk tier (None: no disk tier)
+    "disk_budget_bytes": 0,        # the disk tier's size (required with disk_path)
+    "chunk_tokens": 256,           # tokens per cached chunk, a multiple of vLLM's block size
+    "model_name": None,            # the model's name in chunk keys (default: vLLM's model)
+    "model_identity": None,        # a weights revision or salt in chunk keys (default: revision)
+    "host_codec": "raw",           # how chunks are kept in host memory: raw, zstd, fp8, kivi-8/4/2
+    "disk_codec": "raw",           # and on disk
+    "accept_lossy": False,         # whether loads may return fp8 or kivi chunks
+    "max_open_requests": None,     # the library's bound on a step's requests (default 4096)
+    "lenders": [],                 # [{"endpoint", "name", "units"}]: lenders to borrow from
+}
+
+_DTYPES = {torch.float16: swiftkv.DType.F16, torch.bfloat16: swiftkv.DType.BF16,
+           torch.float32: swiftkv.DType.F32}
+_HIT_SOURCES = {swiftkv.Tier.PEER: CacheHitSource.P2P, swiftkv.Tier.HOST: CacheHitSource.HOST,
+                swiftkv.Tier.DISK: CacheHitSource.DISK,
+                swiftkv.Tier.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED}
+
+
+def _options(extra: dict) -> dict:
+    unknown = sorted(set(extra) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"SwiftKVConnector: unknown kv_connector_extra_config keys {unknown}; "
+                         f"known: {sorted(OPTIONS)}")
+    opts = dict(OPTIONS)
+    opts.update(extra)
+    if opts["disk_path"] is not None and int(opts["disk_budget_bytes"]) <= 0:
+        raise ValueError("SwiftKVConnector: disk_path needs disk_budget_bytes > 0")
+    for i, lender in enumerate(opts["lenders"]):
+        if not isinstance(lender, dict) or set(lender) != {"endpoint", "name", "units"}:
+            raise ValueError(f"SwiftKVConnector: lenders[{i}] is {lender!r}; each lender is "
+                             '{"endpoint": ..., "name": ..., "units": ...}')
+    return opts
+
+
+def _codec(name: str) -> swiftkv.Codec:
+    if name == "raw":
+        return swiftkv.Codec()
+    if name == "zstd":
+        return swiftkv.Codec(swiftkv.CodecKind.ZSTD, zstd_level=3)
+    if name == "fp8":
+        return swiftkv.Codec(swiftkv.CodecKind.FP8)
+    m = re.fullmatch(r"kivi-([248])", name)
+    if m:
+        return swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=int(m.group(1)), group=32)
+    raise ValueError(f"SwiftKVConnector: unknown codec {name!r} (raw, zstd, fp8, kivi-8, kivi-4, "
+                     "kivi-2)")
+
+
+@dataclasses.dataclass
+class _Geometry:
+    """What the connector needs of vLLM's KV cache: one full-attention group."""
+
+    layer_names: list  # in model order
+    block_tokens: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    num_blocks: int
+
+    @staticmethod
+    def of(kv_cache_config) -> "_Geometry":
+        from vllm.model_executor.models.utils import extract_layer_index
+        from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+        groups = kv_cache_config.kv_cache_groups
+        if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
+            kinds = [type(g.kv_cache_spec).__name__ for g in groups]
+            raise ValueError("SwiftKVConnector supports models whose layers are all full "
+                             f"attention (one FullAttentionSpec group), not groups {kinds}")
+        spec = groups[0].kv_cache_spec
+        if spec.dtype not in _DTYPES:
+            raise ValueError(f"SwiftKVConnector: KV cache dtype {spec.dtype} is not supported "
+                             "(float16, bfloat16, float32)")
+        names = sorted(groups[0].layer_names, key=extract_layer_index)
+        return _Geometry(names, spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
+                         kv_cache_config.num_blocks)
+
+
+class _Store:
+    """The library context one engine's scheduler and worker share: its model and, once the
+    worker registered vLLM's KV tensors, the pool over them."""
+
+    def __init__(self, vllm_config, geometry: _Geometry, opts: dict, device: Optional[int]):
+        mc = vllm_config.model_config
+        chunk = int(opts["chunk_tokens"])
+        if chunk <= 0 or chunk % geometry.block_tokens:
+            raise ValueError(f"SwiftKVConnector: chunk_tokens ({chunk}) must be a multiple of "
+                             f"vLLM's block size ({geometry.block_tokens})")
+        config = {"host_budget_bytes": int(opts["host_budget_bytes"]),
+                  "device_mask": 0 if device is None else 1 << device}
+        if opts["disk_path"] is not None:
+            config["disk_path"] = str(opts["disk_path"])
+            config["disk_budget_bytes"] = int(opts["disk_budget_bytes"])
+        if opts["max_open_requests"] is not None:
+            config["max_open_requests"] = int(opts["max_open_requests"])
+        self.ctx = swiftkv.Context(**config)
+        identity = opts["model_identity"]
+        if identity is None:
+            identity = mc.revision or ""
+        self.desc = swiftkv.ModelDesc(
+            name=opts["model_name"] or str(mc.model), num_layers=len(geometry.layer_names),
+            num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
+            block_tokens=geometry.block_tokens, chunk_tokens=chunk,
+            dtype=_DTYPES[geometry.dtype],
+            device=swiftkv.DEVICE_HOST if device is None else device, identity=identity)
+        self.model = self.ctx.register_model(self.desc)
+        host, disk = _codec(opts["host_codec"]), _codec(opts["disk_codec"])
+        if host != swiftkv.Codec() or disk != swiftkv.Codec() or opts["accept_lossy"]:
+            self.model.set_compression(accept_lossy=bool(opts["accept_lossy"]), host=host,
+                                       disk=disk)
+        self.geometry = geometry
+        self.pool = None
+        self.layers: list = []  # vLLM's tensors, in model order
+        # Lent memory from other processes, as the peer tier. A lender that cannot be reached
+        # now leaves the tier smaller: the engine serves on from host memory and disk.
+        self.leases = []
+        for lender in opts["lenders"]:
+            try:
+                self.leases.append(self.model.borrow_remote(
+                    str(lender["endpoint"]), str(lender["name"]), int(lender["units"])))
+            except swiftkv.Error as e:
+                _log.warning("SwiftKVConnector: no memory borrowed from %s at %s: %s",
+                             lender["name"], lender["endpoint"], e)
+
+    def close(self) -> None:
+        self.ctx.close()
+
+
+# One store per engine (its engine_id): the scheduler finds the one its worker made.
+_STORES: dict = {}
+_STORES_LOCK = threading.Lock()
+
+
+@dataclasses.dataclass
+class _RequestMeta:
+    """One scheduled request's work for the workers in one step."""
+
+    req_id: str
+    tokens: np.ndarray       # uint32, the request's tokens whose KV exists after this step
+    block_ids: list          # the request's blocks, in token order
+    load_from: int = 0       # [load_from, load_to): tokens to load (a block boundary each)
+    load_to: int = 0
+
+    @property
+    def loads(self) -> bool:
+        return self.load_to > self.load_from
+
+
+@dataclasses.dataclass
+class SwiftKVConnectorMetadata(KVConnectorMetadata):
+    requests: list = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Scheduled:
+    """What the scheduler side keeps of a request between steps."""
+
+    request: Any                           # vllm.v1.request.Request
+    block_ids: list = dataclasses.field(default_factory=list)
+    load: Optional[tuple] = None           # (from, to) accepted, not yet handed to a step
+    chunks_done: int = 0                   # chunks already loaded, saved or handed to a step
+
+
+class _Step:
+    """The worker's library requests of one engine step."""
+
+    def __init__(self):
+        self.entries: list = []   # (meta, swiftkv.Request)
+        self.loading: list = []   # the requests that load
+        self.started = False
+        self.next_wait = 0
+        self.next_save = 0
+
+
+class SwiftKVConnector(KVConnectorBase_V1):
+    """libswiftkv behind vLLM's KVConnectorBase_V1 (see the module's documentation)."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        pc = vllm_config.parallel_config
+        if pc.world_size != 1 or pc.distributed_executor_backend not in (None, "uni"):
+            raise ValueError(
+                "SwiftKVConnector needs vLLM's scheduler and worker in one process (tensor and "
+                f"pipeline parallel size 1, the 'uni' executor): world size {pc.world_size}, "
+                f"executor {pc.distributed_executor_backend!r}")
+        self._opts = _options(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
+        self._engine = self._kv_transfer_config.engine_id
+        self._geometry = _Geometry.of(kv_cache_config)
+        self._index = {n: i for i, n in enumerate(self._geometry.layer_names)}
+        # Scheduler side.
+        self._scheduled: dict = {}  # req_id -> _Scheduled
+        self._matched: dict = {}    # req_id -> (local tokens, external tokens, tiers)
+        # Worker side.
+        self._store: Optional[_Store] = None
+        self._step: Optional[_Step] = None
+        self._load_errors: set = set()
+
+    # ---- the shared store ---------------------------------------------------------------------
+
+    def _shared(self) -> _Store:
+        if self._store is None:
+            with _STORES_LOCK:
+                self._store = _STORES.get(self._engine)
+            if self._store is None:
+                raise RuntimeError(
+                    "SwiftKVConnector: the scheduler found no worker of engine "
+                    f"{self._engine!r} in this process (register_kv_caches not called yet, or the "
+                    "worker runs in another process: use one GPU and the 'uni' executor)")
+        return self._store
+
+    # ---- worker side --------------------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict) -> None:
+        g = self._geometry
+        if set(kv_caches) != set(g.layer_names):
+            raise ValueError(f"SwiftKVConnector: KV tensors for layers {sorted(kv_caches)}, but "
+                             f"the KV cache config has {sorted(g.layer_names)}")
+        layers = [kv_caches[n] for n in g.layer_names]
+        t = layers[0]
+        if t.dim() != 5:
+            raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}; "
+                             "expected [2, blocks, B, H, D] or [blocks, 2, B, H, D]")
+        if t.shape[0] == 2 and t.shape[1] == g.num_blocks:
+            layout = "vllm"
+        elif t.shape[1] == 2 and t.shape[0] == g.num_blocks:
+            layout = "nhd"  # NHD or HND memory: the strides say which
+        else:
+            raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}, "
+                             f"which is neither [2, {g.num_blocks}, ...] nor "
+                             f"[{g.num_blocks}, 2, ...]")
+        device = None if t.device.type == "cpu" else (
+            t.device.index if t.device.index is not None else torch.cuda.current_device())
+        store = _Store(self._vllm_config, g, self._opts, device)
+        try:
+            store.pool = store.model.pool_from_tensors(layers, layout)
+        except BaseException:
+            store.close()
+            raise
+        store.layers = layers
+        with _STORES_LOCK:
+            old = _STORES.get(self._engine)
+            _STORES[self._engine] = store
+        if old is not None:
+            old.close()
+        self._store = store
+
+    def _stream(self):
+        return torch.cuda.current_stream() if self._shared().desc.device != swiftkv.DEVICE_HOST \
+            else None
+
+    def _begin_step(self) -> _Step:
+        """The step's library requests, begun at the first call that needs them: vLLM calls
+        start_load_kv before the forward when the step loads, after it otherwise."""
+        if self._step is not None:
+            return self._step
+        step = _Step()
+        meta = self._get_connector_metadata()
+        if not isinstance(meta, SwiftKVConnectorMetadata):
+            raise HookOrderError(f"SwiftKVConnector: bound metadata is {type(meta).__name__}")
+        store = self._shared()
+        for r in meta.requests:
+            shape = swiftkv.RequestShape.LOAD_AND_SAVE if r.loads else \
+                swiftkv.RequestShape.SAVE_ONLY
+            try:
+                req = store.model.request(store.pool, r.tokens, r.block_ids,
+                                          load_from_tokens=r.load_from, shape=shape)
+            except swiftkv.Busy:
+                # No room for another open request: nothing loaded (vLLM recomputes) or saved.
+                if r.loads:
+                    self._load_errors.update(self._blocks(r, r.load_from))
+                continue
+            step.entries.append((r, req))
+            if r.loads:
+                step.loading.append(req)
+        self._step = step
+        return step
+
+    def _blocks(self, r: _RequestMeta, from_token: int) -> list:
+        """The blocks of r's load from from_token on (a block boundary) to its end."""
+        b = self._geometry.block_tokens
+        return r.block_ids[from_token // b:(r.load_to + b - 1) // b]
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        if not self.has_connector_metadata():
+            raise HookOrderError("SwiftKVConnector: start_load_kv with no metadata bound")
+        step = self._begin_step()
+        if step.started:
+            raise HookOrderError("SwiftKVConnector: start_load_kv twice in one step")
+        if step.loading and step.next_wait > 0:
+            raise HookOrderError("SwiftKVConnector: start_load_kv after wait_for_layer_load in "
+                                 "a step that loads")
+        stream = self._stream()
+        for req in step.loading:
+            req.start_load(stream)
+        step.started = True
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        layer = self._layer(layer_name)
+        step = self._begin_step()
+        if step.loading and not step.started:
+            raise HookOrderError("SwiftKVConnector: wait_for_layer_load before start_load_kv in "
+                                 "a step that loads")
+        if layer != step.next_wait:
+            raise HookOrderError(f"SwiftKVConnector: wait_for_layer_load({layer_name!r}) is layer "
+                                 f"{layer}; layer {step.next_wait} is next")
+        swiftkv.wait_layer_load_batch(step.loading, layer, self._stream())
+        step.next_wait += 1
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        layer = self._layer(layer_name)
+        step = self._begin_step()
+        if layer != step.next_save:
+            raise HookOrderError(f"SwiftKVConnector: save_kv_layer({layer_name!r}) is layer "
+                                 f"{layer}; layer {step.next_save} is next")
+        if step.next_wait <= layer:
+            raise HookOrderError(f"SwiftKVConnector: save_kv_layer({layer_name!r}) before its "
+                                 "wait_for_layer_load")
+        if kv_layer.data_ptr() != self._shared().layers[layer].data_ptr():
+            raise ValueError(f"SwiftKVConnector: save_kv_layer({layer_name!r}) was handed a "
+                             "tensor other than the one registered for the layer")
+        swiftkv.save_layer_batch([req for _, req in step.entries], layer, self._stream())
+        step.next_save += 1
+
+    def wait_for_save(self) -> None:
+        step, self._step = self._step, None
+        if step is None:
+            return
+        layers = len(self._geometry.layer_names)
+        stream = self._stream()
+        for r, req in step.entries:
+            try:
+                if step.next_save == layers:
+                    req.wait_save(stream)
+            finally:
+                info = req.finish()  # before every layer was saved: aborts, saving nothing
+            if r.loads:
+                valid = info["valid_end_tokens"] if step.next_wait == layers else r.load_from
+                if valid < r.load_to:
+                    self._load_errors.update(self._blocks(r, max(valid, r.load_from)))
+
+    def clear_connector_metadata(self) -> None:
+        if self._step is not None:  # a step vLLM ended without wait_for_save: nothing kept
+            for _, req in self._step.entries:
+                req.finish()
+            self._step = None
+        super().clear_connector_metadata()
+
+    def get_block_ids_with_load_errors(self) -> set:
+        errors, self._load_errors = self._load_errors, set()
+        return errors
+
+    def _layer(self, layer_name: str) -> int:
+        try:
+            return self._index[layer_name]
+        except KeyError:
+            raise ValueError(f"SwiftKVConnector: {layer_name!r} is not a layer of the KV cache "
+                             "config") from None
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
+        return True  # the per-layer hooks cannot be captured into a CUDA graph
+
+    def shutdown(self) -> None:
+        if self._role == KVConnectorRole.WORKER and self._store is not None:
+            with _STORES_LOCK:
+                if _STORES.get(self._engine) is self._store:
+                    del _STORES[self._engine]
+            self._store.close()
+        self._store = None
+
+    # ---- scheduler side -----------------------------------------------------------------------
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        g = self._geometry
+        chunk = self._shared().desc.chunk_tokens
+        n = request.num_tokens
+        cap = (n - 1) // g.block_tokens * g.block_tokens  # vLLM computes the last token
+        if cap <= num_computed_tokens:
+            return 0, False
+        full = n // chunk * chunk
+        tokens = np.fromiter(request.all_token_ids[:full], dtype=np.uint32, count=full)
+        residency = self._shared().model.lookup(tokens).residency
+        first = num_computed_tokens // chunk
+        end = first
+        while end < len(residency) and residency[end] != swiftkv.Tier.DROPPED:
+            end += 1
+        matched = min(end * chunk, cap)
+        if matched <= num_computed_tokens:
+            return 0, False
+        self._matched[request.request_id] = (num_computed_tokens,
+                                             matched - num_computed_tokens,
+                                             residency[first:end].copy(), chunk)
+        return matched - num_computed_tokens, False
+
+    def get_external_cache_hit_sources(self, request, num_external_tokens: int) -> dict:
+        m = self._matched.get(request.request_id)
+        if not num_external_tokens or m is None:
+            return super().get_external_cache_hit_sources(request, num_external_tokens)
+        local, _, tiers, chunk = m
+        out: dict = {}
+        first = local // chunk
+        for t in range(local, local + num_external_tokens, self._geometry.block_tokens):
+            src = _HIT_SOURCES.get(swiftkv.Tier(int(tiers[t // chunk - first])),
+                                   CacheHitSource.EXTERNAL_UNSPECIFIED)
+            out[src] = out.get(src, 0) + self._geometry.block_tokens
+        return out
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int) -> None:
+        s = _Scheduled(request)
+        if num_external_tokens > 0:
+            m = self._matched.get(request.request_id)
+            if m is None or num_external_tokens > m[1]:
+                raise HookOrderError(f"SwiftKVConnector: update_state_after_alloc of "
+                                     f"{request.request_id!r} with {num_external_tokens} external "
+                                     "tokens that get_num_new_matched_tokens did not offer")
+            s.load = (m[0], m[0] + num_external_tokens)
+        chunk = self._shared().desc.chunk_tokens
+        s.chunks_done = (s.load[1] if s.load else request.num_computed_tokens) // chunk
+        self._scheduled[request.request_id] = s
+
+    def build_connector_meta(self, scheduler_output) -> SwiftKVConnectorMetadata:
+        meta = SwiftKVConnectorMetadata()
+        chunk = self._shared().desc.chunk_tokens
+        steps = [(r.req_id, r.num_computed_tokens, r.block_ids, True)
+                 for r in scheduler_output.scheduled_new_reqs]
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            steps.append((req_id, cached.num_computed_tokens[i], cached.new_block_ids[i],
+                          req_id in cached.resumed_req_ids))
+        for req_id, start, new_blocks, replace in steps:
+            s = self._scheduled.get(req_id)
+            if s is None:
+                raise HookOrderError(f"SwiftKVConnector: request {req_id!r} scheduled without "
+                                     "update_state_after_alloc")
+            if replace:
+                s.block_ids = list(new_blocks[0])
+            elif new_blocks is not None:
+                s.block_ids.extend(new_blocks[0])
+            known = s.request.all_token_ids
+            end = min(start + scheduler_output.num_scheduled_tokens[req_id], len(known))
+            load, s.load = s.load, None
+            if load is None and end // chunk <= s.chunks_done:
+                continue  # no chunk completes this step
+            s.chunks_done = max(s.chunks_done, end // chunk)
+            r = _RequestMeta(req_id, np.fromiter(known[:end], dtype=np.uint32, count=end),
+                             list(s.block_ids))
+            if load is not None:
+                r.load_from, r.load_to = load
+            meta.requests.append(r)
+        return meta
+
+    def request_finished(self, request, block_ids):
+        self._scheduled.pop(request.request_id, None)
+        self._matched.pop(request.request_id, None)
+        return False, None  # saves end with their step: the blocks may be freed now

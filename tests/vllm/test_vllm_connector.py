@@ -1,0 +1,524 @@
+"""The vLLM connector against vLLM itself, on the CPU: vLLM's real V1 scheduler (its requests, its
+block allocator and prefix cache, its handling of load failures) drives the connector's
+scheduler side, and a small stand-in for vLLM's model runner drives the worker side with the
+call order vLLM's attention layers use (per layer: wait_for_layer_load, compute, save_kv_layer),
+over CPU tensors shaped as vLLM allocates them.
+
+The stand-in's "model" writes, for every token it computes, K and V that depend only on the
+token's prefix, so a load is checked byte for byte: before each layer's compute, every token
+before the step's first computed token must hold exactly its prefix's bytes in that layer,
+unless the connector reported its block as failed (then vLLM recomputes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from vllm import SamplingParams
+from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
+                         SchedulerConfig, VllmConfig)
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.utils.hashing import sha256
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.request import Request, RequestStatus
+from vllm.v1.structured_output import StructuredOutputManager
+
+import swiftkv
+from swiftkv.integrations import vllm as sv
+
+LAYERS, HEADS, DIM, BLOCK, CHUNK = 4, 2, 32, 16, 64
+NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+EOS = 999
+
+init_none_hash(sha256)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    """A tiny Llama config (no weights: nothing is downloaded, nothing runs the model)."""
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+        "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": HEADS,
+        "head_dim": DIM, "num_hidden_layers": LAYERS, "vocab_size": 1000,
+        "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+        "tie_word_embeddings": False}))
+    return str(d)
+
+
+def prefix_hashes(tokens) -> np.ndarray:
+    """h[p]: a 64-bit hash of tokens[:p+1] (what a token's K/V depend on)."""
+    h = np.empty(len(tokens), dtype=np.uint64)
+    x = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for i, t in enumerate(tokens):
+            x = (x ^ np.uint64(t + 1)) * np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(31)
+            h[i] = x
+    return h
+
+
+_LANES = np.arange(2 * HEADS * DIM, dtype=np.uint64)
+
+
+def kv_bits(hashes: np.ndarray, layer: int) -> torch.Tensor:
+    """[tokens, 2, HEADS, DIM] int16: the K/V bits of tokens with these prefix hashes."""
+    with np.errstate(over="ignore"):
+        x = (hashes[:, None] + np.uint64((layer * 0x632BE59BD9B4E019) % (1 << 64))) * np.uint64(
+            0x94D049BB133111EB) + _LANES[None, :] * np.uint64(0xD6E8FEB86659FD93)
+        x ^= x >> np.uint64(29)
+    return torch.from_numpy((x >> np.uint64(48)).astype(np.uint16).view(np.int16).reshape(
+        -1, 2, HEADS, DIM).copy())
+
+
+class Engine:
+    """vLLM's scheduler and one worker with the connector, on the CPU."""
+
+    def __init__(self, model_dir, *, num_blocks=256, layout="vllm", extra=None, budget=64,
+                 engine_id=None, parallel=None):
+        self.num_blocks = num_blocks
+        self.layout = layout
+        extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
+        self.config = VllmConfig(
+            model_config=ModelConfig(model=model_dir, dtype="float16", seed=0,
+                                     skip_tokenizer_init=True),
+            scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=budget,
+                                             max_model_len=4096, enable_chunked_prefill=True,
+                                             is_encoder_decoder=False),
+            cache_config=CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9,
+                                     cache_dtype="auto", enable_prefix_caching=True),
+            kv_transfer_config=KVTransferConfig(
+                kv_connector="SwiftKVConnector",
+                kv_connector_module_path="swiftkv.integrations.vllm", kv_role="kv_both",
+                kv_connector_extra_config=extra, kv_load_failure_policy="recompute",
+                **({"engine_id": engine_id} if engine_id else {})),
+            device_config=DeviceConfig("cpu"),
+            **({"parallel_config": parallel} if parallel else {}))
+        self.kv_config = KVCacheConfig(
+            num_blocks=num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[KVCacheGroupSpec(list(NAMES), FullAttentionSpec(
+                block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16))])
+        self.config.cache_config.num_gpu_blocks = num_blocks
+        # vLLM makes the worker (and its KV tensors) before the scheduler.
+        self.worker = sv.SwiftKVConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
+        self.tensors = {n: self._tensor() for n in NAMES}
+        self.worker.register_kv_caches(self.tensors)
+        self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_config,
+                                   log_stats=True,
+                                   structured_output_manager=StructuredOutputManager(self.config),
+                                   block_size=BLOCK)
+        self.connector = self.scheduler.connector
+        self.matched = []          # (request id, num_computed_tokens, (tokens, async))
+        offer = self.connector.get_num_new_matched_tokens
+
+        def spy(request, num_computed_tokens):
+            got = offer(request, num_computed_tokens)
+            self.matched.append((request.request_id, num_computed_tokens, got))
+            return got
+
+        self.connector.get_num_new_matched_tokens = spy
+        self.requests = {}         # id -> vllm Request
+        self.computed = {}         # id -> tokens the stand-in computed, over all steps
+        self.errors = []           # block ids reported, per step
+        self.outputs = {}          # id -> generated tokens
+
+    def _tensor(self):
+        n = self.num_blocks
+        if self.layout == "vllm":
+            return torch.zeros(2, n, BLOCK, HEADS, DIM, dtype=torch.float16)
+        if self.layout == "nhd":
+            return torch.zeros(n, 2, BLOCK, HEADS, DIM, dtype=torch.float16)
+        # HND memory viewed as vLLM views it: [blocks, 2, B, H, D] with permuted strides.
+        return torch.zeros(n, 2, HEADS, BLOCK, DIM, dtype=torch.float16).permute(0, 1, 3, 2, 4)
+
+    def kv(self, layer: int, blocks, offsets) -> torch.Tensor:
+        """A view-indexing helper: [tokens, 2, H, D] of the given block ids and offsets."""
+        t = self.tensors[NAMES[layer]].view(torch.int16)
+        if self.layout == "vllm":
+            return t[:, blocks, offsets].permute(1, 0, 2, 3)
+        return t[blocks, :, offsets]
+
+    def put(self, layer: int, blocks, offsets, values) -> None:
+        t = self.tensors[NAMES[layer]].view(torch.int16)
+        if self.layout == "vllm":
+            t[:, blocks, offsets] = values.permute(1, 0, 2, 3)
+        else:
+            t[blocks, :, offsets] = values
+
+    def add(self, rid: str, tokens, max_tokens: int = 4) -> Request:
+        sp = SamplingParams(max_tokens=max_tokens)
+        sp.update_from_generation_config({}, EOS)
+        r = Request(request_id=rid, prompt_token_ids=list(tokens), sampling_params=sp,
+                    pooling_params=None, mm_features=None,
+                    block_hasher=get_request_block_hasher(BLOCK, sha256))
+        self.requests[rid] = r
+        self.computed.setdefault(rid, 0)
+        self.scheduler.add_request(r)
+        return r
+
+    def step(self, before_worker=None):
+        """One engine step: the scheduler, then the stand-in model runner and the connector's
+        worker side, then the scheduler's update. Returns the step's failed blocks."""
+        out = self.scheduler.schedule()
+        if before_worker is not None:
+            before_worker(out)
+        # Each scheduled request's first computed token and blocks, from vLLM's own output.
+        work = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
+        c = out.scheduled_cached_reqs
+        work += list(zip(c.req_ids, c.num_computed_tokens))
+        plan = []
+        for rid, start in work:
+            req = self.requests[rid]
+            n = out.num_scheduled_tokens[rid]
+            blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
+            tokens = list(req.all_token_ids)[:start + n]
+            plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
+        w = self.worker
+        w.bind_connector_metadata(out.kv_connector_metadata)
+        if out.has_sync_kv_loads:
+            w.start_load_kv(None)
+        wrong = {}
+        for layer, name in enumerate(NAMES):
+            w.wait_for_layer_load(name)
+            for rid, start, end, blocks, h in plan:
+                pos = torch.arange(0, start)
+                got = self.kv(layer, blocks[pos // BLOCK], pos % BLOCK)
+                bad = (got != kv_bits(h[:start], layer)).flatten(1).any(1).nonzero().flatten()
+                if len(bad):
+                    wrong.setdefault(rid, set()).update(
+                        int(blocks[p // BLOCK]) for p in bad.tolist())
+                pos = torch.arange(start, end)
+                self.put(layer, blocks[pos // BLOCK], pos % BLOCK, kv_bits(h[start:end], layer))
+            w.save_kv_layer(name, self.tensors[name], None)
+        if not out.has_sync_kv_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        errors = w.get_block_ids_with_load_errors()
+        w.clear_connector_metadata()
+        for rid, blocks in wrong.items():
+            assert blocks <= errors, (f"{rid}: blocks {sorted(blocks - errors)} hold wrong K/V "
+                                      "and were not reported")
+        self.errors.append(errors)
+        sampled = []
+        for rid, start, end, _, _ in plan:
+            self.computed[rid] += end - start
+            req = self.requests[rid]
+            done = req.num_computed_tokens >= req.num_tokens
+            tok = (hash(rid) + req.num_tokens) % 900 if done else None
+            sampled.append([tok] if done else [])
+            if done:
+                self.outputs.setdefault(rid, []).append(tok)
+        ids = [p[0] for p in plan]
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled, logprobs=None,
+                                prompt_logprobs_dict={}, pooler_output=None,
+                                kv_connector_output=KVConnectorOutput(invalid_block_ids=errors))
+        self.scheduler.update_from_output(out, mro)
+        return errors
+
+    def run(self, limit=10000):
+        for _ in range(limit):
+            if not self.scheduler.has_unfinished_requests():
+                return
+            self.step()
+        raise AssertionError("requests did not finish")
+
+    def offered(self, rid):
+        """(num_computed_tokens, external tokens) of the last offer for rid."""
+        return [(n, got[0]) for r, n, got in self.matched if r == rid][-1]
+
+    def forget_local(self):
+        assert self.scheduler.reset_prefix_cache()
+
+    def close(self):
+        self.worker.shutdown()
+
+
+@pytest.fixture
+def engine(model_dir):
+    made = []
+
+    def make(**kw):
+        e = Engine(model_dir, **kw)
+        made.append(e)
+        return e
+
+    yield make
+    for e in made:
+        e.close()
+
+
+def tokens_of(seed: int, n: int) -> list:
+    return np.random.default_rng(seed).integers(1, 900, n).tolist()
+
+
+@pytest.mark.parametrize("layout", ["vllm", "nhd", "hnd"])
+def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout):
+    e = engine(layout=layout)
+    prompt = tokens_of(1, 300)
+    e.add("a", prompt)
+    e.run()
+    assert e.computed["a"] == 300 + 3  # the prompt, then 3 decode steps
+    # The prompt's 4 full chunks were saved; the fifth (256-320) never filled.
+    kv_model = e.worker._store.model
+    assert kv_model.lookup(np.array(prompt, dtype=np.uint32)).prefix_tokens == 256
+    e.forget_local()  # vLLM's own prefix cache is empty: only the connector has the prefix
+    turn2 = prompt + e.outputs["a"][:-1] + tokens_of(2, 100)
+    e.add("b", turn2)
+    e.run()
+    n = len(turn2)
+    # The 4 chunks saved by "a": offered, loaded, not computed again.
+    assert e.offered("b") == (0, 256)
+    assert e.computed["b"] == n - 256 + 3
+    assert not any(e.errors)
+
+
+def test_a_local_hit_inside_a_chunk_loads_the_rest_of_it(engine):
+    """vLLM's own prefix cache keeps the first blocks (its eviction takes a request's last
+    blocks first); the connector loads from the end of them, inside a chunk."""
+    e = engine(num_blocks=48)
+    prompt = tokens_of(3, 320)  # 20 blocks, 5 chunks
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    # Another prompt evicts most of "a"'s blocks from vLLM's prefix cache, the last first.
+    e.add("filler", tokens_of(4, 544), max_tokens=1)
+    e.run()
+    e.add("b", prompt + tokens_of(5, 40), max_tokens=1)
+    e.run()
+    local, external = e.offered("b")
+    assert local % BLOCK == 0 and local % CHUNK != 0 and 0 < local < 320, local
+    assert local + external == 320
+    assert e.computed["b"] == 360 - 320
+    assert not any(e.errors)
+
+
+def test_a_chunk_lost_before_the_load_is_reported_and_recomputed(engine):
+    e = engine()
+    prompt = tokens_of(6, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    e.forget_local()
+    turn2 = prompt + tokens_of(7, 64)
+    model = e.worker._store.model
+    key = np.array(prompt, dtype=np.uint32)
+
+    def drop_chunk_2(out):
+        # After vLLM accepted the load of [0, 256), before the worker loads: chunk 2 goes.
+        model.pin(key[:2 * CHUNK])
+        assert model.clear(key) == 2  # chunks 2 and 3
+        model.unpin(key[:2 * CHUNK])
+
+    e.add("b", turn2, max_tokens=1)
+    errors = e.step(before_worker=drop_chunk_2)
+    assert e.offered("b") == (0, 256)
+    blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
+    assert errors == set(blocks[2 * CHUNK // BLOCK:256 // BLOCK])  # blocks 8-15
+    e.run()
+    # The step computed [256, 320); vLLM then went back to the first failed block and
+    # computed [128, 320) again.
+    assert e.computed["b"] == (320 - 256) + (320 - 2 * CHUNK)
+
+
+def test_preemption_and_abort_free_what_the_connector_holds(engine):
+    e = engine(num_blocks=40, budget=512)
+    for i in range(4):
+        e.add(f"r{i}", tokens_of(10 + i, 200), max_tokens=40)
+    e.step()
+    e.step()
+    e.scheduler.finish_requests("r3", RequestStatus.FINISHED_ABORTED)
+    e.run()
+    assert e.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 40 - 1
+    assert any(r.num_preemptions > 0 for r in e.requests.values()), "nothing was preempted"
+    assert e.connector._scheduled == {} and e.connector._matched == {}
+    assert e.worker._step is None
+    assert e.worker._store.ctx.stats()["requests_open"] == 0
+
+
+def test_many_concurrent_requests(engine):
+    e = engine(num_blocks=1024, budget=256)
+    shared = tokens_of(20, 128)
+    prompts = {f"c{i}": shared + tokens_of(100 + i, 64 + 16 * (i % 8)) for i in range(32)}
+    for rid, p in prompts.items():
+        e.add(rid, p, max_tokens=2)
+    e.run()
+    e.forget_local()
+    for rid, p in prompts.items():
+        e.add(rid + "-again", p, max_tokens=2)
+    e.run()
+    for rid, p in prompts.items():
+        local, external = e.offered(rid + "-again")
+        want = min(len(p) // CHUNK * CHUNK, (len(p) - 1) // BLOCK * BLOCK)
+        assert local + external == want, (rid, local, external)
+    assert not any(e.errors)
+    assert e.worker._store.ctx.stats()["requests_open"] == 0
+
+
+def test_disk_tier_round_trip_and_hit_sources(engine, tmp_path):
+    e = engine(extra={"disk_path": str(tmp_path), "disk_budget_bytes": 64 << 20})
+    prompt = tokens_of(30, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    model = e.worker._store.model
+    assert model.move(np.array(prompt, dtype=np.uint32), swiftkv.Tier.DISK) == 4
+    e.forget_local()
+    b = e.add("b", prompt + tokens_of(31, 16), max_tokens=1)
+    sources = []
+    e.step(before_worker=lambda out: sources.append(
+        e.connector.get_external_cache_hit_sources(b, 256)))
+    assert sources == [{sv.CacheHitSource.DISK: 256}]
+    e.run()
+    assert e.computed["b"] == 16 + 0
+    assert not any(e.errors)
+
+
+def test_hooks_out_of_vllm_order_are_refused(engine):
+    e = engine()
+    prompt = tokens_of(40, 200)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    e.forget_local()
+    e.add("b", prompt + tokens_of(41, 8), max_tokens=1)
+    out = e.scheduler.schedule()
+    w = e.worker
+    w.bind_connector_metadata(out.kv_connector_metadata)
+    with pytest.raises(sv.HookOrderError, match="before start_load_kv"):
+        w.wait_for_layer_load(NAMES[0])
+    w.start_load_kv(None)
+    with pytest.raises(sv.HookOrderError, match="twice"):
+        w.start_load_kv(None)
+    with pytest.raises(sv.HookOrderError, match="layer 0 is next"):
+        w.wait_for_layer_load(NAMES[1])
+    with pytest.raises(sv.HookOrderError, match="before its wait_for_layer_load"):
+        w.save_kv_layer(NAMES[0], e.tensors[NAMES[0]], None)
+    w.wait_for_layer_load(NAMES[0])
+    with pytest.raises(ValueError, match="other than the one registered"):
+        w.save_kv_layer(NAMES[0], e.tensors[NAMES[1]], None)
+    with pytest.raises(ValueError, match="not a layer"):
+        w.wait_for_layer_load("model.layers.9.self_attn.attn")
+    # vLLM ends the step: the requests are ended, the unfinished load reported as failed.
+    w.wait_for_save()
+    blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
+    assert w.get_block_ids_with_load_errors() == set(blocks[:192 // BLOCK])
+    w.clear_connector_metadata()
+    assert w._store.ctx.stats()["requests_open"] == 0
+
+
+def test_bad_configuration_is_refused_clearly(model_dir):
+    with pytest.raises(ValueError, match="unknown kv_connector_extra_config keys"):
+        Engine(model_dir, extra={"host_budget": 1})
+    with pytest.raises(ValueError, match="multiple of vLLM's block size"):
+        Engine(model_dir, extra={"chunk_tokens": 24})
+    with pytest.raises(ValueError, match="disk_path needs disk_budget_bytes"):
+        Engine(model_dir, extra={"disk_path": "/tmp"})
+    with pytest.raises(ValueError, match="one process"):
+        Engine(model_dir, parallel=ParallelConfig(tensor_parallel_size=2))
+    with pytest.raises(ImportError, match="not vLLM 0.32.1"):
+        sv._check_vllm_version("0.32.1")
+    sv._check_vllm_version("0.33.0")
+
+
+def test_a_scheduler_without_its_worker_says_so(engine, model_dir):
+    e = engine()
+    cfg = e.config
+    cfg.kv_transfer_config.engine_id = "no-worker-here"
+    conn = sv.SwiftKVConnector(cfg, KVConnectorRole.SCHEDULER, e.kv_config)
+    r = Request(request_id="x", prompt_token_ids=tokens_of(1, 40),
+                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                mm_features=None)
+    with pytest.raises(RuntimeError, match="no worker of engine 'no-worker-here'"):
+        conn.get_num_new_matched_tokens(r, 0)
+
+
+class Lender:
+    """examples/two_models/lender.py: another process lending its idle KV memory."""
+
+    def __init__(self, endpoint: str):
+        import subprocess
+        import sys
+        here = os.path.dirname(os.path.abspath(__file__))
+        desc = dict(name="vllm-borrower", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
+                    block_tokens=BLOCK, chunk_tokens=CHUNK, dtype=int(swiftkv.DType.F16))
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(here, "..", "..", "examples", "two_models",
+                                          "lender.py"), endpoint, json.dumps(desc)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = self.answer()
+        assert self.ready["event"] == "ready", self.ready
+
+    def answer(self) -> dict:
+        line = self.proc.stdout.readline()
+        assert line, "the lender exited"
+        return json.loads(line)
+
+    def ask(self, cmd: str) -> dict:
+        self.proc.stdin.write(cmd + "\n")
+        self.proc.stdin.flush()
+        return self.answer()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.write("quit\n")
+            self.proc.stdin.flush()
+            self.proc.wait(timeout=30)
+
+
+def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
+    """A vLLM engine borrows another process's idle KV memory (the peer tier): prefixes go
+    there first and load from there; when the lender asks for it back, they move to host
+    memory and still load, byte for byte."""
+    endpoint = f"ipc://{tmp_path}/lender"
+    lender = Lender(endpoint)
+    try:
+        # 8 units: room for 8 chunks, twice the prompt's, so that keeping some of the tier free
+        # (the library's demote_free_percent) moves nothing out of it.
+        e = engine(extra={"lenders": [{"endpoint": endpoint, "name": "worker", "units": 8}]})
+        assert len(e.worker._store.leases) == 1
+        peer = e.worker._store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
+        assert peer == 8 * e.worker._store.desc.chunk_bytes
+        prompt = tokens_of(50, 256)
+        e.add("a", prompt, max_tokens=1)
+        e.run()
+        key = np.array(prompt, dtype=np.uint32)
+        kv_model = e.worker._store.model
+        assert set(kv_model.lookup(key).residency.tolist()) == {int(swiftkv.Tier.PEER)}
+        e.forget_local()
+        b = e.add("b", prompt + tokens_of(51, 16), max_tokens=1)
+        sources = []
+        e.step(before_worker=lambda out: sources.append(
+            e.connector.get_external_cache_hit_sources(b, 256)))
+        assert sources == [{sv.CacheHitSource.P2P: 256}]
+        e.run()
+        assert e.computed["b"] == 16
+        # The lender gets a request of its own as large as its whole region: every lent block
+        # goes back.
+        capacity = lender.ready["capacity_blocks"]
+        load = lender.ask(f"load {capacity * BLOCK}")
+        assert load["borrower_chunks"] > 0, load
+        assert lender.ask("settle")["reclaiming_blocks"] == 0
+        residency = set(kv_model.lookup(key).residency.tolist())
+        assert residency == {int(swiftkv.Tier.HOST)}, (load, residency)
+        e.forget_local()
+        e.add("c", prompt + tokens_of(52, 16), max_tokens=1)
+        e.run()
+        assert e.offered("c") == (0, 256)
+        assert e.computed["c"] == 16
+        assert not any(e.errors)
+    finally:
+        lender.close()
+
+
+def test_an_unreachable_lender_leaves_the_engine_serving(engine, tmp_path):
+    e = engine(extra={"lenders": [{"endpoint": f"ipc://{tmp_path}/nobody", "name": "worker",
+                                   "units": 4}]})
+    assert e.worker._store.leases == []
+    e.add("a", tokens_of(60, 100), max_tokens=1)
+    e.run()
+    with pytest.raises(ValueError, match="each lender is"):
+        Engine(e.config.model_config.model, extra={"lenders": [{"endpoint": "x"}]})
