@@ -181,11 +181,13 @@ class Engine:
             tokens = list(req.all_token_ids)[:start + n]
             plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
         w = self.worker
+        w.handle_preemptions(out.kv_connector_metadata)
         w.bind_connector_metadata(out.kv_connector_metadata)
         if out.has_sync_kv_loads:
             w.start_load_kv(None)
         wrong = {}
-        for layer, name in enumerate(NAMES):
+        # vLLM runs the attention layers (and so their hooks) only when it has tokens to run.
+        for layer, name in enumerate(NAMES if out.total_num_scheduled_tokens else []):
             w.wait_for_layer_load(name)
             for rid, start, end, blocks, h in plan:
                 pos = torch.arange(0, start)
@@ -200,6 +202,7 @@ class Engine:
         if not out.has_sync_kv_loads:
             w.start_load_kv(None)
         w.wait_for_save()
+        transfers = w.get_transfer_results(out.finished_req_ids)
         errors = w.get_block_ids_with_load_errors()
         w.clear_connector_metadata()
         for rid, blocks in wrong.items():
@@ -219,13 +222,20 @@ class Engine:
         mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                 sampled_token_ids=sampled, logprobs=None,
                                 prompt_logprobs_dict={}, pooler_output=None,
-                                kv_connector_output=KVConnectorOutput(invalid_block_ids=errors))
+                                kv_connector_output=KVConnectorOutput(
+                                    finished_sending=transfers.finished_sending or None,
+                                    invalid_block_ids=errors))
         self.scheduler.update_from_output(out, mro)
         return errors
 
     def run(self, limit=10000):
+        """Steps until vLLM holds nothing: every request finished and its blocks freed (those
+        the connector held for saves in flight, once it reported them)."""
         for _ in range(limit):
-            if not self.scheduler.has_unfinished_requests():
+            if not self.scheduler.has_requests():
+                assert self.scheduler.requests == {}
+                pool = self.scheduler.kv_cache_manager.block_pool
+                assert pool.get_num_free_blocks() == self.num_blocks - 1  # block 0 is vLLM's null
                 return
             self.step()
         raise AssertionError("requests did not finish")
@@ -522,3 +532,41 @@ def test_an_unreachable_lender_leaves_the_engine_serving(engine, tmp_path):
     e.run()
     with pytest.raises(ValueError, match="each lender is"):
         Engine(e.config.model_config.model, extra={"lenders": [{"endpoint": "x"}]})
+
+
+def test_saves_in_flight_hold_their_blocks(engine, monkeypatch):
+    """Saves end on the connector's own thread: a step does not wait for them, a finished
+    request keeps its blocks until they are done, and a preempted one's are waited for before
+    vLLM reuses its blocks."""
+    import threading
+    gate = threading.Event()
+    finish = sv.SwiftKVConnector._finish_saves
+
+    def slow(req, stream):
+        assert gate.wait(30)
+        finish(req, stream)
+
+    monkeypatch.setattr(sv.SwiftKVConnector, "_finish_saves", staticmethod(slow))
+    e = engine()
+    e.add("a", tokens_of(70, 128), max_tokens=1)
+    for _ in range(4):  # 64 tokens a step: two prefill steps, then steps waiting for the saves
+        e.step()
+    assert not e.scheduler.has_unfinished_requests()
+    assert "a" in e.scheduler.requests  # finished, its blocks held for the saves
+    held = e.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    assert held < e.num_blocks - 1
+    gate.set()
+    e.run()  # the next step reports "a" and vLLM frees its blocks
+    assert e.worker._store.model.lookup(np.array(tokens_of(70, 128), np.uint32)).prefix_tokens \
+        == 128
+
+    # A preempted request: handle_preemptions returns only once its saves are done.
+    gate.clear()
+    e.add("b", tokens_of(71, 64), max_tokens=8)
+    e.step()
+    pending = list(e.worker._saving["b"])
+    assert pending and not any(f.done() for f in pending)
+    threading.Timer(0.2, gate.set).start()
+    e.worker.handle_preemptions(sv.SwiftKVConnectorMetadata(preempted={"b"}))
+    assert all(f.done() for f in pending) and "b" not in e.worker._saving
+    e.run()

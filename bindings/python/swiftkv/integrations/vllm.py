@@ -21,8 +21,10 @@ How vLLM's calls map onto the library:
   strides). Each step begins one library request per scheduled request that loads or saves
   (load and save, or save only), ``start_load_kv`` starts the loads, ``wait_for_layer_load`` and
   ``save_kv_layer`` are the library's per-layer hooks for the whole batch, and ``wait_for_save``
-  waits for the step's saves and ends its requests: saves are synchronous, so vLLM may free a
-  finished request's blocks at once (``request_finished`` returns False). A load that fails (a
+  hands the step's saves to a thread of the connector's: a step does not wait for them. A request
+  a step had work for keeps its blocks when vLLM finishes it (``request_finished`` returns True)
+  until ``get_finished`` reports its saves done; ``handle_preemptions`` waits for a preempted
+  request's saves before vLLM reuses its blocks. A load that fails (a
   chunk lost or corrupt) is reported by ``get_block_ids_with_load_errors``: exactly the blocks
   from the first one not loaded intact to the end of the load, so that vLLM's
   ``kv_load_failure_policy="recompute"`` recomputes from there.
@@ -34,6 +36,7 @@ the order vLLM makes them raise HookOrderError.
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import re
 import threading
@@ -231,6 +234,7 @@ class _RequestMeta:
 @dataclasses.dataclass
 class SwiftKVConnectorMetadata(KVConnectorMetadata):
     requests: list = dataclasses.field(default_factory=list)
+    preempted: set = dataclasses.field(default_factory=set)  # whose blocks vLLM freed
 
 
 @dataclasses.dataclass
@@ -274,10 +278,16 @@ class SwiftKVConnector(KVConnectorBase_V1):
         # Scheduler side.
         self._scheduled: dict = {}  # req_id -> _Scheduled
         self._matched: dict = {}    # req_id -> (local tokens, external tokens, tiers)
-        # Worker side.
+        self._handed_out: set = set()  # req_ids a step had work for (preemption included)
+        # Worker side. Saves finish on one thread of their own, so that a step does not wait
+        # for its saves; a request's blocks are held until its saves are done.
         self._store: Optional[_Store] = None
         self._step: Optional[_Step] = None
         self._load_errors: set = set()
+        self._saver = None                  # the thread, made at the first save
+        self._saving: dict = {}             # req_id -> futures of its saves in flight
+        self._handed: set = set()           # req_ids a step had work for (see request_finished)
+        self._finished: set = set()         # of those, finished by vLLM, not yet reported
 
     # ---- the shared store ---------------------------------------------------------------------
 
@@ -327,6 +337,22 @@ class SwiftKVConnector(KVConnectorBase_V1):
         if old is not None:
             old.close()
         self._store = store
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if isinstance(connector_metadata, SwiftKVConnectorMetadata):
+            self._handed.update(r.req_id for r in connector_metadata.requests)
+
+    def handle_preemptions(self, kv_connector_metadata) -> None:
+        """vLLM freed the blocks of preempted requests and is about to reuse them: their saves
+        in flight, which read those blocks, end first."""
+        if isinstance(kv_connector_metadata, SwiftKVConnectorMetadata):
+            for rid in kv_connector_metadata.preempted:
+                self._drain(rid)
+
+    def _drain(self, rid: str) -> None:
+        for f in self._saving.pop(rid, []):
+            f.result()
 
     def _stream(self):
         return torch.cuda.current_stream() if self._shared().desc.device != swiftkv.DEVICE_HOST \
@@ -406,21 +432,60 @@ class SwiftKVConnector(KVConnectorBase_V1):
         step.next_save += 1
 
     def wait_for_save(self) -> None:
+        """Ends the step: a request whose every layer was saved finishes its saves on the saver
+        thread (its blocks stay held until get_finished reports them); the others, and any
+        whose load failed (the library may write its pages until it ends), end here."""
         step, self._step = self._step, None
         if step is None:
             return
         layers = len(self._geometry.layer_names)
         stream = self._stream()
         for r, req in step.entries:
+            failed = False
+            if r.loads:
+                valid = req.info()["valid_end_tokens"] if step.next_wait == layers else \
+                    r.load_from
+                if valid < r.load_to:
+                    self._load_errors.update(self._blocks(r, max(valid, r.load_from)))
+                    failed = True
+            if step.next_save == layers and not failed:
+                self._saving.setdefault(r.req_id, []).append(
+                    self._saver_thread().submit(self._finish_saves, req, stream))
+                continue
             try:
                 if step.next_save == layers:
                     req.wait_save(stream)
             finally:
-                info = req.finish()  # before every layer was saved: aborts, saving nothing
-            if r.loads:
-                valid = info["valid_end_tokens"] if step.next_wait == layers else r.load_from
-                if valid < r.load_to:
-                    self._load_errors.update(self._blocks(r, max(valid, r.load_from)))
+                req.finish()  # before every layer was saved: aborts, saving nothing
+
+    def _saver_thread(self):
+        if self._saver is None:
+            self._saver = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="swiftkv-saves")
+        return self._saver
+
+    @staticmethod
+    def _finish_saves(req, stream) -> None:
+        try:
+            req.wait_save(stream)
+        except swiftkv.Error as e:  # a cache: the chunks are not saved, nothing else is lost
+            _log.warning("SwiftKVConnector: saves of a request failed: %s", e)
+        finally:
+            req.finish()
+
+    def get_finished(self, finished_req_ids: set):
+        """The requests vLLM finished whose saves are done: their blocks may be freed. Every
+        request a step had work for is reported once, after vLLM finished it (request_finished
+        told vLLM to wait for exactly those)."""
+        self._finished.update(finished_req_ids & self._handed)
+        done = set()
+        for rid in self._finished:
+            if all(f.done() for f in self._saving.get(rid, [])):
+                self._drain(rid)  # raises nothing: a failed save was logged
+                done.add(rid)
+        self._finished -= done
+        self._handed -= done
+        return (done or None), None
 
     def clear_connector_metadata(self) -> None:
         if self._step is not None:  # a step vLLM ended without wait_for_save: nothing kept
@@ -440,11 +505,20 @@ class SwiftKVConnector(KVConnectorBase_V1):
             raise ValueError(f"SwiftKVConnector: {layer_name!r} is not a layer of the KV cache "
                              "config") from None
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False  # a cache: a save that does not happen is a later miss, nothing lost
+
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config: dict) -> bool:
         return True  # the per-layer hooks cannot be captured into a CUDA graph
 
     def shutdown(self) -> None:
+        for rid in list(self._saving):
+            self._drain(rid)
+        if self._saver is not None:
+            self._saver.shutdown()
+            self._saver = None
         if self._role == KVConnectorRole.WORKER and self._store is not None:
             with _STORES_LOCK:
                 if _STORES.get(self._engine) is self._store:
@@ -526,14 +600,21 @@ class SwiftKVConnector(KVConnectorBase_V1):
             if load is None and end // chunk <= s.chunks_done:
                 continue  # no chunk completes this step
             s.chunks_done = max(s.chunks_done, end // chunk)
+            self._handed_out.add(req_id)
             r = _RequestMeta(req_id, np.fromiter(known[:end], dtype=np.uint32, count=end),
                              list(s.block_ids))
             if load is not None:
                 r.load_from, r.load_to = load
             meta.requests.append(r)
+        meta.preempted = set(scheduler_output.preempted_req_ids or ())
         return meta
 
     def request_finished(self, request, block_ids):
+        """A request a step had work for may have saves in flight: vLLM keeps its blocks until
+        the worker's get_finished reports it (every such request is reported once)."""
         self._scheduled.pop(request.request_id, None)
         self._matched.pop(request.request_id, None)
-        return False, None  # saves end with their step: the blocks may be freed now
+        if request.request_id in self._handed_out:
+            self._handed_out.discard(request.request_id)
+            return True, None
+        return False, None
