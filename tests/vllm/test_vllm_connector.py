@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -570,3 +571,67 @@ def test_saves_in_flight_hold_their_blocks(engine, monkeypatch):
     e.worker.handle_preemptions(sv.SwiftKVConnectorMetadata(preempted={"b"}))
     assert all(f.done() for f in pending) and "b" not in e.worker._saving
     e.run()
+
+
+def test_a_corrupt_disk_chunk_is_reported_and_recomputed(engine, tmp_path):
+    """A chunk whose disk record fails its checksum ends the load there: the blocks from it to
+    the end of the load are reported, vLLM recomputes them, and the blocks before stay."""
+    e = engine(extra={"disk_path": str(tmp_path), "disk_budget_bytes": 64 << 20})
+    prompt = tokens_of(80, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    kv_model = e.worker._store.model
+    key = np.array(prompt, dtype=np.uint32)
+    assert kv_model.move(key, swiftkv.Tier.DISK) == 4
+    # docs/disk-format.md: a 128-byte segment header, then per chunk a 128-byte record header
+    # and the payload rounded up to 64 bytes, in the order they were written (chunks 0-3).
+    segments = [p for p in os.listdir(tmp_path) if p.endswith(".kvlog")]
+    assert len(segments) == 1
+    record = 128 + (e.worker._store.desc.chunk_bytes + 63) // 64 * 64
+    with open(tmp_path / segments[0], "r+b") as f:
+        f.seek(128 + record + 128 + 1000)  # inside chunk 1's payload
+        byte = f.read(1)[0]
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte ^ 0x10]))
+    e.forget_local()
+    e.add("b", prompt + tokens_of(81, 64), max_tokens=1)
+    errors = e.step()
+    assert e.offered("b") == (0, 256)
+    blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
+    assert errors == set(blocks[CHUNK // BLOCK:256 // BLOCK])
+    e.run()
+    assert e.computed["b"] == 64 + (320 - CHUNK)
+    assert e.worker._store.ctx.stats()["load_failures"] >= 1
+
+
+def test_lent_memory_lost_before_the_load_is_reported(engine, tmp_path):
+    """The lender dies after vLLM accepted a load from its memory: the lost chunks are not
+    loaded, their blocks are reported, and vLLM recomputes them."""
+    endpoint = f"ipc://{tmp_path}/lender"
+    lender = Lender(endpoint)
+    try:
+        e = engine(extra={"lenders": [{"endpoint": endpoint, "name": "worker", "units": 8}]})
+        prompt = tokens_of(90, 256)
+        e.add("a", prompt, max_tokens=1)
+        e.run()
+        e.forget_local()
+        ctx = e.worker._store.ctx
+
+        def kill_lender(out):
+            lender.proc.kill()
+            lender.proc.wait(timeout=30)
+            for _ in range(3000):
+                if ctx.coord_stats()["leases_lost"] > 0:
+                    return
+                time.sleep(0.01)
+            raise AssertionError("the lease was not lost")
+
+        e.add("b", prompt + tokens_of(91, 16), max_tokens=1)
+        errors = e.step(before_worker=kill_lender)
+        assert e.offered("b") == (0, 256)
+        blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
+        assert errors == set(blocks[:256 // BLOCK])
+        e.run()
+        assert e.computed["b"] == 16 + 272
+    finally:
+        lender.close()
