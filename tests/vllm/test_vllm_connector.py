@@ -635,3 +635,17 @@ def test_lent_memory_lost_before_the_load_is_reported(engine, tmp_path):
         assert e.computed["b"] == 16 + 272
     finally:
         lender.close()
+
+
+def test_the_hook_benchmark_runs():
+    """bench/bench_vllm_connector.py, one step: it runs and its JSON line is whole."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = subprocess.run([sys.executable, os.path.join(here, "..", "..", "bench",
+                                                       "bench_vllm_connector.py"), "--reps", "1"],
+                         capture_output=True, text=True, timeout=300, check=True).stdout
+    line = json.loads(out.strip().splitlines()[-1])
+    assert line["bench"] == "vllm_connector" and line["vllm"].startswith("vLLM 0.33")
+    assert set(line["results"]) == {"connector, 64 saving", "library batch calls, 64 saving",
+                                    "connector, nothing to do"}

@@ -1,0 +1,139 @@
+#!/usr/bin/env python3
+"""bench_vllm_connector: what the vLLM connector adds to vLLM's per-layer calls, on the host.
+
+vLLM calls wait_for_layer_load and save_kv_layer once per attention layer per step. For a step of
+64 requests that each save a chunk (32 layers, 16-token chunks, a host pool), the connector's
+pair of calls per layer is timed against the library's batch calls (swiftkv.wait_layer_load_batch
+and save_layer_batch) on an identical step, the two alternated step by step after a warm-up;
+also the pair with nothing to do (a decode step between chunk boundaries: the hooks' fixed
+cost). Microseconds per layer (both calls, the whole batch), median and min over --reps steps.
+Prints a table and one JSON line.
+
+    PYTHONPATH=build/bindings/python <vllm venv>/bin/python bench/bench_vllm_connector.py
+
+Runs with vLLM installed (tests/vllm/run.sh's venv) or, without it, with the stand-in of
+tests/python/test_vllm_worker.py.
+"""
+import argparse
+import importlib
+import json
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+import swiftkv
+
+BATCH, LAYERS, HEADS, DIM, BLOCK, CHUNK = 64, 32, 2, 16, 16, 16
+NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+
+def load_connector():
+    try:
+        importlib.import_module("vllm")
+        where = "vLLM " + sys.modules["vllm"].__version__
+    except ImportError:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                        "tests", "python"))
+        importlib.import_module("test_vllm_worker")._stand_in_vllm()
+        where = "a stand-in of vLLM"
+    return importlib.import_module("swiftkv.integrations.vllm"), where
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=21)
+    a = ap.parse_args()
+    sv, where = load_connector()
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+    blocks = BATCH * 4
+    config = SimpleNamespace(
+        parallel_config=SimpleNamespace(world_size=1, distributed_executor_backend="uni"),
+        kv_transfer_config=SimpleNamespace(
+            engine_id="bench", kv_connector_extra_config={"host_budget_bytes": 512 << 20,
+                                                          "chunk_tokens": CHUNK}),
+        model_config=SimpleNamespace(model="bench-vllm-connector", revision=None))
+    spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
+                             dtype=torch.float16)
+    kv_config = SimpleNamespace(num_blocks=blocks, kv_cache_groups=[
+        SimpleNamespace(kv_cache_spec=spec, layer_names=list(NAMES))])
+    w = sv.SwiftKVConnector(config, KVConnectorRole.WORKER, kv_config)
+    tensors = {n: torch.zeros(2, blocks, BLOCK, HEADS, DIM, dtype=torch.float16) for n in NAMES}
+    w.register_kv_caches(tensors)
+    store = w._store
+    seq = [0]
+
+    def step_requests():
+        """BATCH requests of one new 16-token chunk each (never cached before)."""
+        out = []
+        for i in range(BATCH):
+            seq[0] += 1
+            out.append(sv._RequestMeta(f"r{seq[0]}", np.arange(CHUNK, dtype=np.uint32) +
+                                       np.uint32(seq[0] * CHUNK), [i]))
+        return out
+
+    def connector_step(reqs) -> float:
+        meta = sv.SwiftKVConnectorMetadata(requests=reqs)
+        w.bind_connector_metadata(meta)
+        w.start_load_kv(None)
+        t0 = time.perf_counter_ns()
+        for name in NAMES:
+            w.wait_for_layer_load(name)
+            w.save_kv_layer(name, tensors[name], None)
+        t1 = time.perf_counter_ns()
+        w.wait_for_save()
+        w.clear_connector_metadata()
+        for r in reqs:
+            w._drain(r.req_id)
+        w.get_finished({r.req_id for r in reqs})
+        return (t1 - t0) / LAYERS / 1000.0
+
+    def library_step(reqs) -> float:
+        opened = [store.model.request(store.pool, r.tokens, r.block_ids,
+                                      shape=swiftkv.RequestShape.SAVE_ONLY) for r in reqs]
+        t0 = time.perf_counter_ns()
+        for layer in range(LAYERS):
+            swiftkv.wait_layer_load_batch([], layer)
+            swiftkv.save_layer_batch(opened, layer)
+        t1 = time.perf_counter_ns()
+        for r in opened:
+            r.wait_save()
+            r.finish()
+        return (t1 - t0) / LAYERS / 1000.0
+
+    rows = {"connector, 64 saving": [], "library batch calls, 64 saving": [],
+            "connector, nothing to do": []}
+    for i in range(a.reps + 2):  # two warm-up steps
+        c = connector_step(step_requests())
+        lib = library_step(step_requests())
+        idle = connector_step([])
+        if i >= 2:
+            rows["connector, 64 saving"].append(c)
+            rows["library batch calls, 64 saving"].append(lib)
+            rows["connector, nothing to do"].append(idle)
+        store.ctx.clear()
+    w.shutdown()
+    print(f"vLLM connector hooks on the host ({where}): µs per layer (wait_for_layer_load + "
+          f"save_kv_layer for the whole batch), {LAYERS} layers, median / min of {a.reps} steps")
+    print(f"{'case':36} {'median':>8} {'min':>8}")
+    result = {}
+    for name, v in rows.items():
+        med, low = statistics.median(v), min(v)
+        result[name] = {"median_us": med, "min_us": low}
+        print(f"{name:36} {med:8.1f} {low:8.1f}")
+    over = (result["connector, 64 saving"]["median_us"] -
+            result["library batch calls, 64 saving"]["median_us"])
+    print(f"connector over the library's batch calls: {over:.1f} µs per layer, "
+          f"{over / BATCH:.2f} µs per request and layer")
+    print(json.dumps({"bench": "vllm_connector", "vllm": where, "batch": BATCH, "layers": LAYERS,
+                      "results": result, "over_library_us_per_layer": over}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
