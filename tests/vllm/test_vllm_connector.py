@@ -83,7 +83,7 @@ class Engine:
     """vLLM's scheduler and one worker with the connector, on the CPU."""
 
     def __init__(self, model_dir, *, num_blocks=256, layout="vllm", extra=None, budget=64,
-                 engine_id=None, parallel=None):
+                 engine_id=None, parallel=None, kv_role="kv_both"):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
@@ -97,7 +97,7 @@ class Engine:
                                      cache_dtype="auto", enable_prefix_caching=True),
             kv_transfer_config=KVTransferConfig(
                 kv_connector="SwiftKVConnector",
-                kv_connector_module_path="swiftkv.integrations.vllm", kv_role="kv_both",
+                kv_connector_module_path="swiftkv.integrations.vllm", kv_role=kv_role,
                 kv_connector_extra_config=extra, kv_load_failure_policy="recompute",
                 **({"engine_id": engine_id} if engine_id else {})),
             device_config=DeviceConfig("cpu"),
@@ -649,3 +649,29 @@ def test_the_hook_benchmark_runs():
     assert line["bench"] == "vllm_connector" and line["vllm"].startswith("vLLM 0.33")
     assert set(line["results"]) == {"connector, 64 saving", "library batch calls, 64 saving",
                                     "connector, nothing to do"}
+
+
+def test_a_producer_saves_and_a_consumer_loads(engine, tmp_path):
+    """kv_role: an engine that only produces saves and never loads; one that only consumes
+    loads (here what the producer left on a shared disk path) and saves nothing."""
+    disk = {"disk_path": str(tmp_path), "disk_budget_bytes": 64 << 20}
+    p = engine(kv_role="kv_producer", extra=disk)
+    prompt = tokens_of(100, 256)
+    p.add("a", prompt, max_tokens=1)
+    p.run()
+    p.forget_local()
+    p.add("a2", prompt + tokens_of(101, 16), max_tokens=1)
+    p.run()
+    assert p.offered("a2") == (0, 0)  # a producer does not load
+    assert p.computed["a2"] == 272
+    p.close()  # its chunks go down to the disk, where the next context finds them
+
+    c = engine(kv_role="kv_consumer", extra=disk)
+    turn = prompt + tokens_of(102, 128)
+    c.add("b", turn, max_tokens=1)
+    c.run()
+    assert c.offered("b") == (0, 256)
+    assert c.computed["b"] == 128
+    kv_model = c.worker._store.model
+    assert kv_model.lookup(np.array(turn, dtype=np.uint32)).prefix_tokens == 256  # none saved
+    assert not any(c.errors)

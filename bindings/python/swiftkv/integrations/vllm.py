@@ -225,6 +225,7 @@ class _RequestMeta:
     block_ids: list          # the request's blocks, in token order
     load_from: int = 0       # [load_from, load_to): tokens to load (a block boundary each)
     load_to: int = 0
+    saves: bool = True       # whether the step saves the request's new chunks
 
     @property
     def loads(self) -> bool:
@@ -272,6 +273,9 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 f"pipeline parallel size 1, the 'uni' executor): world size {pc.world_size}, "
                 f"executor {pc.distributed_executor_backend!r}")
         self._opts = _options(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
+        # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
+        self._loads = getattr(self._kv_transfer_config, "is_kv_consumer", True)
+        self._saves = getattr(self._kv_transfer_config, "is_kv_producer", True)
         self._engine = self._kv_transfer_config.engine_id
         self._geometry = _Geometry.of(kv_cache_config)
         self._index = {n: i for i, n in enumerate(self._geometry.layer_names)}
@@ -369,8 +373,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
             raise HookOrderError(f"SwiftKVConnector: bound metadata is {type(meta).__name__}")
         store = self._shared()
         for r in meta.requests:
-            shape = swiftkv.RequestShape.LOAD_AND_SAVE if r.loads else \
-                swiftkv.RequestShape.SAVE_ONLY
+            shape = (swiftkv.RequestShape.LOAD_AND_SAVE if r.saves else
+                     swiftkv.RequestShape.LOAD_ONLY) if r.loads else swiftkv.RequestShape.SAVE_ONLY
             try:
                 req = store.model.request(store.pool, r.tokens, r.block_ids,
                                           load_from_tokens=r.load_from, shape=shape)
@@ -428,7 +432,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
         if kv_layer.data_ptr() != self._shared().layers[layer].data_ptr():
             raise ValueError(f"SwiftKVConnector: save_kv_layer({layer_name!r}) was handed a "
                              "tensor other than the one registered for the layer")
-        swiftkv.save_layer_batch([req for _, req in step.entries], layer, self._stream())
+        swiftkv.save_layer_batch([req for r, req in step.entries if r.saves], layer,
+                                 self._stream())
         step.next_save += 1
 
     def wait_for_save(self) -> None:
@@ -448,12 +453,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 if valid < r.load_to:
                     self._load_errors.update(self._blocks(r, max(valid, r.load_from)))
                     failed = True
-            if step.next_save == layers and not failed:
+            if r.saves and step.next_save == layers and not failed:
                 self._saving.setdefault(r.req_id, []).append(
                     self._saver_thread().submit(self._finish_saves, req, stream))
                 continue
             try:
-                if step.next_save == layers:
+                if r.saves and step.next_save == layers:
                     req.wait_save(stream)
             finally:
                 req.finish()  # before every layer was saved: aborts, saving nothing
@@ -533,7 +538,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
         chunk = self._shared().desc.chunk_tokens
         n = request.num_tokens
         cap = (n - 1) // g.block_tokens * g.block_tokens  # vLLM computes the last token
-        if cap <= num_computed_tokens:
+        if cap <= num_computed_tokens or not self._loads:
             return 0, False
         full = n // chunk * chunk
         tokens = np.fromiter(request.all_token_ids[:full], dtype=np.uint32, count=full)
@@ -597,12 +602,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
             known = s.request.all_token_ids
             end = min(start + scheduler_output.num_scheduled_tokens[req_id], len(known))
             load, s.load = s.load, None
-            if load is None and end // chunk <= s.chunks_done:
-                continue  # no chunk completes this step
+            if load is None and (end // chunk <= s.chunks_done or not self._saves):
+                continue  # no chunk completes this step, or nothing is saved
             s.chunks_done = max(s.chunks_done, end // chunk)
             self._handed_out.add(req_id)
             r = _RequestMeta(req_id, np.fromiter(known[:end], dtype=np.uint32, count=end),
-                             list(s.block_ids))
+                             list(s.block_ids), saves=self._saves)
             if load is not None:
                 r.load_from, r.load_to = load
             meta.requests.append(r)
