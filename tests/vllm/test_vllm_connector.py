@@ -675,3 +675,25 @@ def test_a_producer_saves_and_a_consumer_loads(engine, tmp_path):
     kv_model = c.worker._store.model
     assert kv_model.lookup(np.array(turn, dtype=np.uint32)).prefix_tokens == 256  # none saved
     assert not any(c.errors)
+
+
+def test_requests_the_library_cannot_open_are_recomputed(engine):
+    """With room for one open request, a step of several loads opens the first and reports the
+    others' blocks: vLLM recomputes them, and nothing stays open."""
+    e = engine(extra={"max_open_requests": 1}, budget=1024)
+    prompts = [tokens_of(110 + i, 128) for i in range(3)]
+    for i, p in enumerate(prompts):  # one at a time: each step has room for its save
+        e.add(f"a{i}", p, max_tokens=1)
+        e.run()
+    e.forget_local()
+    for i, p in enumerate(prompts):
+        e.add(f"b{i}", p + tokens_of(120 + i, 16), max_tokens=1)
+    errors = e.step()
+    loaded = [i for i in range(3) if e.offered(f"b{i}") == (0, 128)]
+    assert len(loaded) == 3
+    blocks = [set(e.scheduler.kv_cache_manager.get_block_ids(f"b{i}")[0][:128 // BLOCK])
+              for i in range(3)]
+    assert errors == blocks[1] | blocks[2]  # the first opened; the two others reported
+    e.run()
+    assert e.computed["b0"] == 16 and e.computed["b1"] == e.computed["b2"] == 16 + 144
+    assert e.worker._store.ctx.stats()["requests_open"] == 0

@@ -372,20 +372,29 @@ class SwiftKVConnector(KVConnectorBase_V1):
         if not isinstance(meta, SwiftKVConnectorMetadata):
             raise HookOrderError(f"SwiftKVConnector: bound metadata is {type(meta).__name__}")
         store = self._shared()
-        for r in meta.requests:
-            shape = (swiftkv.RequestShape.LOAD_AND_SAVE if r.saves else
-                     swiftkv.RequestShape.LOAD_ONLY) if r.loads else swiftkv.RequestShape.SAVE_ONLY
-            try:
-                req = store.model.request(store.pool, r.tokens, r.block_ids,
-                                          load_from_tokens=r.load_from, shape=shape)
-            except swiftkv.Busy:
-                # No room for another open request: nothing loaded (vLLM recomputes) or saved.
+        try:
+            for r in meta.requests:
+                shape = (swiftkv.RequestShape.LOAD_AND_SAVE if r.saves else
+                         swiftkv.RequestShape.LOAD_ONLY) if r.loads else \
+                    swiftkv.RequestShape.SAVE_ONLY
+                try:
+                    req = store.model.request(store.pool, r.tokens, r.block_ids,
+                                              load_from_tokens=r.load_from, shape=shape)
+                except swiftkv.Error as e:
+                    # No room for another open request (EBUSY), or the library refused it: the
+                    # engine serves on, the request's load recomputed and nothing saved.
+                    if not isinstance(e, swiftkv.Busy):
+                        _log.error("SwiftKVConnector: request %s not begun: %s", r.req_id, e)
+                    if r.loads:
+                        self._load_errors.update(self._blocks(r, r.load_from))
+                    continue
+                step.entries.append((r, req))
                 if r.loads:
-                    self._load_errors.update(self._blocks(r, r.load_from))
-                continue
-            step.entries.append((r, req))
-            if r.loads:
-                step.loading.append(req)
+                    step.loading.append(req)
+        except BaseException:
+            for _, req in step.entries:  # nothing of the step stays open
+                req.finish()
+            raise
         self._step = step
         return step
 
