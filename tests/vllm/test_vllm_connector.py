@@ -491,20 +491,29 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         # (the library's demote_free_percent) moves nothing out of it.
         e = engine(extra={"lenders": [{"endpoint": endpoint, "name": "worker", "units": 8}]})
         assert len(e.worker._store.leases) == 1
-        peer = e.worker._store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
-        assert peer == 8 * e.worker._store.desc.chunk_bytes
+        capacity = e.worker._store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
+        assert capacity == 8 * e.worker._store.desc.chunk_bytes
         prompt = tokens_of(50, 256)
         e.add("a", prompt, max_tokens=1)
         e.run()
         key = np.array(prompt, dtype=np.uint32)
         kv_model = e.worker._store.model
-        assert set(kv_model.lookup(key).residency.tolist()) == {int(swiftkv.Tier.PEER)}
+        # Peer first: the first chunk's slot is always there. A chunk saved while the open
+        # requests hold half of the peer tier already (the library's share for them; saves end
+        # off the step, so a slow saver holds slots longer) goes to host memory instead.
+        residency = kv_model.lookup(key).residency.tolist()
+        assert residency[0] == int(swiftkv.Tier.PEER), residency
+        assert set(residency) <= {int(swiftkv.Tier.PEER), int(swiftkv.Tier.HOST)}, residency
+        peer = residency.count(int(swiftkv.Tier.PEER)) * CHUNK
         e.forget_local()
         b = e.add("b", prompt + tokens_of(51, 16), max_tokens=1)
         sources = []
         e.step(before_worker=lambda out: sources.append(
             e.connector.get_external_cache_hit_sources(b, 256)))
-        assert sources == [{sv.CacheHitSource.P2P: 256}]
+        want = {sv.CacheHitSource.P2P: peer}
+        if peer < 256:
+            want[sv.CacheHitSource.HOST] = 256 - peer
+        assert sources == [want]
         e.run()
         assert e.computed["b"] == 16
         # The lender gets a request of its own as large as its whole region: every lent block
