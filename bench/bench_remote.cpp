@@ -143,27 +143,33 @@ std::string run_capture(const std::vector<std::string> &args) {
 // ucx_perftest's overall bandwidth in GB/s (its MB is 2^20 bytes), or a negative number.
 double perftest(const char *test, uint64_t bytes, uint64_t iters) {
   static int port = 20000 + static_cast<int>(::getpid() % 20000);
-  ++port;
-  // The server's output is not read: its pipe is closed as soon as it started.
-  PipedChild server = spawn_piped({"ucx_perftest", "-p", std::to_string(port)});
-  if (server.pid > 0) {
-    ::close(server.in);
-    std::fclose(server.out);
-  }
-  // The client fails while the server is not listening yet: tried again for up to 15 s (a
-  // loaded machine, a sanitizer build beside it, took over a second), not once the server is gone.
   std::string out;
-  bool server_alive = server.pid > 0;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
-  while (out.empty() && server_alive && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    out = run_capture({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
-                       std::to_string(bytes), "-n", std::to_string(iters), "-w", "2"});
-    if (out.empty()) server_alive = ::waitpid(server.pid, nullptr, WNOHANG) == 0;
-  }
-  if (server_alive) {
-    ::kill(server.pid, SIGTERM);
-    ::waitpid(server.pid, nullptr, 0);
+  // A server that exits at once found its port taken (another process's, or one of this
+  // machine's connections): the next port is tried, up to 5.
+  for (int attempt = 0; attempt < 5 && out.empty(); ++attempt) {
+    ++port;
+    // The server's output is not read: its pipe is closed as soon as it started.
+    PipedChild server = spawn_piped({"ucx_perftest", "-p", std::to_string(port)});
+    if (server.pid > 0) {
+      ::close(server.in);
+      std::fclose(server.out);
+    }
+    // The client fails while the server is not listening yet: tried again for up to 15 s (a
+    // loaded machine, a sanitizer build beside it, took over a second), not once the server is
+    // gone.
+    bool server_alive = server.pid > 0;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+    while (out.empty() && server_alive && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      out = run_capture({"ucx_perftest", "127.0.0.1", "-p", std::to_string(port), "-t", test, "-s",
+                         std::to_string(bytes), "-n", std::to_string(iters), "-w", "2"});
+      if (out.empty()) server_alive = ::waitpid(server.pid, nullptr, WNOHANG) == 0;
+    }
+    if (server_alive) {
+      ::kill(server.pid, SIGTERM);
+      ::waitpid(server.pid, nullptr, 0);
+    }
+    if (server.pid <= 0) break;  // ucx_perftest is not there: no other port helps
   }
   const size_t at = out.find("Final:");
   if (at == std::string::npos) {
