@@ -40,20 +40,9 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import DType, Model, ModelDesc
+from ._torch import DTYPES as _DTYPES, device_index as _device_index
 
 __all__ = ["SwiftKVCache", "model_desc", "PrefixLoadFailed"]
-
-_DTYPES = {torch.float16: DType.F16, torch.bfloat16: DType.BF16, torch.float32: DType.F32}
-
-
-def _device_index(device) -> Optional[int]:
-    """A torch device as a swiftkv device: None for the CPU, the CUDA ordinal otherwise."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return None
-    if device.type != "cuda":
-        raise ValueError(f"swiftkv pages live on the CPU or a CUDA device, not {device}")
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,

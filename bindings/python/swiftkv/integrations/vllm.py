@@ -55,6 +55,8 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import swiftkv
 
+from ._torch import DTYPES as _DTYPES, device_index
+
 _log = init_logger(__name__)
 
 __all__ = ["SwiftKVConnector", "SwiftKVConnectorMetadata", "HookOrderError", "SUPPORTED_VLLM",
@@ -94,8 +96,6 @@ OPTIONS = {
     "lenders": [],                 # [{"endpoint", "name", "units"}]: lenders to borrow from
 }
 
-_DTYPES = {torch.float16: swiftkv.DType.F16, torch.bfloat16: swiftkv.DType.BF16,
-           torch.float32: swiftkv.DType.F32}
 _HIT_SOURCES = {swiftkv.Tier.PEER: CacheHitSource.P2P, swiftkv.Tier.HOST: CacheHitSource.HOST,
                 swiftkv.Tier.DISK: CacheHitSource.DISK,
                 swiftkv.Tier.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED}
@@ -254,6 +254,7 @@ class _Step:
     def __init__(self):
         self.entries: list = []   # (meta, swiftkv.Request)
         self.loading: list = []   # the requests that load
+        self.saving: list = []    # the requests that save
         self.started = False
         self.next_wait = 0
         self.next_save = 0
@@ -326,9 +327,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
             raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}, "
                              f"which is neither [2, {g.num_blocks}, ...] nor "
                              f"[{g.num_blocks}, 2, ...]")
-        device = None if t.device.type == "cpu" else (
-            t.device.index if t.device.index is not None else torch.cuda.current_device())
-        store = _Store(self._vllm_config, g, self._opts, device)
+        store = _Store(self._vllm_config, g, self._opts, device_index(t.device))
         try:
             store.pool = store.model.pool_from_tensors(layers, layout)
         except BaseException:
@@ -391,6 +390,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 step.entries.append((r, req))
                 if r.loads:
                     step.loading.append(req)
+                if r.saves:
+                    step.saving.append(req)
         except BaseException:
             for _, req in step.entries:  # nothing of the step stays open
                 req.finish()
@@ -441,8 +442,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
         if kv_layer.data_ptr() != self._shared().layers[layer].data_ptr():
             raise ValueError(f"SwiftKVConnector: save_kv_layer({layer_name!r}) was handed a "
                              "tensor other than the one registered for the layer")
-        swiftkv.save_layer_batch([req for r, req in step.entries if r.saves], layer,
-                                 self._stream())
+        swiftkv.save_layer_batch(step.saving, layer, self._stream())
         step.next_save += 1
 
     def wait_for_save(self) -> None:
