@@ -247,12 +247,16 @@ void LenderService::on_hello(const std::string &routing, const Message &m) {
   w.region_bytes = region->memory().size();
   w.identity = e.identity;
   std::copy(e.ipc_handle.begin(), e.ipc_handle.end(), w.ipc_handle.begin());
-  send_served(srv, std::move(w));
+  // The session is counted before its welcome leaves: a borrower holding the welcome sees it in
+  // the lender's statistics.
   const bool remote_session = srv.remote;
-  served_.emplace(routing, std::move(srv));
-  std::lock_guard lock(st_.mu);
-  st_.stats.sessions_served = served_.size();
-  if (remote_session) ++st_.stats.remote_sessions;
+  Served &kept = served_.emplace(routing, std::move(srv)).first->second;
+  {
+    std::lock_guard lock(st_.mu);
+    st_.stats.sessions_served = served_.size();
+    if (remote_session) ++st_.stats.remote_sessions;
+  }
+  send_served(kept, std::move(w));
 }
 
 std::optional<bool> LenderService::choose_path(Served &srv, const Hello &h,
