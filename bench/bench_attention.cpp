@@ -3,10 +3,10 @@
 // contiguous run of memory per sub-request), the two alternated repetition by repetition after
 // a warm-up; median and best over --reps. On the host the CPU twin (an fp64 reference path, not
 // a fast one); on a GPU the kernels, for prefill (8 sub-requests x 512 new tokens over 8K and
-// 32K cached tokens) and decode (64 sub-requests x 1 token), for both kernels (the WMMA one and
-// the FlashAttention-2 style one). Prints a table and one JSON line.
-// bench/bench_attention_sdpa.py adds PyTorch's scaled_dot_product_attention as the contiguous
-// baseline on a GPU machine.
+// 32K cached tokens) and decode (64 sub-requests x 1 token), for both kernels (FlashInfer's batch
+// prefill and the library's FlashAttention-2 style one, SWIFTKV_ATTENTION_KERNEL). Prints a table
+// and one JSON line. bench/bench_attention_sdpa.py adds PyTorch's scaled_dot_product_attention as
+// the contiguous baseline on a GPU machine.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -289,7 +289,7 @@ int main(int argc, char **argv) {
                                 {"decode 64x1 over 32K", 64, 1, 32768}};
     for (const Shape &s : gpu_shapes) {
       for (uint32_t page : {16u, 64u}) {
-        for (const char *kernel : {"wmma", "fa2"}) {
+        for (const char *kernel : {"flashinfer", "fa2"}) {
           results.push_back(device_result(s, page, reps, kernel));
         }
       }

@@ -7,8 +7,8 @@ against the bytes read plus written per second of a large device-to-device copy 
 same repetitions (the bar: at least 0.8). Every kernel's output is checked against SDPA's before
 it is timed, and a wrong one is reported and not timed. Median and best of --reps repetitions,
 each timing SDPA, the kernels and the copy in turn. Prints a table and one JSON line. Both
-attention kernels (the WMMA one and the FlashAttention-2 style one, SWIFTKV_ATTENTION_KERNEL)
-are measured.
+attention kernels (FlashInfer's batch prefill and the library's FlashAttention-2 style one,
+SWIFTKV_ATTENTION_KERNEL) are measured.
 
 It reaches the library through ctypes over the C header's structs (the Python bindings are not
 part of this release yet). `--check-abi` only checks those struct layouts and plans a tiny batch
@@ -23,7 +23,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The library's attention kernels (SWIFTKV_ATTENTION_KERNEL): both are measured.
-KERNELS = ("wmma", "fa2")
+KERNELS = ("flashinfer", "fa2")
 
 
 class Desc(C.Structure):

@@ -1,5 +1,6 @@
 // Paged attention at the ABI: descriptions checked into shapes, plans written into the caller's
 // workspace with a check word, and runs dispatched to the CPU twin or the CUDA kernels.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -14,7 +15,9 @@
 #include "core/attention/attention_cpu.hpp"
 #include "core/attention/attention_plan.hpp"
 #include "core/attention/cuda_attention.hpp"
+#include "core/attention/flashinfer_map.hpp"
 #include "core/common/checked_math.hpp"
+#include "core/common/error.hpp"
 
 namespace swiftkv::capi {
 
@@ -55,7 +58,16 @@ uint64_t check_word(const swiftkv_attention_plan &p) {
   return XXH3_64bits(reinterpret_cast<const unsigned char *>(&p) + first, end - first);
 }
 
-// What a run needs from its plan, as the plan struct carries it.
+// What a run needs from its plan, as the plan struct carries it:
+//   internal[0]  the magic's low half | FlashInfer's partial rows
+//   internal[1]  device | dtype            internal[2]  num_qo_heads | num_kv_heads
+//   internal[3]  head_dim | page_tokens
+//   internal[4]  causal (bit 0), tile rows (bits 1-8), FlashInfer's refusal (bits 9-16), its
+//                query tile (bits 17-18: 16, 64, 128), split (bit 19) | its blocks per KV head
+//   internal[5]  sm_scale | soft cap       internal[6]  the workspace's address
+//   internal[7]  work items | merges       internal[8]  merge offset | FlashInfer's offset / 256
+//   internal[9]  partial_o offset          internal[10] partial_lse offset
+//   internal[11] the check word
 struct PlanView {
   AttentionShape shape;
   uint32_t tile_rows;
@@ -64,7 +76,21 @@ struct PlanView {
   uint64_t work_offset, merge_offset, partial_o_offset, partial_lse_offset;
   uint64_t check;
   uint64_t q_tokens, kv_tokens;
+  uint32_t n_requests;
+  FlashInferRefusal fi_refusal;
+  uint32_t fi_cta_tile_q, fi_ctas;
+  bool fi_split;
+  uint64_t fi_offset, fi_partial_rows;
 };
+
+constexpr uint32_t kCtaTiles[3] = {16, 64, 128};
+
+uint32_t cta_code(uint32_t cta) {
+  for (uint32_t i = 0; i < 3; ++i) {
+    if (kCtaTiles[i] == cta) return i;
+  }
+  return 0;
+}
 
 PlanView read_plan(const swiftkv_attention_plan *plan) {
   require(plan, "plan");
@@ -72,7 +98,7 @@ PlanView read_plan(const swiftkv_attention_plan *plan) {
                                               SWIFTKV_ATTENTION_PLAN_VERSION, kPlanV1Size, "plan",
                                               "SWIFTKV_ATTENTION_PLAN_INIT");
   const uint64_t *in = plan->internal;
-  if (in[0] != kAttentionWorkspaceMagic || in[11] != check_word(*plan)) {
+  if (lo32(in[0]) != lo32(kAttentionWorkspaceMagic) || in[11] != check_word(*plan)) {
     fail_invalid("plan was not made by swiftkv_attention_plan_make, or was changed since");
   }
   PlanView v{};
@@ -82,20 +108,30 @@ PlanView read_plan(const swiftkv_attention_plan *plan) {
   v.shape.num_kv_heads = hi32(in[2]);
   v.shape.head_dim = lo32(in[3]);
   v.shape.page_tokens = hi32(in[3]);
-  v.shape.causal = lo32(in[4]) != 0;
-  v.tile_rows = hi32(in[4]);
+  const uint32_t bits = lo32(in[4]);
+  v.shape.causal = (bits & 1u) != 0;
+  v.tile_rows = (bits >> 1) & 0xffu;
+  const uint32_t refusal = (bits >> 9) & 0xffu;
+  v.fi_refusal = refusal <= kFlashInferRefusalMax ? static_cast<FlashInferRefusal>(refusal)
+                                                  : FlashInferRefusal::too_large;
+  v.fi_cta_tile_q = kCtaTiles[std::min<uint32_t>((bits >> 17) & 3u, 2)];
+  v.fi_split = ((bits >> 19) & 1u) != 0;
+  v.fi_ctas = hi32(in[4]);
+  v.fi_partial_rows = hi32(in[0]);
   v.shape.sm_scale = bits_float(lo32(in[5]));
   v.shape.soft_cap = bits_float(hi32(in[5]));
   v.workspace = static_cast<uintptr_t>(in[6]);
   v.n_work = lo32(in[7]);
   v.n_merge = hi32(in[7]);
   v.work_offset = kAttentionWorkOffset;
-  v.merge_offset = in[8];
+  v.merge_offset = lo32(in[8]);
+  v.fi_offset = uint64_t{hi32(in[8])} * kAttentionAlign;
   v.partial_o_offset = in[9];
   v.partial_lse_offset = in[10];
   v.check = in[11];
   v.q_tokens = plan->q_tokens;
   v.kv_tokens = plan->kv_tokens;
+  v.n_requests = plan->n_requests;
   return v;
 }
 
@@ -162,9 +198,38 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
     if (host && stream != nullptr)
       fail_invalid("stream is not NULL, and a host plan takes no stream");
     const uint32_t parallelism = host ? 1 : attention_device_parallelism(s.device);
-    const AttentionPlan plan =
-        plan_attention(s, AttentionBatch{qo_indptr, kv_indptr, kv_last_page_len, n_requests},
-                       workspace_bytes, parallelism);
+    const AttentionBatch batch{qo_indptr, kv_indptr, kv_last_page_len, n_requests};
+    AttentionPlan plan = plan_attention(s, batch, workspace_bytes, parallelism);
+
+    // FlashInfer's schedule and arrays go after the library's own plan (which the fa2 kernel
+    // runs), when the workspace has room for both.
+    FlashInferSchedule sched;
+    FlashInferRefusal fi = FlashInferRefusal::host;
+    if (!host) {
+      fi = flashinfer_built()
+               ? flashinfer_schedule(s, batch, std::min(parallelism, kFlashInferMaxCtas), &sched)
+               : FlashInferRefusal::not_built;
+    }
+    FlashInferLayout layout;
+    uint64_t fi_offset = 0;
+    if (fi == FlashInferRefusal::none) {
+      layout = flashinfer_layout(s, n_requests, plan.q_tokens, sched.ctas(), sched.split,
+                                 sched.partial_rows);
+      if (plan.bytes + layout.bytes > workspace_bytes && layout.bytes < workspace_bytes) {
+        // The library's plan splits less to leave FlashInfer its room.
+        try {
+          plan = plan_attention(s, batch, workspace_bytes - layout.bytes, parallelism);
+        } catch (const Error &e) {
+          if (e.status() != SWIFTKV_ENOMEM) throw;
+        }
+      }
+      fi_offset = plan.bytes;
+      if (fi_offset + layout.bytes > workspace_bytes) fi = FlashInferRefusal::workspace;
+    }
+    if (plan.merge_offset > UINT32_MAX || fi_offset / kAttentionAlign > UINT32_MAX) {
+      fail_invalid("the batch's work list passes the plan's 4 GiB of offsets");
+    }
+    if (fi != FlashInferRefusal::none) sched = FlashInferSchedule{};
 
     swiftkv_attention_plan p = SWIFTKV_ATTENTION_PLAN_INIT;
     p.n_requests = n_requests;
@@ -173,28 +238,39 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
     p.kv_tokens = plan.kv_tokens;
     p.split_requests = plan.split_requests;
     p.max_kv_pieces = plan.max_pieces;
-    p.workspace_bytes = plan.bytes;
-    p.internal[0] = kAttentionWorkspaceMagic;
+    p.workspace_bytes = fi == FlashInferRefusal::none ? fi_offset + layout.bytes : plan.bytes;
+    p.internal[0] = pack(lo32(kAttentionWorkspaceMagic), static_cast<uint32_t>(sched.partial_rows));
     p.internal[1] = pack(static_cast<uint32_t>(s.device), static_cast<uint32_t>(s.dtype));
     p.internal[2] = pack(s.num_qo_heads, s.num_kv_heads);
     p.internal[3] = pack(s.head_dim, s.page_tokens);
-    p.internal[4] = pack(s.causal ? 1u : 0u, plan.tile_rows);
+    const uint32_t bits = (s.causal ? 1u : 0u) | (plan.tile_rows << 1) |
+                          (static_cast<uint32_t>(fi) << 9) | (cta_code(sched.cta_tile_q) << 17) |
+                          ((sched.split ? 1u : 0u) << 19);
+    p.internal[4] = pack(bits, sched.ctas());
     p.internal[5] = pack(float_bits(s.sm_scale), float_bits(s.soft_cap));
     p.internal[6] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(workspace));
     p.internal[7] =
         pack(static_cast<uint32_t>(plan.work.size()), static_cast<uint32_t>(plan.merge.size()));
-    p.internal[8] = plan.merge_offset;
+    p.internal[8] = pack(static_cast<uint32_t>(plan.merge_offset),
+                         static_cast<uint32_t>(fi_offset / kAttentionAlign));
     p.internal[9] = plan.partial_o_offset;
     p.internal[10] = plan.partial_lse_offset;
     p.internal[11] = check_word(p);
 
-    // Header, work list and merges; the partial rows are the run's scratch.
+    // Header, work list and merges; the partial rows are the run's scratch. Then FlashInfer's
+    // arrays (its partials are scratch too).
     if (host) {
       serialize_attention_plan(plan, p.internal[11], workspace, plan.partial_o_offset);
     } else {
       std::vector<unsigned char> staged(plan.partial_o_offset);
       serialize_attention_plan(plan, p.internal[11], staged.data(), staged.size());
       attention_copy_plan(s.device, workspace, staged.data(), staged.size(), stream);
+      if (fi == FlashInferRefusal::none) {
+        staged.assign(layout.int_bytes, 0);
+        serialize_flashinfer_plan(sched, batch, layout, staged.data());
+        attention_copy_plan(s.device, static_cast<unsigned char *>(workspace) + fi_offset,
+                            staged.data(), staged.size(), stream);
+      }
     }
     write_versioned(out, p, SWIFTKV_ATTENTION_PLAN_VERSION, kPlanV1Size, "out",
                     "SWIFTKV_ATTENTION_PLAN_INIT");
@@ -294,6 +370,76 @@ void run_on_host(const PlanView &v, const AttentionParams &p, const void *worksp
   run_attention_cpu(v.shape, p);
 }
 
+// FlashInfer's launch: the arguments, and the arrays and partials in the workspace.
+FlashInferLaunch flashinfer_launch(const PlanView &v, const swiftkv_attention_args &a,
+                                   const FlashInferTensors &t, void *workspace) {
+  const FlashInferLayout l = flashinfer_layout(v.shape, v.n_requests, v.q_tokens, v.fi_ctas,
+                                               v.fi_split, v.fi_partial_rows);
+  auto *base = static_cast<unsigned char *>(workspace) + v.fi_offset;
+  auto ints = [&](uint64_t offset) { return reinterpret_cast<int32_t *>(base + offset); };
+  FlashInferLaunch f;
+  f.q = a.q;
+  f.k = a.k_base;
+  f.v = a.v_base;
+  f.out = a.out;
+  f.lse = a.lse;
+  f.q_token_stride = t.q_token_stride;
+  f.q_head_stride = t.q_head_stride;
+  f.page_stride = t.page_stride;
+  f.token_stride = t.token_stride;
+  f.head_stride = t.head_stride;
+  f.kv_indices = const_cast<int32_t *>(a.kv_indices);
+  f.qo_indptr = ints(l.qo_indptr);
+  f.kv_indptr = ints(l.kv_indptr);
+  f.last_page_len = ints(l.last_page_len);
+  f.request_indices = ints(l.request_indices);
+  f.qo_tile_indices = ints(l.qo_tile_indices);
+  f.kv_tile_indices = ints(l.kv_tile_indices);
+  f.o_indptr = ints(l.o_indptr);
+  f.merge_indptr = ints(l.merge_indptr);
+  f.kv_chunk_size = ints(l.kv_chunk_size);
+  if (v.fi_split) {
+    f.tmp_v = base + l.tmp_v;
+    f.tmp_s = reinterpret_cast<float *>(base + l.tmp_s);
+  }
+  f.n_requests = v.n_requests;
+  f.q_tokens = static_cast<uint32_t>(v.q_tokens);
+  f.ctas = v.fi_ctas;
+  f.cta_tile_q = v.fi_cta_tile_q;
+  return f;
+}
+
+// A device run: FlashInfer's kernel where the plan and the tensors allow it (and
+// SWIFTKV_ATTENTION_KERNEL does not ask for fa2), else the fa2 kernel.
+void run_on_device(const PlanView &v, const swiftkv_attention_args &a, const AttentionParams &p,
+                   void *workspace, void *stream) {
+  const AttentionKernelChoice choice = attention_kernel_choice();
+  if (choice != AttentionKernelChoice::fa2) {
+    std::string why;
+    if (v.fi_refusal != FlashInferRefusal::none) {
+      why = flashinfer_refusal_text(v.fi_refusal);
+    } else if (const auto t = flashinfer_tensors(v.shape, a, v.q_tokens, &why)) {
+      attention_run_flashinfer(v.shape, flashinfer_launch(v, a, *t, workspace), stream);
+      return;
+    }
+    if (choice == AttentionKernelChoice::flashinfer) {
+      fail(SWIFTKV_EUNSUPPORTED,
+           "SWIFTKV_ATTENTION_KERNEL=flashinfer, and FlashInfer's kernel cannot run this: " + why);
+    }
+  }
+  // The fa2 kernel's 16-byte loads need 16-byte aligned bases and strides of whole pieces.
+  const bool vectorised = aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
+                          a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 &&
+                          a.page_stride % 8 == 0 && a.token_stride % 8 == 0 &&
+                          a.head_stride % 8 == 0;
+  if (!vectorised) {
+    fail_invalid(
+        "on a device, q, k_base and v_base must be 16-byte aligned and the q and K/V strides "
+        "multiples of 8 elements (the kernels load 16 bytes at a time)");
+  }
+  attention_run_cuda(v.shape, p, stream);
+}
+
 }  // namespace
 
 swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
@@ -310,12 +456,7 @@ swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
     if (v.shape.device == SWIFTKV_DEVICE_HOST) {
       run_on_host(v, p, workspace);
     } else {
-      // 16-byte loads need 16-byte aligned bases and strides of whole 16-byte pieces.
-      const bool vectorised = aligned16(a.q) && aligned16(a.k_base) && aligned16(a.v_base) &&
-                              a.q_token_stride % 8 == 0 && a.q_head_stride % 8 == 0 &&
-                              a.page_stride % 8 == 0 && a.token_stride % 8 == 0 &&
-                              a.head_stride % 8 == 0;
-      attention_run_cuda(v.shape, p, vectorised, stream);
+      run_on_device(v, a, p, workspace, stream);
     }
     return SWIFTKV_OK;
   }

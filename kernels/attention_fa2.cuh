@@ -1,6 +1,6 @@
-// Multi-token paged attention in the FlashAttention-2 style: the same work items, partial rows and
-// merge as paged_attention_kernel (kernels/attention.cuh), with S, P and O in registers instead
-// of shared memory.
+// Multi-token paged attention in the FlashAttention-2 style over the library's own plan: its work
+// items, fp32 partial rows and merge (kernels/attention_merge.cuh), with S, P and O in registers.
+// It runs what FlashInfer's kernel does not take (docs/attention.md says which runs those are).
 //
 // A block has 4 warps (128 threads) and one work item: a tile of TILE packed query rows of one KV
 // head over one KV piece. With TILE = 64 (prefill) each warp owns 16 rows and every key; with
@@ -14,9 +14,9 @@
 //  - S = Q.K^T with mma.sync m16n8k16 (K fragments by ldmatrix), the online softmax on the
 //    accumulators (row max and sum across a quad by shuffles), P rounded to the element type and
 //    reused as A fragments in registers, O += P.V with V fragments by ldmatrix.trans.
-// Rows and keys are masked, scaled, capped and merged as the WMMA kernel does them, so both match
-// the CPU twin within the same tolerance. The launcher (core/attention/cuda_attention.cu) runs
-// this kernel only for 16-byte aligned tensors; SWIFTKV_ATTENTION_KERNEL selects it.
+// Rows and keys are masked, scaled, capped and merged as the CPU twin does them. The launcher
+// (core/attention/cuda_attention.cu) runs this kernel only for 16-byte aligned tensors;
+// SWIFTKV_ATTENTION_KERNEL=fa2 selects it for every run.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -25,7 +25,7 @@
 
 #include <cstdint>
 
-#include "kernels/attention.cuh"
+#include "kernels/attention_merge.cuh"
 #include "kernels/attention_work.h"
 
 namespace swiftkv::kernels::fa2 {

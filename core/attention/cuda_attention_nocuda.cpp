@@ -18,7 +18,13 @@ void attention_copy_plan(int32_t device, void *, const void *, uint64_t, void *)
   no_cuda(device);
 }
 
-void attention_run_cuda(const AttentionShape &shape, const AttentionParams &, bool, void *) {
+void attention_run_cuda(const AttentionShape &shape, const AttentionParams &, void *) {
+  no_cuda(shape.device);
+}
+
+bool flashinfer_built() { return false; }
+
+void attention_run_flashinfer(const AttentionShape &shape, const FlashInferLaunch &, void *) {
   no_cuda(shape.device);
 }
 

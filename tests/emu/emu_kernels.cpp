@@ -32,8 +32,8 @@
 #pragma GCC diagnostic ignored "-Wunused-function"
 namespace {
 #include "cuda_emu.hpp"
-#include "kernels/attention.cuh"
 #include "kernels/attention_fa2.cuh"
+#include "kernels/attention_merge.cuh"
 #include "kernels/segment_copy.cuh"
 
 // The kernels' `extern __shared__` arrays: one per namespace that declares one.
@@ -45,30 +45,17 @@ __attribute__((aligned(128))) unsigned char smem[swiftkv_emu::kMaxSharedBytes];
 }  // namespace swiftkv::kernels
 
 namespace k = swiftkv::kernels;
-using kernel_emulation::AttentionKernel;
 using kernel_emulation::Schedule;
 
-// attention_run_cuda's launch<T, D, TILE>, kernel for kernel.
+// attention_run_cuda's launch<T, D, TILE>: the fa2 kernel's work items, then the merges.
 template <class T, int D, int TILE>
-uint64_t launch_attention(AttentionKernel which, const swiftkv::AttentionParams &p, bool vectorised,
-                          const Schedule &schedule) {
-  if (which == AttentionKernel::fa2 && vectorised) {
-    constexpr int KV_TILE = k::fa2::kv_tile<D, TILE>();
-    using Config = k::fa2::Config<D, TILE, KV_TILE>;
-    if (p.n_work > 0) {
-      swiftkv_emu::launch(static_cast<unsigned>(p.n_work), k::fa2::kThreads, Config::kBytes,
-                          k::fa2::smem, k::fa2::kThreads, schedule,
-                          [&] { k::fa2::fa2_attention_kernel<T, D, TILE, KV_TILE>(p); });
-    }
-  } else {
-    constexpr int KV_TILE = k::wmma_kv_tile<D>();
-    using Smem = k::AttentionSmem<D, TILE, KV_TILE>;
-    const int vec = vectorised ? 1 : 0;
-    if (p.n_work > 0) {
-      swiftkv_emu::launch(static_cast<unsigned>(p.n_work), TILE * 2, Smem::kBytes, k::smem,
-                          TILE * 2, schedule,
-                          [&] { k::paged_attention_kernel<T, D, TILE, KV_TILE>(p, vec); });
-    }
+uint64_t launch_attention(const swiftkv::AttentionParams &p, const Schedule &schedule) {
+  constexpr int KV_TILE = k::fa2::kv_tile<D, TILE>();
+  using Config = k::fa2::Config<D, TILE, KV_TILE>;
+  if (p.n_work > 0) {
+    swiftkv_emu::launch(static_cast<unsigned>(p.n_work), k::fa2::kThreads, Config::kBytes,
+                        k::fa2::smem, k::fa2::kThreads, schedule,
+                        [&] { k::fa2::fa2_attention_kernel<T, D, TILE, KV_TILE>(p); });
   }
   if (p.n_merge > 0) {
     swiftkv_emu::launch(static_cast<unsigned>(p.n_merge), 128, 0, k::smem, 128, schedule,
@@ -78,22 +65,20 @@ uint64_t launch_attention(AttentionKernel which, const swiftkv::AttentionParams 
 }
 
 template <class T, int D>
-uint64_t by_tile(AttentionKernel which, const swiftkv::AttentionParams &p, bool vectorised,
-                 const Schedule &schedule) {
+uint64_t by_tile(const swiftkv::AttentionParams &p, const Schedule &schedule) {
   switch (p.tile_rows) {
-    case 16: return launch_attention<T, D, 16>(which, p, vectorised, schedule);
-    case 64: return launch_attention<T, D, 64>(which, p, vectorised, schedule);
+    case 16: return launch_attention<T, D, 16>(p, schedule);
+    case 64: return launch_attention<T, D, 64>(p, schedule);
     default: swiftkv_emu::fatal("a tile with no kernel");
   }
 }
 
 template <class T>
-uint64_t by_head_dim(AttentionKernel which, int head_dim, const swiftkv::AttentionParams &p,
-                     bool vectorised, const Schedule &schedule) {
+uint64_t by_head_dim(int head_dim, const swiftkv::AttentionParams &p, const Schedule &schedule) {
   switch (head_dim) {
-    case 64: return by_tile<T, 64>(which, p, vectorised, schedule);
-    case 128: return by_tile<T, 128>(which, p, vectorised, schedule);
-    case 256: return by_tile<T, 256>(which, p, vectorised, schedule);
+    case 64: return by_tile<T, 64>(p, schedule);
+    case 128: return by_tile<T, 128>(p, schedule);
+    case 256: return by_tile<T, 256>(p, schedule);
     default: swiftkv_emu::fatal("a head dim with no kernel");
   }
 }
@@ -105,13 +90,13 @@ namespace kernel_emulation {
 size_t copy_item_size() { return sizeof(swiftkv::CopyItem); }
 size_t chunk_source_size() { return sizeof(swiftkv::ChunkSource); }
 
-uint64_t run_attention(AttentionKernel kernel, bool bf16, int head_dim, const void *params,
-                       size_t params_size, bool vectorised, const Schedule &schedule) {
+uint64_t run_attention(bool bf16, int head_dim, const void *params, size_t params_size,
+                       const Schedule &schedule) {
   swiftkv::AttentionParams p;
   if (params_size != sizeof p) swiftkv_emu::fatal("AttentionParams of another size");
   std::memcpy(&p, params, sizeof p);
-  return bf16 ? by_head_dim<__nv_bfloat16>(kernel, head_dim, p, vectorised, schedule)
-              : by_head_dim<half>(kernel, head_dim, p, vectorised, schedule);
+  return bf16 ? by_head_dim<__nv_bfloat16>(head_dim, p, schedule)
+              : by_head_dim<half>(head_dim, p, schedule);
 }
 
 void run_copy_items(unsigned grid, const void *items, uint32_t n, const void *chunks,

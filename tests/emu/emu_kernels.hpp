@@ -14,8 +14,6 @@
 
 namespace kernel_emulation {
 
-enum class AttentionKernel { wmma, fa2 };
-
 // How threads interleave (cuda_emu.hpp takes it as it is): the seed of the order fibers run in,
 // warps released one at a time (greedy) or together, cp.async landing when issued or at its wait.
 struct Schedule {
@@ -24,11 +22,11 @@ struct Schedule {
   bool copies_land_at_issue = false;
 };
 
-// The work items, then the merges, of `params` (a swiftkv::AttentionParams, params_size bytes),
-// as attention_run_cuda launches them; `schedule` says how threads interleave. Returns the blocks
-// launched.
-uint64_t run_attention(AttentionKernel kernel, bool bf16, int head_dim, const void *params,
-                       size_t params_size, bool vectorised, const Schedule &schedule);
+// The fa2 kernel's work items, then the merges, of `params` (a swiftkv::AttentionParams,
+// params_size bytes, 16-byte aligned tensors), as attention_run_cuda launches them; `schedule`
+// says how threads interleave. Returns the blocks launched.
+uint64_t run_attention(bool bf16, int head_dim, const void *params, size_t params_size,
+                       const Schedule &schedule);
 
 // copy_items and decode_items over `grid` blocks of the transfer engine's block size. items:
 // swiftkv::CopyItem[n], chunks: swiftkv::ChunkSource[], shape: a swiftkv::codec::LayerShape.

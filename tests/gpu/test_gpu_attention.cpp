@@ -1,7 +1,8 @@
 // On a GPU machine: the paged attention kernels against the CPU twin over sweeps of dtype, head
 // dim, GQA ratio, page size, layout, causal mode, soft cap and KV splits (explicit and chosen by
 // the plan), and a run captured in a CUDA graph giving the same bits as a direct run; each case
-// runs both the WMMA kernel (the default) and the FlashAttention-2 style one
+// runs FlashInfer's kernel (SWIFTKV_ATTENTION_KERNEL=flashinfer: it must run exactly the cases
+// the docs say it takes, and refuse the rest with SWIFTKV_EUNSUPPORTED) and the fa2 kernel
 // (SWIFTKV_ATTENTION_KERNEL=fa2) against one CPU run.
 // Exits 77 without a usable device or without CUDA.
 #include <cmath>
@@ -62,6 +63,21 @@ bool upload(const att_problem &p, DeviceProblem &d) {
   return true;
 }
 
+// Whether FlashInfer's kernel takes p (docs/attention.md#flashinfer): causal or one query token a
+// sub-request, no soft cap, no query without a key, forced splits of whole pages, dense output.
+bool flashinfer_takes(const att_problem &p) {
+  if (p.desc.logits_soft_cap > 0 || p.q_tokens == 0 || p.layout == ATT_PADDED) return false;
+  if (p.desc.kv_chunk_tokens % p.desc.page_tokens != 0) return false;
+  for (uint32_t r = 0; r < p.n_req; ++r) {
+    if (p.q_len[r] == 0) continue;
+    if (p.kv_len[r] == 0) return false;
+    if (p.desc.causal ? p.kv_len[r] < p.q_len[r] : p.q_len[r] > 1) return false;
+  }
+  return true;
+}
+
+uint32_t g_flashinfer_runs = 0;
+
 // Runs p on the host (the reference) and on device 0 with each kernel; compares out and lse.
 void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   // The CPU twin.
@@ -89,7 +105,8 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
                                     d.ws, bytes, nullptr) == SWIFTKV_OK);
   if (splits_seen != nullptr) *splits_seen += plan.split_requests;
   // Both kernels against the one CPU run (the twin is the slow part).
-  for (const char *kernel : {"wmma", "fa2"}) {
+  const bool flashinfer = flashinfer_takes(p);
+  for (const char *kernel : {"flashinfer", "fa2"}) {
     CHECK(setenv("SWIFTKV_ATTENTION_KERNEL", kernel, 1) == 0);
     // NaN everywhere first (all-ones bits in f16, bf16 and f32): what a kernel leaves unwritten
     // fails the comparison.
@@ -97,6 +114,16 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
     CHECK_CUDA(cudaMemset(d.lse, 0xff, sizeof(float) * size_t(p.q_tokens) * p.desc.num_qo_heads));
     const swiftkv_status st = swiftkv_attention_run(&plan, &d.args, d.ws, nullptr);
     CHECK(unsetenv("SWIFTKV_ATTENTION_KERNEL") == 0);
+    if (std::strcmp(kernel, "flashinfer") == 0) {
+      if (st != (flashinfer ? SWIFTKV_OK : SWIFTKV_EUNSUPPORTED)) {
+        std::fprintf(stderr, "%s: FlashInfer %s (%s)\n", name,
+                     flashinfer ? "refused a batch it takes" : "ran a batch it does not take",
+                     swiftkv_last_error_message());
+      }
+      CHECK(st == (flashinfer ? SWIFTKV_OK : SWIFTKV_EUNSUPPORTED));
+      if (!flashinfer) continue;
+      ++g_flashinfer_runs;
+    }
     CHECK(st == SWIFTKV_OK);
     CHECK_CUDA(cudaDeviceSynchronize());
     std::vector<unsigned char> out(p.out_bytes);
@@ -113,6 +140,7 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
 
 void kernels_match_the_cpu_twin() {
   uint64_t s = 77;
+  const uint32_t before = g_flashinfer_runs;
   for (int c = 0; c < 80; ++c) {
     att_problem p;
     att_sweep_case(&p, c, &s, 600, 150, 400);
@@ -121,9 +149,41 @@ void kernels_match_the_cpu_twin() {
     compare_case(p, name, nullptr);
     att_free(&p);
   }
+  std::printf("FlashInfer ran %u of the 80 cases\n", g_flashinfer_runs - before);
+  CHECK(g_flashinfer_runs - before >= 10);
 }
 
-// A decode batch too small to fill the device with one long KV: the plan splits it.
+// Tensors a kernel cannot load 16 bytes at a time: FlashInfer's kernel refuses them and so does
+// fa2 (SWIFTKV_EINVAL, nothing launched).
+void unaligned_tensors_are_refused() {
+  att_problem p;
+  att_start(&p, 8, 2, 64, 16, ATT_NHD);
+  p.n_req = 1;
+  p.q_len[0] = 5;
+  p.kv_len[0] = 40;
+  att_build(&p, 12, 1);
+  DeviceProblem d;
+  CHECK(upload(p, d));
+  d.args.q = static_cast<const unsigned char *>(d.args.q) + p.elem;  // one element in
+  swiftkv_attention_desc dev = p.desc;
+  dev.device = 0;
+  uint64_t bytes = 0;
+  CHECK(swiftkv_attention_workspace_size(&bytes, &dev, 1, 5) == SWIFTKV_OK);
+  CHECK_CUDA(cudaMalloc(&d.ws, bytes));
+  swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
+  CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len, 1, d.ws,
+                                    bytes, nullptr) == SWIFTKV_OK);
+  CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, nullptr) == SWIFTKV_EINVAL);
+  CHECK(std::strstr(swiftkv_last_error_message(), "16-byte aligned") != nullptr);
+  CHECK(setenv("SWIFTKV_ATTENTION_KERNEL", "flashinfer", 1) == 0);
+  CHECK(swiftkv_attention_run(&plan, &d.args, d.ws, nullptr) == SWIFTKV_EUNSUPPORTED);
+  CHECK(std::strstr(swiftkv_last_error_message(), "q is not 16-byte aligned") != nullptr);
+  CHECK(unsetenv("SWIFTKV_ATTENTION_KERNEL") == 0);
+  att_free(&p);
+}
+
+// A decode batch too small to fill the device with one long KV: both plans split it (FlashInfer's
+// partials in the dtype, merged by its merge kernel; fa2's in fp32, merged by the library's).
 void automatic_splits_match() {
   att_problem p;
   att_start(&p, 32, 8, 128, 16, ATT_NHD);
@@ -139,7 +199,8 @@ void automatic_splits_match() {
   att_free(&p);
 }
 
-// The run captured in a CUDA graph writes the same bits as a direct run.
+// The run captured in a CUDA graph writes the same bits as a direct run (FlashInfer's kernel with
+// its split into 4-page chunks, unless SWIFTKV_ATTENTION_KERNEL says fa2).
 void graph_capture_replays_the_run() {
   att_problem p;
   att_start(&p, 8, 2, 128, 16, ATT_VLLM);
@@ -225,6 +286,7 @@ int main() {
       SWIFTKV_GPU_TEST(automatic_splits_match),
       SWIFTKV_GPU_TEST(graph_capture_replays_the_run),
       SWIFTKV_GPU_TEST(fa2_kernel_in_a_graph_and_a_bad_name),
+      SWIFTKV_GPU_TEST(unaligned_tensors_are_refused),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

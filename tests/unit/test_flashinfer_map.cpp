@@ -2,10 +2,17 @@
 // layout the API documents (vLLM's, FlashInfer's NHD and HND, cross-layer pages, the library's
 // own pools), the strides handed to FlashInfer's paged_kv_t are the hand-computed ones; a run
 // FlashInfer cannot take (its 32-bit strides, 16-byte vectors, dense output, dtypes, head dims)
-// is refused with the rule it breaks named, so it goes to the fa2 kernel instead.
+// is refused with the rule it breaks named, so it goes to the fa2 kernel instead. The schedule
+// (which query tile and KV chunk each block computes, where partial rows go and how they merge),
+// the arrays the plan writes into the workspace and where, for decode, automatic and forced
+// splits and prefill tiles, against hand-computed ones; the batches it refuses; and the
+// workspace bound against the layouts of random batches.
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "core/attention/attention_plan.hpp"
 #include "core/attention/flashinfer_map.hpp"
@@ -61,7 +68,7 @@ swiftkv_attention_args args(int64_t page, int64_t token, int64_t head, int64_t v
 
 void expect(const swiftkv_attention_args &a, uint32_t page, uint32_t token, uint32_t head) {
   std::string why;
-  const auto t = swiftkv::flashinfer_tensors(shape(), a, &why);
+  const auto t = swiftkv::flashinfer_tensors(shape(), a, 64, &why);
   if (!t) fail_msg("refused: %s", why.c_str());
   assert_int_equal(t->page_stride, page);
   assert_int_equal(t->token_stride, token);
@@ -72,7 +79,7 @@ void expect(const swiftkv_attention_args &a, uint32_t page, uint32_t token, uint
 
 void refused(const AttentionShape &s, const swiftkv_attention_args &a, const char *needle) {
   std::string why;
-  const auto t = swiftkv::flashinfer_tensors(s, a, &why);
+  const auto t = swiftkv::flashinfer_tensors(s, a, 64, &why);
   assert_false(t.has_value());
   if (why.find(needle) == std::string::npos) {
     fail_msg("the reason '%s' does not name '%s'", why.c_str(), needle);
@@ -135,7 +142,259 @@ void what_flashinfer_cannot_take_is_refused(void **) {
   // f16 maps as bf16 does.
   s = shape();
   s.dtype = SWIFTKV_DTYPE_F16;
-  assert_true(swiftkv::flashinfer_tensors(s, good, nullptr).has_value());
+  assert_true(swiftkv::flashinfer_tensors(s, good, 64, nullptr).has_value());
+  // The kernel's q and out offsets are 32-bit signed products.
+  assert_true(swiftkv::flashinfer_tensors(shape(), good,
+                                          ((int64_t{1} << 31) - 1) / (kQoHeads * kDim), nullptr)
+                  .has_value());
+  std::string why;
+  assert_false(swiftkv::flashinfer_tensors(shape(), good,
+                                           ((int64_t{1} << 31) - 1) / (kQoHeads * kDim) + 1, &why)
+                   .has_value());
+  assert_true(why.find("32-bit offsets") != std::string::npos);
+}
+
+// A batch as plan_attention takes it: query and page counts per sub-request, last page fills.
+struct Batch {
+  std::vector<int32_t> qo{0}, kv{0}, last;
+  void add(int32_t q_len, int32_t pages, int32_t last_len) {
+    qo.push_back(qo.back() + q_len);
+    kv.push_back(kv.back() + pages);
+    last.push_back(last_len);
+  }
+  swiftkv::AttentionBatch view() const {
+    return {qo.data(), kv.data(), last.data(), static_cast<uint32_t>(last.size())};
+  }
+};
+
+using Ints = std::vector<int32_t>;
+
+swiftkv::FlashInferSchedule schedule_of(const AttentionShape &s, const Batch &b) {
+  swiftkv::FlashInferSchedule sc;
+  const auto r = swiftkv::flashinfer_schedule(s, b.view(), 264, &sc);
+  if (r != swiftkv::FlashInferRefusal::none) {
+    fail_msg("refused: %s", swiftkv::flashinfer_refusal_text(r));
+  }
+  return sc;
+}
+
+void same(const Ints &got, const Ints &want, const char *what) {
+  if (got != want) {
+    std::string g, w;
+    for (int32_t v : got) g += std::to_string(v) + " ";
+    for (int32_t v : want) w += std::to_string(v) + " ";
+    fail_msg("%s: [%s] where [%s] was expected", what, g.c_str(), w.c_str());
+  }
+}
+
+// Decode, 32 query heads over 8 KV heads: 4 packed rows a request, a 16-row tile each, and KV too
+// short to split (fewer pages than the 8 of the shortest chunk, 128 tokens).
+void decode_is_one_block_per_request(void **) {
+  Batch b;
+  b.add(1, 4, 16);
+  b.add(1, 1, 5);
+  b.add(1, 2, 1);
+  const auto sc = schedule_of(shape(), b);
+  assert_int_equal(sc.cta_tile_q, 16);
+  assert_false(sc.split);
+  assert_int_equal(sc.chunk_tokens, 4 * 16);
+  same(sc.request_indices, {0, 1, 2}, "request_indices");
+  same(sc.qo_tile_indices, {0, 0, 0}, "qo_tile_indices");
+  same(sc.kv_tile_indices, {0, 0, 0}, "kv_tile_indices");
+  same(sc.o_indptr, {0, 1, 2, 3}, "o_indptr");
+  same(sc.merge_indptr, {0, 1, 2, 3}, "merge_indptr");
+  assert_int_equal(sc.partial_rows, 0);
+}
+
+// One decode over 100 pages cannot fill 264 blocks (33 per KV head): its KV splits into the
+// shortest chunks allowed, 8 pages, 13 of them, merged into one row.
+void a_lone_long_decode_splits(void **) {
+  Batch b;
+  b.add(1, 100, 7);
+  const auto sc = schedule_of(shape(), b);
+  assert_int_equal(sc.cta_tile_q, 16);
+  assert_true(sc.split);
+  assert_int_equal(sc.chunk_tokens, 128);
+  same(sc.request_indices, Ints(13, 0), "request_indices");
+  same(sc.qo_tile_indices, Ints(13, 0), "qo_tile_indices");
+  same(sc.kv_tile_indices, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, "kv_tile_indices");
+  same(sc.o_indptr, {0, 13}, "o_indptr");
+  same(sc.merge_indptr, {0, 13}, "merge_indptr");
+  assert_int_equal(sc.partial_rows, 13);
+  // 40 such requests fill the device unsplit (40 blocks > 33).
+  Batch many;
+  for (int i = 0; i < 40; ++i) many.add(1, 100, 7);
+  assert_false(schedule_of(shape(), many).split);
+}
+
+// kv_chunk_tokens = 32 forces 2-page chunks. A sub-request with no query makes no block and no
+// partial row; one with no pages hands the kernel last_page_len 0 whatever the caller passed.
+void forced_chunks_and_the_arrays_in_the_workspace(void **) {
+  AttentionShape s = shape();
+  s.kv_chunk_tokens = 32;
+  Batch b;
+  b.add(3, 5, 10);  // 74 keys: chunks of 2, 2 and 1 pages
+  b.add(0, 0, 9);   // nothing to compute
+  b.add(1, 2, 16);  // 32 keys: one chunk
+  const auto sc = schedule_of(s, b);
+  assert_int_equal(sc.cta_tile_q, 16);  // (12 + 0 + 4) / 3 = 5 packed rows on average
+  assert_true(sc.split);
+  assert_int_equal(sc.chunk_tokens, 32);
+  same(sc.request_indices, {0, 0, 0, 2}, "request_indices");
+  same(sc.qo_tile_indices, {0, 0, 0, 0}, "qo_tile_indices");
+  same(sc.kv_tile_indices, {0, 1, 2, 0}, "kv_tile_indices");
+  same(sc.o_indptr, {0, 9, 9, 10}, "o_indptr");
+  same(sc.merge_indptr, {0, 3, 6, 9, 10}, "merge_indptr");
+  assert_int_equal(sc.partial_rows, 10);
+
+  // Where each array lies: 16-byte aligned int32 arrays, then the partials on 256 bytes.
+  const auto l = swiftkv::flashinfer_layout(s, 3, 4, sc.ctas(), true, sc.partial_rows);
+  assert_int_equal(l.qo_indptr, 0);
+  assert_int_equal(l.kv_indptr, 16);
+  assert_int_equal(l.last_page_len, 32);
+  assert_int_equal(l.request_indices, 48);
+  assert_int_equal(l.qo_tile_indices, 64);
+  assert_int_equal(l.kv_tile_indices, 80);
+  assert_int_equal(l.o_indptr, 96);
+  assert_int_equal(l.merge_indptr, 112);
+  assert_int_equal(l.kv_chunk_size, 144);
+  assert_int_equal(l.int_bytes, 148);
+  assert_int_equal(l.tmp_s, 256);
+  assert_int_equal(l.tmp_v, 256 + 1280);                // 10 rows x 32 heads x 4 bytes
+  assert_int_equal(l.bytes, 1536 + 10 * 32 * 128 * 2);  // partial outputs in the dtype
+
+  std::vector<unsigned char> ws(l.int_bytes, 0xab);
+  swiftkv::serialize_flashinfer_plan(sc, b.view(), l, ws.data());
+  auto read = [&](uint64_t offset, size_t n) {
+    Ints v(n);
+    std::memcpy(v.data(), ws.data() + offset, n * sizeof(int32_t));
+    return v;
+  };
+  same(read(l.qo_indptr, 4), {0, 3, 3, 4}, "qo_indptr in the workspace");
+  same(read(l.kv_indptr, 4), {0, 5, 5, 7}, "kv_indptr in the workspace");
+  same(read(l.last_page_len, 3), {10, 0, 16}, "last_page_len in the workspace");
+  same(read(l.request_indices, 4), {0, 0, 0, 2}, "request_indices in the workspace");
+  same(read(l.qo_tile_indices, 4), {0, 0, 0, 0}, "qo_tile_indices in the workspace");
+  same(read(l.kv_tile_indices, 4), {0, 1, 2, 0}, "kv_tile_indices in the workspace");
+  same(read(l.o_indptr, 4), {0, 9, 9, 10}, "o_indptr in the workspace");
+  same(read(l.merge_indptr, 5), {0, 3, 6, 9, 10}, "merge_indptr in the workspace");
+  same(read(l.kv_chunk_size, 1), {32}, "kv_chunk_size in the workspace");
+  for (uint64_t gap : {uint64_t{44}, uint64_t{132}}) {  // padding is zeroed
+    assert_int_equal(read(gap, 1)[0], 0);
+  }
+}
+
+// Prefill: 100 tokens x 4 = 400 packed rows a request, tiles of 128 (64 at head dim 256), tiles
+// ordered query tile first then KV chunk, two 8-page chunks of 10 pages each.
+void prefill_tiles_and_chunks(void **) {
+  Batch b;
+  b.add(100, 10, 16);
+  b.add(100, 10, 4);
+  const auto sc = schedule_of(shape(), b);
+  assert_int_equal(sc.cta_tile_q, 128);
+  assert_true(sc.split);  // 8 blocks unsplit, fewer than 33
+  assert_int_equal(sc.chunk_tokens, 128);
+  same(sc.request_indices, {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1}, "request_indices");
+  same(sc.qo_tile_indices, {0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3}, "qo_tile_indices");
+  same(sc.kv_tile_indices, {0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1}, "kv_tile_indices");
+  same(sc.o_indptr, {0, 200, 400}, "o_indptr");
+  assert_int_equal(sc.merge_indptr.size(), 201);
+  for (size_t i = 0; i < sc.merge_indptr.size(); ++i) {
+    assert_int_equal(sc.merge_indptr[i], 2 * i);
+  }
+  AttentionShape wide = shape();
+  wide.head_dim = 256;
+  assert_int_equal(schedule_of(wide, b).cta_tile_q, 64);
+  assert_int_equal(swiftkv::flashinfer_cta_tile_q(16, 128), 16);
+  assert_int_equal(swiftkv::flashinfer_cta_tile_q(17, 128), 64);
+  assert_int_equal(swiftkv::flashinfer_cta_tile_q(64, 128), 64);
+  assert_int_equal(swiftkv::flashinfer_cta_tile_q(65, 128), 128);
+}
+
+swiftkv::FlashInferRefusal refusal(const AttentionShape &s, const Batch &b) {
+  swiftkv::FlashInferSchedule sc;
+  return swiftkv::flashinfer_schedule(s, b.view(), 264, &sc);
+}
+
+// What the FlashInfer kernels built cannot compute goes to fa2, each for its reason.
+void batches_flashinfer_does_not_take(void **) {
+  using swiftkv::FlashInferRefusal;
+  Batch decode;
+  decode.add(1, 3, 4);
+  AttentionShape s = shape();
+  s.soft_cap = 30;
+  assert_int_equal(refusal(s, decode), FlashInferRefusal::soft_cap);
+  s = shape();
+  s.dtype = SWIFTKV_DTYPE_F32;
+  assert_int_equal(refusal(s, decode), FlashInferRefusal::dtype);
+  s = shape();
+  s.device = SWIFTKV_DEVICE_HOST;
+  assert_int_equal(refusal(s, decode), FlashInferRefusal::host);
+  // Not causal: one query token a sub-request is the same either way, more is not built.
+  s = shape();
+  s.causal = false;
+  assert_int_equal(refusal(s, decode), FlashInferRefusal::none);
+  Batch two;
+  two.add(2, 3, 4);
+  assert_int_equal(refusal(s, two), FlashInferRefusal::not_causal);
+  // Causal queries that see no key: more queries than keys, or no keys.
+  Batch unseen;
+  unseen.add(40, 2, 4);  // 20 keys
+  assert_int_equal(refusal(shape(), unseen), FlashInferRefusal::unseen_queries);
+  Batch empty;
+  empty.add(1, 0, 0);
+  assert_int_equal(refusal(shape(), empty), FlashInferRefusal::unseen_queries);
+  s = shape();
+  s.causal = false;
+  assert_int_equal(refusal(s, empty), FlashInferRefusal::unseen_queries);
+  Batch none;
+  none.add(0, 3, 4);
+  assert_int_equal(refusal(shape(), none), FlashInferRefusal::no_queries);
+  s = shape();
+  s.kv_chunk_tokens = 24;  // not whole 16-token pages
+  assert_int_equal(refusal(s, decode), FlashInferRefusal::forced_split);
+  for (uint32_t r = 0; r <= swiftkv::kFlashInferRefusalMax; ++r) {
+    assert_true(std::strlen(swiftkv::flashinfer_refusal_text(static_cast<FlashInferRefusal>(r))) >
+                3);
+  }
+}
+
+// The bound swiftkv_attention_workspace_size adds for FlashInfer holds every batch within it.
+void the_workspace_bound_holds_random_batches(void **) {
+  std::mt19937_64 rng(45);
+  for (int trial = 0; trial < 400; ++trial) {
+    AttentionShape s = shape();
+    const uint32_t kv_heads[] = {1, 2, 8, 32};
+    s.num_kv_heads = kv_heads[rng() % 4];
+    s.num_qo_heads = s.num_kv_heads * (1u << (rng() % 4));
+    s.head_dim = 64u << (rng() % 3);
+    s.page_tokens = 1u << (rng() % 9);
+    const uint32_t n = 1 + static_cast<uint32_t>(rng() % 64);
+    Batch b;
+    for (uint32_t r = 0; r < n; ++r) {
+      const int32_t q = static_cast<int32_t>(rng() % 3 == 0 ? rng() % 300 : 1);
+      const int32_t kv = q + static_cast<int32_t>(rng() % 5000);
+      const int32_t pages =
+          (kv + static_cast<int32_t>(s.page_tokens) - 1) / static_cast<int32_t>(s.page_tokens);
+      b.add(q, pages, kv - (pages - 1) * static_cast<int32_t>(s.page_tokens));
+    }
+    swiftkv::FlashInferSchedule sc;
+    const uint32_t ctas = 2 * (1 + static_cast<uint32_t>(rng() % 200));  // up to 400 SMs' worth
+    const auto r =
+        swiftkv::flashinfer_schedule(s, b.view(), std::min(ctas, swiftkv::kFlashInferMaxCtas), &sc);
+    if (r == swiftkv::FlashInferRefusal::no_queries) continue;
+    assert_int_equal(r, swiftkv::FlashInferRefusal::none);
+    const uint64_t q_tokens = static_cast<uint64_t>(b.qo.back());
+    const auto l = swiftkv::flashinfer_layout(s, n, q_tokens, sc.ctas(), sc.split, sc.partial_rows);
+    const uint64_t bound = swiftkv::flashinfer_workspace_bound(s, n, q_tokens);
+    if (l.bytes > bound) {
+      fail_msg("trial %d: %llu bytes needed, bound %llu", trial,
+               static_cast<unsigned long long>(l.bytes), static_cast<unsigned long long>(bound));
+    }
+    // Every block is a (request, tile, chunk) the request has, each once.
+    assert_int_equal(sc.merge_indptr.size(), q_tokens + 1);
+    if (sc.split) assert_int_equal(sc.partial_rows, static_cast<uint64_t>(sc.o_indptr.back()));
+  }
 }
 
 }  // namespace
@@ -144,6 +403,12 @@ int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_documented_layout_maps),
       cmocka_unit_test(what_flashinfer_cannot_take_is_refused),
+      cmocka_unit_test(decode_is_one_block_per_request),
+      cmocka_unit_test(a_lone_long_decode_splits),
+      cmocka_unit_test(forced_chunks_and_the_arrays_in_the_workspace),
+      cmocka_unit_test(prefill_tiles_and_chunks),
+      cmocka_unit_test(batches_flashinfer_does_not_take),
+      cmocka_unit_test(the_workspace_bound_holds_random_batches),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
