@@ -62,8 +62,8 @@ uint64_t check_word(const swiftkv_attention_plan &p) {
 //   internal[0]  the magic's low half | FlashInfer's partial rows
 //   internal[1]  device | dtype            internal[2]  num_qo_heads | num_kv_heads
 //   internal[3]  head_dim | page_tokens
-//   internal[4]  causal (bit 0), tile rows (bits 1-8), FlashInfer's refusal (bits 9-16), its
-//                query tile (bits 17-18: 16, 64, 128), split (bit 19) | its blocks per KV head
+//   internal[4]  the plan word (AttentionPlanWord: causal, tile rows, FlashInfer's refusal,
+//                query tile, split and blocks per KV head)
 //   internal[5]  sm_scale | soft cap       internal[6]  the workspace's address
 //   internal[7]  work items | merges       internal[8]  merge offset | FlashInfer's offset / 256
 //   internal[9]  partial_o offset          internal[10] partial_lse offset
@@ -83,15 +83,6 @@ struct PlanView {
   uint64_t fi_offset, fi_partial_rows;
 };
 
-constexpr uint32_t kCtaTiles[3] = {16, 64, 128};
-
-uint32_t cta_code(uint32_t cta) {
-  for (uint32_t i = 0; i < 3; ++i) {
-    if (kCtaTiles[i] == cta) return i;
-  }
-  return 0;
-}
-
 PlanView read_plan(const swiftkv_attention_plan *plan) {
   require(plan, "plan");
   check_struct_header<swiftkv_attention_plan>(plan->size, plan->version,
@@ -108,15 +99,13 @@ PlanView read_plan(const swiftkv_attention_plan *plan) {
   v.shape.num_kv_heads = hi32(in[2]);
   v.shape.head_dim = lo32(in[3]);
   v.shape.page_tokens = hi32(in[3]);
-  const uint32_t bits = lo32(in[4]);
-  v.shape.causal = (bits & 1u) != 0;
-  v.tile_rows = (bits >> 1) & 0xffu;
-  const uint32_t refusal = (bits >> 9) & 0xffu;
-  v.fi_refusal = refusal <= kFlashInferRefusalMax ? static_cast<FlashInferRefusal>(refusal)
-                                                  : FlashInferRefusal::too_large;
-  v.fi_cta_tile_q = kCtaTiles[std::min<uint32_t>((bits >> 17) & 3u, 2)];
-  v.fi_split = ((bits >> 19) & 1u) != 0;
-  v.fi_ctas = hi32(in[4]);
+  const AttentionPlanWord word = decode_plan_word(in[4]);
+  v.shape.causal = word.causal;
+  v.tile_rows = word.tile_rows;
+  v.fi_refusal = word.refusal;
+  v.fi_cta_tile_q = word.cta_tile_q;
+  v.fi_split = word.split;
+  v.fi_ctas = word.ctas;
   v.fi_partial_rows = hi32(in[0]);
   v.shape.sm_scale = bits_float(lo32(in[5]));
   v.shape.soft_cap = bits_float(hi32(in[5]));
@@ -243,10 +232,14 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
     p.internal[1] = pack(static_cast<uint32_t>(s.device), static_cast<uint32_t>(s.dtype));
     p.internal[2] = pack(s.num_qo_heads, s.num_kv_heads);
     p.internal[3] = pack(s.head_dim, s.page_tokens);
-    const uint32_t bits = (s.causal ? 1u : 0u) | (plan.tile_rows << 1) |
-                          (static_cast<uint32_t>(fi) << 9) | (cta_code(sched.cta_tile_q) << 17) |
-                          ((sched.split ? 1u : 0u) << 19);
-    p.internal[4] = pack(bits, sched.ctas());
+    AttentionPlanWord word;
+    word.causal = s.causal;
+    word.tile_rows = plan.tile_rows;
+    word.refusal = fi;
+    word.cta_tile_q = fi == FlashInferRefusal::none ? sched.cta_tile_q : 16;
+    word.split = sched.split;
+    word.ctas = sched.ctas();
+    p.internal[4] = encode_plan_word(word);
     p.internal[5] = pack(float_bits(s.sm_scale), float_bits(s.soft_cap));
     p.internal[6] = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(workspace));
     p.internal[7] =

@@ -305,6 +305,34 @@ std::optional<FlashInferTensors> flashinfer_tensors(const AttentionShape &shape,
   return t;
 }
 
+namespace {
+constexpr uint32_t kCtaTiles[3] = {16, 64, 128};
+}  // namespace
+
+uint64_t encode_plan_word(const AttentionPlanWord &w) {
+  uint32_t cta = 0;
+  while (cta < 2 && kCtaTiles[cta] != w.cta_tile_q) ++cta;
+  const uint32_t bits = (w.causal ? 1u : 0u) | ((w.tile_rows & 0xffu) << 1) |
+                        ((static_cast<uint32_t>(w.refusal) & 0xffu) << 9) | (cta << 17) |
+                        ((w.split ? 1u : 0u) << 19);
+  return uint64_t{bits} | (uint64_t{w.ctas} << 32);
+}
+
+AttentionPlanWord decode_plan_word(uint64_t word) {
+  const auto bits = static_cast<uint32_t>(word);
+  AttentionPlanWord w;
+  w.causal = (bits & 1u) != 0;
+  w.tile_rows = (bits >> 1) & 0xffu;
+  const uint32_t refusal = (bits >> 9) & 0xffu;
+  const uint32_t cta = (bits >> 17) & 3u;
+  w.refusal = refusal <= kFlashInferRefusalMax && cta < 3 ? static_cast<FlashInferRefusal>(refusal)
+                                                          : FlashInferRefusal::too_large;
+  w.cta_tile_q = kCtaTiles[cta < 3 ? cta : 0];
+  w.split = ((bits >> 19) & 1u) != 0;
+  w.ctas = static_cast<uint32_t>(word >> 32);
+  return w;
+}
+
 AttentionKernelChoice attention_kernel_choice() {
   const char *e = std::getenv("SWIFTKV_ATTENTION_KERNEL");
   if (e == nullptr || *e == '\0') return AttentionKernelChoice::automatic;

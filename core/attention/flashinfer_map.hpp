@@ -93,6 +93,21 @@ void serialize_flashinfer_plan(const FlashInferSchedule &sched, const AttentionB
 uint64_t flashinfer_workspace_bound(const AttentionShape &shape, uint32_t max_requests,
                                     uint64_t max_q_tokens);
 
+// The plan word that carries the causal flag, the library's tile and FlashInfer's part of a plan
+// (swiftkv_attention_plan.internal[4]): causal (bit 0), tile rows (bits 1-8), the refusal (bits
+// 9-16), the query tile (bits 17-18: 16, 64, 128), split (bit 19) | blocks per KV head (high 32).
+struct AttentionPlanWord {
+  bool causal = false;
+  uint32_t tile_rows = 0;  // 16 or 64
+  FlashInferRefusal refusal = FlashInferRefusal::none;
+  uint32_t cta_tile_q = 16;  // 16, 64 or 128
+  bool split = false;
+  uint32_t ctas = 0;
+};
+uint64_t encode_plan_word(const AttentionPlanWord &w);
+// A word that does not decode (a refusal past the last, a query tile code 3) decodes as refused.
+AttentionPlanWord decode_plan_word(uint64_t word);
+
 struct FlashInferTensors {
   // K and V (the same strides for both), in elements, for paged_kv_t's NHD form.
   uint32_t page_stride = 0;

@@ -1550,10 +1550,12 @@ SWIFTKV_API swiftkv_status swiftkv_request_finish(swiftkv_request_info *out, swi
  * Where the memory is: with desc.device = SWIFTKV_DEVICE_HOST every pointer is host memory and
  * the CPU path computes (fp64 accumulation, then rounded to the dtype); with a CUDA device,
  * workspace, q, k, v, kv_indices, out and lse are that device's memory (the plan's host arrays
- * stay host memory) and the kernels accumulate in fp32. On a device, page ids are not checked
- * against num_pages (the host cannot see them without a copy): an id out of range is skipped,
- * never read, and the rows that needed it are wrong; on the host every id a run reads is checked
- * (a sub-request without queries reads no page).
+ * stay host memory) and the kernels accumulate in fp32 (FlashInfer's batch prefill where it takes
+ * the batch, the library's own kernel otherwise: docs/attention.md). On a device, q, k_base and
+ * v_base must be 16-byte aligned and the q and K/V strides multiples of 8 elements (EINVAL
+ * otherwise), and page ids are not checked against num_pages (the host cannot see them without a
+ * copy): an id out of range gives undefined rows and may be read; on the host every id a run
+ * reads is checked (a sub-request without queries reads no page).
  * ------------------------------------------------------------------------------------------- */
 
 #define SWIFTKV_ATTENTION_DESC_VERSION 1
@@ -1699,7 +1701,9 @@ SWIFTKV_API swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *o
  * returns when out and lse are written; on a device it enqueues on `stream` (NULL: the legacy
  * default stream) and returns: out and lse are written when the stream gets there, and the
  * workspace must not be planned into again before then. EINVAL: an argument contradicts the
- * plan or itself (on the host also a page id out of range, with out untouched). */
+ * plan or itself (on the host also a page id out of range, with out untouched; on a device also
+ * tensors not 16-byte aligned). EUNSUPPORTED: SWIFTKV_ATTENTION_KERNEL=flashinfer and FlashInfer's
+ * kernel cannot run this batch (the message says why). */
 SWIFTKV_API swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
                                                  const swiftkv_attention_args *args,
                                                  void *workspace, void *stream);

@@ -359,6 +359,45 @@ void batches_flashinfer_does_not_take(void **) {
   }
 }
 
+// The plan word survives its round trip for every value a plan writes, and a word no plan writes
+// decodes as a refusal, so a run takes the fa2 kernel rather than a schedule it cannot trust.
+void the_plan_word_round_trips(void **) {
+  for (bool causal : {false, true}) {
+    for (uint32_t tile : {16u, 64u}) {
+      for (uint32_t r = 0; r <= swiftkv::kFlashInferRefusalMax; ++r) {
+        for (uint32_t cta : {16u, 64u, 128u}) {
+          for (bool split : {false, true}) {
+            for (uint32_t ctas : {0u, 1u, 33u, 0xffffffffu}) {
+              swiftkv::AttentionPlanWord w;
+              w.causal = causal;
+              w.tile_rows = tile;
+              w.refusal = static_cast<swiftkv::FlashInferRefusal>(r);
+              w.cta_tile_q = cta;
+              w.split = split;
+              w.ctas = ctas;
+              const auto back = swiftkv::decode_plan_word(swiftkv::encode_plan_word(w));
+              assert_int_equal(back.causal, causal);
+              assert_int_equal(back.tile_rows, tile);
+              assert_int_equal(back.refusal, w.refusal);
+              assert_int_equal(back.cta_tile_q, cta);
+              assert_int_equal(back.split, split);
+              assert_int_equal(back.ctas, ctas);
+            }
+          }
+        }
+      }
+    }
+  }
+  swiftkv::AttentionPlanWord w;
+  w.tile_rows = 64;
+  const uint64_t good = swiftkv::encode_plan_word(w);
+  assert_int_equal(swiftkv::decode_plan_word(good).refusal, swiftkv::FlashInferRefusal::none);
+  assert_int_equal(swiftkv::decode_plan_word(good | (uint64_t{3} << 17)).refusal,
+                   swiftkv::FlashInferRefusal::too_large);
+  assert_int_equal(swiftkv::decode_plan_word(good | (uint64_t{200} << 9)).refusal,
+                   swiftkv::FlashInferRefusal::too_large);
+}
+
 // The bound swiftkv_attention_workspace_size adds for FlashInfer holds every batch within it.
 void the_workspace_bound_holds_random_batches(void **) {
   std::mt19937_64 rng(45);
@@ -408,6 +447,7 @@ int main() {
       cmocka_unit_test(forced_chunks_and_the_arrays_in_the_workspace),
       cmocka_unit_test(prefill_tiles_and_chunks),
       cmocka_unit_test(batches_flashinfer_does_not_take),
+      cmocka_unit_test(the_plan_word_round_trips),
       cmocka_unit_test(the_workspace_bound_holds_random_batches),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
