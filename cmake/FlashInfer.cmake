@@ -125,6 +125,25 @@ if(SWIFTKV_HAVE_CUDA AND NOT SWIFTKV_WITH_FLASHINFER STREQUAL "OFF")
                            INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
     set(SWIFTKV_FLASHINFER_DATA "${_fi_data}")
     set(SWIFTKV_HAVE_FLASHINFER ON)
+    # The library carries code compiled from FlashInfer's headers: its install carries
+    # FlashInfer's license (the wheel's, beside flashinfer/data) and a notice naming it and the
+    # CCCL's (Apache-2.0 with LLVM exceptions, as its headers' SPDX lines say).
+    set(_fi_license
+        "${_fi_data}/../../flashinfer_python-${SWIFTKV_FLASHINFER_VERSION}.dist-info/licenses/LICENSE")
+    set(_fi_notice "${CMAKE_BINARY_DIR}/third-party/flashinfer/NOTICE")
+    file(WRITE "${_fi_notice}"
+         "libswiftkv contains code compiled from FlashInfer ${SWIFTKV_FLASHINFER_VERSION} "
+         "(https://github.com/flashinfer-ai/flashinfer), Apache License 2.0: LICENSE beside this "
+         "file.\nThat code includes NVIDIA CCCL headers shipped with FlashInfer, Apache License 2.0 "
+         "with LLVM Exceptions (SPDX: Apache-2.0 WITH LLVM-exception).\n")
+    set(_fi_doc "${CMAKE_INSTALL_DATADIR}/doc/swiftkv/third-party/flashinfer")
+    install(FILES "${_fi_notice}" DESTINATION "${_fi_doc}")
+    if(EXISTS "${_fi_license}")
+      install(FILES "${_fi_license}" DESTINATION "${_fi_doc}")
+    else()
+      message(WARNING "FlashInfer: no license file at ${_fi_license}; the install carries only "
+                      "the notice naming its license")
+    endif()
   else()
     _swiftkv_flashinfer_missing("${_fi_why}")
   endif()

@@ -36,6 +36,14 @@ if [ -x "$build/capi/swiftkv-ucx-helper" ]; then
   [ "$rc" -eq 2 ] || { echo "the installed helper exits $rc"; exit 1; }
 fi
 
+echo "== a library built with FlashInfer installs its license and notice"
+if [ -e "$build/third-party/flashinfer/NOTICE" ]; then
+  doc=$(find "$stage" -path '*doc/swiftkv/third-party/flashinfer' -type d -print -quit)
+  [ -n "$doc" ] || { echo "no doc/swiftkv/third-party/flashinfer in the install"; exit 1; }
+  grep -q "Apache License" "$doc/LICENSE" || { echo "no FlashInfer LICENSE in $doc"; exit 1; }
+  grep -q "FlashInfer" "$doc/NOTICE" || { echo "no NOTICE in $doc"; exit 1; }
+fi
+
 echo "== C consumer through pkg-config"
 # shellcheck disable=SC2046
 "$cc" -std=c11 -Wall -Wextra -pedantic -Werror "$src/tests/install/consumer.c" -o "$work/c_consumer" \
