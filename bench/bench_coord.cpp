@@ -12,10 +12,14 @@
 //      heartbeat periods of 1, 10 and 100 ms, less the idle baseline measured just before in the
 //      same repetition: the same two contexts with the region offered and nothing borrowed.
 //      Beside it, in each repetition, what the smallest message exchange costs: a bare ZeroMQ
-//      request and answer of a heartbeat's sizes between two contexts at the same period.
+//      request and answer of a heartbeat's sizes between two contexts at the same period, and
+//      the same exchange over a Unix seqpacket socket pair with nothing between the two threads
+//      (the least any message round trip costs, whatever carries it).
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
 // the second part; --reclaims: only the first; --reps N.
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -161,8 +165,9 @@ struct HeartbeatRow {
   double cpu_ms_per_s = 0, cpu_ms_per_s_min = 0;  // both contexts, less the idle baseline
   double idle_ms_per_s = 0;                       // the baseline itself (median)
   double heartbeats_per_s = 0;
-  double us_per_heartbeat = 0;  // CPU time per heartbeat and its answer, both sides
-  double round_trip_us = 0;     // a bare ZeroMQ request and answer of the same sizes (median)
+  double us_per_heartbeat = 0;    // CPU time per heartbeat and its answer, both sides
+  double round_trip_us = 0;       // a bare ZeroMQ request and answer of the same sizes (median)
+  double unix_round_trip_us = 0;  // the same over a Unix socket pair (median)
 };
 
 // CPU ms per second of this process over `seconds` while it sleeps.
@@ -249,20 +254,66 @@ double zmq_round_trip_us(uint32_t period_ms, double seconds) {
   return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
 }
 
+// The same request and answer over a Unix SOCK_SEQPACKET socket pair, each thread waiting in
+// poll: no library between them, so what a round trip costs in system calls and wake-ups alone.
+double unix_round_trip_us(uint32_t period_ms, double seconds) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) != 0) die("socketpair");
+  std::thread answer([&] {
+    char msg[256], ack[63] = {};
+    for (;;) {
+      pollfd p{sv[1], POLLIN, 0};
+      if (poll(&p, 1, -1) <= 0) continue;
+      if (recv(sv[1], msg, sizeof msg, 0) <= 0) return;  // the pair closed: done
+      if (send(sv[1], ack, sizeof ack, 0) < 0) return;
+    }
+  });
+  char beat[46] = {}, reply[256];
+  if (send(sv[0], beat, sizeof beat, 0) < 0 || recv(sv[0], reply, sizeof reply, 0) < 0) {
+    die("socket pair round trip");
+  }
+  const double idle = cpu_over(seconds);
+  const double c0 = cpu_seconds();
+  const auto start = Clock::now();
+  const auto period = std::chrono::milliseconds(period_ms);
+  uint64_t trips = 0;
+  for (auto next = start; Clock::now() - start < std::chrono::duration<double>(seconds);) {
+    pollfd p{sv[0], POLLIN, 0};
+    if (send(sv[0], beat, sizeof beat, 0) < 0 || poll(&p, 1, -1) <= 0 ||
+        recv(sv[0], reply, sizeof reply, 0) < 0) {
+      die("socket pair round trip");
+    }
+    ++trips;
+    next += period;
+    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
+    if (wait.count() > 0) poll(nullptr, 0, static_cast<int>(wait.count()));
+  }
+  const double cpu_ms = (cpu_seconds() - c0) * 1e3;
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  shutdown(sv[0], SHUT_RDWR);
+  answer.join();
+  close(sv[0]);
+  close(sv[1]);
+  return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
+}
+
 HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
-  std::vector<double> net, idle, beats, trip;
+  std::vector<double> net, idle, beats, trip, unix_trip;
   for (int r = 0; r <= reps; ++r) {  // r 0 warms up, briefly; the message baseline alternates
     const double window = r == 0 ? std::min(seconds, 0.2) : seconds;
     double w = 0, i = 0, b = 0;
     heartbeat_rep(period_ms, leases, window, &w, &i, &b);
     const double t = zmq_round_trip_us(period_ms, window);
+    const double u = unix_round_trip_us(period_ms, window);
     if (r == 0) continue;
+    unix_trip.push_back(u);
     net.push_back(w - i);
     idle.push_back(i);
     beats.push_back(b);
     trip.push_back(t);
   }
   std::sort(trip.begin(), trip.end());
+  std::sort(unix_trip.begin(), unix_trip.end());
   std::sort(net.begin(), net.end());
   std::sort(idle.begin(), idle.end());
   std::sort(beats.begin(), beats.end());
@@ -275,6 +326,7 @@ HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, 
   h.heartbeats_per_s = beats[beats.size() / 2];
   h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
   h.round_trip_us = trip[trip.size() / 2];
+  h.unix_round_trip_us = unix_trip[unix_trip.size() / 2];
   return h;
 }
 
@@ -342,8 +394,9 @@ int main(int argc, char **argv) {
   std::printf(
       "\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
       "region offered, nothing borrowed) measured before it in each repetition\n");
-  std::printf("%10s %8s %18s %12s %12s %14s %14s %8s\n", "period ms", "leases", "cpu ms/s med/min",
-              "idle ms/s", "beats/s", "cpu us/beat", "zmq rt us", "ratio");
+  std::printf("%10s %8s %18s %12s %12s %14s %14s %8s %14s\n", "period ms", "leases",
+              "cpu ms/s med/min", "idle ms/s", "beats/s", "cpu us/beat", "zmq rt us", "ratio",
+              "unix rt us");
   std::vector<HeartbeatRow> hr;
   for (uint32_t period : {1u, 10u, 100u}) {
     if (reclaims_only) break;
@@ -353,10 +406,11 @@ int main(int argc, char **argv) {
       if (quick && (period != 10 || leases == 64)) continue;
       const HeartbeatRow h = heartbeat_row(period, leases, secs, reps);
       hr.push_back(h);
-      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f %14.2f %8.2f\n", h.period_ms,
+      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f %14.2f %8.2f %14.2f\n", h.period_ms,
                   static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s, h.cpu_ms_per_s_min,
                   h.idle_ms_per_s, h.heartbeats_per_s, h.us_per_heartbeat, h.round_trip_us,
-                  h.round_trip_us > 0 ? h.us_per_heartbeat / h.round_trip_us : 0);
+                  h.round_trip_us > 0 ? h.us_per_heartbeat / h.round_trip_us : 0,
+                  h.unix_round_trip_us);
     }
   }
   std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reps\":%d,\"reclaim\":[",
@@ -373,10 +427,10 @@ int main(int argc, char **argv) {
     std::printf(
         "%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
         "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f,"
-        "\"us_per_beat\":%.2f,\"zmq_round_trip_us\":%.2f}",
+        "\"us_per_beat\":%.2f,\"zmq_round_trip_us\":%.2f,\"unix_round_trip_us\":%.2f}",
         i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
         hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s, hr[i].heartbeats_per_s,
-        hr[i].us_per_heartbeat, hr[i].round_trip_us);
+        hr[i].us_per_heartbeat, hr[i].round_trip_us, hr[i].unix_round_trip_us);
   }
   std::printf("]}\n");
   return 0;
