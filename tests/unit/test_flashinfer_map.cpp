@@ -7,8 +7,11 @@
 // the arrays the plan writes into the workspace and where, for decode, automatic and forced
 // splits and prefill tiles, against hand-computed ones; the batches it refuses; and the
 // workspace bound against the layouts of random batches.
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
@@ -398,6 +401,174 @@ void the_plan_word_round_trips(void **) {
                    swiftkv::FlashInferRefusal::too_large);
 }
 
+// The schedule run on the CPU as FlashInfer's kernel reads it (prefill.cuh, FA2 template, the
+// pinned release): block b of KV head h computes packed rows [tile * cta, (tile + 1) * cta) of
+// request request_indices[b] (row p is query p / group, head h * group + p % group) over keys
+// [chunk * kv_chunk_size, (chunk + 1) * kv_chunk_size) of its KV when split (all of it when not),
+// causal to the end of the KV, and writes row o_indptr[r] + query (of out) or, split, partial
+// row o_indptr[r] + query * chunks + chunk with chunks = ceil(max(kv_len, 1) / kv_chunk_size);
+// the merge then joins the partial rows merge_indptr[t] .. merge_indptr[t + 1] of each query
+// token t. Every output written exactly once and equal to a direct softmax shows the schedule
+// covers every row and key once and addresses what the kernel addresses.
+struct Interpreted {
+  std::vector<double> out;  // [q_tokens, heads, dim]
+  std::vector<int> writes;  // per (token, head): how many times out was written (unsplit)
+};
+
+void interpret_and_compare(const AttentionShape &s, const Batch &b,
+                           const swiftkv::FlashInferSchedule &sc, std::mt19937_64 &rng) {
+  const uint32_t n = static_cast<uint32_t>(b.last.size());
+  const uint32_t group = s.group(), heads = s.num_qo_heads, dim = 4;
+  const uint64_t q_tokens = static_cast<uint64_t>(b.qo.back());
+  std::vector<int64_t> kv_len(n), kv_off(n);
+  int64_t kv_total = 0;
+  for (uint32_t r = 0; r < n; ++r) {
+    const int64_t pages = b.kv[r + 1] - b.kv[r];
+    kv_len[r] = pages == 0 ? 0 : (pages - 1) * s.page_tokens + b.last[r];
+    kv_off[r] = kv_total;
+    kv_total += kv_len[r];
+  }
+  std::uniform_real_distribution<double> u(-1, 1);
+  std::vector<double> q(q_tokens * heads * dim), k(kv_total * s.num_kv_heads * dim),
+      v(kv_total * s.num_kv_heads * dim);
+  for (double &x : q) x = u(rng);
+  for (double &x : k) x = u(rng);
+  for (double &x : v) x = u(rng);
+  auto q_at = [&](uint64_t t, uint32_t h) { return &q[(t * heads + h) * dim]; };
+  auto kv_at = [&](std::vector<double> &m, uint32_t r, int64_t j, uint32_t h) {
+    return &m[((kv_off[r] + j) * s.num_kv_heads + h) * dim];
+  };
+  // Attention of one query over keys [lo, hi) of request r: (o, log2-sum-exp) as the kernel's
+  // base-2 softmax gives them; no key: o = 0, lse = -inf.
+  auto attend = [&](uint32_t r, int64_t qi, uint32_t head, int64_t lo, int64_t hi,
+                    std::vector<double> &o) -> double {
+    const int64_t q_len = b.qo[r + 1] - b.qo[r];
+    const int64_t last_seen = kv_len[r] - q_len + qi;
+    const uint32_t kvh = head / group;
+    double m = -INFINITY, d = 0;
+    o.assign(dim, 0.0);
+    std::vector<double> logits;
+    for (int64_t j = lo; j < std::min(hi, last_seen + 1); ++j) {
+      double dot = 0;
+      for (uint32_t e = 0; e < dim; ++e)
+        dot += q_at(b.qo[r] + qi, head)[e] * kv_at(k, r, j, kvh)[e];
+      logits.push_back(dot * 0.5 * M_LOG2E);
+      m = std::max(m, logits.back());
+    }
+    if (logits.empty()) return -HUGE_VAL;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      const double w = std::exp2(logits[i] - m);
+      d += w;
+      for (uint32_t e = 0; e < dim; ++e) o[e] += w * kv_at(v, r, lo + int64_t(i), kvh)[e];
+    }
+    for (double &x : o) x /= d;
+    return m + std::log2(d);
+  };
+  std::vector<double> out(q_tokens * heads * dim, NAN);
+  std::vector<int> writes(q_tokens * heads, 0);
+  const uint64_t partial_rows = sc.split ? sc.partial_rows : 0;
+  std::vector<double> tmp_o(partial_rows * heads * dim, NAN), tmp_s(partial_rows * heads, NAN);
+  std::vector<int> tmp_writes(partial_rows * heads, 0);
+  std::vector<double> o;
+  for (uint32_t blk = 0; blk < sc.ctas(); ++blk) {
+    const uint32_t r = static_cast<uint32_t>(sc.request_indices[blk]);
+    const int64_t tile = sc.qo_tile_indices[blk], chunk = sc.kv_tile_indices[blk];
+    const int64_t q_len = b.qo[r + 1] - b.qo[r];
+    const int64_t chunks =
+        sc.split ? (std::max<int64_t>(kv_len[r], 1) + sc.chunk_tokens - 1) / sc.chunk_tokens : 1;
+    const int64_t lo = sc.split ? std::min<int64_t>(chunk * sc.chunk_tokens, kv_len[r]) : 0;
+    const int64_t hi =
+        sc.split ? std::min<int64_t>((chunk + 1) * sc.chunk_tokens, kv_len[r]) : kv_len[r];
+    for (uint32_t kvh = 0; kvh < s.num_kv_heads; ++kvh) {
+      for (int64_t p = tile * sc.cta_tile_q;
+           p < std::min<int64_t>((tile + 1) * sc.cta_tile_q, q_len * group); ++p) {
+        const int64_t qi = p / group;
+        const uint32_t head = kvh * group + static_cast<uint32_t>(p % group);
+        const double lse = attend(r, qi, head, lo, hi, o);
+        if (sc.split) {
+          const int64_t row = sc.o_indptr[r] + qi * chunks + chunk;
+          assert_true(row >= 0 && static_cast<uint64_t>(row) < partial_rows);
+          ++tmp_writes[row * heads + head];
+          tmp_s[row * heads + head] = lse;
+          std::copy(o.begin(), o.end(), &tmp_o[(row * heads + head) * dim]);
+        } else {
+          const int64_t row = sc.o_indptr[r] + qi;
+          assert_true(row >= 0 && static_cast<uint64_t>(row) < q_tokens);
+          ++writes[row * heads + head];
+          std::copy(o.begin(), o.end(), &out[(row * heads + head) * dim]);
+        }
+      }
+    }
+  }
+  if (sc.split) {
+    for (int w : tmp_writes) assert_int_equal(w, 1);
+    for (uint64_t t = 0; t < q_tokens; ++t) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        double m = -INFINITY;
+        for (int32_t row = sc.merge_indptr[t]; row < sc.merge_indptr[t + 1]; ++row) {
+          m = std::max(m, tmp_s[row * heads + h]);
+        }
+        double d = 0;
+        std::vector<double> acc(dim, 0.0);
+        for (int32_t row = sc.merge_indptr[t]; row < sc.merge_indptr[t + 1]; ++row) {
+          const double w = std::exp2(tmp_s[row * heads + h] - m);
+          d += w;
+          for (uint32_t e = 0; e < dim; ++e) acc[e] += w * tmp_o[(row * heads + h) * dim + e];
+        }
+        ++writes[t * heads + h];
+        for (uint32_t e = 0; e < dim; ++e) out[(t * heads + h) * dim + e] = acc[e] / d;
+      }
+    }
+  }
+  for (int w : writes) assert_int_equal(w, 1);
+  // Against a direct softmax of each query over every key it sees.
+  for (uint32_t r = 0; r < n; ++r) {
+    for (int64_t qi = 0; qi < b.qo[r + 1] - b.qo[r]; ++qi) {
+      for (uint32_t h = 0; h < heads; ++h) {
+        attend(r, qi, h, 0, kv_len[r], o);
+        for (uint32_t e = 0; e < dim; ++e) {
+          const double got = out[((b.qo[r] + qi) * heads + h) * dim + e];
+          if (!(std::fabs(got - o[e]) <= 1e-12)) {
+            fail_msg("request %u query %lld head %u: %.17g where %.17g", r,
+                     static_cast<long long>(qi), h, got, o[e]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// Random batches (decode, prefill, ragged, forced and automatic splits) through the interpreter.
+void the_schedule_computes_attention_as_the_kernel_reads_it(void **) {
+  std::mt19937_64 rng(7);
+  int split = 0, unsplit = 0;
+  for (int trial = 0; trial < 160; ++trial) {
+    AttentionShape s = shape();
+    s.num_kv_heads = 1u << (rng() % 2);
+    s.num_qo_heads = s.num_kv_heads * (1u << (rng() % 3));
+    s.page_tokens = 1u << (rng() % 5);
+    s.kv_chunk_tokens = rng() % 3 == 0 ? s.page_tokens * (1 + static_cast<uint32_t>(rng() % 4)) : 0;
+    const uint32_t n = 1 + static_cast<uint32_t>(rng() % 5);
+    Batch b;
+    for (uint32_t r = 0; r < n; ++r) {
+      const int32_t q = static_cast<int32_t>(rng() % 4 == 0 ? rng() % 3 : 1 + rng() % 40);
+      const int32_t kv = q + static_cast<int32_t>(rng() % 300) + (q == 0 ? 1 : 0);
+      const int32_t pt = static_cast<int32_t>(s.page_tokens);
+      const int32_t pages = (kv + pt - 1) / pt;
+      b.add(q, pages, kv - (pages - 1) * pt);
+    }
+    swiftkv::FlashInferSchedule sc;
+    const uint32_t ctas = rng() % 2 ? 2 + static_cast<uint32_t>(rng() % 16) : 264;
+    const auto r = swiftkv::flashinfer_schedule(s, b.view(), ctas, &sc);
+    if (r == swiftkv::FlashInferRefusal::no_queries) continue;
+    assert_int_equal(r, swiftkv::FlashInferRefusal::none);
+    (sc.split ? split : unsplit)++;
+    interpret_and_compare(s, b, sc, rng);
+  }
+  std::printf("split %d, unsplit %d\n", split, unsplit);
+  assert_true(split >= 20 && unsplit >= 20);
+}
+
 // The bound swiftkv_attention_workspace_size adds for FlashInfer holds every batch within it.
 void the_workspace_bound_holds_random_batches(void **) {
   std::mt19937_64 rng(45);
@@ -448,6 +619,7 @@ int main() {
       cmocka_unit_test(prefill_tiles_and_chunks),
       cmocka_unit_test(batches_flashinfer_does_not_take),
       cmocka_unit_test(the_plan_word_round_trips),
+      cmocka_unit_test(the_schedule_computes_attention_as_the_kernel_reads_it),
       cmocka_unit_test(the_workspace_bound_holds_random_batches),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
