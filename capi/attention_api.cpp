@@ -272,6 +272,9 @@ swiftkv_status swiftkv_attention_plan_make(swiftkv_attention_plan *out,
   SWIFTKV_CATCH_ALL
 }
 
+}  // extern "C"
+
+// The run's helpers, C++ (one returns a C++ struct), between the two exported groups.
 namespace {
 
 // Every pointer, stride and count of a run's arguments against the plan's shape: EINVAL before
@@ -434,6 +437,8 @@ void run_on_device(const PlanView &v, const swiftkv_attention_args &a, const Att
 }
 
 }  // namespace
+
+extern "C" {
 
 swiftkv_status swiftkv_attention_run(const swiftkv_attention_plan *plan,
                                      const swiftkv_attention_args *args, void *workspace,
