@@ -33,7 +33,7 @@ enum class FlashInferRefusal : uint32_t {
   dtype = 3,           // neither f16 nor bf16
   soft_cap = 4,        // logits_soft_cap > 0: not instantiated (build time)
   not_causal = 5,      // causal = 0 with a sub-request of more than one query token
-  unseen_queries = 6,  // a query that sees no key (FlashInfer leaves such rows undefined)
+  unseen_queries = 6,  // a query that sees no key (out 0, lse -inf: not known of FlashInfer)
   forced_split = 7,    // kv_chunk_tokens not a multiple of page_tokens
   no_queries = 8,      // nothing to compute
   workspace = 9,       // the workspace has no room for FlashInfer's arrays and partials
