@@ -99,6 +99,9 @@ void compare_case(att_problem &p, const char *name, uint32_t *splits_seen) {
   dev.device = 0;
   CHECK(swiftkv_attention_workspace_size(&bytes, &dev, p.n_req, uint64_t(p.q_tokens)) ==
         SWIFTKV_OK);
+  // The bound covers the splits a plan chooses; forced ones (kv_chunk_tokens) split every
+  // sub-request's KV whatever its length, so their partial rows get room of their own.
+  if (p.desc.kv_chunk_tokens > 0) bytes += uint64_t{256} << 20;
   CHECK_CUDA(cudaMalloc(&d.ws, bytes));
   swiftkv_attention_plan plan = SWIFTKV_ATTENTION_PLAN_INIT;
   CHECK(swiftkv_attention_plan_make(&plan, &dev, p.qo_indptr, p.kv_indptr, p.last_page_len, p.n_req,
