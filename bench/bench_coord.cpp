@@ -201,6 +201,28 @@ void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *
   *beats = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered) / seconds;
 }
 
+// CPU us per round trip of `trip` (one request and its answer) made every period_ms for
+// `seconds`, less the idle baseline measured just before; `wait(ms)` waits as the caller's side
+// would between requests.
+template <class Trip, class Wait>
+double paced_round_trips_us(uint32_t period_ms, double seconds, Trip trip, Wait wait) {
+  const double idle = cpu_over(seconds);
+  const double c0 = cpu_seconds();
+  const auto start = Clock::now();
+  const auto period = std::chrono::milliseconds(period_ms);
+  uint64_t trips = 0;
+  for (auto next = start; Clock::now() - start < std::chrono::duration<double>(seconds);) {
+    trip();
+    ++trips;
+    next += period;
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
+    if (ms.count() > 0) wait(ms.count());
+  }
+  const double cpu_ms = (cpu_seconds() - c0) * 1e3;
+  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
+}
+
 // What a heartbeat is at least: one small request and its answer (46 and 63 bytes, a heartbeat
 // and its ack) between a DEALER and a ROUTER in two ZeroMQ contexts over ipc://, as between two
 // coordinators, each side waiting in zmq_poll, the request sent every period_ms. CPU us per round
@@ -229,29 +251,23 @@ double zmq_round_trip_us(uint32_t period_ms, double seconds) {
   char beat[46] = {}, reply[256];
   zmq_send(dealer, beat, sizeof beat, 0);  // connects, and warms both sides
   zmq_recv(dealer, reply, sizeof reply, 0);
-  const double idle = cpu_over(seconds);
-  const double c0 = cpu_seconds();
-  const auto start = Clock::now();
-  const auto period = std::chrono::milliseconds(period_ms);
-  uint64_t trips = 0;
-  for (auto next = start; Clock::now() - start < std::chrono::duration<double>(seconds);) {
-    zmq_send(dealer, beat, sizeof beat, 0);
-    zmq_recv(dealer, reply, sizeof reply, 0);
-    ++trips;
-    next += period;
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
-    zmq_pollitem_t item{dealer, 0, ZMQ_POLLIN, 0};
-    if (wait.count() > 0) zmq_poll(&item, 1, static_cast<long>(wait.count()));
-  }
-  const double cpu_ms = (cpu_seconds() - c0) * 1e3;
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const double us = paced_round_trips_us(
+      period_ms, seconds,
+      [&] {
+        zmq_send(dealer, beat, sizeof beat, 0);
+        zmq_recv(dealer, reply, sizeof reply, 0);
+      },
+      [&](long ms) {
+        zmq_pollitem_t item{dealer, 0, ZMQ_POLLIN, 0};
+        zmq_poll(&item, 1, ms);
+      });
   stop = true;
   answer.join();
   zmq_close(dealer);
   zmq_close(router);
   zmq_ctx_term(cctx);
   zmq_ctx_term(sctx);
-  return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
+  return us;
 }
 
 // The same request and answer over a Unix SOCK_SEQPACKET socket pair, each thread waiting in
@@ -272,29 +288,21 @@ double unix_round_trip_us(uint32_t period_ms, double seconds) {
   if (send(sv[0], beat, sizeof beat, 0) < 0 || recv(sv[0], reply, sizeof reply, 0) < 0) {
     die("socket pair round trip");
   }
-  const double idle = cpu_over(seconds);
-  const double c0 = cpu_seconds();
-  const auto start = Clock::now();
-  const auto period = std::chrono::milliseconds(period_ms);
-  uint64_t trips = 0;
-  for (auto next = start; Clock::now() - start < std::chrono::duration<double>(seconds);) {
-    pollfd p{sv[0], POLLIN, 0};
-    if (send(sv[0], beat, sizeof beat, 0) < 0 || poll(&p, 1, -1) <= 0 ||
-        recv(sv[0], reply, sizeof reply, 0) < 0) {
-      die("socket pair round trip");
-    }
-    ++trips;
-    next += period;
-    const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
-    if (wait.count() > 0) poll(nullptr, 0, static_cast<int>(wait.count()));
-  }
-  const double cpu_ms = (cpu_seconds() - c0) * 1e3;
-  const double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  const double us = paced_round_trips_us(
+      period_ms, seconds,
+      [&] {
+        pollfd p{sv[0], POLLIN, 0};
+        if (send(sv[0], beat, sizeof beat, 0) < 0 || poll(&p, 1, -1) <= 0 ||
+            recv(sv[0], reply, sizeof reply, 0) < 0) {
+          die("socket pair round trip");
+        }
+      },
+      [](long ms) { poll(nullptr, 0, static_cast<int>(ms)); });
   shutdown(sv[0], SHUT_RDWR);
   answer.join();
   close(sv[0]);
   close(sv[1]);
-  return trips == 0 ? 0 : (cpu_ms - idle * secs) * 1e3 / static_cast<double>(trips);
+  return us;
 }
 
 HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
