@@ -1,0 +1,193 @@
+#include "core/coord/beat_page.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "core/common/error.hpp"
+
+namespace swiftkv::coord {
+
+namespace {
+
+// The page in 64-bit words. The two halves sit in different 4 KiB pages, so the lender's
+// writes never share a cache line with the borrower's.
+constexpr size_t kMagicWord = 0;
+// The borrower's half.
+constexpr size_t kBeatSeq = 8;     // seqlock: odd while the borrower writes
+constexpr size_t kPeriod = 9;      // the borrower's beat period, ns
+constexpr size_t kBeatCount = 10;  // lease ids that follow
+constexpr size_t kBeatIds = 11;
+// The lender's half.
+constexpr size_t kAnswerSeq = 512;  // seqlock: odd while the lender writes
+constexpr size_t kAccepted = 513;   // 1 once the lender reads the page
+constexpr size_t kEcho = 514;       // the beat answered
+constexpr size_t kAnswerCount = 515;
+constexpr size_t kAnswerLeases = 516;  // (lease id, remaining ns | reclaim << 63) pairs
+
+constexpr uint64_t kReclaimBit = 1ull << 63;
+
+static_assert(kBeatIds + kBeatLeases <= kAnswerSeq, "the borrower's half overruns the lender's");
+static_assert((kAnswerLeases + 2 * kBeatLeases) * 8 <= kBeatPageBytes, "the answer overruns");
+
+[[noreturn]] void fail_now(const std::string &what) {
+  fail(SWIFTKV_ENOMEM, "beat page: " + what + ": " + std::strerror(errno));
+}
+
+uint64_t *map_page(int fd) {
+  void *p = ::mmap(nullptr, kBeatPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint64_t *>(p);
+}
+
+}  // namespace
+
+BeatPage::BeatPage(BeatPage &&o) noexcept
+    : fd_(std::move(o.fd_)),
+      words_(std::exchange(o.words_, nullptr)),
+      beat_seq_(o.beat_seq_),
+      answer_seq_(o.answer_seq_) {}
+
+BeatPage &BeatPage::operator=(BeatPage &&o) noexcept {
+  if (this != &o) {
+    if (words_ != nullptr) ::munmap(words_, kBeatPageBytes);
+    fd_ = std::move(o.fd_);
+    words_ = std::exchange(o.words_, nullptr);
+    beat_seq_ = o.beat_seq_;
+    answer_seq_ = o.answer_seq_;
+  }
+  return *this;
+}
+
+BeatPage::~BeatPage() {
+  if (words_ != nullptr) ::munmap(words_, kBeatPageBytes);
+}
+
+uint64_t BeatPage::load(size_t word) const {
+  return std::atomic_ref<uint64_t>(words_[word]).load(std::memory_order_relaxed);
+}
+
+void BeatPage::store(size_t word, uint64_t v) {
+  std::atomic_ref<uint64_t>(words_[word]).store(v, std::memory_order_relaxed);
+}
+
+BeatPage BeatPage::create(uint64_t period_ns) {
+  UniqueFd fd(::memfd_create("swiftkv-beat", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) fail_now("memfd_create");
+  if (::ftruncate(fd.get(), kBeatPageBytes) != 0) fail_now("ftruncate");
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    fail_now("sealing");
+  }
+  uint64_t *w = map_page(fd.get());
+  if (w == nullptr) fail_now("mmap");
+  BeatPage page(std::move(fd), w);
+  page.store(kPeriod, period_ns);
+  std::atomic_ref<uint64_t>(w[kMagicWord]).store(kBeatMagic, std::memory_order_release);
+  return page;
+}
+
+BeatPage BeatPage::adopt(UniqueFd fd, std::string *why) {
+  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+  if (seals < 0) {
+    *why = "the beat page is not a memfd";
+    return {};
+  }
+  if ((seals & F_SEAL_SHRINK) == 0) {
+    *why = "the beat page is not sealed against shrinking";
+    return {};
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || st.st_size < static_cast<off_t>(kBeatPageBytes)) {
+    *why = "the beat page is smaller than " + std::to_string(kBeatPageBytes) + " bytes";
+    return {};
+  }
+  uint64_t *w = map_page(fd.get());
+  if (w == nullptr) {
+    *why = std::string("mapping the beat page: ") + std::strerror(errno);
+    return {};
+  }
+  BeatPage page(std::move(fd), w);
+  if (std::atomic_ref<uint64_t>(w[kMagicWord]).load(std::memory_order_acquire) != kBeatMagic) {
+    *why = "the beat page does not start with its magic";
+    return {};
+  }
+  return page;
+}
+
+uint64_t BeatPage::write_beat(const std::vector<uint64_t> &leases) {
+  const size_t n = std::min(leases.size(), kBeatLeases);
+  const uint64_t seq = beat_seq_ + 2;
+  std::atomic_ref<uint64_t>(words_[kBeatSeq]).store(seq - 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  store(kBeatCount, n);
+  for (size_t i = 0; i < n; ++i) store(kBeatIds + i, leases[i]);
+  std::atomic_ref<uint64_t>(words_[kBeatSeq]).store(seq, std::memory_order_release);
+  beat_seq_ = seq;
+  return seq;
+}
+
+bool BeatPage::read_beat(Beat *out) const {
+  const uint64_t s1 = std::atomic_ref<uint64_t>(words_[kBeatSeq]).load(std::memory_order_acquire);
+  if (s1 == 0 || (s1 & 1) != 0) return false;
+  const uint64_t n = load(kBeatCount);
+  if (n > kBeatLeases) return false;
+  out->seq = s1;
+  out->period_ns = load(kPeriod);
+  out->leases.resize(n);
+  for (size_t i = 0; i < n; ++i) out->leases[i] = load(kBeatIds + i);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return std::atomic_ref<uint64_t>(words_[kBeatSeq]).load(std::memory_order_relaxed) == s1;
+}
+
+uint64_t BeatPage::period_ns() const { return load(kPeriod); }
+
+void BeatPage::accept() {
+  std::atomic_ref<uint64_t>(words_[kAccepted]).store(1, std::memory_order_release);
+}
+
+bool BeatPage::accepted() const {
+  return std::atomic_ref<uint64_t>(words_[kAccepted]).load(std::memory_order_acquire) == 1;
+}
+
+void BeatPage::write_answer(const BeatAnswer &answer) {
+  const size_t n = std::min(answer.leases.size(), kBeatLeases);
+  const uint64_t seq = answer_seq_ + 2;
+  std::atomic_ref<uint64_t>(words_[kAnswerSeq]).store(seq - 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  store(kEcho, answer.echo);
+  store(kAnswerCount, n);
+  for (size_t i = 0; i < n; ++i) {
+    const BeatLease &l = answer.leases[i];
+    store(kAnswerLeases + 2 * i, l.lease);
+    store(kAnswerLeases + 2 * i + 1,
+          std::min(l.remaining_ns, kReclaimBit - 1) | (l.reclaim ? kReclaimBit : 0));
+  }
+  std::atomic_ref<uint64_t>(words_[kAnswerSeq]).store(seq, std::memory_order_release);
+  answer_seq_ = seq;
+}
+
+bool BeatPage::read_answer(BeatAnswer *out) const {
+  const uint64_t s1 = std::atomic_ref<uint64_t>(words_[kAnswerSeq]).load(std::memory_order_acquire);
+  if (s1 == 0 || (s1 & 1) != 0) return false;
+  const uint64_t n = load(kAnswerCount);
+  if (n > kBeatLeases) return false;
+  out->echo = load(kEcho);
+  out->leases.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t v = load(kAnswerLeases + 2 * i + 1);
+    out->leases[i] =
+        BeatLease{load(kAnswerLeases + 2 * i), v & ~kReclaimBit, (v & kReclaimBit) != 0};
+  }
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return std::atomic_ref<uint64_t>(words_[kAnswerSeq]).load(std::memory_order_relaxed) == s1;
+}
+
+void BeatPage::tear_beat_for_test() { store(kBeatSeq, load(kBeatSeq) | 1); }
+
+void BeatPage::tear_answer_for_test() { store(kAnswerSeq, load(kAnswerSeq) | 1); }
+
+}  // namespace swiftkv::coord
