@@ -8,13 +8,18 @@
 //      borrower has settled (held its lease 300 ms: its host tier makes the room an evacuation
 //      takes in the background, as a lease is borrowed), and, alternating with it, right after
 //      the borrow and the stores (unsettled: that room is still being made).
-//   2. Heartbeat overhead: the CPU time both contexts spend per second with L leases at
-//      heartbeat periods of 1, 10 and 100 ms, less the idle baseline measured just before in the
-//      same repetition: the same two contexts with the region offered and nothing borrowed.
-//      Beside it, in each repetition, what the smallest message exchange costs: a bare ZeroMQ
-//      request and answer of a heartbeat's sizes between two contexts at the same period, and
-//      the same exchange over a Unix seqpacket socket pair with nothing between the two threads
-//      (the least any message round trip costs, whatever carries it).
+//   2. Heartbeat overhead: the CPU time both contexts spend per second with L leases held while
+//      the borrower heartbeats every 1, 10 or 100 ms, less the same with the same leases held and
+//      no heartbeat in the window (the borrower's coord_heartbeat_ms a minute), measured just
+//      before in the same repetition: what holding leases costs (the cache's maintenance of
+//      them) is in both, so the difference is the heartbeats'. The lender keeps its default
+//      heartbeat (100 ms); leases last 10 minutes, so the period is the borrower's own.
+//      Heartbeats through the beat page (the default on one host) and, in the same repetition,
+//      as messages (SWIFTKV_COORD_HEARTBEAT=message, as over UCX). Beside them, what the least
+//      exchanges cost: a bare ZeroMQ request and answer of a heartbeat's sizes between two
+//      contexts at the same period, the same over a Unix seqpacket socket pair with nothing
+//      between the two threads, and one thread's bare timer wake-up (poll with a timeout and
+//      nothing to poll: the least a beat that wakes a thread can cost).
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
 // the second part; --reclaims: only the first; --reps N.
 #include <poll.h>
@@ -80,7 +85,8 @@ struct Pair {
   std::string endpoint;
 };
 
-Pair make_pair(uint64_t units, uint32_t heartbeat_ms, uint64_t host_bytes) {
+// The borrower heartbeats every heartbeat_ms; leases last lease_ms (0: the default).
+Pair make_pair(uint64_t units, uint32_t heartbeat_ms, uint64_t host_bytes, uint64_t lease_ms = 0) {
   static int n = 0;
   Pair p;
   p.endpoint =
@@ -96,6 +102,7 @@ Pair make_pair(uint64_t units, uint32_t heartbeat_ms, uint64_t host_bytes) {
   ec.borrower = &bd;
   ec.capacity_blocks = (units + 1) * 4;
   ec.owned_blocks = 4;
+  if (lease_ms != 0) ec.lease_ms = lease_ms;
   ok(swiftkv_elastic_create(&p.region, p.lender, &ec), "region");
   ok(swiftkv_elastic_offer(p.region, "bench"), "offer");
   swiftkv_ctx_config bc = SWIFTKV_CTX_CONFIG_INIT;
@@ -162,12 +169,16 @@ ReclaimRow reclaim_once(uint64_t chunks, bool settled) {
 struct HeartbeatRow {
   uint32_t period_ms;
   uint64_t leases;
-  double cpu_ms_per_s = 0, cpu_ms_per_s_min = 0;  // both contexts, less the idle baseline
-  double idle_ms_per_s = 0;                       // the baseline itself (median)
+  double cpu_ms_per_s = 0, cpu_ms_per_s_min = 0;  // both contexts, less the baseline
+  double idle_ms_per_s = 0;  // the baseline itself, leases held and no heartbeat (median)
   double heartbeats_per_s = 0;
-  double us_per_heartbeat = 0;    // CPU time per heartbeat and its answer, both sides
+  double answered_per_s = 0;    // beats the lender answered (it reads the page at its own scan)
+  double us_per_heartbeat = 0;  // CPU time per heartbeat and its answer, both sides
+  double message_heartbeats_per_s = 0;
+  double message_us_per_heartbeat = 0;  // the same with heartbeats as messages
   double round_trip_us = 0;       // a bare ZeroMQ request and answer of the same sizes (median)
   double unix_round_trip_us = 0;  // the same over a Unix socket pair (median)
+  double wakeup_us = 0;           // one thread's bare timer wake-up (median)
 };
 
 // CPU ms per second of this process over `seconds` while it sleeps.
@@ -177,28 +188,30 @@ double cpu_over(double seconds) {
   return (cpu_seconds() - c0) * 1e3 / seconds;
 }
 
-// One repetition: the idle baseline (the region offered, nothing borrowed), then the same two
-// contexts with `leases` leases renewed every period_ms. Returns (with, idle) CPU ms/s and
-// heartbeats/s.
-void heartbeat_rep(uint32_t period_ms, uint64_t leases, double seconds, double *with, double *idle,
-                   double *beats) {
-  Pair p = make_pair(leases, period_ms, 64 << 20);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  *idle = cpu_over(seconds);
+// CPU ms/s of both contexts over `seconds` with `leases` leases held, the borrower heartbeating
+// every period_ms through the beat page or as messages; and its heartbeats sent and answered
+// per second.
+double held_cpu(uint32_t period_ms, uint64_t leases, bool page, double seconds, double *sent,
+                double *answered) {
+  setenv("SWIFTKV_COORD_HEARTBEAT", page ? "page" : "message", 1);  // read as contexts are made
+  Pair p = make_pair(leases, period_ms, 64 << 20, 600'000);
+  unsetenv("SWIFTKV_COORD_HEARTBEAT");
   for (uint64_t i = 0; i < leases; ++i) {
     uint64_t lease = 0;
     ok(swiftkv_borrow_remote(&lease, p.borrower, p.model, p.endpoint.c_str(), "bench", 1),
        "borrow");
   }
   // Settled: the host tier has made the room the leases' evacuation would take (once, as they
-  // are borrowed), so what is measured is the heartbeats alone.
+  // are borrowed), so what is measured is holding the leases and heartbeating.
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   swiftkv_coord_stats a = SWIFTKV_COORD_STATS_INIT, b = SWIFTKV_COORD_STATS_INIT;
   ok(swiftkv_coord_stats_get(&a, p.borrower), "coord stats");
-  *with = cpu_over(seconds);
+  const double cpu = cpu_over(seconds);
   ok(swiftkv_coord_stats_get(&b, p.borrower), "coord stats");
   end_pair(p);
-  *beats = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered) / seconds;
+  *sent = static_cast<double>(b.heartbeats_sent - a.heartbeats_sent) / seconds;
+  *answered = static_cast<double>(b.heartbeats_answered - a.heartbeats_answered) / seconds;
+  return cpu;
 }
 
 // CPU us per round trip of `trip` (one request and its answer) made every period_ms for
@@ -305,36 +318,55 @@ double unix_round_trip_us(uint32_t period_ms, double seconds) {
   return us;
 }
 
+// One thread waking from poll every period_ms with nothing to poll: CPU us per wake-up, less the
+// idle baseline. No beat that needs a thread to wake can cost less.
+double timer_wakeup_us(uint32_t period_ms, double seconds) {
+  return paced_round_trips_us(
+      period_ms, seconds, [] {}, [](long ms) { poll(nullptr, 0, static_cast<int>(ms)); });
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
-  std::vector<double> net, idle, beats, trip, unix_trip;
-  for (int r = 0; r <= reps; ++r) {  // r 0 warms up, briefly; the message baseline alternates
+  std::vector<double> net, idle, beats, answered, msg_net, msg_beats, trip, unix_trip, wake;
+  for (int r = 0; r <= reps; ++r) {  // r 0 warms up, briefly; the baselines alternate
     const double window = r == 0 ? std::min(seconds, 0.2) : seconds;
-    double w = 0, i = 0, b = 0;
-    heartbeat_rep(period_ms, leases, window, &w, &i, &b);
+    double b = 0, a = 0, mb = 0, ma = 0, nb = 0, na = 0;
+    const double i = held_cpu(60'000, leases, true, window, &nb, &na);  // no heartbeat in it
+    const double w = held_cpu(period_ms, leases, true, window, &b, &a);
+    const double mw = held_cpu(period_ms, leases, false, window, &mb, &ma);
     const double t = zmq_round_trip_us(period_ms, window);
     const double u = unix_round_trip_us(period_ms, window);
+    const double k = timer_wakeup_us(period_ms, window);
     if (r == 0) continue;
-    unix_trip.push_back(u);
     net.push_back(w - i);
     idle.push_back(i);
     beats.push_back(b);
+    answered.push_back(a);
+    msg_net.push_back(mw - i);
+    msg_beats.push_back(mb);
     trip.push_back(t);
+    unix_trip.push_back(u);
+    wake.push_back(k);
   }
-  std::sort(trip.begin(), trip.end());
-  std::sort(unix_trip.begin(), unix_trip.end());
-  std::sort(net.begin(), net.end());
-  std::sort(idle.begin(), idle.end());
-  std::sort(beats.begin(), beats.end());
   HeartbeatRow h;
   h.period_ms = period_ms;
   h.leases = leases;
-  h.cpu_ms_per_s = net[net.size() / 2];
-  h.cpu_ms_per_s_min = net.front();
-  h.idle_ms_per_s = idle[idle.size() / 2];
-  h.heartbeats_per_s = beats[beats.size() / 2];
+  h.cpu_ms_per_s = median(net);
+  h.cpu_ms_per_s_min = *std::min_element(net.begin(), net.end());
+  h.idle_ms_per_s = median(idle);
+  h.heartbeats_per_s = median(beats);
+  h.answered_per_s = median(answered);
   h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
-  h.round_trip_us = trip[trip.size() / 2];
-  h.unix_round_trip_us = unix_trip[unix_trip.size() / 2];
+  h.message_heartbeats_per_s = median(msg_beats);
+  h.message_us_per_heartbeat =
+      h.message_heartbeats_per_s > 0 ? median(msg_net) * 1e3 / h.message_heartbeats_per_s : 0;
+  h.round_trip_us = median(trip);
+  h.unix_round_trip_us = median(unix_trip);
+  h.wakeup_us = median(wake);
   return h;
 }
 
@@ -400,25 +432,27 @@ int main(int argc, char **argv) {
                 rr.back().unsettled_ms);
   }
   std::printf(
-      "\nheartbeats: CPU time of both contexts less the idle baseline (the same contexts, "
-      "region offered, nothing borrowed) measured before it in each repetition\n");
-  std::printf("%10s %8s %18s %12s %12s %14s %14s %8s %14s\n", "period ms", "leases",
-              "cpu ms/s med/min", "idle ms/s", "beats/s", "cpu us/beat", "zmq rt us", "ratio",
-              "unix rt us");
+      "\nheartbeats: CPU time of both contexts less the same contexts holding the same leases "
+      "with no heartbeat, measured before it in each repetition; through the beat page, then as "
+      "messages\n");
+  std::printf("%10s %8s %18s %10s %9s %9s %12s %12s %11s %11s %11s %11s\n", "period ms", "leases",
+              "cpu ms/s med/min", "held ms/s", "beats/s", "answered", "cpu us/beat", "msg us/beat",
+              "msg beats/s", "zmq rt us", "unix rt us", "wake-up us");
   std::vector<HeartbeatRow> hr;
   for (uint32_t period : {1u, 10u, 100u}) {
     if (reclaims_only) break;
     // Windows of at least 10 heartbeats, short enough that the whole run stays within minutes.
-    const double secs = quick ? 0.2 : period >= 100 ? 1.0 : 0.5;
+    const double secs = quick ? 0.2 : period >= 100 ? 2.0 : period >= 10 ? 1.0 : 0.5;
     for (uint64_t leases : {uint64_t{1}, uint64_t{64}}) {
       if (quick && (period != 10 || leases == 64)) continue;
       const HeartbeatRow h = heartbeat_row(period, leases, secs, reps);
       hr.push_back(h);
-      std::printf("%10u %8llu %9.3f/%8.3f %12.3f %12.1f %14.2f %14.2f %8.2f %14.2f\n", h.period_ms,
-                  static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s, h.cpu_ms_per_s_min,
-                  h.idle_ms_per_s, h.heartbeats_per_s, h.us_per_heartbeat, h.round_trip_us,
-                  h.round_trip_us > 0 ? h.us_per_heartbeat / h.round_trip_us : 0,
-                  h.unix_round_trip_us);
+      std::printf(
+          "%10u %8llu %9.3f/%8.3f %10.3f %9.1f %9.1f %12.2f %12.2f %11.1f %11.2f %11.2f %11.2f\n",
+          h.period_ms, static_cast<unsigned long long>(h.leases), h.cpu_ms_per_s,
+          h.cpu_ms_per_s_min, h.idle_ms_per_s, h.heartbeats_per_s, h.answered_per_s,
+          h.us_per_heartbeat, h.message_us_per_heartbeat, h.message_heartbeats_per_s,
+          h.round_trip_us, h.unix_round_trip_us, h.wakeup_us);
     }
   }
   std::printf("{\"bench\":\"coord\",\"chunk_bytes\":%llu,\"reps\":%d,\"reclaim\":[",
@@ -434,11 +468,15 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < hr.size(); ++i) {
     std::printf(
         "%s{\"period_ms\":%u,\"leases\":%llu,\"cpu_ms_per_s\":%.4f,"
-        "\"cpu_ms_per_s_min\":%.4f,\"idle_ms_per_s\":%.4f,\"beats_per_s\":%.2f,"
-        "\"us_per_beat\":%.2f,\"zmq_round_trip_us\":%.2f,\"unix_round_trip_us\":%.2f}",
+        "\"cpu_ms_per_s_min\":%.4f,\"held_ms_per_s\":%.4f,\"beats_per_s\":%.2f,"
+        "\"answered_per_s\":%.2f,"
+        "\"us_per_beat\":%.2f,\"message_beats_per_s\":%.2f,\"message_us_per_beat\":%.2f,"
+        "\"zmq_round_trip_us\":%.2f,\"unix_round_trip_us\":%.2f,\"wakeup_us\":%.2f}",
         i ? "," : "", hr[i].period_ms, static_cast<unsigned long long>(hr[i].leases),
         hr[i].cpu_ms_per_s, hr[i].cpu_ms_per_s_min, hr[i].idle_ms_per_s, hr[i].heartbeats_per_s,
-        hr[i].us_per_heartbeat, hr[i].round_trip_us, hr[i].unix_round_trip_us);
+        hr[i].answered_per_s, hr[i].us_per_heartbeat, hr[i].message_heartbeats_per_s,
+        hr[i].message_us_per_heartbeat, hr[i].round_trip_us, hr[i].unix_round_trip_us,
+        hr[i].wakeup_us);
   }
   std::printf("]}\n");
   return 0;

@@ -1,6 +1,7 @@
 // Context and device entry points: the versioned config is read with defaults, validated
 // against the machine by swiftkv::Context, and only then is a handle returned.
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -133,6 +134,15 @@ swiftkv::coord::CoordOptions coord_options(const swiftkv_ctx_config &c) {
   }
   if (c.coord_rma_timeout_ms == 0) swiftkv::fail_invalid("config->coord_rma_timeout_ms is 0");
   o.rma_timeout_ns = uint64_t{c.coord_rma_timeout_ms} * 1'000'000;
+  if (const char *e = std::getenv("SWIFTKV_COORD_HEARTBEAT"); e != nullptr && *e != '\0') {
+    if (std::strcmp(e, "message") == 0) {
+      o.beat_page = false;
+    } else if (std::strcmp(e, "page") != 0) {
+      swiftkv::fail_invalid(std::string("SWIFTKV_COORD_HEARTBEAT is '") + e +
+                            "': it says how a borrower on its lender's host heartbeats, page or "
+                            "message (unset: page)");
+    }
+  }
   return o;
 }
 

@@ -19,10 +19,9 @@ namespace {
 // writes never share a cache line with the borrower's.
 constexpr size_t kMagicWord = 0;
 // The borrower's half.
-constexpr size_t kBeatSeq = 8;     // seqlock: odd while the borrower writes
-constexpr size_t kPeriod = 9;      // the borrower's beat period, ns
-constexpr size_t kBeatCount = 10;  // lease ids that follow
-constexpr size_t kBeatIds = 11;
+constexpr size_t kBeatSeq = 8;    // seqlock: odd while the borrower writes
+constexpr size_t kBeatCount = 9;  // lease ids that follow
+constexpr size_t kBeatIds = 10;
 // The lender's half.
 constexpr size_t kAnswerSeq = 512;  // seqlock: odd while the lender writes
 constexpr size_t kAccepted = 513;   // 1 once the lender reads the page
@@ -75,7 +74,7 @@ void BeatPage::store(size_t word, uint64_t v) {
   std::atomic_ref<uint64_t>(words_[word]).store(v, std::memory_order_relaxed);
 }
 
-BeatPage BeatPage::create(uint64_t period_ns) {
+BeatPage BeatPage::create() {
   UniqueFd fd(::memfd_create("swiftkv-beat", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) fail_now("memfd_create");
   if (::ftruncate(fd.get(), kBeatPageBytes) != 0) fail_now("ftruncate");
@@ -85,7 +84,6 @@ BeatPage BeatPage::create(uint64_t period_ns) {
   uint64_t *w = map_page(fd.get());
   if (w == nullptr) fail_now("mmap");
   BeatPage page(std::move(fd), w);
-  page.store(kPeriod, period_ns);
   std::atomic_ref<uint64_t>(w[kMagicWord]).store(kBeatMagic, std::memory_order_release);
   return page;
 }
@@ -136,14 +134,11 @@ bool BeatPage::read_beat(Beat *out) const {
   const uint64_t n = load(kBeatCount);
   if (n > kBeatLeases) return false;
   out->seq = s1;
-  out->period_ns = load(kPeriod);
   out->leases.resize(n);
   for (size_t i = 0; i < n; ++i) out->leases[i] = load(kBeatIds + i);
   std::atomic_thread_fence(std::memory_order_acquire);
   return std::atomic_ref<uint64_t>(words_[kBeatSeq]).load(std::memory_order_relaxed) == s1;
 }
-
-uint64_t BeatPage::period_ns() const { return load(kPeriod); }
 
 void BeatPage::accept() {
   std::atomic_ref<uint64_t>(words_[kAccepted]).store(1, std::memory_order_release);

@@ -31,11 +31,10 @@ inline constexpr size_t kBeatPageBytes = 8192;
 inline constexpr size_t kBeatLeases = 240;                     // the most lease ids one beat names
 inline constexpr uint64_t kBeatMagic = 0x3154414542564b53ull;  // "SKVBEAT1", little-endian
 
-// A heartbeat written by the borrower: its sequence number (even, from 2), the period it beats
-// at, and the leases it asks renewed.
+// A heartbeat written by the borrower: its sequence number (even, from 2) and the leases it asks
+// renewed.
 struct Beat {
   uint64_t seq = 0;
-  uint64_t period_ns = 0;
   std::vector<uint64_t> leases;
 };
 
@@ -61,9 +60,9 @@ class BeatPage {
   BeatPage &operator=(const BeatPage &) = delete;
   ~BeatPage();
 
-  // The borrower's side: a fresh page, sealed against resizing, that beats every `period_ns`.
-  // Throws Error(ENOMEM) when the memfd cannot be made or mapped.
-  static BeatPage create(uint64_t period_ns);
+  // The borrower's side: a fresh page, sealed against resizing. Throws Error(ENOMEM) when the
+  // memfd cannot be made or mapped.
+  static BeatPage create();
   // The lender's side: maps a page a borrower passed. Returns an empty page and says why when
   // `fd` is not a memfd sealed against shrinking, is smaller than kBeatPageBytes, or does not
   // start with kBeatMagic. Takes the fd in every case.
@@ -78,8 +77,6 @@ class BeatPage {
   // The lender's half, read: the newest beat, or false when none is there yet, the borrower is
   // writing it, or what is there does not add up (a count past the page).
   bool read_beat(Beat *out) const;
-  // The period the borrower said it beats at (as created; a lender clamps it).
-  uint64_t period_ns() const;
 
   // The lender's half. The lender says it reads the page (before the handshake's last packet
   // leaves), then answers beats.

@@ -385,7 +385,14 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
   if (!w.ucx_address.empty()) return on_ucx_welcome(s, w);
   try {
     s.fdconn = fd_connect(w.fd_socket);
-    fd_send(s.fdconn.get(), encode_auth(FdAuth{w.session, w.token}), {});
+    // The beat page goes with the auth: a lender that reads it says so before the handshake's
+    // last packet, and heartbeats are written there from then on.
+    std::vector<int> fds;
+    if (st_.options.beat_page) {
+      s.beat = BeatPage::create();
+      fds.push_back(s.beat.fd());
+    }
+    fd_send(s.fdconn.get(), encode_auth(FdAuth{w.session, w.token}), fds);
   } catch (const Error &e) {
     fail_session(s, SWIFTKV_EPEER, e.what());
     return;
@@ -547,6 +554,8 @@ void BorrowerSessions::finish_handshake(const std::shared_ptr<Session> &sp) {
     if (!(pieces.empty() && passed_per_lease(kind))) {
       m = open_region(export_of(s.info, std::move(pieces)), s.device);
     }
+    // The lender accepted the beat page before it sent the handshake's last packet, which is in.
+    s.beat_on = s.beat && s.beat.accepted();
     std::lock_guard lock(st_.mu);
     s.mapping = std::move(m);
     s.phase = Phase::ready;
@@ -779,8 +788,38 @@ bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {
   const uint64_t sent_ns = sent->second.first;
   const std::vector<uint64_t> listed = std::move(sent->second.second);
   s.hb_sent.erase(s.hb_sent.begin(), std::next(sent));
+  return apply_table(s, sent_ns, listed, a.leases);
+}
+
+bool BorrowerSessions::read_beat_answer(Session &s) {
+  BeatAnswer a;
+  if (!s.beat_on || s.beats_sent.empty() || !s.beat.read_answer(&a) || a.echo <= s.beat_answered) {
+    return false;
+  }
+  const auto sent = s.beats_sent.find(a.echo);
+  if (sent == s.beats_sent.end()) {
+    // An answer to a beat given up on (more than 64 unanswered) says nothing newer ones won't;
+    // one to a beat never written is the lender's error.
+    if (a.echo > s.beats_sent.rbegin()->first) st_.drop("a beat answer to no beat written");
+    s.beat_answered = a.echo;
+    return false;
+  }
+  s.beat_answered = a.echo;
+  const uint64_t sent_ns = sent->second.first;
+  const std::vector<uint64_t> listed = std::move(sent->second.second);
+  s.beats_sent.erase(s.beats_sent.begin(), std::next(sent));
+  std::vector<LeaseState> table;
+  table.reserve(a.leases.size());
+  for (const BeatLease &l : a.leases)
+    table.push_back(LeaseState{l.lease, l.remaining_ns, l.reclaim});
+  return apply_table(s, sent_ns, listed, table);
+}
+
+bool BorrowerSessions::apply_table(Session &s, uint64_t sent_ns,
+                                   const std::vector<uint64_t> &listed,
+                                   const std::vector<LeaseState> &leases) {
   std::map<uint64_t, const LeaseState *> table;
-  for (const LeaseState &l : a.leases) table[l.lease] = &l;
+  for (const LeaseState &l : leases) table[l.lease] = &l;
   bool notify = false;
   std::lock_guard lock(st_.mu);
   ++st_.stats.heartbeats_answered;
@@ -824,6 +863,8 @@ void BorrowerSessions::heartbeats(uint64_t now) {
       lose_lender(sp, "its UCX endpoint failed");
       continue;
     }
+    // The beat page's answer is read at every round (a few loads), before deadlines are judged.
+    if (read_beat_answer(s) && s.on_reclaim) s.on_reclaim();
     {
       std::lock_guard lock(st_.mu);
       if (now < s.next_heartbeat_ns) continue;
@@ -842,6 +883,13 @@ void BorrowerSessions::heartbeats(uint64_t now) {
     if (notify && s.on_reclaim) s.on_reclaim();
     // A UCX session heartbeats with no lease too: it is the lender's only sign of this process.
     if (ids.empty() && !ep) continue;
+    if (s.beat_on && ids.size() <= kBeatLeases) {
+      if (s.beats_sent.size() >= 64) s.beats_sent.erase(s.beats_sent.begin());  // unanswered
+      const uint64_t seq = s.beat.write_beat(ids);
+      s.beats_sent[seq] = {now, std::move(ids)};
+      st_.count(&CoordStats::heartbeats_sent);
+      continue;
+    }
     if (ids.size() > kMaxLeasesPerMessage) ids.resize(kMaxLeasesPerMessage);
     if (s.hb_sent.size() > 64) {  // answers lost for good
       s.hb_given_up = std::max(s.hb_given_up, s.hb_sent.begin()->first);

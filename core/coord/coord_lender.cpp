@@ -346,11 +346,26 @@ void LenderService::on_auth(UniqueFd fd) {
       if (s.id == a->session && s.token == a->token && !s.fdconn) srv = &s;
     }
   }
-  if (srv == nullptr || !p.fds.empty()) {
+  if (srv == nullptr || p.fds.size() > 1) {
     return st_.drop("an fd channel connection without a valid session token");
   }
-  srv->fdconn = std::move(fd);
   const auto region = srv->region.lock();
+  if (p.fds.size() == 1) {
+    // The borrower's beat page: its heartbeats come there from now on. One the lender cannot
+    // trust ends the connection, as a wrong token does.
+    std::string why;
+    BeatPage page = BeatPage::adopt(std::move(p.fds[0]), &why);
+    if (!page) return st_.drop("an fd channel auth with a bad beat page: " + why);
+    // Read at the lender's own heartbeat, as often as its expiry scan, and at least three
+    // times a lease so that a live borrower's leases never run out.
+    const uint64_t lease_third = region ? region->lease_ns() / 3 : st_.options.heartbeat_ns;
+    srv->beat_period_ns =
+        std::max<uint64_t>(1'000'000, std::min(st_.options.heartbeat_ns, lease_third));
+    page.accept();
+    srv->beat = std::move(page);
+    next_beat_scan_ns_ = std::min(next_beat_scan_ns_, monotonic_ns() + srv->beat_period_ns);
+  }
+  srv->fdconn = std::move(fd);
   if (!region) return;  // its region went away: the session's lends are denied
   try {
     uint32_t packets = 0;
@@ -449,36 +464,76 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
 }
 
 void LenderService::on_heartbeat(Served &srv, const Message &m, const Heartbeat &h) {
-  const auto region = srv.region.lock();
   HeartbeatAck ack;
   ack.echo = m.seq;
-  if (region) {
-    for (uint64_t id : h.leases) {
-      if (srv.leases.count(id) == 0) continue;  // never another session's lease
-      try {
-        region->renew(id);
-      } catch (const Error &) {
-        // Expired already: left out of the table below.
-      }
-    }
-    const uint64_t now = region->clock_now();
-    for (auto it = srv.leases.begin(); it != srv.leases.end();) {
-      try {
-        const Lease l = region->lease(*it);
-        ack.leases.push_back(
-            LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0, l.reclaim_requested});
-        ++it;
-      } catch (const Error &) {
-        forget_lease(srv, *it++);
-      }
-    }
-  } else if (!srv.leases.empty()) {
-    srv.regs.clear();
-    srv.leases.clear();
-    ++srv.epoch;
-  }
+  ack.leases = renew_leases(srv, h.leases, /*whole_table=*/true);
   if (ack.leases.size() > kMaxLeasesPerMessage) ack.leases.resize(kMaxLeasesPerMessage);
   send_served(srv, std::move(ack));
+}
+
+std::vector<LeaseState> LenderService::renew_leases(Served &srv, const std::vector<uint64_t> &ids,
+                                                    bool whole_table) {
+  std::vector<LeaseState> table;
+  const auto region = srv.region.lock();
+  if (!region) {
+    if (!srv.leases.empty()) {
+      srv.regs.clear();
+      srv.leases.clear();
+      ++srv.epoch;
+    }
+    return table;
+  }
+  for (uint64_t id : ids) {
+    if (srv.leases.count(id) == 0) continue;  // never another session's lease
+    try {
+      region->renew(id);
+    } catch (const Error &) {
+      // Expired already: left out of the table below.
+    }
+  }
+  const uint64_t now = region->clock_now();
+  auto add = [&](uint64_t id) {
+    try {
+      const Lease l = region->lease(id);
+      table.push_back(
+          LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0, l.reclaim_requested});
+      return true;
+    } catch (const Error &) {
+      forget_lease(srv, id);
+      return false;
+    }
+  };
+  if (whole_table) {
+    for (auto it = srv.leases.begin(); it != srv.leases.end();) {
+      const uint64_t id = *it++;  // forget_lease may erase it
+      add(id);
+    }
+  } else {
+    for (uint64_t id : ids) {
+      if (srv.leases.count(id) != 0) add(id);
+    }
+  }
+  return table;
+}
+
+void LenderService::scan_beats(uint64_t now) {
+  if (now < next_beat_scan_ns_) return;
+  uint64_t period = UINT64_MAX;
+  Beat beat;
+  for (auto &[routing, srv] : served_) {
+    if (!srv.beat || srv.gone) continue;
+    period = std::min(period, srv.beat_period_ns);
+    // A beat being written is read at the next scan; an old one is answered already.
+    if (!srv.beat.read_beat(&beat) || beat.seq == srv.beat_seen) continue;
+    srv.beat_seen = beat.seq;
+    BeatAnswer answer;
+    answer.echo = beat.seq;
+    for (const LeaseState &l : renew_leases(srv, beat.leases, /*whole_table=*/false)) {
+      answer.leases.push_back(BeatLease{l.lease, l.remaining_ns, l.reclaim});
+    }
+    srv.beat.write_answer(answer);
+  }
+  next_beat_scan_ns_ = period == UINT64_MAX ? UINT64_MAX : now + period;
 }
 
 void LenderService::on_release(Served &srv, const Release &r) {
@@ -519,6 +574,7 @@ void LenderService::end_served(Served &srv) {
 }
 
 void LenderService::scan_served(uint64_t now) {
+  scan_beats(now);
   const bool expiry_scan = now >= next_expiry_scan_ns_;
   if (expiry_scan) next_expiry_scan_ns_ = now + st_.options.heartbeat_ns;
   std::map<const ElasticRegion *, std::vector<uint64_t>> pending;

@@ -51,6 +51,9 @@ struct CoordOptions {
   std::string ucx_transports;  // UCX_TLS; empty: what UCX picks
   // One UCX batch's longest wait.
   uint64_t rma_timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_rma_timeout_ms);
+  // As a borrower on the lender's host: heartbeats through a shared page (beat_page.hpp) rather
+  // than messages. The environment's SWIFTKV_COORD_HEARTBEAT=message turns it off.
+  bool beat_page = true;
 };
 
 struct CoordStats {

@@ -32,6 +32,7 @@
 #include "core/common/error.hpp"
 #include "core/common/log.hpp"
 #include "core/common/unique_fd.hpp"
+#include "core/coord/beat_page.hpp"
 #include "core/coord/coordinator.hpp"
 #include "core/coord/piece_queue.hpp"
 #include "core/coord/ucx_helper.hpp"
@@ -251,6 +252,13 @@ struct Session {
   // one answered first): an answer to it or an older one is late, not foreign.
   uint64_t hb_given_up = 0;
   uint64_t next_heartbeat_ns = 0;
+  // The beat page passed with the fd channel's auth (beat_page.hpp), and whether the lender
+  // accepted it: then heartbeats are beats written there, not messages, while they name at most
+  // kBeatLeases leases. Beats written and not yet answered: seq -> (ns, ids); the last answered.
+  BeatPage beat;
+  bool beat_on = false;
+  std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> beats_sent;
+  uint64_t beat_answered = 0;
   // Memory pieces from the fd channel by request tag (0: the handshake's) until the message that
   // asks for them and all their packets are in, whichever came first (piece_queue.hpp); and the
   // grants waiting for their pieces, by request.
@@ -279,6 +287,11 @@ struct Served {
   UniqueFd fdconn;
   bool gone = false;        // the fd channel hung up: the borrower process is gone
   uint64_t created_ns = 0;  // a session whose fd channel never connects is forgotten
+  // The borrower's beat page, when its auth passed one: read every beat_period_ns (the lender's
+  // heartbeat, at most a third of the lease, at least 1 ms); the last beat answered.
+  BeatPage beat;
+  uint64_t beat_period_ns = 0;
+  uint64_t beat_seen = 0;
   // A session over UCX: no fd channel; each lease's bytes registered on their own, unregistered
   // before the region gets the lease back. Forgotten once silent with no lease.
   bool remote = false;
@@ -315,7 +328,9 @@ class LenderService {
   bool bound() const noexcept { return static_cast<bool>(router_); }
   void add_to(PollSet &poll);
   void scan_served(uint64_t now);
-  uint64_t next_due_ns() const noexcept { return next_expiry_scan_ns_; }
+  uint64_t next_due_ns() const noexcept {
+    return std::min(next_expiry_scan_ns_, next_beat_scan_ns_);
+  }
 
  private:
   void note_ipc_file() noexcept;    // after the bind
@@ -328,6 +343,12 @@ class LenderService {
   void on_served_fd(Served &srv);
   void on_lend(Served &srv, const Lend &l);
   void on_heartbeat(Served &srv, const Message &m, const Heartbeat &h);
+  // Renews `ids` that the session holds; the table of what it holds after (all of its leases,
+  // or only those named), leases the region no longer has forgotten.
+  std::vector<LeaseState> renew_leases(Served &srv, const std::vector<uint64_t> &ids,
+                                       bool whole_table);
+  // Reads every beat page whose time has come and answers a new beat.
+  void scan_beats(uint64_t now);
   void on_release(Served &srv, const Release &r);
   void end_served(Served &srv);
   void send_pieces(int fd, uint64_t tag, const RegionExport &e, uint32_t *packets);
@@ -361,6 +382,7 @@ class LenderService {
   std::deque<std::string> ended_;                   // routing ids of sessions closed lately
   uint64_t next_session_ = 1;
   uint64_t next_expiry_scan_ns_ = 0;
+  uint64_t next_beat_scan_ns_ = UINT64_MAX;  // none while no session has a beat page
 };
 
 // The borrower side: this process's sessions with remote lenders, from the hello to the mapped
@@ -418,6 +440,12 @@ class BorrowerSessions {
   void add_remote_range(Session &s, const Grant &g);
   void on_ucx_welcome(Session &s, const Welcome &w);
   bool on_ack(Session &s, const HeartbeatAck &a);
+  // The lender's table for a heartbeat sent at `sent_ns` naming `listed`: deadlines extended,
+  // reclaims marked, listed leases it no longer holds lost. True when the engine is due a call.
+  bool apply_table(Session &s, uint64_t sent_ns, const std::vector<uint64_t> &listed,
+                   const std::vector<LeaseState> &table);
+  // The beat page's newest answer, if it is new; true when the engine is due a call.
+  bool read_beat_answer(Session &s);
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
   void close_session(const std::shared_ptr<Session> &s);

@@ -17,8 +17,9 @@ namespace swiftkv::coord {
 
 inline constexpr uint32_t kMagic = 0x564b5753;  // "SWKV" read as little-endian bytes
 // Version 2 added the UCX path: the hello's host and path, the welcome's UCX address, the grant's
-// remote key.
-inline constexpr uint16_t kProtocolVersion = 2;
+// remote key. Version 3 lets the fd channel's auth packet carry the borrower's beat page
+// (beat_page.hpp); the messages are encoded as in version 2.
+inline constexpr uint16_t kProtocolVersion = 3;
 inline constexpr size_t kHeaderBytes = 32;
 inline constexpr size_t kMaxMessageBytes = 64 * 1024;
 inline constexpr size_t kMaxString = 255;

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "core/common/error.hpp"
+#include "core/coord/beat_page.hpp"
 #include "core/coord/coordinator.hpp"
 #include "core/coord/fd_channel.hpp"
 #include "core/coord/wire.hpp"
@@ -902,6 +903,19 @@ void lender_drops_bad_messages(void **) {
     const co::FdPacket p = co::fd_recv(bad.get(), 2000);
     assert_true(p.closed);
   }
+  // The right token with a beat page the lender cannot trust (a memfd the borrower could still
+  // shrink under it): dropped, the connection closed, as a wrong token.
+  {
+    swiftkv::UniqueFd bad = co::fd_connect(w.fd_socket);
+    swiftkv::UniqueFd open(::memfd_create("t", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    assert_int_equal(::ftruncate(open.get(), co::kBeatPageBytes), 0);
+    const int fds[] = {open.get()};
+    co::fd_send(bad.get(), co::encode_auth(co::FdAuth{w.session, w.token}), fds);
+    ++dropped;
+    const co::FdPacket p = co::fd_recv(bad.get(), 2000);
+    assert_true(p.closed);
+  }
+  // No beat page: the session heartbeats by message (below).
   swiftkv::UniqueFd fdc = co::fd_connect(w.fd_socket);
   co::fd_send(fdc.get(), co::encode_auth(co::FdAuth{w.session, w.token}), {});
   co::FdPacket p = co::fd_recv(fdc.get(), 2000);
@@ -1301,6 +1315,9 @@ struct FakeLender {
   uint64_t granule = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   std::vector<swiftkv::UniqueFd> memory;  // one memfd per granule, named swiftkv-fake
   std::vector<uint64_t> released;         // leases the borrower gave back
+  bool take_beats = false;                // accept the borrower's beat page at the handshake
+  co::BeatPage page;                      // ... which is then here
+  uint64_t lease_ns = 60'000'000'000ull;  // the lease its welcome says
 
   FakeLender() : endpoint(fresh_endpoint("fake")) {
     zctx = zmq_ctx_new();
@@ -1324,6 +1341,18 @@ struct FakeLender {
     const std::vector<uint8_t> b = wire(++seq, std::move(p));
     zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
     zmq_send(router, b.data(), b.size(), 0);
+  }
+  // The next beat on the page that names `lease`, within `ms`.
+  bool beat_naming(uint64_t lease, co::Beat *out, int ms = 3000) {
+    const uint64_t end = now_ms() + static_cast<uint64_t>(ms);
+    while (now_ms() < end) {
+      if (page.read_beat(out) &&
+          std::find(out->leases.begin(), out->leases.end(), lease) != out->leases.end()) {
+        return true;
+      }
+      sleep_ms(2);
+    }
+    return false;
   }
   // The borrower's next message other than a heartbeat (answered: every lease, a minute left).
   // Returns false when none comes within `ms`.
@@ -1374,7 +1403,7 @@ struct FakeLender {
     w.unit_chunks = 1;
     w.unit_bytes = kChunkBytes;
     w.capacity_units = kUnits;
-    w.lease_ns = 60'000'000'000ull;
+    w.lease_ns = lease_ns;
     w.memory_kind = static_cast<uint32_t>(swiftkv::MemoryKind::host_granules);
     w.region_bytes = region_bytes();
     w.identity = "fake:" + endpoint;
@@ -1384,8 +1413,15 @@ struct FakeLender {
       if (!conn) sleep_ms(10);
     }
     if (!conn) return false;
-    const co::FdPacket auth = co::fd_recv(conn.get(), 5000);
+    co::FdPacket auth = co::fd_recv(conn.get(), 5000);
     if (auth.closed) return false;
+    if (take_beats) {
+      if (auth.fds.size() != 1) return false;
+      std::string why;
+      page = co::BeatPage::adopt(std::move(auth.fds[0]), &why);
+      if (!page) return false;
+      page.accept();
+    }
     send_packet(co::PiecePacket{0, 0, {}}, {});
     return true;
   }
@@ -1420,6 +1456,21 @@ struct FakeLender {
     co::Grant g{l.request, next_lease++, next_unit, units, packets, {}, 0};
     next_unit += units;
     return g;
+  }
+  // The next lend, granted one unit with its granules sent first. False when no lend comes.
+  bool grant_one(co::Grant *out) {
+    co::Lend l;
+    if (!lend(&l)) return false;
+    *out = grant(l, 1, 1);
+    send_granules(l.request, out->first_unit, 1, 1);
+    reply(*out);
+    return true;
+  }
+  // Answers heartbeats and takes messages until none has come for `ms`.
+  void drain(int ms) {
+    co::Message m;
+    while (next(&m, ms)) {
+    }
   }
   // Whether a chunk of these bytes lies in the lent memory, at any chunk slot.
   bool holds(const std::vector<uint8_t> &chunk) const {
@@ -1716,17 +1767,13 @@ void late_heartbeat_answers_are_not_dropped_messages(void **) {
   std::thread lender([&] {
     try {
       if (!fake.handshake()) return;
-      co::Lend l;
-      if (!fake.lend(&l)) return;
-      const co::Grant g = fake.grant(l, 1, 1);
-      fake.send_granules(l.request, g.first_unit, 1, 1);
-      fake.reply(g);
+      co::Grant g;
+      if (!fake.grant_one(&g)) return;
       sleep_ms(2500);  // stopped: about 125 heartbeats of 20 ms wait in the socket
       co::Message m;
       fake.next(&m, 500);  // answers each, oldest first
       answered = true;
-      while (fake.next(&m, 300)) {
-      }
+      fake.drain(300);
     } catch (const swiftkv::Error &) {
     }
   });
@@ -1743,6 +1790,140 @@ void late_heartbeat_answers_are_not_dropped_messages(void **) {
   assert_int_equal(cs.messages_dropped, 0);
   assert_int_equal(cs.lenders_lost + cs.leases_lost, 0);
   assert_int_equal(lent_capacity(cache_stats(b)), kChunkBytes);
+  swiftkv_ctx_destroy(b.ctx);
+  lender.join();
+}
+
+// --- Heartbeats through the beat page ---------------------------------------------------------
+
+// A borrower on its lender's host heartbeats through the beat page: leases of 300 ms live for
+// four of them with no message sent, and the page's answers are counted. The same borrower with
+// SWIFTKV_COORD_HEARTBEAT=message sends messages instead and keeps its lease too; a value that is
+// neither is refused.
+void beats_keep_leases_without_messages(void **) {
+  Lender l;
+  const std::string ep = fresh_endpoint("beats", true);
+  assert_ok(lender_up(&l, ep, 300, "lender"));
+  for (const char *mode : {"page", "message"}) {
+    setenv("SWIFTKV_COORD_HEARTBEAT", mode, 1);
+    Borrower b;
+    borrower_up(&b, 1 << 20);
+    unsetenv("SWIFTKV_COORD_HEARTBEAT");
+    const bool page = std::strcmp(mode, "page") == 0;
+    uint64_t lease = 0;
+    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 2));
+    sleep_ms(100);
+    const swiftkv_coord_stats a = coord_stats(b.ctx);
+    const uint64_t held = lent_capacity(cache_stats(b));
+    assert_int_equal(held, 2 * kUnitChunks * kChunkBytes);
+    sleep_ms(1200);
+    const swiftkv_coord_stats c = coord_stats(b.ctx);
+    assert_int_equal(c.leases_lost, 0);
+    assert_int_equal(c.lenders_lost, 0);
+    assert_int_equal(c.messages_dropped, 0);
+    // The lender reads the page every 20 ms (its heartbeat, under a third of the lease).
+    assert_true(c.heartbeats_sent - a.heartbeats_sent >= 20);
+    assert_true(c.heartbeats_answered - a.heartbeats_answered >= 10);
+    if (page) {
+      assert_int_equal(c.messages_sent, a.messages_sent);
+    } else {
+      assert_true(c.messages_sent - a.messages_sent >= 20);
+    }
+    assert_int_equal(lent_capacity(cache_stats(b)), held);
+    assert_int_equal(elastic_stats(l.e).leases, 1);
+    swiftkv_ctx_destroy(b.ctx);
+    for (int i = 0; i < 2000 && elastic_stats(l.e).leases != 0; ++i) sleep_ms(1);
+    assert_int_equal(elastic_stats(l.e).leases, 0);
+  }
+  setenv("SWIFTKV_COORD_HEARTBEAT", "often", 1);
+  swiftkv_ctx *ctx = nullptr;
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  assert_int_equal(swiftkv_ctx_create(&ctx, &c), SWIFTKV_EINVAL);
+  assert_null(ctx);
+  unsetenv("SWIFTKV_COORD_HEARTBEAT");
+  lender_down(&l);
+}
+
+// A lender that answers on the page, played by the test: an answer that asks a lease back
+// makes the borrower give it back; one that leaves a named lease out loses that lease (its
+// bytes may be the lender's again), as a heartbeat_ack would; the session stays.
+void beat_answers_reclaim_and_lose(void **) {
+  FakeLender fake;
+  fake.take_beats = true;
+  std::atomic<int> step{0};
+  std::thread lender([&] {
+    try {
+      if (!fake.handshake()) return;
+      co::Grant g;
+      if (!fake.grant_one(&g)) return;
+      co::Beat beat;
+      if (!fake.beat_naming(g.lease, &beat)) return;
+      fake.page.write_answer(co::BeatAnswer{beat.seq, {{g.lease, 60'000'000'000ull, true}}});
+      co::Message m;
+      if (!fake.next(&m) || !std::holds_alternative<co::Release>(m.payload) ||
+          std::get<co::Release>(m.payload).lease != g.lease) {
+        return;
+      }
+      step = 1;
+      if (!fake.grant_one(&g)) return;
+      if (!fake.beat_naming(g.lease, &beat)) return;
+      fake.page.write_answer(co::BeatAnswer{beat.seq, {}});
+      step = 2;
+      fake.drain(300);
+    } catch (const swiftkv::Error &) {
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = SENTINEL;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  for (int i = 0; i < 3000 && step.load() < 1; ++i) sleep_ms(1);
+  assert_int_equal(step.load(), 1);  // asked back on the page, given back by message
+  assert_int_equal(coord_stats(b.ctx).leases_lost, 0);
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  for (int i = 0; i < 3000 && coord_stats(b.ctx).leases_lost < 1; ++i) sleep_ms(1);
+  assert_int_equal(step.load(), 2);
+  swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.leases_lost, 1);
+  assert_int_equal(cs.lenders_lost, 0);
+  assert_int_equal(cs.messages_dropped, 0);
+  for (int i = 0; i < 2000 && lent_capacity(cache_stats(b)) != 0; ++i) sleep_ms(1);
+  assert_int_equal(lent_capacity(cache_stats(b)), 0);
+  swiftkv_ctx_destroy(b.ctx);
+  lender.join();
+}
+
+// A lender that accepts the page and never answers it (leases of 400 ms): the lease holds until
+// its deadline (the lend plus the lease) and is lost right after, as with unanswered messages.
+void unanswered_beats_lose_the_lease(void **) {
+  FakeLender fake;
+  fake.take_beats = true;
+  fake.lease_ns = 400'000'000;
+  std::thread lender([&] {
+    try {
+      if (!fake.handshake()) return;
+      co::Grant g;
+      if (!fake.grant_one(&g)) return;
+      fake.drain(1500);
+    } catch (const swiftkv::Error &) {
+    }
+  });
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = SENTINEL;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  sleep_ms(200);
+  swiftkv_coord_stats cs = coord_stats(b.ctx);
+  assert_int_equal(cs.leases_lost, 0);
+  assert_true(cs.heartbeats_sent >= 3);  // every 20 ms, onto the page
+  assert_int_equal(cs.heartbeats_answered, 0);
+  assert_int_equal(cs.messages_sent, 2);  // the hello, the lend: no heartbeat message
+  for (int i = 0; i < 1500 && coord_stats(b.ctx).leases_lost == 0; ++i) sleep_ms(1);
+  cs = coord_stats(b.ctx);
+  assert_int_equal(cs.leases_lost, 1);
+  assert_int_equal(cs.lenders_lost, 0);
+  for (int i = 0; i < 2000 && lent_capacity(cache_stats(b)) != 0; ++i) sleep_ms(1);
+  assert_int_equal(lent_capacity(cache_stats(b)), 0);
   swiftkv_ctx_destroy(b.ctx);
   lender.join();
 }
@@ -2045,6 +2226,9 @@ int main(int argc, char **argv) {
       cmocka_unit_test(grant_without_its_pieces),
       cmocka_unit_test(late_heartbeat_answers_are_not_dropped_messages),
       cmocka_unit_test(lender_killed_between_pieces_and_grant),
+      cmocka_unit_test(beats_keep_leases_without_messages),
+      cmocka_unit_test(beat_answers_reclaim_and_lose),
+      cmocka_unit_test(unanswered_beats_lose_the_lease),
   };
   if (g_granules) {  // the real lender's scenarios, its memory passed grant by grant
     const struct CMUnitTest granules[] = {
