@@ -41,13 +41,22 @@ void BorrowerSessions::add_to(PollSet &poll) {
 uint64_t BorrowerSessions::next_due_ns() const noexcept {
   uint64_t due = UINT64_MAX;
   for (const auto &s : active_) {
-    due = std::min({due, s->next_heartbeat_ns, s->queue.next_deadline_ns()});
+    // A session on the beat page wakes this thread for no beat of its own, only for the
+    // backstop (the cache's maintenance writes the beats), unless it sends messages.
+    const uint64_t beat = s->beat_on && !s->beat_overflow.load()
+                              ? s->last_beat_ns.load() + beat_backstop_ns(*s)
+                              : s->next_heartbeat_ns.load();
+    due = std::min({due, beat, s->queue.next_deadline_ns()});
   }
   return due;
 }
 
 uint64_t BorrowerSessions::heartbeat_ns(const Session &s) const {
   return std::max<uint64_t>(1'000'000, std::min(st_.options.heartbeat_ns, s.info.lease_ns / 3));
+}
+
+uint64_t BorrowerSessions::beat_backstop_ns(const Session &s) const {
+  return std::max(heartbeat_ns(s), s.info.lease_ns / 3);
 }
 
 void BorrowerSessions::stop_all() noexcept {
@@ -788,10 +797,11 @@ bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {
   const uint64_t sent_ns = sent->second.first;
   const std::vector<uint64_t> listed = std::move(sent->second.second);
   s.hb_sent.erase(s.hb_sent.begin(), std::next(sent));
-  return apply_table(s, sent_ns, listed, a.leases);
+  std::lock_guard lock(st_.mu);
+  return apply_table_locked(s, sent_ns, listed, a.leases);
 }
 
-bool BorrowerSessions::read_beat_answer(Session &s) {
+bool BorrowerSessions::read_beat_answer_locked(Session &s) {
   BeatAnswer a;
   if (!s.beat_on || s.beats_sent.empty() || !s.beat.read_answer(&a) || a.echo <= s.beat_answered) {
     return false;
@@ -800,7 +810,7 @@ bool BorrowerSessions::read_beat_answer(Session &s) {
   if (sent == s.beats_sent.end()) {
     // An answer to a beat given up on (more than 64 unanswered) says nothing newer ones won't;
     // one to a beat never written is the lender's error.
-    if (a.echo > s.beats_sent.rbegin()->first) st_.drop("a beat answer to no beat written");
+    if (a.echo > s.beats_sent.rbegin()->first) st_.drop_locked("a beat answer to no beat written");
     s.beat_answered = a.echo;
     return false;
   }
@@ -812,16 +822,15 @@ bool BorrowerSessions::read_beat_answer(Session &s) {
   table.reserve(a.leases.size());
   for (const BeatLease &l : a.leases)
     table.push_back(LeaseState{l.lease, l.remaining_ns, l.reclaim});
-  return apply_table(s, sent_ns, listed, table);
+  return apply_table_locked(s, sent_ns, listed, table);
 }
 
-bool BorrowerSessions::apply_table(Session &s, uint64_t sent_ns,
-                                   const std::vector<uint64_t> &listed,
-                                   const std::vector<LeaseState> &leases) {
+bool BorrowerSessions::apply_table_locked(Session &s, uint64_t sent_ns,
+                                          const std::vector<uint64_t> &listed,
+                                          const std::vector<LeaseState> &leases) {
   std::map<uint64_t, const LeaseState *> table;
   for (const LeaseState &l : leases) table[l.lease] = &l;
   bool notify = false;
-  std::lock_guard lock(st_.mu);
   ++st_.stats.heartbeats_answered;
   for (auto &[id, l] : s.leases) {
     if (l.lost) continue;
@@ -840,6 +849,35 @@ bool BorrowerSessions::apply_table(Session &s, uint64_t sent_ns,
       notify = true;
     }
   }
+  return notify;
+}
+
+bool BorrowerSessions::beat_round_locked(Session &s, uint64_t now, uint64_t due_ns,
+                                         std::vector<uint64_t> *overflow) {
+  bool notify = read_beat_answer_locked(s);
+  std::vector<uint64_t> ids;
+  for (auto &[id, l] : s.leases) {
+    if (l.lost) continue;
+    if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
+      l.lost = true;
+      ++st_.stats.leases_lost;
+      notify = true;
+      continue;
+    }
+    ids.push_back(id);
+  }
+  s.beat_overflow = ids.size() > kBeatLeases;
+  if (now < due_ns || ids.empty()) return notify;
+  if (ids.size() > kBeatLeases) {
+    if (overflow != nullptr) *overflow = std::move(ids);
+    return notify;
+  }
+  if (s.beats_sent.size() >= 64) s.beats_sent.erase(s.beats_sent.begin());  // unanswered
+  const uint64_t seq = s.beat.write_beat(ids);
+  s.beats_sent[seq] = {now, std::move(ids)};
+  s.next_heartbeat_ns = now + heartbeat_ns(s);
+  s.last_beat_ns = now;
+  ++st_.stats.heartbeats_sent;
   return notify;
 }
 
@@ -863,9 +901,22 @@ void BorrowerSessions::heartbeats(uint64_t now) {
       lose_lender(sp, "its UCX endpoint failed");
       continue;
     }
-    // The beat page's answer is read at every round (a few loads), before deadlines are judged.
-    if (read_beat_answer(s) && s.on_reclaim) s.on_reclaim();
-    {
+    if (s.beat_on) {
+      // The cache's maintenance pass writes the beats; this thread applies answers as it wakes,
+      // writes a beat only when none was written for a third of a lease (a pass that took that
+      // long), and sends messages for a session with more leases than a beat names.
+      {
+        std::lock_guard lock(st_.mu);
+        const uint64_t due =
+            s.beat_overflow ? s.next_heartbeat_ns.load() : s.last_beat_ns + beat_backstop_ns(s);
+        notify = beat_round_locked(s, now, due, &ids);
+        if (!ids.empty()) s.next_heartbeat_ns = now + heartbeat_ns(s);
+      }
+      if (ids.empty()) {
+        if (notify && s.on_reclaim) s.on_reclaim();
+        continue;
+      }
+    } else {
       std::lock_guard lock(st_.mu);
       if (now < s.next_heartbeat_ns) continue;
       for (auto &[id, l] : s.leases) {
@@ -883,13 +934,6 @@ void BorrowerSessions::heartbeats(uint64_t now) {
     if (notify && s.on_reclaim) s.on_reclaim();
     // A UCX session heartbeats with no lease too: it is the lender's only sign of this process.
     if (ids.empty() && !ep) continue;
-    if (s.beat_on && ids.size() <= kBeatLeases) {
-      if (s.beats_sent.size() >= 64) s.beats_sent.erase(s.beats_sent.begin());  // unanswered
-      const uint64_t seq = s.beat.write_beat(ids);
-      s.beats_sent[seq] = {now, std::move(ids)};
-      st_.count(&CoordStats::heartbeats_sent);
-      continue;
-    }
     if (ids.size() > kMaxLeasesPerMessage) ids.resize(kMaxLeasesPerMessage);
     if (s.hb_sent.size() > 64) {  // answers lost for good
       s.hb_given_up = std::max(s.hb_given_up, s.hb_sent.begin()->first);

@@ -85,19 +85,45 @@ class RemoteLender final : public LenderLink {
   LinkLeaseState renew(uint64_t lease_id) override { return renew_many({&lease_id, 1})[0]; }
 
   // The heartbeat renews on the lender's side; here the session's table is read, once per
-  // heartbeat unless a reclaim wakes the borrower sooner.
+  // heartbeat unless a reclaim wakes the borrower sooner. On the lender's host the heartbeat is
+  // written here: a beat on the page, on the cache's maintenance pass, so that no thread wakes
+  // for it (the coordinator's thread writes one only if these stop for a third of a lease).
   std::vector<LinkLeaseState> renew_many(std::span<const uint64_t> ids) override {
     std::vector<LinkLeaseState> out(ids.size());
     const uint64_t now = monotonic_ns();
-    std::lock_guard lock(st_->mu);
-    for (size_t i = 0; i < ids.size(); ++i) {
-      const auto it = s_->leases.find(ids[i]);
-      if (s_->lost || it == s_->leases.end() || it->second.lost || now >= it->second.deadline_ns) {
-        out[i] = LinkLeaseState{false, true, 0};
-      } else {
-        out[i] = LinkLeaseState{it->second.reclaim, false, now + st_->options.heartbeat_ns};
+    uint64_t renew_at = now + st_->options.heartbeat_ns;
+    // On the page one beat names every lease of the session, so one lease (the lowest live id)
+    // comes back at the next beat's time and the others a third of a lease on: the cache looks
+    // at each lease rarely (a reclaim or a loss wakes it to look at all of them).
+    uint64_t driver = UINT64_MAX, others_at = renew_at;
+    bool notify = false;
+    {
+      std::lock_guard lock(st_->mu);
+      if (s_->beat_on && s_->phase == Phase::ready && !s_->lost) {
+        notify = st_->borrower.beat_round_locked(*s_, now, s_->next_heartbeat_ns, nullptr);
+        if (s_->next_heartbeat_ns > now) renew_at = s_->next_heartbeat_ns;
+        others_at = std::max(renew_at, now + st_->borrower.beat_backstop_ns(*s_));
+        for (const auto &[id, l] : s_->leases) {
+          if (!l.lost && !s_->beat_overflow) {  // with too many leases for a beat: messages
+            driver = id;
+            break;
+          }
+        }
+      }
+      for (size_t i = 0; i < ids.size(); ++i) {
+        const auto it = s_->leases.find(ids[i]);
+        if (s_->lost || it == s_->leases.end() || it->second.lost ||
+            now >= it->second.deadline_ns) {
+          out[i] = LinkLeaseState{false, true, 0};
+        } else {
+          const uint64_t at = driver == UINT64_MAX || ids[i] == driver ? renew_at : others_at;
+          out[i] = LinkLeaseState{it->second.reclaim, false, at};
+        }
       }
     }
+    // Another lease of the session asked back or lost: the cache looks at every lease (it only
+    // signals).
+    if (notify && s_->on_reclaim) s_->on_reclaim();
     return out;
   }
 
@@ -137,6 +163,7 @@ class RemoteLender final : public LenderLink {
   }
 
   void release(uint64_t lease_id) noexcept override {
+    bool beats = false;
     try {
       std::lock_guard lock(st_->mu);
       const auto it = s_->leases.find(lease_id);
@@ -148,9 +175,13 @@ class RemoteLender final : public LenderLink {
       s_->leases.erase(it);
       st_->commands.push_back(std::move(c));
       st_->wake();
+      beats = s_->beat_on;
     } catch (...) {
       // Out of memory queueing the message: the lease expires on the lender's side instead.
     }
+    // The lease that brought the beats (renew_many) may be this one: the cache looks at every
+    // lease again, so that another brings them from the next pass on.
+    if (beats && s_->on_reclaim) s_->on_reclaim();
   }
 
   std::string describe() const override {

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -251,14 +252,21 @@ struct Session {
   // The newest heartbeat given up on without its answer (more than 64 unanswered, or a newer
   // one answered first): an answer to it or an older one is late, not foreign.
   uint64_t hb_given_up = 0;
-  uint64_t next_heartbeat_ns = 0;
+  // Written under mu (the cache's thread writes beats too); atomic so that next_due_ns() reads it
+  // without the lock.
+  std::atomic<uint64_t> next_heartbeat_ns{0};
   // The beat page passed with the fd channel's auth (beat_page.hpp), and whether the lender
-  // accepted it: then heartbeats are beats written there, not messages, while they name at most
-  // kBeatLeases leases. Beats written and not yet answered: seq -> (ns, ids); the last answered.
+  // accepted it (set by the thread before the session is ready): then heartbeats are beats
+  // written there, on the cache's maintenance pass (RemoteLender::renew_many), not messages,
+  // while they name at most kBeatLeases leases. Under mu: beats written and not yet answered,
+  // seq -> (ns, ids); the last answered; when the last beat was written; whether the live leases
+  // are more than a beat names (the thread then sends heartbeat messages).
   BeatPage beat;
   bool beat_on = false;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> beats_sent;
   uint64_t beat_answered = 0;
+  std::atomic<uint64_t> last_beat_ns{0};
+  std::atomic<bool> beat_overflow{false};
   // Memory pieces from the fd channel by request tag (0: the handshake's) until the message that
   // asks for them and all their packets are in, whichever came first (piece_queue.hpp); and the
   // grants waiting for their pieces, by request.
@@ -328,8 +336,9 @@ class LenderService {
   bool bound() const noexcept { return static_cast<bool>(router_); }
   void add_to(PollSet &poll);
   void scan_served(uint64_t now);
+  // A context that serves no session has nothing to scan for (reclaims wake the thread).
   uint64_t next_due_ns() const noexcept {
-    return std::min(next_expiry_scan_ns_, next_beat_scan_ns_);
+    return served_.empty() ? UINT64_MAX : std::min(next_expiry_scan_ns_, next_beat_scan_ns_);
   }
 
  private:
@@ -395,6 +404,16 @@ class BorrowerSessions {
   void add_to(PollSet &poll);
   void heartbeats(uint64_t now);
   uint64_t next_due_ns() const noexcept;
+  // Under mu, for a ready session whose beat page the lender accepted: the page's newest answer
+  // applied, leases past their deadline lost and, once `now` reaches `due_ns`, a beat naming
+  // every live lease written (none with no lease; with more than kBeatLeases, their ids are
+  // left in *overflow, when given, for a heartbeat message). True when the engine is due a call.
+  // The coordinator's thread and the cache's (through the link) both call it.
+  bool beat_round_locked(Session &s, uint64_t now, uint64_t due_ns,
+                         std::vector<uint64_t> *overflow);
+  // How long the thread lets a session's beat page go without a beat before it writes one
+  // itself (the cache's maintenance pass writes them otherwise): a third of the lease.
+  uint64_t beat_backstop_ns(const Session &s) const;
   // Says bye to every lender and closes every session's sockets. After the thread ends.
   void stop_all() noexcept;
 
@@ -440,12 +459,14 @@ class BorrowerSessions {
   void add_remote_range(Session &s, const Grant &g);
   void on_ucx_welcome(Session &s, const Welcome &w);
   bool on_ack(Session &s, const HeartbeatAck &a);
-  // The lender's table for a heartbeat sent at `sent_ns` naming `listed`: deadlines extended,
-  // reclaims marked, listed leases it no longer holds lost. True when the engine is due a call.
-  bool apply_table(Session &s, uint64_t sent_ns, const std::vector<uint64_t> &listed,
-                   const std::vector<LeaseState> &table);
-  // The beat page's newest answer, if it is new; true when the engine is due a call.
-  bool read_beat_answer(Session &s);
+  // Under mu: the lender's table for a heartbeat sent at `sent_ns` naming `listed`: deadlines
+  // extended, reclaims marked, listed leases it no longer holds lost. True when the engine is
+  // due a call.
+  bool apply_table_locked(Session &s, uint64_t sent_ns, const std::vector<uint64_t> &listed,
+                          const std::vector<LeaseState> &table);
+  // Under mu: the beat page's newest answer, if it is new; true when the engine is due a call.
+  bool read_beat_answer_locked(Session &s);
+
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
   void close_session(const std::shared_ptr<Session> &s);
@@ -498,6 +519,10 @@ struct Coordinator::State : std::enable_shared_from_this<Coordinator::State> {
   // A message not acted on: counted, and logged at most once per 10 s (a peer may send many).
   void drop(const std::string &why) {
     count(&CoordStats::messages_dropped);
+    drop_log.warn("coordinator: dropped a message: " + why);
+  }
+  void drop_locked(const std::string &why) {
+    ++stats.messages_dropped;
     drop_log.warn("coordinator: dropped a message: " + why);
   }
   LogLimiter drop_log;

@@ -1342,12 +1342,15 @@ struct FakeLender {
     zmq_send(router, id.data(), id.size(), ZMQ_SNDMORE);
     zmq_send(router, b.data(), b.size(), 0);
   }
-  // The next beat on the page that names `lease`, within `ms`.
-  bool beat_naming(uint64_t lease, co::Beat *out, int ms = 3000) {
+  // The next beat on the page after beat `after` that names `lease` and not `not_lease`, within
+  // `ms`.
+  bool beat_naming(uint64_t lease, co::Beat *out, int ms = 3000, uint64_t after = 0,
+                   uint64_t not_lease = 0) {
     const uint64_t end = now_ms() + static_cast<uint64_t>(ms);
     while (now_ms() < end) {
-      if (page.read_beat(out) &&
-          std::find(out->leases.begin(), out->leases.end(), lease) != out->leases.end()) {
+      if (page.read_beat(out) && out->seq > after &&
+          std::find(out->leases.begin(), out->leases.end(), lease) != out->leases.end() &&
+          std::find(out->leases.begin(), out->leases.end(), not_lease) == out->leases.end()) {
         return true;
       }
       sleep_ms(2);
@@ -1844,29 +1847,70 @@ void beats_keep_leases_without_messages(void **) {
   lender_down(&l);
 }
 
-// A lender that answers on the page, played by the test: an answer that asks a lease back
-// makes the borrower give it back; one that leaves a named lease out loses that lease (its
-// bytes may be the lender's again), as a heartbeat_ack would; the session stays.
+// The cache's maintenance pass writes the beats; with none in the window (its interval a minute),
+// the coordinator's thread writes one every third of the lease, so the lease of 300 ms holds.
+void beats_outlive_a_stalled_maintenance(void **) {
+  Lender l;
+  const std::string ep = fresh_endpoint("backstop", true);
+  assert_ok(lender_up(&l, ep, 300, "lender"));
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 1 << 20;
+  c.demote_free_percent = 0;
+  c.coord_heartbeat_ms = 20;
+  c.maintenance_interval_ms = 60'000;
+  Borrower b;
+  assert_ok(swiftkv_ctx_create(&b.ctx, &c));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  assert_ok(swiftkv_model_register(&b.model, b.ctx, &mc));
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  sleep_ms(50);
+  const swiftkv_coord_stats a = coord_stats(b.ctx);
+  sleep_ms(1200);
+  const swiftkv_coord_stats e = coord_stats(b.ctx);
+  assert_int_equal(e.leases_lost, 0);
+  assert_int_equal(e.messages_sent, a.messages_sent);
+  // About one beat per 100 ms, not one per 20 ms heartbeat: nobody else wrote them.
+  assert_true(e.heartbeats_sent - a.heartbeats_sent >= 8);
+  assert_true(e.heartbeats_sent - a.heartbeats_sent <= 20);
+  assert_true(e.heartbeats_answered - a.heartbeats_answered >= 8);
+  assert_int_equal(elastic_stats(l.e).leases, 1);
+  swiftkv_ctx_destroy(b.ctx);
+  lender_down(&l);
+}
+
+// A lender that answers on the page, played by the test, with two leases: the first asked back
+// by a reclaim message is given back, and the beats go on for the second at once (the cache's
+// beats came through the first); the second asked back on the page is given back too; an
+// answer that leaves a named lease out loses that lease (its bytes may be the lender's again),
+// as a heartbeat_ack would. The session stays.
 void beat_answers_reclaim_and_lose(void **) {
   FakeLender fake;
   fake.take_beats = true;
   std::atomic<int> step{0};
   std::thread lender([&] {
     try {
-      if (!fake.handshake()) return;
-      co::Grant g;
-      if (!fake.grant_one(&g)) return;
+      co::Grant g1, g2, g3;
+      if (!fake.handshake() || !fake.grant_one(&g1) || !fake.grant_one(&g2)) return;
       co::Beat beat;
-      if (!fake.beat_naming(g.lease, &beat)) return;
-      fake.page.write_answer(co::BeatAnswer{beat.seq, {{g.lease, 60'000'000'000ull, true}}});
+      if (!fake.beat_naming(g2.lease, &beat)) return;
+      fake.reply(co::Reclaim{g1.lease});
       co::Message m;
       if (!fake.next(&m) || !std::holds_alternative<co::Release>(m.payload) ||
-          std::get<co::Release>(m.payload).lease != g.lease) {
+          std::get<co::Release>(m.payload).lease != g1.lease) {
+        return;
+      }
+      // The leases last a minute here, so the thread's own beat would take 20 s.
+      if (!fake.beat_naming(g2.lease, &beat, 1000, beat.seq, g1.lease)) return;
+      fake.page.write_answer(co::BeatAnswer{beat.seq, {{g2.lease, 60'000'000'000ull, true}}});
+      if (!fake.next(&m) || !std::holds_alternative<co::Release>(m.payload) ||
+          std::get<co::Release>(m.payload).lease != g2.lease) {
         return;
       }
       step = 1;
-      if (!fake.grant_one(&g)) return;
-      if (!fake.beat_naming(g.lease, &beat)) return;
+      if (!fake.grant_one(&g3) || !fake.beat_naming(g3.lease, &beat)) return;
       fake.page.write_answer(co::BeatAnswer{beat.seq, {}});
       step = 2;
       fake.drain(300);
@@ -1877,8 +1921,9 @@ void beat_answers_reclaim_and_lose(void **) {
   borrower_up(&b, 1 << 20);
   uint64_t lease = SENTINEL;
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
   for (int i = 0; i < 3000 && step.load() < 1; ++i) sleep_ms(1);
-  assert_int_equal(step.load(), 1);  // asked back on the page, given back by message
+  assert_int_equal(step.load(), 1);  // both given back
   assert_int_equal(coord_stats(b.ctx).leases_lost, 0);
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
   for (int i = 0; i < 3000 && coord_stats(b.ctx).leases_lost < 1; ++i) sleep_ms(1);
@@ -2227,6 +2272,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(late_heartbeat_answers_are_not_dropped_messages),
       cmocka_unit_test(lender_killed_between_pieces_and_grant),
       cmocka_unit_test(beats_keep_leases_without_messages),
+      cmocka_unit_test(beats_outlive_a_stalled_maintenance),
       cmocka_unit_test(beat_answers_reclaim_and_lose),
       cmocka_unit_test(unanswered_beats_lose_the_lease),
   };
