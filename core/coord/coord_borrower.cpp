@@ -852,20 +852,25 @@ bool BorrowerSessions::apply_table_locked(Session &s, uint64_t sent_ns,
   return notify;
 }
 
-bool BorrowerSessions::beat_round_locked(Session &s, uint64_t now, uint64_t due_ns,
-                                         std::vector<uint64_t> *overflow) {
-  bool notify = read_beat_answer_locked(s);
+std::vector<uint64_t> BorrowerSessions::live_leases_locked(Session &s, uint64_t now, bool *notify) {
   std::vector<uint64_t> ids;
   for (auto &[id, l] : s.leases) {
     if (l.lost) continue;
     if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
       l.lost = true;
       ++st_.stats.leases_lost;
-      notify = true;
+      *notify = true;
       continue;
     }
     ids.push_back(id);
   }
+  return ids;
+}
+
+bool BorrowerSessions::beat_round_locked(Session &s, uint64_t now, uint64_t due_ns,
+                                         std::vector<uint64_t> *overflow) {
+  bool notify = read_beat_answer_locked(s);
+  std::vector<uint64_t> ids = live_leases_locked(s, now, &notify);
   s.beat_overflow = ids.size() > kBeatLeases;
   if (now < due_ns || ids.empty()) return notify;
   if (ids.size() > kBeatLeases) {
@@ -919,16 +924,7 @@ void BorrowerSessions::heartbeats(uint64_t now) {
     } else {
       std::lock_guard lock(st_.mu);
       if (now < s.next_heartbeat_ns) continue;
-      for (auto &[id, l] : s.leases) {
-        if (l.lost) continue;
-        if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
-          l.lost = true;
-          ++st_.stats.leases_lost;
-          notify = true;
-          continue;
-        }
-        ids.push_back(id);
-      }
+      ids = live_leases_locked(s, now, &notify);
       s.next_heartbeat_ns = now + heartbeat_ns(s);
     }
     if (notify && s.on_reclaim) s.on_reclaim();

@@ -466,6 +466,9 @@ class BorrowerSessions {
                           const std::vector<LeaseState> &table);
   // Under mu: the beat page's newest answer, if it is new; true when the engine is due a call.
   bool read_beat_answer_locked(Session &s);
+  // Under mu: the session's leases still within their deadline; those past it are lost (and
+  // *notify set).
+  std::vector<uint64_t> live_leases_locked(Session &s, uint64_t now, bool *notify);
 
   void fail_session(Session &s, swiftkv_status st, const std::string &why);
   void lose_lender(const std::shared_ptr<Session> &s, const std::string &why);
