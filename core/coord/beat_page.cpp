@@ -66,12 +66,15 @@ BeatPage::~BeatPage() {
   if (words_ != nullptr) ::munmap(words_, kBeatPageBytes);
 }
 
+// A seqlock without fences (which TSan does not model): every word is stored with release, so
+// that the odd sequence is seen before any word written after it, and loaded with acquire, so
+// that the sequence read again after the words is read after them.
 uint64_t BeatPage::load(size_t word) const {
-  return std::atomic_ref<uint64_t>(words_[word]).load(std::memory_order_relaxed);
+  return std::atomic_ref<uint64_t>(words_[word]).load(std::memory_order_acquire);
 }
 
 void BeatPage::store(size_t word, uint64_t v) {
-  std::atomic_ref<uint64_t>(words_[word]).store(v, std::memory_order_relaxed);
+  std::atomic_ref<uint64_t>(words_[word]).store(v, std::memory_order_release);
 }
 
 BeatPage BeatPage::create() {
@@ -119,40 +122,33 @@ BeatPage BeatPage::adopt(UniqueFd fd, std::string *why) {
 uint64_t BeatPage::write_beat(const std::vector<uint64_t> &leases) {
   const size_t n = std::min(leases.size(), kBeatLeases);
   const uint64_t seq = beat_seq_ + 2;
-  std::atomic_ref<uint64_t>(words_[kBeatSeq]).store(seq - 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  store(kBeatSeq, seq - 1);
   store(kBeatCount, n);
   for (size_t i = 0; i < n; ++i) store(kBeatIds + i, leases[i]);
-  std::atomic_ref<uint64_t>(words_[kBeatSeq]).store(seq, std::memory_order_release);
+  store(kBeatSeq, seq);
   beat_seq_ = seq;
   return seq;
 }
 
 bool BeatPage::read_beat(Beat *out) const {
-  const uint64_t s1 = std::atomic_ref<uint64_t>(words_[kBeatSeq]).load(std::memory_order_acquire);
+  const uint64_t s1 = load(kBeatSeq);
   if (s1 == 0 || (s1 & 1) != 0) return false;
   const uint64_t n = load(kBeatCount);
   if (n > kBeatLeases) return false;
   out->seq = s1;
   out->leases.resize(n);
   for (size_t i = 0; i < n; ++i) out->leases[i] = load(kBeatIds + i);
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return std::atomic_ref<uint64_t>(words_[kBeatSeq]).load(std::memory_order_relaxed) == s1;
+  return load(kBeatSeq) == s1;
 }
 
-void BeatPage::accept() {
-  std::atomic_ref<uint64_t>(words_[kAccepted]).store(1, std::memory_order_release);
-}
+void BeatPage::accept() { store(kAccepted, 1); }
 
-bool BeatPage::accepted() const {
-  return std::atomic_ref<uint64_t>(words_[kAccepted]).load(std::memory_order_acquire) == 1;
-}
+bool BeatPage::accepted() const { return load(kAccepted) == 1; }
 
 void BeatPage::write_answer(const BeatAnswer &answer) {
   const size_t n = std::min(answer.leases.size(), kBeatLeases);
   const uint64_t seq = answer_seq_ + 2;
-  std::atomic_ref<uint64_t>(words_[kAnswerSeq]).store(seq - 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
+  store(kAnswerSeq, seq - 1);
   store(kEcho, answer.echo);
   store(kAnswerCount, n);
   for (size_t i = 0; i < n; ++i) {
@@ -161,12 +157,12 @@ void BeatPage::write_answer(const BeatAnswer &answer) {
     store(kAnswerLeases + 2 * i + 1,
           std::min(l.remaining_ns, kReclaimBit - 1) | (l.reclaim ? kReclaimBit : 0));
   }
-  std::atomic_ref<uint64_t>(words_[kAnswerSeq]).store(seq, std::memory_order_release);
+  store(kAnswerSeq, seq);
   answer_seq_ = seq;
 }
 
 bool BeatPage::read_answer(BeatAnswer *out) const {
-  const uint64_t s1 = std::atomic_ref<uint64_t>(words_[kAnswerSeq]).load(std::memory_order_acquire);
+  const uint64_t s1 = load(kAnswerSeq);
   if (s1 == 0 || (s1 & 1) != 0) return false;
   const uint64_t n = load(kAnswerCount);
   if (n > kBeatLeases) return false;
@@ -177,8 +173,7 @@ bool BeatPage::read_answer(BeatAnswer *out) const {
     out->leases[i] =
         BeatLease{load(kAnswerLeases + 2 * i), v & ~kReclaimBit, (v & kReclaimBit) != 0};
   }
-  std::atomic_thread_fence(std::memory_order_acquire);
-  return std::atomic_ref<uint64_t>(words_[kAnswerSeq]).load(std::memory_order_relaxed) == s1;
+  return load(kAnswerSeq) == s1;
 }
 
 void BeatPage::tear_beat_for_test() { store(kBeatSeq, load(kBeatSeq) | 1); }
