@@ -1881,6 +1881,55 @@ void beats_outlive_a_stalled_maintenance(void **) {
   lender_down(&l);
 }
 
+// More live leases than a beat names (kBeatLeases): the session heartbeats by message, and its
+// leases of 300 ms hold for three of them.
+void many_leases_heartbeat_by_message(void **) {
+  const std::string ep = fresh_endpoint("many-leases", true);
+  swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
+  lc.host_budget_bytes = 64 << 20;
+  lc.coord_endpoint = ep.c_str();
+  lc.coord_heartbeat_ms = 20;
+  swiftkv_ctx *lctx = nullptr;
+  assert_ok(swiftkv_ctx_create(&lctx, &lc));
+  swiftkv_model_desc ld = lender_desc();
+  swiftkv_model_desc bd = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  ec.capacity_blocks = (co::kBeatLeases + 2) * kUnitBlocks;
+  ec.owned_blocks = kUnitBlocks;
+  ec.lease_ms = 300;
+  swiftkv_elastic *e = nullptr;
+  assert_ok(swiftkv_elastic_create(&e, lctx, &ec));
+  assert_ok(swiftkv_elastic_offer(e, "lender"));
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = 0;
+  for (size_t i = 0; i < co::kBeatLeases; ++i) {
+    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  }
+  sleep_ms(100);
+  swiftkv_coord_stats a = coord_stats(b.ctx);
+  sleep_ms(300);
+  swiftkv_coord_stats c = coord_stats(b.ctx);
+  assert_int_equal(c.messages_sent, a.messages_sent);  // 240 leases: still on the page
+  assert_true(c.heartbeats_answered > a.heartbeats_answered);
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  sleep_ms(100);
+  a = coord_stats(b.ctx);
+  sleep_ms(900);
+  c = coord_stats(b.ctx);
+  assert_int_equal(c.leases_lost, 0);
+  assert_int_equal(c.messages_dropped, 0);
+  // A heartbeat message every 20 ms, each answered.
+  assert_true(c.messages_sent - a.messages_sent >= 15);
+  assert_true(c.heartbeats_answered - a.heartbeats_answered >= 15);
+  assert_int_equal(elastic_stats(e).leases, co::kBeatLeases + 1);
+  swiftkv_ctx_destroy(b.ctx);
+  swiftkv_elastic_destroy(e);
+  swiftkv_ctx_destroy(lctx);
+}
+
 // A lender that answers on the page, played by the test, with two leases: the first asked back
 // by a reclaim message is given back, and the beats go on for the second at once (the cache's
 // beats came through the first); the second asked back on the page is given back too; an
@@ -2273,6 +2322,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(lender_killed_between_pieces_and_grant),
       cmocka_unit_test(beats_keep_leases_without_messages),
       cmocka_unit_test(beats_outlive_a_stalled_maintenance),
+      cmocka_unit_test(many_leases_heartbeat_by_message),
       cmocka_unit_test(beat_answers_reclaim_and_lose),
       cmocka_unit_test(unanswered_beats_lose_the_lease),
   };
