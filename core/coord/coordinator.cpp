@@ -169,18 +169,24 @@ class RemoteLender final : public LenderLink {
       const auto it = s_->leases.find(lease_id);
       if (it == s_->leases.end()) return;
       const bool tell = !it->second.lost && !s_->lost;
+      // The lease that brought the beats (the lowest live id, see renew_many).
+      for (const auto &[id, l] : s_->leases) {
+        if (!l.lost) {
+          beats = s_->beat_on && id == lease_id;
+          break;
+        }
+      }
       const uint64_t unit = s_->info.unit_bytes;
       Command c{Command::Kind::release,  s_,  lease_id, it->second.first_unit * unit,
                 it->second.units * unit, tell};
       s_->leases.erase(it);
       st_->commands.push_back(std::move(c));
       st_->wake();
-      beats = s_->beat_on;
     } catch (...) {
       // Out of memory queueing the message: the lease expires on the lender's side instead.
     }
-    // The lease that brought the beats (renew_many) may be this one: the cache looks at every
-    // lease again, so that another brings them from the next pass on.
+    // It was: the cache looks at every lease again, so that another brings them from the next
+    // pass on (not after every release: a reclaim of many leases would look at all each time).
     if (beats && s_->on_reclaim) s_->on_reclaim();
   }
 
