@@ -152,7 +152,7 @@ void BeatPage::write_answer(const BeatAnswer &answer) {
   store(kEcho, answer.echo);
   store(kAnswerCount, n);
   for (size_t i = 0; i < n; ++i) {
-    const BeatLease &l = answer.leases[i];
+    const LeaseState &l = answer.leases[i];
     store(kAnswerLeases + 2 * i, l.lease);
     store(kAnswerLeases + 2 * i + 1,
           std::min(l.remaining_ns, kReclaimBit - 1) | (l.reclaim ? kReclaimBit : 0));
@@ -171,7 +171,7 @@ bool BeatPage::read_answer(BeatAnswer *out) const {
   for (size_t i = 0; i < n; ++i) {
     const uint64_t v = load(kAnswerLeases + 2 * i + 1);
     out->leases[i] =
-        BeatLease{load(kAnswerLeases + 2 * i), v & ~kReclaimBit, (v & kReclaimBit) != 0};
+        LeaseState{load(kAnswerLeases + 2 * i), v & ~kReclaimBit, (v & kReclaimBit) != 0};
   }
   return load(kAnswerSeq) == s1;
 }

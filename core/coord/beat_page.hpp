@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "core/common/unique_fd.hpp"
+#include "core/coord/wire.hpp"
 
 namespace swiftkv::coord {
 
@@ -38,17 +39,11 @@ struct Beat {
   std::vector<uint64_t> leases;
 };
 
-// One lease of the lender's answer: as LeaseState in a heartbeat_ack.
-struct BeatLease {
-  uint64_t lease = 0;
-  uint64_t remaining_ns = 0;  // below 2^63
-  bool reclaim = false;
-};
-
-// The lender's answer to the beat `echo`: every lease that beat named and the session holds.
+// The lender's answer to the beat `echo`: every lease that beat named and the session holds,
+// as a heartbeat_ack lists them (remaining_ns below 2^63).
 struct BeatAnswer {
   uint64_t echo = 0;
-  std::vector<BeatLease> leases;
+  std::vector<LeaseState> leases;
 };
 
 class BeatPage {

@@ -818,11 +818,7 @@ bool BorrowerSessions::read_beat_answer_locked(Session &s) {
   const uint64_t sent_ns = sent->second.first;
   const std::vector<uint64_t> listed = std::move(sent->second.second);
   s.beats_sent.erase(s.beats_sent.begin(), std::next(sent));
-  std::vector<LeaseState> table;
-  table.reserve(a.leases.size());
-  for (const BeatLease &l : a.leases)
-    table.push_back(LeaseState{l.lease, l.remaining_ns, l.reclaim});
-  return apply_table_locked(s, sent_ns, listed, table);
+  return apply_table_locked(s, sent_ns, listed, a.leases);
 }
 
 bool BorrowerSessions::apply_table_locked(Session &s, uint64_t sent_ns,

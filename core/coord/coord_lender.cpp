@@ -483,34 +483,30 @@ std::vector<LeaseState> LenderService::renew_leases(Served &srv, const std::vect
     }
     return table;
   }
+  std::vector<uint64_t> mine;  // never another session's lease
   for (uint64_t id : ids) {
-    if (srv.leases.count(id) == 0) continue;  // never another session's lease
-    try {
-      region->renew(id);
-    } catch (const Error &) {
-      // Expired already: left out of the table below.
-    }
+    if (srv.leases.count(id) != 0) mine.push_back(id);
   }
+  const std::vector<ElasticRegion::Renewal> renewed = region->renew_many(mine.data(), mine.size());
   const uint64_t now = region->clock_now();
-  auto add = [&](uint64_t id) {
+  const auto left = [now](uint64_t expires) { return expires > now ? expires - now : 0; };
+  if (!whole_table) {  // the named leases as renewed; those it no longer holds are forgotten
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (renewed[i].held) {
+        table.push_back(LeaseState{mine[i], left(renewed[i].expires_ns), renewed[i].reclaim});
+      } else {
+        forget_lease(srv, mine[i]);
+      }
+    }
+    return table;
+  }
+  for (auto it = srv.leases.begin(); it != srv.leases.end();) {
+    const uint64_t id = *it++;  // forget_lease may erase it
     try {
       const Lease l = region->lease(id);
-      table.push_back(
-          LeaseState{l.id, l.expires_ns > now ? l.expires_ns - now : 0, l.reclaim_requested});
-      return true;
+      table.push_back(LeaseState{l.id, left(l.expires_ns), l.reclaim_requested});
     } catch (const Error &) {
       forget_lease(srv, id);
-      return false;
-    }
-  };
-  if (whole_table) {
-    for (auto it = srv.leases.begin(); it != srv.leases.end();) {
-      const uint64_t id = *it++;  // forget_lease may erase it
-      add(id);
-    }
-  } else {
-    for (uint64_t id : ids) {
-      if (srv.leases.count(id) != 0) add(id);
     }
   }
   return table;
@@ -526,12 +522,8 @@ void LenderService::scan_beats(uint64_t now) {
     // A beat being written is read at the next scan; an old one is answered already.
     if (!srv.beat.read_beat(&beat) || beat.seq == srv.beat_seen) continue;
     srv.beat_seen = beat.seq;
-    BeatAnswer answer;
-    answer.echo = beat.seq;
-    for (const LeaseState &l : renew_leases(srv, beat.leases, /*whole_table=*/false)) {
-      answer.leases.push_back(BeatLease{l.lease, l.remaining_ns, l.reclaim});
-    }
-    srv.beat.write_answer(answer);
+    srv.beat.write_answer(
+        BeatAnswer{beat.seq, renew_leases(srv, beat.leases, /*whole_table=*/false)});
   }
   next_beat_scan_ns_ = period == UINT64_MAX ? UINT64_MAX : now + period;
 }

@@ -103,12 +103,7 @@ class RemoteLender final : public LenderLink {
         notify = st_->borrower.beat_round_locked(*s_, now, s_->next_heartbeat_ns, nullptr);
         if (s_->next_heartbeat_ns > now) renew_at = s_->next_heartbeat_ns;
         others_at = std::max(renew_at, now + st_->borrower.beat_backstop_ns(*s_));
-        for (const auto &[id, l] : s_->leases) {
-          if (!l.lost && !s_->beat_overflow) {  // with too many leases for a beat: messages
-            driver = id;
-            break;
-          }
-        }
+        driver = beat_driver_locked();
       }
       for (size_t i = 0; i < ids.size(); ++i) {
         const auto it = s_->leases.find(ids[i]);
@@ -169,13 +164,7 @@ class RemoteLender final : public LenderLink {
       const auto it = s_->leases.find(lease_id);
       if (it == s_->leases.end()) return;
       const bool tell = !it->second.lost && !s_->lost;
-      // The lease that brought the beats (the lowest live id, see renew_many).
-      for (const auto &[id, l] : s_->leases) {
-        if (!l.lost) {
-          beats = s_->beat_on && id == lease_id;
-          break;
-        }
-      }
+      beats = beat_driver_locked() == lease_id;  // the lease that brought the beats
       const uint64_t unit = s_->info.unit_bytes;
       Command c{Command::Kind::release,  s_,  lease_id, it->second.first_unit * unit,
                 it->second.units * unit, tell};
@@ -195,6 +184,16 @@ class RemoteLender final : public LenderLink {
   }
 
  private:
+  // The lease whose renewals bring a page session's beats: its lowest live id (none when the
+  // session has no beat page, or sends messages for more leases than a beat names). Under mu.
+  uint64_t beat_driver_locked() const {
+    if (!s_->beat_on || s_->beat_overflow) return UINT64_MAX;
+    for (const auto &[id, l] : s_->leases) {
+      if (!l.lost) return id;
+    }
+    return UINT64_MAX;
+  }
+
   std::shared_ptr<Coordinator::State> st_;
   std::shared_ptr<Session> s_;
 };

@@ -196,6 +196,12 @@ uint64_t lent_found(const swiftkv_lookup_result &l) {
   return g_ucx ? l.remote_chunks : peer;
 }
 
+// One unit borrowed from the region a fake lender offers as "x".
+void borrow_one(const Borrower &b, const std::string &endpoint) {
+  uint64_t lease = SENTINEL;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, endpoint.c_str(), "x", 1));
+}
+
 swiftkv_coord_stats coord_stats(swiftkv_ctx *ctx) {
   swiftkv_coord_stats s = SWIFTKV_COORD_STATS_INIT;
   assert_ok(swiftkv_coord_stats_get(&s, ctx));
@@ -1475,6 +1481,12 @@ struct FakeLender {
     while (next(&m, ms)) {
     }
   }
+  // Whether the borrower's next message gives `lease` back.
+  bool next_releases(uint64_t lease) {
+    co::Message m;
+    return next(&m) && std::holds_alternative<co::Release>(m.payload) &&
+           std::get<co::Release>(m.payload).lease == lease;
+  }
   // Whether a chunk of these bytes lies in the lent memory, at any chunk slot.
   bool holds(const std::vector<uint8_t> &chunk) const {
     std::vector<uint8_t> slot(kChunkBytes);
@@ -1782,8 +1794,7 @@ void late_heartbeat_answers_are_not_dropped_messages(void **) {
   });
   Borrower b;
   borrower_up(&b, 1 << 20);
-  uint64_t lease = SENTINEL;
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  borrow_one(b, fake.endpoint);
   for (int i = 0; i < 5000 && !answered.load(); ++i) sleep_ms(1);
   assert_true(answered.load());
   sleep_ms(100);
@@ -1946,18 +1957,11 @@ void beat_answers_reclaim_and_lose(void **) {
       co::Beat beat;
       if (!fake.beat_naming(g2.lease, &beat)) return;
       fake.reply(co::Reclaim{g1.lease});
-      co::Message m;
-      if (!fake.next(&m) || !std::holds_alternative<co::Release>(m.payload) ||
-          std::get<co::Release>(m.payload).lease != g1.lease) {
-        return;
-      }
+      if (!fake.next_releases(g1.lease)) return;
       // The leases last a minute here, so the thread's own beat would take 20 s.
       if (!fake.beat_naming(g2.lease, &beat, 1000, beat.seq, g1.lease)) return;
       fake.page.write_answer(co::BeatAnswer{beat.seq, {{g2.lease, 60'000'000'000ull, true}}});
-      if (!fake.next(&m) || !std::holds_alternative<co::Release>(m.payload) ||
-          std::get<co::Release>(m.payload).lease != g2.lease) {
-        return;
-      }
+      if (!fake.next_releases(g2.lease)) return;
       step = 1;
       if (!fake.grant_one(&g3) || !fake.beat_naming(g3.lease, &beat)) return;
       fake.page.write_answer(co::BeatAnswer{beat.seq, {}});
@@ -1968,13 +1972,12 @@ void beat_answers_reclaim_and_lose(void **) {
   });
   Borrower b;
   borrower_up(&b, 1 << 20);
-  uint64_t lease = SENTINEL;
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  borrow_one(b, fake.endpoint);
+  borrow_one(b, fake.endpoint);
   for (int i = 0; i < 3000 && step.load() < 1; ++i) sleep_ms(1);
   assert_int_equal(step.load(), 1);  // both given back
   assert_int_equal(coord_stats(b.ctx).leases_lost, 0);
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  borrow_one(b, fake.endpoint);
   for (int i = 0; i < 3000 && coord_stats(b.ctx).leases_lost < 1; ++i) sleep_ms(1);
   assert_int_equal(step.load(), 2);
   swiftkv_coord_stats cs = coord_stats(b.ctx);
@@ -2004,8 +2007,7 @@ void unanswered_beats_lose_the_lease(void **) {
   });
   Borrower b;
   borrower_up(&b, 1 << 20);
-  uint64_t lease = SENTINEL;
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, fake.endpoint.c_str(), "x", 1));
+  borrow_one(b, fake.endpoint);
   sleep_ms(200);
   swiftkv_coord_stats cs = coord_stats(b.ctx);
   assert_int_equal(cs.leases_lost, 0);

@@ -82,7 +82,7 @@ void the_most_a_beat_names(void **) {
   assert_int_equal(beat.leases.size(), co::kBeatLeases);
   assert_int_equal(beat.leases.back(), 1000 + co::kBeatLeases - 1);
   co::BeatAnswer a;
-  for (uint64_t id : ids) a.leases.push_back(co::BeatLease{id, id, false});
+  for (uint64_t id : ids) a.leases.push_back(co::LeaseState{id, id, false});
   l.write_answer(a);
   co::BeatAnswer got;
   assert_true(b.read_answer(&got));
