@@ -7,6 +7,11 @@ pair of calls per layer is timed against the library's batch calls (swiftkv.wait
 and save_layer_batch) on an identical step, the two alternated step by step after a warm-up;
 also the pair with nothing to do (a decode step between chunk boundaries: the hooks' fixed
 cost). Microseconds per layer (both calls, the whole batch), median and min over --reps steps.
+
+Also the scheduler's lookup of a 32k-token prompt whose first half is cached (256-token chunks):
+in its own process (vLLM's single-process executor) against the workers' lookup sockets of one
+and of two worker processes (the multiprocess executor), alternated rep by rep after a warm-up;
+microseconds per lookup, median and min over --reps reps of 50 lookups.
 Prints a table and one JSON line.
 
     PYTHONPATH=build/bindings/python <vllm venv>/bin/python bench/bench_vllm_connector.py
@@ -44,16 +49,86 @@ def load_connector():
     return importlib.import_module("swiftkv.integrations.vllm"), where
 
 
+LOOKUP_TOKENS, LOOKUP_CHUNK = 32768, 256
+
+
+def lookup_model():
+    """A context and model holding the first half of the lookup prompt's chunks."""
+    ctx = swiftkv.Context(host_budget_bytes=96 << 20)
+    model = ctx.register_model(swiftkv.ModelDesc(
+        name="bench-lookup", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
+        block_tokens=BLOCK, chunk_tokens=LOOKUP_CHUNK, dtype=swiftkv.DType.F16))
+    tokens = np.arange(LOOKUP_TOKENS, dtype=np.uint32)
+    half = LOOKUP_TOKENS // 2
+    model.store(tokens[:half], np.zeros(half // LOOKUP_CHUNK * model.desc.chunk_bytes, np.uint8))
+    return ctx, model, tokens
+
+
+def lookup_server(path: str) -> int:
+    """--lookup-server PATH: a worker's lookup socket over lookup_model(), until stdin closes."""
+    sv, _ = load_connector()
+    ctx, model, _ = lookup_model()
+    server = sv._LookupServer(model, path)
+    print("ready", flush=True)
+    sys.stdin.read()
+    server.close()
+    ctx.close()
+    return 0
+
+
+def lookup_rows(sv, reps: int) -> dict:
+    import subprocess
+    import tempfile
+    d = tempfile.mkdtemp(prefix="swiftkv-bench-")
+    paths = [os.path.join(d, f"{r}.sock") for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--lookup-server", p],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for p in paths]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "ready"
+        ctx, model, tokens = lookup_model()
+        one, two = sv._LookupClient(paths[:1], 30.0), sv._LookupClient(paths, 30.0)
+        want = model.lookup(tokens).residency
+        assert (one.lookup(tokens) == want).all() and (two.lookup(tokens) == want).all()
+        cases = {"lookup, in process": lambda: model.lookup(tokens),
+                 "lookup, 1 worker process": lambda: one.lookup(tokens),
+                 "lookup, 2 worker processes": lambda: two.lookup(tokens)}
+        rows = {name: [] for name in cases}
+        for i in range(reps + 2):  # two warm-up reps
+            for name, f in cases.items():
+                t0 = time.perf_counter_ns()
+                for _ in range(50):
+                    f()
+                if i >= 2:
+                    rows[name].append((time.perf_counter_ns() - t0) / 50 / 1000.0)
+        one.close()
+        two.close()
+        ctx.close()
+        return rows
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=30)
+        for p in paths:
+            if os.path.exists(p):
+                os.unlink(p)
+        os.rmdir(d)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=21)
+    ap.add_argument("--lookup-server", metavar="PATH", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.lookup_server:
+        return lookup_server(a.lookup_server)
     sv, where = load_connector()
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     blocks = BATCH * 4
     config = SimpleNamespace(
-        parallel_config=SimpleNamespace(world_size=1, distributed_executor_backend="uni"),
+        parallel_config=SimpleNamespace(world_size=1, rank=0, distributed_executor_backend="uni"),
         kv_transfer_config=SimpleNamespace(
             engine_id="bench", kv_connector_extra_config={"host_budget_bytes": 512 << 20,
                                                           "chunk_tokens": CHUNK}),
@@ -118,11 +193,18 @@ def main() -> int:
             rows["connector, nothing to do"].append(idle)
         store.ctx.clear()
     w.shutdown()
+    lookups = lookup_rows(sv, a.reps)
     print(f"vLLM connector hooks on the host ({where}): µs per layer (wait_for_layer_load + "
           f"save_kv_layer for the whole batch), {LAYERS} layers, median / min of {a.reps} steps")
     print(f"{'case':36} {'median':>8} {'min':>8}")
     result = {}
     for name, v in rows.items():
+        med, low = statistics.median(v), min(v)
+        result[name] = {"median_us": med, "min_us": low}
+        print(f"{name:36} {med:8.1f} {low:8.1f}")
+    print(f"the scheduler's lookup of a {LOOKUP_TOKENS}-token prompt, half cached "
+          f"({LOOKUP_CHUNK}-token chunks): µs per lookup, median / min of {a.reps} reps")
+    for name, v in lookups.items():
         med, low = statistics.median(v), min(v)
         result[name] = {"median_us": med, "min_us": low}
         print(f"{name:36} {med:8.1f} {low:8.1f}")

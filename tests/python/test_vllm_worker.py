@@ -95,7 +95,7 @@ def connector(sv, engine_id):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     config = SimpleNamespace(
-        parallel_config=SimpleNamespace(world_size=1, distributed_executor_backend="uni"),
+        parallel_config=SimpleNamespace(world_size=1, rank=0, distributed_executor_backend="uni"),
         kv_transfer_config=SimpleNamespace(
             engine_id=engine_id,
             kv_connector_extra_config={"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK}),

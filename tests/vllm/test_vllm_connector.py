@@ -1,13 +1,12 @@
 """The vLLM connector against vLLM itself, on the CPU: vLLM's real V1 scheduler (its requests, its
 block allocator and prefix cache, its handling of load failures) drives the connector's
-scheduler side, and a small stand-in for vLLM's model runner drives the worker side with the
-call order vLLM's attention layers use (per layer: wait_for_layer_load, compute, save_kv_layer),
-over CPU tensors shaped as vLLM allocates them.
+scheduler side, and a small stand-in for vLLM's model runner (kvsim.py) drives the worker side
+with the call order vLLM's attention layers use (per layer: wait_for_layer_load, compute,
+save_kv_layer), over CPU tensors shaped as vLLM allocates them, checking every loaded byte.
 
-The stand-in's "model" writes, for every token it computes, K and V that depend only on the
-token's prefix, so a load is checked byte for byte: before each layer's compute, every token
-before the step's first computed token must hold exactly its prefix's bytes in that layer,
-unless the connector reported its block as failed (then vLLM recomputes it).
+An engine runs its worker in the test's process (vLLM's single-process executor) or, for
+tensor parallelism, one worker process per rank (tp_worker.py), as vLLM's multiprocess executor
+does: each with its shard of the KV heads, their outputs combined by vLLM's own aggregator.
 """
 
 from __future__ import annotations
@@ -32,10 +31,9 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import swiftkv
+from kvsim import BLOCK, CHUNK, DIM, HEADS, LAYERS, NAMES, KVTensors, prefix_hashes, worker_step
 from swiftkv.integrations import vllm as sv
 
-LAYERS, HEADS, DIM, BLOCK, CHUNK = 4, 2, 32, 16, 64
-NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 EOS = 999
 
 init_none_hash(sha256)
@@ -54,39 +52,17 @@ def model_dir(tmp_path_factory):
     return str(d)
 
 
-def prefix_hashes(tokens) -> np.ndarray:
-    """h[p]: a 64-bit hash of tokens[:p+1] (what a token's K/V depend on)."""
-    h = np.empty(len(tokens), dtype=np.uint64)
-    x = np.uint64(0x9E3779B97F4A7C15)
-    with np.errstate(over="ignore"):
-        for i, t in enumerate(tokens):
-            x = (x ^ np.uint64(t + 1)) * np.uint64(0xBF58476D1CE4E5B9)
-            x ^= x >> np.uint64(31)
-            h[i] = x
-    return h
-
-
-_LANES = np.arange(2 * HEADS * DIM, dtype=np.uint64)
-
-
-def kv_bits(hashes: np.ndarray, layer: int) -> torch.Tensor:
-    """[tokens, 2, HEADS, DIM] int16: the K/V bits of tokens with these prefix hashes."""
-    with np.errstate(over="ignore"):
-        x = (hashes[:, None] + np.uint64((layer * 0x632BE59BD9B4E019) % (1 << 64))) * np.uint64(
-            0x94D049BB133111EB) + _LANES[None, :] * np.uint64(0xD6E8FEB86659FD93)
-        x ^= x >> np.uint64(29)
-    return torch.from_numpy((x >> np.uint64(48)).astype(np.uint16).view(np.int16).reshape(
-        -1, 2, HEADS, DIM).copy())
-
-
 class Engine:
-    """vLLM's scheduler and one worker with the connector, on the CPU."""
+    """vLLM's scheduler and its workers with the connector, on the CPU: one worker in this
+    process, or (workers=N) N worker processes of a tensor-parallel engine."""
 
     def __init__(self, model_dir, *, num_blocks=256, layout="vllm", extra=None, budget=64,
-                 engine_id=None, parallel=None, kv_role="kv_both"):
+                 engine_id=None, parallel=None, kv_role="kv_both", workers=1):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
+        if workers > 1:
+            parallel = ParallelConfig(tensor_parallel_size=workers)
         self.config = VllmConfig(
             model_config=ModelConfig(model=model_dir, dtype="float16", seed=0,
                                      skip_tokenizer_init=True),
@@ -102,15 +78,35 @@ class Engine:
                 **({"engine_id": engine_id} if engine_id else {})),
             device_config=DeviceConfig("cpu"),
             **({"parallel_config": parallel} if parallel else {}))
+        # A worker's KV cache spec names its shard of the KV heads; the scheduler gets the same.
         self.kv_config = KVCacheConfig(
             num_blocks=num_blocks, kv_cache_tensors=[],
             kv_cache_groups=[KVCacheGroupSpec(list(NAMES), FullAttentionSpec(
-                block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.float16))])
+                block_size=BLOCK, num_kv_heads=HEADS // workers, head_size=DIM,
+                dtype=torch.float16))])
         self.config.cache_config.num_gpu_blocks = num_blocks
-        # vLLM makes the worker (and its KV tensors) before the scheduler.
-        self.worker = sv.SwiftKVConnector(self.config, KVConnectorRole.WORKER, self.kv_config)
-        self.tensors = {n: self._tensor() for n in NAMES}
-        self.worker.register_kv_caches(self.tensors)
+        self.procs = []            # (process, pipe) per rank, when the workers have their own
+        self.worker = None
+        # vLLM makes the workers (and their KV tensors) before the scheduler.
+        if workers == 1:
+            self.worker = sv.SwiftKVConnector(self.config, KVConnectorRole.WORKER,
+                                              self.kv_config)
+            self.kvt = KVTensors(layout, num_blocks)
+            self.tensors = self.kvt.tensors
+            self.worker.register_kv_caches(self.tensors)
+        else:
+            import multiprocessing
+            import tp_worker
+            mp = multiprocessing.get_context("spawn")
+            for rank in range(workers):
+                mine, theirs = mp.Pipe()
+                proc = mp.Process(target=tp_worker.main, args=(
+                    theirs, self.config, self.kv_config, rank, layout, num_blocks), daemon=True)
+                proc.start()
+                self.procs.append((proc, mine))
+            self.sockets = [self._answer(rank) for rank in range(workers)]
+            from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+            self.aggregator = KVOutputAggregator(workers)
         self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_config,
                                    log_stats=True,
                                    structured_output_manager=StructuredOutputManager(self.config),
@@ -130,28 +126,19 @@ class Engine:
         self.errors = []           # block ids reported, per step
         self.outputs = {}          # id -> generated tokens
 
-    def _tensor(self):
-        n = self.num_blocks
-        if self.layout == "vllm":
-            return torch.zeros(2, n, BLOCK, HEADS, DIM, dtype=torch.float16)
-        if self.layout == "nhd":
-            return torch.zeros(n, 2, BLOCK, HEADS, DIM, dtype=torch.float16)
-        # HND memory viewed as vLLM views it: [blocks, 2, B, H, D] with permuted strides.
-        return torch.zeros(n, 2, HEADS, BLOCK, DIM, dtype=torch.float16).permute(0, 1, 3, 2, 4)
+    def _answer(self, rank: int):
+        proc, pipe = self.procs[rank]
+        if not pipe.poll(120):
+            raise AssertionError(f"worker {rank} did not answer (alive: {proc.is_alive()})")
+        status, got = pipe.recv()
+        if status != "ok":
+            raise AssertionError(f"worker {rank}:\n{got}")
+        return got
 
-    def kv(self, layer: int, blocks, offsets) -> torch.Tensor:
-        """A view-indexing helper: [tokens, 2, H, D] of the given block ids and offsets."""
-        t = self.tensors[NAMES[layer]].view(torch.int16)
-        if self.layout == "vllm":
-            return t[:, blocks, offsets].permute(1, 0, 2, 3)
-        return t[blocks, :, offsets]
-
-    def put(self, layer: int, blocks, offsets, values) -> None:
-        t = self.tensors[NAMES[layer]].view(torch.int16)
-        if self.layout == "vllm":
-            t[:, blocks, offsets] = values.permute(1, 0, 2, 3)
-        else:
-            t[blocks, :, offsets] = values
+    def ask(self, rank: int, cmd: str, arg=None):
+        """A command to worker process `rank` (tp_worker.py) and its answer."""
+        self.procs[rank][1].send((cmd, arg))
+        return self._answer(rank)
 
     def add(self, rid: str, tokens, max_tokens: int = 4) -> Request:
         sp = SamplingParams(max_tokens=max_tokens)
@@ -181,34 +168,20 @@ class Engine:
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             tokens = list(req.all_token_ids)[:start + n]
             plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
-        w = self.worker
-        w.handle_preemptions(out.kv_connector_metadata)
-        w.bind_connector_metadata(out.kv_connector_metadata)
-        if out.has_sync_kv_loads:
-            w.start_load_kv(None)
-        wrong = {}
-        # vLLM runs the attention layers (and so their hooks) only when it has tokens to run.
-        for layer, name in enumerate(NAMES if out.total_num_scheduled_tokens else []):
-            w.wait_for_layer_load(name)
-            for rid, start, end, blocks, h in plan:
-                pos = torch.arange(0, start)
-                got = self.kv(layer, blocks[pos // BLOCK], pos % BLOCK)
-                bad = (got != kv_bits(h[:start], layer)).flatten(1).any(1).nonzero().flatten()
-                if len(bad):
-                    wrong.setdefault(rid, set()).update(
-                        int(blocks[p // BLOCK]) for p in bad.tolist())
-                pos = torch.arange(start, end)
-                self.put(layer, blocks[pos // BLOCK], pos % BLOCK, kv_bits(h[start:end], layer))
-            w.save_kv_layer(name, self.tensors[name], None)
-        if not out.has_sync_kv_loads:
-            w.start_load_kv(None)
-        w.wait_for_save()
-        transfers = w.get_transfer_results(out.finished_req_ids)
-        errors = w.get_block_ids_with_load_errors()
-        w.clear_connector_metadata()
-        for rid, blocks in wrong.items():
-            assert blocks <= errors, (f"{rid}: blocks {sorted(blocks - errors)} hold wrong K/V "
-                                      "and were not reported")
+        runs = bool(out.total_num_scheduled_tokens)
+        if self.worker is not None:
+            sending, errors = worker_step(self.worker, self.kvt, out.kv_connector_metadata, plan,
+                                          out.has_sync_kv_loads, runs, out.finished_req_ids)
+            outputs = [KVConnectorOutput(finished_sending=sending or None,
+                                         invalid_block_ids=errors)]
+        else:
+            for _, pipe in self.procs:
+                pipe.send(("step", (out.kv_connector_metadata, plan, out.has_sync_kv_loads, runs,
+                                    out.finished_req_ids)))
+            outputs = [KVConnectorOutput(finished_sending=sending or None,
+                                         invalid_block_ids=errors)
+                       for sending, errors in map(self._answer, range(len(self.procs)))]
+            errors = set().union(*(o.invalid_block_ids for o in outputs))
         self.errors.append(errors)
         sampled = []
         for rid, start, end, _, _ in plan:
@@ -220,12 +193,12 @@ class Engine:
             if done:
                 self.outputs.setdefault(rid, []).append(tok)
         ids = [p[0] for p in plan]
-        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                                sampled_token_ids=sampled, logprobs=None,
-                                prompt_logprobs_dict={}, pooler_output=None,
-                                kv_connector_output=KVConnectorOutput(
-                                    finished_sending=transfers.finished_sending or None,
-                                    invalid_block_ids=errors))
+        mros = [ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                  sampled_token_ids=sampled, logprobs=None,
+                                  prompt_logprobs_dict={}, pooler_output=None,
+                                  kv_connector_output=o) for o in outputs]
+        # vLLM's multiprocess executor combines its workers' outputs with its aggregator.
+        mro = mros[0] if self.worker is not None else self.aggregator.aggregate(mros)
         self.scheduler.update_from_output(out, mro)
         return errors
 
@@ -249,7 +222,14 @@ class Engine:
         assert self.scheduler.reset_prefix_cache()
 
     def close(self):
-        self.worker.shutdown()
+        if self.worker is not None:
+            self.worker.shutdown()
+        for rank, (proc, _) in enumerate(self.procs):
+            if proc.is_alive():
+                self.ask(rank, "stop")
+            proc.join(30)
+        self.procs = []
+        self.scheduler.shutdown()
 
 
 @pytest.fixture
@@ -428,8 +408,13 @@ def test_bad_configuration_is_refused_clearly(model_dir):
         Engine(model_dir, extra={"chunk_tokens": 24})
     with pytest.raises(ValueError, match="disk_path needs disk_budget_bytes"):
         Engine(model_dir, extra={"disk_path": "/tmp"})
-    with pytest.raises(ValueError, match="one process"):
-        Engine(model_dir, parallel=ParallelConfig(tensor_parallel_size=2))
+    with pytest.raises(ValueError, match="pipeline_parallel_size is 2"):
+        Engine(model_dir, parallel=ParallelConfig(pipeline_parallel_size=2))
+    with pytest.raises(ValueError, match="decode_context_parallel_size is 2"):
+        Engine(model_dir, parallel=ParallelConfig(tensor_parallel_size=4,
+                                                  decode_context_parallel_size=2))
+    with pytest.raises(ValueError, match="lookup_timeout_s must be > 0"):
+        Engine(model_dir, extra={"lookup_timeout_s": 0})
     with pytest.raises(ImportError, match="not vLLM 0.32.1"):
         sv._check_vllm_version("0.32.1")
     sv._check_vllm_version("0.33.0")
@@ -657,7 +642,8 @@ def test_the_hook_benchmark_runs():
     line = json.loads(out.strip().splitlines()[-1])
     assert line["bench"] == "vllm_connector" and line["vllm"].startswith("vLLM 0.33")
     assert set(line["results"]) == {"connector, 64 saving", "library batch calls, 64 saving",
-                                    "connector, nothing to do"}
+                                    "connector, nothing to do", "lookup, in process",
+                                    "lookup, 1 worker process", "lookup, 2 worker processes"}
 
 
 def test_a_producer_saves_and_a_consumer_loads(engine, tmp_path):
@@ -706,3 +692,151 @@ def test_requests_the_library_cannot_open_are_recomputed(engine):
     e.run()
     assert e.computed["b0"] == 16 and e.computed["b1"] == e.computed["b2"] == 16 + 144
     assert e.worker._store.ctx.stats()["requests_open"] == 0
+
+
+# ---- tensor parallelism: workers in processes of their own -----------------------------------
+
+def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path):
+    """vLLM's multiprocess executor with two workers, each holding one of the two KV heads:
+    each saves and loads its shard in a library context of its own (its own disk directory,
+    half of each budget), the scheduler finds the prefix through both, and every loaded byte of
+    both shards is checked."""
+    import stat
+    sockets = tmp_path / "sockets"
+    budget = 64 << 20
+    e = engine(workers=2, extra={"disk_path": str(tmp_path / "disk"), "disk_budget_bytes": budget,
+                                 "socket_dir": str(sockets)})
+    assert not e.connector._in_process
+    assert sorted(os.listdir(tmp_path / "disk")) == ["tp0of2", "tp1of2"]
+    assert stat.S_IMODE(os.stat(sockets).st_mode) == 0o700
+    assert sorted(os.path.dirname(p) for p in e.sockets) == [str(sockets)] * 2
+    # Half of each budget each: as a context given half of them has.
+    (tmp_path / "half").mkdir()
+    half = swiftkv.Context(host_budget_bytes=(64 << 20) // 2, disk_path=str(tmp_path / "half"),
+                           disk_budget_bytes=budget // 2)
+    want = list(half.stats()["capacity_bytes"])
+    half.close()
+    assert [e.ask(rank, "stats")["capacity_bytes"] for rank in range(2)] == [want, want]
+    prompt = tokens_of(130, 300)
+    e.add("a", prompt)
+    e.run()
+    assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [256, 256]
+    e.forget_local()
+    turn2 = prompt + e.outputs["a"][:-1] + tokens_of(131, 100)
+    e.add("b", turn2)
+    e.run()
+    assert e.offered("b") == (0, 256)
+    assert e.computed["b"] == len(turn2) - 256 + 3
+    assert not any(e.errors)
+    assert [e.ask(rank, "stats")["requests_open"] for rank in range(2)] == [0, 0]
+
+
+def test_a_chunk_one_worker_lacks_is_not_offered(engine):
+    e = engine(workers=2)
+    prompt = tokens_of(140, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    assert e.ask(1, "clear", (prompt, 2 * CHUNK)) == 2  # worker 1 loses chunks 2 and 3
+    assert e.ask(0, "prefix", prompt) == 256
+    e.forget_local()
+    e.add("b", prompt + tokens_of(141, 16), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 2 * CHUNK)
+    assert e.computed["b"] == 16 + 2 * CHUNK
+    assert not any(e.errors)
+    assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [256, 256]  # saved again
+
+
+def test_a_chunk_one_worker_loses_after_the_offer_is_recomputed(engine):
+    """Worker 0 loses chunks after vLLM accepted the load: it reports their blocks, worker 1
+    loads them, and vLLM recomputes them on both."""
+    e = engine(workers=2)
+    prompt = tokens_of(150, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    e.forget_local()
+    e.add("b", prompt + tokens_of(151, 64), max_tokens=1)
+    errors = e.step(before_worker=lambda out: e.ask(0, "clear", (prompt, 2 * CHUNK)))
+    assert e.offered("b") == (0, 256)
+    blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
+    assert errors == set(blocks[2 * CHUNK // BLOCK:256 // BLOCK])
+    e.run()
+    assert e.computed["b"] == (320 - 256) + (320 - 2 * CHUNK)
+
+
+def test_a_dead_worker_fails_the_lookup_clearly(engine):
+    e = engine(workers=2, extra={"lookup_timeout_s": 5})
+    e.add("a", tokens_of(160, 128), max_tokens=1)
+    e.run()
+    proc = e.procs[1][0]
+    proc.kill()
+    proc.join(30)
+    e.forget_local()
+    e.add("b", tokens_of(160, 128) + tokens_of(161, 16), max_tokens=1)
+    with pytest.raises(RuntimeError, match="lookup failed: worker 1"):
+        e.scheduler.schedule()
+
+
+class _Shard:
+    """A library context and model of the test's geometry, holding chosen chunks."""
+
+    def __init__(self, tokens, chunks, disk=None):
+        config = {"host_budget_bytes": 16 << 20}
+        if disk is not None:
+            os.makedirs(disk)
+            config.update(disk_path=str(disk), disk_budget_bytes=16 << 20)
+        self.ctx = swiftkv.Context(**config)
+        self.model = self.ctx.register_model(swiftkv.ModelDesc(
+            name="lookups", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
+            block_tokens=BLOCK, chunk_tokens=CHUNK, dtype=swiftkv.DType.F16))
+        key = np.asarray(tokens[:chunks * CHUNK], dtype=np.uint32)
+        kv = np.zeros(chunks * self.model.desc.chunk_bytes, dtype=np.uint8)
+        assert self.model.store(key, kv) == chunks * CHUNK
+
+
+def test_the_lookup_socket(tmp_path):
+    """The workers' lookup service on its own: answers combined across workers (a chunk is held
+    where every worker holds it, from the farthest tier), its directory's permissions checked,
+    a stale socket replaced, a live one refused, a malformed request dropped without harm."""
+    import socket
+    import stat
+    tokens = tokens_of(170, 3 * CHUNK)
+    opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
+    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
+    os.chmod(tmp_path / "s", 0o755)
+    with pytest.raises(ValueError, match="mode 0700"):
+        sv._socket_path(opts, "engine", 0)
+    os.chmod(tmp_path / "s", 0o700)
+    # A socket file left by a worker that died: replaced.
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(paths[1])
+    stale.close()
+    a = _Shard(tokens, 2)
+    b = _Shard(tokens, 3, disk=tmp_path / "disk")
+    assert b.model.move(np.asarray(tokens[:CHUNK], dtype=np.uint32), swiftkv.Tier.DISK) == 1
+    servers = [sv._LookupServer(a.model, paths[0]), sv._LookupServer(b.model, paths[1])]
+    try:
+        with pytest.raises(RuntimeError, match="served by a live engine"):
+            sv._LookupServer(a.model, paths[0])
+        garbage = socket.socket(socket.AF_UNIX)
+        garbage.connect(paths[0])
+        garbage.sendall(b"GARBAGE!GARB")  # a header's length, not one
+        assert garbage.recv(16) == b""  # dropped
+        garbage.close()
+        client = sv._LookupClient(paths, 5.0)
+        got = client.lookup(np.asarray(tokens, dtype=np.uint32)).tolist()
+        T = swiftkv.Tier
+        assert got == [int(T.DISK), int(T.HOST), int(T.DROPPED)]
+        assert client.lookup(np.asarray(tokens[:CHUNK - 1], dtype=np.uint32)).tolist() == []
+        servers[1].close()
+        assert not os.path.exists(paths[1])
+        with pytest.raises(RuntimeError, match="lookup failed: worker 1"):
+            client.lookup(np.asarray(tokens, dtype=np.uint32))
+        with pytest.raises(RuntimeError, match="worker 1 does not answer lookups"):
+            sv._LookupClient(paths, 0.2).lookup(np.asarray(tokens, dtype=np.uint32))
+    finally:
+        for s in servers:
+            s.close()
+        a.ctx.close()
+        b.ctx.close()

@@ -29,17 +29,27 @@ How vLLM's calls map onto the library:
   from the first one not loaded intact to the end of the load, so that vLLM's
   ``kv_load_failure_policy="recompute"`` recomputes from there.
 
-The scheduler and the worker share one library context, so they must run in one process: vLLM's
-single-process executor (one GPU per engine: tensor and pipeline parallel size 1). Calls out of
-the order vLLM makes them raise HookOrderError.
+Under vLLM's single-process executor the scheduler and the worker share one library context.
+Under its multiprocess executor (tensor parallelism, or data parallel engines) each worker keeps
+its shard of the KV heads in a library context of its own (its own host memory, disk directory
+and leases) and answers its scheduler's lookups over a Unix socket; the scheduler offers a chunk
+only when every worker holds it. Calls out of the order vLLM makes them raise HookOrderError.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import errno
+import hashlib
+import os
 import re
+import socket
+import stat
+import struct
+import tempfile
 import threading
+import time
 from typing import Any, Optional
 
 import numpy as np
@@ -94,6 +104,8 @@ OPTIONS = {
     "accept_lossy": False,         # whether loads may return fp8 or kivi chunks
     "max_open_requests": None,     # the library's bound on a step's requests (default 4096)
     "lenders": [],                 # [{"endpoint", "name", "units"}]: lenders to borrow from
+    "socket_dir": None,            # where workers in processes of their own answer lookups
+    "lookup_timeout_s": 60.0,      # how long the scheduler waits for a worker's answer
 }
 
 _HIT_SOURCES = {swiftkv.Tier.PEER: CacheHitSource.P2P, swiftkv.Tier.HOST: CacheHitSource.HOST,
@@ -114,6 +126,9 @@ def _options(extra: dict) -> dict:
         if not isinstance(lender, dict) or set(lender) != {"endpoint", "name", "units"}:
             raise ValueError(f"SwiftKVConnector: lenders[{i}] is {lender!r}; each lender is "
                              '{"endpoint": ..., "name": ..., "units": ...}')
+    if not float(opts["lookup_timeout_s"]) > 0:
+        raise ValueError("SwiftKVConnector: lookup_timeout_s must be > 0, not "
+                         f"{opts['lookup_timeout_s']!r}")
     return opts
 
 
@@ -129,6 +144,260 @@ def _codec(name: str) -> swiftkv.Codec:
         return swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=int(m.group(1)), group=32)
     raise ValueError(f"SwiftKVConnector: unknown codec {name!r} (raw, zstd, fp8, kivi-8, kivi-4, "
                      "kivi-2)")
+
+
+def _in_one_process(pc) -> bool:
+    """Whether vLLM runs the scheduler and its one worker in one process (the 'uni' executor),
+    or the workers in processes of their own on this host (the 'mp' executor: tensor
+    parallelism, data parallel engines). Other layouts are refused."""
+    for name in ("pipeline_parallel_size", "prefill_context_parallel_size",
+                 "decode_context_parallel_size"):
+        if getattr(pc, name, 1) != 1:
+            raise ValueError(f"SwiftKVConnector supports tensor parallelism only: {name} is "
+                             f"{getattr(pc, name)} (each worker must hold every layer and token "
+                             "of its KV heads)")
+    if getattr(pc, "nnodes", 1) != 1:
+        raise ValueError("SwiftKVConnector: an engine's workers must run on one host "
+                         f"(nnodes is {pc.nnodes})")
+    backend = pc.distributed_executor_backend
+    if backend in (None, "uni") and pc.world_size == 1:
+        return True
+    if backend == "mp":
+        return False
+    raise ValueError("SwiftKVConnector runs under vLLM's 'uni' and 'mp' executors, not "
+                     f"{backend!r} (world size {pc.world_size})")
+
+
+# The lookup protocol between a scheduler and workers in other processes: a request is a header
+# ("SKVQ", version, 0, n) and n uint32 tokens; an answer ("SKVA", version, status, n) and n
+# bytes: a Tier per chunk (status 0) or an error message (status 1).
+_HEAD = struct.Struct("<4sHHI")
+_PROTOCOL = 1
+_MAX_LOOKUP_TOKENS = 1 << 26
+
+
+def _socket_path(opts: dict, engine_id: str, rank: int) -> str:
+    """Where worker `rank` of an engine answers lookups: a socket in a directory of this user's
+    that nobody else may enter (a lookup tells which prompts were seen)."""
+    d = opts["socket_dir"] or os.path.join(tempfile.gettempdir(), f"swiftkv-vllm-{os.getuid()}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise ValueError(f"SwiftKVConnector: socket_dir {d} must be a directory owned by this "
+                         "user that others cannot enter (mode 0700)")
+    name = hashlib.sha256(engine_id.encode()).hexdigest()[:24]
+    path = os.path.join(d, f"{name}.{rank}.sock")
+    if len(path.encode()) > 107:
+        raise ValueError(f"SwiftKVConnector: socket path {path} is longer than a Unix socket's "
+                         "107 bytes: choose a shorter socket_dir")
+    return path
+
+
+def _recv_exact(sock: socket.socket, n: int) -> Optional[bytes]:
+    """n bytes from sock, or None if the peer closed it before the first."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError(f"connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+class _LookupServer:
+    """A worker's answers to its scheduler's lookups, when the scheduler runs in another
+    process: one thread accepts, one thread serves each connection (vLLM's scheduler makes
+    one)."""
+
+    def __init__(self, model, path: str):
+        self.path = path
+        self._model = model
+        self._lock = threading.Lock()
+        self._conns: set = set()
+        self._threads: list = []
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._bind()
+            self._sock.listen(16)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._accepter = threading.Thread(target=self._accept, name="swiftkv-lookups",
+                                          daemon=True)
+        self._accepter.start()
+
+    def _bind(self) -> None:
+        try:
+            self._sock.bind(self.path)
+            return
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+        # A socket left by an engine that died, or one an engine with this id serves now.
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(self.path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            pass
+        else:
+            raise RuntimeError(f"SwiftKVConnector: {self.path} is served by a live engine with "
+                               "this engine id")
+        finally:
+            probe.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        self._sock.bind(self.path)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed
+            with self._lock:
+                if self._sock.fileno() < 0:
+                    conn.close()
+                    return
+                self._conns.add(conn)
+                t = threading.Thread(target=self._serve, args=(conn,), name="swiftkv-lookup",
+                                     daemon=True)
+                self._threads.append(t)
+            t.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                head = _recv_exact(conn, _HEAD.size)
+                if head is None:
+                    return
+                magic, version, _, n = _HEAD.unpack(head)
+                if magic != b"SKVQ" or version != _PROTOCOL or n > _MAX_LOOKUP_TOKENS:
+                    _log.error("SwiftKVConnector: a lookup that is not one (magic %r, version "
+                               "%d, %d tokens) on %s: connection closed", magic, version, n,
+                               self.path)
+                    return
+                tokens = np.frombuffer(_recv_exact(conn, 4 * n) or b"", dtype="<u4")
+                try:
+                    body, status = self._model.lookup(tokens.astype(np.uint32)).residency \
+                        .tobytes(), 0
+                except swiftkv.Error as e:
+                    body, status = str(e).encode(), 1
+                conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
+        except OSError:
+            return  # the scheduler went, or close() shut the connection
+        finally:
+            with self._lock:
+                self._conns.discard(conn)
+            conn.close()
+
+    def close(self) -> None:
+        """Stops answering; returns once no thread of the server uses the model."""
+        with self._lock:
+            for s in [self._sock, *self._conns]:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._sock.close()
+            threads = list(self._threads)
+        self._accepter.join()
+        for t in threads:
+            t.join()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
+# Where a chunk held by several workers counts as held from, for vLLM's hit metrics: the
+# farthest of their tiers. A chunk one worker lacks is not held.
+_FARNESS = np.full(256, 255, dtype=np.uint8)
+for _i, _t in enumerate((swiftkv.Tier.PEER, swiftkv.Tier.HOST, swiftkv.Tier.REMOTE,
+                         swiftkv.Tier.DISK, swiftkv.Tier.DROPPED)):
+    _FARNESS[int(_t)] = _i
+
+
+class _Broken(Exception):
+    """A lookup connection that cannot go on."""
+
+
+class _LookupClient:
+    """The scheduler's lookups across an engine's workers in other processes."""
+
+    def __init__(self, paths: list, timeout_s: float):
+        self._paths = paths
+        self._timeout = timeout_s
+        self._socks: Optional[list] = None
+
+    def _connect(self) -> list:
+        socks = []
+        try:
+            for rank, path in enumerate(self._paths):
+                deadline = time.monotonic() + self._timeout
+                while True:
+                    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                    try:
+                        s.connect(path)
+                        break
+                    except (FileNotFoundError, ConnectionRefusedError) as e:
+                        s.close()
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(
+                                f"SwiftKVConnector: worker {rank} does not answer lookups at "
+                                f"{path} ({e.strerror}): its register_kv_caches did not run, or "
+                                "it runs with another socket_dir or engine id") from None
+                        time.sleep(0.02)
+                s.settimeout(self._timeout)
+                socks.append(s)
+        except BaseException:
+            for s in socks:
+                s.close()
+            raise
+        return socks
+
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """A Tier per full chunk of tokens: where every worker holds it (the farthest of
+        their tiers), DROPPED where any worker lacks it."""
+        if self._socks is None:
+            self._socks = self._connect()
+        msg = _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens)) + tokens.astype("<u4").tobytes()
+        out = None
+        rank = 0
+        try:
+            for rank, s in enumerate(self._socks):
+                s.sendall(msg)
+            for rank, s in enumerate(self._socks):
+                head = _recv_exact(s, _HEAD.size)
+                if head is None:
+                    raise _Broken(f"worker {rank} closed its connection")
+                magic, _, status, n = _HEAD.unpack(head)
+                body = _recv_exact(s, n) if n else b""
+                if magic != b"SKVA":
+                    raise _Broken(f"worker {rank} answered with magic {magic!r}")
+                if status:
+                    raise RuntimeError(f"SwiftKVConnector: worker {rank}'s lookup failed: "
+                                       f"{body.decode(errors='replace')}")
+                res = np.frombuffer(body, dtype=np.uint8)
+                out = res.copy() if out is None else np.where(
+                    _FARNESS[res] > _FARNESS[out], res, out)
+        except _Broken as e:
+            self.close()  # the streams are out of step: a later lookup connects again
+            raise RuntimeError(f"SwiftKVConnector: a lookup failed: {e}") from e
+        except OSError as e:  # a timeout, a reset, a broken pipe
+            self.close()
+            raise RuntimeError(f"SwiftKVConnector: a lookup failed: worker {rank}: "
+                               f"{e.strerror or e}") from e
+        return out
+
+    def close(self) -> None:
+        for s in self._socks or []:
+            s.close()
+        self._socks = None
 
 
 @dataclasses.dataclass
@@ -162,26 +431,32 @@ class _Geometry:
 
 
 class _Store:
-    """The library context one engine's scheduler and worker share: its model and, once the
-    worker registered vLLM's KV tensors, the pool over them."""
+    """A worker's library context: its model and, once the worker registered vLLM's KV
+    tensors, the pool over them. Worker `rank` of `world` (tensor parallelism) keeps its shard
+    of the KV heads in a context of its own, with its share of the budgets."""
 
-    def __init__(self, vllm_config, geometry: _Geometry, opts: dict, device: Optional[int]):
+    def __init__(self, vllm_config, geometry: _Geometry, opts: dict, device: Optional[int],
+                 rank: int = 0, world: int = 1):
         mc = vllm_config.model_config
         chunk = int(opts["chunk_tokens"])
-        if chunk <= 0 or chunk % geometry.block_tokens:
-            raise ValueError(f"SwiftKVConnector: chunk_tokens ({chunk}) must be a multiple of "
-                             f"vLLM's block size ({geometry.block_tokens})")
-        config = {"host_budget_bytes": int(opts["host_budget_bytes"]),
+        config = {"host_budget_bytes": int(opts["host_budget_bytes"]) // world,
                   "device_mask": 0 if device is None else 1 << device}
         if opts["disk_path"] is not None:
-            config["disk_path"] = str(opts["disk_path"])
-            config["disk_budget_bytes"] = int(opts["disk_budget_bytes"])
+            # A disk directory has one owner (docs/disk-format.md): each worker its own.
+            path = str(opts["disk_path"])
+            if world > 1:
+                path = os.path.join(path, f"tp{rank}of{world}")
+                os.makedirs(path, mode=0o700, exist_ok=True)
+            config["disk_path"] = path
+            config["disk_budget_bytes"] = int(opts["disk_budget_bytes"]) // world
         if opts["max_open_requests"] is not None:
             config["max_open_requests"] = int(opts["max_open_requests"])
         self.ctx = swiftkv.Context(**config)
         identity = opts["model_identity"]
         if identity is None:
             identity = mc.revision or ""
+        if world > 1:
+            identity = f"{identity}/tp{rank}of{world}"  # a shard's chunks are its own
         self.desc = swiftkv.ModelDesc(
             name=opts["model_name"] or str(mc.model), num_layers=len(geometry.layer_names),
             num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
@@ -195,6 +470,7 @@ class _Store:
                                        disk=disk)
         self.geometry = geometry
         self.pool = None
+        self.server: Optional[_LookupServer] = None
         self.layers: list = []  # vLLM's tensors, in model order
         # Lent memory from other processes, as the peer tier. A lender that cannot be reached
         # now leaves the tier smaller: the engine serves on from host memory and disk.
@@ -208,6 +484,9 @@ class _Store:
                              lender["name"], lender["endpoint"], e)
 
     def close(self) -> None:
+        if self.server is not None:
+            self.server.close()  # no lookup uses the model past here
+            self.server = None
         self.ctx.close()
 
 
@@ -268,11 +547,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         pc = vllm_config.parallel_config
-        if pc.world_size != 1 or pc.distributed_executor_backend not in (None, "uni"):
-            raise ValueError(
-                "SwiftKVConnector needs vLLM's scheduler and worker in one process (tensor and "
-                f"pipeline parallel size 1, the 'uni' executor): world size {pc.world_size}, "
-                f"executor {pc.distributed_executor_backend!r}")
+        self._in_process = _in_one_process(pc)
+        self._world = pc.world_size
+        self._rank = pc.rank if role == KVConnectorRole.WORKER else 0
+        if not 0 <= self._rank < self._world:
+            raise ValueError(f"SwiftKVConnector: worker rank {self._rank} is outside the engine's "
+                             f"{self._world} workers")
         self._opts = _options(dict(self._kv_transfer_config.kv_connector_extra_config or {}))
         # kv_role: kv_both loads and saves, kv_consumer only loads, kv_producer only saves.
         self._loads = getattr(self._kv_transfer_config, "is_kv_consumer", True)
@@ -280,10 +560,15 @@ class SwiftKVConnector(KVConnectorBase_V1):
         self._engine = self._kv_transfer_config.engine_id
         self._geometry = _Geometry.of(kv_cache_config)
         self._index = {n: i for i, n in enumerate(self._geometry.layer_names)}
+        self._chunk = int(self._opts["chunk_tokens"])
+        if self._chunk <= 0 or self._chunk % self._geometry.block_tokens:
+            raise ValueError(f"SwiftKVConnector: chunk_tokens ({self._chunk}) must be a multiple "
+                             f"of vLLM's block size ({self._geometry.block_tokens})")
         # Scheduler side.
         self._scheduled: dict = {}  # req_id -> _Scheduled
         self._matched: dict = {}    # req_id -> (local tokens, external tokens, tiers)
         self._handed_out: set = set()  # req_ids a step had work for (preemption included)
+        self._client: Optional[_LookupClient] = None  # the workers, when in other processes
         # Worker side. Saves finish on one thread of their own, so that a step does not wait
         # for its saves; a request's blocks are held until its saves are done.
         self._store: Optional[_Store] = None
@@ -303,8 +588,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
             if self._store is None:
                 raise RuntimeError(
                     "SwiftKVConnector: the scheduler found no worker of engine "
-                    f"{self._engine!r} in this process (register_kv_caches not called yet, or the "
-                    "worker runs in another process: use one GPU and the 'uni' executor)")
+                    f"{self._engine!r} in this process (its register_kv_caches has not run)")
         return self._store
 
     # ---- worker side --------------------------------------------------------------------------
@@ -327,9 +611,13 @@ class SwiftKVConnector(KVConnectorBase_V1):
             raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}, "
                              f"which is neither [2, {g.num_blocks}, ...] nor "
                              f"[{g.num_blocks}, 2, ...]")
-        store = _Store(self._vllm_config, g, self._opts, device_index(t.device))
+        store = _Store(self._vllm_config, g, self._opts, device_index(t.device), self._rank,
+                       self._world)
         try:
             store.pool = store.model.pool_from_tensors(layers, layout)
+            if not self._in_process:
+                store.server = _LookupServer(
+                    store.model, _socket_path(self._opts, self._engine, self._rank))
         except BaseException:
             store.close()
             raise
@@ -533,6 +821,9 @@ class SwiftKVConnector(KVConnectorBase_V1):
         if self._saver is not None:
             self._saver.shutdown()
             self._saver = None
+        if self._client is not None:
+            self._client.close()
+            self._client = None
         if self._role == KVConnectorRole.WORKER and self._store is not None:
             with _STORES_LOCK:
                 if _STORES.get(self._engine) is self._store:
@@ -542,16 +833,27 @@ class SwiftKVConnector(KVConnectorBase_V1):
 
     # ---- scheduler side -----------------------------------------------------------------------
 
+    def _residency(self, tokens: np.ndarray) -> np.ndarray:
+        """Where each full chunk of tokens is held: this process's worker's lookup, or every
+        worker's, where the workers run in processes of their own."""
+        if self._in_process:
+            return self._shared().model.lookup(tokens).residency
+        if self._client is None:
+            self._client = _LookupClient(
+                [_socket_path(self._opts, self._engine, r) for r in range(self._world)],
+                float(self._opts["lookup_timeout_s"]))
+        return self._client.lookup(tokens)
+
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         g = self._geometry
-        chunk = self._shared().desc.chunk_tokens
+        chunk = self._chunk
         n = request.num_tokens
         cap = (n - 1) // g.block_tokens * g.block_tokens  # vLLM computes the last token
         if cap <= num_computed_tokens or not self._loads:
             return 0, False
         full = n // chunk * chunk
         tokens = np.fromiter(request.all_token_ids[:full], dtype=np.uint32, count=full)
-        residency = self._shared().model.lookup(tokens).residency
+        residency = self._residency(tokens)
         first = num_computed_tokens // chunk
         end = first
         while end < len(residency) and residency[end] != swiftkv.Tier.DROPPED:
@@ -586,13 +888,13 @@ class SwiftKVConnector(KVConnectorBase_V1):
                                      f"{request.request_id!r} with {num_external_tokens} external "
                                      "tokens that get_num_new_matched_tokens did not offer")
             s.load = (m[0], m[0] + num_external_tokens)
-        chunk = self._shared().desc.chunk_tokens
+        chunk = self._chunk
         s.chunks_done = (s.load[1] if s.load else request.num_computed_tokens) // chunk
         self._scheduled[request.request_id] = s
 
     def build_connector_meta(self, scheduler_output) -> SwiftKVConnectorMetadata:
         meta = SwiftKVConnectorMetadata()
-        chunk = self._shared().desc.chunk_tokens
+        chunk = self._chunk
         steps = [(r.req_id, r.num_computed_tokens, r.block_ids, True)
                  for r in scheduler_output.scheduled_new_reqs]
         cached = scheduler_output.scheduled_cached_reqs

@@ -1,0 +1,111 @@
+"""A stand-in for vLLM's model runner over CPU tensors, shared by the connector's tests and the
+worker processes of its tensor-parallel tests (tp_worker.py).
+
+Its "model" writes, for every token it computes, K and V that depend only on the token's prefix,
+so a load is checked byte for byte: before each layer's compute, every token before the step's
+first computed token must hold exactly its prefix's bytes in that layer, unless the connector
+reported its block as failed (then vLLM recomputes it). A tensor-parallel worker holds a slice
+of the KV heads and checks that slice.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+LAYERS, HEADS, DIM, BLOCK, CHUNK = 4, 2, 32, 16, 64
+NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+
+
+def prefix_hashes(tokens) -> np.ndarray:
+    """h[p]: a 64-bit hash of tokens[:p+1] (what a token's K/V depend on)."""
+    h = np.empty(len(tokens), dtype=np.uint64)
+    x = np.uint64(0x9E3779B97F4A7C15)
+    with np.errstate(over="ignore"):
+        for i, t in enumerate(tokens):
+            x = (x ^ np.uint64(t + 1)) * np.uint64(0xBF58476D1CE4E5B9)
+            x ^= x >> np.uint64(31)
+            h[i] = x
+    return h
+
+
+_LANES = np.arange(2 * HEADS * DIM, dtype=np.uint64)
+
+
+def kv_bits(hashes: np.ndarray, layer: int, heads: slice = slice(None)) -> torch.Tensor:
+    """[tokens, 2, heads, DIM] int16: the K/V bits of tokens with these prefix hashes, for the
+    model's KV heads `heads` (a worker's shard)."""
+    with np.errstate(over="ignore"):
+        x = (hashes[:, None] + np.uint64((layer * 0x632BE59BD9B4E019) % (1 << 64))) * np.uint64(
+            0x94D049BB133111EB) + _LANES[None, :] * np.uint64(0xD6E8FEB86659FD93)
+        x ^= x >> np.uint64(29)
+    bits = (x >> np.uint64(48)).astype(np.uint16).view(np.int16).reshape(-1, 2, HEADS, DIM)
+    return torch.from_numpy(bits[:, :, heads].copy())
+
+
+class KVTensors:
+    """One worker's per-layer KV tensors as vLLM allocates them: [2, blocks, B, H, D] ("vllm"),
+    [blocks, 2, B, H, D] ("nhd"), or HND memory viewed as [blocks, 2, B, H, D] ("hnd")."""
+
+    def __init__(self, layout: str, num_blocks: int, heads: int = HEADS):
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.heads = heads
+        self.tensors = {n: self._tensor() for n in NAMES}
+
+    def _tensor(self):
+        n, h = self.num_blocks, self.heads
+        if self.layout == "vllm":
+            return torch.zeros(2, n, BLOCK, h, DIM, dtype=torch.float16)
+        if self.layout == "nhd":
+            return torch.zeros(n, 2, BLOCK, h, DIM, dtype=torch.float16)
+        return torch.zeros(n, 2, h, BLOCK, DIM, dtype=torch.float16).permute(0, 1, 3, 2, 4)
+
+    def kv(self, layer: int, blocks, offsets) -> torch.Tensor:
+        """[tokens, 2, H, D] of the given block ids and offsets."""
+        t = self.tensors[NAMES[layer]].view(torch.int16)
+        if self.layout == "vllm":
+            return t[:, blocks, offsets].permute(1, 0, 2, 3)
+        return t[blocks, :, offsets]
+
+    def put(self, layer: int, blocks, offsets, values) -> None:
+        t = self.tensors[NAMES[layer]].view(torch.int16)
+        if self.layout == "vllm":
+            t[:, blocks, offsets] = values.permute(1, 0, 2, 3)
+        else:
+            t[blocks, :, offsets] = values
+
+
+def worker_step(w, kv: KVTensors, meta, plan, has_sync_kv_loads: bool, runs_layers: bool,
+                finished_req_ids: set, heads: slice = slice(None)):
+    """One step of a worker: the connector's hooks in vLLM's order around the stand-in's
+    compute. plan: (request id, first computed token, end, block ids, prefix hashes) per
+    scheduled request. Returns (finished_sending, failed block ids); raises AssertionError if
+    a block the step read held wrong K/V and was not reported."""
+    w.handle_preemptions(meta)
+    w.bind_connector_metadata(meta)
+    if has_sync_kv_loads:
+        w.start_load_kv(None)
+    wrong = {}
+    # vLLM runs the attention layers (and so their hooks) only when it has tokens to run.
+    for layer, name in enumerate(NAMES if runs_layers else []):
+        w.wait_for_layer_load(name)
+        for rid, start, end, blocks, h in plan:
+            pos = torch.arange(0, start)
+            got = kv.kv(layer, blocks[pos // BLOCK], pos % BLOCK)
+            bad = (got != kv_bits(h[:start], layer, heads)).flatten(1).any(1).nonzero().flatten()
+            if len(bad):
+                wrong.setdefault(rid, set()).update(int(blocks[p // BLOCK]) for p in bad.tolist())
+            pos = torch.arange(start, end)
+            kv.put(layer, blocks[pos // BLOCK], pos % BLOCK, kv_bits(h[start:end], layer, heads))
+        w.save_kv_layer(name, kv.tensors[name], None)
+    if not has_sync_kv_loads:
+        w.start_load_kv(None)
+    w.wait_for_save()
+    transfers = w.get_transfer_results(finished_req_ids)
+    errors = w.get_block_ids_with_load_errors()
+    w.clear_connector_metadata()
+    for rid, blocks in wrong.items():
+        assert blocks <= errors, (f"{rid}: blocks {sorted(blocks - errors)} hold wrong K/V and "
+                                  "were not reported")
+    return transfers.finished_sending, errors
