@@ -840,3 +840,23 @@ def test_the_lookup_socket(tmp_path):
             s.close()
         a.ctx.close()
         b.ctx.close()
+
+
+def test_a_data_parallel_engine_keeps_its_own_disk_directory(engine, tmp_path):
+    """Data parallel engines run their workers under the multiprocess executor, one engine per
+    rank: each keeps its cache in a disk directory of its own under disk_path."""
+    e = engine(parallel=ParallelConfig(data_parallel_size=2, data_parallel_rank=1),
+               extra={"disk_path": str(tmp_path), "disk_budget_bytes": 64 << 20,
+                      "socket_dir": str(tmp_path / "sockets")},
+               engine_id="dp-engine_dp1")
+    assert not e.connector._in_process  # the lookups go through the worker's socket
+    assert os.path.exists(tmp_path / "dp1" / ".swiftkv.lock")
+    prompt = tokens_of(180, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    e.forget_local()
+    e.add("b", prompt + tokens_of(181, 16), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 256)
+    assert e.computed["b"] == 16
+    assert not any(e.errors)

@@ -438,14 +438,20 @@ class _Store:
     def __init__(self, vllm_config, geometry: _Geometry, opts: dict, device: Optional[int],
                  rank: int = 0, world: int = 1):
         mc = vllm_config.model_config
+        pc = vllm_config.parallel_config
         chunk = int(opts["chunk_tokens"])
         config = {"host_budget_bytes": int(opts["host_budget_bytes"]) // world,
                   "device_mask": 0 if device is None else 1 << device}
         if opts["disk_path"] is not None:
-            # A disk directory has one owner (docs/disk-format.md): each worker its own.
-            path = str(opts["disk_path"])
+            # A disk directory has one owner (docs/disk-format.md): each data parallel engine
+            # and each of its workers its own.
+            parts = [str(opts["disk_path"])]
+            if getattr(pc, "data_parallel_size", 1) > 1:
+                parts.append(f"dp{pc.data_parallel_rank}")
             if world > 1:
-                path = os.path.join(path, f"tp{rank}of{world}")
+                parts.append(f"tp{rank}of{world}")
+            path = os.path.join(*parts)
+            if len(parts) > 1:
                 os.makedirs(path, mode=0o700, exist_ok=True)
             config["disk_path"] = path
             config["disk_budget_bytes"] = int(opts["disk_budget_bytes"]) // world
