@@ -11,6 +11,7 @@ does: each with its shard of the KV heads, their outputs combined by vLLM's own 
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import time
@@ -24,6 +25,7 @@ from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfi
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -57,7 +59,8 @@ class Engine:
     process, or (workers=N) N worker processes of a tensor-parallel engine."""
 
     def __init__(self, model_dir, *, num_blocks=256, layout="vllm", extra=None, budget=64,
-                 engine_id=None, parallel=None, kv_role="kv_both", workers=1):
+                 engine_id=None, parallel=None, kv_role="kv_both", workers=1,
+                 async_scheduling=False):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
@@ -68,7 +71,8 @@ class Engine:
                                      skip_tokenizer_init=True),
             scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=budget,
                                              max_model_len=4096, enable_chunked_prefill=True,
-                                             is_encoder_decoder=False),
+                                             is_encoder_decoder=False,
+                                             async_scheduling=async_scheduling),
             cache_config=CacheConfig(block_size=BLOCK, gpu_memory_utilization=0.9,
                                      cache_dtype="auto", enable_prefix_caching=True),
             kv_transfer_config=KVTransferConfig(
@@ -107,10 +111,16 @@ class Engine:
             self.sockets = [self._answer(rank) for rank in range(workers)]
             from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
             self.aggregator = KVOutputAggregator(workers)
-        self.scheduler = Scheduler(vllm_config=self.config, kv_cache_config=self.kv_config,
-                                   log_stats=True,
-                                   structured_output_manager=StructuredOutputManager(self.config),
-                                   block_size=BLOCK)
+        # With async scheduling (vLLM's default where the executor allows it) the engine core
+        # schedules a step before the output of the one before is back: step() does as vLLM's
+        # step_with_batch_queue does, with a queue of two steps.
+        cls = AsyncScheduler if async_scheduling else Scheduler
+        self.scheduler = cls(vllm_config=self.config, kv_cache_config=self.kv_config,
+                             log_stats=True,
+                             structured_output_manager=StructuredOutputManager(self.config),
+                             block_size=BLOCK)
+        self.async_scheduling = async_scheduling
+        self.in_flight = collections.deque()  # (scheduler output, model runner output)
         self.connector = self.scheduler.connector
         self.matched = []          # (request id, num_computed_tokens, (tokens, async))
         offer = self.connector.get_num_new_matched_tokens
@@ -123,6 +133,7 @@ class Engine:
         self.connector.get_num_new_matched_tokens = spy
         self.requests = {}         # id -> vllm Request
         self.computed = {}         # id -> tokens the stand-in computed, over all steps
+        self.pending = {}          # id -> tokens sampled in steps whose output vLLM has not had
         self.errors = []           # block ids reported, per step
         self.outputs = {}          # id -> generated tokens
 
@@ -153,7 +164,37 @@ class Engine:
 
     def step(self, before_worker=None):
         """One engine step: the scheduler, then the stand-in model runner and the connector's
-        worker side, then the scheduler's update. Returns the step's failed blocks."""
+        worker side, then the scheduler's update (with async scheduling, of the oldest step in
+        flight, once two are). Returns the failed blocks of the step run, if one ran."""
+        if not self.async_scheduling:
+            out, mro, errors = self._execute(before_worker)
+            self._update(out, mro)
+            return errors
+        errors = set()
+        if self.scheduler.has_requests():
+            out, mro, errors = self._execute(before_worker)
+            self.in_flight.appendleft((out, mro))
+            if len(self.in_flight) < 2 and (out.total_num_scheduled_tokens > 0 or
+                                            self.scheduler.has_requests()):
+                return errors
+        if self.in_flight:
+            self._update(*self.in_flight.pop())
+        return errors
+
+    def _known(self, rid: str) -> list:
+        """rid's tokens as the model runner knows them: vLLM's, then those it sampled in steps
+        whose output vLLM has not had yet (under async scheduling; vLLM's runner keeps them)."""
+        return list(self.requests[rid].all_token_ids) + self.pending.get(rid, [])
+
+    def _update(self, out, mro) -> None:
+        for rid, sampled in zip(mro.req_ids, mro.sampled_token_ids):
+            for _ in sampled:  # vLLM takes them now, or drops them (a failed load, a stop)
+                self.pending[rid].pop(0)
+        self.scheduler.update_from_output(out, mro)
+
+    def _execute(self, before_worker):
+        """Schedules a step and runs it: (scheduler output, model runner output, failed
+        blocks)."""
         out = self.scheduler.schedule()
         if before_worker is not None:
             before_worker(out)
@@ -166,7 +207,9 @@ class Engine:
             req = self.requests[rid]
             n = out.num_scheduled_tokens[rid]
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
-            tokens = list(req.all_token_ids)[:start + n]
+            # The stand-in's own tokens: under async scheduling the last one sampled is not yet
+            # in vLLM's request when the next step is scheduled (vLLM's runner has it).
+            tokens = self._known(rid)[:start + n]
             plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
         runs = bool(out.total_num_scheduled_tokens)
         if self.worker is not None:
@@ -186,11 +229,12 @@ class Engine:
         sampled = []
         for rid, start, end, _, _ in plan:
             self.computed[rid] += end - start
-            req = self.requests[rid]
-            done = req.num_computed_tokens >= req.num_tokens
-            tok = (hash(rid) + req.num_tokens) % 900 if done else None
+            known = len(self._known(rid))
+            done = end >= known  # the step computed every known token: it samples the next
+            tok = (hash(rid) + known) % 900 if done else None
             sampled.append([tok] if done else [])
             if done:
+                self.pending.setdefault(rid, []).append(tok)
                 self.outputs.setdefault(rid, []).append(tok)
         ids = [p[0] for p in plan]
         mros = [ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
@@ -199,14 +243,13 @@ class Engine:
                                   kv_connector_output=o) for o in outputs]
         # vLLM's multiprocess executor combines its workers' outputs with its aggregator.
         mro = mros[0] if self.worker is not None else self.aggregator.aggregate(mros)
-        self.scheduler.update_from_output(out, mro)
-        return errors
+        return out, mro, errors
 
     def run(self, limit=10000):
         """Steps until vLLM holds nothing: every request finished and its blocks freed (those
         the connector held for saves in flight, once it reported them)."""
         for _ in range(limit):
-            if not self.scheduler.has_requests():
+            if not self.scheduler.has_requests() and not self.in_flight:
                 assert self.scheduler.requests == {}
                 pool = self.scheduler.kv_cache_manager.block_pool
                 assert pool.get_num_free_blocks() == self.num_blocks - 1  # block 0 is vLLM's null
@@ -269,6 +312,29 @@ def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout):
     assert e.offered("b") == (0, 256)
     assert e.computed["b"] == n - 256 + 3
     assert not any(e.errors)
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
+    """A chunk that decoding completes is saved once its last token is known (under async
+    scheduling, vLLM's default, the scheduler learns a sampled token a step after it scheduled
+    that token's position), and the next turn loads it byte for byte."""
+    e = engine(async_scheduling=async_scheduling)
+    prompt = tokens_of(190, 300)
+    e.add("a", prompt, max_tokens=40)
+    e.run()
+    out = list(e.requests["a"].output_token_ids)
+    assert len(out) == 40
+    conversation = prompt + out[:-1]  # 339 tokens with K/V: the last sampled one has none
+    kv_model = e.worker._store.model
+    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == 320
+    e.forget_local()
+    e.add("b", conversation + tokens_of(191, 30), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 320)
+    assert e.computed["b"] == 339 + 30 - 320
+    assert not any(e.errors)
+    assert e.worker._store.ctx.stats()["requests_open"] == 0
 
 
 def test_a_local_hit_inside_a_chunk_loads_the_rest_of_it(engine):
@@ -696,7 +762,8 @@ def test_requests_the_library_cannot_open_are_recomputed(engine):
 
 # ---- tensor parallelism: workers in processes of their own -----------------------------------
 
-def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path, async_scheduling):
     """vLLM's multiprocess executor with two workers, each holding one of the two KV heads:
     each saves and loads its shard in a library context of its own (its own disk directory,
     half of each budget), the scheduler finds the prefix through both, and every loaded byte of
@@ -705,7 +772,7 @@ def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path):
     sockets = tmp_path / "sockets"
     budget = 64 << 20
     e = engine(workers=2, extra={"disk_path": str(tmp_path / "disk"), "disk_budget_bytes": budget,
-                                 "socket_dir": str(sockets)})
+                                 "socket_dir": str(sockets)}, async_scheduling=async_scheduling)
     assert not e.connector._in_process
     assert sorted(os.listdir(tmp_path / "disk")) == ["tp0of2", "tp1of2"]
     assert stat.S_IMODE(os.stat(sockets).st_mode) == 0o700
@@ -722,7 +789,7 @@ def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path):
     e.run()
     assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [256, 256]
     e.forget_local()
-    turn2 = prompt + e.outputs["a"][:-1] + tokens_of(131, 100)
+    turn2 = prompt + list(e.requests["a"].output_token_ids)[:-1] + tokens_of(131, 100)
     e.add("b", turn2)
     e.run()
     assert e.offered("b") == (0, 256)
