@@ -44,16 +44,50 @@ def kv_bits(hashes: np.ndarray, layer: int, heads: slice = slice(None)) -> torch
 
 
 class KVTensors:
-    """One worker's per-layer KV tensors as vLLM allocates them: [2, blocks, B, H, D] ("vllm"),
-    [blocks, 2, B, H, D] ("nhd"), or HND memory viewed as [blocks, 2, B, H, D] ("hnd")."""
+    """One worker's per-layer KV tensors as vLLM allocates them.
 
-    def __init__(self, layout: str, num_blocks: int, heads: int = HEADS):
+    vLLM 0.33's layouts (KVCacheLayout: "LBNHC", "LBHNC", "BLNHC", "BLHNC", ...) are allocated
+    by vLLM's own allocate_kv_cache: one backing buffer, a [pages, H, N, K+V] view per layer,
+    N = `kernel_block` tokens (vLLM splits a block into kernel blocks when its attention kernel
+    takes smaller ones). The older 5-dimensional layouts are plain tensors: [2, blocks, B, H, D]
+    ("vllm"), [blocks, 2, B, H, D] ("nhd"), HND memory viewed as [blocks, 2, B, H, D] ("hnd")."""
+
+    LEGACY = ("vllm", "nhd", "hnd")
+
+    def __init__(self, layout: str, num_blocks: int, heads: int = HEADS,
+                 kernel_block: int = BLOCK):
         self.layout = layout
         self.num_blocks = num_blocks
         self.heads = heads
-        self.tensors = {n: self._tensor() for n in NAMES}
+        self.kernel_block = kernel_block
+        if layout in self.LEGACY:
+            self.tensors = {n: self._legacy() for n in NAMES}
+            self._kv5 = {n: t.view(torch.int16) for n, t in self.tensors.items()}
+            return
+        from vllm.v1.kv_cache_interface import (FullAttentionSpec, KVCacheConfig,
+                                                KVCacheGroupSpec, KVCacheTensor)
+        from vllm.v1.kv_cache_layout import KVCacheLayout
+        from vllm.v1.worker.utils import allocate_kv_cache
+        spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=heads, head_size=DIM,
+                                 dtype=torch.float16)
+        page = spec.page_size_bytes
+        kind = KVCacheLayout[layout]
+        if kind.is_block_outermost:  # a block holds every layer's page
+            layer_stride, block_stride = page, page * LAYERS
+        else:
+            layer_stride, block_stride = page * num_blocks, page
+        config = KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[KVCacheTensor(size=page * num_blocks * LAYERS, layers=list(NAMES),
+                                            layer_stride=layer_stride,
+                                            block_stride=block_stride)],
+            kv_cache_groups=[KVCacheGroupSpec(list(NAMES), spec)])
+        self.tensors = allocate_kv_cache(config, torch.device("cpu"), kind, [kernel_block])
+        # [pages, H, N, 2, D] per layer, in int16 (the stand-in's K/V bits).
+        self._kv5 = {n: t.view(torch.int16).unflatten(3, (2, DIM))
+                     for n, t in self.tensors.items()}
 
-    def _tensor(self):
+    def _legacy(self):
         n, h = self.num_blocks, self.heads
         if self.layout == "vllm":
             return torch.zeros(2, n, BLOCK, h, DIM, dtype=torch.float16)
@@ -61,19 +95,30 @@ class KVTensors:
             return torch.zeros(n, 2, BLOCK, h, DIM, dtype=torch.float16)
         return torch.zeros(n, 2, h, BLOCK, DIM, dtype=torch.float16).permute(0, 1, 3, 2, 4)
 
+    def _where(self, blocks, offsets):
+        """The kernel block and its row of each (vLLM block, offset)."""
+        k = BLOCK // self.kernel_block
+        return blocks * k + offsets // self.kernel_block, offsets % self.kernel_block
+
     def kv(self, layer: int, blocks, offsets) -> torch.Tensor:
         """[tokens, 2, H, D] of the given block ids and offsets."""
-        t = self.tensors[NAMES[layer]].view(torch.int16)
+        t = self._kv5[NAMES[layer]]
         if self.layout == "vllm":
             return t[:, blocks, offsets].permute(1, 0, 2, 3)
-        return t[blocks, :, offsets]
+        if self.layout in self.LEGACY:
+            return t[blocks, :, offsets]
+        pages, rows = self._where(blocks, offsets)
+        return t[pages, :, rows].permute(0, 2, 1, 3)  # [tokens, H, 2, D] -> [tokens, 2, H, D]
 
     def put(self, layer: int, blocks, offsets, values) -> None:
-        t = self.tensors[NAMES[layer]].view(torch.int16)
+        t = self._kv5[NAMES[layer]]
         if self.layout == "vllm":
             t[:, blocks, offsets] = values.permute(1, 0, 2, 3)
-        else:
+        elif self.layout in self.LEGACY:
             t[blocks, :, offsets] = values
+        else:
+            pages, rows = self._where(blocks, offsets)
+            t[pages, :, rows] = values.permute(0, 2, 1, 3)
 
 
 def worker_step(w, kv: KVTensors, meta, plan, has_sync_kv_loads: bool, runs_layers: bool,

@@ -58,9 +58,9 @@ class Engine:
     """vLLM's scheduler and its workers with the connector, on the CPU: one worker in this
     process, or (workers=N) N worker processes of a tensor-parallel engine."""
 
-    def __init__(self, model_dir, *, num_blocks=256, layout="vllm", extra=None, budget=64,
+    def __init__(self, model_dir, *, num_blocks=256, layout="LBNHC", extra=None, budget=64,
                  engine_id=None, parallel=None, kv_role="kv_both", workers=1,
-                 async_scheduling=False):
+                 async_scheduling=False, kernel_block=BLOCK):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
@@ -95,7 +95,7 @@ class Engine:
         if workers == 1:
             self.worker = sv.SwiftKVConnector(self.config, KVConnectorRole.WORKER,
                                               self.kv_config)
-            self.kvt = KVTensors(layout, num_blocks)
+            self.kvt = KVTensors(layout, num_blocks, kernel_block=kernel_block)
             self.tensors = self.kvt.tensors
             self.worker.register_kv_caches(self.tensors)
         else:
@@ -293,9 +293,14 @@ def tokens_of(seed: int, n: int) -> list:
     return np.random.default_rng(seed).integers(1, 900, n).tolist()
 
 
-@pytest.mark.parametrize("layout", ["vllm", "nhd", "hnd"])
-def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout):
-    e = engine(layout=layout)
+@pytest.mark.parametrize("layout,kernel_block", [
+    ("LBNHC", BLOCK), ("LBHNC", BLOCK), ("BLNHC", BLOCK), ("BLHNC", BLOCK),  # vLLM 0.33's
+    ("LBNHC", BLOCK // 2), ("LBHNC", BLOCK // 4),  # vLLM's blocks split into kernel blocks
+    ("vllm", BLOCK), ("nhd", BLOCK), ("hnd", BLOCK)])  # 5-dimensional tensors
+def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout, kernel_block):
+    """Through each KV cache layout vLLM allocates (its own allocate_kv_cache), and the
+    5-dimensional ones."""
+    e = engine(layout=layout, kernel_block=kernel_block)
     prompt = tokens_of(1, 300)
     e.add("a", prompt)
     e.run()

@@ -430,13 +430,48 @@ class _Geometry:
                          kv_cache_config.num_blocks)
 
 
+def _pool_views(layers: list, g: _Geometry):
+    """vLLM's per-layer KV tensors as a pool reads them: (views, pool layout, tokens a page).
+
+    vLLM 0.33 hands each layer as a [blocks, H, N, K+V] view of its backing allocation, the
+    axes' strides set by the resolved KV cache layout (LBNHC, LBHNC, BLNHC, ...): a token's K
+    and then V of one head are contiguous. N is the attention kernel's block, which may split
+    vLLM's block in k (then there are blocks * k of them, block b's at b*k ... b*k + k - 1).
+    Each is viewed as [pages, 2, N, H, D] with its own strides (the pool's 'nhd' order). The
+    5-dimensional layouts [2, blocks, B, H, D] and [blocks, 2, B, H, D] (NHD or HND strides)
+    are read as they are."""
+    t = layers[0]
+    if t.dim() == 4:
+        pages, heads, page_tokens, content = t.shape
+        if heads != g.num_kv_heads or content != 2 * g.head_dim:
+            raise ValueError(f"SwiftKVConnector: a layer's KV view has shape {tuple(t.shape)}; "
+                             f"expected [pages, {g.num_kv_heads} heads, tokens, "
+                             f"{2 * g.head_dim} (K and V of {g.head_dim} each)]")
+        if pages % g.num_blocks or page_tokens * (pages // g.num_blocks) != g.block_tokens:
+            raise ValueError(f"SwiftKVConnector: a layer's KV view has {pages} pages of "
+                             f"{page_tokens} tokens for {g.num_blocks} blocks of "
+                             f"{g.block_tokens} tokens")
+        views = [x.unflatten(3, (2, g.head_dim)).permute(0, 3, 2, 1, 4) for x in layers]
+        return views, "nhd", page_tokens
+    if t.dim() != 5:
+        raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}; "
+                         "expected vLLM's [blocks, H, N, K+V] view, or [2, blocks, B, H, D] or "
+                         "[blocks, 2, B, H, D]")
+    if t.shape[0] == 2 and t.shape[1] == g.num_blocks:
+        return layers, "vllm", g.block_tokens
+    if t.shape[1] == 2 and t.shape[0] == g.num_blocks:
+        return layers, "nhd", g.block_tokens  # NHD or HND memory: the strides say which
+    raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}, which "
+                     f"is neither [2, {g.num_blocks}, ...] nor [{g.num_blocks}, 2, ...]")
+
+
 class _Store:
     """A worker's library context: its model and, once the worker registered vLLM's KV
     tensors, the pool over them. Worker `rank` of `world` (tensor parallelism) keeps its shard
     of the KV heads in a context of its own, with its share of the budgets."""
 
     def __init__(self, vllm_config, geometry: _Geometry, opts: dict, device: Optional[int],
-                 rank: int = 0, world: int = 1):
+                 rank: int = 0, world: int = 1, page_tokens: Optional[int] = None):
         mc = vllm_config.model_config
         pc = vllm_config.parallel_config
         chunk = int(opts["chunk_tokens"])
@@ -466,7 +501,7 @@ class _Store:
         self.desc = swiftkv.ModelDesc(
             name=opts["model_name"] or str(mc.model), num_layers=len(geometry.layer_names),
             num_kv_heads=geometry.num_kv_heads, head_dim=geometry.head_dim,
-            block_tokens=geometry.block_tokens, chunk_tokens=chunk,
+            block_tokens=page_tokens or geometry.block_tokens, chunk_tokens=chunk,
             dtype=_DTYPES[geometry.dtype],
             device=swiftkv.DEVICE_HOST if device is None else device, identity=identity)
         self.model = self.ctx.register_model(self.desc)
@@ -476,6 +511,7 @@ class _Store:
                                        disk=disk)
         self.geometry = geometry
         self.pool = None
+        self.pages_per_block = geometry.block_tokens // self.desc.block_tokens
         self.server: Optional[_LookupServer] = None
         self.layers: list = []  # vLLM's tensors, in model order
         # Lent memory from other processes, as the peer tier. A lender that cannot be reached
@@ -605,22 +641,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
             raise ValueError(f"SwiftKVConnector: KV tensors for layers {sorted(kv_caches)}, but "
                              f"the KV cache config has {sorted(g.layer_names)}")
         layers = [kv_caches[n] for n in g.layer_names]
+        views, layout, page_tokens = _pool_views(layers, g)
         t = layers[0]
-        if t.dim() != 5:
-            raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}; "
-                             "expected [2, blocks, B, H, D] or [blocks, 2, B, H, D]")
-        if t.shape[0] == 2 and t.shape[1] == g.num_blocks:
-            layout = "vllm"
-        elif t.shape[1] == 2 and t.shape[0] == g.num_blocks:
-            layout = "nhd"  # NHD or HND memory: the strides say which
-        else:
-            raise ValueError(f"SwiftKVConnector: a layer's KV tensor has shape {tuple(t.shape)}, "
-                             f"which is neither [2, {g.num_blocks}, ...] nor "
-                             f"[{g.num_blocks}, 2, ...]")
         store = _Store(self._vllm_config, g, self._opts, device_index(t.device), self._rank,
-                       self._world)
+                       self._world, page_tokens)
         try:
-            store.pool = store.model.pool_from_tensors(layers, layout)
+            store.pool = store.model.pool_from_tensors(views, layout)
             if not self._in_process:
                 store.server = _LookupServer(
                     store.model, _socket_path(self._opts, self._engine, self._rank))
@@ -670,8 +696,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 shape = (swiftkv.RequestShape.LOAD_AND_SAVE if r.saves else
                          swiftkv.RequestShape.LOAD_ONLY) if r.loads else \
                     swiftkv.RequestShape.SAVE_ONLY
+                pages = r.block_ids
+                if store.pages_per_block > 1:  # vLLM's kernel blocks: a block's pages in order
+                    k = store.pages_per_block
+                    pages = [b * k + i for b in r.block_ids for i in range(k)]
                 try:
-                    req = store.model.request(store.pool, r.tokens, r.block_ids,
+                    req = store.model.request(store.pool, r.tokens, pages,
                                               load_from_tokens=r.load_from, shape=shape)
                 except swiftkv.Error as e:
                     # No room for another open request (EBUSY), or the library refused it: the
