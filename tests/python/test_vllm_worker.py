@@ -131,13 +131,24 @@ def run_step(w, meta, tensors, write=None):
 
 
 @pytest.mark.parametrize("device", devices())
-@pytest.mark.parametrize("layout", ["vllm", "hnd"])
+@pytest.mark.parametrize("layout", ["LBHNC", "LBNHC", "vllm", "hnd"])
 def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
-    shape = (2, BLOCKS, BLOCK, HEADS, DIM) if layout == "vllm" else (BLOCKS, 2, HEADS, BLOCK, DIM)
+    """LBHNC and LBNHC: vLLM 0.33's [pages, H, N, K+V] views (head-major and token-major
+    memory); vllm and hnd: 5-dimensional tensors."""
     tensors = {}
     for n in NAMES:
-        t = torch.zeros(shape, dtype=torch.float16, device=device)
-        tensors[n] = t if layout == "vllm" else t.permute(0, 1, 3, 2, 4)
+        if layout == "LBHNC":
+            tensors[n] = torch.zeros(BLOCKS, HEADS, BLOCK, 2 * DIM, dtype=torch.float16,
+                                     device=device)
+        elif layout == "LBNHC":
+            tensors[n] = torch.zeros(BLOCKS, BLOCK, HEADS, 2 * DIM, dtype=torch.float16,
+                                     device=device).permute(0, 2, 1, 3)
+        elif layout == "vllm":
+            tensors[n] = torch.zeros(2, BLOCKS, BLOCK, HEADS, DIM, dtype=torch.float16,
+                                     device=device)
+        else:
+            tensors[n] = torch.zeros(BLOCKS, 2, HEADS, BLOCK, DIM, dtype=torch.float16,
+                                     device=device).permute(0, 1, 3, 2, 4)
     w = connector(sv, f"worker-{device}-{layout}")
     w.register_kv_caches(tensors)
     try:
@@ -154,6 +165,8 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
             t = tensors[NAMES[layer]]
             pos = torch.arange(len(tokens), device=device)
             b = torch.tensor(block_ids, device=device)[pos // BLOCK]
+            if layout.startswith("LB"):  # [tokens, H, 2, D] -> [tokens, 2, H, D]
+                return t.unflatten(3, (2, DIM))[b, :, pos % BLOCK].permute(0, 2, 1, 3)
             return (t[:, b, pos % BLOCK].permute(1, 0, 2, 3) if layout == "vllm"
                     else t[b, :, pos % BLOCK])
 
@@ -161,7 +174,9 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
             t = tensors[NAMES[layer]]
             pos = torch.arange(len(tokens), device=device)
             b = torch.tensor(blocks, device=device)[pos // BLOCK]
-            if layout == "vllm":
+            if layout.startswith("LB"):
+                t.unflatten(3, (2, DIM))[b, :, pos % BLOCK] = truth[layer].permute(0, 2, 1, 3)
+            elif layout == "vllm":
                 t[:, b, pos % BLOCK] = truth[layer].permute(1, 0, 2, 3)
             else:
                 t[b, :, pos % BLOCK] = truth[layer]
