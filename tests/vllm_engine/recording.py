@@ -1,0 +1,62 @@
+"""The connector as test_vllm_engine.py runs it inside vLLM: SwiftKVConnector, recording what it
+was asked and checking, byte for byte, what it loads into vLLM's KV cache.
+
+When a step saves a request's chunks, each layer's pages of those chunks are copied aside (keyed
+by the tokens they hold) right after vLLM's attention layer wrote them; when a later step loads
+a prefix, each layer's loaded pages are compared with the copy once wait_for_layer_load returns,
+before vLLM's attention reads them. Everything lives in this process (the test runs vLLM's engine
+in its own process, VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+
+from __future__ import annotations
+
+import torch
+
+from swiftkv.integrations.vllm import SwiftKVConnector
+
+OFFERS: list = []    # (request id, vLLM's own hit, external tokens offered)
+SAVED: dict = {}     # (tokens of whole chunks, layer) -> their pages, as vLLM wrote them
+COMPARED: list = []  # (request id, layer, tokens compared, equal)
+
+
+class RecordingConnector(SwiftKVConnector):
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        got = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        OFFERS.append((request.request_id, num_computed_tokens, got[0]))
+        return got
+
+    def bind_connector_metadata(self, connector_metadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._bound = connector_metadata
+
+    def _pages(self, layer: int, block_ids) -> torch.Tensor:
+        t = self._store.layers[layer]
+        assert t.dim() == 4 and t.shape[0] == self._geometry.num_blocks, (
+            "the check reads one page a block (no kernel-block split)")
+        return t[torch.tensor(block_ids, dtype=torch.long)]
+
+    def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        layer = self._layer(layer_name)
+        b = self._geometry.block_tokens
+        for r in self._bound.requests:
+            n = len(r.tokens) // self._chunk * self._chunk
+            if r.saves and n:
+                SAVED[(tuple(r.tokens[:n].tolist()), layer)] = \
+                    self._pages(layer, r.block_ids[:n // b]).clone()
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        super().wait_for_layer_load(layer_name)
+        layer = self._layer(layer_name)
+        b = self._geometry.block_tokens
+        for r in self._bound.requests:
+            if not r.loads:
+                continue
+            want = tuple(r.tokens[:r.load_to].tolist())
+            for (tokens, l), pages in SAVED.items():
+                if l == layer and tokens[:r.load_to] == want:
+                    first, end = r.load_from // b, r.load_to // b
+                    got = self._pages(layer, r.block_ids[first:end])
+                    COMPARED.append((r.req_id, layer, r.load_to - r.load_from,
+                                     torch.equal(got.view(torch.int16),
+                                                 pages[first:end].view(torch.int16))))
+                    break

