@@ -1893,7 +1893,8 @@ void beats_outlive_a_stalled_maintenance(void **) {
 }
 
 // More live leases than a beat names (kBeatLeases): the session heartbeats by message, and its
-// leases of 300 ms hold for three of them.
+// leases of 1 s hold for two of them. (At 300 ms, a TSan build beside other tests on 2 cores lost
+// them all once: a stall of its threads, not of the protocol.)
 void many_leases_heartbeat_by_message(void **) {
   const std::string ep = fresh_endpoint("many-leases", true);
   swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
@@ -1909,7 +1910,7 @@ void many_leases_heartbeat_by_message(void **) {
   ec.borrower = &bd;
   ec.capacity_blocks = (co::kBeatLeases + 2) * kUnitBlocks;
   ec.owned_blocks = kUnitBlocks;
-  ec.lease_ms = 300;
+  ec.lease_ms = 1000;
   swiftkv_elastic *e = nullptr;
   assert_ok(swiftkv_elastic_create(&e, lctx, &ec));
   assert_ok(swiftkv_elastic_offer(e, "lender"));
@@ -1928,13 +1929,13 @@ void many_leases_heartbeat_by_message(void **) {
   assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
   sleep_ms(100);
   a = coord_stats(b.ctx);
-  sleep_ms(900);
+  sleep_ms(2100);
   c = coord_stats(b.ctx);
   assert_int_equal(c.leases_lost, 0);
   assert_int_equal(c.messages_dropped, 0);
   // A heartbeat message every 20 ms, each answered.
-  assert_true(c.messages_sent - a.messages_sent >= 15);
-  assert_true(c.heartbeats_answered - a.heartbeats_answered >= 15);
+  assert_true(c.messages_sent - a.messages_sent >= 30);
+  assert_true(c.heartbeats_answered - a.heartbeats_answered >= 30);
   assert_int_equal(elastic_stats(e).leases, co::kBeatLeases + 1);
   swiftkv_ctx_destroy(b.ctx);
   swiftkv_elastic_destroy(e);
