@@ -22,7 +22,9 @@
 // device-to-device copy (and, on every build, from another process's host memory in granules
 // into a host pool beside a memcpy); and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
-// CPU twin) beside a device-to-device copy of the decoded bytes.
+// CPU twin) beside a device-to-device copy of the decoded bytes; and a load's and a save's bytes
+// moved between pinned host memory and the device in each way a transfer engine can, beside one
+// large copy (measure_copy_paths; --copy-paths alone).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -952,6 +954,197 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
   return row;
 }
 
+// Where a load's or a save's time goes between pinned host memory and the device: the bytes of a
+// request of `chunks` chunks (kLayers layers of one kLayerPiece piece each, chunk after chunk in
+// pinned memory as the host tier keeps them: a layer's pieces are a chunk apart), moved layer by
+// layer in each way a transfer engine can move them, every way timed by events on one stream and
+// run in turn repetition by repetition after a warm-up. Host to device (loads), into a device
+// staging buffer of the layer's pieces side by side unless said otherwise:
+//   large       one copy of all the bytes (the bar's baseline: one large pinned copy)
+//   batch       per layer one cudaMemcpyBatchAsync of the pieces (what the library does today)
+//   each        per layer one cudaMemcpyAsync per piece
+//   two_streams the same, the pieces alternating between two streams
+//   2d          per layer one cudaMemcpy2DAsync: its rows are the pieces, a chunk apart
+//   in_place    per layer the scatter kernel reading the pieces where they are, in pinned host
+//               memory, into scattered 16-token NHD pages (no staging, no copy engine)
+// and device to host (saves), from the staging buffer or (in_place) the pages: large, batch, 2d,
+// and the gather kernel writing the pieces in place. GB/s counts the bytes moved once.
+struct CopyPathRow {
+  std::string path, dir;
+  Rate rate;
+  bool ok;
+};
+
+std::vector<CopyPathRow> measure_copy_paths(uint32_t chunks, int reps) {
+  const uint64_t piece = kLayerPiece, chunk_bytes = piece * kLayers;
+  const uint64_t bytes = chunk_bytes * chunks, layer_bytes = piece * chunks;
+  const uint32_t page = 16, pages = chunks * (kChunk / page);
+  const uint64_t pool_bytes = uint64_t{pages} * 2 * page * kHeads * kDim * 2;
+  void *host = nullptr, *dev = nullptr, *staging = nullptr, *pool = nullptr;
+  if (cudaMallocHost(&host, bytes) != cudaSuccess || cudaMalloc(&dev, bytes) != cudaSuccess ||
+      cudaMalloc(&staging, layer_bytes) != cudaSuccess ||
+      cudaMalloc(&pool, pool_bytes) != cudaSuccess) {
+    die("the copy paths' buffers");
+  }
+  std::memset(host, 1, bytes);
+  cudaMemset(dev, 2, bytes);
+  const std::vector<swiftkv::CopyItem> items = kernel_items("nhd", page, chunks);
+  std::vector<swiftkv::ChunkSource> table(chunks);
+  for (uint32_t i = 0; i < chunks; ++i) {
+    table[i].direct = reinterpret_cast<uint64_t>(host) + uint64_t{i} * chunk_bytes;
+  }
+  void *d_items = upload(items), *d_chunks = upload(table);
+  StreamTimer timer;
+  const cudaStream_t s = timer.stream;
+  cudaStream_t s2 = nullptr;
+  cudaEvent_t fork = nullptr, join = nullptr;
+  cudaStreamCreateWithFlags(&s2, cudaStreamNonBlocking);
+  cudaEventCreateWithFlags(&fork, cudaEventDisableTiming);
+  cudaEventCreateWithFlags(&join, cudaEventDisableTiming);
+  auto *h = static_cast<char *>(host);
+  auto *st = static_cast<char *>(staging);
+  // A piece's place in host memory and in staging.
+  auto host_piece = [&](uint32_t l, uint32_t i) { return h + i * chunk_bytes + l * piece; };
+  auto staged = [&](uint32_t i) { return st + i * piece; };
+  std::vector<void *> dsts(chunks);
+  std::vector<const void *> srcs(chunks);
+  std::vector<size_t> sizes(chunks, piece);
+  // Each way returns false when a call fails (a runtime without batched copies, say).
+  auto batch = [&](bool h2d) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      for (uint32_t i = 0; i < chunks; ++i) {
+        dsts[i] = h2d ? static_cast<void *>(staged(i)) : host_piece(l, i);
+        srcs[i] = h2d ? static_cast<const void *>(host_piece(l, i)) : staged(i);
+      }
+#if CUDART_VERSION >= 13000
+      cudaMemcpyAttributes attr{};
+      attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+      size_t first = 0;
+      if (cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), chunks, &attr, &first, 1,
+                               s) != cudaSuccess) {
+        return false;
+      }
+#else
+      return false;
+#endif
+    }
+    return true;
+  };
+  auto each = [&](int streams) {
+    if (streams > 1) {
+      cudaEventRecord(fork, s);
+      cudaStreamWaitEvent(s2, fork, 0);
+    }
+    bool ok = true;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      for (uint32_t i = 0; i < chunks; ++i) {
+        ok &= cudaMemcpyAsync(staged(i), host_piece(l, i), piece, cudaMemcpyHostToDevice,
+                              streams > 1 && i % 2 == 1 ? s2 : s) == cudaSuccess;
+      }
+    }
+    if (streams > 1) {
+      cudaEventRecord(join, s2);
+      cudaStreamWaitEvent(s, join, 0);
+    }
+    return ok;
+  };
+  auto two_d = [&](bool h2d) {
+    bool ok = true;
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      ok &= (h2d ? cudaMemcpy2DAsync(staging, piece, host_piece(l, 0), chunk_bytes, piece, chunks,
+                                     cudaMemcpyHostToDevice, s)
+                 : cudaMemcpy2DAsync(host_piece(l, 0), chunk_bytes, staging, piece, piece, chunks,
+                                     cudaMemcpyDeviceToHost, s)) == cudaSuccess;
+    }
+    return ok;
+  };
+  auto in_place = [&](bool scatter) {
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items),
+                                 static_cast<uint32_t>(items.size()),
+                                 static_cast<swiftkv::ChunkSource *>(d_chunks), l * piece, nullptr,
+                                 static_cast<std::byte *>(pool), scatter, s);
+    }
+    return cudaGetLastError() == cudaSuccess;
+  };
+  struct Way {
+    const char *path, *dir;
+    std::function<bool()> run;
+    std::vector<double> secs;
+    bool ok = true;
+  };
+  std::vector<Way> ways;
+  auto add = [&](const char *path, const char *dir, std::function<bool()> run) {
+    ways.push_back(Way{path, dir, std::move(run), {}, true});
+  };
+  add("large", "h2d",
+      [&] { return cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, s) == cudaSuccess; });
+  add("batch", "h2d", [&] { return batch(true); });
+  add("each", "h2d", [&] { return each(1); });
+  add("two_streams", "h2d", [&] { return each(2); });
+  add("2d", "h2d", [&] { return two_d(true); });
+  add("in_place", "h2d", [&] { return in_place(true); });
+  add("large", "d2h",
+      [&] { return cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, s) == cudaSuccess; });
+  add("batch", "d2h", [&] { return batch(false); });
+  add("2d", "d2h", [&] { return two_d(false); });
+  add("in_place", "d2h", [&] { return in_place(false); });
+  for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+    for (size_t k = 0; k < ways.size(); ++k) {
+      Way &w = ways[(k + rep) % ways.size()];  // a different way first in each repetition
+      if (!w.ok) continue;
+      bool ok = true;
+      const double t = timer.time([&] { ok = w.run(); });
+      if (!ok || cudaGetLastError() != cudaSuccess) {
+        w.ok = false;
+        continue;
+      }
+      if (rep > 0) w.secs.push_back(t);
+    }
+  }
+  std::vector<CopyPathRow> rows;
+  for (const Way &w : ways) {
+    rows.push_back(
+        {w.path, w.dir, w.ok ? rate_of(w.secs, static_cast<double>(bytes)) : Rate{}, w.ok});
+  }
+  cudaEventDestroy(fork);
+  cudaEventDestroy(join);
+  cudaStreamDestroy(s2);
+  cudaFreeHost(host);
+  for (void *p : {dev, staging, pool, d_items, d_chunks}) cudaFree(p);
+  return rows;
+}
+
+void print_copy_paths(const std::vector<CopyPathRow> &rows, uint32_t chunks, int reps) {
+  std::printf(
+      "\npinned host memory <-> device, the bytes of a request of %u chunks (%u layers x %llu "
+      "KiB each), layer by layer in each way, GB/s median/best of %d, and over the large copy "
+      "of the same direction:\n",
+      chunks, kLayers, static_cast<unsigned long long>(kLayerPiece >> 10), reps);
+  std::printf("%-4s %-12s %16s %8s\n", "dir", "path", "GB/s", "/large");
+  for (const CopyPathRow &r : rows) {
+    double large = 0;
+    for (const CopyPathRow &q : rows) {
+      if (q.dir == r.dir && q.path == "large" && q.ok) large = q.rate.med;
+    }
+    if (!r.ok) {
+      std::printf("%-4s %-12s %16s\n", r.dir.c_str(), r.path.c_str(), "failed");
+      continue;
+    }
+    std::printf("%-4s %-12s %7.1f/%7.1f  %8.2f\n", r.dir.c_str(), r.path.c_str(), r.rate.med,
+                r.rate.best, large > 0 ? r.rate.med / large : 0.0);
+  }
+  std::printf("{\"bench\":\"copy_paths\",\"chunks\":%u,\"piece_bytes\":%llu,\"reps\":%d,\"rows\":[",
+              chunks, static_cast<unsigned long long>(kLayerPiece), reps);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const CopyPathRow &r = rows[i];
+    std::printf("%s{\"dir\":\"%s\",\"path\":\"%s\",\"ok\":%s,\"gbs\":%.2f,\"best_gbs\":%.2f}",
+                i ? "," : "", r.dir.c_str(), r.path.c_str(), r.ok ? "true" : "false", r.rate.med,
+                r.rate.best);
+  }
+  std::printf("]}\n");
+}
+
 void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps) {
   std::printf(
       "\ndecode kernel on the device, %u chunks of one %llu-byte layer piece decoded from device "
@@ -1314,15 +1507,21 @@ void print_peer(const char *backend, const std::vector<PeerRow> &rows, uint32_t 
 
 }  // namespace
 
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+// Whether a CUDA device is here; when not, says that `what` (plural) are skipped.
+bool device_here(const char *what) {
+  uint32_t devices = 0;
+  if (swiftkv_device_count(&devices) == SWIFTKV_OK && devices > 0) return true;
+  std::printf("no CUDA device here: %s are skipped\n", what);
+  return false;
+}
+#endif
+
 // The gather/scatter and decode kernels alone (--kernels: nothing else, for a profiler); 1 when
 // a decode differs from its CPU twin.
 int kernel_tables(uint32_t chunks, int reps) {
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-  uint32_t devices = 0;
-  if (swiftkv_device_count(&devices) != SWIFTKV_OK || devices == 0) {
-    std::printf("no CUDA device here: the kernel rows are skipped\n");
-    return 0;
-  }
+  if (!device_here("the kernel rows")) return 0;
   std::vector<KernelRow> kernel_rows;
   for (const char *layout : {"nhd", "hnd"}) {
     for (uint32_t page : {16u, 256u}) {
@@ -1359,6 +1558,20 @@ int kernel_tables(uint32_t chunks, int reps) {
   return 0;
 }
 
+// The ways to move a request's bytes between pinned host memory and the device (--copy-paths:
+// nothing else).
+int copy_paths_table(uint32_t chunks, int reps) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (!device_here("the copy paths")) return 0;
+  print_copy_paths(measure_copy_paths(chunks, reps), chunks, reps);
+#else
+  (void)chunks;
+  (void)reps;
+  std::printf("libswiftkv was built without CUDA: the copy paths are skipped\n");
+#endif
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc == 5 && std::strcmp(argv[1], "--lender") == 0) {
     return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
@@ -1366,10 +1579,12 @@ int main(int argc, char **argv) {
   }
   uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
-  bool kernels_only = false;
+  bool kernels_only = false, copy_paths_only = false;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--kernels") == 0) {
       kernels_only = true;
+    } else if (std::strcmp(argv[i], "--copy-paths") == 0) {
+      copy_paths_only = true;
     } else if (std::strcmp(argv[i], "--chunks") == 0 && i + 1 < argc) {
       chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
@@ -1378,7 +1593,7 @@ int main(int argc, char **argv) {
       overlap_chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
     } else {
       std::fprintf(stderr,
-                   "usage: bench_transfer [--kernels] [--chunks N] [--reps N] "
+                   "usage: bench_transfer [--kernels | --copy-paths] [--chunks N] [--reps N] "
                    "[--overlap-chunks N]\n");
       return 2;
     }
@@ -1394,6 +1609,7 @@ int main(int argc, char **argv) {
   // The hidden fraction is a small difference of two times: more repetitions than the rest.
   const int overlap_reps = 2 * reps + 1;
   if (kernels_only) return kernel_tables(chunks, reps);
+  if (copy_paths_only) return copy_paths_table(chunks, reps);
   {
     Workers workers(threads);
     for (uint32_t page : {16u, 64u, 256u}) rows.push_back(measure(page, chunks, reps, workers));
@@ -1430,6 +1646,7 @@ int main(int argc, char **argv) {
     print_rows("cuda", dev_rows, chunks, reps);
     print_overlap("cuda", dev_overlap, overlap_chunks, overlap_reps);
     print_json("cuda", dev_rows, dev_overlap, chunks, reps);
+    copy_paths_table(chunks, reps);
     if (const int rc = kernel_tables(chunks, reps); rc != 0) return rc;
     std::vector<PeerRow> peer_rows;
     {
