@@ -21,14 +21,14 @@ import pytest
 import torch
 from vllm import SamplingParams
 from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig, ParallelConfig,
-                         SchedulerConfig, VllmConfig)
+                         SchedulerConfig, SpeculativeConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import DraftTokenIds, KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -60,15 +60,27 @@ class Engine:
 
     def __init__(self, model_dir, *, num_blocks=256, layout="LBNHC", extra=None, budget=64,
                  engine_id=None, parallel=None, kv_role="kv_both", workers=1,
-                 async_scheduling=False, kernel_block=BLOCK):
+                 async_scheduling=False, kernel_block=BLOCK, spec_tokens=0):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
         if workers > 1:
             parallel = ParallelConfig(tensor_parallel_size=workers)
+        model = ModelConfig(model=model_dir, dtype="float16", seed=0, skip_tokenizer_init=True)
+        speculative = None
+        if spec_tokens:
+            # vLLM schedules the drafts the runner proposed after each step (update_draft_token_ids)
+            # and rolls num_computed_tokens back past those the step rejected.
+            assert not async_scheduling, "the stand-in runs speculative decoding synchronously"
+            parallel = parallel or ParallelConfig()
+            speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_tokens,
+                                            prompt_lookup_max=3, prompt_lookup_min=1,
+                                            target_model_config=model,
+                                            target_parallel_config=parallel)
+        self.spec_tokens = spec_tokens
+        self.drafts = {"proposed": 0, "accepted": 0}
         self.config = VllmConfig(
-            model_config=ModelConfig(model=model_dir, dtype="float16", seed=0,
-                                     skip_tokenizer_init=True),
+            model_config=model,
             scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=budget,
                                              max_model_len=4096, enable_chunked_prefill=True,
                                              is_encoder_decoder=False,
@@ -81,7 +93,8 @@ class Engine:
                 kv_connector_extra_config=extra, kv_load_failure_policy="recompute",
                 **({"engine_id": engine_id} if engine_id else {})),
             device_config=DeviceConfig("cpu"),
-            **({"parallel_config": parallel} if parallel else {}))
+            **({"parallel_config": parallel} if parallel else {}),
+            **({"speculative_config": speculative} if speculative else {}))
         # A worker's KV cache spec names its shard of the KV heads; the scheduler gets the same.
         self.kv_config = KVCacheConfig(
             num_blocks=num_blocks, kv_cache_tensors=[],
@@ -169,6 +182,8 @@ class Engine:
         if not self.async_scheduling:
             out, mro, errors = self._execute(before_worker)
             self._update(out, mro)
+            if self.spec_tokens and out.total_num_scheduled_tokens:
+                self._propose()
             return errors
         errors = set()
         if self.scheduler.has_requests():
@@ -180,6 +195,26 @@ class Engine:
         if self.in_flight:
             self._update(*self.in_flight.pop())
         return errors
+
+    def _true_token(self, rid: str, position: int) -> int:
+        """What the stand-in model samples at `position` of rid."""
+        return (hash(rid) + position) % 900
+
+    def _propose(self) -> None:
+        """Drafts for every decoding request, as vLLM's engine core hands the drafter's to the
+        scheduler after a step: the tokens the model will sample, but where a position's hash
+        says otherwise (about two in five), one the model will reject."""
+        ids, drafts = [], []
+        for r in self.scheduler.running:
+            n = r.num_tokens
+            if r.num_computed_tokens < n - 1:  # still prefilling: vLLM ignores drafts
+                continue
+            ids.append(r.request_id)
+            drafts.append([self._true_token(r.request_id, p) +
+                           (1 if (p * 37 + len(r.request_id)) % 5 < 2 else 0)
+                           for p in range(n, n + self.spec_tokens)])
+        if ids:
+            self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
     def _known(self, rid: str) -> list:
         """rid's tokens as the model runner knows them: vLLM's, then those it sampled in steps
@@ -202,15 +237,19 @@ class Engine:
         work = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
         c = out.scheduled_cached_reqs
         work += list(zip(c.req_ids, c.num_computed_tokens))
-        plan = []
+        plan, drafts_of = [], {}
         for rid, start in work:
             req = self.requests[rid]
             n = out.num_scheduled_tokens[rid]
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             # The stand-in's own tokens: under async scheduling the last one sampled is not yet
-            # in vLLM's request when the next step is scheduled (vLLM's runner has it).
-            tokens = self._known(rid)[:start + n]
+            # in vLLM's request when the next step is scheduled (vLLM's runner has it). Drafts
+            # follow them: the step writes their K/V too, rejected or not.
+            drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
+            tokens = (self._known(rid) + drafts)[:start + n]
+            assert len(tokens) == start + n
             plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
+            drafts_of[rid] = drafts
         runs = bool(out.total_num_scheduled_tokens)
         if self.worker is not None:
             sending, errors = worker_step(self.worker, self.kvt, out.kv_connector_metadata, plan,
@@ -228,14 +267,24 @@ class Engine:
         self.errors.append(errors)
         sampled = []
         for rid, start, end, _, _ in plan:
+            drafts = drafts_of[rid]
             self.computed[rid] += end - start
             known = len(self._known(rid))
-            done = end >= known  # the step computed every known token: it samples the next
-            tok = (hash(rid) + known) % 900 if done else None
-            sampled.append([tok] if done else [])
+            # The step computed every known token: it samples the next, and each draft the
+            # model agrees with (vLLM's rejection sampler), then one more after those.
+            done = end - len(drafts) >= known
+            toks = []
             if done:
-                self.pending.setdefault(rid, []).append(tok)
-                self.outputs.setdefault(rid, []).append(tok)
+                toks.append(self._true_token(rid, known))
+                for d in drafts:
+                    if d != toks[-1]:
+                        break
+                    toks.append(self._true_token(rid, known + len(toks)))
+                self.drafts["proposed"] += len(drafts)
+                self.drafts["accepted"] += len(toks) - 1
+            sampled.append(toks)
+            self.pending.setdefault(rid, []).extend(toks)
+            self.outputs.setdefault(rid, []).extend(toks)
         ids = [p[0] for p in plan]
         mros = [ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
                                   sampled_token_ids=sampled, logprobs=None,
@@ -340,6 +389,30 @@ def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     assert e.computed["b"] == 339 + 30 - 320
     assert not any(e.errors)
     assert e.worker._store.ctx.stats()["requests_open"] == 0
+
+
+def test_speculative_decoding_saves_only_verified_tokens(engine):
+    """Under speculative decoding vLLM schedules the drafter's tokens after the known ones; the
+    step writes their K/V whether the model accepts them or not, and vLLM rolls its count of
+    computed tokens back past those it rejects, to compute them again. A chunk is saved only from
+    tokens vLLM has verified, once a step wrote their K/V, so the next turn loads at each position
+    the bytes of the token it holds there (a rejected draft's K/V would fail the check)."""
+    e = engine(spec_tokens=3)
+    prompt = tokens_of(192, 100)
+    e.add("a", prompt, max_tokens=200)
+    e.run()
+    out = list(e.requests["a"].output_token_ids)
+    assert len(out) == 200
+    assert 0 < e.drafts["accepted"] < e.drafts["proposed"]  # drafts both taken and rejected
+    conversation = prompt + out[:-1]  # 299 tokens with verified K/V
+    kv_model = e.worker._store.model
+    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == 256
+    e.forget_local()
+    e.add("b", conversation + tokens_of(193, 30), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 256)
+    assert e.computed["b"] == 299 + 30 - 256
+    assert not any(e.errors)
 
 
 def test_a_local_hit_inside_a_chunk_loads_the_rest_of_it(engine):
