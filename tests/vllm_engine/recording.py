@@ -30,6 +30,8 @@ finally:
 OFFERS: list = []    # (request id, vLLM's own hit, external tokens offered)
 SAVED: dict = {}     # (tokens of whole chunks, layer) -> their pages, as vLLM wrote them
 COMPARED: list = []  # (request id, layer, tokens compared, equal)
+LOADED: dict = {}    # (request id, layer) -> (tokens, the loaded pages), as vLLM will read them
+SCHEDULED: list = []  # (request id, first computed token, tokens scheduled, drafts among them)
 
 
 class RecordingConnector(SwiftKVConnector):
@@ -37,6 +39,14 @@ class RecordingConnector(SwiftKVConnector):
         got = super().get_num_new_matched_tokens(request, num_computed_tokens)
         OFFERS.append((request.request_id, num_computed_tokens, got[0]))
         return got
+
+    def build_connector_meta(self, scheduler_output):
+        new = [(r.req_id, r.num_computed_tokens) for r in scheduler_output.scheduled_new_reqs]
+        c = scheduler_output.scheduled_cached_reqs
+        for rid, start in new + list(zip(c.req_ids, c.num_computed_tokens)):
+            SCHEDULED.append((rid, start, scheduler_output.num_scheduled_tokens[rid],
+                              len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))))
+        return super().build_connector_meta(scheduler_output)
 
     def bind_connector_metadata(self, connector_metadata) -> None:
         super().bind_connector_metadata(connector_metadata)
@@ -70,6 +80,7 @@ class RecordingConnector(SwiftKVConnector):
                 if l == layer and tokens[:r.load_to] == want:
                     first, end = r.load_from // b, r.load_to // b
                     got = self._pages(layer, r.block_ids[first:end])
+                    LOADED[(r.req_id, layer)] = (want, got.clone())
                     row = (r.req_id, layer, r.load_to - r.load_from,
                            torch.equal(got.view(torch.int16), pages[first:end].view(torch.int16)))
                     COMPARED.append(row)

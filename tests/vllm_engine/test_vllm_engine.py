@@ -155,3 +155,27 @@ def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
         rows = [json.loads(x) for x in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
         assert sorted(r[1] for r in rows) == list(range(LAYERS)), rows
         assert all(r[2] == 256 and r[3] for r in rows), rows
+
+
+def test_speculative_decoding_inside_vllm(model_dir):
+    """vLLM's ngram drafter on the CPU (spec_engine.py, in a process of its own): vLLM writes K/V
+    for every draft it schedules, and computes a rejected draft's position again in the next
+    step. The chunks a long decode completed, among them the positions of rejected drafts, are
+    saved, loaded by the next turn byte for byte as saved, and equal to what vLLM computes for
+    the same tokens from scratch."""
+    import subprocess
+    import sys
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, os.path.join(here, "spec_engine.py"), model_dir],
+                         capture_output=True, text=True, timeout=900, env=env)
+    assert run.returncode == 0, run.stderr[-4000:]
+    (line,) = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
+    r = json.loads(line[len("RESULT "):])
+    assert 0 < r["rejected"] < r["drafts"], r  # drafts both rejected and taken
+    assert r["saved"] == 192 and r["reset"], r  # 219 tokens with K/V: 3 chunks
+    assert r["offer"] == [0, 192], r
+    assert r["same_bytes"] == [True] * LAYERS and r["layers_loaded"] == list(range(LAYERS)), r
+    # A page holding another token's K/V would be apart by the K/V's own size.
+    assert all(d <= 0.01 * r["scale"] for d in r["worst_token_diff"]), r
+    assert r["same_tokens"] and r["logprob_diff"] <= 1e-3, r

@@ -1,0 +1,103 @@
+"""Speculative decoding inside a vLLM engine on the CPU with the connector (test_vllm_engine.py
+runs this in a process of its own: one process holds one vLLM engine of its kind). vLLM's ngram
+drafter proposes tokens from the context; vLLM writes K/V for every draft it schedules and
+computes a rejected one's position again. A long decode saves the chunks it completes; a later
+turn loads them, and what it loads is compared with the K/V vLLM computes for the same tokens
+from scratch once the library holds nothing. Prints "RESULT <json>".
+    spec_engine.py MODEL_DIR"""
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+
+LAYERS, BLOCK, CHUNK = 4, 32, 64
+
+
+def main() -> int:
+    import numpy as np
+    import torch
+
+    import recording  # the connector, its version check passed (see recording.py)
+    from swiftkv.integrations import vllm as sv
+    from vllm import LLM, SamplingParams
+    from vllm.config import KVTransferConfig
+    from vllm.inputs import TokensPrompt
+
+    config = KVTransferConfig(
+        kv_connector="RecordingConnector", kv_connector_module_path="recording",
+        kv_role="kv_both", kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK})
+    llm = LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+              max_model_len=2048, enforce_eager=True, block_size=BLOCK, seed=0, max_num_seqs=8,
+              kv_transfer_config=config, enable_prefix_caching=True,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    (store,) = sv._STORES.values()
+
+    def generate(tokens, n):
+        sp = SamplingParams(max_tokens=n, temperature=0, logprobs=1, detokenize=False)
+        return llm.generate([TokensPrompt(prompt_token_ids=tokens)], sp,
+                            use_tqdm=False)[0].outputs[0]
+
+    def forget():
+        generate([7, 8, 9], 1)  # a step that reports the finished request's saves
+        return llm.reset_prefix_cache()
+
+    # Turn 1: the prompt's tokens recur in it, so the drafter proposes from the first decode
+    # step; the model (random weights) soon settles into a loop the drafter predicts, after
+    # rejecting the first drafts, whose positions fall in the second chunk.
+    prompt = [(13 * i) % 89 + 1 for i in range(100)]
+    recording.SCHEDULED.clear()
+    a = generate(prompt, 120)
+    steps = [s for s in recording.SCHEDULED if s[3]]
+    drafts = sum(s[3] for s in steps)
+    # A step computes its known token and its drafts; the next starts past those it kept.
+    rejected = 0
+    for (_, start, n, d), (_, nxt, _, _) in zip(recording.SCHEDULED, recording.SCHEDULED[1:]):
+        if d:
+            rejected += start + n - nxt
+    conversation = prompt + list(a.token_ids)[:-1]  # 219 tokens with K/V: 3 chunks
+    saved = store.model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens
+    reset1 = forget()
+
+    # Turn 2 loads the chunks turn 1 saved (two of them completed by decoding).
+    turn = conversation + [(5 * i) % 71 + 3 for i in range(20)]
+    recording.COMPARED.clear()
+    recording.LOADED.clear()
+    b = generate(turn, 8)
+    offer = list(recording.OFFERS[-1][1:])
+    same_bytes = [row[3] for row in recording.COMPARED]
+    loaded = {layer: pages for (_, layer), (_, pages) in recording.LOADED.items()}
+
+    # The same turn computed from scratch: the library holds nothing, vLLM's cache is empty.
+    store.model.clear()
+    reset2 = forget()
+    recording.SAVED.clear()
+    c = generate(turn, 8)
+    fresh = {}
+    for (tokens, layer), pages in recording.SAVED.items():
+        if list(tokens[:saved]) == turn[:saved]:
+            fresh[layer] = pages[:saved // BLOCK]
+    # Per token, the largest difference between what was loaded and what vLLM computes now:
+    # bfloat16 rounding where the two runs batch the work differently, against a whole token's
+    # K/V apart where a page held another token's.
+    worst = []
+    for layer in range(LAYERS):
+        diff = (loaded[layer].float() - fresh[layer].float()).abs()
+        worst.append(diff.flatten(2).amax(2).max().item() if diff.numel() else None)
+    scale = max(fresh[layer].float().abs().max().item() for layer in range(LAYERS))
+    print("RESULT " + json.dumps({
+        "drafts": drafts, "rejected": rejected, "saved": saved, "reset": reset1 and reset2,
+        "offer": offer, "same_bytes": same_bytes, "layers_loaded": sorted(loaded),
+        "worst_token_diff": worst, "scale": scale,
+        "same_tokens": list(b.token_ids) == list(c.token_ids),
+        "logprob_diff": max(abs(b.logprobs[i][t].logprob - c.logprobs[i][t].logprob)
+                            for i, t in enumerate(b.token_ids))}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
