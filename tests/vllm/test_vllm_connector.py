@@ -69,16 +69,22 @@ class Engine:
         model = ModelConfig(model=model_dir, dtype="float16", seed=0, skip_tokenizer_init=True)
         speculative = None
         if spec_tokens:
-            # vLLM schedules the drafts the runner proposed after each step (update_draft_token_ids)
-            # and rolls num_computed_tokens back past those the step rejected.
-            assert not async_scheduling, "the stand-in runs speculative decoding synchronously"
+            # vLLM rolls num_computed_tokens back past the drafts a step rejected. Synchronous:
+            # the engine core hands the scheduler the runner's drafts after each step. Async: the
+            # scheduler schedules placeholders for drafts only the runner knows, counting them
+            # computed until the step's output says how many were rejected; the runner, which
+            # knows, computes at the true positions (vLLM's GPU runner does the same).
             parallel = parallel or ParallelConfig()
             speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_tokens,
                                             prompt_lookup_max=3, prompt_lookup_min=1,
                                             target_model_config=model,
                                             target_parallel_config=parallel)
         self.spec_tokens = spec_tokens
-        self.drafts = {"proposed": 0, "accepted": 0}
+        # Drafts proposed and accepted; steps vLLM scheduled past drafts it did not know rejected.
+        self.drafts = {"proposed": 0, "accepted": 0, "late": 0}
+        self.runner_drafts = {}    # id -> the runner's drafts for its next step (async)
+        self.unseen_rejections = {}  # id -> drafts rejected by steps whose output vLLM lacks
+        self.step_rejections = {}  # id(model runner output) -> {id: drafts it rejected}
         self.config = VllmConfig(
             model_config=model,
             scheduler_config=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=budget,
@@ -200,19 +206,22 @@ class Engine:
         """What the stand-in model samples at `position` of rid."""
         return (hash(rid) + position) % 900
 
+    def _drafts_from(self, rid: str, n: int) -> list:
+        """The drafter's tokens for positions n, n+1, ...: the tokens the model will sample, but
+        where a position's hash says otherwise (about two in five), one it will reject."""
+        return [self._true_token(rid, p) + (1 if (p * 37 + len(rid)) % 5 < 2 else 0)
+                for p in range(n, n + self.spec_tokens)]
+
     def _propose(self) -> None:
         """Drafts for every decoding request, as vLLM's engine core hands the drafter's to the
-        scheduler after a step: the tokens the model will sample, but where a position's hash
-        says otherwise (about two in five), one the model will reject."""
+        scheduler after a synchronous step."""
         ids, drafts = [], []
         for r in self.scheduler.running:
             n = r.num_tokens
             if r.num_computed_tokens < n - 1:  # still prefilling: vLLM ignores drafts
                 continue
             ids.append(r.request_id)
-            drafts.append([self._true_token(r.request_id, p) +
-                           (1 if (p * 37 + len(r.request_id)) % 5 < 2 else 0)
-                           for p in range(n, n + self.spec_tokens)])
+            drafts.append(self._drafts_from(r.request_id, n))
         if ids:
             self.scheduler.update_draft_token_ids(DraftTokenIds(ids, drafts))
 
@@ -225,6 +234,8 @@ class Engine:
         for rid, sampled in zip(mro.req_ids, mro.sampled_token_ids):
             for _ in sampled:  # vLLM takes them now, or drops them (a failed load, a stop)
                 self.pending[rid].pop(0)
+        for rid, n in self.step_rejections.pop(id(mro), {}).items():
+            self.unseen_rejections[rid] -= n  # vLLM now rolls its count back itself
         self.scheduler.update_from_output(out, mro)
 
     def _execute(self, before_worker):
@@ -246,6 +257,11 @@ class Engine:
             # in vLLM's request when the next step is scheduled (vLLM's runner has it). Drafts
             # follow them: the step writes their K/V too, rejected or not.
             drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
+            if self.async_scheduling and drafts:  # placeholders: the runner has the drafts
+                drafts = self.runner_drafts.pop(rid)[:len(drafts)]
+                self.drafts["late"] += self.unseen_rejections.get(rid, 0) > 0
+                start -= self.unseen_rejections.get(rid, 0)
+                n = 1 + len(drafts)
             tokens = (self._known(rid) + drafts)[:start + n]
             assert len(tokens) == start + n
             plan.append((rid, start, start + n, torch.tensor(blocks), prefix_hashes(tokens)))
@@ -265,7 +281,7 @@ class Engine:
                        for sending, errors in map(self._answer, range(len(self.procs)))]
             errors = set().union(*(o.invalid_block_ids for o in outputs))
         self.errors.append(errors)
-        sampled = []
+        sampled, rejections = [], {}
         for rid, start, end, _, _ in plan:
             drafts = drafts_of[rid]
             self.computed[rid] += end - start
@@ -282,6 +298,10 @@ class Engine:
                     toks.append(self._true_token(rid, known + len(toks)))
                 self.drafts["proposed"] += len(drafts)
                 self.drafts["accepted"] += len(toks) - 1
+                rejections[rid] = len(drafts) - (len(toks) - 1)
+                self.unseen_rejections[rid] = self.unseen_rejections.get(rid, 0) + rejections[rid]
+                if self.async_scheduling and self.spec_tokens:  # vLLM's runner drafts at once
+                    self.runner_drafts[rid] = self._drafts_from(rid, known + len(toks))
             sampled.append(toks)
             self.pending.setdefault(rid, []).extend(toks)
             self.outputs.setdefault(rid, []).extend(toks)
@@ -292,6 +312,7 @@ class Engine:
                                   kv_connector_output=o) for o in outputs]
         # vLLM's multiprocess executor combines its workers' outputs with its aggregator.
         mro = mros[0] if self.worker is not None else self.aggregator.aggregate(mros)
+        self.step_rejections[id(mro)] = rejections
         return out, mro, errors
 
     def run(self, limit=10000):
@@ -391,19 +412,23 @@ def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     assert e.worker._store.ctx.stats()["requests_open"] == 0
 
 
-def test_speculative_decoding_saves_only_verified_tokens(engine):
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_speculative_decoding_saves_only_verified_tokens(engine, async_scheduling):
     """Under speculative decoding vLLM schedules the drafter's tokens after the known ones; the
     step writes their K/V whether the model accepts them or not, and vLLM rolls its count of
     computed tokens back past those it rejects, to compute them again. A chunk is saved only from
     tokens vLLM has verified, once a step wrote their K/V, so the next turn loads at each position
-    the bytes of the token it holds there (a rejected draft's K/V would fail the check)."""
-    e = engine(spec_tokens=3)
+    the bytes of the token it holds there (a rejected draft's K/V would fail the check). Under
+    async scheduling (vLLM's default with its GPU drafters) the scheduler learns of rejections a
+    step late, and schedules the step between from where it assumed the drafts taken."""
+    e = engine(spec_tokens=3, async_scheduling=async_scheduling)
     prompt = tokens_of(192, 100)
     e.add("a", prompt, max_tokens=200)
     e.run()
     out = list(e.requests["a"].output_token_ids)
     assert len(out) == 200
     assert 0 < e.drafts["accepted"] < e.drafts["proposed"]  # drafts both taken and rejected
+    assert (e.drafts["late"] > 0) == async_scheduling
     conversation = prompt + out[:-1]  # 299 tokens with verified K/V
     kv_model = e.worker._store.model
     assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == 256
