@@ -8,6 +8,7 @@
 #include "core/codec/chunk_codec.hpp"
 #include "core/common/error.hpp"
 #include "core/memory/host_memory.hpp"
+#include "core/transfer/copy_runs.hpp"
 
 namespace swiftkv {
 
@@ -537,16 +538,39 @@ void Request::make_device_transfer() {
                       side.items, encoded == nullptr);
     side.items_before.push_back(static_cast<uint32_t>(side.items.size()));
   };
+  // Staged pieces sit in staging in the order of their host addresses (copy_runs.hpp): a run of
+  // chunks in consecutive host slots, whichever way round, is then one 2D copy per layer.
+  auto restage = [](DeviceSide &side, const std::vector<const std::byte *> &host) {
+    std::vector<const std::byte *> addresses;
+    std::vector<uint64_t> sizes;
+    std::vector<uint32_t> staged;
+    for (uint32_t i = 0; i < side.chunks.size(); ++i) {
+      if (side.chunks[i].direct != 0) continue;
+      staged.push_back(i);
+      addresses.push_back(host[i]);
+      sizes.push_back(side.layer_bytes[i]);
+    }
+    std::vector<uint64_t> offsets(staged.size());
+    side.staged_bytes =
+        staging_by_address(addresses.data(), sizes.data(), staged.size(), offsets.data());
+    for (size_t k = 0; k < staged.size(); ++k) side.chunks[staged[k]].staged_at = offsets[k];
+  };
   DeviceSide load, save;
+  std::vector<const std::byte *> host;
   for (const auto &l : loads_) {
     if (l->frame) load.shape = *l->frame;  // every chunk of the request is of its model
     add(load, l->plan, l->src, l->src_device, l->frame ? &l->use.meta : nullptr);
+    host.push_back(l->src);  // null for a chunk staged from disk: its buffer comes later
   }
+  restage(load, host);
   save_dsts_.clear();
+  host.clear();
   for (const auto &sc : saves_) {
     add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device, nullptr);
     save_dsts_.push_back(sc->dst);
+    host.push_back(sc->dst);
   }
+  restage(save, host);
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");
   }

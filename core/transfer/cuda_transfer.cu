@@ -10,6 +10,7 @@
 
 #include "core/common/error.hpp"
 #include "core/memory/cuda_check.hpp"
+#include "core/transfer/copy_runs.hpp"
 #include "core/transfer/cuda_transfer.hpp"
 #include "kernels/segment_copy.cuh"
 
@@ -85,7 +86,10 @@ struct CopyLane {
   std::byte *upload = nullptr;  // page-locked
   uint64_t upload_size = 0;
   bool batch_ok = true;
-  std::vector<void *> dst;  // scratch for the batched copies
+  std::vector<PieceCopy> copies;  // scratch for copy_pieces
+  std::vector<CopyRun> runs;
+  std::vector<uint32_t> order;
+  std::vector<void *> dst;
   std::vector<const void *> src;
   std::vector<size_t> sizes;
 
@@ -373,17 +377,15 @@ class CudaTransfer final : public DeviceTransfer {
     DeviceGuard guard(lanes_->device());
     CopyLane &l = *lane_;
     const int b = static_cast<int>(layer % 2);
-    l.dst.clear();
-    l.src.clear();
-    l.sizes.clear();
+    l.copies.clear();
     for (uint32_t i = 0; i < chunks; ++i) {
       const ChunkSource &c = load_.chunks[i];
       if (c.direct != 0) continue;
-      l.dst.push_back(l.load_staging[b].p + c.staged_at);
-      l.src.push_back(sources[i] + uint64_t{layer} * load_.layer_bytes[i]);
-      l.sizes.push_back(load_.layer_bytes[i]);
+      l.copies.push_back({reinterpret_cast<std::byte *>(l.load_staging[b].p) + c.staged_at,
+                          sources[i] + uint64_t{layer} * load_.layer_bytes[i],
+                          load_.layer_bytes[i]});
     }
-    if (!l.dst.empty()) {
+    if (!l.copies.empty()) {
       // The buffer's last reader was the scatter of layer - 2.
       if (layer >= 2) wait(l.load_copy, l.loaded[layer - 2]);
       copy_pieces(l.load_copy);
@@ -431,15 +433,13 @@ class CudaTransfer final : public DeviceTransfer {
     record(l.gathered[layer], l.save_kernel);
     if (!staged) return;
     wait(l.save_copy, l.gathered[layer]);
-    l.dst.clear();
-    l.src.clear();
-    l.sizes.clear();
+    l.copies.clear();
     for (size_t i = 0; i < save_.chunks.size(); ++i) {
       const ChunkSource &c = save_.chunks[i];
       if (c.direct != 0) continue;
-      l.dst.push_back(dsts[i] + uint64_t{layer} * piece_bytes_);
-      l.src.push_back(l.save_staging[b].p + c.staged_at);
-      l.sizes.push_back(piece_bytes_);
+      l.copies.push_back({dsts[i] + uint64_t{layer} * piece_bytes_,
+                          reinterpret_cast<const std::byte *>(l.save_staging[b].p) + c.staged_at,
+                          piece_bytes_});
     }
     copy_pieces(l.save_copy);
     record(l.saved[layer], l.save_copy);
@@ -458,10 +458,30 @@ class CudaTransfer final : public DeviceTransfer {
     if (lane_->drain()) lanes_->give(std::move(lane_));
   }
 
-  // The lane's dst/src/sizes triples, one copy each: a single batched call where the runtime
-  // has one (the driver then picks the copy engines), else one cudaMemcpyAsync per chunk.
+  // The lane's copies: each run of pieces a chunk apart in host memory and side by side in
+  // staging as one 2D copy (copy_runs.hpp), the rest in a single batched call where the runtime
+  // has one (the driver then picks the copy engines), else one cudaMemcpyAsync each.
   void copy_pieces(cudaStream_t s) {
     CopyLane &l = *lane_;
+    if (l.copies.empty()) return;
+    copy_runs(l.copies.data(), l.copies.size(), l.runs, l.order);
+    l.dst.clear();
+    l.src.clear();
+    l.sizes.clear();
+    for (const CopyRun &r : l.runs) {
+      if (r.rows > 1) {
+        if (cudaMemcpy2DAsync(r.dst, r.dst_pitch, r.src, r.src_pitch, r.width, r.rows,
+                              cudaMemcpyDefault, s) == cudaSuccess) {
+          continue;
+        }
+        (void)cudaGetLastError();  // refused (a pitch past the device's limit): row by row
+      }
+      for (uint64_t row = 0; row < r.rows; ++row) {
+        l.dst.push_back(r.dst + row * r.dst_pitch);
+        l.src.push_back(r.src + row * r.src_pitch);
+        l.sizes.push_back(r.width);
+      }
+    }
     if (l.dst.empty()) return;
 #if CUDART_VERSION >= 13000
     if (l.batch_ok) {

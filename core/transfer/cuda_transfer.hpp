@@ -7,7 +7,8 @@
 // and allocates no memory; its copy items and chunk table go up with one asynchronous copy.
 //
 // Per layer of a load: the pieces of the chunks that live in host memory are copied into one of
-// two staging buffers on the load-copy stream (one copy per chunk, batched), and the scatter
+// two staging buffers on the load-copy stream (pieces in consecutive host slots as one 2D copy,
+// copy_runs.hpp; the rest one copy per chunk, batched), and the scatter
 // kernel runs on the load-kernel stream, reading device-resident chunks (peer or IPC-mapped lent
 // memory) in place and the rest from staging. A chunk stored encoded (kivi or fp8) crosses the
 // link compressed, its layer's payload only, and the decode kernel, after the scatter on the same
