@@ -193,7 +193,7 @@ def _socket_path(opts: dict, engine_id: str, rank: int) -> str:
     return path
 
 
-def _recv_exact(sock: socket.socket, n: int) -> Optional[bytes]:
+def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
     """n bytes from sock, or None if the peer closed it before the first."""
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -204,7 +204,7 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytes]:
                 return None
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
         got += k
-    return bytes(buf)
+    return buf
 
 
 class _LookupServer:
@@ -283,8 +283,9 @@ class _LookupServer:
                     return
                 tokens = np.frombuffer(_recv_exact(conn, 4 * n) or b"", dtype="<u4")
                 try:
-                    body, status = self._model.lookup(tokens.astype(np.uint32)).residency \
-                        .tobytes(), 0
+                    # Little-endian uint32 is the machine's own: no copy on x86 and Arm.
+                    body, status = self._model.lookup(tokens.astype(np.uint32, copy=False)) \
+                        .residency.tobytes(), 0
                 except swiftkv.Error as e:
                     body, status = str(e).encode(), 1
                 conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
@@ -365,12 +366,14 @@ class _LookupClient:
         their tiers), DROPPED where any worker lacks it."""
         if self._socks is None:
             self._socks = self._connect()
-        msg = _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens)) + tokens.astype("<u4").tobytes()
+        head = _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens))
+        body = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
         out = None
         rank = 0
         try:
             for rank, s in enumerate(self._socks):
-                s.sendall(msg)
+                s.sendall(head)
+                s.sendall(body)
             for rank, s in enumerate(self._socks):
                 head = _recv_exact(s, _HEAD.size)
                 if head is None:
