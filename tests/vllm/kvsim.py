@@ -15,6 +15,9 @@ import torch
 
 LAYERS, HEADS, DIM, BLOCK, CHUNK = 4, 2, 32, 16, 64
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
+# An EAGLE drafter's attention layer: vLLM names it after the model's own and puts it in their KV
+# cache group (its spec is the same); it runs once per draft token, after the model's layers.
+DRAFTER = f"model.layers.{LAYERS}.self_attn.attn"
 
 
 def prefix_hashes(tokens) -> np.ndarray:
@@ -122,11 +125,12 @@ class KVTensors:
 
 
 def worker_step(w, kv: KVTensors, meta, plan, has_sync_kv_loads: bool, runs_layers: bool,
-                finished_req_ids: set, heads: slice = slice(None)):
+                finished_req_ids: set, heads: slice = slice(None), drafter_passes: int = 0):
     """One step of a worker: the connector's hooks in vLLM's order around the stand-in's
-    compute. plan: (request id, first computed token, end, block ids, prefix hashes) per
-    scheduled request. Returns (finished_sending, failed block ids); raises AssertionError if
-    a block the step read held wrong K/V and was not reported."""
+    compute, then those of a drafter's layer (DRAFTER) `drafter_passes` times. plan: (request
+    id, first computed token, end, block ids, prefix hashes) per scheduled request. Returns
+    (finished_sending, failed block ids); raises AssertionError if a block the step read held
+    wrong K/V and was not reported."""
     w.handle_preemptions(meta)
     w.bind_connector_metadata(meta)
     if has_sync_kv_loads:
@@ -144,6 +148,9 @@ def worker_step(w, kv: KVTensors, meta, plan, has_sync_kv_loads: bool, runs_laye
             pos = torch.arange(start, end)
             kv.put(layer, blocks[pos // BLOCK], pos % BLOCK, kv_bits(h[start:end], layer, heads))
         w.save_kv_layer(name, kv.tensors[name], None)
+    for _ in range(drafter_passes if runs_layers else 0):
+        w.wait_for_layer_load(DRAFTER)
+        w.save_kv_layer(DRAFTER, kv.tensors[DRAFTER], None)
     if not has_sync_kv_loads:
         w.start_load_kv(None)
     w.wait_for_save()

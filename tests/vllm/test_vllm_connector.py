@@ -33,7 +33,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import swiftkv
-from kvsim import BLOCK, CHUNK, DIM, HEADS, LAYERS, NAMES, KVTensors, prefix_hashes, worker_step
+from kvsim import (BLOCK, CHUNK, DIM, DRAFTER, HEADS, LAYERS, NAMES, KVTensors, prefix_hashes,
+                   worker_step)
 from swiftkv.integrations import vllm as sv
 
 EOS = 999
@@ -60,7 +61,7 @@ class Engine:
 
     def __init__(self, model_dir, *, num_blocks=256, layout="LBNHC", extra=None, budget=64,
                  engine_id=None, parallel=None, kv_role="kv_both", workers=1,
-                 async_scheduling=False, kernel_block=BLOCK, spec_tokens=0):
+                 async_scheduling=False, kernel_block=BLOCK, spec_tokens=0, drafter_dir=None):
         self.num_blocks = num_blocks
         self.layout = layout
         extra = {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK, **(extra or {})}
@@ -74,11 +75,14 @@ class Engine:
             # scheduler schedules placeholders for drafts only the runner knows, counting them
             # computed until the step's output says how many were rejected; the runner, which
             # knows, computes at the true positions (vLLM's GPU runner does the same).
+            # With drafter_dir, an EAGLE head's config: its layer (DRAFTER) joins the KV cache
+            # and runs once per draft token (the stand-in's drafts stay its own).
             parallel = parallel or ParallelConfig()
-            speculative = SpeculativeConfig(method="ngram", num_speculative_tokens=spec_tokens,
-                                            prompt_lookup_max=3, prompt_lookup_min=1,
+            how = dict(method="eagle", model=drafter_dir) if drafter_dir else \
+                dict(method="ngram", prompt_lookup_max=3, prompt_lookup_min=1)
+            speculative = SpeculativeConfig(num_speculative_tokens=spec_tokens,
                                             target_model_config=model,
-                                            target_parallel_config=parallel)
+                                            target_parallel_config=parallel, **how)
         self.spec_tokens = spec_tokens
         # Drafts proposed and accepted; steps vLLM scheduled past drafts it did not know rejected.
         self.drafts = {"proposed": 0, "accepted": 0, "late": 0}
@@ -102,9 +106,11 @@ class Engine:
             **({"parallel_config": parallel} if parallel else {}),
             **({"speculative_config": speculative} if speculative else {}))
         # A worker's KV cache spec names its shard of the KV heads; the scheduler gets the same.
+        self.drafter_passes = spec_tokens if drafter_dir else 0
         self.kv_config = KVCacheConfig(
             num_blocks=num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[KVCacheGroupSpec(list(NAMES), FullAttentionSpec(
+            kv_cache_groups=[KVCacheGroupSpec(NAMES + [DRAFTER] * bool(drafter_dir),
+                                              FullAttentionSpec(
                 block_size=BLOCK, num_kv_heads=HEADS // workers, head_size=DIM,
                 dtype=torch.float16))])
         self.config.cache_config.num_gpu_blocks = num_blocks
@@ -116,6 +122,8 @@ class Engine:
                                               self.kv_config)
             self.kvt = KVTensors(layout, num_blocks, kernel_block=kernel_block)
             self.tensors = self.kvt.tensors
+            if drafter_dir:  # vLLM hands the connector the drafter's layer too
+                self.tensors[DRAFTER] = torch.zeros_like(self.tensors[NAMES[0]])
             self.worker.register_kv_caches(self.tensors)
         else:
             import multiprocessing
@@ -269,7 +277,8 @@ class Engine:
         runs = bool(out.total_num_scheduled_tokens)
         if self.worker is not None:
             sending, errors = worker_step(self.worker, self.kvt, out.kv_connector_metadata, plan,
-                                          out.has_sync_kv_loads, runs, out.finished_req_ids)
+                                          out.has_sync_kv_loads, runs, out.finished_req_ids,
+                                          drafter_passes=self.drafter_passes)
             outputs = [KVConnectorOutput(finished_sending=sending or None,
                                          invalid_block_ids=errors)]
         else:
@@ -412,16 +421,30 @@ def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     assert e.worker._store.ctx.stats()["requests_open"] == 0
 
 
-@pytest.mark.parametrize("async_scheduling", [False, True])
-def test_speculative_decoding_saves_only_verified_tokens(engine, async_scheduling):
+@pytest.mark.parametrize("async_scheduling,eagle", [(False, False), (True, False), (False, True)])
+def test_speculative_decoding_saves_only_verified_tokens(engine, tmp_path, async_scheduling,
+                                                         eagle):
     """Under speculative decoding vLLM schedules the drafter's tokens after the known ones; the
     step writes their K/V whether the model accepts them or not, and vLLM rolls its count of
     computed tokens back past those it rejects, to compute them again. A chunk is saved only from
     tokens vLLM has verified, once a step wrote their K/V, so the next turn loads at each position
     the bytes of the token it holds there (a rejected draft's K/V would fail the check). Under
     async scheduling (vLLM's default with its GPU drafters) the scheduler learns of rejections a
-    step late, and schedules the step between from where it assumed the drafts taken."""
-    e = engine(spec_tokens=3, async_scheduling=async_scheduling)
+    step late, and schedules the step between from where it assumed the drafts taken. With an
+    EAGLE drafter, whose attention layer vLLM puts in the model's KV cache group and runs once per
+    draft token, the connector caches the model's layers and leaves the drafter's alone."""
+    drafter_dir = None
+    if eagle:
+        drafter_dir = str(tmp_path)
+        (tmp_path / "config.json").write_text(json.dumps({
+            "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": HEADS,
+            "head_dim": DIM, "num_hidden_layers": 1, "vocab_size": 1000,
+            "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
+            "tie_word_embeddings": False}))
+    e = engine(spec_tokens=3, async_scheduling=async_scheduling, drafter_dir=drafter_dir)
+    assert e.worker._geometry.layer_names == NAMES
+    assert e.worker._drafter == ({DRAFTER} if eagle else set())
     prompt = tokens_of(192, 100)
     e.add("a", prompt, max_tokens=200)
     e.run()

@@ -32,6 +32,7 @@ SAVED: dict = {}     # (tokens of whole chunks, layer) -> their pages, as vLLM w
 COMPARED: list = []  # (request id, layer, tokens compared, equal)
 LOADED: dict = {}    # (request id, layer) -> (tokens, the loaded pages), as vLLM will read them
 SCHEDULED: list = []  # (request id, first computed token, tokens scheduled, drafts among them)
+DRAFTER_CALLS: list = []  # (hook, layer) of calls for a speculative drafter's layers
 
 
 class RecordingConnector(SwiftKVConnector):
@@ -60,6 +61,9 @@ class RecordingConnector(SwiftKVConnector):
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
+        if layer_name in self._drafter:
+            DRAFTER_CALLS.append(("save", layer_name))
+            return
         layer = self._layer(layer_name)
         b = self._geometry.block_tokens
         for r in self._bound.requests:
@@ -70,6 +74,9 @@ class RecordingConnector(SwiftKVConnector):
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         super().wait_for_layer_load(layer_name)
+        if layer_name in self._drafter:
+            DRAFTER_CALLS.append(("wait", layer_name))
+            return
         layer = self._layer(layer_name)
         b = self._geometry.block_tokens
         for r in self._bound.requests:

@@ -1,10 +1,13 @@
 """Speculative decoding inside a vLLM engine on the CPU with the connector (test_vllm_engine.py
-runs this in a process of its own: one process holds one vLLM engine of its kind). vLLM's ngram
-drafter proposes tokens from the context; vLLM writes K/V for every draft it schedules and
-computes a rejected one's position again. A long decode saves the chunks it completes; a later
-turn loads them, and what it loads is compared with the K/V vLLM computes for the same tokens
-from scratch once the library holds nothing. Prints "RESULT <json>".
-    spec_engine.py MODEL_DIR"""
+runs this in a process of its own: one process holds one vLLM engine of its kind). The drafter
+is vLLM's ngram one (drafts from the context) or an EAGLE head with random weights in DRAFT_DIR
+(a drafter with an attention layer and K/V of its own, which it runs once per draft token: the
+connector leaves its layer alone). vLLM writes K/V for every draft it schedules and computes a
+rejected one's position again. A long decode saves the chunks it completes; a later turn loads
+them, and what it loads is compared with the K/V vLLM computes for the same tokens from scratch
+once the library holds nothing. Prints "RESULT <json>".
+    spec_engine.py MODEL_DIR ngram
+    spec_engine.py MODEL_DIR eagle DRAFT_DIR"""
 
 import json
 import os
@@ -26,6 +29,11 @@ def main() -> int:
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
+    if sys.argv[2] == "ngram":
+        speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                       "prompt_lookup_min": 1}
+    else:
+        speculative = {"method": "eagle", "model": sys.argv[3], "num_speculative_tokens": 2}
     config = KVTransferConfig(
         kv_connector="RecordingConnector", kv_connector_module_path="recording",
         kv_role="kv_both", kv_load_failure_policy="recompute",
@@ -33,8 +41,7 @@ def main() -> int:
     llm = LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, block_size=BLOCK, seed=0, max_num_seqs=8,
               kv_transfer_config=config, enable_prefix_caching=True,
-              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
-                                  "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+              speculative_config=speculative)
     (store,) = sv._STORES.values()
 
     def generate(tokens, n):
@@ -91,6 +98,7 @@ def main() -> int:
     scale = max(fresh[layer].float().abs().max().item() for layer in range(LAYERS))
     print("RESULT " + json.dumps({
         "drafts": drafts, "rejected": rejected, "saved": saved, "reset": reset1 and reset2,
+        "model_layers": len(store.layers), "drafter_calls": len(recording.DRAFTER_CALLS),
         "offer": offer, "same_bytes": same_bytes, "layers_loaded": sorted(loaded),
         "worst_token_diff": worst, "scale": scale,
         "same_tokens": list(b.token_ids) == list(c.token_ids),

@@ -157,22 +157,40 @@ def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
         assert all(r[2] == 256 and r[3] for r in rows), rows
 
 
-def test_speculative_decoding_inside_vllm(model_dir):
-    """vLLM's ngram drafter on the CPU (spec_engine.py, in a process of its own): vLLM writes K/V
-    for every draft it schedules, and computes a rejected draft's position again in the next
+@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
+    """Speculative decoding on the CPU (spec_engine.py, in a process of its own): vLLM writes
+    K/V for every draft it schedules, and computes a rejected draft's position again in the next
     step. The chunks a long decode completed, among them the positions of rejected drafts, are
     saved, loaded by the next turn byte for byte as saved, and equal to what vLLM computes for
-    the same tokens from scratch."""
+    the same tokens from scratch. With vLLM's ngram drafter, and with an EAGLE head (random
+    weights) whose attention layer vLLM puts in the model's KV cache group and runs once per
+    draft token: the connector caches the model's four layers and leaves the drafter's alone."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
+    args = [model_dir, drafter]
+    if drafter == "eagle":
+        (tmp_path / "config.json").write_text(json.dumps({
+            "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 1,
+            "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+            "torch_dtype": "bfloat16", "tie_word_embeddings": False}))
+        args.append(str(tmp_path))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([sys.executable, os.path.join(here, "spec_engine.py"), model_dir],
+    run = subprocess.run([sys.executable, os.path.join(here, "spec_engine.py"), *args],
                          capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
     r = json.loads(line[len("RESULT "):])
-    assert 0 < r["rejected"] < r["drafts"], r  # drafts both rejected and taken
+    assert 0 < r["rejected"] <= r["drafts"], r
+    if drafter == "ngram":
+        assert r["rejected"] < r["drafts"], r  # drafts both rejected and taken
+        assert r["drafter_calls"] == 0, r
+    else:  # the head's random weights: every draft rejected
+        assert r["drafter_calls"] > 0, r  # its layer's hooks, left alone
+    assert r["model_layers"] == LAYERS, r
     assert r["saved"] == 192 and r["reset"], r  # 219 tokens with K/V: 3 chunks
     assert r["offer"] == [0, 192], r
     assert r["same_bytes"] == [True] * LAYERS and r["layers_loaded"] == list(range(LAYERS)), r

@@ -415,11 +415,14 @@ class _Geometry:
     num_blocks: int
 
     @staticmethod
-    def of(kv_cache_config) -> "_Geometry":
+    def of(kv_cache_config, drafter: set = frozenset()) -> "_Geometry":
+        """The model's layers: a speculative drafter's (`drafter`, _drafter_layers) are left
+        out, and so is a KV cache group of the drafter's layers alone."""
         from vllm.model_executor.models.utils import extract_layer_index
         from vllm.v1.kv_cache_interface import FullAttentionSpec
 
-        groups = kv_cache_config.kv_cache_groups
+        groups = [g for g in kv_cache_config.kv_cache_groups
+                  if not set(g.layer_names) <= drafter]
         if len(groups) != 1 or type(groups[0].kv_cache_spec) is not FullAttentionSpec:
             kinds = [type(g.kv_cache_spec).__name__ for g in groups]
             raise ValueError("SwiftKVConnector supports models whose layers are all full "
@@ -428,7 +431,7 @@ class _Geometry:
         if spec.dtype not in _DTYPES:
             raise ValueError(f"SwiftKVConnector: KV cache dtype {spec.dtype} is not supported "
                              "(float16, bfloat16, float32)")
-        names = sorted(groups[0].layer_names, key=extract_layer_index)
+        names = sorted(set(groups[0].layer_names) - drafter, key=extract_layer_index)
         return _Geometry(names, spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
                          kv_cache_config.num_blocks)
 
@@ -584,6 +587,44 @@ class _Step:
         self.next_save = 0
 
 
+def _drafter_layers(vllm_config, kv_cache_config) -> set:
+    """The KV cache's layers that belong to a speculative drafter with K/V of its own (EAGLE,
+    MTP, a draft model) rather than to the model: vLLM names them after the model's own, their
+    index past its last layer, or under draft_model. The connector caches the model's layers
+    only: a drafter runs its layers several times a step (once per draft token), and its K/V at
+    a position depends on tokens after it. A loaded prefix leaves the drafter's K/V there as vLLM
+    found it, which can lower the drafts' acceptance; the outputs, verified by the model, are the
+    same."""
+    if getattr(vllm_config, "speculative_config", None) is None or kv_cache_config is None:
+        return set()
+    from vllm.model_executor.models.utils import extract_layer_index
+    n = vllm_config.model_config.get_total_num_hidden_layers()
+    out = set()
+    for g in kv_cache_config.kv_cache_groups:
+        for name in g.layer_names:
+            if name.startswith("draft_model."):
+                out.add(name)
+                continue
+            try:
+                if extract_layer_index(name) >= n:
+                    out.add(name)
+            except (AssertionError, ValueError):
+                pass  # no single index: not a layer named after the model's
+    return out
+
+
+def _marked_drafter_layers(vllm_config) -> set:
+    """The layers vLLM's worker marked as its drafter's once the models were loaded (vLLM 0.33's
+    drafters mark theirs; 0.32's CPU runner does not: none)."""
+    try:
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase)
+    except Exception:  # an engine without these (a stand-in): nothing to check against
+        return set()
+    return {n for n, layer in layers.items() if getattr(layer, "is_draft_layer", False)}
+
+
 class SwiftKVConnector(KVConnectorBase_V1):
     """libswiftkv behind vLLM's KVConnectorBase_V1 (see the module's documentation)."""
 
@@ -603,7 +644,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
         self._loads = getattr(self._kv_transfer_config, "is_kv_consumer", True)
         self._saves = getattr(self._kv_transfer_config, "is_kv_producer", True)
         self._engine = self._kv_transfer_config.engine_id
-        self._geometry = _Geometry.of(kv_cache_config)
+        self._drafter = _drafter_layers(vllm_config, kv_cache_config)
+        self._geometry = _Geometry.of(kv_cache_config, self._drafter)
         self._index = {n: i for i, n in enumerate(self._geometry.layer_names)}
         self._chunk = int(self._opts["chunk_tokens"])
         if self._chunk <= 0 or self._chunk % self._geometry.block_tokens:
@@ -640,9 +682,13 @@ class SwiftKVConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict) -> None:
         g = self._geometry
-        if set(kv_caches) != set(g.layer_names):
+        if set(kv_caches) - self._drafter != set(g.layer_names):
             raise ValueError(f"SwiftKVConnector: KV tensors for layers {sorted(kv_caches)}, but "
                              f"the KV cache config has {sorted(g.layer_names)}")
+        marked = _marked_drafter_layers(self._vllm_config) & set(kv_caches)
+        if marked and marked != self._drafter & set(kv_caches):
+            raise ValueError(f"SwiftKVConnector: vLLM's drafter has layers {sorted(marked)}, but "
+                             f"the connector took {sorted(self._drafter)} for the drafter's")
         layers = [kv_caches[n] for n in g.layer_names]
         views, layout, page_tokens = _pool_views(layers, g)
         t = layers[0]
@@ -746,6 +792,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
         step.started = True
 
     def wait_for_layer_load(self, layer_name: str) -> None:
+        if layer_name in self._drafter:
+            return  # a drafter's layer: not cached (_drafter_layers)
         layer = self._layer(layer_name)
         step = self._begin_step()
         if step.loading and not step.started:
@@ -758,6 +806,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
         step.next_wait += 1
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
+        if layer_name in self._drafter:
+            return
         layer = self._layer(layer_name)
         step = self._begin_step()
         if layer != step.next_save:
