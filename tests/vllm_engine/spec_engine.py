@@ -1,13 +1,13 @@
 """Speculative decoding inside a vLLM engine on the CPU with the connector (test_vllm_engine.py
 runs this in a process of its own: one process holds one vLLM engine of its kind). The drafter
-is vLLM's ngram one (drafts from the context) or an EAGLE head with random weights in DRAFT_DIR
-(a drafter with an attention layer and K/V of its own, which it runs once per draft token: the
-connector leaves its layer alone). vLLM writes K/V for every draft it schedules and computes a
+is vLLM's ngram one (drafts from the context), an EAGLE head or a small draft model, both with
+random weights in DRAFT_DIR (drafters with attention layers and K/V of their own, which they run
+once per draft token: the connector leaves their layers alone). vLLM writes K/V for every draft it schedules and computes a
 rejected one's position again. A long decode saves the chunks it completes; a later turn loads
 them, and what it loads is compared with the K/V vLLM computes for the same tokens from scratch
 once the library holds nothing. Prints "RESULT <json>".
     spec_engine.py MODEL_DIR ngram
-    spec_engine.py MODEL_DIR eagle DRAFT_DIR"""
+    spec_engine.py MODEL_DIR eagle|draft_model DRAFT_DIR"""
 
 import json
 import os
@@ -33,7 +33,7 @@ def main() -> int:
         speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                        "prompt_lookup_min": 1}
     else:
-        speculative = {"method": "eagle", "model": sys.argv[3], "num_speculative_tokens": 2}
+        speculative = {"method": sys.argv[2], "model": sys.argv[3], "num_speculative_tokens": 2}
     config = KVTransferConfig(
         kv_connector="RecordingConnector", kv_connector_module_path="recording",
         kv_role="kv_both", kv_load_failure_policy="recompute",

@@ -157,24 +157,27 @@ def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
         assert all(r[2] == 256 and r[3] for r in rows), rows
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle"])
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model"])
 def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
     """Speculative decoding on the CPU (spec_engine.py, in a process of its own): vLLM writes
     K/V for every draft it schedules, and computes a rejected draft's position again in the next
     step. The chunks a long decode completed, among them the positions of rejected drafts, are
     saved, loaded by the next turn byte for byte as saved, and equal to what vLLM computes for
-    the same tokens from scratch. With vLLM's ngram drafter, and with an EAGLE head (random
-    weights) whose attention layer vLLM puts in the model's KV cache group and runs once per
-    draft token: the connector caches the model's four layers and leaves the drafter's alone."""
+    the same tokens from scratch. With vLLM's ngram drafter, an EAGLE head and a small draft
+    model (random weights), whose attention layers vLLM puts in the model's KV cache and runs
+    once per draft token: the connector caches the model's four layers and leaves the drafter's
+    alone."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     args = [model_dir, drafter]
-    if drafter == "eagle":
+    if drafter != "ngram":  # an EAGLE head of one layer, or a Llama of two, half as wide
+        eagle = drafter == "eagle"
         (tmp_path / "config.json").write_text(json.dumps({
-            "architectures": ["EagleLlamaForCausalLM"], "model_type": "llama",
-            "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-            "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 1,
+            "architectures": ["EagleLlamaForCausalLM" if eagle else "LlamaForCausalLM"],
+            "model_type": "llama", "hidden_size": 256 if eagle else 128,
+            "intermediate_size": 512 if eagle else 256, "num_attention_heads": 4 if eagle else 2,
+            "num_key_value_heads": 2, "head_dim": 64, "num_hidden_layers": 1 if eagle else 2,
             "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
             "torch_dtype": "bfloat16", "tie_word_embeddings": False}))
         args.append(str(tmp_path))
@@ -188,8 +191,8 @@ def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
     if drafter == "ngram":
         assert r["rejected"] < r["drafts"], r  # drafts both rejected and taken
         assert r["drafter_calls"] == 0, r
-    else:  # the head's random weights: every draft rejected
-        assert r["drafter_calls"] > 0, r  # its layer's hooks, left alone
+    else:  # random weights: every draft rejected
+        assert r["drafter_calls"] > 0, r  # its layers' hooks, left alone
     assert r["model_layers"] == LAYERS, r
     assert r["saved"] == 192 and r["reset"], r  # 219 tokens with K/V: 3 chunks
     assert r["offer"] == [0, 192], r
