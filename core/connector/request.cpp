@@ -510,8 +510,8 @@ uint64_t Request::wait_save(void *stream) {
 void Request::make_device_transfer() {
   const std::shared_ptr<DeviceLanes> &lanes = pool_->device_lanes();
   // A chunk in memory the pool's device reaches (its own, or a peer's) is copied in place by the
-  // kernel; the rest (host memory, disk staging) goes through the staging buffers.
-  // A chunk decoded on the device stages its layer's payload (whatever its size), aligned to 16.
+  // kernel; the rest (host memory, disk staging) goes through the staging buffers, laid out by
+  // lay_out_staging below. A chunk decoded on the device stages its layer's payload.
   auto add = [&](DeviceSide &side, const std::vector<CopySegment> &plan, std::byte *mem,
                  int32_t mem_device, const ChunkMeta *encoded) {
     const auto chunk = static_cast<uint32_t>(side.chunks.size());
@@ -525,9 +525,6 @@ void Request::make_device_transfer() {
     if (encoded == nullptr && mem != nullptr && mem_device >= 0 &&
         reads_in_place(*lanes, mem_device)) {
       src.direct = reinterpret_cast<uint64_t>(mem);
-    } else {
-      src.staged_at = side.staged_bytes;
-      side.staged_bytes += (layer_bytes + 15) / 16 * 16;
     }
     side.chunks.push_back(src);
     side.layer_bytes.push_back(layer_bytes);
@@ -538,9 +535,10 @@ void Request::make_device_transfer() {
                       side.items, encoded == nullptr);
     side.items_before.push_back(static_cast<uint32_t>(side.items.size()));
   };
-  // Staged pieces sit in staging in the order of their host addresses (copy_runs.hpp): a run of
-  // chunks in consecutive host slots, whichever way round, is then one 2D copy per layer.
-  auto restage = [](DeviceSide &side, const std::vector<const std::byte *> &host) {
+  // Staged pieces sit in staging in the order of their host addresses (copy_runs.hpp), each
+  // aligned to 16: a run of chunks in consecutive host slots, whichever way round, is then one 2D
+  // copy per layer. host[i]: chunk i's memory, null where it comes later (staged from disk).
+  auto lay_out_staging = [](DeviceSide &side, const auto &host) {
     std::vector<const std::byte *> addresses;
     std::vector<uint64_t> sizes;
     std::vector<uint32_t> staged;
@@ -560,17 +558,15 @@ void Request::make_device_transfer() {
   for (const auto &l : loads_) {
     if (l->frame) load.shape = *l->frame;  // every chunk of the request is of its model
     add(load, l->plan, l->src, l->src_device, l->frame ? &l->use.meta : nullptr);
-    host.push_back(l->src);  // null for a chunk staged from disk: its buffer comes later
+    host.push_back(l->src);
   }
-  restage(load, host);
+  lay_out_staging(load, host);
   save_dsts_.clear();
-  host.clear();
   for (const auto &sc : saves_) {
     add(save, sc->plan, sc->staging.empty() ? sc->dst : nullptr, sc->slot_device, nullptr);
     save_dsts_.push_back(sc->dst);
-    host.push_back(sc->dst);
   }
-  restage(save, host);
+  lay_out_staging(save, save_dsts_);
   if (load.items.size() > UINT32_MAX || save.items.size() > UINT32_MAX) {
     fail_invalid("a request of more than 2^32 copy items");
   }
