@@ -398,6 +398,20 @@ def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout, ke
     assert not any(e.errors)
 
 
+def next_turn_loads(e, conversation: list, saved: int, seed: int) -> None:
+    """The library holds the conversation's first `saved` tokens; with vLLM's own prefix cache
+    emptied, a next turn of 30 more tokens is offered them, loads them byte for byte (the
+    stand-in's check) and computes only the rest."""
+    kv_model = e.worker._store.model
+    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == saved
+    e.forget_local()
+    e.add("b", conversation + tokens_of(seed, 30), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, saved)
+    assert e.computed["b"] == len(conversation) + 30 - saved
+    assert not any(e.errors)
+
+
 @pytest.mark.parametrize("async_scheduling", [False, True])
 def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     """A chunk that decoding completes is saved once its last token is known (under async
@@ -409,15 +423,7 @@ def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     e.run()
     out = list(e.requests["a"].output_token_ids)
     assert len(out) == 40
-    conversation = prompt + out[:-1]  # 339 tokens with K/V: the last sampled one has none
-    kv_model = e.worker._store.model
-    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == 320
-    e.forget_local()
-    e.add("b", conversation + tokens_of(191, 30), max_tokens=1)
-    e.run()
-    assert e.offered("b") == (0, 320)
-    assert e.computed["b"] == 339 + 30 - 320
-    assert not any(e.errors)
+    next_turn_loads(e, prompt + out[:-1], 320, 191)  # the last sampled token has no K/V
     assert e.worker._store.ctx.stats()["requests_open"] == 0
 
 
@@ -452,15 +458,7 @@ def test_speculative_decoding_saves_only_verified_tokens(engine, tmp_path, async
     assert len(out) == 200
     assert 0 < e.drafts["accepted"] < e.drafts["proposed"]  # drafts both taken and rejected
     assert (e.drafts["late"] > 0) == async_scheduling
-    conversation = prompt + out[:-1]  # 299 tokens with verified K/V
-    kv_model = e.worker._store.model
-    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == 256
-    e.forget_local()
-    e.add("b", conversation + tokens_of(193, 30), max_tokens=1)
-    e.run()
-    assert e.offered("b") == (0, 256)
-    assert e.computed["b"] == 299 + 30 - 256
-    assert not any(e.errors)
+    next_turn_loads(e, prompt + out[:-1], 256, 193)  # 299 tokens with verified K/V
 
 
 def test_a_local_hit_inside_a_chunk_loads_the_rest_of_it(engine):
