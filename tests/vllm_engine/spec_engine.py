@@ -1,12 +1,13 @@
 """Speculative decoding inside a vLLM engine on the CPU with the connector (test_vllm_engine.py
 runs this in a process of its own: one process holds one vLLM engine of its kind). The drafter
 is vLLM's ngram one (drafts from the context), an EAGLE head or a small draft model, both with
-random weights in DRAFT_DIR (drafters with attention layers and K/V of their own, which they run
-once per draft token: the connector leaves their layers alone). vLLM writes K/V for every draft it schedules and computes a
+random weights in DRAFT_DIR, or the model's own multi-token-prediction (MTP) layer (MODEL_DIR a
+MiMo model) (drafters with attention layers and K/V of their own, which they run once per draft
+token: the connector leaves their layers alone). vLLM writes K/V for every draft it schedules and computes a
 rejected one's position again. A long decode saves the chunks it completes; a later turn loads
 them, and what it loads is compared with the K/V vLLM computes for the same tokens from scratch
 once the library holds nothing. Prints "RESULT <json>".
-    spec_engine.py MODEL_DIR ngram
+    spec_engine.py MODEL_DIR ngram|mtp
     spec_engine.py MODEL_DIR eagle|draft_model DRAFT_DIR"""
 
 import json
@@ -32,6 +33,8 @@ def main() -> int:
     if sys.argv[2] == "ngram":
         speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                        "prompt_lookup_min": 1}
+    elif sys.argv[2] == "mtp":  # the model's MTP layer, run once per draft token
+        speculative = {"method": "mtp", "num_speculative_tokens": 2}
     else:
         speculative = {"method": sys.argv[2], "model": sys.argv[3], "num_speculative_tokens": 2}
     config = KVTransferConfig(

@@ -157,21 +157,28 @@ def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
         assert all(r[2] == 256 and r[3] for r in rows), rows
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model"])
+@pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model", "mtp"])
 def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
     """Speculative decoding on the CPU (spec_engine.py, in a process of its own): vLLM writes
     K/V for every draft it schedules, and computes a rejected draft's position again in the next
     step. The chunks a long decode completed, among them the positions of rejected drafts, are
     saved, loaded by the next turn byte for byte as saved, and equal to what vLLM computes for
-    the same tokens from scratch. With vLLM's ngram drafter, an EAGLE head and a small draft
-    model (random weights), whose attention layers vLLM puts in the model's KV cache and runs
+    the same tokens from scratch. With vLLM's ngram drafter, an EAGLE head, a small draft model
+    and a model's own multi-token-prediction layer (MiMo's, vLLM names it after the model's last
+    layer; random weights), whose attention layers vLLM puts in the model's KV cache and runs
     once per draft token: the connector caches the model's four layers and leaves the drafter's
     alone."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
     args = [model_dir, drafter]
-    if drafter != "ngram":  # an EAGLE head of one layer, or a Llama of two, half as wide
+    if drafter == "mtp":  # the model drafts: MiMo, a Qwen2 with one MTP layer past its four
+        config = json.loads(open(os.path.join(model_dir, "config.json")).read())
+        config.update(architectures=["MiMoForCausalLM"], model_type="qwen2",
+                      num_nextn_predict_layers=1)
+        (tmp_path / "config.json").write_text(json.dumps(config))
+        args = [str(tmp_path), drafter]
+    elif drafter != "ngram":  # an EAGLE head of one layer, or a Llama of two, half as wide
         eagle = drafter == "eagle"
         (tmp_path / "config.json").write_text(json.dumps({
             "architectures": ["EagleLlamaForCausalLM" if eagle else "LlamaForCausalLM"],
