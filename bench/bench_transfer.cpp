@@ -782,6 +782,7 @@ struct KernelRow {
   const char *layout;
   uint32_t page;
   Rate scatter, gather, copy;
+  Rate scatter_ahead, gather_ahead;  // launched as CopyKernel::ahead (the others: spread)
 };
 
 // The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
@@ -834,30 +835,41 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
   const cudaStream_t s = timer.stream;
   auto timed = [&](auto &&work) { return timer.time(work); };
   const auto n = static_cast<uint32_t>(items.size());
-  auto scatter = [&] {
-    swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
-                               static_cast<swiftkv::ChunkSource *>(d_chunks), 0, nullptr,
-                               static_cast<std::byte *>(pool), true, s);
+  auto kernel = [&](bool to_pages, swiftkv::CopyKernel k) {
+    return [&, to_pages, k] {
+      swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
+                                 static_cast<swiftkv::ChunkSource *>(d_chunks), 0, nullptr,
+                                 static_cast<std::byte *>(pool), to_pages, s, k);
+    };
   };
-  auto gather = [&] {
-    swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items), n,
-                               static_cast<swiftkv::ChunkSource *>(d_chunks), 0, nullptr,
-                               static_cast<std::byte *>(pool), false, s);
-  };
+  const auto scatter = kernel(true, swiftkv::CopyKernel::spread);
+  const auto gather = kernel(false, swiftkv::CopyKernel::spread);
+  const auto scatter_ahead = kernel(true, swiftkv::CopyKernel::ahead);
+  const auto gather_ahead = kernel(false, swiftkv::CopyKernel::ahead);
   auto copy = [&] { cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s); };
   for (int w = 0; w < 3; ++w) {  // warm-up
     timed(scatter);
     timed(gather);
+    timed(scatter_ahead);
+    timed(gather_ahead);
     timed(copy);
   }
-  std::vector<double> ts, tg, tc;
+  std::vector<double> ts, tg, tsa, tga, tc;
   for (int r = 0; r < reps; ++r) {
     ts.push_back(timed(scatter));
     tg.push_back(timed(gather));
+    tsa.push_back(timed(scatter_ahead));
+    tga.push_back(timed(gather_ahead));
     tc.push_back(timed(copy));
   }
-  KernelRow row{layout, page, rate_of(ts, static_cast<double>(bytes)),
-                rate_of(tg, static_cast<double>(bytes)), rate_of(tc, static_cast<double>(bytes))};
+  const auto moved = static_cast<double>(bytes);
+  KernelRow row{layout,
+                page,
+                rate_of(ts, moved),
+                rate_of(tg, moved),
+                rate_of(tc, moved),
+                rate_of(tsa, moved),
+                rate_of(tga, moved)};
   for (void *p : {src, dst, pool, d_items, d_chunks}) cudaFree(p);
   return row;
 }
@@ -1060,10 +1072,10 @@ std::vector<CopyPathRow> measure_copy_paths(uint32_t chunks, int reps) {
   };
   auto in_place = [&](bool scatter) {
     for (uint32_t l = 0; l < kLayers; ++l) {
-      swiftkv::launch_copy_items(0, static_cast<swiftkv::CopyItem *>(d_items),
-                                 static_cast<uint32_t>(items.size()),
-                                 static_cast<swiftkv::ChunkSource *>(d_chunks), l * piece, nullptr,
-                                 static_cast<std::byte *>(pool), scatter, s);
+      swiftkv::launch_copy_items(
+          0, static_cast<swiftkv::CopyItem *>(d_items), static_cast<uint32_t>(items.size()),
+          static_cast<swiftkv::ChunkSource *>(d_chunks), l * piece, nullptr,
+          static_cast<std::byte *>(pool), scatter, s, swiftkv::copy_kernel_choice());
     }
     return cudaGetLastError() == cudaSuccess;
   };
@@ -1175,20 +1187,24 @@ void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps)
       "\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
       "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
       chunks, static_cast<unsigned long long>(kLayerPiece), reps);
-  std::printf("%-7s %5s %16s %16s %16s %8s %8s\n", "layout", "page", "scatter", "gather",
-              "device copy", "sc/copy", "ga/copy");
+  std::printf("%-7s %5s %-7s %16s %16s %16s %8s %8s\n", "layout", "page", "launch", "scatter",
+              "gather", "device copy", "sc/copy", "ga/copy");
   for (const KernelRow &r : rows) {
-    std::printf("%-7s %5u %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout, r.page,
-                r.scatter.med, r.scatter.best, r.gather.med, r.gather.best, r.copy.med, r.copy.best,
-                r.scatter.med / r.copy.med, r.gather.med / r.copy.med);
+    for (const bool ahead : {false, true}) {
+      const Rate &sc = ahead ? r.scatter_ahead : r.scatter, &ga = ahead ? r.gather_ahead : r.gather;
+      std::printf("%-7s %5u %-7s %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout,
+                  r.page, ahead ? "ahead" : "spread", sc.med, sc.best, ga.med, ga.best, r.copy.med,
+                  r.copy.best, sc.med / r.copy.med, ga.med / r.copy.med);
+    }
   }
   std::printf("{\"bench\":\"copy_kernel\",\"reps\":%d,\"rows\":[", reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const KernelRow &r = rows[i];
     std::printf(
         "%s{\"layout\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,"
-        "\"copy_gbs\":%.2f}",
-        i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.copy.med);
+        "\"scatter_ahead_gbs\":%.2f,\"gather_ahead_gbs\":%.2f,\"copy_gbs\":%.2f}",
+        i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.scatter_ahead.med,
+        r.gather_ahead.med, r.copy.med);
   }
   std::printf("]}\n");
 }

@@ -52,8 +52,58 @@ __device__ inline void next_word(uint32_t &row, uint32_t &col, uint32_t q, uint3
   }
 }
 
+// Moves one item with the 32 lanes of a warp. scatter != 0: piece -> pages; else pages -> piece.
+__device__ inline void copy_item(const CopyItem &it, const ChunkSource &c, uint32_t lane,
+                                 uint64_t layer_offset, unsigned char *staging,
+                                 unsigned char *pages, int scatter) {
+  const unsigned char *from = nullptr;
+  unsigned char *to = nullptr;
+  uint32_t from_stride = 0, to_stride = 0;
+  item_ends(it, c, layer_offset, staging, pages, scatter, &from, &to, &from_stride, &to_stride);
+  const uint32_t rows = it.rows, bytes = it.bytes;
+  const uint64_t align = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
+                         bytes | (rows > 1 ? (from_stride | to_stride) : 0u);
+  if (align % 16 == 0) {
+    // The item's words, row by row: lane takes words lane, lane + 32, ... (at most 8).
+    const uint32_t row_words = bytes / 16, words = rows * row_words;
+    const uint32_t q = 32 / row_words, r = 32 % row_words;
+    uint4 v[kWordsPerLane];
+    uint32_t row = lane / row_words, col = lane % row_words;
+#pragma unroll
+    for (uint32_t k = 0; k < kWordsPerLane; ++k) {
+      if (lane + 32 * k < words) {
+        v[k] = *reinterpret_cast<const uint4 *>(from + uint64_t{row} * from_stride + 16 * col);
+      }
+      next_word(row, col, q, r, row_words);
+    }
+    row = lane / row_words;
+    col = lane % row_words;
+#pragma unroll
+    for (uint32_t k = 0; k < kWordsPerLane; ++k) {
+      if (lane + 32 * k < words) {
+        *reinterpret_cast<uint4 *>(to + uint64_t{row} * to_stride + 16 * col) = v[k];
+      }
+      next_word(row, col, q, r, row_words);
+    }
+  } else {
+    for (uint32_t row = 0; row < rows; ++row) {
+      const unsigned char *f = from + uint64_t{row} * from_stride;
+      unsigned char *t = to + uint64_t{row} * to_stride;
+      const uint64_t a = reinterpret_cast<uintptr_t>(f) | reinterpret_cast<uintptr_t>(t) | bytes;
+      if (a % 4 == 0) {
+        for (uint32_t j = lane; j < bytes / 4; j += 32) {
+          reinterpret_cast<uint32_t *>(t)[j] = reinterpret_cast<const uint32_t *>(f)[j];
+        }
+      } else {
+        for (uint32_t j = lane; j < bytes; j += 32) t[j] = f[j];
+      }
+    }
+  }
+}
+
 // scatter != 0: pieces -> pages; else pages -> pieces. Layer `layer`'s piece of a direct chunk
-// is layer * piece_bytes past its address. A warp takes an item at a time.
+// is layer * piece_bytes past its address. A warp takes an item at a time, the grid spread over
+// the items (a warp each, up to 8 blocks an SM).
 __global__ void __launch_bounds__(kCopyThreads)
     copy_items(const CopyItem *__restrict__ items, uint32_t n,
                const ChunkSource *__restrict__ chunks, uint64_t layer_offset,
@@ -64,49 +114,31 @@ __global__ void __launch_bounds__(kCopyThreads)
     const CopyItem it = items[w];
     const ChunkSource c = chunks[it.chunk];
     if (c.encoding != 0) continue;  // decode_items' work
-    const unsigned char *from = nullptr;
-    unsigned char *to = nullptr;
-    uint32_t from_stride = 0, to_stride = 0;
-    item_ends(it, c, layer_offset, staging, pages, scatter, &from, &to, &from_stride, &to_stride);
-    const uint32_t rows = it.rows, bytes = it.bytes;
-    const uint64_t align = reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
-                           bytes | (rows > 1 ? (from_stride | to_stride) : 0u);
-    if (align % 16 == 0) {
-      // The item's words, row by row: lane takes words lane, lane + 32, ... (at most 8).
-      const uint32_t row_words = bytes / 16, words = rows * row_words;
-      const uint32_t q = 32 / row_words, r = 32 % row_words;
-      uint4 v[kWordsPerLane];
-      uint32_t row = lane / row_words, col = lane % row_words;
-#pragma unroll
-      for (uint32_t k = 0; k < kWordsPerLane; ++k) {
-        if (lane + 32 * k < words) {
-          v[k] = *reinterpret_cast<const uint4 *>(from + uint64_t{row} * from_stride + 16 * col);
-        }
-        next_word(row, col, q, r, row_words);
-      }
-      row = lane / row_words;
-      col = lane % row_words;
-#pragma unroll
-      for (uint32_t k = 0; k < kWordsPerLane; ++k) {
-        if (lane + 32 * k < words) {
-          *reinterpret_cast<uint4 *>(to + uint64_t{row} * to_stride + 16 * col) = v[k];
-        }
-        next_word(row, col, q, r, row_words);
-      }
-    } else {
-      for (uint32_t row = 0; row < rows; ++row) {
-        const unsigned char *f = from + uint64_t{row} * from_stride;
-        unsigned char *t = to + uint64_t{row} * to_stride;
-        const uint64_t a = reinterpret_cast<uintptr_t>(f) | reinterpret_cast<uintptr_t>(t) | bytes;
-        if (a % 4 == 0) {
-          for (uint32_t j = lane; j < bytes / 4; j += 32) {
-            reinterpret_cast<uint32_t *>(t)[j] = reinterpret_cast<const uint32_t *>(f)[j];
-          }
-        } else {
-          for (uint32_t j = lane; j < bytes; j += 32) t[j] = f[j];
-        }
-      }
-    }
+    copy_item(it, c, lane, layer_offset, staging, pages, scatter);
+  }
+}
+
+// The same work for a grid of only the blocks an SM holds at once (kAheadBlocks each, so at most
+// 64 registers a thread), every warp going through its share of the items in turn: while a warp
+// moves one item, the next one's entry is already on its way, so reading it overlaps the move
+// instead of coming between two items. Launched where CopyKernel::ahead is chosen
+// (copy_items.hpp).
+constexpr int kAheadBlocks = 3;
+__global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
+    copy_items_ahead(const CopyItem *__restrict__ items, uint32_t n,
+                     const ChunkSource *__restrict__ chunks, uint64_t layer_offset,
+                     unsigned char *staging, unsigned char *pages, int scatter) {
+  const uint32_t lane = threadIdx.x % 32;
+  const uint32_t warps = gridDim.x * kCopyWarps;
+  uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32;
+  if (w >= n) return;
+  CopyItem it = items[w];
+  for (; w < n; w += warps) {
+    const ChunkSource c = chunks[it.chunk];
+    CopyItem next = it;
+    if (w + warps < n) next = items[w + warps];
+    if (c.encoding == 0) copy_item(it, c, lane, layer_offset, staging, pages, scatter);
+    it = next;
   }
 }
 

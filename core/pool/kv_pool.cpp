@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/transfer/copy_items.hpp"
 
 namespace swiftkv {
 
@@ -26,6 +27,9 @@ namespace {
 KvPool::KvPool(const ModelGeometry &g, PageLayout layout)
     : geometry_(g), layout_(std::move(layout)) {
   check_page_layout(layout_, g, "desc");
+  // Its requests launch the gather/scatter kernel as SWIFTKV_COPY_KERNEL says: refused here, not
+  // at the first request.
+  if (layout_.device != SWIFTKV_DEVICE_HOST) (void)copy_kernel_choice();
 }
 
 const std::shared_ptr<DeviceLanes> &KvPool::device_lanes() const {
@@ -84,6 +88,7 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
 
 std::unique_ptr<KvPool> KvPool::create_device(const ModelGeometry &g, uint32_t regular,
                                               uint32_t stream) {
+  (void)copy_kernel_choice();  // as in the constructor
   const uint64_t granule = cuda_vmm_granule(g.device);
   const uint64_t page_bytes =
       uint64_t{2} * g.block_tokens * g.num_kv_heads * g.head_dim * dtype_size(g.dtype);

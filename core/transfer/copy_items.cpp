@@ -1,9 +1,22 @@
 #include "core/transfer/copy_items.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+
+#include "core/common/error.hpp"
 
 namespace swiftkv {
+
+CopyKernel copy_kernel_choice() {
+  const char *e = std::getenv("SWIFTKV_COPY_KERNEL");
+  if (e == nullptr || *e == '\0' || std::strcmp(e, "spread") == 0) return CopyKernel::spread;
+  if (std::strcmp(e, "ahead") == 0) return CopyKernel::ahead;
+  fail_invalid(std::string("SWIFTKV_COPY_KERNEL is '") + e +
+               "': it names how the gather/scatter kernel is launched, spread or ahead (unset: "
+               "spread)");
+}
 
 void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
                        std::vector<CopyItem> &out, bool join_rows) {

@@ -46,6 +46,16 @@ struct ChunkSource {
 };
 static_assert(sizeof(ChunkSource) == 24, "the kernel's layout");
 
+// How the gather/scatter kernel (kernels/segment_copy.cuh) is launched. `spread`: a warp per item
+// over a grid of up to 8 blocks an SM, each warp reading its item's entry before moving it.
+// `ahead`: only the blocks the SMs hold at once, each warp going through its share of the items
+// with the next item's entry read while it moves one. The library launches the one
+// SWIFTKV_COPY_KERNEL names (spread, the default, or ahead), read when a device pool's lanes are
+// made; `bench_transfer --kernels` measures both.
+enum class CopyKernel { spread, ahead };
+// SWIFTKV_COPY_KERNEL's choice: spread when unset or empty; EINVAL for another value.
+CopyKernel copy_kernel_choice();
+
 // Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
 // fields of CopySegment, `n` of them): a segment longer than kItemBytes is cut at kItemBytes from
 // its start, so a 16-byte aligned segment gives 16-byte aligned items. With `join_rows`, shorter

@@ -54,12 +54,37 @@ unsigned grid_for(int sms, uint32_t n) {
       std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
 }
 
-void launch_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
-                   uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
-                   bool scatter, cudaStream_t s) {
+// How the gather/scatter kernel is launched on one device (CopyKernel, copy_items.hpp).
+struct CopyLaunch {
+  CopyKernel kernel = CopyKernel::spread;
+  int sms = 1;
+  unsigned resident_blocks = 1;  // blocks of copy_items_ahead the device holds at once
+
+  CopyLaunch(int32_t device, CopyKernel k) : kernel(k) {
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+               "cudaDeviceGetAttribute (SM count)");
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels::copy_items_ahead,
+                                                             kernels::kCopyThreads, 0),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (the gather/scatter kernel)");
+    resident_blocks = static_cast<unsigned>(std::max(sms, 1) * std::max(per_sm, 1));
+  }
+};
+
+void launch_kernel(const CopyLaunch &how, const CopyItem *items, uint32_t n,
+                   const ChunkSource *chunks, uint64_t layer_offset, unsigned char *staging,
+                   unsigned char *pages, bool scatter, cudaStream_t s) {
   if (n == 0) return;
-  kernels::copy_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(
-      items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
+  if (how.kernel == CopyKernel::ahead) {
+    const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
+    kernels::
+        copy_items_ahead<<<static_cast<unsigned>(std::min<uint64_t>(want, how.resident_blocks)),
+                           kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset, staging,
+                                                          pages, scatter ? 1 : 0);
+  } else {
+    kernels::copy_items<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
+        items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
+  }
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
 
@@ -165,7 +190,8 @@ struct CopyLane {
 
 class DeviceLanes {
  public:
-  explicit DeviceLanes(int32_t device) : device_(device) {
+  explicit DeviceLanes(int32_t device)
+      : device_(device), copy_(make_launch(device, copy_kernel_choice())) {
     DeviceGuard guard(device_);
     check_cuda(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_),
                "cudaDeviceGetAttribute (SM count)");
@@ -185,6 +211,7 @@ class DeviceLanes {
 
   int32_t device() const noexcept { return device_; }
   int sms() const noexcept { return sms_; }
+  const CopyLaunch &copy_launch() const noexcept { return copy_; }
 
   // Under a DeviceGuard of the device.
   std::unique_ptr<CopyLane> take() {
@@ -264,7 +291,13 @@ class DeviceLanes {
   }
 
  private:
+  static CopyLaunch make_launch(int32_t device, CopyKernel kernel) {
+    DeviceGuard guard(device);
+    return CopyLaunch(device, kernel);
+  }
+
   const int32_t device_;
+  const CopyLaunch copy_;  // SWIFTKV_COPY_KERNEL, read as the lanes are made
   int sms_ = 0, lo_ = 0, hi_ = 0;
   std::mutex mu_;
   std::vector<std::unique_ptr<CopyLane>> free_;
@@ -508,7 +541,8 @@ class CudaTransfer final : public DeviceTransfer {
     const auto *items = reinterpret_cast<const CopyItem *>(lane_->tables.p + table_at_[table]);
     const auto *chunks =
         reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[table + 1]);
-    launch_kernel(lanes_->sms(), items, n, chunks, layer_offset, staging, pages, scatter, s);
+    launch_kernel(lanes_->copy_launch(), items, n, chunks, layer_offset, staging, pages, scatter,
+                  s);
   }
 
   // The decode kernel over the load side's first n items (those of encoded chunks).
@@ -530,13 +564,11 @@ class CudaTransfer final : public DeviceTransfer {
 
 void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
                        uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
-                       void *stream) {
+                       void *stream, CopyKernel kernel) {
   check_device(device);
   DeviceGuard guard(device);
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute (SM count)");
-  launch_kernel(sms, items, n, chunks, layer_offset, reinterpret_cast<unsigned char *>(staging),
+  launch_kernel(CopyLaunch(device, kernel), items, n, chunks, layer_offset,
+                reinterpret_cast<unsigned char *>(staging),
                 reinterpret_cast<unsigned char *>(pages), scatter,
                 static_cast<cudaStream_t>(stream));
 }

@@ -124,11 +124,12 @@ class DeviceTransfer {
   virtual void sync_saves() = 0;
 };
 
-// The gather/scatter kernel alone, once, on `stream` of `device`: what a request does for one
-// layer, with `items` and `chunks` in device memory. For benchmarks and tests of the kernel.
+// The gather/scatter kernel alone, once, on `stream` of `device`, launched as `kernel` says:
+// what a request does for one layer, with `items` and `chunks` in device memory. For benchmarks
+// and tests of the kernel.
 void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
                        uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
-                       void *stream);
+                       void *stream, CopyKernel kernel);
 
 // The decode kernel alone, once: the items of encoded chunks (ChunkSource::encoding != 0) decoded
 // from their layer payloads at staging + staged_at into `pages`. For benchmarks and tests.

@@ -32,7 +32,7 @@ PinnedBuffer take_pinned(const std::shared_ptr<DeviceLanes> &, uint64_t) {
 void refuse_capture(void *, const char *) {}
 
 void launch_copy_items(int32_t device, const CopyItem *, uint32_t, const ChunkSource *, uint64_t,
-                       std::byte *, std::byte *, bool, void *) {
+                       std::byte *, std::byte *, bool, void *, CopyKernel) {
   no_cuda("CUDA device " + std::to_string(device));
 }
 

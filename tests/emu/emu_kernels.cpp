@@ -101,11 +101,15 @@ uint64_t run_attention(bool bf16, int head_dim, const void *params, size_t param
 
 void run_copy_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
                     uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
-                    bool scatter, const Schedule &schedule) {
+                    bool scatter, bool ahead, const Schedule &schedule) {
   const auto *it = static_cast<const swiftkv::CopyItem *>(items);
   const auto *ch = static_cast<const swiftkv::ChunkSource *>(chunks);
   swiftkv_emu::launch(grid, k::kCopyThreads, 0, k::smem, k::kCopyThreads, schedule, [&] {
-    k::copy_items(it, n, ch, layer_offset, staging, pages, scatter ? 1 : 0);
+    if (ahead) {
+      k::copy_items_ahead(it, n, ch, layer_offset, staging, pages, scatter ? 1 : 0);
+    } else {
+      k::copy_items(it, n, ch, layer_offset, staging, pages, scatter ? 1 : 0);
+    }
   });
 }
 

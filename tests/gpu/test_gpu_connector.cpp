@@ -668,14 +668,58 @@ void async_round_trips() {
   }
 }
 
+// The gather/scatter kernel launched the other way (SWIFTKV_COPY_KERNEL=ahead): the same round
+// trips, bit-exact, raw and decoded chunks beside each other; a name that is neither launch
+// refuses a pool on the device, created or registered, with EINVAL.
+void ahead_kernel_round_trips() {
+  CHECK(::setenv("SWIFTKV_COPY_KERNEL", "ahead", 1) == 0);
+  swiftkv_codec_params fp8 = SWIFTKV_CODEC_PARAMS_INIT;
+  fp8.codec = SWIFTKV_CODEC_FP8;
+  for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
+    round_trip(kGeometries[0], layout, SWIFTKV_TIER_HOST);
+  }
+  round_trip(kGeometries[1], "hnd", SWIFTKV_TIER_HOST, &fp8);
+  async_round_trip(kGeometries[0], "nhd", SWIFTKV_TIER_DISK);
+
+  CHECK(::setenv("SWIFTKV_COPY_KERNEL", "fastest", 1) == 0);
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  device_ctx(kGeometries[0], &ctx, &model);
+  uint32_t pool = 0;
+  const swiftkv_status created = swiftkv_pool_create(&pool, ctx, model, 8, 4);
+  CHECK(created == SWIFTKV_EINVAL);
+  CHECK(std::strstr(swiftkv_last_error_message(), "SWIFTKV_COPY_KERNEL") != nullptr);
+  void *dmem = nullptr;
+  std::vector<void *> bases(kLayers);
+  const Layout lay = layout_of("nhd", kGeometries[0], 16);
+  const uint64_t span = lay.span_elems * kGeometries[0].bytes;
+  CHECK_CUDA(cudaMalloc(&dmem, span * kLayers));
+  for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * span;
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = 16;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = span;
+  pd.page_stride = lay.page;
+  pd.kv_stride = lay.kv;
+  pd.token_stride = lay.token;
+  pd.head_stride = lay.head;
+  CHECK(swiftkv_pool_register(&pool, ctx, model, &pd) == SWIFTKV_EINVAL);
+  CHECK(::unsetenv("SWIFTKV_COPY_KERNEL") == 0);
+  CHECK_OK(swiftkv_pool_register(&pool, ctx, model, &pd));  // the same pool, once it is unset
+  swiftkv_ctx_destroy(ctx);
+  CHECK_CUDA(cudaFree(dmem));
+  std::printf("SWIFTKV_COPY_KERNEL=ahead: round trips bit-exact; another name refused\n");
+}
+
 }  // namespace
 
 int main() {
   if (const int rc = swiftkv_test_need_device(); rc != 0) return rc;
   const CMUnitTest tests[] = {
-      SWIFTKV_GPU_TEST(host_tier_round_trips),   SWIFTKV_GPU_TEST(disk_tier_round_trips),
-      SWIFTKV_GPU_TEST(stream_pages_round_trip), SWIFTKV_GPU_TEST(async_round_trips),
-      SWIFTKV_GPU_TEST(compressed_round_trips),  SWIFTKV_GPU_TEST(batch_round_trip),
+      SWIFTKV_GPU_TEST(host_tier_round_trips),    SWIFTKV_GPU_TEST(disk_tier_round_trips),
+      SWIFTKV_GPU_TEST(stream_pages_round_trip),  SWIFTKV_GPU_TEST(async_round_trips),
+      SWIFTKV_GPU_TEST(compressed_round_trips),   SWIFTKV_GPU_TEST(batch_round_trip),
+      SWIFTKV_GPU_TEST(ahead_kernel_round_trips),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

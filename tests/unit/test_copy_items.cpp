@@ -12,13 +12,16 @@
 #include <cstdarg>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/codec/chunk_codec.hpp"
 #include "core/codec/layer_decode.hpp"
+#include "core/common/error.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 #if defined(SWIFTKV_TEST_EMULATION)  // every build but TSan's (tests/CMakeLists.txt)
@@ -177,12 +180,15 @@ void check_case(const Case &c, uint64_t seed) {
                           staging.data(), got.base, true);
   assert_true(got.memory == want.memory);
 #if defined(SWIFTKV_TEST_EMULATION)
-  Pool emu(c, pool_pages);
-  kernel_emulation::run_copy_items(kEmuGrid, items.data(), items_before[prefix], sources.data(),
-                                   kLayer * piece_bytes,
-                                   reinterpret_cast<unsigned char *>(staging.data()),
-                                   reinterpret_cast<unsigned char *>(emu.base), true, {seed});
-  assert_true(emu.memory == want.memory);
+  // Both launches of the kernel (CopyKernel: spread, ahead).
+  for (const bool ahead : {false, true}) {
+    Pool emu(c, pool_pages);
+    kernel_emulation::run_copy_items(
+        kEmuGrid, items.data(), items_before[prefix], sources.data(), kLayer * piece_bytes,
+        reinterpret_cast<unsigned char *>(staging.data()),
+        reinterpret_cast<unsigned char *>(emu.base), true, ahead, {seed});
+    assert_true(emu.memory == want.memory);
+  }
 #endif
 
   // Gather every chunk back out of pages filled at random.
@@ -201,22 +207,25 @@ void check_case(const Case &c, uint64_t seed) {
                           back_staging.data(), got.base, false);
 #if defined(SWIFTKV_TEST_EMULATION)
   // The kernel gathers into buffers of its own: the same bytes everywhere, pieces and the rest.
-  std::vector<std::vector<std::byte>> emu_direct(chunks, std::vector<std::byte>(2 * piece_bytes));
-  std::vector<ChunkSource> emu_sources = back_sources;
-  for (uint32_t i = 0; i < chunks; ++i) {
-    if (emu_sources[i].direct != 0) {
-      emu_sources[i].direct = reinterpret_cast<uint64_t>(emu_direct[i].data());
+  for (const bool ahead : {false, true}) {
+    std::vector<std::vector<std::byte>> emu_direct(chunks, std::vector<std::byte>(2 * piece_bytes));
+    std::vector<ChunkSource> emu_sources = back_sources;
+    for (uint32_t i = 0; i < chunks; ++i) {
+      if (emu_sources[i].direct != 0) {
+        emu_sources[i].direct = reinterpret_cast<uint64_t>(emu_direct[i].data());
+      }
     }
+    std::vector<std::byte> emu_staging(staging.size());
+    Pool emu(c, pool_pages);
+    emu.memory = fill;
+    kernel_emulation::run_copy_items(
+        kEmuGrid, items.data(), static_cast<uint32_t>(items.size()), emu_sources.data(),
+        kLayer * piece_bytes, reinterpret_cast<unsigned char *>(emu_staging.data()),
+        reinterpret_cast<unsigned char *>(emu.base), false, ahead, {seed + 1});
+    assert_true(emu_direct == back_direct);
+    assert_true(emu_staging == back_staging);
+    assert_true(emu.memory == fill);
   }
-  std::vector<std::byte> emu_staging(staging.size());
-  emu.memory = fill;
-  kernel_emulation::run_copy_items(kEmuGrid, items.data(), static_cast<uint32_t>(items.size()),
-                                   emu_sources.data(), kLayer * piece_bytes,
-                                   reinterpret_cast<unsigned char *>(emu_staging.data()),
-                                   reinterpret_cast<unsigned char *>(emu.base), false, {seed + 1});
-  assert_true(emu_direct == back_direct);
-  assert_true(emu_staging == back_staging);
-  assert_true(emu.memory == fill);
 #endif
   for (uint32_t i = 0; i < chunks; ++i) {
     std::vector<std::byte> expect(piece_bytes);
@@ -396,19 +405,46 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
                                 got.base);
       assert_true(got.memory == want.memory);
 #if defined(SWIFTKV_TEST_EMULATION)
-      // The two kernels, as the CUDA executor launches them for one layer.
-      Pool emu(c, pool_pages);
-      const auto n = static_cast<uint32_t>(items.size());
-      auto *stage = reinterpret_cast<unsigned char *>(staging.data());
-      auto *pages = reinterpret_cast<unsigned char *>(emu.base);
-      kernel_emulation::run_copy_items(kEmuGrid, items.data(), n, sources.data(),
-                                       kLayer * piece_bytes, stage, pages, true, {seed});
-      kernel_emulation::run_decode_items(kEmuGrid, items.data(), n, sources.data(), stage, pages,
-                                         &ls, sizeof ls, {seed});
-      assert_true(emu.memory == want.memory);
+      // The two kernels, as the CUDA executor launches them for one layer (the copy kernel
+      // either way: both leave the encoded chunks' items to the decode kernel).
+      for (const bool ahead : {false, true}) {
+        Pool emu(c, pool_pages);
+        const auto n = static_cast<uint32_t>(items.size());
+        auto *stage = reinterpret_cast<unsigned char *>(staging.data());
+        auto *pages = reinterpret_cast<unsigned char *>(emu.base);
+        kernel_emulation::run_copy_items(kEmuGrid, items.data(), n, sources.data(),
+                                         kLayer * piece_bytes, stage, pages, true, ahead, {seed});
+        kernel_emulation::run_decode_items(kEmuGrid, items.data(), n, sources.data(), stage, pages,
+                                           &ls, sizeof ls, {seed});
+        assert_true(emu.memory == want.memory);
+      }
 #endif
     }
   }
+}
+
+// SWIFTKV_COPY_KERNEL names the launch; anything else is refused with EINVAL, naming the value.
+void the_copy_kernel_is_chosen_by_name(void **) {
+  using swiftkv::CopyKernel;
+  assert_int_equal(unsetenv("SWIFTKV_COPY_KERNEL"), 0);
+  assert_true(swiftkv::copy_kernel_choice() == CopyKernel::spread);
+  const std::pair<const char *, CopyKernel> named[] = {
+      {"", CopyKernel::spread}, {"spread", CopyKernel::spread}, {"ahead", CopyKernel::ahead}};
+  for (const auto &[value, kernel] : named) {
+    assert_int_equal(setenv("SWIFTKV_COPY_KERNEL", value, 1), 0);
+    assert_true(swiftkv::copy_kernel_choice() == kernel);
+  }
+  for (const char *bad : {"Ahead", "fast", "ahead "}) {
+    assert_int_equal(setenv("SWIFTKV_COPY_KERNEL", bad, 1), 0);
+    try {
+      (void)swiftkv::copy_kernel_choice();
+      fail_msg("SWIFTKV_COPY_KERNEL=%s was taken", bad);
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_EINVAL);
+      assert_non_null(std::strstr(e.what(), bad));
+    }
+  }
+  assert_int_equal(unsetenv("SWIFTKV_COPY_KERNEL"), 0);
 }
 
 }  // namespace
@@ -423,6 +459,7 @@ int main() {
       cmocka_unit_test(a_long_segment_is_cut_at_item_size),
       cmocka_unit_test(evenly_spaced_segments_become_rows),
       cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
+      cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
