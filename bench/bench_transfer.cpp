@@ -1287,10 +1287,14 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
 // (passed with the grant, as VMM memory is) and the pool a host pool, beside one large memcpy of
 // the same bytes on the copy engine's threads. Timed from start_load to the end of the last
 // layer (request_begin, the host's planning, is left out), alternated with the baseline
-// repetition by repetition after a warm-up. GB/s counts the bytes loaded.
+// repetition by repetition after a warm-up. GB/s counts the bytes loaded. On the device the
+// first pool launches the gather/scatter kernel as SWIFTKV_COPY_KERNEL says (spread when unset),
+// and the same loads also go into a second pool over tensors of its own that launches it ahead
+// (the variable set to ahead as its first request began), in the same repetitions.
 struct PeerRow {
   uint32_t page;
   Rate load, copy;
+  Rate load_ahead;  // device only
 };
 
 extern "C" char **environ;
@@ -1391,7 +1395,7 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
   swiftkv_model_desc m = bench_model("bench", page, device);
   swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
   mc.desc = &m;
-  uint32_t model = 0, pool = 0;
+  uint32_t model = 0, pool = 0, pool_ahead = 0;
   check(swiftkv_model_register(&model, ctx, &mc), "model_register");
   uint64_t lease = 0;
   check(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "bench", chunks), "borrow_remote");
@@ -1413,12 +1417,13 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
   std::function<double()> copy;
   std::unique_ptr<CopyLimit> limit;
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-  void *dev_pool = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
+  void *dev_pool = nullptr, *dev_pool_ahead = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
   cudaStream_t s = nullptr;
 #endif
   if (device >= 0) {
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
     pool = engine_pool(ctx, model, page, n_pages, &dev_pool);
+    pool_ahead = engine_pool(ctx, model, page, n_pages, &dev_pool_ahead);
     cudaMalloc(&copy_src, bytes);
     cudaMalloc(&copy_dst, bytes);
     cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
@@ -1436,9 +1441,9 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
     copy = [&] { return limit->large_s(); };
   }
   const std::vector<int32_t> pages = scattered_pages(n_pages);
-  auto load = [&] {
+  auto load_into = [&](uint32_t into) {
     swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
-    d.pool = pool;
+    d.pool = into;
     d.tokens = tokens.data();
     d.n_tokens = tokens.size();
     d.pages = pages.data();
@@ -1463,27 +1468,46 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
     if (valid != tokens.size()) die("a peer load came back short");
     return t;
   };
-  std::vector<double> tl, tc;
+  auto load = [&] { return load_into(pool); };
+  auto load_ahead = [&] {
+    if (device < 0) return 0.0;
+    // The pool's lanes, made at its first request, read the variable then.
+    const char *was = std::getenv("SWIFTKV_COPY_KERNEL");
+    const std::string saved = was != nullptr ? was : "";
+    ::setenv("SWIFTKV_COPY_KERNEL", "ahead", 1);
+    const double t = load_into(pool_ahead);
+    if (was != nullptr) {
+      ::setenv("SWIFTKV_COPY_KERNEL", saved.c_str(), 1);
+    } else {
+      ::unsetenv("SWIFTKV_COPY_KERNEL");
+    }
+    return t;
+  };
+  std::vector<double> tl, ta, tc;
   for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
-    double a = 0, b = 0;
+    double a = 0, b = 0, c2 = 0;
     if (rep % 2 == 0) {
       a = load();
+      c2 = load_ahead();
       b = copy();
     } else {
       b = copy();
+      c2 = load_ahead();
       a = load();
     }
     if (rep == 0) continue;
     tl.push_back(a);
+    ta.push_back(c2);
     tc.push_back(b);
   }
   PeerRow row{page, rate_of(tl, static_cast<double>(bytes)),
-              rate_of(tc, static_cast<double>(bytes))};
+              rate_of(tc, static_cast<double>(bytes)), rate_of(ta, static_cast<double>(bytes))};
+  if (device >= 0) check(swiftkv_pool_destroy(ctx, pool_ahead), "pool_destroy");
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
   swiftkv_ctx_destroy(ctx);
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   if (s != nullptr) cudaStreamDestroy(s);
-  for (void *p : {dev_pool, copy_src, copy_dst}) {
+  for (void *p : {dev_pool, dev_pool_ahead, copy_src, copy_dst}) {
     if (p != nullptr) cudaFree(p);
   }
 #endif
@@ -1503,20 +1527,35 @@ void print_peer(const char *backend, const std::vector<PeerRow> &rows, uint32_t 
       host ? "host" : "device", chunks, kLayers, reps,
       host ? "one large memcpy of the same bytes on the copy engine's threads"
            : "a device-to-device copy");
-  std::printf("%5s %16s %16s %8s\n", "page", "peer load", host ? "memcpy" : "device copy",
-              "ld/copy");
+  if (host) {
+    std::printf("%5s %16s %16s %8s\n", "page", "peer load", "memcpy", "ld/copy");
+  } else {
+    std::printf("%5s %16s %16s %16s %8s %8s\n", "page", "peer load", "ahead", "device copy",
+                "ld/copy", "ah/copy");
+  }
   for (const PeerRow &r : rows) {
-    std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %8.2f\n", r.page, r.load.med, r.load.best,
-                r.copy.med, r.copy.best, r.load.med / r.copy.med);
+    if (host) {
+      std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %8.2f\n", r.page, r.load.med, r.load.best,
+                  r.copy.med, r.copy.best, r.load.med / r.copy.med);
+    } else {
+      std::printf("%5u %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.page, r.load.med,
+                  r.load.best, r.load_ahead.med, r.load_ahead.best, r.copy.med, r.copy.best,
+                  r.load.med / r.copy.med, r.load_ahead.med / r.copy.med);
+    }
   }
   std::printf("{\"bench\":\"peer_load\",\"backend\":\"%s\",\"reps\":%d,\"chunks\":%u,\"rows\":[",
               backend, reps, chunks);
   for (size_t i = 0; i < rows.size(); ++i) {
     std::printf(
         "%s{\"page\":%u,\"load_gbs\":%.2f,\"load_best_gbs\":%.2f,\"copy_gbs\":%.2f,"
-        "\"copy_best_gbs\":%.2f}",
+        "\"copy_best_gbs\":%.2f",
         i ? "," : "", rows[i].page, rows[i].load.med, rows[i].load.best, rows[i].copy.med,
         rows[i].copy.best);
+    if (!host) {
+      std::printf(",\"load_ahead_gbs\":%.2f,\"load_ahead_best_gbs\":%.2f", rows[i].load_ahead.med,
+                  rows[i].load_ahead.best);
+    }
+    std::printf("}");
   }
   std::printf("]}\n");
 }
