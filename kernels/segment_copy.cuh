@@ -145,12 +145,15 @@ __global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
 // The load of encoded (kivi, fp8) chunks: each item's elements decoded from the chunk's layer
 // payload in staging (copied in compressed) and written to the pages, so the decoded bytes never
 // exist anywhere else. One warp per item as above, row by row; each lane makes eight elements (one
-// 16-byte store) at a time where the row and the head dim allow, else one. The CPU twin is
-// decode_items_cpu; both call codec::decode_layer_8 / decode_layer_element.
-__global__ void __launch_bounds__(kCopyThreads)
-    decode_items(const CopyItem *__restrict__ items, uint32_t n,
-                 const ChunkSource *__restrict__ chunks, const unsigned char *__restrict__ staging,
-                 unsigned char *pages, codec::LayerShape shape) {
+// 16-byte store) at a time where the row and the head dim allow, else one. Eight at a time, a
+// lane first reads what kGroups such groups need (the codes and scale words, codec::Fetched8),
+// then decodes and stores them: kGroups groups' reads in flight at once. The CPU twin is
+// decode_items_cpu; both go through codec::decode_layer_8's parts / decode_layer_element.
+template <uint32_t kGroups>
+__device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uint32_t n,
+                                         const ChunkSource *__restrict__ chunks,
+                                         const unsigned char *__restrict__ staging,
+                                         unsigned char *pages, const codec::LayerShape &shape) {
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = gridDim.x * kCopyWarps;
   for (uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32; w < n; w += warps) {
@@ -164,15 +167,30 @@ __global__ void __launch_bounds__(kCopyThreads)
       const uint32_t count = it.bytes / 2;
       if (shape.dim % 8 == 0 && first % 8 == 0 && count % 8 == 0 &&
           reinterpret_cast<uintptr_t>(page) % 16 == 0) {
-        for (uint32_t k = lane; k < count / 8; k += 32) {
-          uint16_t v[8];
-          codec::decode_layer_8(payload, shape, c.encoding, first + 8 * uint64_t{k}, v);
-          uint4 word;
-          word.x = uint32_t{v[0]} | (uint32_t{v[1]} << 16);
-          word.y = uint32_t{v[2]} | (uint32_t{v[3]} << 16);
-          word.z = uint32_t{v[4]} | (uint32_t{v[5]} << 16);
-          word.w = uint32_t{v[6]} | (uint32_t{v[7]} << 16);
-          reinterpret_cast<uint4 *>(page)[k] = word;
+        const uint32_t groups = count / 8;
+        for (uint32_t k0 = lane; k0 < groups; k0 += 32 * kGroups) {
+          codec::Fetched8 f[kGroups];
+#pragma unroll
+          for (uint32_t u = 0; u < kGroups; ++u) {
+            const uint32_t k = k0 + 32 * u;
+            if (k < groups) {
+              codec::fetch_layer_8(payload, shape, c.encoding, first + 8 * uint64_t{k}, f[u]);
+            }
+          }
+#pragma unroll
+          for (uint32_t u = 0; u < kGroups; ++u) {
+            const uint32_t k = k0 + 32 * u;
+            if (k < groups) {
+              uint16_t v[8];
+              codec::decode_fetched_8(f[u], shape, c.encoding, v);
+              uint4 word;
+              word.x = uint32_t{v[0]} | (uint32_t{v[1]} << 16);
+              word.y = uint32_t{v[2]} | (uint32_t{v[3]} << 16);
+              word.z = uint32_t{v[4]} | (uint32_t{v[5]} << 16);
+              word.w = uint32_t{v[6]} | (uint32_t{v[7]} << 16);
+              reinterpret_cast<uint4 *>(page)[k] = word;
+            }
+          }
         }
       } else {
         for (uint32_t k = lane; k < count; k += 32) {
@@ -183,6 +201,29 @@ __global__ void __launch_bounds__(kCopyThreads)
       }
     }
   }
+}
+
+// One group of eight elements at a time (the launch `spread`: 63 registers, 4 blocks an SM), and
+// three (`ahead`: 80 registers, 3 blocks an SM on sm_89 and sm_90, so 72 groups' reads in flight
+// an SM against 32; sm_80's compiler needs more registers for it, so 2 blocks there).
+constexpr uint32_t kDecodeGroupsAhead = 3;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+constexpr int kDecodeAheadBlocks = 2;
+#else
+constexpr int kDecodeAheadBlocks = 3;
+#endif
+__global__ void __launch_bounds__(kCopyThreads)
+    decode_items(const CopyItem *__restrict__ items, uint32_t n,
+                 const ChunkSource *__restrict__ chunks, const unsigned char *__restrict__ staging,
+                 unsigned char *pages, codec::LayerShape shape) {
+  decode_warp_items<1>(items, n, chunks, staging, pages, shape);
+}
+__global__ void __launch_bounds__(kCopyThreads, kDecodeAheadBlocks)
+    decode_items_ahead(const CopyItem *__restrict__ items, uint32_t n,
+                       const ChunkSource *__restrict__ chunks,
+                       const unsigned char *__restrict__ staging, unsigned char *pages,
+                       codec::LayerShape shape) {
+  decode_warp_items<kDecodeGroupsAhead>(items, n, chunks, staging, pages, shape);
 }
 
 }  // namespace swiftkv::kernels

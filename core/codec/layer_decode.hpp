@@ -25,6 +25,13 @@
 #else
 #define SWIFTKV_HD inline
 #endif
+// Loops over a group's eight elements: unrolled on the device, so that Fetched8's words stay in
+// registers.
+#if defined(__CUDA_ARCH__) && !defined(SWIFTKV_CUDA_EMULATION)
+#define SWIFTKV_UNROLL_8 _Pragma("unroll")
+#else
+#define SWIFTKV_UNROLL_8
+#endif
 
 namespace swiftkv::codec {
 
@@ -47,6 +54,14 @@ inline constexpr uint32_t kLayerFp8 = 3;
 // Elements of one tensor (K or V) of one layer.
 SWIFTKV_HD uint64_t layer_tensor_elements(const LayerShape &s) {
   return uint64_t{s.tokens} * s.heads * s.dim;
+}
+
+// Whether layers of this shape decode on a device: the device's index arithmetic is 32-bit, so
+// a layer's two tensors hold at most 2^32 - 1 elements together (8 GiB of 16-bit elements, far
+// past any model's chunk; ChunkCache::device_decodable leaves a larger one to the host).
+SWIFTKV_HD bool layer_fits_device(const LayerShape &s) {
+  // 2 * tokens * heads * dim <= 2^32 - 1, without overflowing on the way.
+  return s.dim == 0 || uint64_t{s.tokens} * s.heads <= (UINT32_MAX / 2) / s.dim;
 }
 
 // Bytes of one layer's kivi codes of one tensor, and of its key and value (lo, scale) pairs.
@@ -170,13 +185,16 @@ SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
   const uint32_t kv = e >= n ? 1u : 0u;
   const uint64_t i = e - kv * n;
   const uint64_t row = uint64_t{s.heads} * s.dim;
-  // A layer's tensor is far below 2^32 elements in practice: a 32-bit division there (a 64-bit
-  // one is a long software routine on a GPU, and the decoder divides once per 8 elements).
-  if (i <= UINT32_MAX && row <= UINT32_MAX) {
-    const auto i32 = static_cast<uint32_t>(i), row32 = static_cast<uint32_t>(row);
-    return {kv, i32 / row32, i32 % row32, i};
+  // A 32-bit division where the layer fits (a 64-bit one is a long software routine on a GPU,
+  // called once per 8 elements, and its call costs the kernel registers): on a device always, as
+  // only layers that fit are decoded there (layer_fits_device).
+#if !defined(__CUDA_ARCH__)
+  if (i > UINT32_MAX || row > UINT32_MAX) {
+    return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
   }
-  return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
+#endif
+  const auto i32 = static_cast<uint32_t>(i), row32 = static_cast<uint32_t>(row);
+  return {kv, i32 / row32, i32 % row32, i};
 }
 
 // fp8: the record (scale, codes) of the element's token.
@@ -210,11 +228,14 @@ SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const
   return p + 2 * k.codes + k.key_pairs +
          ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;
 }
-SWIFTKV_HD uint16_t kivi_element(uint32_t q, const uint8_t *pair, uint32_t bf16) {
-  const uint32_t w = load_word(pair);  // lo, then scale
+// Code q under the pair word w: lo in its low half, then scale.
+SWIFTKV_HD uint16_t kivi_value(uint32_t q, uint32_t w, uint32_t bf16) {
   const float lo = element_value(w & 0xffffu, bf16);
   const float scale = element_value(w >> 16, bf16);
   return element_bits(add_rounded(lo, mul_rounded(static_cast<float>(q), scale)), bf16);
+}
+SWIFTKV_HD uint16_t kivi_element(uint32_t q, const uint8_t *pair, uint32_t bf16) {
+  return kivi_value(q, load_word(pair), bf16);
 }
 
 // Element e (in [0, 2 x layer_tensor_elements)) of the layer whose payload is at p.
@@ -231,35 +252,60 @@ SWIFTKV_HD uint16_t decode_layer_element(const uint8_t *p, const LayerShape &s, 
   return kivi_element(q, kivi_pair(p, s, k, at), s.bf16);
 }
 
-// Elements [e, e + 8) at once, where e % 8 == 0 and dim % 8 == 0: the eight share a token and a
-// head (and, for values, a group: groups are at least 8 channels), and their codes are whole
-// bytes. out[k] is element e + k.
-SWIFTKV_HD void decode_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
-                               uint16_t out[8]) {
+// What the decoder reads for elements [e, e + 8), where e % 8 == 0 and dim % 8 == 0: the eight
+// share a token and a head (and, for values, a group: groups are at least 8 channels), and their
+// codes are whole bytes. Fetching is apart from decoding so that a kernel can have the reads of
+// several such groups in flight before it decodes the first (decode_items).
+struct Fetched8 {
+  uint64_t codes;     // the eight codes, low bits first (fp8: a byte each; kivi: `bits` each)
+  uint32_t words[8];  // fp8: [0] the token's scale; kivi: the (lo, scale) pair of each key
+                      // channel, or [0] the values' one pair
+};
+SWIFTKV_HD void fetch_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
+                              Fetched8 &f) {
   const LayerPos at = layer_pos(s, e);
   if (layer_codec(encoding) == kLayerFp8) {
     const uint8_t *rec = fp8_record(p, s, at);
-    const float scale = layer_bits_to_float(load_word(rec));
-    const uint64_t codes =
-        uint64_t{load_word(rec + 4 + at.j)} | (uint64_t{load_word(rec + 8 + at.j)} << 32);
-    for (uint32_t k = 0; k < 8; ++k) {
-      out[k] = fp8_element(static_cast<uint32_t>(codes >> (8 * k)) & 0xffu, scale, s.bf16);
-    }
+    f.words[0] = load_word(rec);
+    f.codes = uint64_t{load_word(rec + 4 + at.j)} | (uint64_t{load_word(rec + 8 + at.j)} << 32);
+    SWIFTKV_UNROLL_8
+    for (uint32_t k = 1; k < 8; ++k) f.words[k] = 0;
     return;
   }
   const KiviParts kp = kivi_parts(s, encoding);
   const uint8_t *code_at = kivi_codes(p, kp, at) + at.i * kp.bits / 8;
-  // The eight codes, low bits first: `bits` bytes (8, 4 or 2).
-  uint64_t word = kp.bits == 2 ? load_half(code_at) : load_word(code_at);
-  if (kp.bits == 8) word |= uint64_t{load_word(code_at + 4)} << 32;
-  const uint32_t mask = (1u << kp.bits) - 1;
+  // `bits` bytes of codes (8, 4 or 2).
+  f.codes = kp.bits == 2 ? load_half(code_at) : load_word(code_at);
+  if (kp.bits == 8) f.codes |= uint64_t{load_word(code_at + 4)} << 32;
   // Keys: a pair per channel, consecutive; values: one pair for the eight.
   const uint8_t *pair = kivi_pair(p, s, kp, at);
-  const uint32_t step = at.kv == 0 ? 4 : 0;
-  for (uint32_t k = 0; k < 8; ++k) {
-    const uint32_t q = static_cast<uint32_t>(word >> (k * kp.bits)) & mask;
-    out[k] = kivi_element(q, pair + k * step, s.bf16);
+  f.words[0] = load_word(pair);
+  SWIFTKV_UNROLL_8
+  for (uint32_t k = 1; k < 8; ++k) f.words[k] = at.kv == 0 ? load_word(pair + 4 * k) : f.words[0];
+}
+SWIFTKV_HD void decode_fetched_8(const Fetched8 &f, const LayerShape &s, uint32_t encoding,
+                                 uint16_t out[8]) {
+  if (layer_codec(encoding) == kLayerFp8) {
+    const float scale = layer_bits_to_float(f.words[0]);
+    SWIFTKV_UNROLL_8
+    for (uint32_t k = 0; k < 8; ++k) {
+      out[k] = fp8_element(static_cast<uint32_t>(f.codes >> (8 * k)) & 0xffu, scale, s.bf16);
+    }
+    return;
   }
+  const uint32_t bits = layer_bits(encoding), mask = (1u << bits) - 1;
+  SWIFTKV_UNROLL_8
+  for (uint32_t k = 0; k < 8; ++k) {
+    out[k] = kivi_value(static_cast<uint32_t>(f.codes >> (k * bits)) & mask, f.words[k], s.bf16);
+  }
+}
+
+// Elements [e, e + 8) at once (fetch_layer_8's conditions). out[k] is element e + k.
+SWIFTKV_HD void decode_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
+                               uint16_t out[8]) {
+  Fetched8 f;
+  fetch_layer_8(p, s, encoding, e, f);
+  decode_fetched_8(f, s, encoding, out);
 }
 
 }  // namespace swiftkv::codec

@@ -640,7 +640,9 @@ std::optional<codec::LayerShape> ChunkCache::device_decodable(const ChunkMeta &m
   try {
     const codec::ChunkShape shape = shape_of(meta.model);
     if (shape.bytes() != meta.bytes) return std::nullopt;  // refused by the decode, as on the CPU
-    return codec::layer_shape_of(shape);
+    const codec::LayerShape ls = codec::layer_shape_of(shape);
+    if (!codec::layer_fits_device(ls)) return std::nullopt;  // decoded on the host
+    return ls;
   } catch (const Error &) {
     return std::nullopt;  // a model not registered: the CPU path reports it
   }

@@ -88,12 +88,17 @@ void launch_kernel(const CopyLaunch &how, const CopyItem *items, uint32_t n,
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
 
-void launch_decode_kernel(int sms, const CopyItem *items, uint32_t n, const ChunkSource *chunks,
-                          const unsigned char *staging, unsigned char *pages,
-                          const codec::LayerShape &shape, cudaStream_t s) {
+void launch_decode_kernel(const CopyLaunch &how, const CopyItem *items, uint32_t n,
+                          const ChunkSource *chunks, const unsigned char *staging,
+                          unsigned char *pages, const codec::LayerShape &shape, cudaStream_t s) {
   if (n == 0) return;
-  kernels::decode_items<<<grid_for(sms, n), kernels::kCopyThreads, 0, s>>>(items, n, chunks,
-                                                                           staging, pages, shape);
+  if (how.kernel == CopyKernel::ahead) {
+    kernels::decode_items_ahead<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
+        items, n, chunks, staging, pages, shape);
+  } else {
+    kernels::decode_items<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
+        items, n, chunks, staging, pages, shape);
+  }
   check_cuda(cudaGetLastError(), "the decode kernel launch");
 }
 
@@ -550,7 +555,7 @@ class CudaTransfer final : public DeviceTransfer {
                      cudaStream_t s) {
     const auto *items = reinterpret_cast<const CopyItem *>(lane_->tables.p + table_at_[0]);
     const auto *chunks = reinterpret_cast<const ChunkSource *>(lane_->tables.p + table_at_[1]);
-    launch_decode_kernel(lanes_->sms(), items, n, chunks, staging, pages, load_.shape, s);
+    launch_decode_kernel(lanes_->copy_launch(), items, n, chunks, staging, pages, load_.shape, s);
   }
 
   std::shared_ptr<DeviceLanes> lanes_;
@@ -575,13 +580,11 @@ void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const 
 
 void launch_decode_items(int32_t device, const CopyItem *items, uint32_t n,
                          const ChunkSource *chunks, const std::byte *staging, std::byte *pages,
-                         const codec::LayerShape &shape, void *stream) {
+                         const codec::LayerShape &shape, void *stream, CopyKernel kernel) {
   check_device(device);
   DeviceGuard guard(device);
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute (SM count)");
-  launch_decode_kernel(sms, items, n, chunks, reinterpret_cast<const unsigned char *>(staging),
+  launch_decode_kernel(CopyLaunch(device, kernel), items, n, chunks,
+                       reinterpret_cast<const unsigned char *>(staging),
                        reinterpret_cast<unsigned char *>(pages), shape,
                        static_cast<cudaStream_t>(stream));
 }

@@ -131,11 +131,12 @@ void launch_copy_items(int32_t device, const CopyItem *items, uint32_t n, const 
                        uint64_t layer_offset, std::byte *staging, std::byte *pages, bool scatter,
                        void *stream, CopyKernel kernel);
 
-// The decode kernel alone, once: the items of encoded chunks (ChunkSource::encoding != 0) decoded
-// from their layer payloads at staging + staged_at into `pages`. For benchmarks and tests.
+// The decode kernel alone, once, launched as `kernel` says: the items of encoded chunks
+// (ChunkSource::encoding != 0) decoded from their layer payloads at staging + staged_at into
+// `pages`. For benchmarks and tests.
 void launch_decode_items(int32_t device, const CopyItem *items, uint32_t n,
                          const ChunkSource *chunks, const std::byte *staging, std::byte *pages,
-                         const codec::LayerShape &shape, void *stream);
+                         const codec::LayerShape &shape, void *stream, CopyKernel kernel);
 
 // EUNSUPPORTED when `stream` is capturing into a CUDA graph (see above); `call` names the call.
 void refuse_capture(void *stream, const char *call);

@@ -37,7 +37,8 @@ void launch_copy_items(int32_t device, const CopyItem *, uint32_t, const ChunkSo
 }
 
 void launch_decode_items(int32_t device, const CopyItem *, uint32_t, const ChunkSource *,
-                         const std::byte *, std::byte *, const codec::LayerShape &, void *) {
+                         const std::byte *, std::byte *, const codec::LayerShape &, void *,
+                         CopyKernel) {
   no_cuda("CUDA device " + std::to_string(device));
 }
 

@@ -115,14 +115,19 @@ void run_copy_items(unsigned grid, const void *items, uint32_t n, const void *ch
 
 void run_decode_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
                       const unsigned char *staging, unsigned char *pages, const void *shape,
-                      size_t shape_size, const Schedule &schedule) {
+                      size_t shape_size, bool ahead, const Schedule &schedule) {
   swiftkv::codec::LayerShape s;
   if (shape_size != sizeof s) swiftkv_emu::fatal("LayerShape of another size");
   std::memcpy(&s, shape, sizeof s);
   const auto *it = static_cast<const swiftkv::CopyItem *>(items);
   const auto *ch = static_cast<const swiftkv::ChunkSource *>(chunks);
-  swiftkv_emu::launch(grid, k::kCopyThreads, 0, k::smem, k::kCopyThreads, schedule,
-                      [&] { k::decode_items(it, n, ch, staging, pages, s); });
+  swiftkv_emu::launch(grid, k::kCopyThreads, 0, k::smem, k::kCopyThreads, schedule, [&] {
+    if (ahead) {
+      k::decode_items_ahead(it, n, ch, staging, pages, s);
+    } else {
+      k::decode_items(it, n, ch, staging, pages, s);
+    }
+  });
 }
 
 }  // namespace kernel_emulation

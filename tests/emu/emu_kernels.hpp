@@ -28,15 +28,15 @@ struct Schedule {
 uint64_t run_attention(bool bf16, int head_dim, const void *params, size_t params_size,
                        const Schedule &schedule);
 
-// copy_items (copy_items_ahead when `ahead`) and decode_items over `grid` blocks of the transfer
-// engine's block size. items: swiftkv::CopyItem[n], chunks: swiftkv::ChunkSource[], shape: a
-// swiftkv::codec::LayerShape.
+// copy_items and decode_items (copy_items_ahead and decode_items_ahead when `ahead`) over `grid`
+// blocks of the transfer engine's block size. items: swiftkv::CopyItem[n], chunks:
+// swiftkv::ChunkSource[], shape: a swiftkv::codec::LayerShape.
 void run_copy_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
                     uint64_t layer_offset, unsigned char *staging, unsigned char *pages,
                     bool scatter, bool ahead, const Schedule &schedule);
 void run_decode_items(unsigned grid, const void *items, uint32_t n, const void *chunks,
                       const unsigned char *staging, unsigned char *pages, const void *shape,
-                      size_t shape_size, const Schedule &schedule);
+                      size_t shape_size, bool ahead, const Schedule &schedule);
 
 // The sizes the emulated kernels were compiled with, for the callers' checks.
 size_t copy_item_size();

@@ -415,12 +415,27 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
         kernel_emulation::run_copy_items(kEmuGrid, items.data(), n, sources.data(),
                                          kLayer * piece_bytes, stage, pages, true, ahead, {seed});
         kernel_emulation::run_decode_items(kEmuGrid, items.data(), n, sources.data(), stage, pages,
-                                           &ls, sizeof ls, {seed});
+                                           &ls, sizeof ls, ahead, {seed});
         assert_true(emu.memory == want.memory);
       }
 #endif
     }
   }
+}
+
+// The device decodes a layer whose two tensors hold at most 2^32 - 1 elements together (its index
+// arithmetic is 32-bit); ChunkCache leaves a larger one to the host.
+void only_layers_of_32_bit_positions_decode_on_a_device(void **) {
+  using swiftkv::codec::LayerShape;
+  assert_true(swiftkv::codec::layer_fits_device(LayerShape{256, 8, 128, 0}));
+  // 2 * 2^15 * 2^8 * 255 = 2^32 - 2^24 elements: fits; at dim 256, 2^32 does not.
+  assert_true(swiftkv::codec::layer_fits_device(LayerShape{1u << 15, 1u << 8, 255, 0}));
+  assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 15, 1u << 8, 256, 0}));
+  assert_true(swiftkv::codec::layer_fits_device(LayerShape{(1u << 31) - 1, 1, 1, 0}));
+  assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 31, 1, 1, 0}));
+  // Products past 64 bits are not taken for small ones.
+  assert_false(swiftkv::codec::layer_fits_device(LayerShape{UINT32_MAX, UINT32_MAX, 4, 1}));
+  assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 31, 1u << 31, 8, 1}));
 }
 
 // SWIFTKV_COPY_KERNEL names the launch; anything else is refused with EINVAL, naming the value.
@@ -460,6 +475,7 @@ int main() {
       cmocka_unit_test(evenly_spaced_segments_become_rows),
       cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
       cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
+      cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
