@@ -668,17 +668,22 @@ void async_round_trips() {
   }
 }
 
-// The gather/scatter kernel launched the other way (SWIFTKV_COPY_KERNEL=ahead): the same round
-// trips, bit-exact, raw and decoded chunks beside each other; a name that is neither launch
+// The gather/scatter and decode kernels launched the other way (SWIFTKV_COPY_KERNEL=ahead): the
+// same round trips, bit-exact, raw, kivi and fp8 chunks; a name that is neither launch
 // refuses a pool on the device, created or registered, with EINVAL.
 void ahead_kernel_round_trips() {
   CHECK(::setenv("SWIFTKV_COPY_KERNEL", "ahead", 1) == 0);
-  swiftkv_codec_params fp8 = SWIFTKV_CODEC_PARAMS_INIT;
+  swiftkv_codec_params fp8 = SWIFTKV_CODEC_PARAMS_INIT, kivi4 = SWIFTKV_CODEC_PARAMS_INIT;
   fp8.codec = SWIFTKV_CODEC_FP8;
+  kivi4.codec = SWIFTKV_CODEC_KIVI;
+  kivi4.bits = 4;
+  kivi4.group = 16;
   for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
     round_trip(kGeometries[0], layout, SWIFTKV_TIER_HOST);
   }
   round_trip(kGeometries[1], "hnd", SWIFTKV_TIER_HOST, &fp8);
+  round_trip(kGeometries[0], "nhd", SWIFTKV_TIER_HOST, &kivi4);
+  round_trip(kGeometries[1], "vllm", SWIFTKV_TIER_DISK, &kivi4);
   async_round_trip(kGeometries[0], "nhd", SWIFTKV_TIER_DISK);
 
   CHECK(::setenv("SWIFTKV_COPY_KERNEL", "fastest", 1) == 0);
