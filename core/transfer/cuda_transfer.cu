@@ -54,20 +54,33 @@ unsigned grid_for(int sms, uint32_t n) {
       std::min<uint64_t>(want, static_cast<uint64_t>(std::max(sms, 1)) * 8));
 }
 
-// How the gather/scatter kernel is launched on one device (CopyKernel, copy_items.hpp).
+// How the gather/scatter kernel is launched on one device (CopyKernel, copy_items.hpp). The
+// device's figures are asked once per device and process (the occupancy query is not free, and
+// launch_copy_items runs inside the benchmark's timed region).
 struct CopyLaunch {
   CopyKernel kernel = CopyKernel::spread;
   int sms = 1;
   unsigned resident_blocks = 1;  // blocks of copy_items_ahead the device holds at once
 
+  // Under a DeviceGuard of `device`.
   CopyLaunch(int32_t device, CopyKernel k) : kernel(k) {
-    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-               "cudaDeviceGetAttribute (SM count)");
-    int per_sm = 0;
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels::copy_items_ahead,
-                                                             kernels::kCopyThreads, 0),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (the gather/scatter kernel)");
-    resident_blocks = static_cast<unsigned>(std::max(sms, 1) * std::max(per_sm, 1));
+    static std::mutex mu;
+    static std::map<int32_t, std::pair<int, unsigned>> known;  // device -> (sms, resident)
+    std::lock_guard lock(mu);
+    auto it = known.find(device);
+    if (it == known.end()) {
+      int n = 0, per_sm = 0;
+      check_cuda(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device),
+                 "cudaDeviceGetAttribute (SM count)");
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernels::copy_items_ahead,
+                                                               kernels::kCopyThreads, 0),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor (the gather/scatter kernel)");
+      n = std::max(n, 1);
+      it =
+          known.emplace(device, std::pair{n, static_cast<unsigned>(n * std::max(per_sm, 1))}).first;
+    }
+    sms = it->second.first;
+    resident_blocks = it->second.second;
   }
 };
 
