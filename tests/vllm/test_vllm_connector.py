@@ -610,6 +610,21 @@ def test_bad_configuration_is_refused_clearly(model_dir):
     sv._check_vllm_version("0.33.0")
 
 
+def held_saves(monkeypatch):
+    """The connector's saver thread holds each request's saves until the returned event is set
+    (it is not, at first)."""
+    import threading
+    gate = threading.Event()
+    finish = sv.SwiftKVConnector._finish_saves
+
+    def slow(req, stream):
+        assert gate.wait(30)
+        finish(req, stream)
+
+    monkeypatch.setattr(sv.SwiftKVConnector, "_finish_saves", staticmethod(slow))
+    return gate
+
+
 def test_a_scheduler_without_its_worker_says_so(engine, model_dir):
     e = engine()
     cfg = e.config
@@ -620,6 +635,49 @@ def test_a_scheduler_without_its_worker_says_so(engine, model_dir):
                 mm_features=None)
     with pytest.raises(RuntimeError, match="no worker of engine 'no-worker-here'"):
         conn.get_num_new_matched_tokens(r, 0)
+    assert conn.reset_cache() is False  # nothing reset, and vLLM is told so
+
+
+def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monkeypatch):
+    """vLLM's reset of the connector's cache (reset_prefix_cache(reset_connector=True), as a
+    pause that clears the caches around a weight update makes it): every chunk is dropped, those
+    of saves still finishing on the connector's thread when it came included (they land first),
+    and a later turn finds nothing to load."""
+    import threading
+    gate = held_saves(monkeypatch)
+    gate.set()
+    e = engine()
+    model = e.worker._store.model
+    first, second = tokens_of(75, 128), tokens_of(76, 128)
+    e.add("a", first, max_tokens=1)
+    e.run()
+    assert model.lookup(np.array(first, dtype=np.uint32)).prefix_tokens == 128
+    gate.clear()
+    e.add("c", second, max_tokens=1)
+    for _ in range(4):  # two prefill steps, then steps waiting for the saves
+        e.step()
+    pending = list(e.worker._saving["c"])
+    assert pending and not any(f.done() for f in pending)
+    result = {}
+    reset = threading.Thread(target=lambda: result.setdefault(
+        "ok", e.scheduler.reset_prefix_cache(reset_connector=True)))
+    reset.start()
+    reset.join(0.5)
+    assert reset.is_alive()  # waiting for "c"'s saves
+    gate.set()
+    reset.join(30)
+    # vLLM's own reset failed ("c"'s blocks are held for its saves), the connector's did not.
+    assert result == {"ok": False}
+    assert all(f.done() for f in pending)
+    for tokens in (first, second):
+        assert model.lookup(np.array(tokens, dtype=np.uint32)).prefix_tokens == 0
+    assert e.worker._store.ctx.stats()["chunks"][int(swiftkv.Tier.HOST)] == 0
+    e.run()  # "c" reported, its blocks freed
+    assert e.scheduler.reset_prefix_cache(reset_connector=True)
+    e.add("b", first + tokens_of(77, 16), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 0)
+    assert e.computed["b"] == 128 + 16
 
 
 class Lender:
@@ -724,14 +782,7 @@ def test_saves_in_flight_hold_their_blocks(engine, monkeypatch):
     request keeps its blocks until they are done, and a preempted one's are waited for before
     vLLM reuses its blocks."""
     import threading
-    gate = threading.Event()
-    finish = sv.SwiftKVConnector._finish_saves
-
-    def slow(req, stream):
-        assert gate.wait(30)
-        finish(req, stream)
-
-    monkeypatch.setattr(sv.SwiftKVConnector, "_finish_saves", staticmethod(slow))
+    gate = held_saves(monkeypatch)
     e = engine()
     e.add("a", tokens_of(70, 128), max_tokens=1)
     for _ in range(4):  # 64 tokens a step: two prefill steps, then steps waiting for the saves
@@ -955,6 +1006,27 @@ def test_a_chunk_one_worker_loses_after_the_offer_is_recomputed(engine):
     assert e.computed["b"] == (320 - 256) + (320 - 2 * CHUNK)
 
 
+def test_a_cache_reset_reaches_every_worker(engine):
+    """With the workers in processes of their own, the scheduler's reset goes to each over its
+    lookup socket; a worker that died makes the reset fail, and vLLM is told so."""
+    e = engine(workers=2)
+    prompt = tokens_of(180, 256)
+    e.add("a", prompt, max_tokens=1)
+    e.run()
+    assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [256, 256]
+    assert e.scheduler.reset_prefix_cache(reset_connector=True)
+    assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [0, 0]
+    e.add("b", prompt + tokens_of(181, 16), max_tokens=1)
+    e.run()
+    assert e.offered("b") == (0, 0)
+    assert [e.ask(rank, "prefix", prompt) for rank in range(2)] == [256, 256]  # saved again
+    proc = e.procs[1][0]
+    proc.kill()
+    proc.join(30)
+    assert e.scheduler.reset_prefix_cache(reset_connector=True) is False
+    assert e.ask(0, "prefix", prompt) == 0  # the worker that could be reached was reset
+
+
 def test_a_dead_worker_fails_the_lookup_clearly(engine):
     e = engine(workers=2, extra={"lookup_timeout_s": 5})
     e.add("a", tokens_of(160, 128), max_tokens=1)
@@ -1026,6 +1098,76 @@ def test_the_lookup_socket(tmp_path):
             client.lookup(np.asarray(tokens, dtype=np.uint32))
         with pytest.raises(RuntimeError, match="worker 1 does not answer lookups"):
             sv._LookupClient(paths, 0.2).lookup(np.asarray(tokens, dtype=np.uint32))
+    finally:
+        for s in servers:
+            s.close()
+        a.ctx.close()
+        b.ctx.close()
+
+
+def test_a_failed_lookup_leaves_the_connections_in_step(tmp_path):
+    """Worker 0's lookup fails: the error names it, and worker 1's answer to that lookup is read
+    all the same, so the next lookup gets the answers to itself."""
+
+    class FailsOnce:
+        def __init__(self, model):
+            self.model, self.failed = model, False
+
+        def lookup(self, tokens):
+            if not self.failed:
+                self.failed = True
+                raise swiftkv.Error(swiftkv.Status.ESTATE, "failing once for the test")
+            return self.model.lookup(tokens)
+
+    tokens = tokens_of(172, 3 * CHUNK)
+    opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
+    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    a, b = _Shard(tokens, 3), _Shard(tokens, 3)
+    servers = [sv._LookupServer(FailsOnce(a.model), paths[0]), sv._LookupServer(b.model, paths[1])]
+    try:
+        client = sv._LookupClient(paths, 5.0)
+        with pytest.raises(RuntimeError, match="worker 0's lookup failed: .*failing once"):
+            client.lookup(np.asarray(tokens, dtype=np.uint32))
+        host = int(swiftkv.Tier.HOST)
+        assert client.lookup(np.asarray(tokens[:CHUNK], dtype=np.uint32)).tolist() == [host]
+        assert client.lookup(np.asarray(tokens, dtype=np.uint32)).tolist() == [host] * 3
+    finally:
+        for s in servers:
+            s.close()
+        a.ctx.close()
+        b.ctx.close()
+
+
+def test_the_reset_message(tmp_path):
+    """A reset over the lookup socket: each worker's reset runs and says how many chunks it
+    dropped; a failed one comes back as the library's message; a server that takes no resets
+    drops the connection, and the client says the reset failed."""
+    tokens = tokens_of(171, 3 * CHUNK)
+    opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
+    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    a, b = _Shard(tokens, 2), _Shard(tokens, 3)
+
+    def refuse():
+        raise swiftkv.Error(swiftkv.Status.ESTATE, "refused for the test")
+
+    servers = [sv._LookupServer(a.model, paths[0], lambda: a.model.clear()),
+               sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
+    try:
+        client = sv._LookupClient(paths, 5.0)
+        key = np.asarray(tokens, dtype=np.uint32)
+        assert client.reset() == 5
+        assert client.lookup(key).tolist() == [int(swiftkv.Tier.DROPPED)] * 3
+        assert client.reset() == 0
+        servers[1].close()
+        with pytest.raises(RuntimeError, match="cache reset failed: worker 1"):
+            client.reset()  # its connection went with the server
+        servers[1] = sv._LookupServer(b.model, paths[1], refuse)
+        with pytest.raises(RuntimeError, match="worker 1's cache reset failed: .*refused"):
+            client.reset()  # connected again
+        servers[1].close()
+        servers[1] = sv._LookupServer(b.model, paths[1])  # no resets
+        with pytest.raises(RuntimeError, match="cache reset failed"):
+            sv._LookupClient(paths, 5.0).reset()
     finally:
         for s in servers:
             s.close()

