@@ -211,8 +211,6 @@ class DeviceLanes {
   explicit DeviceLanes(int32_t device)
       : device_(device), copy_(make_launch(device, copy_kernel_choice())) {
     DeviceGuard guard(device_);
-    check_cuda(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device_),
-               "cudaDeviceGetAttribute (SM count)");
     check_cuda(cudaDeviceGetStreamPriorityRange(&lo_, &hi_), "cudaDeviceGetStreamPriorityRange");
   }
   ~DeviceLanes() {
@@ -228,7 +226,6 @@ class DeviceLanes {
   DeviceLanes &operator=(const DeviceLanes &) = delete;
 
   int32_t device() const noexcept { return device_; }
-  int sms() const noexcept { return sms_; }
   const CopyLaunch &copy_launch() const noexcept { return copy_; }
 
   // Under a DeviceGuard of the device.
@@ -316,7 +313,7 @@ class DeviceLanes {
 
   const int32_t device_;
   const CopyLaunch copy_;  // SWIFTKV_COPY_KERNEL, read as the lanes are made
-  int sms_ = 0, lo_ = 0, hi_ = 0;
+  int lo_ = 0, hi_ = 0;
   std::mutex mu_;
   std::vector<std::unique_ptr<CopyLane>> free_;
   std::multimap<uint64_t, std::byte *> pinned_free_;  // by allocated size

@@ -212,6 +212,20 @@ std::vector<uint64_t> run_request(swiftkv_ctx *ctx, uint32_t pool,
   return valid;
 }
 
+// The description of `pages_n` pages in layout `lay` over layers of `span` bytes at `bases`.
+swiftkv_pool_desc pool_desc(const Layout &lay, uint32_t pages_n, uint64_t span,
+                            std::vector<void *> &bases) {
+  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
+  pd.num_pages = pages_n;
+  pd.layer_base = bases.data();
+  pd.layer_span_bytes = span;
+  pd.page_stride = lay.page;
+  pd.kv_stride = lay.kv;
+  pd.token_stride = lay.token;
+  pd.head_stride = lay.head;
+  return pd;
+}
+
 // The round trip of one layout and geometry on the device, with the same requests on a host
 // pool beside it: save, move to `tier`, load into other pages, compare with the values and
 // with the host pool's bytes. With `codec`, both contexts store the chunks under it in host
@@ -267,14 +281,7 @@ void round_trip(const Geometry &g, const char *layout_name, swiftkv_tier tier,
   uint32_t dpool = 0, hpool = 0;
   for (int side = 0; side < 2; ++side) {
     Rig &r = side == 0 ? dev : host;
-    swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
-    pd.num_pages = pages_n;
-    pd.layer_base = side == 0 ? dbases.data() : hbases.data();
-    pd.layer_span_bytes = span;
-    pd.page_stride = lay.page;
-    pd.kv_stride = lay.kv;
-    pd.token_stride = lay.token;
-    pd.head_stride = lay.head;
+    const swiftkv_pool_desc pd = pool_desc(lay, pages_n, span, side == 0 ? dbases : hbases);
     CHECK_OK(swiftkv_pool_register(side == 0 ? &dpool : &hpool, r.ctx, r.model, &pd));
   }
   const std::vector<int32_t> first{9, 2, 14, 0, 5, 11}, second{3, 15, 1, 8, 12, 6};
@@ -351,14 +358,7 @@ void device_pool(swiftkv_ctx *ctx, uint32_t model, const Layout &lay, uint32_t p
   CHECK_CUDA(cudaMemset(*dmem, 0, span * kLayers));
   bases->resize(kLayers);
   for (uint32_t l = 0; l < kLayers; ++l) (*bases)[l] = static_cast<uint8_t *>(*dmem) + l * span;
-  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
-  pd.num_pages = pages_n;
-  pd.layer_base = bases->data();
-  pd.layer_span_bytes = span;
-  pd.page_stride = lay.page;
-  pd.kv_stride = lay.kv;
-  pd.token_stride = lay.token;
-  pd.head_stride = lay.head;
+  const swiftkv_pool_desc pd = pool_desc(lay, pages_n, span, *bases);
   CHECK_OK(swiftkv_pool_register(pool, ctx, model, &pd));
 }
 
@@ -700,14 +700,7 @@ void ahead_kernel_round_trips() {
   const uint64_t span = lay.span_elems * kGeometries[0].bytes;
   CHECK_CUDA(cudaMalloc(&dmem, span * kLayers));
   for (uint32_t l = 0; l < kLayers; ++l) bases[l] = static_cast<uint8_t *>(dmem) + l * span;
-  swiftkv_pool_desc pd = SWIFTKV_POOL_DESC_INIT;
-  pd.num_pages = 16;
-  pd.layer_base = bases.data();
-  pd.layer_span_bytes = span;
-  pd.page_stride = lay.page;
-  pd.kv_stride = lay.kv;
-  pd.token_stride = lay.token;
-  pd.head_stride = lay.head;
+  const swiftkv_pool_desc pd = pool_desc(lay, 16, span, bases);
   CHECK(swiftkv_pool_register(&pool, ctx, model, &pd) == SWIFTKV_EINVAL);
   CHECK(::unsetenv("SWIFTKV_COPY_KERNEL") == 0);
   CHECK_OK(swiftkv_pool_register(&pool, ctx, model, &pd));  // the same pool, once it is unset

@@ -903,16 +903,13 @@ class SwiftKVConnector(KVConnectorBase_V1):
                     failed = True
             if r.saves and step.next_save == layers and not failed:
                 self._saving.setdefault(r.req_id, []).append(
-                    self._saver_thread().submit(self._finish_saves, req, stream))
+                    self._shared().saver().submit(self._finish_saves, req, stream))
                 continue
             try:
                 if r.saves and step.next_save == layers:
                     req.wait_save(stream)
             finally:
                 req.finish()  # before every layer was saved: aborts, saving nothing
-
-    def _saver_thread(self):
-        return self._shared().saver()
 
     @staticmethod
     def _finish_saves(req, stream) -> None:
@@ -989,28 +986,27 @@ class SwiftKVConnector(KVConnectorBase_V1):
             if self._in_process:
                 dropped = self._shared().reset()
             else:
-                if self._client is None:
-                    self._client = self._lookup_client()
-                dropped = self._client.reset()
+                dropped = self._workers().reset()
         except (RuntimeError, swiftkv.Error) as e:
             _log.error("SwiftKVConnector: the cache was not reset: %s", e)
             return False
         _log.info("SwiftKVConnector: cache reset: %d chunks dropped", dropped)
         return True
 
-    def _lookup_client(self) -> _LookupClient:
-        return _LookupClient(
-            [_socket_path(self._opts, self._engine, r) for r in range(self._world)],
-            float(self._opts["lookup_timeout_s"]))
+    def _workers(self) -> _LookupClient:
+        """The connections to the workers' lookup sockets, made at first use."""
+        if self._client is None:
+            self._client = _LookupClient(
+                [_socket_path(self._opts, self._engine, r) for r in range(self._world)],
+                float(self._opts["lookup_timeout_s"]))
+        return self._client
 
     def _residency(self, tokens: np.ndarray) -> np.ndarray:
         """Where each full chunk of tokens is held: this process's worker's lookup, or every
         worker's, where the workers run in processes of their own."""
         if self._in_process:
             return self._shared().model.lookup(tokens).residency
-        if self._client is None:
-            self._client = self._lookup_client()
-        return self._client.lookup(tokens)
+        return self._workers().lookup(tokens)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         g = self._geometry
