@@ -33,6 +33,9 @@ COMPARED: list = []  # (request id, layer, tokens compared, equal)
 LOADED: dict = {}    # (request id, layer) -> (tokens, the loaded pages), as vLLM will read them
 SCHEDULED: list = []  # (request id, first computed token, tokens scheduled, drafts among them)
 DRAFTER_CALLS: list = []  # (hook, layer) of calls for a speculative drafter's layers
+# Request ids of steps scheduled before the request's previous step's tokens were back: its
+# computed tokens reach past the tokens the scheduler knows (async scheduling only).
+AHEAD: list = []
 
 
 class RecordingConnector(SwiftKVConnector):
@@ -47,6 +50,9 @@ class RecordingConnector(SwiftKVConnector):
         for rid, start in new + list(zip(c.req_ids, c.num_computed_tokens)):
             SCHEDULED.append((rid, start, scheduler_output.num_scheduled_tokens[rid],
                               len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))))
+            s = self._scheduled.get(rid)
+            if s is not None and start >= len(s.request.all_token_ids):
+                AHEAD.append(rid)
         return super().build_connector_meta(scheduler_output)
 
     def bind_connector_metadata(self, connector_metadata) -> None:

@@ -7,8 +7,10 @@ token: the connector leaves their layers alone). vLLM writes K/V for every draft
 and computes a rejected one's position again. A long decode saves the chunks it completes; a
 later turn loads them, and what it loads is compared with the K/V vLLM computes for the same
 tokens from scratch once the library holds nothing. Prints "RESULT <json>".
-    spec_engine.py MODEL_DIR ngram|mtp
-    spec_engine.py MODEL_DIR eagle|draft_model DRAFT_DIR"""
+With --async-scheduling the engine schedules asynchronously, as vLLM does by default on a GPU
+(cpu_async.py); `none` runs the same turns with no drafter.
+    spec_engine.py MODEL_DIR ngram|mtp|none [--async-scheduling]
+    spec_engine.py MODEL_DIR eagle|draft_model DRAFT_DIR [--async-scheduling]"""
 
 import json
 import os
@@ -24,28 +26,40 @@ def main() -> int:
     import numpy as np
     import torch
 
+    args = [a for a in sys.argv[1:] if a != "--async-scheduling"]
+    async_scheduling = len(args) < len(sys.argv) - 1
+    if async_scheduling:
+        import cpu_async
+        cpu_async.enable()
     import recording  # the connector, its version check passed (see recording.py)
     from swiftkv.integrations import vllm as sv
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
 
-    if sys.argv[2] == "ngram":
+    if args[1] == "none":
+        speculative = None
+    elif args[1] == "ngram":
         speculative = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
                        "prompt_lookup_min": 1}
-    elif sys.argv[2] == "mtp":  # the model's MTP layer, run once per draft token
+    elif args[1] == "mtp":  # the model's MTP layer, run once per draft token
         speculative = {"method": "mtp", "num_speculative_tokens": 2}
     else:
-        speculative = {"method": sys.argv[2], "model": sys.argv[3], "num_speculative_tokens": 2}
+        speculative = {"method": args[1], "model": args[2], "num_speculative_tokens": 2}
     config = KVTransferConfig(
         kv_connector="RecordingConnector", kv_connector_module_path="recording",
         kv_role="kv_both", kv_load_failure_policy="recompute",
         kv_connector_extra_config={"host_budget_bytes": 64 << 20, "chunk_tokens": CHUNK})
-    llm = LLM(model=sys.argv[1], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
+    llm = LLM(model=args[0], load_format="dummy", skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=2048, enforce_eager=True, block_size=BLOCK, seed=0, max_num_seqs=8,
               kv_transfer_config=config, enable_prefix_caching=True,
-              speculative_config=speculative)
+              speculative_config=speculative, async_scheduling=async_scheduling)
     (store,) = sv._STORES.values()
+    core = llm.llm_engine.engine_core.engine_core  # in this process
+    runner = core.model_executor.driver_worker.worker.model_runner
+    scheduling = {"scheduler": type(core.scheduler).__name__,
+                  "batch_queue": core.batch_queue_size,
+                  "runner_async": runner.use_async_scheduling}
 
     def generate(tokens, n):
         sp = SamplingParams(max_tokens=n, temperature=0, logprobs=1, detokenize=False)
@@ -61,7 +75,9 @@ def main() -> int:
     # rejecting the first drafts, whose positions fall in the second chunk.
     prompt = [(13 * i) % 89 + 1 for i in range(100)]
     recording.SCHEDULED.clear()
+    recording.AHEAD.clear()
     a = generate(prompt, 120)
+    ahead = len(recording.AHEAD)
     steps = [s for s in recording.SCHEDULED if s[3]]
     drafts = sum(s[3] for s in steps)
     # A step computes its known token and its drafts; the next starts past those it kept.
@@ -100,7 +116,8 @@ def main() -> int:
         worst.append(diff.flatten(2).amax(2).max().item() if diff.numel() else None)
     scale = max(fresh[layer].float().abs().max().item() for layer in range(LAYERS))
     print("RESULT " + json.dumps({
-        "drafts": drafts, "rejected": rejected, "saved": saved, "reset": reset1 and reset2,
+        **scheduling, "steps_ahead": ahead, "drafts": drafts, "rejected": rejected,
+        "saved": saved, "reset": reset1 and reset2,
         "model_layers": len(store.layers), "drafter_calls": len(recording.DRAFTER_CALLS),
         "offer": offer, "same_bytes": same_bytes, "layers_loaded": sorted(loaded),
         "worst_token_diff": worst, "scale": scale,

@@ -274,8 +274,10 @@ def test_the_connector_inside_vllm_serve(model_dir, tmp_path):
         log.close()
 
 
-@pytest.mark.parametrize("drafter", ["ngram", "eagle", "draft_model", "mtp"])
-def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
+@pytest.mark.parametrize("drafter,async_scheduling", [
+    ("ngram", False), ("eagle", False), ("draft_model", False), ("mtp", False),
+    ("none", True), ("eagle", True), ("draft_model", True), ("mtp", True)])
+def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter, async_scheduling):
     """Speculative decoding on the CPU (spec_engine.py, in a process of its own): vLLM writes
     K/V for every draft it schedules, and computes a rejected draft's position again in the next
     step. The chunks a long decode completed, among them the positions of rejected drafts, are
@@ -284,7 +286,10 @@ def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
     and a model's own multi-token-prediction layer (MiMo's, vLLM names it after the model's last
     layer; random weights), whose attention layers vLLM puts in the model's KV cache and runs
     once per draft token: the connector caches the model's four layers and leaves the drafter's
-    alone."""
+    alone. With async scheduling (vLLM's default on a GPU; cpu_async.py lets the CPU engine run
+    it) for the drafters that support it (vLLM refuses ngram's CPU drafter) and with none: the
+    scheduler side sees steps scheduled before the previous one's tokens are back, and learns of
+    rejected drafts a step late; the same chunks are saved, and loaded equal."""
     import subprocess
     import sys
     here = os.path.dirname(os.path.abspath(__file__))
@@ -295,7 +300,7 @@ def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
                       num_nextn_predict_layers=1)
         (tmp_path / "config.json").write_text(json.dumps(config))
         args = [str(tmp_path), drafter]
-    elif drafter != "ngram":  # an EAGLE head of one layer, or a Llama of two, half as wide
+    elif drafter not in ("ngram", "none"):  # an EAGLE head of one layer, or a Llama of two
         eagle = drafter == "eagle"
         (tmp_path / "config.json").write_text(json.dumps({
             "architectures": ["EagleLlamaForCausalLM" if eagle else "LlamaForCausalLM"],
@@ -305,17 +310,27 @@ def test_speculative_decoding_inside_vllm(model_dir, tmp_path, drafter):
             "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
             "torch_dtype": "bfloat16", "tie_word_embeddings": False}))
         args.append(str(tmp_path))
+    if async_scheduling:
+        args.append("--async-scheduling")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, os.path.join(here, "spec_engine.py"), *args],
                          capture_output=True, text=True, timeout=900, env=env)
     assert run.returncode == 0, run.stderr[-4000:]
     (line,) = [x for x in run.stdout.splitlines() if x.startswith("RESULT ")]
     r = json.loads(line[len("RESULT "):])
-    assert 0 < r["rejected"] <= r["drafts"], r
+    # The engine ran the scheduling asked for (a vLLM that ignored cpu_async.py fails here).
+    assert (r["scheduler"], r["batch_queue"], r["runner_async"]) == (
+        ("AsyncScheduler", 2, True) if async_scheduling else ("Scheduler", 1, False)), r
+    # Async: steps scheduled before the previous step's tokens were back, most of the decode's.
+    assert (r["steps_ahead"] >= 100) if async_scheduling else (r["steps_ahead"] == 0), r
+    if drafter == "none":
+        assert r["drafts"] == r["rejected"] == r["drafter_calls"] == 0, r
+    else:
+        assert 0 < r["rejected"] <= r["drafts"], r
     if drafter == "ngram":
         assert r["rejected"] < r["drafts"], r  # drafts both rejected and taken
         assert r["drafter_calls"] == 0, r
-    else:  # random weights: every draft rejected
+    elif drafter != "none":  # random weights: every draft rejected
         assert r["drafter_calls"] > 0, r  # its layers' hooks, left alone
     assert r["model_layers"] == LAYERS, r
     assert r["saved"] == 192 and r["reset"], r  # 219 tokens with K/V: 3 chunks
