@@ -20,7 +20,8 @@
 // IPC-mapped chunks are) beside a device-to-device copy of the same bytes; loads from another
 // process's device memory (a lender started by this program, the peer) into a device pool beside a
 // device-to-device copy (and, on every build, from another process's host memory in granules
-// into a host pool beside a memcpy); and the decode kernel alone
+// into a host pool beside a memcpy), and the layer-wise pipeline over such lent memory
+// (measure_peer_overlap); and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
 // CPU twin) beside a device-to-device copy of the decoded bytes; and a load's and a save's bytes
 // moved between pinned host memory and the device in each way a transfer engine can, beside one
@@ -1255,17 +1256,25 @@ void print_rows(const char *backend, const std::vector<Row> &rows, uint32_t chun
   }
 }
 
-void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32_t chunks,
-                   int reps) {
+// lent: the chunks are in another process's memory (measure_peer_overlap), else in this one's
+// host memory.
+void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32_t chunks, int reps,
+                   bool lent = false) {
   const bool host = std::strcmp(backend, "host") == 0;
+  const char *limit = host   ? "the faster memcpy"
+                      : lent ? "one device-to-device copy of the bytes"
+                             : "one pinned-to-device copy of the bytes";
   std::printf(
-      "\nlayer-wise pipeline (%s), %u chunks per request: compute c per layer as %s after "
+      "\nlayer-wise pipeline (%s), %u chunks per request%s: compute c per layer as %s after "
       "each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
       "layer 0's load having nothing to hide under; t the library's own load with no compute "
       "(median/min),\nor a layer's bytes at the copy limit (%s); c the compute alone "
       "(measured: c_ms); all in the same %d repetitions; start_ms: the host time of start_load\n",
-      backend, chunks, host ? "a busy wait" : "a kernel spinning on the engine's stream",
-      host ? "the faster memcpy" : "one pinned-to-device copy of the bytes", reps);
+      backend, chunks,
+      !lent  ? ""
+      : host ? " in another process's host memory"
+             : " in another process's VMM memory",
+      host ? "a busy wait" : "a kernel spinning on the engine's stream", limit, reps);
   std::printf("%7s %6s %14s %8s %16s %18s %9s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
               "hidden_fraction", "vs_copy_limit", "start_ms");
   for (const Overlap &o : rows) {
@@ -1273,6 +1282,20 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
                 o.transfer_ms, o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit,
                 o.start_ms);
   }
+}
+
+// "overlap":[...], the rows of a pipeline table.
+void print_overlap_json(const std::vector<Overlap> &ov) {
+  std::printf("\"overlap\":[");
+  for (size_t i = 0; i < ov.size(); ++i) {
+    std::printf(
+        "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
+        "\"compute_ms\":%.4f,\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
+        "\"hidden_vs_copy_limit\":%.4f,\"start_load_ms\":%.4f}",
+        i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].compute_ms,
+        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit, ov[i].start_ms);
+  }
+  std::printf("]");
 }
 
 void print_json(const char *backend, const std::vector<Row> &rows, const std::vector<Overlap> &ov,
@@ -1291,16 +1314,18 @@ void print_json(const char *backend, const std::vector<Row> &rows, const std::ve
         r.large.med, r.large.best, r.first_save_gbs, r.first_load_gbs, r.hook_us, r.pair_us,
         r.batch_us, r.per_request_us, kBatchRequests);
   }
-  std::printf("],\"overlap\":[");
-  for (size_t i = 0; i < ov.size(); ++i) {
-    std::printf(
-        "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
-        "\"compute_ms\":%.4f,\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
-        "\"hidden_vs_copy_limit\":%.4f,\"start_load_ms\":%.4f}",
-        i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].compute_ms,
-        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit, ov[i].start_ms);
-  }
-  std::printf("]}\n");
+  std::printf("],");
+  print_overlap_json(ov);
+  std::printf("}\n");
+}
+
+// The pipeline over lent memory: {"bench":"peer_overlap",...,"overlap":[...]}.
+void print_peer_overlap_json(const char *backend, const std::vector<Overlap> &ov, uint32_t chunks,
+                             int reps) {
+  std::printf("{\"bench\":\"peer_overlap\",\"backend\":\"%s\",\"chunks\":%u,\"reps\":%d,", backend,
+              chunks, reps);
+  print_overlap_json(ov);
+  std::printf("}\n");
 }
 
 // Loads from a peer's memory: a second process (this program, --lender) offers a region through
@@ -1324,18 +1349,19 @@ struct PeerRow {
 extern "C" char **environ;
 
 // The lender's process: a region on `device` (SWIFTKV_DEVICE_HOST: host granules) big enough for
-// `chunks` chunks and one unit of its own, offered as "bench" at `endpoint`; "ready" on stdout,
-// gone at end of stdin.
-int lender_main(const char *endpoint, uint32_t chunks, int32_t device) {
+// `chunks` chunks of `layers` layers and one unit of its own, offered as "bench" at `endpoint`;
+// "ready" on stdout, gone at end of stdin.
+int lender_main(const char *endpoint, uint32_t chunks, int32_t device, uint32_t layers) {
   const uint64_t unit_blocks = kChunk / 16;
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.device_mask = device >= 0 ? 1u << device : 0;
-  c.host_budget_bytes = device >= 0 ? 0 : (uint64_t{chunks} + 1) * kLayerPiece * kLayers;
+  c.host_budget_bytes = device >= 0 ? 0 : (uint64_t{chunks} + 1) * kLayerPiece * layers;
   c.coord_endpoint = endpoint;
   swiftkv_ctx *ctx = nullptr;
   check(swiftkv_ctx_create(&ctx, &c), "lender ctx_create");
   swiftkv_model_desc ld = bench_model("lender", 16, device);
   swiftkv_model_desc bd = bench_model("bench", kChunk, SWIFTKV_DEVICE_HOST);
+  ld.num_layers = bd.num_layers = layers;
   swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
   ec.lender = &ld;
   ec.borrower = &bd;
@@ -1382,50 +1408,89 @@ int lender_main(const char *endpoint, uint32_t chunks, int32_t device) {
   std::exit(1);
 }
 
-PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t chunks, int reps,
-                     Workers &workers) {
-  const std::string ep = "ipc:///tmp/swiftkv-bench-peer-" + std::to_string(::getpid());
-  int to[2], from[2];
-  if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) die("pipe2");
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
-  std::string n = std::to_string(chunks), dev = std::to_string(device);
-  char *argv[] = {const_cast<char *>(self),
-                  const_cast<char *>("--lender"),
-                  const_cast<char *>(ep.c_str()),
-                  n.data(),
-                  dev.data(),
-                  nullptr};
-  pid_t pid = -1;
-  if (posix_spawn(&pid, self, &fa, nullptr, argv, environ) != 0) die("posix_spawn");
-  posix_spawn_file_actions_destroy(&fa);
-  close(to[0]);
-  close(from[1]);
-  FILE *out = fdopen(from[0], "r");
-  char line[64] = {0};
-  if (std::fgets(line, sizeof line, out) == nullptr || std::strcmp(line, "ready\n") != 0) {
-    die("the lender process did not start");
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+// A device-to-device copy of `bytes` on a stream of its own, the baseline of loads whose chunks
+// are in device memory; the same stream carries the loads timed beside it.
+class DeviceCopy {
+ public:
+  explicit DeviceCopy(uint64_t bytes) : bytes_(bytes) {
+    if (cudaMalloc(&src_, bytes) != cudaSuccess || cudaMalloc(&dst_, bytes) != cudaSuccess ||
+        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) != cudaSuccess) {
+      die("the device copy's buffers");
+    }
+  }
+  ~DeviceCopy() {
+    cudaStreamDestroy(stream_);
+    cudaFree(src_);
+    cudaFree(dst_);
+  }
+  DeviceCopy(const DeviceCopy &) = delete;
+  DeviceCopy &operator=(const DeviceCopy &) = delete;
+  cudaStream_t stream() const noexcept { return stream_; }
+  double seconds() {  // one copy, from its launch to its end
+    const double t0 = now_s();
+    cudaMemcpyAsync(dst_, src_, bytes_, cudaMemcpyDeviceToDevice, stream_);
+    cudaStreamSynchronize(stream_);
+    return now_s() - t0;
   }
 
-  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
-  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-  c.device_mask = device >= 0 ? 1u << device : 0;
-  c.host_budget_bytes = 64ull << 20;
-  c.demote_free_percent = 0;
-  swiftkv_ctx *ctx = nullptr;
-  check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
-  swiftkv_model_desc m = bench_model("bench", page, device);
-  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-  mc.desc = &m;
-  uint32_t model = 0, pool = 0, pool_ahead = 0;
-  check(swiftkv_model_register(&model, ctx, &mc), "model_register");
-  uint64_t lease = 0;
-  check(swiftkv_borrow_remote(&lease, ctx, model, ep.c_str(), "bench", chunks), "borrow_remote");
-  std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 17);
-  {
+ private:
+  const uint64_t bytes_;
+  void *src_ = nullptr, *dst_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+};
+#endif
+
+// The borrowing side of a peer measurement: a lender process (this program, --lender) offering a
+// region on `device` for `chunks` chunks of `layers` layers, and a context that borrows all of it
+// for model "bench" (`page`-token pages on `device`) and stores `tokens` there; every chunk is
+// checked to be in the lent memory. Destroying it ends both.
+class PeerBorrower {
+ public:
+  PeerBorrower(const char *self, int32_t device, uint32_t page, uint32_t chunks, uint32_t layers)
+      : ep_("ipc:///tmp/swiftkv-bench-peer-" + std::to_string(::getpid())) {
+    int to[2], from[2];
+    if (pipe2(to, O_CLOEXEC) != 0 || pipe2(from, O_CLOEXEC) != 0) die("pipe2");
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+    posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+    std::string n = std::to_string(chunks), dev = std::to_string(device),
+                ls = std::to_string(layers);
+    char *argv[] = {const_cast<char *>(self),
+                    const_cast<char *>("--lender"),
+                    const_cast<char *>(ep_.c_str()),
+                    n.data(),
+                    dev.data(),
+                    ls.data(),
+                    nullptr};
+    if (posix_spawn(&pid_, self, &fa, nullptr, argv, environ) != 0) die("posix_spawn");
+    posix_spawn_file_actions_destroy(&fa);
+    close(to[0]);
+    close(from[1]);
+    to_lender_ = to[1];
+    from_lender_ = fdopen(from[0], "r");
+    char line[64] = {0};
+    if (std::fgets(line, sizeof line, from_lender_) == nullptr ||
+        std::strcmp(line, "ready\n") != 0) {
+      die("the lender process did not start");
+    }
+
+    const uint64_t bytes = uint64_t{chunks} * kLayerPiece * layers;
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    c.device_mask = device >= 0 ? 1u << device : 0;
+    c.host_budget_bytes = 64ull << 20;
+    c.demote_free_percent = 0;
+    check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+    swiftkv_model_desc m = bench_model("bench", page, device);
+    m.num_layers = layers;
+    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+    mc.desc = &m;
+    check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+    uint64_t lease = 0;
+    check(swiftkv_borrow_remote(&lease, ctx, model, ep_.c_str(), "bench", chunks), "borrow_remote");
+    tokens.resize(uint64_t{chunks} * kChunk);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i + 17);
     std::vector<uint8_t> kv(bytes, 0x3c);
     uint64_t cached = 0;
     check(swiftkv_store(&cached, ctx, model, tokens.data(), tokens.size(), kv.data(), kv.size()),
@@ -1436,28 +1501,50 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
       die_placement(ctx, cached, tokens.size(), l);
     }
   }
+  ~PeerBorrower() {
+    swiftkv_ctx_destroy(ctx);
+    close(to_lender_);  // the lender's stdin ends: it leaves
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    std::fclose(from_lender_);
+  }
+  PeerBorrower(const PeerBorrower &) = delete;
+  PeerBorrower &operator=(const PeerBorrower &) = delete;
+
+  swiftkv_ctx *ctx = nullptr;
+  uint32_t model = 0;
+  std::vector<uint32_t> tokens;  // the chunks' tokens, all in the lent memory
+
+ private:
+  const std::string ep_;
+  pid_t pid_ = -1;
+  int to_lender_ = -1;
+  FILE *from_lender_ = nullptr;
+};
+
+PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t chunks, int reps,
+                     Workers &workers) {
+  PeerBorrower peer(self, device, page, chunks, kLayers);
+  swiftkv_ctx *ctx = peer.ctx;
+  const uint32_t model = peer.model;
+  const std::vector<uint32_t> &tokens = peer.tokens;
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+  uint32_t pool = 0, pool_ahead = 0;
   const uint32_t n_pages = chunks * (kChunk / page);
   void *stream = nullptr;
   std::function<double()> copy;
   std::unique_ptr<CopyLimit> limit;
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-  void *dev_pool = nullptr, *dev_pool_ahead = nullptr, *copy_dst = nullptr, *copy_src = nullptr;
-  cudaStream_t s = nullptr;
+  void *dev_pool = nullptr, *dev_pool_ahead = nullptr;
+  std::unique_ptr<DeviceCopy> device_copy;
 #endif
   if (device >= 0) {
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
     pool = engine_pool(ctx, model, page, n_pages, &dev_pool);
     pool_ahead = engine_pool(ctx, model, page, n_pages, &dev_pool_ahead);
-    cudaMalloc(&copy_src, bytes);
-    cudaMalloc(&copy_dst, bytes);
-    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-    stream = s;
-    copy = [&] {
-      const double t0 = now_s();
-      cudaMemcpyAsync(copy_dst, copy_src, bytes, cudaMemcpyDeviceToDevice, s);
-      cudaStreamSynchronize(s);
-      return now_s() - t0;
-    };
+    device_copy = std::make_unique<DeviceCopy>(bytes);
+    stream = device_copy->stream();
+    copy = [&] { return device_copy->seconds(); };
 #endif
   } else {
     check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
@@ -1476,7 +1563,7 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
     uint64_t req = 0, valid = 0;
     check(swiftkv_request_begin(&req, ctx, &d), "request_begin");
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-    if (s != nullptr) cudaStreamSynchronize(s);
+    if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
 #endif
     const double t0 = now_s();
     check(swiftkv_start_load(ctx, req, stream), "start_load");
@@ -1484,7 +1571,7 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
       check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
     }
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-    if (s != nullptr) cudaStreamSynchronize(s);
+    if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
 #endif
     const double t = now_s() - t0;
     swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
@@ -1528,18 +1615,61 @@ PeerRow measure_peer(const char *self, int32_t device, uint32_t page, uint32_t c
               rate_of(tc, static_cast<double>(bytes)), rate_of(ta, static_cast<double>(bytes))};
   if (device >= 0) check(swiftkv_pool_destroy(ctx, pool_ahead), "pool_destroy");
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
-  swiftkv_ctx_destroy(ctx);
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
-  if (s != nullptr) cudaStreamDestroy(s);
-  for (void *p : {dev_pool, dev_pool_ahead, copy_src, copy_dst}) {
+  for (void *p : {dev_pool, dev_pool_ahead}) {
     if (p != nullptr) cudaFree(p);
   }
 #endif
-  close(to[1]);  // the lender's stdin ends: it leaves
-  int status = 0;
-  waitpid(pid, &status, 0);
-  std::fclose(out);
   return row;
+}
+
+// The layer-wise pipeline over lent memory (SwiftCache §3.3 with the memory borrowed): `chunks`
+// chunks of `layers` layers stored in another process's memory (PeerBorrower) and loaded into a
+// pool of 16-token pages layer by layer under the engine's compute, as measure_overlap and
+// measure_device_overlap do with the chunks in this process's host memory. On the device (VMM
+// memory lent on device 0, the engine's tensors there) each wait_layer_load waits on the host
+// for the layer's copy, so that the leases are checked after it; what that costs the pipeline is
+// what this measures. t per layer from one device-to-device copy of all the bytes (the kernel
+// reads the lent memory in place); on the host, from the faster memcpy (CopyLimit).
+std::vector<Overlap> measure_peer_overlap(const char *self, int32_t device, uint32_t layers,
+                                          uint32_t chunks, int reps, Workers &workers) {
+  PeerBorrower peer(self, device, 16, chunks, layers);
+  const uint64_t bytes = uint64_t{chunks} * kLayerPiece * layers;
+  const uint32_t n_pages = chunks * (kChunk / 16);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  uint32_t pool = 0;
+  void *stream = nullptr;
+  std::function<double()> limit_s;
+  std::unique_ptr<CopyLimit> limit;
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  void *dev_pool = nullptr;
+  std::unique_ptr<DeviceCopy> device_copy;
+#endif
+  if (device >= 0) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    pool = engine_pool(peer.ctx, peer.model, 16, n_pages, &dev_pool, layers);
+    device_copy = std::make_unique<DeviceCopy>(bytes);
+    stream = device_copy->stream();
+    limit_s = [&] { return device_copy->seconds(); };
+#endif
+  } else {
+    check(swiftkv_pool_create(&pool, peer.ctx, peer.model, n_pages, 0), "pool_create");
+    limit = std::make_unique<CopyLimit>(bytes, 16, workers);
+    limit_s = [&] { return std::min(limit->per_page_s(), limit->large_s()); };
+  }
+  std::vector<Overlap> out = overlap_rows(
+      layers, reps, limit_s,
+      [&](double comp) {
+        return pipelined_load(peer.ctx, pool, peer.tokens, pages, layers, comp, stream);
+      },
+      stream);
+  const double start_s = start_load_host_s(peer.ctx, pool, peer.tokens, pages, layers, stream);
+  for (Overlap &o : out) o.start_ms = start_s * 1e3;
+  check(swiftkv_pool_destroy(peer.ctx, pool), "pool_destroy");
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  if (dev_pool != nullptr) cudaFree(dev_pool);
+#endif
+  return out;
 }
 
 void print_peer(const char *backend, const std::vector<PeerRow> &rows, uint32_t chunks, int reps) {
@@ -1652,9 +1782,10 @@ int copy_paths_table(uint32_t chunks, int reps) {
 }
 
 int main(int argc, char **argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--lender") == 0) {
+  if (argc == 6 && std::strcmp(argv[1], "--lender") == 0) {
     return lender_main(argv[2], static_cast<uint32_t>(std::strtoul(argv[3], nullptr, 10)),
-                       std::atoi(argv[4]));
+                       std::atoi(argv[4]),
+                       static_cast<uint32_t>(std::strtoul(argv[5], nullptr, 10)));
   }
   uint32_t chunks = 16, overlap_chunks = 4;
   int reps = 5;
@@ -1710,6 +1841,15 @@ int main(int argc, char **argv) {
       peer_rows.push_back(measure_peer(argv[0], SWIFTKV_DEVICE_HOST, page, chunks, reps, workers));
     }
     print_peer("host", peer_rows, chunks, reps);
+    std::vector<Overlap> peer_overlap;
+    for (uint32_t layers : {32u, 64u}) {
+      for (const Overlap &o : measure_peer_overlap(argv[0], SWIFTKV_DEVICE_HOST, layers,
+                                                   overlap_chunks, overlap_reps, workers)) {
+        peer_overlap.push_back(o);
+      }
+    }
+    print_overlap("host", peer_overlap, overlap_chunks, overlap_reps, true);
+    print_peer_overlap_json("host", peer_overlap, overlap_chunks, overlap_reps);
   }
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   uint32_t devices = 0;
@@ -1735,6 +1875,18 @@ int main(int argc, char **argv) {
       }
     }
     print_peer("cuda", peer_rows, std::max(chunks, 64u), reps);
+    std::vector<Overlap> peer_overlap;
+    {
+      Workers workers(threads);
+      for (uint32_t layers : {32u, 64u}) {
+        for (const Overlap &o :
+             measure_peer_overlap(argv[0], 0, layers, overlap_chunks, overlap_reps, workers)) {
+          peer_overlap.push_back(o);
+        }
+      }
+    }
+    print_overlap("cuda", peer_overlap, overlap_chunks, overlap_reps, true);
+    print_peer_overlap_json("cuda", peer_overlap, overlap_chunks, overlap_reps);
   } else {
     std::printf(
         "\nno CUDA device here: the cuda rows (loads, the pipeline, the kernels) are "
