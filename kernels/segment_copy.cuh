@@ -149,6 +149,42 @@ __global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
 // lane first reads what kGroups such groups need (the codes and scale words, codec::Fetched8),
 // then decodes and stores them: kGroups groups' reads in flight at once. The CPU twin is
 // decode_items_cpu; both go through codec::decode_layer_8's parts / decode_layer_element.
+//
+// A row's groups of eight, lanes taking groups lane, lane + 32, ...: kAligned where every word
+// read is at a multiple of its size (codec::layer_words_aligned, the payload 16-byte aligned), so
+// each is one load; kBf16 the element type. Both are known per item, so the inner loop has no
+// branch on them.
+template <uint32_t kGroups, bool kAligned, bool kBf16>
+__device__ inline void decode_row_groups(const unsigned char *__restrict__ payload,
+                                         const codec::LayerShape &shape, uint32_t encoding,
+                                         uint64_t first, uint32_t groups, unsigned char *page,
+                                         uint32_t lane) {
+  for (uint32_t k0 = lane; k0 < groups; k0 += 32 * kGroups) {
+    codec::Fetched8 f[kGroups];
+#pragma unroll
+    for (uint32_t u = 0; u < kGroups; ++u) {
+      const uint32_t k = k0 + 32 * u;
+      if (k < groups) {
+        codec::fetch_layer_8<kAligned>(payload, shape, encoding, first + 8 * uint64_t{k}, f[u]);
+      }
+    }
+#pragma unroll
+    for (uint32_t u = 0; u < kGroups; ++u) {
+      const uint32_t k = k0 + 32 * u;
+      if (k < groups) {
+        uint16_t v[8];
+        codec::decode_fetched_8_as<kBf16>(f[u], encoding, v);
+        uint4 word;
+        word.x = uint32_t{v[0]} | (uint32_t{v[1]} << 16);
+        word.y = uint32_t{v[2]} | (uint32_t{v[3]} << 16);
+        word.z = uint32_t{v[4]} | (uint32_t{v[5]} << 16);
+        word.w = uint32_t{v[6]} | (uint32_t{v[7]} << 16);
+        reinterpret_cast<uint4 *>(page)[k] = word;
+      }
+    }
+  }
+}
+
 template <uint32_t kGroups>
 __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uint32_t n,
                                          const ChunkSource *__restrict__ chunks,
@@ -161,6 +197,8 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
     const ChunkSource c = chunks[it.chunk];
     if (c.encoding == 0) continue;  // copy_items' work
     const unsigned char *payload = staging + c.staged_at;
+    const bool aligned = reinterpret_cast<uintptr_t>(payload) % 16 == 0 &&
+                         codec::layer_words_aligned(shape, c.encoding);
     for (uint32_t row = 0; row < it.rows; ++row) {
       unsigned char *page = pages + it.page_offset + uint64_t{row} * it.page_stride;
       const uint64_t first = (it.piece_offset + uint64_t{row} * it.piece_stride) / 2;
@@ -168,29 +206,18 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
       if (shape.dim % 8 == 0 && first % 8 == 0 && count % 8 == 0 &&
           reinterpret_cast<uintptr_t>(page) % 16 == 0) {
         const uint32_t groups = count / 8;
-        for (uint32_t k0 = lane; k0 < groups; k0 += 32 * kGroups) {
-          codec::Fetched8 f[kGroups];
-#pragma unroll
-          for (uint32_t u = 0; u < kGroups; ++u) {
-            const uint32_t k = k0 + 32 * u;
-            if (k < groups) {
-              codec::fetch_layer_8(payload, shape, c.encoding, first + 8 * uint64_t{k}, f[u]);
-            }
-          }
-#pragma unroll
-          for (uint32_t u = 0; u < kGroups; ++u) {
-            const uint32_t k = k0 + 32 * u;
-            if (k < groups) {
-              uint16_t v[8];
-              codec::decode_fetched_8(f[u], shape, c.encoding, v);
-              uint4 word;
-              word.x = uint32_t{v[0]} | (uint32_t{v[1]} << 16);
-              word.y = uint32_t{v[2]} | (uint32_t{v[3]} << 16);
-              word.z = uint32_t{v[4]} | (uint32_t{v[5]} << 16);
-              word.w = uint32_t{v[6]} | (uint32_t{v[7]} << 16);
-              reinterpret_cast<uint4 *>(page)[k] = word;
-            }
-          }
+        if (aligned && shape.bf16 != 0) {
+          decode_row_groups<kGroups, true, true>(payload, shape, c.encoding, first, groups, page,
+                                                 lane);
+        } else if (aligned) {
+          decode_row_groups<kGroups, true, false>(payload, shape, c.encoding, first, groups, page,
+                                                  lane);
+        } else if (shape.bf16 != 0) {
+          decode_row_groups<kGroups, false, true>(payload, shape, c.encoding, first, groups, page,
+                                                  lane);
+        } else {
+          decode_row_groups<kGroups, false, false>(payload, shape, c.encoding, first, groups, page,
+                                                   lane);
         }
       } else {
         for (uint32_t k = lane; k < count; k += 32) {
@@ -203,11 +230,11 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
   }
 }
 
-// One group of eight elements at a time (the launch `spread`: 63 registers, 4 blocks an SM), and
-// three (`ahead`: 80 registers, 3 blocks an SM on sm_89 and sm_90, so 72 groups' reads in flight
-// an SM against 32; sm_80's compiler needs more registers for it, so 2 blocks there).
+// One group of eight elements at a time (the launch `spread`: 64 registers, 4 blocks an SM), and
+// three (`ahead`: 80 registers, 3 blocks an SM on sm_90, so 72 groups' reads in flight an SM
+// against 32; sm_80's and sm_89's compilers need more registers for it, so 2 blocks there).
 constexpr uint32_t kDecodeGroupsAhead = 3;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kDecodeAheadBlocks = 2;
 #else
 constexpr int kDecodeAheadBlocks = 3;

@@ -101,23 +101,33 @@ SWIFTKV_HD float layer_bits_to_float(uint32_t b) {
 #endif
 }
 
-SWIFTKV_HD float element_value(uint32_t v, uint32_t bf16) {
-  if (bf16 != 0) return layer_bits_to_float(v << 16);
+// The value of 16-bit element bits, of the type kBf16 says (as a compile-time constant, so that
+// a decoder's inner loop has no branch on it) or bf16 says.
+template <bool kBf16>
+SWIFTKV_HD float element_value_as(uint32_t v) {
+  if (kBf16) return layer_bits_to_float(v << 16);
 #if defined(__CUDA_ARCH__)
   return __half2float(__ushort_as_half(static_cast<unsigned short>(v)));
 #else
   return half_to_float(static_cast<uint16_t>(v));
 #endif
 }
+SWIFTKV_HD float element_value(uint32_t v, uint32_t bf16) {
+  return bf16 != 0 ? element_value_as<true>(v) : element_value_as<false>(v);
+}
 
 // Rounded to the element type, to nearest even (overflow to infinity).
-SWIFTKV_HD uint16_t element_bits(float f, uint32_t bf16) {
+template <bool kBf16>
+SWIFTKV_HD uint16_t element_bits_as(float f) {
 #if defined(__CUDA_ARCH__)
-  if (bf16 != 0) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+  if (kBf16) return __bfloat16_as_ushort(__float2bfloat16_rn(f));
   return __half_as_ushort(__float2half_rn(f));
 #else
-  return bf16 != 0 ? float_to_bf16(f) : float_to_half(f);
+  return kBf16 ? float_to_bf16(f) : float_to_half(f);
 #endif
+}
+SWIFTKV_HD uint16_t element_bits(float f, uint32_t bf16) {
+  return bf16 != 0 ? element_bits_as<true>(f) : element_bits_as<false>(f);
 }
 
 // A rounded product and a rounded sum, never fused (the host side is compiled with
@@ -204,6 +214,10 @@ SWIFTKV_HD const uint8_t *fp8_record(const uint8_t *p, const LayerShape &s, cons
 SWIFTKV_HD uint16_t fp8_element(uint32_t code, float scale, uint32_t bf16) {
   return element_bits(mul_rounded(e4m3_value(code), scale), bf16);
 }
+template <bool kBf16>
+SWIFTKV_HD uint16_t fp8_element_as(uint32_t code, float scale) {
+  return element_bits_as<kBf16>(mul_rounded(e4m3_value(code), scale));
+}
 
 // kivi: where a layer's parts are, and the (lo, scale) pair of an element.
 struct KiviParts {
@@ -228,11 +242,18 @@ SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const
   return p + 2 * k.codes + k.key_pairs +
          ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;
 }
-// Code q under the pair word w: lo in its low half, then scale.
+// Code q under the pair (lo, scale), and under the pair word w: lo in its low half, then scale.
+template <bool kBf16>
+SWIFTKV_HD uint16_t kivi_value_as(uint32_t q, float lo, float scale) {
+  return element_bits_as<kBf16>(add_rounded(lo, mul_rounded(static_cast<float>(q), scale)));
+}
 SWIFTKV_HD uint16_t kivi_value(uint32_t q, uint32_t w, uint32_t bf16) {
-  const float lo = element_value(w & 0xffffu, bf16);
-  const float scale = element_value(w >> 16, bf16);
-  return element_bits(add_rounded(lo, mul_rounded(static_cast<float>(q), scale)), bf16);
+  if (bf16 != 0) {
+    return kivi_value_as<true>(q, element_value_as<true>(w & 0xffffu),
+                               element_value_as<true>(w >> 16));
+  }
+  return kivi_value_as<false>(q, element_value_as<false>(w & 0xffffu),
+                              element_value_as<false>(w >> 16));
 }
 SWIFTKV_HD uint16_t kivi_element(uint32_t q, const uint8_t *pair, uint32_t bf16) {
   return kivi_value(q, load_word(pair), bf16);
@@ -258,45 +279,116 @@ SWIFTKV_HD uint16_t decode_layer_element(const uint8_t *p, const LayerShape &s, 
 // several such groups in flight before it decodes the first (decode_items).
 struct Fetched8 {
   uint64_t codes;     // the eight codes, low bits first (fp8: a byte each; kivi: `bits` each)
-  uint32_t words[8];  // fp8: [0] the token's scale; kivi: the (lo, scale) pair of each key
-                      // channel, or [0] the values' one pair
+  uint32_t words[8];  // fp8: [0] the token's scale; kivi keys: the (lo, scale) pair of each
+                      // channel; kivi values: [0] the one pair of the eight (the rest unset)
+  uint32_t keys;      // kivi: 1 for keys (a pair a channel), 0 for values
 };
+
+// Whether every word fetch_layer_8 reads from a layer of this shape and encoding lies at a
+// multiple of its size when the payload is 16-byte aligned (as staging holds it): kivi's codes
+// (2, 4 or 8 bytes at e * bits / 8), a key group's eight pairs (32 bytes), a value pair and fp8's
+// scale and codes (4 bytes each). For kivi that takes codes of whole 16-byte multiples (so the
+// pairs after them start aligned); fp8's records are 4 + heads * dim bytes. Then a kernel reads
+// them as words of their size (fetch_layer_8<true>) rather than testing each address.
+SWIFTKV_HD bool layer_words_aligned(const LayerShape &s, uint32_t encoding) {
+  if (s.dim % 8 != 0) return false;
+  if (layer_codec(encoding) == kLayerKivi) {
+    return kivi_code_bytes(s, layer_bits(encoding)) % 16 == 0;
+  }
+  return layer_codec(encoding) == kLayerFp8;
+}
+
+// kAligned: the payload is 16-byte aligned and layer_words_aligned holds; each word is then read
+// in one load of its size (on a device; the host reads bytes either way).
+template <bool kAligned>
+SWIFTKV_HD uint32_t fetch_word(const uint8_t *p) {
+#if defined(__CUDA_ARCH__)
+  if (kAligned) return *reinterpret_cast<const uint32_t *>(p);
+#endif
+  return load_word(p);
+}
+
+template <bool kAligned = false>
 SWIFTKV_HD void fetch_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
                               Fetched8 &f) {
   const LayerPos at = layer_pos(s, e);
+  f.keys = 0;
   if (layer_codec(encoding) == kLayerFp8) {
     const uint8_t *rec = fp8_record(p, s, at);
-    f.words[0] = load_word(rec);
-    f.codes = uint64_t{load_word(rec + 4 + at.j)} | (uint64_t{load_word(rec + 8 + at.j)} << 32);
-    SWIFTKV_UNROLL_8
-    for (uint32_t k = 1; k < 8; ++k) f.words[k] = 0;
+    f.words[0] = fetch_word<kAligned>(rec);
+    f.codes = uint64_t{fetch_word<kAligned>(rec + 4 + at.j)} |
+              (uint64_t{fetch_word<kAligned>(rec + 8 + at.j)} << 32);
     return;
   }
   const KiviParts kp = kivi_parts(s, encoding);
   const uint8_t *code_at = kivi_codes(p, kp, at) + at.i * kp.bits / 8;
   // `bits` bytes of codes (8, 4 or 2).
-  f.codes = kp.bits == 2 ? load_half(code_at) : load_word(code_at);
-  if (kp.bits == 8) f.codes |= uint64_t{load_word(code_at + 4)} << 32;
+#if defined(__CUDA_ARCH__)
+  if (kAligned) {
+    f.codes = kp.bits == 8   ? *reinterpret_cast<const uint64_t *>(code_at)
+              : kp.bits == 4 ? uint64_t{*reinterpret_cast<const uint32_t *>(code_at)}
+                             : uint64_t{*reinterpret_cast<const uint16_t *>(code_at)};
+  } else
+#endif
+  {
+    f.codes = kp.bits == 2 ? load_half(code_at) : load_word(code_at);
+    if (kp.bits == 8) f.codes |= uint64_t{load_word(code_at + 4)} << 32;
+  }
   // Keys: a pair per channel, consecutive; values: one pair for the eight.
   const uint8_t *pair = kivi_pair(p, s, kp, at);
-  f.words[0] = load_word(pair);
-  SWIFTKV_UNROLL_8
-  for (uint32_t k = 1; k < 8; ++k) f.words[k] = at.kv == 0 ? load_word(pair + 4 * k) : f.words[0];
+  if (at.kv != 0) {
+    f.words[0] = fetch_word<kAligned>(pair);
+    return;
+  }
+  f.keys = 1;
+#if defined(__CUDA_ARCH__)
+  if (kAligned) {
+    const uint4 a = reinterpret_cast<const uint4 *>(pair)[0];
+    const uint4 b = reinterpret_cast<const uint4 *>(pair)[1];
+    f.words[0] = a.x, f.words[1] = a.y, f.words[2] = a.z, f.words[3] = a.w;
+    f.words[4] = b.x, f.words[5] = b.y, f.words[6] = b.z, f.words[7] = b.w;
+  } else
+#endif
+  {
+    SWIFTKV_UNROLL_8
+    for (uint32_t k = 0; k < 8; ++k) f.words[k] = load_word(pair + 4 * k);
+  }
 }
-SWIFTKV_HD void decode_fetched_8(const Fetched8 &f, const LayerShape &s, uint32_t encoding,
-                                 uint16_t out[8]) {
+
+// The eight elements of a fetched group, of the element type kBf16 says.
+template <bool kBf16>
+SWIFTKV_HD void decode_fetched_8_as(const Fetched8 &f, uint32_t encoding, uint16_t out[8]) {
   if (layer_codec(encoding) == kLayerFp8) {
     const float scale = layer_bits_to_float(f.words[0]);
     SWIFTKV_UNROLL_8
     for (uint32_t k = 0; k < 8; ++k) {
-      out[k] = fp8_element(static_cast<uint32_t>(f.codes >> (8 * k)) & 0xffu, scale, s.bf16);
+      out[k] = fp8_element_as<kBf16>(static_cast<uint32_t>(f.codes >> (8 * k)) & 0xffu, scale);
     }
     return;
   }
   const uint32_t bits = layer_bits(encoding), mask = (1u << bits) - 1;
+  if (f.keys == 0) {  // one pair for the eight: its halves made floats once
+    const float lo = element_value_as<kBf16>(f.words[0] & 0xffffu);
+    const float scale = element_value_as<kBf16>(f.words[0] >> 16);
+    SWIFTKV_UNROLL_8
+    for (uint32_t k = 0; k < 8; ++k) {
+      out[k] = kivi_value_as<kBf16>(static_cast<uint32_t>(f.codes >> (k * bits)) & mask, lo, scale);
+    }
+    return;
+  }
   SWIFTKV_UNROLL_8
   for (uint32_t k = 0; k < 8; ++k) {
-    out[k] = kivi_value(static_cast<uint32_t>(f.codes >> (k * bits)) & mask, f.words[k], s.bf16);
+    out[k] = kivi_value_as<kBf16>(static_cast<uint32_t>(f.codes >> (k * bits)) & mask,
+                                  element_value_as<kBf16>(f.words[k] & 0xffffu),
+                                  element_value_as<kBf16>(f.words[k] >> 16));
+  }
+}
+SWIFTKV_HD void decode_fetched_8(const Fetched8 &f, const LayerShape &s, uint32_t encoding,
+                                 uint16_t out[8]) {
+  if (s.bf16 != 0) {
+    decode_fetched_8_as<true>(f, encoding, out);
+  } else {
+    decode_fetched_8_as<false>(f, encoding, out);
   }
 }
 

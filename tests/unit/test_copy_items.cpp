@@ -345,9 +345,13 @@ std::vector<std::byte> kv_like(std::mt19937_64 &rng, const swiftkv::codec::Chunk
 void encoded_chunks_decode_into_the_plans_pages(void **) {
   using swiftkv::codec::Codec;
   using swiftkv::codec::CodecParams;
+  // Head dims of 8's multiples decode eight elements at a time; where kivi's codes fill whole
+  // 16-byte multiples (all of these but the 2-token pages' 2- and 4-bit codes) each word is read
+  // in one load of its size (codec::layer_words_aligned), else byte by byte where unaligned.
   const Case cases[] = {{Kind::nhd, 16, 2, 64, 2}, {Kind::hnd, 16, 3, 16, 2},
                         {Kind::vllm, 8, 2, 24, 2}, {Kind::cross_layer, 16, 2, 32, 2},
-                        {Kind::nhd, 4, 3, 5, 2},   {Kind::hnd, 8, 1, 12, 2}};
+                        {Kind::nhd, 4, 3, 5, 2},   {Kind::hnd, 8, 1, 12, 2},
+                        {Kind::nhd, 2, 1, 8, 2}};
   const CodecParams codecs[] = {{Codec::kivi, 8, 8},   {Codec::kivi, 4, 32}, {Codec::kivi, 2, 16},
                                 {Codec::kivi, 2, 256}, {Codec::fp8, 0, 0},   {Codec::raw, 0, 0}};
   constexpr uint32_t kLayers = 3, kLayer = 2;
@@ -438,6 +442,28 @@ void only_layers_of_32_bit_positions_decode_on_a_device(void **) {
   assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 31, 1u << 31, 8, 1}));
 }
 
+// Where the decode kernel reads a group's words in single loads: kivi codes of whole 16-byte
+// multiples (then its pairs start aligned too) and fp8, at head dims of 8's multiples.
+void words_are_read_whole_where_the_layout_aligns_them(void **) {
+  using swiftkv::codec::layer_words_aligned;
+  using swiftkv::codec::LayerShape;
+  const auto kivi = [](uint32_t bits, uint32_t group_log2) {
+    return swiftkv::codec::kLayerKivi | (bits << 8) | (group_log2 << 16);
+  };
+  // 256 tokens x 8 heads x 128: 2^18 elements, codes 2^16 bytes at 2 bits.
+  assert_true(layer_words_aligned(LayerShape{256, 8, 128, 1}, kivi(2, 5)));
+  assert_true(layer_words_aligned(LayerShape{256, 8, 128, 0}, swiftkv::codec::kLayerFp8));
+  // 2 tokens x 1 head x 8: 16 elements, codes of 4, 8 and 16 bytes.
+  assert_false(layer_words_aligned(LayerShape{2, 1, 8, 0}, kivi(2, 4)));
+  assert_false(layer_words_aligned(LayerShape{2, 1, 8, 0}, kivi(4, 4)));
+  assert_true(layer_words_aligned(LayerShape{2, 1, 8, 0}, kivi(8, 4)));
+  // fp8 records of 4 + 3 * 8 bytes: every word still at a multiple of 4.
+  assert_true(layer_words_aligned(LayerShape{5, 3, 8, 0}, swiftkv::codec::kLayerFp8));
+  // Head dims that are not 8's multiples decode element by element; raw is not decoded.
+  assert_false(layer_words_aligned(LayerShape{256, 8, 12, 0}, swiftkv::codec::kLayerFp8));
+  assert_false(layer_words_aligned(LayerShape{256, 8, 128, 0}, 0));
+}
+
 // SWIFTKV_COPY_KERNEL names the launch; anything else is refused with EINVAL, naming the value.
 void the_copy_kernel_is_chosen_by_name(void **) {
   using swiftkv::CopyKernel;
@@ -476,6 +502,7 @@ int main() {
       cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
       cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
       cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
+      cmocka_unit_test(words_are_read_whole_where_the_layout_aligns_them),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
