@@ -17,7 +17,9 @@
 // copy of the same bytes from pinned memory; the layer-wise pipeline there, the engine's compute
 // a kernel spinning for c on its stream (spin_kernel.cu); and the gather/scatter kernel alone (NHD
 // and HND, 16- and 256-token pages, chunk pieces read in place from device memory as lent or
-// IPC-mapped chunks are) beside a device-to-device copy of the same bytes; loads from another
+// IPC-mapped chunks are; NHD also with the pieces in a VMM region of 2 MiB granules and spread
+// as one layer of 8-layer chunks, KernelChunks) beside a device-to-device copy of the same bytes;
+// loads from another
 // process's device memory (a lender started by this program, the peer) into a device pool beside a
 // device-to-device copy (and, on every build, from another process's host memory in granules
 // into a host pool beside a memcpy), and the layer-wise pipeline over such lent memory
@@ -38,6 +40,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -56,6 +59,7 @@
 
 #include "core/codec/chunk_codec.hpp"
 #include "core/codec/layer_decode.hpp"
+#include "core/memory/cuda_region.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cuda_transfer.hpp"
@@ -784,7 +788,20 @@ struct KernelRow {
   uint32_t page;
   Rate scatter, gather, copy;
   Rate scatter_ahead, gather_ahead;  // launched as CopyKernel::ahead (the others: spread)
+  const char *chunks_in = "malloc";  // KernelChunks, by name
 };
+
+// Where the kernel rows' chunk pieces are. malloc: one cudaMalloc, the pieces side by side (the
+// rows since the first GPU run). vmm: the same bytes in a VMM region of the library's, each 2 MiB
+// granule its own physical allocation mapped on its own, as a lender's region is and as a
+// borrower maps a lease. layer_of_8: the pieces one layer of chunks of 8 layers, 8 MiB apart in
+// a cudaMalloc eight times the size, as a request's load reads its chunks' layer. Loads from
+// another process's VMM memory ran at 0.57-0.72 of a device copy on the H200 where these rows
+// ran at 0.85-0.88; the last two tell the memory's mapping and the spread of the pieces apart.
+enum class KernelChunks { malloc, vmm, layer_of_8 };
+const char *kernel_chunks_name(KernelChunks c) {
+  return c == KernelChunks::vmm ? "vmm" : c == KernelChunks::layer_of_8 ? "layer_of_8" : "malloc";
+}
 
 // The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
 // [pages, 2, H, B, D] pages of F16 of `page` tokens, from each chunk's copy plan as the library
@@ -815,20 +832,32 @@ std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, u
   return items;
 }
 
-KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps) {
+KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps,
+                         KernelChunks where = KernelChunks::malloc) {
   const uint64_t piece = kLayerPiece;  // one layer of one chunk, F16, [2, T, H, D]
   const uint64_t bytes = piece * chunks;
+  const uint64_t chunk_stride = where == KernelChunks::layer_of_8 ? piece * kLayers : piece;
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
   const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks);
   void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_items = nullptr, *d_chunks = nullptr;
-  cudaMalloc(&src, bytes);
+  std::shared_ptr<swiftkv::MemoryRegion> vmm;
+  if (where == KernelChunks::vmm) {
+    swiftkv::CudaRegionOptions o;
+    o.size = bytes;
+    o.allocation = swiftkv::CudaAllocation::vmm;
+    vmm = swiftkv::create_cuda_region(o);
+    vmm->commit(0, vmm->size());
+    src = vmm->data();
+  } else {
+    cudaMalloc(&src, chunk_stride * chunks);
+  }
   cudaMalloc(&dst, bytes);
   cudaMalloc(&pool, uint64_t{pages} * 2 * b * h * d * 2);
   cudaMemset(src, 1, bytes);
   std::vector<swiftkv::ChunkSource> table(chunks);
   for (uint32_t i = 0; i < chunks; ++i) {
-    table[i].direct = reinterpret_cast<uint64_t>(src) + uint64_t{i} * piece;
+    table[i].direct = reinterpret_cast<uint64_t>(src) + uint64_t{i} * chunk_stride;
   }
   d_items = upload(items);
   d_chunks = upload(table);
@@ -870,8 +899,10 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
                 rate_of(tg, moved),
                 rate_of(tc, moved),
                 rate_of(tsa, moved),
-                rate_of(tga, moved)};
-  for (void *p : {src, dst, pool, d_items, d_chunks}) cudaFree(p);
+                rate_of(tga, moved),
+                kernel_chunks_name(where)};
+  if (!vmm) cudaFree(src);
+  for (void *p : {dst, pool, d_items, d_chunks}) cudaFree(p);
   return row;
 }
 
@@ -1212,24 +1243,26 @@ void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps)
       "\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
       "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
       chunks, static_cast<unsigned long long>(kLayerPiece), reps);
-  std::printf("%-7s %5s %-7s %16s %16s %16s %8s %8s\n", "layout", "page", "launch", "scatter",
-              "gather", "device copy", "sc/copy", "ga/copy");
+  std::printf("%-7s %-10s %5s %-7s %16s %16s %16s %8s %8s\n", "layout", "chunks in", "page",
+              "launch", "scatter", "gather", "device copy", "sc/copy", "ga/copy");
   for (const KernelRow &r : rows) {
     for (const bool ahead : {false, true}) {
       const Rate &sc = ahead ? r.scatter_ahead : r.scatter, &ga = ahead ? r.gather_ahead : r.gather;
-      std::printf("%-7s %5u %-7s %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n", r.layout,
-                  r.page, ahead ? "ahead" : "spread", sc.med, sc.best, ga.med, ga.best, r.copy.med,
-                  r.copy.best, sc.med / r.copy.med, ga.med / r.copy.med);
+      std::printf("%-7s %-10s %5u %-7s %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n",
+                  r.layout, r.chunks_in, r.page, ahead ? "ahead" : "spread", sc.med, sc.best,
+                  ga.med, ga.best, r.copy.med, r.copy.best, sc.med / r.copy.med,
+                  ga.med / r.copy.med);
     }
   }
   std::printf("{\"bench\":\"copy_kernel\",\"reps\":%d,\"rows\":[", reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const KernelRow &r = rows[i];
     std::printf(
-        "%s{\"layout\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,"
-        "\"scatter_ahead_gbs\":%.2f,\"gather_ahead_gbs\":%.2f,\"copy_gbs\":%.2f}",
-        i ? "," : "", r.layout, r.page, r.scatter.med, r.gather.med, r.scatter_ahead.med,
-        r.gather_ahead.med, r.copy.med);
+        "%s{\"layout\":\"%s\",\"chunks_in\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,"
+        "\"gather_gbs\":%.2f,\"scatter_ahead_gbs\":%.2f,\"gather_ahead_gbs\":%.2f,"
+        "\"copy_gbs\":%.2f}",
+        i ? "," : "", r.layout, r.chunks_in, r.page, r.scatter.med, r.gather.med,
+        r.scatter_ahead.med, r.gather_ahead.med, r.copy.med);
   }
   std::printf("]}\n");
 }
@@ -1735,6 +1768,16 @@ int kernel_tables(uint32_t chunks, int reps) {
   for (const char *layout : {"nhd", "hnd"}) {
     for (uint32_t page : {16u, 256u}) {
       kernel_rows.push_back(measure_kernel(layout, page, std::max(chunks, 64u), reps));
+    }
+  }
+  for (const KernelChunks where : {KernelChunks::vmm, KernelChunks::layer_of_8}) {
+    if (where == KernelChunks::vmm && !swiftkv::cuda_vmm_supported(0)) continue;
+    for (uint32_t page : {16u, 256u}) {
+      try {  // the rows above are printed whatever becomes of these
+        kernel_rows.push_back(measure_kernel("nhd", page, std::max(chunks, 64u), reps, where));
+      } catch (const std::exception &e) {
+        std::printf("the %s kernel rows failed: %s\n", kernel_chunks_name(where), e.what());
+      }
     }
   }
   print_kernel(kernel_rows, std::max(chunks, 64u), reps);
