@@ -1175,6 +1175,39 @@ def test_the_reset_message(tmp_path):
         b.ctx.close()
 
 
+def test_a_reset_finishes_on_the_workers_it_reaches(tmp_path):
+    """Worker 1 is gone (its connection closed, so the reset cannot even be sent to it) while
+    worker 0 takes a while over its reset: the reset fails naming worker 1, and returns only once
+    worker 0's reset is done, so nothing worker 0 held is offered after it."""
+    tokens = tokens_of(173, 2 * CHUNK)
+    opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
+    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    a, b = _Shard(tokens, 2), _Shard(tokens, 2)
+    done = []
+
+    def slow_reset():
+        time.sleep(0.3)
+        dropped = a.model.clear()
+        done.append(dropped)
+        return dropped
+
+    servers = [sv._LookupServer(a.model, paths[0], slow_reset),
+               sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
+    try:
+        client = sv._LookupClient(paths, 5.0)
+        key = np.asarray(tokens, dtype=np.uint32)
+        assert client.lookup(key).tolist() == [int(swiftkv.Tier.HOST)] * 2  # both connected
+        servers[1].close()
+        with pytest.raises(RuntimeError, match="cache reset failed: worker 1"):
+            client.reset()
+        assert done == [2]  # worker 0's reset had finished
+    finally:
+        for s in servers:
+            s.close()
+        a.ctx.close()
+        b.ctx.close()
+
+
 def test_a_data_parallel_engine_keeps_its_own_disk_directory(engine, tmp_path):
     """Data parallel engines run their workers under the multiprocess executor, one engine per
     rank: each keeps its cache in a disk directory of its own under disk_path."""

@@ -374,20 +374,25 @@ class _LookupClient:
         return socks
 
     def _ask(self, what: str, head: bytes, body=b"") -> list:
-        """head (and body) to every worker; their answers' bodies in rank order. Every answer is
-        read before a worker's failure is raised, so the connections stay in step; a connection
-        that cannot (a worker gone, an answer that is not one) closes them all, and the next
-        call connects again."""
+        """head (and body) to every worker; their answers' bodies in rank order. Every answer
+        that can come is read before a failure is raised: the connections stay in step, and
+        what the reachable workers were asked (a reset) is done when this returns, whatever
+        became of the others. A connection that cannot stay in step (a worker gone, an answer
+        that is not one) closes them all, and the next call connects again."""
         if self._socks is None:
             self._socks = self._connect()
-        answers, failed = [], None
-        rank = 0
-        try:
-            for rank, s in enumerate(self._socks):
+        answers, failed, broken = [], None, None
+        sent = []
+        for rank, s in enumerate(self._socks):
+            try:
                 s.sendall(head)
                 if len(body):
                     s.sendall(body)
-            for rank, s in enumerate(self._socks):
+                sent.append((rank, s))
+            except OSError as e:  # a worker gone: a reset or a broken pipe
+                broken = broken or f"worker {rank}: {e.strerror or e}"
+        for rank, s in sent:
+            try:
                 answer = _recv_exact(s, _HEAD.size)
                 if answer is None:
                     raise _Broken(f"worker {rank} closed its connection")
@@ -395,17 +400,19 @@ class _LookupClient:
                 data = _recv_exact(s, n) if n else b""
                 if magic != b"SKVA":
                     raise _Broken(f"worker {rank} answered with magic {magic!r}")
-                if status and failed is None:
-                    failed = RuntimeError(f"SwiftKVConnector: worker {rank}'s {what} failed: "
-                                          f"{bytes(data).decode(errors='replace')}")
-                answers.append(data)
-        except _Broken as e:
+            except _Broken as e:
+                broken = broken or str(e)
+                continue
+            except OSError as e:  # a timeout, a reset
+                broken = broken or f"worker {rank}: {e.strerror or e}"
+                continue
+            if status and failed is None:
+                failed = RuntimeError(f"SwiftKVConnector: worker {rank}'s {what} failed: "
+                                      f"{bytes(data).decode(errors='replace')}")
+            answers.append(data)
+        if broken is not None:
             self.close()
-            raise RuntimeError(f"SwiftKVConnector: a {what} failed: {e}") from e
-        except OSError as e:  # a timeout, a reset, a broken pipe
-            self.close()
-            raise RuntimeError(f"SwiftKVConnector: a {what} failed: worker {rank}: "
-                               f"{e.strerror or e}") from e
+            raise RuntimeError(f"SwiftKVConnector: a {what} failed: {broken}")
         if failed is not None:
             raise failed
         return answers
