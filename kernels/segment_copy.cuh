@@ -230,16 +230,18 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
   }
 }
 
-// One group of eight elements at a time (the launch `spread`: 64 registers, 4 blocks an SM), and
-// three (`ahead`: 80 registers, 3 blocks an SM on sm_90, so 72 groups' reads in flight an SM
-// against 32; sm_80's and sm_89's compilers need more registers for it, so 2 blocks there).
+// One group of eight elements at a time (the launch `spread`: 64 registers, 4 blocks an SM; said
+// outright, as sm_80's compiler otherwise picks 48 registers and spills), and three (`ahead`: 80
+// registers, 3 blocks an SM on sm_90, so 72 groups' reads in flight an SM against 32; sm_80's and
+// sm_89's compilers need more registers for it, so 2 blocks there).
+constexpr int kDecodeSpreadBlocks = 4;
 constexpr uint32_t kDecodeGroupsAhead = 3;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 constexpr int kDecodeAheadBlocks = 2;
 #else
 constexpr int kDecodeAheadBlocks = 3;
 #endif
-__global__ void __launch_bounds__(kCopyThreads)
+__global__ void __launch_bounds__(kCopyThreads, kDecodeSpreadBlocks)
     decode_items(const CopyItem *__restrict__ items, uint32_t n,
                  const ChunkSource *__restrict__ chunks, const unsigned char *__restrict__ staging,
                  unsigned char *pages, codec::LayerShape shape) {

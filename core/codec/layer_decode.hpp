@@ -35,12 +35,51 @@
 
 namespace swiftkv::codec {
 
-// A chunk's shape as the decoder needs it; 16 bytes, a kernel parameter.
+// Division by a divisor fixed for a launch, as a multiply-high, an add and a shift: exact for
+// every 32-bit dividend and divisor (the round-up method of Granlund and Montgomery, "Division by
+// invariant integers using multiplication", PLDI 1994, section 4: with l = ceil(log2 d) and
+// magic = floor(2^32 (2^l - d) / d) + 1, n / d = (mulhi(magic, n) + n) >> l). The decoder finds
+// each group's token and head by dividing by the layer's row and channel counts; a division by a
+// variable is 15 to 30 instructions on a GPU (its reciprocal recomputed wherever the compiler
+// cannot hoist it), this is four, with magic and l read from the kernel's parameters.
+struct Divisor {
+  uint32_t d = 0;  // 0: never divided by (a shape with no elements)
+  uint32_t magic = 0;
+  uint32_t shift = 0;
+};
+SWIFTKV_HD Divisor divisor_of(uint32_t d) {
+  if (d == 0) return Divisor{};
+  uint32_t l = 0;
+  while ((uint64_t{1} << l) < d) ++l;
+  // (2^l - d) < 2^31, so the product fits 64 bits; magic < 2^32 as 2^(l-1) < d.
+  const uint64_t magic = (((uint64_t{1} << l) - d) << 32) / d + 1;
+  return Divisor{d, static_cast<uint32_t>(magic), l};
+}
+SWIFTKV_HD uint32_t quotient(uint32_t n, const Divisor &v) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t hi = __umulhi(n, v.magic);
+#else
+  const auto hi = static_cast<uint32_t>((uint64_t{n} * v.magic) >> 32);
+#endif
+  return static_cast<uint32_t>((uint64_t{hi} + n) >> v.shift);
+}
+
+// A chunk's shape as the decoder needs it, a kernel parameter (40 bytes). The divisors are made
+// from the first four fields by the constructor: change a field by making a new LayerShape.
 struct LayerShape {
-  uint32_t tokens;
-  uint32_t heads;
-  uint32_t dim;
-  uint32_t bf16;  // 1: bf16 elements, 0: f16
+  uint32_t tokens = 0;
+  uint32_t heads = 0;
+  uint32_t dim = 0;
+  uint32_t bf16 = 0;  // 1: bf16 elements, 0: f16
+  Divisor row;        // by heads x dim, where that fits 32 bits (else 0: the host's 64-bit path)
+  Divisor channels;   // by dim
+
+  LayerShape() = default;
+  SWIFTKV_HD LayerShape(uint32_t tokens_, uint32_t heads_, uint32_t dim_, uint32_t bf16_)
+      : tokens(tokens_), heads(heads_), dim(dim_), bf16(bf16_), channels(divisor_of(dim_)) {
+    const uint64_t r = uint64_t{heads_} * dim_;
+    if (r <= UINT32_MAX) row = divisor_of(static_cast<uint32_t>(r));
+  }
 };
 
 // A chunk's encoding as the decoder needs it (the index's encoding field, chunk_index.hpp):
@@ -191,20 +230,22 @@ struct LayerPos {
   uint64_t i;
 };
 SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
-  const uint64_t n = layer_tensor_elements(s);
-  const uint32_t kv = e >= n ? 1u : 0u;
-  const uint64_t i = e - kv * n;
-  const uint64_t row = uint64_t{s.heads} * s.dim;
-  // A 32-bit division where the layer fits (a 64-bit one is a long software routine on a GPU,
-  // called once per 8 elements, and its call costs the kernel registers): on a device always, as
-  // only layers that fit are decoded there (layer_fits_device).
+  // 32-bit arithmetic and the row's Divisor where both tensors' elements fit 32 bits: on a device
+  // always, as only layers that fit are decoded there (layer_fits_device). The host decodes a
+  // larger layer with 64-bit divisions.
 #if !defined(__CUDA_ARCH__)
-  if (i > UINT32_MAX || row > UINT32_MAX) {
+  const uint64_t n64 = layer_tensor_elements(s);
+  if (n64 > UINT32_MAX / 2) {
+    const uint32_t kv = e >= n64 ? 1u : 0u;
+    const uint64_t i = e - kv * n64, row = uint64_t{s.heads} * s.dim;
     return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
   }
 #endif
-  const auto i32 = static_cast<uint32_t>(i), row32 = static_cast<uint32_t>(row);
-  return {kv, i32 / row32, i32 % row32, i};
+  const uint32_t n = s.tokens * s.heads * s.dim, e32 = static_cast<uint32_t>(e);
+  const uint32_t kv = e32 >= n ? 1u : 0u;
+  const uint32_t i = e32 - (kv != 0 ? n : 0u);
+  const uint32_t t = quotient(i, s.row);
+  return {kv, t, i - t * s.row.d, i};
 }
 
 // fp8: the record (scale, codes) of the element's token.
@@ -237,7 +278,7 @@ SWIFTKV_HD const uint8_t *kivi_codes(const uint8_t *p, const KiviParts &k, const
 SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const KiviParts &k,
                                     const LayerPos &at) {
   if (at.kv == 0) return p + k.codes + ((uint64_t{at.t >> k.glog} * s.heads * s.dim) + at.j) * 4;
-  const uint32_t h = at.j / s.dim, d = at.j % s.dim;
+  const uint32_t h = quotient(at.j, s.channels), d = at.j - h * s.dim;
   const uint64_t vgroups = (uint64_t{s.dim} + (1u << k.glog) - 1) >> k.glog;
   return p + 2 * k.codes + k.key_pairs +
          ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;

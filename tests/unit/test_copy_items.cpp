@@ -442,6 +442,54 @@ void only_layers_of_32_bit_positions_decode_on_a_device(void **) {
   assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 31, 1u << 31, 8, 1}));
 }
 
+// The decoder's division by a layer's row and channel counts (codec::Divisor) is exact for every
+// 32-bit dividend: each divisor up to 2^12, and the powers of two, their neighbours and the
+// largest divisors, at the dividends where a quotient steps (k d - 1, k d) near 0, near 2^31 and
+// near 2^32, and at random ones. A magic number one off, or a shift one short, fails here.
+void a_divisor_divides_every_32_bit_dividend_exactly(void **) {
+  using swiftkv::codec::Divisor;
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 4096; ++d) divisors.push_back(d);
+  for (uint32_t b = 12; b < 32; ++b) {
+    for (const uint32_t delta : {0u, 1u, 2u}) divisors.push_back((uint32_t{1} << b) - 1 + delta);
+  }
+  for (const uint32_t d : {0x7fffffffu, 0xfffffffdu, 0xfffffffeu, UINT32_MAX, 3u * 1000003u}) {
+    divisors.push_back(d);
+  }
+  std::mt19937_64 rng(46);
+  uint64_t checked = 0;
+  for (const uint32_t d : divisors) {
+    const Divisor v = swiftkv::codec::divisor_of(d);
+    assert_int_equal(v.d, d);
+    const auto check = [&](uint64_t n) {
+      if (n > UINT32_MAX) return;
+      const auto n32 = static_cast<uint32_t>(n);
+      if (swiftkv::codec::quotient(n32, v) != n32 / d) {
+        fail_msg("%u / %u: %u, not %u", n32, d, swiftkv::codec::quotient(n32, v), n32 / d);
+      }
+      ++checked;
+    };
+    for (const uint64_t around : {uint64_t{0}, uint64_t{1} << 31, uint64_t{UINT32_MAX}}) {
+      const uint64_t k0 = around / d;
+      for (uint64_t k = k0 > 3 ? k0 - 3 : 0; k <= k0 + 3; ++k) {
+        check(k * d);
+        if (k > 0) check(k * d - 1);
+      }
+    }
+    check(UINT32_MAX);
+    for (int r = 0; r < 64; ++r) check(rng() & UINT32_MAX);
+  }
+  assert_true(checked > divisors.size() * 80);  // the dividends above, where they fit
+  // A shape's divisors, made by its constructor; a row past 32 bits has none (the host divides
+  // such a layer in 64 bits, and no device decodes it).
+  const swiftkv::codec::LayerShape s{256, 12, 80, 1};
+  assert_int_equal(s.row.d, 960);
+  assert_int_equal(s.channels.d, 80);
+  assert_int_equal(swiftkv::codec::quotient(960 * 255 + 959, s.row), 255);
+  assert_int_equal(swiftkv::codec::LayerShape(1, 1u << 20, 1u << 12, 0).row.d, 0);
+  assert_int_equal(swiftkv::codec::LayerShape{}.channels.d, 0);
+}
+
 // Where the decode kernel reads a group's words in single loads: kivi codes of whole 16-byte
 // multiples (then its pairs start aligned too) and fp8, at head dims of 8's multiples.
 void words_are_read_whole_where_the_layout_aligns_them(void **) {
@@ -503,6 +551,7 @@ int main() {
       cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
       cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
       cmocka_unit_test(words_are_read_whole_where_the_layout_aligns_them),
+      cmocka_unit_test(a_divisor_divides_every_32_bit_dividend_exactly),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
