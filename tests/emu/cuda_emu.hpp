@@ -410,6 +410,28 @@ inline unsigned short __half_as_ushort(__half h) { return h.bits; }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 h) { return h.bits; }
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+// cuda_fp8.h's pair conversion, as PTX's cvt.rn.f16x2.e4m3x2 defines it: the low byte's value in
+// the low half. Written from the E4M3 format (1 sign, 4 exponent bits of bias 7, 3 mantissa bits,
+// no infinities, S.1111.111 NaN), not from the decoder's e4m3_value; E5M2 is not emulated.
+using __nv_fp8x2_storage_t = unsigned short;
+enum __nv_fp8_interpretation_t { __NV_E4M3, __NV_E5M2 };
+struct __half2_raw {
+  unsigned short x, y;
+};
+inline unsigned short emu_e4m3_to_half(unsigned c) {
+  const unsigned sign = (c & 0x80u) << 8, ex = (c >> 3) & 0xfu, m = c & 0x7u;
+  if (ex == 0xf && m == 0x7) return 0x7fff;
+  // (8 + m) x 2^(ex - 10) for a normal code, m x 2^-9 for a subnormal one: exact in a float,
+  // and in an f16 (whose subnormals reach 2^-24).
+  const float v = ex != 0 ? std::ldexp(static_cast<float>(8 + m), static_cast<int>(ex) - 10)
+                          : std::ldexp(static_cast<float>(m), -9);
+  return static_cast<unsigned short>(sign | swiftkv::float_to_half(v));
+}
+inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t x,
+                                              __nv_fp8_interpretation_t kind) {
+  if (kind != __NV_E4M3) swiftkv_emu::fatal("only E4M3 is emulated");
+  return {emu_e4m3_to_half(x & 0xffu), emu_e4m3_to_half(x >> 8)};
+}
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
 }
