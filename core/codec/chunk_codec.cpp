@@ -27,6 +27,17 @@ float fp8_checked_scale(const uint8_t *record, uint64_t row) {
   return scale;
 }
 
+void kivi_check_pairs(const uint8_t *pairs, uint64_t n, swiftkv_dtype dtype) {
+  // An exponent of all ones: 5 bits in f16, 8 in bf16.
+  const uint32_t ones = dtype == SWIFTKV_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
+  uint32_t bad = 0;
+  for (uint64_t i = 0; i < 2 * n; ++i) {
+    const uint32_t v = uint32_t{pairs[2 * i]} | (uint32_t{pairs[2 * i + 1]} << 8);
+    bad |= static_cast<uint32_t>((v & ones) == ones);
+  }
+  if (bad != 0) fail(SWIFTKV_EIO, "a kivi frame holds a NaN or infinite (lo, scale) pair");
+}
+
 namespace {
 
 // --- 16-bit floats: the chunk's own element type ------------------------------------------------
@@ -332,6 +343,8 @@ void kivi_decode(const ChunkShape &s, const CodecParams &c, const std::byte *in,
     const std::byte *kp = kc + k.codes;
     const std::byte *vc = kp + k.key_params;
     const std::byte *vp = vc + k.codes;
+    kivi_check_pairs(reinterpret_cast<const uint8_t *>(kp), k.key_params / 4, s.dtype);
+    kivi_check_pairs(reinterpret_cast<const uint8_t *>(vp), k.val_params / 4, s.dtype);
     std::byte *ko = out + (2 * uint64_t{l}) * tensor;
     std::byte *vo = out + (2 * uint64_t{l} + 1) * tensor;
     for (uint32_t t = 0; t < s.tokens; ++t) {

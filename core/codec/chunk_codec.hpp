@@ -83,6 +83,13 @@ FrameInfo read_frame_header(std::span<const std::byte> frame, const ChunkShape &
 // the device path's before the record leaves the host.
 float fp8_checked_scale(const uint8_t *record, uint64_t row);
 
+// n kivi (lo, scale) pairs of 16-bit `dtype` elements: EIO where a half is a NaN or an infinity
+// (no encoder writes one: the chunks it takes are finite). With finite pairs every decoded element
+// is finite or a rounded overflow, the same bits on every device; a NaN's sign and payload are
+// the arithmetic's own (an x86 host's and a GPU's differ). The decoder's check, and the device
+// path's before the frame leaves the host.
+void kivi_check_pairs(const uint8_t *pairs, uint64_t n, swiftkv_dtype dtype);
+
 // Decodes a frame into out (shape.bytes()). EIO for a frame that is not a valid encoding of a
 // chunk of this shape; out's contents are then unspecified.
 void decode(std::span<const std::byte> frame, const ChunkShape &shape, std::span<std::byte> out);

@@ -43,11 +43,25 @@ void check_layer_values(std::span<const std::byte> frame, const ChunkShape &shap
     fail(SWIFTKV_EINTERNAL,
          std::string("a ") + codec_name(params.codec) + " frame does not decode layer by layer");
   }
-  if (params.codec != Codec::fp8) return;  // every kivi payload decodes
+  const auto *payload = reinterpret_cast<const uint8_t *>(frame.data() + kFrameHeaderBytes);
+  if (params.codec == Codec::kivi) {
+    // What the kivi decoder refuses: a non-finite pair, layer by layer by the same check.
+    const LayerShape ls = layer_shape_of(shape);
+    const uint64_t codes = kivi_code_bytes(ls, params.bits);
+    const uint64_t keys = kivi_key_pair_bytes(ls, params.group);
+    const uint64_t values = kivi_value_pair_bytes(ls, params.group);
+    const uint64_t layer = 2 * codes + keys + values;
+    for (uint32_t l = 0; l < shape.layers; ++l) {
+      const uint8_t *p = payload + l * layer;
+      kivi_check_pairs(p + codes, keys / 4, shape.dtype);
+      kivi_check_pairs(p + 2 * codes + keys, values / 4, shape.dtype);
+    }
+    return;
+  }
   // What the fp8 decoder refuses, refused here too, row by row by the same check.
   const uint64_t row = uint64_t{shape.heads} * shape.dim;
   const uint64_t rows = uint64_t{shape.layers} * 2 * shape.tokens;
-  const auto *p = reinterpret_cast<const uint8_t *>(frame.data() + kFrameHeaderBytes);
+  const uint8_t *p = payload;
   for (uint64_t r = 0; r < rows; ++r, p += 4 + row) (void)fp8_checked_scale(p, row);
 }
 

@@ -476,8 +476,9 @@ void decode_layer_cpu(const std::byte *payload, const LayerShape &s, uint32_t en
 
 // For a frame whose header was checked (under `params`, of this shape): EIO where
 // codec::decode would refuse its values (fp8: a scale that is not finite and >= 0, a NaN code;
-// every kivi payload decodes), EINTERNAL for a codec that does not decode layer by layer. What a
-// frame passes before its layers are decoded on the device, where nothing can be refused.
+// kivi: a (lo, scale) pair with a NaN or infinite half), EINTERNAL for a codec that does not decode
+// layer by layer. What a frame passes before its layers are decoded on the device, where nothing
+// can be refused.
 void check_layer_values(std::span<const std::byte> frame, const ChunkShape &shape,
                         const CodecParams &params);
 

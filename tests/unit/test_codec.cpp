@@ -8,11 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "core/attention/half_float.hpp"
 #include "core/codec/chunk_codec.hpp"
+#include "core/codec/layer_decode.hpp"
 #include "core/common/error.hpp"
 #include "synthetic_kv.hpp"
 
@@ -410,6 +412,66 @@ void bad_input_is_refused(void **) {
   }
 }
 
+// Values no encoder writes (the chunks it takes are finite) are refused with EIO by the decoder
+// and, the same, by check_layer_values, which keeps them from a device: kivi pairs with a NaN or
+// infinite half (decoded, their NaNs' bits would differ between a host and a GPU), fp8 scales
+// that are not finite and >= 0, fp8 NaN codes. The largest finite values pass both.
+void values_no_encoder_writes_are_refused(void **) {
+  for (const swiftkv_dtype dt : {SWIFTKV_DTYPE_F16, SWIFTKV_DTYPE_BF16}) {
+    const cd::ChunkShape s{2, 16, 2, 32, dt};
+    const auto raw = synthetic_kv(s, 11);
+    std::vector<std::byte> out(raw.size());
+    const auto both = [&](const std::vector<std::byte> &f, const cd::CodecParams &p) {
+      const swiftkv_status d = status_of([&] { cd::decode(f, s, out); });
+      const swiftkv_status c = status_of([&] { cd::check_layer_values(f, s, p); });
+      assert_int_equal(d, c);
+      return d;
+    };
+    const auto with16 = [](std::vector<std::byte> f, uint64_t at, uint16_t v) {
+      std::memcpy(&f[at], &v, 2);
+      return f;
+    };
+    const uint16_t inf = dt == SWIFTKV_DTYPE_BF16 ? 0x7f80 : 0x7c00;
+    const uint16_t nan = dt == SWIFTKV_DTYPE_BF16 ? 0xffc1 : 0xfe01;
+    const uint16_t top = dt == SWIFTKV_DTYPE_BF16 ? 0x7f7f : 0x7bff;  // the largest finite
+
+    const cd::CodecParams kivi{cd::Codec::kivi, 4, 16};
+    const auto frame = cd::encode(s, kivi, raw);
+    assert_int_equal(both(frame, kivi), SWIFTKV_OK);
+    const cd::LayerShape ls = cd::layer_shape_of(s);
+    const uint64_t codes = cd::kivi_code_bytes(ls, 4), keys = cd::kivi_key_pair_bytes(ls, 16);
+    const uint64_t layer = cd::layer_payload_bytes(ls, cd::kLayerKivi | (4u << 8) | (4u << 16));
+    // Layer 1's first key pair's lo; layer 0's last value pair's scale.
+    const uint64_t key_lo = cd::kFrameHeaderBytes + layer + codes;
+    const uint64_t value_scale = cd::kFrameHeaderBytes + layer - 2;
+    assert_int_equal(value_scale, cd::kFrameHeaderBytes + 2 * codes + keys +
+                                      cd::kivi_value_pair_bytes(ls, 16) - 2);
+    for (const uint16_t v : {inf, static_cast<uint16_t>(inf | 0x8000), nan}) {
+      assert_int_equal(both(with16(frame, key_lo, v), kivi), SWIFTKV_EIO);
+      assert_int_equal(both(with16(frame, value_scale, v), kivi), SWIFTKV_EIO);
+    }
+    assert_int_equal(both(with16(frame, key_lo, top), kivi), SWIFTKV_OK);
+    assert_int_equal(both(with16(frame, value_scale, top), kivi), SWIFTKV_OK);
+
+    const cd::CodecParams fp8{cd::Codec::fp8};
+    auto f8 = cd::encode(s, fp8, raw);
+    assert_int_equal(both(f8, fp8), SWIFTKV_OK);
+    const uint64_t record = cd::kFrameHeaderBytes + 5 * (4 + 2 * 32);  // the sixth token's
+    for (const float bad : {std::numeric_limits<float>::infinity(), std::nanf(""), -1.0f}) {
+      auto f = f8;
+      std::memcpy(&f[record], &bad, 4);
+      assert_int_equal(both(f, fp8), SWIFTKV_EIO);
+    }
+    for (const uint8_t code : {0x7f, 0xff}) {
+      auto f = f8;
+      f[record + 4 + 7] = std::byte{code};
+      assert_int_equal(both(f, fp8), SWIFTKV_EIO);
+    }
+    f8[record + 4 + 7] = std::byte{0x7e};  // 448
+    assert_int_equal(both(f8, fp8), SWIFTKV_OK);
+  }
+}
+
 // No change to a frame crashes the decoder or reads outside it: it decodes or says EIO.
 void corruption_never_crashes(void **) {
   const cd::ChunkShape s{1, 16, 2, 32, SWIFTKV_DTYPE_BF16};
@@ -435,10 +497,15 @@ void corruption_never_crashes(void **) {
 
 int main() {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(lossless_round_trips),     cmocka_unit_test(kivi_within_its_bound),
-      cmocka_unit_test(fp8_within_its_bound),     cmocka_unit_test(frame_sizes_are_the_formulas),
-      cmocka_unit_test(formats_are_pinned),       cmocka_unit_test(bad_input_is_refused),
-      cmocka_unit_test(corruption_never_crashes), cmocka_unit_test(decoders_are_the_formulas),
+      cmocka_unit_test(lossless_round_trips),
+      cmocka_unit_test(kivi_within_its_bound),
+      cmocka_unit_test(fp8_within_its_bound),
+      cmocka_unit_test(frame_sizes_are_the_formulas),
+      cmocka_unit_test(formats_are_pinned),
+      cmocka_unit_test(bad_input_is_refused),
+      cmocka_unit_test(corruption_never_crashes),
+      cmocka_unit_test(decoders_are_the_formulas),
+      cmocka_unit_test(values_no_encoder_writes_are_refused),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
