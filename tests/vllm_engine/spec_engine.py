@@ -26,8 +26,8 @@ def main() -> int:
     import numpy as np
     import torch
 
+    async_scheduling = "--async-scheduling" in sys.argv[1:]
     args = [a for a in sys.argv[1:] if a != "--async-scheduling"]
-    async_scheduling = len(args) < len(sys.argv) - 1
     if async_scheduling:
         import cpu_async
         cpu_async.enable()
