@@ -639,9 +639,11 @@ void stream_pages_round_trip() {
 }
 
 // Chunks stored kivi or fp8 in host memory or on disk, loaded into device pools: decoded by the
-// GPU as the CPU decodes them, for the head dim that takes eight elements a store (16) and one
-// that does not (12), in every layout.
+// GPU as the CPU decodes them, for the head dim that takes eight elements a store (16, f16 and
+// bf16: each element type is its own instance of the kernel's group path) and one that does not
+// (12), in every layout.
 void compressed_round_trips() {
+  const Geometry bf16_groups{"bf16-d16", SWIFTKV_DTYPE_BF16, 16, 2};
   swiftkv_codec_params kivi4 = SWIFTKV_CODEC_PARAMS_INIT, kivi2 = SWIFTKV_CODEC_PARAMS_INIT,
                        fp8 = SWIFTKV_CODEC_PARAMS_INIT;
   kivi4.codec = kivi2.codec = SWIFTKV_CODEC_KIVI;
@@ -650,7 +652,7 @@ void compressed_round_trips() {
   kivi2.bits = 2;
   kivi2.group = 8;
   fp8.codec = SWIFTKV_CODEC_FP8;
-  for (const Geometry &g : {kGeometries[0], kGeometries[1]}) {
+  for (const Geometry &g : {kGeometries[0], kGeometries[1], bf16_groups}) {
     for (const char *layout : {"vllm", "nhd", "hnd", "cross"}) {
       round_trip(g, layout, SWIFTKV_TIER_HOST, &kivi4);
       round_trip(g, layout, SWIFTKV_TIER_HOST, &fp8);
