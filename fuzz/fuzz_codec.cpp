@@ -1,5 +1,5 @@
 // libFuzzer target: the chunk codecs' decoder over any bytes. The input is a frame for a small
-// chunk shape (the first byte picks one of four shapes, the rest is the frame). Whatever the bytes,
+// chunk shape (the first byte picks one of five shapes, the rest is the frame). Whatever the bytes,
 // decode() either gives a chunk or says SWIFTKV_EIO; it never reads outside the frame or writes
 // outside the chunk (ASan), and a frame it accepts decodes to the same bytes twice.
 //
@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,11 +31,11 @@ namespace {
 namespace cd = swiftkv::codec;
 
 const cd::ChunkShape kShapes[] = {
-    {1, 8, 1, 8, SWIFTKV_DTYPE_F16},
-    {2, 3, 2, 16, SWIFTKV_DTYPE_BF16},
-    {1, 16, 1, 32, SWIFTKV_DTYPE_F16},
-    {1, 5, 3, 8, SWIFTKV_DTYPE_BF16},
+    {1, 8, 1, 8, SWIFTKV_DTYPE_F16},   {2, 3, 2, 16, SWIFTKV_DTYPE_BF16},
+    {1, 16, 1, 32, SWIFTKV_DTYPE_F16}, {1, 5, 3, 8, SWIFTKV_DTYPE_BF16},
+    {2, 7, 3, 24, SWIFTKV_DTYPE_F16},  // rows and channels of no power of two (the divisors)
 };
+constexpr uint8_t kShapeCount = std::size(kShapes);
 
 void write_seeds(const std::string &dir) {
   const cd::CodecParams ps[] = {
@@ -42,7 +43,7 @@ void write_seeds(const std::string &dir) {
       {cd::Codec::kivi, 8, 8}, {cd::Codec::kivi, 4, 16},          {cd::Codec::kivi, 2, 8},
       {cd::Codec::fp8}};
   int n = 0;
-  for (uint8_t si = 0; si < 4; ++si) {
+  for (uint8_t si = 0; si < kShapeCount; ++si) {
     const cd::ChunkShape &s = kShapes[si];
     std::vector<std::byte> raw(s.bytes());
     for (uint64_t i = 0; i < s.elements(); ++i) {
@@ -112,7 +113,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size == 0) return 0;
-  const cd::ChunkShape &s = kShapes[data[0] % 4];
+  const cd::ChunkShape &s = kShapes[data[0] % kShapeCount];
   const std::vector<std::byte> frame(reinterpret_cast<const std::byte *>(data) + 1,
                                      reinterpret_cast<const std::byte *>(data) + size);
   std::vector<std::byte> a(s.bytes()), b(s.bytes(), std::byte{0x5a});
