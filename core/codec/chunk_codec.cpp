@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -28,11 +29,25 @@ float fp8_checked_scale(const uint8_t *record, uint64_t row) {
 }
 
 void kivi_check_pairs(const uint8_t *pairs, uint64_t n, swiftkv_dtype dtype) {
-  // An exponent of all ones: 5 bits in f16, 8 in bf16.
+  // A half is not finite when its exponent is all ones: 5 bits in f16, 8 in bf16. A device load
+  // runs this over every kivi chunk before the request starts, so four halves are tested at a
+  // time (a lane of (w & ones) ^ ones is zero exactly where the exponent is all ones; the borrow
+  // test finds whether any lane is zero): about four times the speed of one half at a time.
   const uint32_t ones = dtype == SWIFTKV_DTYPE_BF16 ? 0x7f80u : 0x7c00u;
-  uint32_t bad = 0;
-  for (uint64_t i = 0; i < 2 * n; ++i) {
-    const uint32_t v = uint32_t{pairs[2 * i]} | (uint32_t{pairs[2 * i + 1]} << 8);
+  const uint64_t bytes = 4 * n;
+  uint64_t i = 0, zero_lanes = 0;
+  if constexpr (std::endian::native == std::endian::little) {
+    const uint64_t m = ones * 0x0001000100010001ull;
+    for (; i + 8 <= bytes; i += 8) {
+      uint64_t w;
+      std::memcpy(&w, pairs + i, 8);
+      const uint64_t t = (w & m) ^ m;
+      zero_lanes |= (t - 0x0001000100010001ull) & ~t & 0x8000800080008000ull;
+    }
+  }
+  uint32_t bad = zero_lanes != 0 ? 1u : 0u;
+  for (; i < bytes; i += 2) {
+    const uint32_t v = uint32_t{pairs[i]} | (uint32_t{pairs[i + 1]} << 8);
     bad |= static_cast<uint32_t>((v & ones) == ones);
   }
   if (bad != 0) fail(SWIFTKV_EIO, "a kivi frame holds a NaN or infinite (lo, scale) pair");
