@@ -56,13 +56,21 @@ SWIFTKV_HD Divisor divisor_of(uint32_t d) {
   const uint64_t magic = (((uint64_t{1} << l) - d) << 32) / d + 1;
   return Divisor{d, static_cast<uint32_t>(magic), l};
 }
-SWIFTKV_HD uint32_t quotient(uint32_t n, const Divisor &v) {
+SWIFTKV_HD uint32_t mul_high(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__)
-  const uint32_t hi = __umulhi(n, v.magic);
+  return __umulhi(a, b);
 #else
-  const auto hi = static_cast<uint32_t>((uint64_t{n} * v.magic) >> 32);
+  return static_cast<uint32_t>((uint64_t{a} * b) >> 32);
 #endif
-  return static_cast<uint32_t>((uint64_t{hi} + n) >> v.shift);
+}
+SWIFTKV_HD uint32_t quotient(uint32_t n, const Divisor &v) {
+  return static_cast<uint32_t>((uint64_t{mul_high(n, v.magic)} + n) >> v.shift);
+}
+// The same for n < 2^31 and d <= 2^31 (a shift under 32), in 32 bits: mulhi(magic, n) < n, so the
+// sum stays under 2^32 (on a device a 32-bit add and shift, where the general form carries into a
+// 64-bit shift). A device's layer is under 2^31 elements, so are its indices and divisors.
+SWIFTKV_HD uint32_t quotient_31(uint32_t n, const Divisor &v) {
+  return (mul_high(n, v.magic) + n) >> v.shift;
 }
 
 // A chunk's shape as the decoder needs it, a kernel parameter (40 bytes). The divisors are made
@@ -222,13 +230,32 @@ SWIFTKV_HD uint32_t load_half(const uint8_t *p) {
   return load_u16(p);
 }
 
+// The type of an element's index in a layer and of the indices made from it (a kivi pair's, a
+// group's code byte): 32 bits on a device, where every decoded layer fits (layer_fits_device: both
+// tensors together under 2^32 elements, so each index is under 2^31 and a product with a part's
+// element size widens once, one instruction), 64 on the host, which also decodes larger layers.
+// The emulator (tests/emu) compiles the device's form for the host, against the host's form.
+#if defined(__CUDA_ARCH__)
+using LayerIndex = uint32_t;
+#else
+using LayerIndex = uint64_t;
+#endif
+// A quotient of such indices: in 32 bits on a device; the host's rows and head dims may pass 2^31.
+SWIFTKV_HD uint32_t index_quotient(uint32_t n, const Divisor &v) {
+#if defined(__CUDA_ARCH__)
+  return quotient_31(n, v);
+#else
+  return quotient(n, v);
+#endif
+}
+
 // Where element e of a layer is: K (kv 0) or V (1), its index i in that tensor, its token t and
 // its index j in the token's heads x dim row.
 struct LayerPos {
   uint32_t kv;
   uint32_t t;
   uint32_t j;
-  uint64_t i;
+  LayerIndex i;
 };
 SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
   // 32-bit arithmetic and the row's Divisor where both tensors' elements fit 32 bits: on a device
@@ -245,13 +272,14 @@ SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
   const uint32_t n = s.tokens * s.heads * s.dim, e32 = static_cast<uint32_t>(e);
   const uint32_t kv = e32 >= n ? 1u : 0u;
   const uint32_t i = e32 - (kv != 0 ? n : 0u);
-  const uint32_t t = quotient(i, s.row);
+  const uint32_t t = index_quotient(i, s.row);
   return {kv, t, i - t * s.row.d, i};
 }
 
 // fp8: the record (scale, codes) of the element's token.
 SWIFTKV_HD const uint8_t *fp8_record(const uint8_t *p, const LayerShape &s, const LayerPos &at) {
-  return p + (uint64_t{at.kv} * s.tokens + at.t) * (4 + uint64_t{s.heads} * s.dim);
+  // A record's index is under 2 x tokens and its size under 2^31 + 4: one widening product.
+  return p + uint64_t{LayerIndex{at.kv} * s.tokens + at.t} * (4 + LayerIndex{s.heads} * s.dim);
 }
 SWIFTKV_HD uint16_t fp8_element(uint32_t code, float scale, uint32_t bf16) {
   return element_bits(mul_rounded(e4m3_value(code), scale), bf16);
@@ -276,13 +304,17 @@ SWIFTKV_HD KiviParts kivi_parts(const LayerShape &s, uint32_t encoding) {
 SWIFTKV_HD const uint8_t *kivi_codes(const uint8_t *p, const KiviParts &k, const LayerPos &at) {
   return p + (at.kv != 0 ? k.codes + k.key_pairs : 0);
 }
+// The pair's index is under the tensor's elements: for keys (t >> glog) x row + j <= i, for values
+// (t x heads + h + 1) x vgroups <= tokens x heads x dim.
 SWIFTKV_HD const uint8_t *kivi_pair(const uint8_t *p, const LayerShape &s, const KiviParts &k,
                                     const LayerPos &at) {
-  if (at.kv == 0) return p + k.codes + ((uint64_t{at.t >> k.glog} * s.heads * s.dim) + at.j) * 4;
-  const uint32_t h = quotient(at.j, s.channels), d = at.j - h * s.dim;
-  const uint64_t vgroups = (uint64_t{s.dim} + (1u << k.glog) - 1) >> k.glog;
+  if (at.kv == 0) {
+    return p + k.codes + uint64_t{LayerIndex{at.t >> k.glog} * s.heads * s.dim + at.j} * 4;
+  }
+  const uint32_t h = index_quotient(at.j, s.channels), d = at.j - h * s.dim;
+  const LayerIndex vgroups = (LayerIndex{s.dim} + (1u << k.glog) - 1) >> k.glog;
   return p + 2 * k.codes + k.key_pairs +
-         ((uint64_t{at.t} * s.heads + h) * vgroups + (d >> k.glog)) * 4;
+         uint64_t{(LayerIndex{at.t} * s.heads + h) * vgroups + (d >> k.glog)} * 4;
 }
 // Code q under the pair (lo, scale), and under the pair word w: lo in its low half, then scale.
 template <bool kBf16>
@@ -310,7 +342,7 @@ SWIFTKV_HD uint16_t decode_layer_element(const uint8_t *p, const LayerShape &s, 
     return fp8_element(rec[4 + at.j], layer_bits_to_float(load_word(rec)), s.bf16);
   }
   const KiviParts k = kivi_parts(s, encoding);
-  const uint64_t bit = at.i * k.bits;
+  const uint64_t bit = uint64_t{at.i} * k.bits;
   const uint32_t q = (uint32_t{kivi_codes(p, k, at)[bit / 8]} >> (bit % 8)) & ((1u << k.bits) - 1);
   return kivi_element(q, kivi_pair(p, s, k, at), s.bf16);
 }
@@ -363,7 +395,8 @@ SWIFTKV_HD void fetch_layer_8(const uint8_t *p, const LayerShape &s, uint32_t en
     return;
   }
   const KiviParts kp = kivi_parts(s, encoding);
-  const uint8_t *code_at = kivi_codes(p, kp, at) + at.i * kp.bits / 8;
+  // i is a multiple of 8: its codes start at byte (i / 8) x bits, under the tensor's elements.
+  const uint8_t *code_at = kivi_codes(p, kp, at) + uint64_t{(at.i >> 3) * kp.bits};
   // `bits` bytes of codes (8, 4 or 2).
 #if defined(__CUDA_ARCH__)
   if (kAligned) {

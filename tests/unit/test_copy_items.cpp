@@ -19,6 +19,8 @@
 #include <utility>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "core/codec/chunk_codec.hpp"
 #include "core/codec/layer_decode.hpp"
 #include "core/common/error.hpp"
@@ -442,10 +444,113 @@ void only_layers_of_32_bit_positions_decode_on_a_device(void **) {
   assert_false(swiftkv::codec::layer_fits_device(LayerShape{1u << 31, 1u << 31, 8, 1}));
 }
 
+#if defined(SWIFTKV_TEST_EMULATION)
+// The device's index arithmetic is 32-bit (codec::LayerIndex) where the host's is 64-bit: at the
+// largest layer a device decodes, the last tokens of K and V and the first of V decode to the
+// same elements in the emulated kernel as in its twin. There a kivi code's byte and a pair's index
+// are just under 2^31 and the value pairs and fp8's V records lie past 4 GiB, so a product left
+// in 32 bits reads other bytes. The payload is mapped, not filled: only the parts these tokens
+// read hold values (random codes, finite pairs and scales), the rest reads as zeros.
+void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
+  using swiftkv::codec::LayerShape;
+  // 2 x 65535 x 8 x 4096 = 2^32 - 2^17 elements: the two tensors fit 32 bits, each just under
+  // 2^31.
+  const LayerShape shape{65535, 8, 4096, 0};
+  assert_true(swiftkv::codec::layer_fits_device(shape));
+  assert_false(swiftkv::codec::layer_fits_device(LayerShape{65536, 8, 4096, 0}));
+  const uint64_t n = swiftkv::codec::layer_tensor_elements(shape);
+  const uint64_t row = uint64_t{shape.heads} * shape.dim;
+  const auto kivi = [](uint32_t bits, uint32_t group_log2) {
+    return swiftkv::codec::kLayerKivi | (bits << 8) | (group_log2 << 16);
+  };
+  std::mt19937_64 rng(4646);
+  for (const uint32_t bf16 : {0u, 1u}) {
+    for (const uint32_t encoding : {kivi(8, 5), kivi(2, 7), swiftkv::codec::kLayerFp8}) {
+      const LayerShape s{shape.tokens, shape.heads, shape.dim, bf16};
+      const uint64_t bytes = swiftkv::codec::layer_payload_bytes(s, encoding);
+      // kivi-8's value pairs and fp8's last records lie past 4 GiB (kivi-2's layer is 1.1 GiB).
+      assert_true(bytes > (uint64_t{1} << 32) || encoding == kivi(2, 7));
+      void *map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      assert_true(map != MAP_FAILED);
+      auto *payload = static_cast<unsigned char *>(map);
+      // Random codes over [at, at + len); pair halves or fp8 scales made finite where asked.
+      const auto fill_codes = [&](uint64_t at, uint64_t len) {
+        for (uint64_t k = 0; k < len; ++k) {
+          uint8_t c = static_cast<uint8_t>(rng());
+          if (encoding == swiftkv::codec::kLayerFp8 && (c & 0x7f) == 0x7f) c = 0x3c;  // no NaN
+          payload[at + k] = c;
+        }
+      };
+      const auto fill_pairs = [&](uint64_t at, uint64_t len) {
+        // Halves below 2 in magnitude, of either type: sign, and an exponent under 0x0f / 0x7f.
+        for (uint64_t k = 0; k < len; k += 2) {
+          const auto h = static_cast<uint16_t>(rng() & 0xbfff);
+          std::memcpy(payload + at + k, &h, 2);
+        }
+      };
+      if (encoding == swiftkv::codec::kLayerFp8) {
+        const uint64_t record = 4 + row;
+        for (const uint64_t t :
+             {n / row - 2, n / row - 1, n / row, 2 * n / row - 2, 2 * n / row - 1}) {
+          const float scale = 0.001f + static_cast<float>(rng() % 1000) / 1000.0f;
+          std::memcpy(payload + t * record, &scale, 4);
+          fill_codes(t * record + 4, row);
+        }
+      } else {
+        const uint32_t bits = swiftkv::codec::layer_bits(encoding);
+        const uint32_t group = 1u << swiftkv::codec::layer_group_log2(encoding);
+        const uint64_t codes = swiftkv::codec::kivi_code_bytes(s, bits);
+        const uint64_t key_pairs = swiftkv::codec::kivi_key_pair_bytes(s, group);
+        const uint64_t token_codes = row * bits / 8;
+        const uint64_t value_pairs_per_token =
+            uint64_t{s.heads} * ((s.dim + group - 1) / group) * 4;
+        // K: the last two tokens' codes and their token group's pairs; V: the first token's and
+        // the last two tokens' codes and pairs.
+        fill_codes(codes - 2 * token_codes, 2 * token_codes);
+        fill_pairs(codes + key_pairs - row * 4, row * 4);
+        const uint64_t v_codes = codes + key_pairs, v_pairs = 2 * codes + key_pairs;
+        fill_codes(v_codes, token_codes);
+        fill_codes(v_codes + codes - 2 * token_codes, 2 * token_codes);
+        fill_pairs(v_pairs, value_pairs_per_token);
+        fill_pairs(bytes - 2 * value_pairs_per_token, 2 * value_pairs_per_token);
+      }
+      // Items of one 4096-byte row each over those tokens' elements (piece offsets in decoded
+      // bytes), into consecutive pages; and one of 30 bytes at an odd element, which the kernel
+      // decodes element by element.
+      std::vector<CopyItem> items;
+      uint64_t out_at = 0;
+      for (const uint64_t t :
+           {n / row - 2, n / row - 1, n / row, 2 * n / row - 2, 2 * n / row - 1}) {
+        for (uint64_t b = 0; b < row * 2; b += swiftkv::kItemBytes) {
+          items.push_back(CopyItem{out_at, t * row * 2 + b, 0, swiftkv::kItemBytes, 1, 0, 0});
+          out_at += swiftkv::kItemBytes;
+        }
+      }
+      items.push_back(CopyItem{out_at, (2 * n - 17) * 2, 0, 30, 1, 0, 0});
+      out_at += 32;
+      const ChunkSource source{0, 0, encoding, 0};
+      std::vector<std::byte> twin(out_at), emu(out_at);
+      swiftkv::decode_items_cpu(items.data(), items.size(), &source, s,
+                                reinterpret_cast<const std::byte *>(payload), twin.data());
+      kernel_emulation::run_decode_items(
+          kEmuGrid, items.data(), static_cast<uint32_t>(items.size()), &source, payload,
+          reinterpret_cast<unsigned char *>(emu.data()), &s, sizeof s, false, {7});
+      assert_true(emu == twin);
+      // What was filled was read: not every element decodes to zero.
+      assert_true(std::count(twin.begin(), twin.end(), std::byte{0}) <
+                  static_cast<ptrdiff_t>(out_at / 2));
+      assert_int_equal(munmap(map, bytes), 0);
+    }
+  }
+}
+#endif
+
 // The decoder's division by a layer's row and channel counts (codec::Divisor) is exact for every
 // 32-bit dividend: each divisor up to 2^12, and the powers of two, their neighbours and the
 // largest divisors, at the dividends where a quotient steps (k d - 1, k d) near 0, near 2^31 and
-// near 2^32, and at random ones. A magic number one off, or a shift one short, fails here.
+// near 2^32, and at random ones (quotient_31 those under 2^31, by divisors up to 2^31). A magic
+// number one off, or a shift one short, fails here.
 void a_divisor_divides_every_32_bit_dividend_exactly(void **) {
   using swiftkv::codec::Divisor;
   std::vector<uint32_t> divisors;
@@ -466,6 +571,11 @@ void a_divisor_divides_every_32_bit_dividend_exactly(void **) {
       const auto n32 = static_cast<uint32_t>(n);
       if (swiftkv::codec::quotient(n32, v) != n32 / d) {
         fail_msg("%u / %u: %u, not %u", n32, d, swiftkv::codec::quotient(n32, v), n32 / d);
+      }
+      // The 32-bit form, for the dividends under 2^31 and divisors up to 2^31 it is for.
+      if (n32 < (uint32_t{1} << 31) && d <= (uint32_t{1} << 31) &&
+          swiftkv::codec::quotient_31(n32, v) != n32 / d) {
+        fail_msg("%u / %u in 32 bits: %u", n32, d, swiftkv::codec::quotient_31(n32, v));
       }
       ++checked;
     };
@@ -544,14 +654,17 @@ int main() {
   assert_int_equal(kernel_emulation::chunk_source_size(), sizeof(ChunkSource));
 #endif
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(every_layout_moves_the_plans_bytes),
-      cmocka_unit_test(a_long_segment_is_cut_at_item_size),
-      cmocka_unit_test(evenly_spaced_segments_become_rows),
-      cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
-      cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
-      cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
-      cmocka_unit_test(words_are_read_whole_where_the_layout_aligns_them),
-      cmocka_unit_test(a_divisor_divides_every_32_bit_dividend_exactly),
+    cmocka_unit_test(every_layout_moves_the_plans_bytes),
+    cmocka_unit_test(a_long_segment_is_cut_at_item_size),
+    cmocka_unit_test(evenly_spaced_segments_become_rows),
+    cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
+    cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
+    cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
+    cmocka_unit_test(words_are_read_whole_where_the_layout_aligns_them),
+    cmocka_unit_test(a_divisor_divides_every_32_bit_dividend_exactly),
+#if defined(SWIFTKV_TEST_EMULATION)
+    cmocka_unit_test(a_layer_at_the_device_limit_decodes_as_on_the_host),
+#endif
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
