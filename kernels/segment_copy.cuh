@@ -152,13 +152,16 @@ __global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
 //
 // A row's groups of eight, lanes taking groups lane, lane + 32, ...: kAligned where every word
 // read is at a multiple of its size (codec::layer_words_aligned, the payload 16-byte aligned), so
-// each is one load; kBf16 the element type. Both are known per item, so the inner loop has no
-// branch on them.
-template <uint32_t kGroups, bool kAligned, bool kBf16>
+// each is one load; kBf16 the element type; kCodecBits, where not 0, the encoding's codec and
+// kivi's bits (its low 16 bits; kivi's group stays a parameter), so that kivi's codes are taken by
+// constant shifts. All are known per item, so the inner loop has no branch on them.
+template <uint32_t kGroups, bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
 __device__ inline void decode_row_groups(const unsigned char *__restrict__ payload,
-                                         const codec::LayerShape &shape, uint32_t encoding,
+                                         const codec::LayerShape &shape, uint32_t chunk_encoding,
                                          uint64_t first, uint32_t groups, unsigned char *page,
                                          uint32_t lane) {
+  const uint32_t encoding =
+      kCodecBits != 0 ? (chunk_encoding & ~uint32_t{0xffff}) | kCodecBits : chunk_encoding;
   for (uint32_t k0 = lane; k0 < groups; k0 += 32 * kGroups) {
     codec::Fetched8 f[kGroups];
 #pragma unroll
@@ -185,6 +188,40 @@ __device__ inline void decode_row_groups(const unsigned char *__restrict__ paylo
   }
 }
 
+// The aligned rows, made for each codec and kivi bit count (fp8, kivi 8, 4, 2) in the `spread`
+// launch. The `ahead` launch keeps one loop for all: its three groups' reads fill sm_90's 80
+// registers, and the loops made for kivi spill there.
+template <uint32_t kGroups, bool kBf16>
+__device__ inline void decode_row_aligned(const unsigned char *__restrict__ payload,
+                                          const codec::LayerShape &shape, uint32_t encoding,
+                                          uint64_t first, uint32_t groups, unsigned char *page,
+                                          uint32_t lane) {
+  if constexpr (kGroups > 1) {
+    decode_row_groups<kGroups, true, kBf16>(payload, shape, encoding, first, groups, page, lane);
+  } else {
+    constexpr uint32_t kKivi8 = codec::kLayerKivi | (8u << 8),
+                       kKivi4 = codec::kLayerKivi | (4u << 8),
+                       kKivi2 = codec::kLayerKivi | (2u << 8);
+    switch (encoding & 0xffffu) {
+      case codec::kLayerFp8:
+        return decode_row_groups<1, true, kBf16, codec::kLayerFp8>(payload, shape, encoding, first,
+                                                                   groups, page, lane);
+      case kKivi8:
+        return decode_row_groups<1, true, kBf16, kKivi8>(payload, shape, encoding, first, groups,
+                                                         page, lane);
+      case kKivi4:
+        return decode_row_groups<1, true, kBf16, kKivi4>(payload, shape, encoding, first, groups,
+                                                         page, lane);
+      case kKivi2:
+        return decode_row_groups<1, true, kBf16, kKivi2>(payload, shape, encoding, first, groups,
+                                                         page, lane);
+      default:  // no encoder writes another; decoded as the encoding says all the same
+        return decode_row_groups<1, true, kBf16>(payload, shape, encoding, first, groups, page,
+                                                 lane);
+    }
+  }
+}
+
 template <uint32_t kGroups>
 __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uint32_t n,
                                          const ChunkSource *__restrict__ chunks,
@@ -207,11 +244,9 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
           reinterpret_cast<uintptr_t>(page) % 16 == 0) {
         const uint32_t groups = count / 8;
         if (aligned && shape.bf16 != 0) {
-          decode_row_groups<kGroups, true, true>(payload, shape, c.encoding, first, groups, page,
-                                                 lane);
+          decode_row_aligned<kGroups, true>(payload, shape, c.encoding, first, groups, page, lane);
         } else if (aligned) {
-          decode_row_groups<kGroups, true, false>(payload, shape, c.encoding, first, groups, page,
-                                                  lane);
+          decode_row_aligned<kGroups, false>(payload, shape, c.encoding, first, groups, page, lane);
         } else if (shape.bf16 != 0) {
           decode_row_groups<kGroups, false, true>(payload, shape, c.encoding, first, groups, page,
                                                   lane);
