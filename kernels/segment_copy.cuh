@@ -150,31 +150,34 @@ __global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
 // then decodes and stores them: kGroups groups' reads in flight at once. The CPU twin is
 // decode_items_cpu; both go through codec::decode_layer_8's parts / decode_layer_element.
 //
-// A row's groups of eight, lanes taking groups lane, lane + 32, ...: kAligned where every word
-// read is at a multiple of its size (codec::layer_words_aligned, the payload 16-byte aligned), so
-// each is one load; kBf16 the element type; kCodecBits, where not 0, the encoding's codec and
-// kivi's bits (its low 16 bits; kivi's group stays a parameter), so that kivi's codes are taken by
-// constant shifts. All are known per item, so the inner loop has no branch on them.
-template <uint32_t kGroups, bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
-__device__ inline void decode_row_groups(const unsigned char *__restrict__ payload,
-                                         const codec::LayerShape &shape, uint32_t chunk_encoding,
-                                         uint64_t first, uint32_t groups, unsigned char *page,
-                                         uint32_t lane) {
+// Groups [begin, end) of a row, lanes taking groups begin + lane, + 32, ...: kAligned where every
+// word read is at a multiple of its size (codec::layer_words_aligned, the payload 16-byte
+// aligned), so each is one load; kBf16 the element type; kCodecBits, where not 0, the encoding's
+// codec and kivi's bits (its low 16 bits; kivi's group stays a parameter), so that kivi's codes
+// are taken by constant shifts; kKv whether the groups are K's (0) or V's (1), or either (-1,
+// found per group). All are known per item or per part of a row, so the inner loop has no branch
+// on them.
+template <uint32_t kGroups, bool kAligned, bool kBf16, uint32_t kCodecBits, int kKv>
+__device__ inline void decode_groups(const unsigned char *__restrict__ payload,
+                                     const codec::LayerShape &shape, uint32_t chunk_encoding,
+                                     uint64_t first, uint32_t begin, uint32_t end,
+                                     unsigned char *page, uint32_t lane) {
   const uint32_t encoding =
       kCodecBits != 0 ? (chunk_encoding & ~uint32_t{0xffff}) | kCodecBits : chunk_encoding;
-  for (uint32_t k0 = lane; k0 < groups; k0 += 32 * kGroups) {
+  for (uint32_t k0 = begin + lane; k0 < end; k0 += 32 * kGroups) {
     codec::Fetched8 f[kGroups];
 #pragma unroll
     for (uint32_t u = 0; u < kGroups; ++u) {
       const uint32_t k = k0 + 32 * u;
-      if (k < groups) {
-        codec::fetch_layer_8<kAligned>(payload, shape, encoding, first + 8 * uint64_t{k}, f[u]);
+      if (k < end) {
+        codec::fetch_layer_8<kAligned, kKv>(payload, shape, encoding, first + 8 * uint64_t{k},
+                                            f[u]);
       }
     }
 #pragma unroll
     for (uint32_t u = 0; u < kGroups; ++u) {
       const uint32_t k = k0 + 32 * u;
-      if (k < groups) {
+      if (k < end) {
         uint16_t v[8];
         codec::decode_fetched_8_as<kBf16>(f[u], encoding, v);
         uint4 word;
@@ -188,36 +191,122 @@ __device__ inline void decode_row_groups(const unsigned char *__restrict__ paylo
   }
 }
 
-// The aligned rows, made for each codec and kivi bit count (fp8, kivi 8, 4, 2) in the `spread`
-// launch. The `ahead` launch keeps one loop for all: its three groups' reads fill sm_90's 80
-// registers, and the loops made for kivi spill there.
-template <uint32_t kGroups, bool kBf16>
-__device__ inline void decode_row_aligned(const unsigned char *__restrict__ payload,
-                                          const codec::LayerShape &shape, uint32_t encoding,
-                                          uint64_t first, uint32_t groups, unsigned char *page,
-                                          uint32_t lane) {
+// A row's `groups` groups of eight from element `first`: in the `spread` launch its K groups,
+// then its V groups, each through a loop made for them (a row crosses from K to V where a page's
+// K and V blocks follow each other as the chunk's do; the boundary, the tensor's element count, is
+// a multiple of 8 as dim is). The `ahead` launch keeps one loop for both, as two spilled on sm_90.
+template <uint32_t kGroups, bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
+__device__ inline void decode_row_groups(const unsigned char *__restrict__ payload,
+                                         const codec::LayerShape &shape, uint32_t encoding,
+                                         uint64_t first, uint32_t groups, unsigned char *page,
+                                         uint32_t lane) {
   if constexpr (kGroups > 1) {
-    decode_row_groups<kGroups, true, kBf16>(payload, shape, encoding, first, groups, page, lane);
+    decode_groups<kGroups, kAligned, kBf16, kCodecBits, -1>(payload, shape, encoding, first, 0,
+                                                            groups, page, lane);
   } else {
-    constexpr uint32_t kKivi8 = codec::kLayerKivi | (8u << 8),
-                       kKivi4 = codec::kLayerKivi | (4u << 8),
-                       kKivi2 = codec::kLayerKivi | (2u << 8);
-    switch (encoding & 0xffffu) {
-      case codec::kLayerFp8:
-        return decode_row_groups<1, true, kBf16, codec::kLayerFp8>(payload, shape, encoding, first,
-                                                                   groups, page, lane);
-      case kKivi8:
-        return decode_row_groups<1, true, kBf16, kKivi8>(payload, shape, encoding, first, groups,
-                                                         page, lane);
-      case kKivi4:
-        return decode_row_groups<1, true, kBf16, kKivi4>(payload, shape, encoding, first, groups,
-                                                         page, lane);
-      case kKivi2:
-        return decode_row_groups<1, true, kBf16, kKivi2>(payload, shape, encoding, first, groups,
-                                                         page, lane);
-      default:  // no encoder writes another; decoded as the encoding says all the same
-        return decode_row_groups<1, true, kBf16>(payload, shape, encoding, first, groups, page,
-                                                 lane);
+    const uint32_t n = shape.tokens * shape.heads * shape.dim;   // under 2^31 on a device
+    const uint64_t before_v = first >= n ? 0 : (n - first) / 8;  // groups before V's first
+    const uint32_t keys = before_v < groups ? static_cast<uint32_t>(before_v) : groups;
+    decode_groups<1, kAligned, kBf16, kCodecBits, 0>(payload, shape, encoding, first, 0, keys, page,
+                                                     lane);
+    decode_groups<1, kAligned, kBf16, kCodecBits, 1>(payload, shape, encoding, first, keys, groups,
+                                                     page, lane);
+  }
+}
+
+// Row `row` of an item: its page bytes, its first element in the layer and its element count;
+// and whether it decodes by groups of eight (a head dim of 8's multiples, the first element and
+// the count multiples of 8, the page 16-byte aligned). Else element by element:
+struct DecodeRow {
+  unsigned char *page;
+  uint64_t first;
+  uint32_t count;
+};
+__device__ inline DecodeRow decode_row_at(const CopyItem &it, unsigned char *pages, uint32_t row) {
+  return {pages + it.page_offset + uint64_t{row} * it.page_stride,
+          (it.piece_offset + uint64_t{row} * it.piece_stride) / 2, uint32_t{it.bytes} / 2};
+}
+__device__ inline bool row_takes_groups(const codec::LayerShape &shape, const DecodeRow &r) {
+  return shape.dim % 8 == 0 && r.first % 8 == 0 && r.count % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(r.page) % 16 == 0;
+}
+__device__ inline void decode_row_elements(const unsigned char *__restrict__ payload,
+                                           const codec::LayerShape &shape, uint32_t encoding,
+                                           const DecodeRow &r, uint32_t lane) {
+  for (uint32_t k = lane; k < r.count; k += 32) {
+    const uint16_t v = codec::decode_layer_element(payload, shape, encoding, r.first + k);
+    r.page[2 * k] = static_cast<unsigned char>(v & 0xffu);
+    r.page[2 * k + 1] = static_cast<unsigned char>(v >> 8);
+  }
+}
+
+// An item's rows, all decoded by the loops the template arguments make (the `spread` launch
+// chooses them once per item, so that what each one's loops keep from row to row is its own).
+template <bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
+__device__ inline void decode_item_rows(const CopyItem &it,
+                                        const unsigned char *__restrict__ payload,
+                                        unsigned char *pages, const codec::LayerShape &shape,
+                                        uint32_t encoding, uint32_t lane) {
+  for (uint32_t row = 0; row < it.rows; ++row) {
+    const DecodeRow r = decode_row_at(it, pages, row);
+    if (row_takes_groups(shape, r)) {
+      decode_row_groups<1, kAligned, kBf16, kCodecBits>(payload, shape, encoding, r.first,
+                                                        r.count / 8, r.page, lane);
+    } else {
+      decode_row_elements(payload, shape, encoding, r, lane);
+    }
+  }
+}
+
+// The `spread` launch's item whose words are aligned: its loops made for each codec and kivi bit
+// count (fp8, kivi 8, 4, 2).
+template <bool kBf16>
+__device__ inline void decode_item_aligned(const CopyItem &it,
+                                           const unsigned char *__restrict__ payload,
+                                           unsigned char *pages, const codec::LayerShape &shape,
+                                           uint32_t encoding, uint32_t lane) {
+  constexpr uint32_t kKivi8 = codec::kLayerKivi | (8u << 8), kKivi4 = codec::kLayerKivi | (4u << 8),
+                     kKivi2 = codec::kLayerKivi | (2u << 8);
+  switch (encoding & 0xffffu) {
+    case codec::kLayerFp8:
+      return decode_item_rows<true, kBf16, codec::kLayerFp8>(it, payload, pages, shape, encoding,
+                                                             lane);
+    case kKivi8:
+      return decode_item_rows<true, kBf16, kKivi8>(it, payload, pages, shape, encoding, lane);
+    case kKivi4:
+      return decode_item_rows<true, kBf16, kKivi4>(it, payload, pages, shape, encoding, lane);
+    case kKivi2:
+      return decode_item_rows<true, kBf16, kKivi2>(it, payload, pages, shape, encoding, lane);
+    default:  // no encoder writes another; decoded as the encoding says all the same
+      return decode_item_rows<true, kBf16>(it, payload, pages, shape, encoding, lane);
+  }
+}
+
+// The `ahead` launch's item: one loop for every codec, chosen per row by alignment and element
+// type (its three groups' reads fill sm_90's 80 registers; loops made per codec, or chosen per
+// item, spilled there).
+template <uint32_t kGroups>
+__device__ inline void decode_item_ahead(const CopyItem &it,
+                                         const unsigned char *__restrict__ payload, bool aligned,
+                                         unsigned char *pages, const codec::LayerShape &shape,
+                                         uint32_t encoding, uint32_t lane) {
+  for (uint32_t row = 0; row < it.rows; ++row) {
+    const DecodeRow r = decode_row_at(it, pages, row);
+    const uint32_t groups = r.count / 8;
+    if (!row_takes_groups(shape, r)) {
+      decode_row_elements(payload, shape, encoding, r, lane);
+    } else if (aligned && shape.bf16 != 0) {
+      decode_row_groups<kGroups, true, true>(payload, shape, encoding, r.first, groups, r.page,
+                                             lane);
+    } else if (aligned) {
+      decode_row_groups<kGroups, true, false>(payload, shape, encoding, r.first, groups, r.page,
+                                              lane);
+    } else if (shape.bf16 != 0) {
+      decode_row_groups<kGroups, false, true>(payload, shape, encoding, r.first, groups, r.page,
+                                              lane);
+    } else {
+      decode_row_groups<kGroups, false, false>(payload, shape, encoding, r.first, groups, r.page,
+                                               lane);
     }
   }
 }
@@ -236,31 +325,16 @@ __device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uin
     const unsigned char *payload = staging + c.staged_at;
     const bool aligned = reinterpret_cast<uintptr_t>(payload) % 16 == 0 &&
                          codec::layer_words_aligned(shape, c.encoding);
-    for (uint32_t row = 0; row < it.rows; ++row) {
-      unsigned char *page = pages + it.page_offset + uint64_t{row} * it.page_stride;
-      const uint64_t first = (it.piece_offset + uint64_t{row} * it.piece_stride) / 2;
-      const uint32_t count = it.bytes / 2;
-      if (shape.dim % 8 == 0 && first % 8 == 0 && count % 8 == 0 &&
-          reinterpret_cast<uintptr_t>(page) % 16 == 0) {
-        const uint32_t groups = count / 8;
-        if (aligned && shape.bf16 != 0) {
-          decode_row_aligned<kGroups, true>(payload, shape, c.encoding, first, groups, page, lane);
-        } else if (aligned) {
-          decode_row_aligned<kGroups, false>(payload, shape, c.encoding, first, groups, page, lane);
-        } else if (shape.bf16 != 0) {
-          decode_row_groups<kGroups, false, true>(payload, shape, c.encoding, first, groups, page,
-                                                  lane);
-        } else {
-          decode_row_groups<kGroups, false, false>(payload, shape, c.encoding, first, groups, page,
-                                                   lane);
-        }
-      } else {
-        for (uint32_t k = lane; k < count; k += 32) {
-          const uint16_t v = codec::decode_layer_element(payload, shape, c.encoding, first + k);
-          page[2 * k] = static_cast<unsigned char>(v & 0xffu);
-          page[2 * k + 1] = static_cast<unsigned char>(v >> 8);
-        }
-      }
+    if constexpr (kGroups > 1) {
+      decode_item_ahead<kGroups>(it, payload, aligned, pages, shape, c.encoding, lane);
+    } else if (aligned && shape.bf16 != 0) {
+      decode_item_aligned<true>(it, payload, pages, shape, c.encoding, lane);
+    } else if (aligned) {
+      decode_item_aligned<false>(it, payload, pages, shape, c.encoding, lane);
+    } else if (shape.bf16 != 0) {
+      decode_item_rows<false, true>(it, payload, pages, shape, c.encoding, lane);
+    } else {
+      decode_item_rows<false, false>(it, payload, pages, shape, c.encoding, lane);
     }
   }
 }

@@ -257,6 +257,9 @@ struct LayerPos {
   uint32_t j;
   LayerIndex i;
 };
+// kKv: 0 or 1 where the caller knows that e is a K or a V element (the decode kernel splits a row
+// at the boundary), so nothing depends on the comparison; -1 where it does not.
+template <int kKv = -1>
 SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
   // 32-bit arithmetic and the row's Divisor where both tensors' elements fit 32 bits: on a device
   // always, as only layers that fit are decoded there (layer_fits_device). The host decodes a
@@ -264,13 +267,13 @@ SWIFTKV_HD LayerPos layer_pos(const LayerShape &s, uint64_t e) {
 #if !defined(__CUDA_ARCH__)
   const uint64_t n64 = layer_tensor_elements(s);
   if (n64 > UINT32_MAX / 2) {
-    const uint32_t kv = e >= n64 ? 1u : 0u;
+    const uint32_t kv = kKv >= 0 ? static_cast<uint32_t>(kKv) : (e >= n64 ? 1u : 0u);
     const uint64_t i = e - kv * n64, row = uint64_t{s.heads} * s.dim;
     return {kv, static_cast<uint32_t>(i / row), static_cast<uint32_t>(i % row), i};
   }
 #endif
   const uint32_t n = s.tokens * s.heads * s.dim, e32 = static_cast<uint32_t>(e);
-  const uint32_t kv = e32 >= n ? 1u : 0u;
+  const uint32_t kv = kKv >= 0 ? static_cast<uint32_t>(kKv) : (e32 >= n ? 1u : 0u);
   const uint32_t i = e32 - (kv != 0 ? n : 0u);
   const uint32_t t = index_quotient(i, s.row);
   return {kv, t, i - t * s.row.d, i};
@@ -382,10 +385,11 @@ SWIFTKV_HD uint32_t fetch_word(const uint8_t *p) {
   return load_word(p);
 }
 
-template <bool kAligned = false>
+// kKv as layer_pos's: the eight are K's (0) or V's (1), or either (-1).
+template <bool kAligned = false, int kKv = -1>
 SWIFTKV_HD void fetch_layer_8(const uint8_t *p, const LayerShape &s, uint32_t encoding, uint64_t e,
                               Fetched8 &f) {
-  const LayerPos at = layer_pos(s, e);
+  const LayerPos at = layer_pos<kKv>(s, e);
   f.keys = 0;
   if (layer_codec(encoding) == kLayerFp8) {
     const uint8_t *rec = fp8_record(p, s, at);
