@@ -164,6 +164,10 @@ __device__ inline void decode_groups(const unsigned char *__restrict__ payload,
                                      unsigned char *page, uint32_t lane) {
   const uint32_t encoding =
       kCodecBits != 0 ? (chunk_encoding & ~uint32_t{0xffff}) | kCodecBits : chunk_encoding;
+  // Two iterations at a time in the spread launch, so the compiler may issue the second group's
+  // reads before the first group's store (it does for value groups and fp8's V records on sm_90;
+  // a key group's eight pairs leave it no registers for that). The ahead launch has its own.
+#pragma unroll(kGroups == 1 ? 2 : 1)
   for (uint32_t k0 = begin + lane; k0 < end; k0 += 32 * kGroups) {
     codec::Fetched8 f[kGroups];
 #pragma unroll
@@ -311,11 +315,14 @@ __device__ inline void decode_item_ahead(const CopyItem &it,
   }
 }
 
+// Inlined into its kernel outright: left to itself, sm_80's compiler kept the spread launch's
+// as a function of its own, which spilled.
 template <uint32_t kGroups>
-__device__ inline void decode_warp_items(const CopyItem *__restrict__ items, uint32_t n,
-                                         const ChunkSource *__restrict__ chunks,
-                                         const unsigned char *__restrict__ staging,
-                                         unsigned char *pages, const codec::LayerShape &shape) {
+__device__ __forceinline__ void decode_warp_items(const CopyItem *__restrict__ items, uint32_t n,
+                                                  const ChunkSource *__restrict__ chunks,
+                                                  const unsigned char *__restrict__ staging,
+                                                  unsigned char *pages,
+                                                  const codec::LayerShape &shape) {
   const uint32_t lane = threadIdx.x % 32;
   const uint32_t warps = gridDim.x * kCopyWarps;
   for (uint32_t w = blockIdx.x * kCopyWarps + threadIdx.x / 32; w < n; w += warps) {

@@ -9,16 +9,30 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 kernel=${1:-12decode_items}
 nvcc=${NVCC:-/usr/local/cuda/bin/nvcc}
 src=$root/core/transfer/cuda_transfer.cu
-flags=(-I"$root" -I"$root/include" -O2 -DNDEBUG -std=c++17 -x cu)
+flags=(-I"$root" -I"$root/include" -O2 -g -DNDEBUG -std=c++17 -x cu)  # the library's build
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for arch in 80 89 90; do
   "$nvcc" "${flags[@]}" --generate-code=arch=compute_$arch,code=sm_$arch -c -Xptxas=-v \
-    -o /dev/null "$src" 2>&1 |
-    awk -v a="$arch" '/Compiling entry/ { match($0, /_ZN[^'"'"']*/); k = substr($0, RSTART, RLENGTH) }
-      /Used [0-9]+ registers/ { match($0, /Used [0-9]+ registers/); r = substr($0, RSTART, RLENGTH) }
-      /spill stores/ { match($0, /[0-9]+ bytes spill stores/); s = substr($0, RSTART, RLENGTH) }
-      /Used [0-9]+ registers/ { print "sm_" a, k, r ", " s }'
+    -o /dev/null "$src" 2>&1 | python3 -c '
+import re, sys
+# ptxas -v: "Function properties for NAME" then its stack and spills, then "Used N registers" for
+# a kernel; a device function the compiler did not inline has no registers line of its own.
+arch, rows, name = sys.argv[1], [], None
+for line in sys.stdin:
+    m = re.search(r"Function properties for (\S+)", line)
+    if m:
+        name = m.group(1)
+        rows.append([name, "", "function"])
+    m = re.search(r"(\d+) bytes spill stores", line)
+    if m and rows:
+        rows[-1][1] = m.group(1) + " bytes spill stores"
+    m = re.search(r"Used (\d+) registers", line)
+    if m and rows:
+        rows[-1][2] = m.group(1) + " registers"
+for name, spill, regs in rows:
+    print(f"sm_{arch} {name}: {regs}, {spill}")
+' "$arch"
 done
 venv=$(bash "$root/tools/venv.sh" sass "$root/tools/sass-requirements.txt" /usr/bin/python3)
 nvdisasm=$(find "$venv" -name nvdisasm -type f | head -1)
