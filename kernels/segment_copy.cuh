@@ -348,8 +348,9 @@ __device__ __forceinline__ void decode_warp_items(const CopyItem *__restrict__ i
 
 // One group of eight elements at a time (the launch `spread`: 64 registers, 4 blocks an SM; said
 // outright, as sm_80's compiler otherwise picks 48 registers and spills), and three (`ahead`: 80
-// registers, 3 blocks an SM on sm_90, so 72 groups' reads in flight an SM against 32; sm_80's and
-// sm_89's compilers need more registers for it, so 2 blocks there).
+// registers, 3 blocks an SM on sm_90, so 72 groups' reads in flight an SM against spread's 32, or
+// 64 for value groups (decode_groups); sm_80's and sm_89's compilers need more registers for it,
+// so 2 blocks there).
 constexpr int kDecodeSpreadBlocks = 4;
 constexpr uint32_t kDecodeGroupsAhead = 3;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
