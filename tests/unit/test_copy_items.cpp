@@ -7,7 +7,6 @@
 // Both kernels' own source (kernels/segment_copy.cuh), run in the CPU emulation of the CUDA
 // execution model (tests/emu), move and decode exactly the bytes their twins do.
 #include <algorithm>
-#include <bit>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
@@ -24,6 +23,7 @@
 #include "core/codec/chunk_codec.hpp"
 #include "core/codec/layer_decode.hpp"
 #include "core/common/error.hpp"
+#include "core/tiers/chunk_encoding.hpp"
 #include "core/transfer/copy_items.hpp"
 #include "core/transfer/copy_plan.hpp"
 #if defined(SWIFTKV_TEST_EMULATION)  // every build but TSan's (tests/CMakeLists.txt)
@@ -392,8 +392,7 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
           staging.insert(staging.end(), decoded.begin() + kLayer * piece_bytes,
                          decoded.begin() + (kLayer + 1) * piece_bytes);
         } else {
-          src.encoding = static_cast<uint32_t>(p.codec) | (p.bits << 8);
-          if (p.codec == Codec::kivi) src.encoding |= std::countr_zero(p.group) << 16;
+          src.encoding = swiftkv::encoding_of(p, false);
           const uint64_t layer = swiftkv::codec::layer_payload_bytes(ls, src.encoding);
           assert_int_equal(frame.size(), swiftkv::codec::kFrameHeaderBytes + kLayers * layer);
           swiftkv::codec::check_layer_values(frame, shape, p);
@@ -460,16 +459,17 @@ void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
   assert_false(swiftkv::codec::layer_fits_device(LayerShape{65536, 8, 4096, 0}));
   const uint64_t n = swiftkv::codec::layer_tensor_elements(shape);
   const uint64_t row = uint64_t{shape.heads} * shape.dim;
-  const auto kivi = [](uint32_t bits, uint32_t group_log2) {
-    return swiftkv::codec::kLayerKivi | (bits << 8) | (group_log2 << 16);
-  };
+  using swiftkv::codec::Codec;
+  const uint32_t kivi8 = swiftkv::encoding_of({Codec::kivi, 8, 32}, false);
+  const uint32_t kivi2 = swiftkv::encoding_of({Codec::kivi, 2, 128}, false);
+  const uint32_t fp8 = swiftkv::encoding_of({Codec::fp8, 0, 0}, false);
   std::mt19937_64 rng(4646);
   for (const uint32_t bf16 : {0u, 1u}) {
-    for (const uint32_t encoding : {kivi(8, 5), kivi(2, 7), swiftkv::codec::kLayerFp8}) {
+    for (const uint32_t encoding : {kivi8, kivi2, fp8}) {
       const LayerShape s{shape.tokens, shape.heads, shape.dim, bf16};
       const uint64_t bytes = swiftkv::codec::layer_payload_bytes(s, encoding);
       // kivi-8's value pairs and fp8's last records lie past 4 GiB (kivi-2's layer is 1.1 GiB).
-      assert_true(bytes > (uint64_t{1} << 32) || encoding == kivi(2, 7));
+      assert_true(bytes > (uint64_t{1} << 32) || encoding == kivi2);
       void *map = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
       assert_true(map != MAP_FAILED);
@@ -478,7 +478,7 @@ void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
       const auto fill_codes = [&](uint64_t at, uint64_t len) {
         for (uint64_t k = 0; k < len; ++k) {
           uint8_t c = static_cast<uint8_t>(rng());
-          if (encoding == swiftkv::codec::kLayerFp8 && (c & 0x7f) == 0x7f) c = 0x3c;  // no NaN
+          if (encoding == fp8 && (c & 0x7f) == 0x7f) c = 0x3c;  // no NaN
           payload[at + k] = c;
         }
       };
@@ -489,7 +489,7 @@ void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
           std::memcpy(payload + at + k, &h, 2);
         }
       };
-      if (encoding == swiftkv::codec::kLayerFp8) {
+      if (encoding == fp8) {
         const uint64_t record = 4 + row;
         for (const uint64_t t :
              {n / row - 2, n / row - 1, n / row, 2 * n / row - 2, 2 * n / row - 1}) {
