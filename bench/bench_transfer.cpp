@@ -64,7 +64,7 @@
 #include "core/transfer/copy_plan.hpp"
 #include "core/transfer/cuda_transfer.hpp"
 
-bool bench_spin_on_stream(double seconds, void *stream);  // spin_kernel.cu
+bool bench_spin_on_stream(double seconds, void *stream, uint64_t *stamps);  // spin_kernel.cu
 #endif
 
 namespace {
@@ -258,18 +258,83 @@ swiftkv_ctx *bench_ctx(uint64_t bytes, uint32_t device_mask) {
 }
 
 // The engine's compute of one layer: a busy wait on the host, or on a device pool's stream a
-// kernel that spins for as long.
-void compute_layer(double seconds, void *stream) {
+// kernel that spins for as long. `stamps`, where not null: where the compute's start and end go
+// (ns; on the GPU device memory that the kernel writes, on the host this process's clock).
+void compute_layer(double seconds, void *stream, uint64_t *stamps = nullptr) {
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   if (stream != nullptr) {
-    if (!bench_spin_on_stream(seconds, stream)) die("the spin kernel did not launch");
+    if (!bench_spin_on_stream(seconds, stream, stamps)) die("the spin kernel did not launch");
     return;
   }
 #else
   (void)stream;  // host pools only without CUDA
 #endif
+  const double t0 = now_s();
   spin_for(seconds);
+  if (stamps != nullptr) {
+    stamps[0] = static_cast<uint64_t>(t0 * 1e9);
+    stamps[1] = static_cast<uint64_t>(now_s() * 1e9);
+  }
 }
+
+// When the engine's compute of each layer began and ended over one request, to find what
+// stands between one layer's compute and the next on the engine's side: on the GPU the spin
+// kernel's own timer, written to device memory (so reading it adds nothing to the stream), on the
+// host the clock around the busy wait. Gaps are kept over every run, layers 1 to L - 1 (layer
+// 0's start waits for its load, which nothing hides).
+class ComputeStamps {
+ public:
+  ComputeStamps(uint32_t layers, void *stream) : layers_(layers), stream_(stream) {
+    host_.resize(2 * uint64_t{layers});
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (stream_ != nullptr && cudaMalloc(reinterpret_cast<void **>(&device_),
+                                         host_.size() * sizeof(uint64_t)) != cudaSuccess) {
+      die("cudaMalloc (compute stamps)");
+    }
+#endif
+  }
+  ~ComputeStamps() {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (device_ != nullptr) cudaFree(device_);
+#endif
+  }
+  ComputeStamps(const ComputeStamps &) = delete;
+  ComputeStamps &operator=(const ComputeStamps &) = delete;
+
+  // The compute of `layer`, stamped.
+  void compute(uint32_t layer, double seconds) {
+    uint64_t *base = device_ != nullptr ? device_ : host_.data();
+    compute_layer(seconds, stream_, base + 2 * uint64_t{layer});
+  }
+
+  // After a run's last layer is done (the stream synchronized): its gaps, kept.
+  void collect() {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (device_ != nullptr && cudaMemcpy(host_.data(), device_, host_.size() * sizeof(uint64_t),
+                                         cudaMemcpyDeviceToHost) != cudaSuccess) {
+      die("cudaMemcpy (compute stamps)");
+    }
+#endif
+    for (uint32_t l = 1; l < layers_; ++l) {
+      const uint64_t end = host_[2 * l - 1], start = host_[2 * l];
+      gaps_.push_back(start > end ? static_cast<double>(start - end) / 1e3 : 0.0);
+    }
+  }
+
+  // The median gap over every run collected, µs.
+  double median_us() {
+    if (gaps_.empty()) return 0;
+    std::sort(gaps_.begin(), gaps_.end());
+    return gaps_[gaps_.size() / 2];
+  }
+
+ private:
+  uint32_t layers_;
+  void *stream_;
+  std::vector<uint64_t> host_;
+  uint64_t *device_ = nullptr;
+  std::vector<double> gaps_;
+};
 
 // A request of `tokens` over `pages` of `pool`.
 swiftkv_request_desc request_desc(uint32_t pool, const std::vector<uint32_t> &tokens,
@@ -289,7 +354,7 @@ swiftkv_request_desc request_desc(uint32_t pool, const std::vector<uint32_t> &to
 double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
                    const std::vector<int32_t> &pages, uint64_t *loaded, uint64_t *saved,
                    void *stream = nullptr, uint32_t layers = kLayers, double compute_s = 0,
-                   double *start_load_s = nullptr) {
+                   double *start_load_s = nullptr, ComputeStamps *stamps = nullptr) {
   const swiftkv_request_desc d = request_desc(pool, tokens, pages);
   const double t0 = now_s();
   uint64_t req = 0;
@@ -300,7 +365,13 @@ double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> 
   uint64_t valid = 0;
   for (uint32_t l = 0; l < layers; ++l) {
     check(swiftkv_wait_layer_load(&valid, ctx, req, l, stream), "wait_layer_load");
-    if (compute_s > 0) compute_layer(compute_s, stream);
+    if (compute_s > 0) {
+      if (stamps != nullptr) {
+        stamps->compute(l, compute_s);
+      } else {
+        compute_layer(compute_s, stream);
+      }
+    }
     check(swiftkv_save_layer(ctx, req, l, stream), "save_layer");
   }
   check(swiftkv_wait_save(saved, ctx, req, stream), "wait_save");
@@ -310,7 +381,9 @@ double run_request(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> 
   swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
   check(swiftkv_request_finish(&info, ctx, req), "request_finish");
   *loaded = info.valid_end_tokens - info.load_begin_tokens;
-  return now_s() - t0;
+  const double t = now_s() - t0;
+  if (stamps != nullptr && compute_s > 0) stamps->collect();
+  return t;
 }
 
 // The benchmark's model: 8 layers, 8 KV heads of 128 dims, 256-token chunks, `page`-token pages.
@@ -479,16 +552,20 @@ struct Overlap {
   double start_ms = 0;                    // the host time of start_load, median of 5
   double hidden_med = 0, hidden_min = 0;  // hidden / hideable, t the library's own load
   double hidden_limit = 0;                // the same, t at the machine's copy limit
+  // The median gap between one layer's compute ending and the next one's starting (µs,
+  // ComputeStamps): in the pipeline, in the compute alone, and (GPU) in the compute alone with a
+  // cross-stream wait on an idle stream's event before each layer; -1 where not measured.
+  double gap_us = -1, gap_alone_us = -1, gap_wait_us = -1;
 };
 
 // A load of `tokens` (cached) over `layers` layers with `compute_s` of busy compute per layer:
 // the request's seconds.
 double pipelined_load(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint32_t> &tokens,
                       const std::vector<int32_t> &pages, uint32_t layers, double compute_s,
-                      void *stream = nullptr) {
+                      void *stream = nullptr, ComputeStamps *stamps = nullptr) {
   uint64_t loaded = 0, saved = 0;
-  const double t =
-      run_request(ctx, pool, tokens, pages, &loaded, &saved, stream, layers, compute_s);
+  const double t = run_request(ctx, pool, tokens, pages, &loaded, &saved, stream, layers, compute_s,
+                               nullptr, stamps);
   if (loaded != tokens.size()) {
     std::fprintf(stderr, "bench_transfer: loaded %llu of %zu tokens\n", (unsigned long long)loaded,
                  tokens.size());
@@ -512,25 +589,76 @@ double start_load_host_s(swiftkv_ctx *ctx, uint32_t pool, const std::vector<uint
   return times[times.size() / 2];
 }
 
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+// Another stream with nothing on it and an event recorded there before each layer, which the
+// engine's stream then waits for: what a cross-stream wait such as wait_layer_load's costs the
+// engine's stream when what it waits for is already done.
+class IdleWait {
+ public:
+  IdleWait() {
+    if (cudaStreamCreateWithFlags(&idle_, cudaStreamNonBlocking) != cudaSuccess ||
+        cudaEventCreateWithFlags(&done_, cudaEventDisableTiming) != cudaSuccess) {
+      die("the idle stream's event");
+    }
+  }
+  ~IdleWait() {
+    cudaEventDestroy(done_);
+    cudaStreamDestroy(idle_);
+  }
+  IdleWait(const IdleWait &) = delete;
+  IdleWait &operator=(const IdleWait &) = delete;
+  void before_layer(void *stream) {
+    cudaEventRecord(done_, idle_);
+    cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0);
+  }
+
+ private:
+  cudaStream_t idle_ = nullptr;
+  cudaEvent_t done_ = nullptr;
+};
+#endif
+
 // The engine's compute alone: `layers` layers of `comp` seconds each (compute_layer), the
 // seconds until the last is done. On the GPU this counts the kernels' launches and the gaps
-// between them, which the engine pays with or without the library.
-double compute_alone(uint32_t layers, double comp, void *stream) {
+// between them, which the engine pays with or without the library. `stamps`, where given, stamp
+// each layer; `cross_waits` (GPU only): each layer's compute after an IdleWait.
+double compute_alone(uint32_t layers, double comp, void *stream, ComputeStamps *stamps = nullptr,
+                     bool cross_waits = false) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+  std::unique_ptr<IdleWait> idle;
+  if (cross_waits && stream != nullptr) idle = std::make_unique<IdleWait>();
+#else
+  if (cross_waits) die("cross-stream waits without CUDA");
+#endif
   const double t0 = now_s();
-  for (uint32_t l = 0; l < layers; ++l) compute_layer(comp, stream);
+  for (uint32_t l = 0; l < layers; ++l) {
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (idle) idle->before_layer(stream);
+#endif
+    if (stamps != nullptr) {
+      stamps->compute(l, comp);
+    } else {
+      compute_layer(comp, stream);
+    }
+  }
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   if (stream != nullptr) cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
 #endif
-  return now_s() - t0;
+  const double t = now_s() - t0;
+  if (stamps != nullptr) stamps->collect();
+  return t;
 }
 
 // The rows of one layer count: t per layer from the copy limit (`limit_s`: the seconds to copy
 // all layers' bytes, median of 5), then for c = 0.5, 1 and 2 t the library's load with no compute
-// and with c per layer (`load_s(c)`) and the compute alone on `stream`, alternating with the copy
-// limit, over `reps` after a warm-up. The serial time is the load with no compute plus the
-// compute alone, both measured.
+// and with c per layer (`load_s(c, stamps)`) and the compute alone on `stream`, alternating with
+// the copy limit, over `reps` after a warm-up. The serial time is the load with no compute plus
+// the compute alone, both measured. The gaps between layers' compute are stamped in the pipeline
+// and in the compute alone (on the GPU also with a cross-stream wait before each layer, run
+// after the rest of the repetition and outside its figures).
 std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function<double()> &limit_s,
-                                  const std::function<double(double)> &load_s, void *stream) {
+                                  const std::function<double(double, ComputeStamps *)> &load_s,
+                                  void *stream) {
   std::vector<double> t0s;
   for (int i = 0; i < 5; ++i) t0s.push_back(limit_s());
   std::sort(t0s.begin(), t0s.end());
@@ -539,11 +667,14 @@ std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function
   for (double factor : {0.5, 1.0, 2.0}) {
     const double comp = factor * t_layer;
     std::vector<double> limit, own, piped, alone;
+    ComputeStamps piped_gaps(layers, stream), alone_gaps(layers, stream), wait_gaps(layers, stream);
     for (int rep = 0; rep <= reps; ++rep) {  // rep 0 warms up
+      const bool kept = rep > 0;
       const double a = limit_s();
-      const double b = load_s(0);
-      const double p = load_s(comp);
-      const double c = compute_alone(layers, comp, stream);
+      const double b = load_s(0, nullptr);
+      const double p = load_s(comp, kept ? &piped_gaps : nullptr);
+      const double c = compute_alone(layers, comp, stream, kept ? &alone_gaps : nullptr);
+      if (stream != nullptr) compute_alone(layers, comp, stream, kept ? &wait_gaps : nullptr, true);
       if (rep > 0) {
         limit.push_back(a);
         own.push_back(b);
@@ -561,6 +692,9 @@ std::vector<Overlap> overlap_rows(uint32_t layers, int reps, const std::function
     o.hidden_med = hidden(own[own.size() / 2], piped[piped.size() / 2]);
     o.hidden_min = hidden(own.front(), piped.back());
     o.hidden_limit = hidden(limit[limit.size() / 2], piped[piped.size() / 2]);
+    o.gap_us = piped_gaps.median_us();
+    o.gap_alone_us = alone_gaps.median_us();
+    if (stream != nullptr) o.gap_wait_us = wait_gaps.median_us();
     out.push_back(o);
   }
   return out;
@@ -601,7 +735,10 @@ std::vector<Overlap> measure_overlap(uint32_t layers, uint32_t chunks, int reps,
   CopyLimit limit(bytes, 16, threads);
   std::vector<Overlap> out = overlap_rows(
       layers, reps, [&] { return std::min(limit.per_page_s(), limit.large_s()); },
-      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp); }, nullptr);
+      [&](double comp, ComputeStamps *stamps) {
+        return pipelined_load(ctx, pool, tokens, pages, layers, comp, nullptr, stamps);
+      },
+      nullptr);
   const double start_s = start_load_host_s(ctx, pool, tokens, pages, layers, nullptr);
   for (Overlap &o : out) o.start_ms = start_s * 1e3;
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
@@ -675,7 +812,10 @@ std::vector<Overlap> measure_device_overlap(uint32_t layers, uint32_t chunks, in
         cudaStreamSynchronize(s);
         return now_s() - t0;
       },
-      [&](double comp) { return pipelined_load(ctx, pool, tokens, pages, layers, comp, s); }, s);
+      [&](double comp, ComputeStamps *stamps) {
+        return pipelined_load(ctx, pool, tokens, pages, layers, comp, s, stamps);
+      },
+      s);
   const double start_s = start_load_host_s(ctx, pool, tokens, pages, layers, s);
   for (Overlap &o : out) o.start_ms = start_s * 1e3;
   check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
@@ -1302,18 +1442,27 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
       "each wait_layer_load;\nhidden = (L(t + c) - measured) / ((L - 1) min(t, c)), "
       "layer 0's load having nothing to hide under; t the library's own load with no compute "
       "(median/min),\nor a layer's bytes at the copy limit (%s); c the compute alone "
-      "(measured: c_ms); all in the same %d repetitions; start_ms: the host time of start_load\n",
+      "(measured: c_ms); all in the same %d repetitions; start_ms: the host time of start_load;\n"
+      "gap_us: the median time from one layer's compute ending to the next one's starting, in the "
+      "pipeline / in the compute alone%s\n",
       backend, chunks,
       !lent  ? ""
       : host ? " in another process's host memory"
              : " in another process's VMM memory",
-      host ? "a busy wait" : "a kernel spinning on the engine's stream", limit, reps);
-  std::printf("%7s %6s %14s %8s %16s %18s %9s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
-              "hidden_fraction", "vs_copy_limit", "start_ms");
+      host ? "a busy wait" : "a kernel spinning on the engine's stream", limit, reps,
+      host ? "" : " / alone with a cross-stream wait on a done event before each layer");
+  std::printf("%7s %6s %14s %8s %16s %18s %9s %22s\n", "layers", "c/t", "t_per_layer_ms", "c_ms",
+              "hidden_fraction", "vs_copy_limit", "start_ms", "gap_us");
   for (const Overlap &o : rows) {
-    std::printf("%7u %6.1f %14.3f %8.3f %8.3f/%7.3f %18.3f %9.3f\n", o.layers, o.factor,
-                o.transfer_ms, o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit,
-                o.start_ms);
+    char gaps[64];
+    if (o.gap_wait_us >= 0) {
+      std::snprintf(gaps, sizeof gaps, "%.1f/%.1f/%.1f", o.gap_us, o.gap_alone_us, o.gap_wait_us);
+    } else {
+      std::snprintf(gaps, sizeof gaps, "%.1f/%.1f", o.gap_us, o.gap_alone_us);
+    }
+    std::printf("%7u %6.1f %14.3f %8.3f %8.3f/%7.3f %18.3f %9.3f %22s\n", o.layers, o.factor,
+                o.transfer_ms, o.compute_ms, o.hidden_med, o.hidden_min, o.hidden_limit, o.start_ms,
+                gaps);
   }
 }
 
@@ -1324,9 +1473,13 @@ void print_overlap_json(const std::vector<Overlap> &ov) {
     std::printf(
         "%s{\"layers\":%u,\"compute_over_transfer\":%.1f,\"transfer_ms\":%.4f,"
         "\"compute_ms\":%.4f,\"hidden_fraction\":%.4f,\"hidden_fraction_min\":%.4f,"
-        "\"hidden_vs_copy_limit\":%.4f,\"start_load_ms\":%.4f}",
+        "\"hidden_vs_copy_limit\":%.4f,\"start_load_ms\":%.4f,\"gap_us\":%.2f,"
+        "\"gap_alone_us\":%.2f",
         i ? "," : "", ov[i].layers, ov[i].factor, ov[i].transfer_ms, ov[i].compute_ms,
-        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit, ov[i].start_ms);
+        ov[i].hidden_med, ov[i].hidden_min, ov[i].hidden_limit, ov[i].start_ms, ov[i].gap_us,
+        ov[i].gap_alone_us);
+    if (ov[i].gap_wait_us >= 0) std::printf(",\"gap_wait_us\":%.2f", ov[i].gap_wait_us);
+    std::printf("}");
   }
   std::printf("]");
 }
@@ -1692,8 +1845,8 @@ std::vector<Overlap> measure_peer_overlap(const char *self, int32_t device, uint
   }
   std::vector<Overlap> out = overlap_rows(
       layers, reps, limit_s,
-      [&](double comp) {
-        return pipelined_load(peer.ctx, pool, peer.tokens, pages, layers, comp, stream);
+      [&](double comp, ComputeStamps *stamps) {
+        return pipelined_load(peer.ctx, pool, peer.tokens, pages, layers, comp, stream, stamps);
       },
       stream);
   const double start_s = start_load_host_s(peer.ctx, pool, peer.tokens, pages, layers, stream);
