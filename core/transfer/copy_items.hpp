@@ -59,9 +59,9 @@ CopyKernel copy_kernel_choice();
 // Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
 // fields of CopySegment, `n` of them): a segment longer than kItemBytes is cut at kItemBytes from
 // its start, so a 16-byte aligned segment gives 16-byte aligned items. With `join_rows`, shorter
-// segments of one size that follow each other at the same distance on both sides (an HND
-// layout's heads of one token) become the rows of one item, up to kItemBytes; without it (the
-// items of a chunk decoded on the device) every item is one row.
+// segments of one size that follow each other at the same distance on both sides (an HND page's
+// tokens of one head, as chunk_copy_plan orders them) become the rows of one item, up to
+// kItemBytes; without it (the items of a chunk decoded on the device) every item is one row.
 void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
                        std::vector<CopyItem> &out, bool join_rows = true);
 

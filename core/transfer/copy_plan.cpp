@@ -1,6 +1,7 @@
 // Building per-chunk copy plans from a layout's strides, and running them with memcpy.
 #include "core/transfer/copy_plan.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 namespace swiftkv {
@@ -9,24 +10,40 @@ std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const in
                                          uint32_t chunk_tokens, uint32_t first_token) {
   std::vector<CopySegment> plan;
   const uint64_t row = uint64_t{l.head_dim} * l.dtype_bytes;  // one head of one token
-  uint64_t piece = 0;
-  for (uint32_t c = 0; c < 2; ++c) {
-    for (uint32_t t = 0; t < chunk_tokens; ++t) {
-      if (t < first_token) {
-        piece += row * l.heads;
-        continue;
+  // Each page's memory is walked in its own order: where a head's tokens lie next to each other
+  // in the page (HND), a page's tokens of one head, then of the next; else (NHD, vLLM's) a
+  // token's heads, then the next token's. Either way consecutive segments keep one distance on
+  // both sides as long as possible, so that they join into the rows of one item (copy_items.hpp):
+  // an HND page of 16 tokens of 256-byte heads gives 4 KiB items where token by token gave 2 KiB.
+  // HND's segments are left one head of one token each: a run contiguous on both sides is rare
+  // there (K's last row with V's first, in a page that holds the whole chunk), and merged it
+  // would break the rows' spacing.
+  const bool heads_outer = l.heads > 1 && l.page_tokens > 1 && l.token_stride == l.head_dim;
+  auto add = [&](uint32_t c, uint32_t t, uint32_t h) {
+    const auto page = static_cast<uint32_t>(pages[t / l.page_tokens]);
+    const uint64_t at = l.offset(page, c, t % l.page_tokens, h);
+    const uint64_t piece = ((uint64_t{c} * chunk_tokens + t) * l.heads + h) * row;
+    if (!plan.empty() && !heads_outer) {
+      CopySegment &last = plan.back();
+      if (last.page_offset + last.bytes == at && last.piece_offset + last.bytes == piece) {
+        last.bytes += row;
+        return;
       }
-      const auto page = static_cast<uint32_t>(pages[t / l.page_tokens]);
-      for (uint32_t h = 0; h < l.heads; ++h, piece += row) {
-        const uint64_t at = l.offset(page, c, t % l.page_tokens, h);
-        if (!plan.empty()) {
-          CopySegment &last = plan.back();
-          if (last.page_offset + last.bytes == at && last.piece_offset + last.bytes == piece) {
-            last.bytes += row;
-            continue;
-          }
-        }
-        plan.push_back(CopySegment{at, piece, row});
+    }
+    plan.push_back(CopySegment{at, piece, row});
+  };
+  for (uint32_t c = 0; c < 2; ++c) {
+    if (!heads_outer) {
+      for (uint32_t t = first_token; t < chunk_tokens; ++t) {
+        for (uint32_t h = 0; h < l.heads; ++h) add(c, t, h);
+      }
+      continue;
+    }
+    for (uint32_t page_start = 0; page_start < chunk_tokens; page_start += l.page_tokens) {
+      const uint32_t begin = std::max(page_start, first_token);
+      const uint32_t end = std::min(page_start + l.page_tokens, chunk_tokens);
+      for (uint32_t h = 0; h < l.heads; ++h) {
+        for (uint32_t t = begin; t < end; ++t) add(c, t, h);
       }
     }
   }

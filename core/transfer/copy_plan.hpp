@@ -23,7 +23,9 @@ struct CopySegment {
 // The segments of one chunk. A chunk's layer piece is (2, chunk_tokens, H, D) elements, K before
 // V; `pages` are the pool pages of its chunk_tokens / page_tokens blocks, in order. Runs that are
 // contiguous on both sides are merged, so a layout with whole contiguous pages needs one segment
-// per page and K or V, and consecutive pages of vLLM's layout merge further. Tokens before
+// per page and K or V, and consecutive pages of vLLM's layout merge further. Each page is walked
+// in its memory's order: a page's tokens of one head at a time where a head's tokens lie next to
+// each other in it (HND), else a token's heads at a time. Tokens before
 // `first_token` (a load that starts inside the chunk) have no segments: their pages are not
 // touched.
 std::vector<CopySegment> chunk_copy_plan(const PageLayout &layout, std::span<const int32_t> pages,

@@ -331,6 +331,48 @@ void evenly_spaced_segments_become_rows(void **) {
   for (const CopyItem &it : items) assert_int_equal(it.rows, 1);
 }
 
+// The items a real chunk makes: 256 tokens of 8 heads x 128 f16, its pages in descending order
+// (no two of them adjacent in memory the way the chunk's tokens are). HND pages are walked a head
+// at a time, so each head's tokens of a page join into one item of 16 rows, contiguous in the
+// page: 4 KiB items, as many as NHD's whole pages cut at kItemBytes (a token's heads at a time
+// would give 8 rows, 2 KiB). A load from a block boundary leaves the pages before it out.
+void hnd_pages_give_whole_items(void **) {
+  for (const uint32_t page_tokens : {16u, 256u}) {
+    for (const Kind kind : {Kind::hnd, Kind::nhd}) {
+      const Case c{kind, page_tokens, 8, 128, 2};
+      const uint32_t chunk_tokens = 256, n_pages = chunk_tokens / page_tokens;
+      Pool pool(c, n_pages);
+      std::vector<int32_t> pages(n_pages);
+      for (uint32_t i = 0; i < n_pages; ++i) pages[i] = static_cast<int32_t>(n_pages - 1 - i);
+      for (const uint32_t first_token : {0u, page_tokens == 16 ? 16u : 0u}) {
+        const std::vector<CopySegment> plan =
+            swiftkv::chunk_copy_plan(pool.layout, pages, chunk_tokens, first_token);
+        std::vector<CopyItem> items;
+        swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), 0,
+                                   items);
+        const uint64_t bytes = uint64_t{2} * (chunk_tokens - first_token) * 8 * 128 * 2;
+        assert_int_equal(items.size(), bytes / swiftkv::kItemBytes);
+        for (const CopyItem &it : items) {
+          if (kind == Kind::hnd) {
+            assert_int_equal(it.rows, 16);
+            assert_int_equal(it.bytes, 256);
+            assert_int_equal(it.page_stride, 256);    // a head's tokens, next to each other
+            assert_int_equal(it.piece_stride, 2048);  // a token's 8 heads apart in the piece
+          } else {
+            assert_int_equal(it.rows, 1);
+            assert_int_equal(it.bytes, swiftkv::kItemBytes);
+          }
+          // Nothing of the pages before first_token: they hold tokens [0, first_token).
+          const uint64_t page_bytes = uint64_t{2} * page_tokens * 8 * 128 * 2;
+          const uint64_t page = it.page_offset / page_bytes;
+          assert_true(page < n_pages);
+          assert_true(n_pages - 1 - page >= first_token / page_tokens);
+        }
+      }
+    }
+  }
+}
+
 // Smooth f16/bf16 values with per-channel offsets, as KV looks (codecs refuse NaN and inf).
 std::vector<std::byte> kv_like(std::mt19937_64 &rng, const swiftkv::codec::ChunkShape &s) {
   std::vector<std::byte> v(s.bytes());
@@ -657,6 +699,7 @@ int main() {
     cmocka_unit_test(every_layout_moves_the_plans_bytes),
     cmocka_unit_test(a_long_segment_is_cut_at_item_size),
     cmocka_unit_test(evenly_spaced_segments_become_rows),
+    cmocka_unit_test(hnd_pages_give_whole_items),
     cmocka_unit_test(encoded_chunks_decode_into_the_plans_pages),
     cmocka_unit_test(the_copy_kernel_is_chosen_by_name),
     cmocka_unit_test(only_layers_of_32_bit_positions_decode_on_a_device),
