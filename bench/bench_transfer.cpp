@@ -24,10 +24,10 @@
 // device-to-device copy (and, on every build, from another process's host memory in granules
 // into a host pool beside a memcpy), and the layer-wise pipeline over such lent memory
 // (measure_peer_overlap); and the decode kernel alone
-// (kivi and fp8 layers in device staging decoded into scattered NHD pages, checked against its
-// CPU twin) beside a device-to-device copy of the decoded bytes; and a load's and a save's bytes
-// moved between pinned host memory and the device in each way a transfer engine can, beside one
-// large copy (measure_copy_paths; --copy-paths alone).
+// (kivi and fp8 layers in device staging decoded into scattered NHD pages, and HND ones of 16
+// tokens, checked against its CPU twin) beside a device-to-device copy of the decoded bytes; and
+// a load's and a save's bytes moved between pinned host memory and the device in each way a
+// transfer engine can, beside one large copy (measure_copy_paths; --copy-paths alone).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -946,7 +946,8 @@ const char *kernel_chunks_name(KernelChunks c) {
 // The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
 // [pages, 2, H, B, D] pages of F16 of `page` tokens, from each chunk's copy plan as the library
 // builds it.
-std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks) {
+std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks,
+                                            bool join_rows = true) {
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
   const std::vector<int32_t> order = scattered_pages(pages);
@@ -967,7 +968,7 @@ std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, u
     const std::vector<swiftkv::CopySegment> plan =
         swiftkv::chunk_copy_plan(lay, chunk_pages, kChunk);
     swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
-                               items);
+                               items, join_rows);
   }
   return items;
 }
@@ -1047,11 +1048,12 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
 }
 
 // The decode kernel alone: `chunks` chunks' layer payloads under `params` (one chunk of smooth
-// f16 KV encoded once, its payload repeated) in device staging, decoded into scattered NHD pages
-// of `page` tokens, against one device-to-device copy of the decoded bytes, interleaved on one
-// stream. GB/s counts decoded bytes written. The pages are then compared with the CPU twin's.
+// f16 KV encoded once, its payload repeated) in device staging, decoded into scattered NHD or HND
+// pages of `page` tokens, against one device-to-device copy of the decoded bytes, interleaved on
+// one stream. GB/s counts decoded bytes written. The pages are then compared with the CPU twin's.
 struct DecodeRow {
   std::string codec;
+  const char *layout;  // nhd or hnd
   uint32_t page;
   double ratio;
   Rate decode, copy;
@@ -1060,8 +1062,8 @@ struct DecodeRow {
   bool exact_ahead;
 };
 
-DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &params, uint32_t page,
-                         uint32_t chunks, int reps) {
+DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &params,
+                         const char *layout, uint32_t page, uint32_t chunks, int reps) {
   namespace cd = swiftkv::codec;
   const cd::ChunkShape shape{1, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
   std::vector<std::byte> raw(shape.bytes());
@@ -1086,7 +1088,8 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
   }
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
-  const std::vector<swiftkv::CopyItem> items = kernel_items("nhd", page, chunks);
+  // Items of one row each, as the library makes them for encoded chunks (request.cpp).
+  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks, false);
   std::vector<swiftkv::ChunkSource> table(chunks);
   for (uint32_t i = 0; i < chunks; ++i) table[i] = swiftkv::ChunkSource{0, i * slot, encoding, 0};
   const uint64_t bytes = kLayerPiece * chunks;
@@ -1147,6 +1150,7 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
   };
   const auto moved = static_cast<double>(bytes);
   DecodeRow row{name,
+                layout,
                 page,
                 static_cast<double>(kLayerPiece) / static_cast<double>(payload),
                 rate_of(td, moved),
@@ -1352,16 +1356,16 @@ void print_copy_paths(const std::vector<CopyPathRow> &rows, uint32_t chunks, int
 void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps) {
   std::printf(
       "\ndecode kernel on the device, %u chunks of one %llu-byte layer piece decoded from device "
-      "staging into NHD pages, GB/s of decoded bytes, median/best of %d, beside a "
+      "staging into NHD or HND pages, GB/s of decoded bytes, median/best of %d, beside a "
       "device-to-device copy of the decoded bytes:\n",
       chunks, static_cast<unsigned long long>(kLayerPiece), reps);
-  std::printf("%-12s %5s %6s %-7s %16s %16s %8s %s\n", "codec", "page", "ratio", "launch", "decode",
-              "device copy", "de/copy", "CPU twin");
+  std::printf("%-12s %-6s %5s %6s %-7s %16s %16s %8s %s\n", "codec", "layout", "page", "ratio",
+              "launch", "decode", "device copy", "de/copy", "CPU twin");
   for (const DecodeRow &r : rows) {
     for (const bool ahead : {false, true}) {
       const Rate &d = ahead ? r.decode_ahead : r.decode;
-      std::printf("%-12s %5u %6.2f %-7s %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %s\n", r.codec.c_str(),
-                  r.page, r.ratio, ahead ? "ahead" : "spread", d.med, d.best, r.copy.med,
+      std::printf("%-12s %-6s %5u %6.2f %-7s %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %s\n", r.codec.c_str(),
+                  r.layout, r.page, r.ratio, ahead ? "ahead" : "spread", d.med, d.best, r.copy.med,
                   r.copy.best, d.med / r.copy.med,
                   (ahead ? r.exact_ahead : r.exact) ? "bit-exact" : "DIFFERS");
     }
@@ -1370,9 +1374,9 @@ void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps)
   for (size_t i = 0; i < rows.size(); ++i) {
     const DecodeRow &r = rows[i];
     std::printf(
-        "%s{\"codec\":\"%s\",\"page\":%u,\"ratio\":%.3f,\"decode_gbs\":%.2f,"
-        "\"decode_ahead_gbs\":%.2f,\"copy_gbs\":%.2f,\"exact\":%s}",
-        i ? "," : "", r.codec.c_str(), r.page, r.ratio, r.decode.med, r.decode_ahead.med,
+        "%s{\"codec\":\"%s\",\"layout\":\"%s\",\"page\":%u,\"ratio\":%.3f,"
+        "\"decode_gbs\":%.2f,\"decode_ahead_gbs\":%.2f,\"copy_gbs\":%.2f,\"exact\":%s}",
+        i ? "," : "", r.codec.c_str(), r.layout, r.page, r.ratio, r.decode.med, r.decode_ahead.med,
         r.copy.med, r.exact && r.exact_ahead ? "true" : "false");
   }
   std::printf("]}\n");
@@ -1944,8 +1948,12 @@ int kernel_tables(uint32_t chunks, int reps) {
   std::vector<DecodeRow> decode_rows;
   for (const auto &[name, params] : codecs) {
     for (uint32_t page : {16u, 256u}) {
-      decode_rows.push_back(measure_decode(name, params, page, std::max(chunks, 64u), reps));
+      decode_rows.push_back(measure_decode(name, params, "nhd", page, std::max(chunks, 64u), reps));
     }
+  }
+  // HND pages: each item a head's 128 elements of one token (256 bytes, 16 groups of eight).
+  for (const auto &[name, params] : codecs) {
+    decode_rows.push_back(measure_decode(name, params, "hnd", 16, std::max(chunks, 64u), reps));
   }
   print_decode(decode_rows, std::max(chunks, 64u), reps);
   for (const DecodeRow &r : decode_rows) {

@@ -108,7 +108,8 @@ def decode_rows(t, d):
             note = f"ahead {r['decode_ahead_gbs'] / r['copy_gbs']:.2f}; " + note
             total += 1
             ahead_wins += r["decode_ahead_gbs"] > r["decode_gbs"]
-        t.add(f"decode kernel, {r['codec']}, {r['page']}-token pages / device copy",
+        layout = "HND " if r.get("layout") == "hnd" else ""
+        t.add(f"decode kernel, {r['codec']}, {layout}{r['page']}-token pages / device copy",
               ratio(r["decode_gbs"], r["copy_gbs"]), 0.80, note=note)
     return ahead_wins, total
 
