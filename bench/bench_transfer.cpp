@@ -946,8 +946,7 @@ const char *kernel_chunks_name(KernelChunks c) {
 // The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
 // [pages, 2, H, B, D] pages of F16 of `page` tokens, from each chunk's copy plan as the library
 // builds it.
-std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks,
-                                            bool join_rows = true) {
+std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks) {
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
   const std::vector<int32_t> order = scattered_pages(pages);
@@ -968,7 +967,7 @@ std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, u
     const std::vector<swiftkv::CopySegment> plan =
         swiftkv::chunk_copy_plan(lay, chunk_pages, kChunk);
     swiftkv::append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), i,
-                               items, join_rows);
+                               items);
   }
   return items;
 }
@@ -1088,8 +1087,7 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
   }
   const uint32_t pages = chunks * (kChunk / page);
   const int64_t b = page, h = kHeads, d = kDim;
-  // Items of one row each, as the library makes them for encoded chunks (request.cpp).
-  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks, false);
+  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks);
   std::vector<swiftkv::ChunkSource> table(chunks);
   for (uint32_t i = 0; i < chunks; ++i) table[i] = swiftkv::ChunkSource{0, i * slot, encoding, 0};
   const uint64_t bytes = kLayerPiece * chunks;

@@ -144,10 +144,11 @@ __global__ void __launch_bounds__(kCopyThreads, kAheadBlocks)
 
 // The load of encoded (kivi, fp8) chunks: each item's elements decoded from the chunk's layer
 // payload in staging (copied in compressed) and written to the pages, so the decoded bytes never
-// exist anywhere else. One warp per item as above, row by row; each lane makes eight elements (one
-// 16-byte store) at a time where the row and the head dim allow, else one. Eight at a time, a
-// lane first reads what kGroups such groups need (the codes and scale words, codec::Fetched8),
-// then decodes and stores them: kGroups groups' reads in flight at once. The CPU twin is
+// exist anywhere else. One warp per item as above, row by row (rows shorter than 32 groups of
+// eight several at a time in the spread launch); each lane makes eight elements (one 16-byte
+// store) at a time where the row and the head dim allow, else one. Eight at a time, a lane first
+// reads what kGroups such groups need (the codes and scale words, codec::Fetched8), then decodes
+// and stores them: kGroups groups' reads in flight at once. The CPU twin is
 // decode_items_cpu; both go through codec::decode_layer_8's parts / decode_layer_element.
 //
 // Groups [begin, end) of a row, lanes taking groups begin + lane, + 32, ...: kAligned where every
@@ -246,18 +247,31 @@ __device__ inline void decode_row_elements(const unsigned char *__restrict__ pay
 
 // An item's rows, all decoded by the loops the template arguments make (the `spread` launch
 // chooses them once per item, so that what each one's loops keep from row to row is its own).
+// Rows of fewer than 32 groups that take groups (an HND page's head of one token: 16) are decoded
+// 32 / groups at a time, each by its share of the lanes, so that every lane has a group.
 template <bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
 __device__ inline void decode_item_rows(const CopyItem &it,
                                         const unsigned char *__restrict__ payload,
                                         unsigned char *pages, const codec::LayerShape &shape,
                                         uint32_t encoding, uint32_t lane) {
-  for (uint32_t row = 0; row < it.rows; ++row) {
+  uint32_t row = 0, step = 1;
+  const uint32_t row_groups = it.bytes / 16;
+  if (it.rows > 1 && it.bytes % 16 == 0 && row_groups < 32 && 32 % row_groups == 0 &&
+      it.page_stride % 16 == 0 && it.piece_stride % 16 == 0 &&
+      row_takes_groups(shape, decode_row_at(it, pages, 0))) {
+    // Then every row takes groups (its first element and its page stay multiples of 8 and 16),
+    // and the lane is the group's in its row.
+    row = lane / row_groups;
+    step = 32 / row_groups;
+    lane %= row_groups;
+  }
+  for (; row < it.rows; row += step) {
     const DecodeRow r = decode_row_at(it, pages, row);
     if (row_takes_groups(shape, r)) {
       decode_row_groups<1, kAligned, kBf16, kCodecBits>(payload, shape, encoding, r.first,
                                                         r.count / 8, r.page, lane);
     } else {
-      decode_row_elements(payload, shape, encoding, r, lane);
+      decode_row_elements(payload, shape, encoding, r, lane);  // with step 1 only
     }
   }
 }

@@ -529,10 +529,8 @@ void Request::make_device_transfer() {
     side.chunks.push_back(src);
     side.layer_bytes.push_back(layer_bytes);
     static_assert(sizeof(CopySegment) == 3 * sizeof(uint64_t));
-    // A decoded chunk's items stay one row each: the decode kernel makes eight elements a lane
-    // from a long run, not from short rows.
     append_copy_items(reinterpret_cast<const uint64_t *>(plan.data()), plan.size(), chunk,
-                      side.items, encoded == nullptr);
+                      side.items);
     side.items_before.push_back(static_cast<uint32_t>(side.items.size()));
   };
   // Staged pieces sit in staging in the order of their host addresses (copy_runs.hpp), each

@@ -19,11 +19,11 @@ CopyKernel copy_kernel_choice() {
 }
 
 void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
-                       std::vector<CopyItem> &out, bool join_rows) {
+                       std::vector<CopyItem> &out) {
   const size_t first = out.size();  // this chunk's items start here
   for (size_t s = 0; s < n; ++s) {
     const uint64_t page = segments[3 * s], piece = segments[3 * s + 1], bytes = segments[3 * s + 2];
-    if (join_rows && bytes <= kItemBytes && out.size() > first) {
+    if (bytes <= kItemBytes && out.size() > first) {
       CopyItem &last = out.back();
       if (last.bytes == bytes && (last.rows + uint64_t{1}) * bytes <= kItemBytes) {
         if (last.rows == 1) {

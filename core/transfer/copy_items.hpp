@@ -58,12 +58,13 @@ CopyKernel copy_kernel_choice();
 
 // Appends the items of one chunk's plan (segments as {page_offset, piece_offset, bytes}, the
 // fields of CopySegment, `n` of them): a segment longer than kItemBytes is cut at kItemBytes from
-// its start, so a 16-byte aligned segment gives 16-byte aligned items. With `join_rows`, shorter
-// segments of one size that follow each other at the same distance on both sides (an HND page's
-// tokens of one head, as chunk_copy_plan orders them) become the rows of one item, up to
-// kItemBytes; without it (the items of a chunk decoded on the device) every item is one row.
+// its start, so a 16-byte aligned segment gives 16-byte aligned items. Shorter segments of one
+// size that follow each other at the same distance on both sides (an HND page's tokens of one
+// head, as chunk_copy_plan orders them) become the rows of one item, up to kItemBytes, for the
+// copy kernel and the decode kernel alike (whose spread launch decodes rows of fewer than 32
+// groups several at a time).
 void append_copy_items(const uint64_t *segments, size_t n, uint32_t chunk,
-                       std::vector<CopyItem> &out, bool join_rows = true);
+                       std::vector<CopyItem> &out);
 
 // The kernel on the CPU: for each of the `n` items, the chunk's piece of layer `layer` (direct,
 // or staging + staged_at) to the pages at `layer_base` when scatter, else back. Items of encoded
