@@ -245,26 +245,34 @@ __device__ inline void decode_row_elements(const unsigned char *__restrict__ pay
   }
 }
 
+// Where an item's rows are shorter than 32 groups of eight and all take groups (an HND page's
+// head of one token: 16), its rows go 32 / groups at a time, each by its share of the lanes:
+// the warp's first row `row`, its `step`, and `lane` made the group's in its row. Every row then
+// takes groups, its first element and its page staying multiples of 8 and 16. Else row 0, step
+// 1 and the lane unchanged.
+__device__ inline void span_short_rows(const CopyItem &it, unsigned char *pages,
+                                       const codec::LayerShape &shape, uint32_t &row,
+                                       uint32_t &step, uint32_t &lane) {
+  const uint32_t row_groups = it.bytes / 16;
+  if (it.rows > 1 && it.bytes % 16 == 0 && row_groups < 32 && 32 % row_groups == 0 &&
+      it.page_stride % 16 == 0 && it.piece_stride % 16 == 0 &&
+      row_takes_groups(shape, decode_row_at(it, pages, 0))) {
+    row = lane / row_groups;
+    step = 32 / row_groups;
+    lane %= row_groups;
+  }
+}
+
 // An item's rows, all decoded by the loops the template arguments make (the `spread` launch
 // chooses them once per item, so that what each one's loops keep from row to row is its own).
-// Rows of fewer than 32 groups that take groups (an HND page's head of one token: 16) are decoded
-// 32 / groups at a time, each by its share of the lanes, so that every lane has a group.
+// Short rows several at a time (span_short_rows), so that every lane has a group.
 template <bool kAligned, bool kBf16, uint32_t kCodecBits = 0>
 __device__ inline void decode_item_rows(const CopyItem &it,
                                         const unsigned char *__restrict__ payload,
                                         unsigned char *pages, const codec::LayerShape &shape,
                                         uint32_t encoding, uint32_t lane) {
   uint32_t row = 0, step = 1;
-  const uint32_t row_groups = it.bytes / 16;
-  if (it.rows > 1 && it.bytes % 16 == 0 && row_groups < 32 && 32 % row_groups == 0 &&
-      it.page_stride % 16 == 0 && it.piece_stride % 16 == 0 &&
-      row_takes_groups(shape, decode_row_at(it, pages, 0))) {
-    // Then every row takes groups (its first element and its page stay multiples of 8 and 16),
-    // and the lane is the group's in its row.
-    row = lane / row_groups;
-    step = 32 / row_groups;
-    lane %= row_groups;
-  }
+  span_short_rows(it, pages, shape, row, step, lane);
   for (; row < it.rows; row += step) {
     const DecodeRow r = decode_row_at(it, pages, row);
     if (row_takes_groups(shape, r)) {
@@ -302,17 +310,19 @@ __device__ inline void decode_item_aligned(const CopyItem &it,
 
 // The `ahead` launch's item: one loop for every codec, chosen per row by alignment and element
 // type (its three groups' reads fill sm_90's 80 registers; loops made per codec, or chosen per
-// item, spilled there).
+// item, spilled there), short rows several at a time as in the spread launch.
 template <uint32_t kGroups>
 __device__ inline void decode_item_ahead(const CopyItem &it,
                                          const unsigned char *__restrict__ payload, bool aligned,
                                          unsigned char *pages, const codec::LayerShape &shape,
                                          uint32_t encoding, uint32_t lane) {
-  for (uint32_t row = 0; row < it.rows; ++row) {
+  uint32_t row = 0, step = 1;
+  span_short_rows(it, pages, shape, row, step, lane);
+  for (; row < it.rows; row += step) {
     const DecodeRow r = decode_row_at(it, pages, row);
     const uint32_t groups = r.count / 8;
     if (!row_takes_groups(shape, r)) {
-      decode_row_elements(payload, shape, encoding, r, lane);
+      decode_row_elements(payload, shape, encoding, r, lane);  // with step 1 only
     } else if (aligned && shape.bf16 != 0) {
       decode_row_groups<kGroups, true, true>(payload, shape, encoding, r.first, groups, r.page,
                                              lane);
