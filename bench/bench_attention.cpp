@@ -273,8 +273,9 @@ int main(int argc, char **argv) {
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) != SWIFTKV_OK) die("device_count");
   // The CPU twin is an fp64 reference: small shapes keep the run short. Where a device is, the
-  // smallest: at the larger ones the twin took 100 of this program's 145 s on the H200 run,
-  // device time that measured nothing of the device.
+  // smallest: at the larger ones the twin took about 60 of this program's 145 s on the H200 run
+  // (its rows' TFLOP/s times their repetitions), device time that measured nothing of the
+  // device.
   const bool small_host = quick || devices > 0;
   const std::vector<Shape> host_shapes =
       small_host ? std::vector<Shape>{{"prefill 2x16 over 256", 2, 16, 256},
