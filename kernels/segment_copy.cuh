@@ -66,9 +66,23 @@ __device__ inline void copy_item(const CopyItem &it, const ChunkSource &c, uint3
   if (align % 16 == 0) {
     // The item's words, row by row: lane takes words lane, lane + 32, ... (at most 8).
     const uint32_t row_words = bytes / 16, words = rows * row_words;
-    const uint32_t q = 32 / row_words, r = 32 % row_words;
+    uint32_t row = 0, col = lane, q = 0, r = 32;  // one row: the lane's words are its columns
+    if ((row_words & (row_words - 1)) == 0) {
+      // Rows of a power of two words (HND rows of head dims 64, 128, 256): shifts and masks.
+      const uint32_t shift = static_cast<uint32_t>(__ffs(static_cast<int>(row_words)) - 1);
+      const uint32_t mask = row_words - 1;
+      row = lane >> shift;
+      col = lane & mask;
+      q = 32 >> shift;
+      r = 32 & mask;
+    } else if (rows > 1) {
+      row = lane / row_words;
+      col = lane % row_words;
+      q = 32 / row_words;
+      r = 32 % row_words;
+    }
+    const uint32_t first_row = row, first_col = col;
     uint4 v[kWordsPerLane];
-    uint32_t row = lane / row_words, col = lane % row_words;
 #pragma unroll
     for (uint32_t k = 0; k < kWordsPerLane; ++k) {
       if (lane + 32 * k < words) {
@@ -76,8 +90,8 @@ __device__ inline void copy_item(const CopyItem &it, const ChunkSource &c, uint3
       }
       next_word(row, col, q, r, row_words);
     }
-    row = lane / row_words;
-    col = lane % row_words;
+    row = first_row;
+    col = first_col;
 #pragma unroll
     for (uint32_t k = 0; k < kWordsPerLane; ++k) {
       if (lane + 32 * k < words) {

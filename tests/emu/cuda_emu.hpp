@@ -432,6 +432,9 @@ inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t x,
   if (kind != __NV_E4M3) swiftkv_emu::fatal("only E4M3 is emulated");
   return {emu_e4m3_to_half(x & 0xffu), emu_e4m3_to_half(x >> 8)};
 }
+inline int __ffs(int x) {  // the least significant set bit's position from 1; 0 for none
+  return x == 0 ? 0 : __builtin_ctz(static_cast<unsigned>(x)) + 1;
+}
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
 }

@@ -254,6 +254,10 @@ void every_layout_moves_the_plans_bytes(void **) {
       // HND rows of 3 words (a warp step ends mid-row) and of 64 words (a row takes two steps).
       {Kind::hnd, 4, 5, 24, 2},
       {Kind::hnd, 2, 3, 512, 2},
+      // Items of one row whose word count is not a power of two (a page's K or V block, 240
+      // words), and rows of 10 words (head dim 80): the kernel's two ways besides shifts.
+      {Kind::nhd, 16, 3, 40, 2},
+      {Kind::hnd, 16, 2, 80, 2},
   };
   uint64_t seed = 1;
   for (const Case &c : cases) {
