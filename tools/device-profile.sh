@@ -10,7 +10,8 @@
 #   bash tools/device-profile.sh          (OUT: the folder that comes back; BUDGET: seconds, 200)
 # It writes $OUT/summary.txt, $OUT/ncu_decode.csv.gz and $OUT/ncu_copy.csv.gz (one row per
 # launch and metric as `ncu --csv` prints them, the benchmark's own lines among them) and ncu's
-# messages in $OUT/ncu_*.err.
+# messages in $OUT/ncu_*.err. `python3 tools/ncu_table.py OUT/ncu_decode.csv.gz --bench decode`
+# (and copy) makes them a table, a line per row and launch kind.
 set -uo pipefail
 top=$(cd "$(dirname "$0")/.." && pwd)
 run=$top/.devrun
