@@ -4,7 +4,8 @@ its bar, as a Markdown table to paste into bench/results/ and the note.
 
     gpu_bars.py BENCH.jsonl [BENCH.jsonl ...]
 
-Reads what device-validate.sh gathers in $OUT/bench.jsonl (bench_transfer, bench_coord, ...);
+Reads what device-validate.sh gathers in $OUT/bench.jsonl (bench_transfer, bench_coord,
+bench_attention_sdpa.py for the attention bars of DESIGN.md, ...);
 a later line of the same benchmark and backend replaces an earlier one. Rows a run did not
 measure (older commits had no `ahead` launch, no gaps, no peer pipeline) are left out. Each ratio
 is a median over a median, as the benchmarks print them; `meets` compares it with the bar.
@@ -135,6 +136,25 @@ def copy_path_rows(t, d):
               None)
 
 
+def attention_rows(t, d):
+    """bench_attention_sdpa.py's results: prefill's time over SDPA's (bar ≤ 1.1) and decode's KV
+    read rate over a device copy's read + write rate (bar ≥ 0.8), for each kernel it ran."""
+    for r in d.get("results", []):
+        name = f"attention {r['kernel']}, {r['shape']}, {r['page']}-token pages"
+        if not r.get("correct", "paged_over_sdpa_time" in r):
+            t.rows.append((name, f"WRONG (max diff {r['max_abs_diff']:.2e})", "", "", ""))
+            continue
+        note = f"{r['paged_tflops']:.1f} TF/s, SDPA {r['sdpa_tflops']:.1f}"
+        if r["shape"].startswith("decode"):
+            if "kv_over_copy" in r:
+                t.add(f"{name}: KV read / device copy rate", r["kv_over_copy"], 0.80,
+                      note=note + f"; time / SDPA's {r['paged_over_sdpa_time']:.2f}")
+            else:  # older lines: no copy beside them
+                t.add(f"{name}: time / SDPA's", r["paged_over_sdpa_time"], None, note=note)
+        else:
+            t.add(f"{name}: time / SDPA's", r["paged_over_sdpa_time"], 1.10, False, note=note)
+
+
 def coord_rows(t, d):
     for r in d.get("reclaim", []):
         if r["chunks"] == 0:
@@ -167,6 +187,8 @@ def main():
         copy_path_rows(t, found[("copy_paths", None)])
     if ("coord", None) in found:
         coord_rows(t, found[("coord", None)])
+    if ("attention_sdpa", None) in found:
+        attention_rows(t, found[("attention_sdpa", None)])
     if not t.rows:
         sys.exit("gpu_bars.py: no GPU benchmark lines in " + " ".join(sys.argv[1:]))
     t.print()
