@@ -2,7 +2,8 @@
 # The transfer kernels' machine code on this machine, no GPU needed: registers and spills of each
 # kernel for sm_80, sm_89 and sm_90 (ptxas -v), and for one kernel the instruction counts of its
 # inner loops' paths on sm_90 (tools/sass_paths.py, nvdisasm from PyPI in a cached venv). How the
-# decoder's instruction counts in docs/codecs.md were taken.
+# decoder's instruction counts in docs/codecs.md were taken, and the copy kernel's per item
+# (10copy_items: its loop over items, one path per way an item goes) in the CHANGELOG.
 #   tools/kernel-sass.sh [KERNEL]     KERNEL: a part of a kernel's mangled name (12decode_items)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)

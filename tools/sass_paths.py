@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """The instruction counts of a kernel's inner loops, from nvdisasm's output (-c).
 
-For each loop that holds a 16-byte global store (the copy and decode kernels' inner loops) and
-ends in a branch back to its head: its body's size, and the length of every path through one
-iteration, each conditional branch taken both ways (so paths the data never takes are listed
-too; a loop made for one codec has only its own). Predicated instructions count as issued.
+For each loop that holds a 16-byte store to global memory (STG, or ST through a generic address
+as the copy kernel's are: the decode kernel's inner loops, the copy kernel's loop over items)
+and ends in a branch back to its head: its body's size, and the length of every path through
+one iteration, each conditional branch taken both ways (so paths the data never takes are
+listed too; a loop made for one codec has only its own). Predicated instructions count as
+issued; a call counts as one (what it runs is not followed).
 
     sass_paths.py FILE.sass KERNEL_NAME_PART
 """
@@ -13,6 +15,9 @@ import sys
 
 BRANCH = re.compile(r"BRA `\((\.L_x_\d+)\)")
 GUARD = re.compile(r"@!?U?P\d")
+# A 16-byte store to global memory, by a global (STG) or a generic (ST) address; loads likewise.
+STORE16 = re.compile(r"\bSTG?\.E\.128\b")
+LOAD = re.compile(r"\bLDG?\.E\b")
 
 
 def kernel_lines(text, name):
@@ -68,7 +73,7 @@ def main():
     ins, labels = kernel_lines(open(sys.argv[1]).read(), sys.argv[2])
     seen = set()
     for i, line in enumerate(ins):
-        if "STG.E.128" not in line:
+        if not STORE16.search(line):
             continue
         for j in range(i, min(i + 8, len(ins))):
             m = BRANCH.search(ins[j])
@@ -76,7 +81,7 @@ def main():
                 head = labels[m.group(1)]
                 if head not in seen:
                     seen.add(head)
-                    loads = sum("LDG" in x for x in ins[head:j + 1])
+                    loads = sum(bool(LOAD.search(x)) for x in ins[head:j + 1])
                     print(f"loop at {head}: body {j - head + 1}, loads {loads}, "
                           f"paths {path_lengths(ins, labels, head, j)}")
                 break
