@@ -38,7 +38,9 @@ RATE_TO_GBS = {"byte/s": 1e-9, "Kbyte/s": 1e-6, "Mbyte/s": 1e-3, "Gbyte/s": 1.0,
 
 # bench_transfer --kernels --reps 1: the rows in kernel_tables' order, and each row's launches of
 # its kernels in measure_kernel's / measure_decode's order (three warm-ups and one repetition of
-# the cycle; measure_decode then launches each kind once more for its exactness check).
+# the cycle; measure_decode then launches each kind once more for its exactness check). The copy
+# rows past "hnd 256" are named as on a device with VMM (bench_transfer leaves the vmm rows out
+# where it has none); device-profile.sh profiles only the four before them.
 CODECS = ["kivi-8 g32", "kivi-4 g32", "kivi-2 g32", "fp8 e4m3"]
 BENCHES = {
     "copy": {
