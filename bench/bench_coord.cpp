@@ -9,19 +9,24 @@
 //      takes in the background, as a lease is borrowed), and, alternating with it, right after
 //      the borrow and the stores (unsettled: that room is still being made).
 //   2. Heartbeat overhead: the CPU time both contexts spend per second with L leases held while
-//      the borrower heartbeats every 1, 10 or 100 ms, less the same with the same leases held and
-//      no heartbeat in the window (the borrower's coord_heartbeat_ms a minute), measured just
-//      before in the same repetition: what holding leases costs (the cache's maintenance of
-//      them) is in both, so the difference is the heartbeats'. The lender keeps its default
-//      heartbeat (100 ms); leases last 10 minutes, so the period is the borrower's own.
+//      the borrower heartbeats every 1 or 10 ms (--periods for others), less the same with the same
+//      leases held and no heartbeat in the window (the borrower's coord_heartbeat_ms a minute),
+//      measured just before in the same repetition: what holding leases costs (the cache's
+//      maintenance of them) is in both, so the difference is the heartbeats'. The lender keeps its
+//      default heartbeat (100 ms); leases last 10 minutes, so the period is the borrower's own.
 //      Heartbeats through the beat page (the default on one host) and, in the same repetition,
 //      as messages (SWIFTKV_COORD_HEARTBEAT=message, as over UCX). Beside them, what the least
 //      exchanges cost: a bare ZeroMQ request and answer of a heartbeat's sizes between two
 //      contexts at the same period, the same over a Unix seqpacket socket pair with nothing
 //      between the two threads, and one thread's bare timer wake-up (poll with a timeout and
-//      nothing to poll: the least a beat that wakes a thread can cost).
+//      nothing to poll: the least a beat that wakes a thread can cost); these three once a
+//      repetition for all lease counts of a period, as they hold no lease.
+//      At a 100 ms period the beat page's few beats a second are within the baseline's spread
+//      (docs/coordinator.md), so the 10 ms rows bound a beat's cost and the default run leaves
+//      it out: about two minutes, within a GPU validation run's share.
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
-// the second part; --reclaims: only the first; --reps N.
+// the second part; --reclaims: only the first; --periods 1,10,100: the heartbeat periods in ms;
+// --reps N.
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -330,44 +335,74 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, int reps) {
-  std::vector<double> net, idle, beats, answered, msg_net, msg_beats, trip, unix_trip, wake;
+// The rows of one heartbeat period, one for each lease count. Each repetition measures, for each
+// lease count, the baseline (no heartbeat in the window) just before the beat page and the
+// messages; then the bare exchanges once, as they do not depend on the leases held.
+std::vector<HeartbeatRow> heartbeat_rows(uint32_t period_ms, const std::vector<uint64_t> &leases,
+                                         double seconds, int reps) {
+  struct Samples {
+    std::vector<double> net, idle, beats, answered, msg_net, msg_beats;
+  };
+  std::vector<Samples> s(leases.size());
+  std::vector<double> trip, unix_trip, wake;
   for (int r = 0; r <= reps; ++r) {  // r 0 warms up, briefly; the baselines alternate
     const double window = r == 0 ? std::min(seconds, 0.2) : seconds;
-    double b = 0, a = 0, mb = 0, ma = 0, nb = 0, na = 0;
-    const double i = held_cpu(60'000, leases, true, window, &nb, &na);  // no heartbeat in it
-    const double w = held_cpu(period_ms, leases, true, window, &b, &a);
-    const double mw = held_cpu(period_ms, leases, false, window, &mb, &ma);
+    for (size_t l = 0; l < leases.size(); ++l) {
+      double b = 0, a = 0, mb = 0, ma = 0, nb = 0, na = 0;
+      const double i = held_cpu(60'000, leases[l], true, window, &nb, &na);  // no heartbeat
+      const double w = held_cpu(period_ms, leases[l], true, window, &b, &a);
+      const double mw = held_cpu(period_ms, leases[l], false, window, &mb, &ma);
+      if (r == 0) continue;
+      s[l].net.push_back(w - i);
+      s[l].idle.push_back(i);
+      s[l].beats.push_back(b);
+      s[l].answered.push_back(a);
+      s[l].msg_net.push_back(mw - i);
+      s[l].msg_beats.push_back(mb);
+    }
     const double t = zmq_round_trip_us(period_ms, window);
     const double u = unix_round_trip_us(period_ms, window);
     const double k = timer_wakeup_us(period_ms, window);
     if (r == 0) continue;
-    net.push_back(w - i);
-    idle.push_back(i);
-    beats.push_back(b);
-    answered.push_back(a);
-    msg_net.push_back(mw - i);
-    msg_beats.push_back(mb);
     trip.push_back(t);
     unix_trip.push_back(u);
     wake.push_back(k);
   }
-  HeartbeatRow h;
-  h.period_ms = period_ms;
-  h.leases = leases;
-  h.cpu_ms_per_s = median(net);
-  h.cpu_ms_per_s_min = *std::min_element(net.begin(), net.end());
-  h.idle_ms_per_s = median(idle);
-  h.heartbeats_per_s = median(beats);
-  h.answered_per_s = median(answered);
-  h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
-  h.message_heartbeats_per_s = median(msg_beats);
-  h.message_us_per_heartbeat =
-      h.message_heartbeats_per_s > 0 ? median(msg_net) * 1e3 / h.message_heartbeats_per_s : 0;
-  h.round_trip_us = median(trip);
-  h.unix_round_trip_us = median(unix_trip);
-  h.wakeup_us = median(wake);
-  return h;
+  std::vector<HeartbeatRow> rows;
+  for (size_t l = 0; l < leases.size(); ++l) {
+    HeartbeatRow h;
+    h.period_ms = period_ms;
+    h.leases = leases[l];
+    h.cpu_ms_per_s = median(s[l].net);
+    h.cpu_ms_per_s_min = *std::min_element(s[l].net.begin(), s[l].net.end());
+    h.idle_ms_per_s = median(s[l].idle);
+    h.heartbeats_per_s = median(s[l].beats);
+    h.answered_per_s = median(s[l].answered);
+    h.us_per_heartbeat = h.heartbeats_per_s > 0 ? h.cpu_ms_per_s * 1e3 / h.heartbeats_per_s : 0;
+    h.message_heartbeats_per_s = median(s[l].msg_beats);
+    h.message_us_per_heartbeat = h.message_heartbeats_per_s > 0
+                                     ? median(s[l].msg_net) * 1e3 / h.message_heartbeats_per_s
+                                     : 0;
+    h.round_trip_us = median(trip);
+    h.unix_round_trip_us = median(unix_trip);
+    h.wakeup_us = median(wake);
+    rows.push_back(h);
+  }
+  return rows;
+}
+
+// "1,10,100" as periods in ms, each at least 1; false if it is not such a list.
+bool parse_periods(const char *text, std::vector<uint32_t> *out) {
+  out->clear();
+  for (const char *p = text;;) {
+    if (*p < '0' || *p > '9') return false;
+    char *end = nullptr;
+    const unsigned long v = std::strtoul(p, &end, 10);
+    if (end == p || v < 1 || v > 60'000 || (*end != ',' && *end != '\0')) return false;
+    out->push_back(static_cast<uint32_t>(v));
+    if (*end == '\0') return true;
+    p = end + 1;
+  }
 }
 
 }  // namespace
@@ -375,6 +410,7 @@ HeartbeatRow heartbeat_row(uint32_t period_ms, uint64_t leases, double seconds, 
 int main(int argc, char **argv) {
   bool quick = false, beats_only = false, reclaims_only = false;
   int reps = 5;
+  std::vector<uint32_t> periods{1, 10};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -383,6 +419,11 @@ int main(int argc, char **argv) {
       beats_only = true;
     } else if (std::strcmp(argv[i], "--reclaims") == 0) {
       reclaims_only = true;
+    } else if (std::strcmp(argv[i], "--periods") == 0 && i + 1 < argc) {
+      if (!parse_periods(argv[++i], &periods)) {
+        std::fprintf(stderr, "bench_coord: --periods takes periods in ms, 1 to 60000: 1,10,100\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
       if (reps < 1) {
@@ -390,19 +431,23 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else {
-      std::fprintf(stderr, "usage: bench_coord [--quick] [--heartbeats|--reclaims] [--reps N]\n");
+      std::fprintf(stderr,
+                   "usage: bench_coord [--quick] [--heartbeats|--reclaims] [--periods MS,...] "
+                   "[--reps N]\n");
       return 2;
     }
   }
   setenv("SWIFTKV_LOG", "off", 0);
   const std::vector<uint64_t> sizes =
       quick ? std::vector<uint64_t>{0, 4} : std::vector<uint64_t>{0, 1, 4, 16, 64, 256};
-  std::printf(
-      "reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
-      "over %d repetitions\n",
-      static_cast<double>(kChunkBytes) / (1 << 20), reps);
-  std::printf("%8s %17s %10s %12s %12s %10s %18s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
-              "evac GB/s", "memcpy/ack", "unsettled ack ms");
+  if (!beats_only) {  // the headings of the parts that run
+    std::printf(
+        "reclaim: request to ack against chunks to evacuate (%.0f MiB a chunk), median/min "
+        "over %d repetitions\n",
+        static_cast<double>(kChunkBytes) / (1 << 20), reps);
+    std::printf("%8s %17s %10s %12s %12s %10s %18s\n", "chunks", "ack ms", "settle ms", "memcpy ms",
+                "evac GB/s", "memcpy/ack", "unsettled ack ms");
+  }
   struct Reclaim {
     ReclaimRow med;
     double ack_min_ms;
@@ -431,21 +476,24 @@ int main(int argc, char **argv) {
                 m.memcpy_ms, gbs, m.ack_ms > 0 ? m.memcpy_ms / m.ack_ms : 0,
                 rr.back().unsettled_ms);
   }
-  std::printf(
-      "\nheartbeats: CPU time of both contexts less the same contexts holding the same leases "
-      "with no heartbeat, measured before it in each repetition; through the beat page, then as "
-      "messages\n");
-  std::printf("%10s %8s %18s %10s %9s %9s %12s %12s %11s %11s %11s %11s\n", "period ms", "leases",
-              "cpu ms/s med/min", "held ms/s", "beats/s", "answered", "cpu us/beat", "msg us/beat",
-              "msg beats/s", "zmq rt us", "unix rt us", "wake-up us");
+  if (!reclaims_only) {
+    std::printf(
+        "\nheartbeats: CPU time of both contexts less the same contexts holding the same leases "
+        "with no heartbeat, measured before it in each repetition; through the beat page, then as "
+        "messages\n");
+    std::printf("%10s %8s %18s %10s %9s %9s %12s %12s %11s %11s %11s %11s\n", "period ms", "leases",
+                "cpu ms/s med/min", "held ms/s", "beats/s", "answered", "cpu us/beat",
+                "msg us/beat", "msg beats/s", "zmq rt us", "unix rt us", "wake-up us");
+  }
   std::vector<HeartbeatRow> hr;
-  for (uint32_t period : {1u, 10u, 100u}) {
+  if (quick) periods = {10};
+  for (uint32_t period : periods) {
     if (reclaims_only) break;
-    // Windows of at least 10 heartbeats, short enough that the whole run stays within minutes.
-    const double secs = quick ? 0.2 : period >= 100 ? 2.0 : period >= 10 ? 1.0 : 0.5;
-    for (uint64_t leases : {uint64_t{1}, uint64_t{64}}) {
-      if (quick && (period != 10 || leases == 64)) continue;
-      const HeartbeatRow h = heartbeat_row(period, leases, secs, reps);
+    // Windows of at least 10 heartbeats and half a second.
+    const double secs = quick ? 0.2 : std::max(0.5, 10 * period / 1000.0);
+    const std::vector<uint64_t> leases =
+        quick ? std::vector<uint64_t>{1} : std::vector<uint64_t>{1, 64};
+    for (const HeartbeatRow &h : heartbeat_rows(period, leases, secs, reps)) {
       hr.push_back(h);
       std::printf(
           "%10u %8llu %9.3f/%8.3f %10.3f %9.1f %9.1f %12.2f %12.2f %11.1f %11.2f %11.2f %11.2f\n",
