@@ -3,7 +3,8 @@
  * connector, the chunks are moved to host and disk, and a later request loads them back layer by
  * layer into other pages, every byte compared: for vLLM's, FlashInfer's NHD and HND and
  * cross-layer page layouts, and for a library-made pool with stream pages. Then failures (a
- * corrupt disk chunk, lent memory lost, a clear during the request) and bad input. */
+ * corrupt disk chunk, lent memory lost, a clear during the request), lossy chunks and a model
+ * that asks for exact bytes, and bad input. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <dirent.h>
 #include <stdio.h>
@@ -412,6 +413,101 @@ static void load_only_and_save_only(void **state) {
   d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
   assert_status(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
   assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+}
+
+/* The elements of tokens [from, to) in `pages` that differ from `chunks` (each chunk's bytes as
+ * (L, 2, CHUNK, H, D), chunk after chunk). */
+static uint64_t pages_differ(const struct engine *e, const int32_t *pages, const uint16_t *chunks,
+                             uint64_t from, uint64_t to) {
+  uint64_t wrong = 0;
+  for (uint32_t l = 0; l < LAYERS; ++l)
+    for (uint64_t t = from; t < to; ++t)
+      for (uint32_t c = 0; c < 2; ++c)
+        for (uint32_t h = 0; h < HEADS; ++h) {
+          const uint16_t *got = element(e, l, pages[t / BLOCK], c, (uint32_t)(t % BLOCK), h);
+          const uint16_t *want = chunks + (t / CHUNK) * (CHUNK_BYTES / 2) +
+                                 (((l * 2 + c) * CHUNK + t % CHUNK) * HEADS + h) * DIM;
+          for (uint32_t d = 0; d < DIM; ++d) wrong += got[d] != want[d];
+        }
+  return wrong;
+}
+
+/* A load-only request over `tokens` in `pages`: its cached run, every layer's valid end checked
+ * against it. */
+static uint64_t load_run(const struct engine *e, const uint32_t *tokens, size_t n,
+                         const int32_t *pages) {
+  const uint64_t req = begin_shaped(e, tokens, n, pages, 0, SWIFTKV_REQUEST_LOAD_ONLY);
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&info, e->ctx, req));
+  assert_ok(swiftkv_start_load(e->ctx, req, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    uint64_t v = 0;
+    assert_ok(swiftkv_wait_layer_load(&v, e->ctx, req, l, NULL));
+    assert_int_equal(v, info.load_end_tokens);
+  }
+  assert_ok(swiftkv_request_finish(&info, e->ctx, req));
+  return info.load_end_tokens;
+}
+
+/* Compression through the connector: a lossy chunk is loaded only into a model that accepts
+ * lossy chunks, and then as the codec decodes it (what swiftkv_retrieve gives); for a model that
+ * asks for exact bytes the load ends at it, as at a chunk that is not cached, counted in
+ * lossy_refused, and the chunks before it load as they were stored. */
+static void lossy_chunks_load_only_where_accepted(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  uint32_t tokens[3 * CHUNK];
+  fill_tokens(tokens, 3 * CHUNK, 7);
+  static uint16_t kv[3 * CHUNK_BYTES / 2], decoded[3 * CHUNK_BYTES / 2];
+  for (size_t i = 0; i < 3 * CHUNK_BYTES / 2; ++i) { /* finite f16 values in [0.5, 1) */
+    kv[i] = (uint16_t)(0x3800u + ((i * 37u) & 0x3ffu));
+  }
+  uint64_t cached = 0;
+  assert_ok(swiftkv_store(&cached, e.ctx, e.model, tokens, CHUNK, kv, CHUNK_BYTES));
+  swiftkv_compression_config lossy = SWIFTKV_COMPRESSION_CONFIG_INIT;
+  lossy.host.codec = SWIFTKV_CODEC_FP8;
+  lossy.accept_lossy = 1;
+  assert_ok(swiftkv_compression_set(e.ctx, e.model, &lossy));
+  assert_ok(swiftkv_store(&cached, e.ctx, e.model, tokens, 3 * CHUNK, kv, sizeof kv));
+  swiftkv_chunk_info info[3];
+  size_t n = 0;
+  assert_ok(swiftkv_chunk_info_get(info, 3, &n, e.ctx, e.model, tokens, 3 * CHUNK));
+  assert_int_equal(n, 3);
+  assert_int_equal(info[0].lossy, 0); /* stored before: exact */
+  assert_int_equal(info[1].lossy, 1);
+  assert_int_equal(info[2].lossy, 1);
+  uint64_t got = 0;
+  assert_ok(swiftkv_retrieve(&got, e.ctx, e.model, tokens, 3 * CHUNK, 0, decoded, sizeof decoded));
+  assert_int_equal(got, 3 * CHUNK);
+  assert_memory_equal(decoded, kv, CHUNK_BYTES);
+  assert_memory_not_equal(decoded + CHUNK_BYTES / 2, kv + CHUNK_BYTES / 2, CHUNK_BYTES);
+
+  int32_t pages[3 * CHUNK / BLOCK];
+  pick_pages(pages, 3 * CHUNK / BLOCK, 0, PAGES, 8);
+  swiftkv_compression_config exact = SWIFTKV_COMPRESSION_CONFIG_INIT;
+  assert_ok(swiftkv_compression_set(e.ctx, e.model, &exact));
+  swiftkv_codec_stats cs = SWIFTKV_CODEC_STATS_INIT;
+  assert_ok(swiftkv_codec_stats_get(&cs, e.ctx));
+  const uint64_t refused = cs.lossy_refused;
+  engine_scramble(&e);
+  assert_int_equal(load_run(&e, tokens, 3 * CHUNK, pages), CHUNK);
+  assert_int_equal(pages_differ(&e, pages, kv, 0, CHUNK), 0);
+  for (uint32_t l = 0; l < LAYERS; ++l) { /* nothing of the lossy chunks reached the pages */
+    for (uint64_t t = CHUNK; t < 3 * CHUNK; ++t) {
+      assert_int_equal(*element(&e, l, pages[t / BLOCK], 1, (uint32_t)(t % BLOCK), 1), 0xEEEE);
+    }
+  }
+  assert_ok(swiftkv_codec_stats_get(&cs, e.ctx));
+  assert_int_equal(cs.lossy_refused, refused + 1);
+
+  assert_ok(swiftkv_compression_set(e.ctx, e.model, &lossy));
+  engine_scramble(&e);
+  assert_int_equal(load_run(&e, tokens, 3 * CHUNK, pages), 3 * CHUNK);
+  assert_int_equal(pages_differ(&e, pages, decoded, 0, 3 * CHUNK), 0);
+  assert_ok(swiftkv_codec_stats_get(&cs, e.ctx));
+  assert_int_equal(cs.lossy_refused, refused + 1);
   engine_down(&e);
 }
 
@@ -1134,6 +1230,7 @@ int main(void) {
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(created_pool_aliases_stream_pages),
       cmocka_unit_test(corrupt_disk_chunk_ends_the_valid_prefix),
+      cmocka_unit_test(lossy_chunks_load_only_where_accepted),
       cmocka_unit_test(load_from_inside_a_chunk_nhd),
       cmocka_unit_test(load_from_inside_a_chunk_vllm),
       cmocka_unit_test(lost_lent_memory_loads_nothing),
