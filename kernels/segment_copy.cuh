@@ -19,8 +19,7 @@
 
 namespace swiftkv::kernels {
 
-constexpr int kCopyThreads = 256;
-constexpr int kCopyWarps = kCopyThreads / 32;
+// kCopyThreads and kCopyWarps: core/transfer/copy_items.hpp (the launches size grids by them).
 constexpr uint32_t kWordsPerLane = kItemBytes / 16 / 32;  // 8
 static_assert(kItemBytes % (16 * 32) == 0, "an item is whole 16-byte words for every lane");
 

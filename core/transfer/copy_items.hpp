@@ -80,4 +80,11 @@ void decode_items_cpu(const CopyItem *items, size_t n, const ChunkSource *chunks
                       const codec::LayerShape &shape, const std::byte *staging,
                       std::byte *layer_base) noexcept;
 
+namespace kernels {
+// The block of the gather/scatter and decode kernels (kernels/segment_copy.cuh): 8 warps, one
+// item (or a group of rows) a warp; the launches size their grids by it.
+constexpr int kCopyThreads = 256;
+constexpr int kCopyWarps = kCopyThreads / 32;
+}  // namespace kernels
+
 }  // namespace swiftkv

@@ -12,7 +12,13 @@
 #include "core/memory/cuda_check.hpp"
 #include "core/transfer/copy_runs.hpp"
 #include "core/transfer/cuda_transfer.hpp"
+#if defined(SWIFTKV_TRANSFER_EMULATION)
+// Built on the host against tests/emu/runtime (the runtime's streams as threads): the kernels
+// run in their CPU emulation, launched through transfer_emulation::launch_*.
+#include "transfer_kernels_emu.hpp"
+#else
 #include "kernels/segment_copy.cuh"
+#endif
 
 namespace swiftkv {
 
@@ -88,16 +94,22 @@ void launch_kernel(const CopyLaunch &how, const CopyItem *items, uint32_t n,
                    const ChunkSource *chunks, uint64_t layer_offset, unsigned char *staging,
                    unsigned char *pages, bool scatter, cudaStream_t s) {
   if (n == 0) return;
-  if (how.kernel == CopyKernel::ahead) {
-    const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
-    kernels::
-        copy_items_ahead<<<static_cast<unsigned>(std::min<uint64_t>(want, how.resident_blocks)),
-                           kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset, staging,
-                                                          pages, scatter ? 1 : 0);
-  } else {
-    kernels::copy_items<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
+  const bool ahead = how.kernel == CopyKernel::ahead;
+  const uint64_t want = (uint64_t{n} + kernels::kCopyWarps - 1) / kernels::kCopyWarps;
+  const unsigned grid = ahead ? static_cast<unsigned>(std::min<uint64_t>(want, how.resident_blocks))
+                              : grid_for(how.sms, n);
+#if defined(SWIFTKV_TRANSFER_EMULATION)
+  transfer_emulation::launch_copy(ahead, grid, items, n, chunks, layer_offset, staging, pages,
+                                  scatter, s);
+#else
+  if (ahead) {
+    kernels::copy_items_ahead<<<grid, kernels::kCopyThreads, 0, s>>>(
         items, n, chunks, layer_offset, staging, pages, scatter ? 1 : 0);
+  } else {
+    kernels::copy_items<<<grid, kernels::kCopyThreads, 0, s>>>(items, n, chunks, layer_offset,
+                                                               staging, pages, scatter ? 1 : 0);
   }
+#endif
   check_cuda(cudaGetLastError(), "the gather/scatter kernel launch");
 }
 
@@ -105,13 +117,19 @@ void launch_decode_kernel(const CopyLaunch &how, const CopyItem *items, uint32_t
                           const ChunkSource *chunks, const unsigned char *staging,
                           unsigned char *pages, const codec::LayerShape &shape, cudaStream_t s) {
   if (n == 0) return;
-  if (how.kernel == CopyKernel::ahead) {
-    kernels::decode_items_ahead<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
-        items, n, chunks, staging, pages, shape);
+  const bool ahead = how.kernel == CopyKernel::ahead;
+  const unsigned grid = grid_for(how.sms, n);
+#if defined(SWIFTKV_TRANSFER_EMULATION)
+  transfer_emulation::launch_decode(ahead, grid, items, n, chunks, staging, pages, shape, s);
+#else
+  if (ahead) {
+    kernels::decode_items_ahead<<<grid, kernels::kCopyThreads, 0, s>>>(items, n, chunks, staging,
+                                                                       pages, shape);
   } else {
-    kernels::decode_items<<<grid_for(how.sms, n), kernels::kCopyThreads, 0, s>>>(
-        items, n, chunks, staging, pages, shape);
+    kernels::decode_items<<<grid, kernels::kCopyThreads, 0, s>>>(items, n, chunks, staging, pages,
+                                                                 shape);
   }
+#endif
   check_cuda(cudaGetLastError(), "the decode kernel launch");
 }
 

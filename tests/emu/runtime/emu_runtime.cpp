@@ -1,0 +1,258 @@
+// The host emulation of the CUDA runtime's streams, events and copies (cuda_runtime_api.h).
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// One lock for every stream's queue and every point's state: the emulation is for correctness.
+// Never destroyed: a failed test leaves its streams' threads waiting on them as the process
+// exits.
+std::mutex &g_mu = *new std::mutex;
+std::condition_variable &g_cv = *new std::condition_variable;
+std::atomic<uint32_t> g_jitter_us{0};
+std::atomic<uint64_t> g_seed{1};
+std::atomic<uint64_t> g_done{0};
+std::atomic<int64_t> g_streams{0}, g_events{0};
+thread_local int t_device = 0;
+
+// A point in a stream's work: done once the work enqueued before it has run.
+struct Point {
+  bool done = false;  // under g_mu
+};
+
+}  // namespace
+
+struct EmuStream {
+  std::deque<std::function<void()>> work;  // under g_mu
+  bool stop = false;                       // under g_mu
+  uint64_t enqueued = 0, ran = 0;          // under g_mu
+  std::thread thread;
+
+  explicit EmuStream(uint64_t seed) {
+    thread = std::thread([this, seed] {
+      std::mt19937_64 rng(seed);
+      const uint64_t pace = 1 + rng() % 4;  // this stream's slowness, 1 to 4 times
+      std::unique_lock lock(g_mu);
+      for (;;) {
+        g_cv.wait(lock, [this] { return stop || !work.empty(); });
+        if (work.empty()) return;  // stopped, and drained
+        std::function<void()> w = std::move(work.front());
+        work.pop_front();
+        lock.unlock();
+        // Mostly short, now and then eight times as long, on a slow stream up to four times
+        // more: a stream that falls far behind the others.
+        const uint32_t jitter = g_jitter_us.load();
+        if (jitter != 0) {
+          const uint64_t us = rng() % jitter * pace * (rng() % 8 == 0 ? 8 : 1);
+          std::this_thread::sleep_for(std::chrono::microseconds(us));
+        }
+        w();
+        lock.lock();
+        ++ran;
+        g_done.fetch_add(1);
+        g_cv.notify_all();
+      }
+    });
+    g_streams.fetch_add(1);
+  }
+  ~EmuStream() {
+    {
+      std::lock_guard lock(g_mu);
+      stop = true;
+      g_cv.notify_all();
+    }
+    thread.join();
+    g_streams.fetch_sub(1);
+  }
+  void push(std::function<void()> w) {
+    std::lock_guard lock(g_mu);
+    work.push_back(std::move(w));
+    ++enqueued;
+    g_cv.notify_all();
+  }
+  // A point after everything enqueued so far.
+  std::shared_ptr<Point> mark() {
+    auto p = std::make_shared<Point>();
+    push([p] {
+      std::lock_guard lock(g_mu);
+      p->done = true;
+    });
+    return p;
+  }
+};
+
+struct EmuEvent {
+  std::shared_ptr<Point> latest;  // under g_mu; null until recorded
+};
+
+namespace {
+
+EmuStream &default_stream() {
+  static EmuStream s(0x5eed);
+  return s;
+}
+
+EmuStream &stream_of(cudaStream_t s) { return s != nullptr ? *s : default_stream(); }
+
+void wait_for(const std::shared_ptr<Point> &p) {
+  if (!p) return;
+  std::unique_lock lock(g_mu);
+  g_cv.wait(lock, [&] { return p->done; });
+}
+
+void *aligned(size_t bytes) {
+  return std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
+}
+
+}  // namespace
+
+const char *cudaGetErrorName(cudaError_t e) {
+  return e == cudaSuccess ? "cudaSuccess" : "cudaErrorEmulated";
+}
+const char *cudaGetErrorString(cudaError_t e) {
+  return e == cudaSuccess ? "no error" : "an error of the emulated runtime";
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaGetDeviceCount(int *count) {
+  *count = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int device) {
+  if (device != 0) return cudaErrorInvalidDevice;
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr, int) {
+  *value = 4;  // multiprocessors
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
+  *least = 0;
+  *greatest = -5;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) {
+  *can = 0;
+  return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void **p, size_t bytes) {
+  *p = aligned(bytes);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void *p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) { return cudaMalloc(p, bytes); }
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+
+cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned, int) {
+  static std::atomic<uint64_t> n{0};
+  *s = new EmuStream(g_seed.load() * 0x9E3779B97F4A7C15ull + n.fetch_add(1));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+  delete s;  // its work runs first
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+  wait_for(stream_of(s).mark());
+  return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+  std::shared_ptr<Point> p;
+  {
+    std::lock_guard lock(g_mu);
+    p = e->latest;  // the event's latest record as of this call
+  }
+  if (p) stream_of(s).push([p] { wait_for(p); });
+  return cudaSuccess;
+}
+cudaError_t cudaStreamIsCapturing(cudaStream_t, cudaStreamCaptureStatus *status) {
+  *status = cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) {
+  *e = new EmuEvent;
+  g_events.fetch_add(1);
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  delete e;
+  g_events.fetch_sub(1);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+  std::shared_ptr<Point> p = stream_of(s).mark();
+  std::lock_guard lock(g_mu);
+  e->latest = std::move(p);
+  return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  std::shared_ptr<Point> p;
+  {
+    std::lock_guard lock(g_mu);
+    p = e->latest;
+  }
+  wait_for(p);
+  return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
+                            cudaStream_t s) {
+  stream_of(s).push([=] { std::memcpy(dst, src, bytes); });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, cudaMemcpyKind, cudaStream_t s) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  stream_of(s).push([=] {
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(static_cast<char *>(dst) + r * dpitch,
+                  static_cast<const char *>(src) + r * spitch, width);
+    }
+  });
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyBatchAsync(void **dsts, const void **srcs, const size_t *sizes, size_t count,
+                                 cudaMemcpyAttributes *, size_t *, size_t, cudaStream_t s) {
+  std::vector<void *> d(dsts, dsts + count);
+  std::vector<const void *> f(srcs, srcs + count);
+  std::vector<size_t> n(sizes, sizes + count);
+  stream_of(s).push([d = std::move(d), f = std::move(f), n = std::move(n)] {
+    for (size_t i = 0; i < d.size(); ++i) std::memcpy(d[i], f[i], n[i]);
+  });
+  return cudaSuccess;
+}
+
+namespace swiftkv_emu_rt {
+
+void enqueue(cudaStream_t s, std::function<void()> work) { stream_of(s).push(std::move(work)); }
+void set_jitter(uint32_t max_us, uint64_t seed) {
+  g_jitter_us = max_us;
+  g_seed = seed;
+}
+uint64_t work_done() { return g_done.load(); }
+int64_t streams_alive() { return g_streams.load(); }
+int64_t events_alive() { return g_events.load(); }
+
+}  // namespace swiftkv_emu_rt

@@ -1,0 +1,355 @@
+// Requests on a device pool, through the CUDA executor's own source (core/transfer/
+// cuda_transfer.cu) built against an emulated runtime (tests/emu/runtime) in which each stream is
+// a thread and every piece of a stream's work first sleeps a random moment: the work of
+// different streams runs in whatever order the library's event waits allow, and the kernels run
+// in their CPU emulation. A fake engine computes on its own stream (work enqueued there, as an
+// engine's kernels are), reading every loaded element after wait_layer_load and writing the rest;
+// then the saved chunks are compared byte for byte. So the order rules that only a GPU run
+// exercised (the load and save streams' waits, the staging buffers' reuse two layers on, stream
+// pages shared by every layer) fail here when one is missing. The device's memory is host memory.
+#include <cuda_runtime_api.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "core/connector/request.hpp"
+#include "core/context/context.hpp"
+#include "core/geometry/model_geometry.hpp"
+#include "core/index/chunk_key.hpp"
+#include "core/pool/kv_pool.hpp"
+#include "core/pool/page_layout.hpp"
+#include "core/tiers/chunk_cache.hpp"
+
+#include <csetjmp>
+#include <cstdarg>
+
+// cmocka last: it defines a `fail` macro that the core's headers must not see.
+extern "C" {
+#include <cmocka.h>
+}
+
+namespace {
+
+using swiftkv::ChunkKey;
+
+constexpr uint32_t kLayers = 6, kHeads = 2, kDim = 64, kBlock = 4, kChunk = 8, kPages = 48;
+
+enum class Layout { nhd, hnd, stream };
+
+// The value the engine computes for one element of a sequence: an f16 in [0.5, 1), finite as a
+// codec's input must be.
+uint16_t value(uint32_t seq, uint32_t layer, uint64_t token, uint32_t c, uint32_t head,
+               uint32_t dim) {
+  uint64_t x = seq * 1000003u + layer * 7919u + token * 131u + c * 17u + head * 5u + dim;
+  x *= 0x9E3779B97F4A7C15ull;
+  return static_cast<uint16_t>(0x3800u + (x >> 54));
+}
+
+// Element (layer, c, token t of the chunk, head, dim) of a chunk's bytes, (L, 2, CHUNK, H, D).
+size_t chunk_index(uint32_t layer, uint32_t c, uint64_t t, uint32_t head, uint32_t dim) {
+  return (((layer * 2 + c) * kChunk + t) * kHeads + head) * kDim + dim;
+}
+
+struct Rig {
+  swiftkv::ModelGeometry g;
+  swiftkv::GeometrySizes sizes;
+  ChunkKey fp;
+  std::unique_ptr<swiftkv::Context> ctx;
+  std::unique_ptr<swiftkv::ChunkCache> cache;
+  swiftkv::CpuExecutor exec{2};
+  std::unique_ptr<swiftkv::KvPool> host_pool;  // the memory of a stream-page pool
+  std::vector<void *> mem;                     // the memory of the others, a block per layer
+  std::shared_ptr<const swiftkv::KvPool> pool;
+  cudaStream_t engine = nullptr;
+
+  explicit Rig(Layout layout) {
+    g.num_layers = kLayers;
+    g.num_kv_heads = kHeads;
+    g.head_dim = kDim;
+    g.block_tokens = kBlock;
+    g.chunk_tokens = kChunk;
+    g.device = 0;
+    sizes = swiftkv::geometry_sizes(g, "g");
+    fp = swiftkv::model_fingerprint("emulated", g);
+    swiftkv::ContextConfig c;
+    c.host_budget_bytes = 4 << 20;
+    ctx = std::make_unique<swiftkv::Context>(c);
+    swiftkv::CacheOptions o;
+    o.demote_free_percent = 0;
+    o.maintenance_interval_ms = 0;
+    cache = std::make_unique<swiftkv::ChunkCache>(*ctx, o);
+
+    swiftkv::PageLayout l;
+    if (layout == Layout::stream) {
+      // Regular pages per layer, then stream pages that every layer maps from one memory.
+      swiftkv::ModelGeometry h = g;
+      h.device = SWIFTKV_DEVICE_HOST;
+      host_pool = swiftkv::KvPool::create_host(h, kPages - 16, 16);
+      l = host_pool->layout();
+    } else {
+      l = swiftkv::nhd_layout(g, kPages);
+      if (layout == Layout::hnd) {  // [pages, 2, H, B, D]
+        l.head_stride = int64_t{kBlock} * kDim;
+        l.token_stride = kDim;
+      }
+      for (uint32_t i = 0; i < kLayers; ++i) {
+        mem.push_back(std::aligned_alloc(256, l.layer_span_bytes));
+        l.layer_base.push_back(static_cast<std::byte *>(mem.back()));
+      }
+    }
+    l.device = 0;
+    pool = std::make_shared<swiftkv::KvPool>(g, l);
+    assert_int_equal(cudaStreamCreateWithPriority(&engine, cudaStreamNonBlocking, 0), cudaSuccess);
+  }
+  ~Rig() {
+    cudaStreamDestroy(engine);
+    pool.reset();
+    cache.reset();
+    for (void *p : mem) std::free(p);
+  }
+
+  const swiftkv::PageLayout &layout() const { return pool->layout(); }
+  uint16_t *element(uint32_t layer, int32_t page, uint32_t c, uint32_t t, uint32_t h) const {
+    return reinterpret_cast<uint16_t *>(layout().layer_base[layer] +
+                                        layout().offset(static_cast<uint32_t>(page), c, t, h));
+  }
+  // The engine writes (or checks, counting what differs) layer `layer` of tokens [from, to):
+  // value(), or where `ref` is given, the chunks' bytes there (chunk after chunk).
+  uint64_t engine_pass(bool write, const std::vector<int32_t> &pages, uint32_t seq, uint32_t layer,
+                       uint64_t from, uint64_t to,
+                       const std::vector<uint16_t> *ref = nullptr) const {
+    uint64_t wrong = 0;
+    for (uint64_t t = from; t < to; ++t) {
+      for (uint32_t c = 0; c < 2; ++c) {
+        for (uint32_t h = 0; h < kHeads; ++h) {
+          uint16_t *e = element(layer, pages[t / kBlock], c, static_cast<uint32_t>(t % kBlock), h);
+          for (uint32_t d = 0; d < kDim; ++d) {
+            const uint16_t v = ref != nullptr ? (*ref)[t / kChunk * (sizes.full_chunk_bytes / 2) +
+                                                       chunk_index(layer, c, t % kChunk, h, d)]
+                                              : value(seq, layer, t, c, h, d);
+            if (write) {
+              e[d] = v;
+            } else {
+              wrong += e[d] != v;
+            }
+          }
+        }
+      }
+    }
+    return wrong;
+  }
+  // The pages' previous user, on the engine's stream: a request's loads must come after it.
+  void scramble() const {
+    const Rig *rig = this;
+    swiftkv_emu_rt::enqueue(engine, [rig] {
+      const swiftkv::PageLayout &l = rig->layout();
+      for (uint32_t layer = 0; layer < kLayers; ++layer) {
+        std::memset(l.layer_base[layer], 0xEE, l.layer_span_bytes);
+      }
+    });
+  }
+  std::vector<ChunkKey> keys(const std::vector<uint32_t> &tokens) const {
+    std::vector<ChunkKey> k(tokens.size() / kChunk);
+    swiftkv::chunk_keys(k.data(), fp, tokens.data(), tokens.size(), kChunk);
+    return k;
+  }
+  // Chunk i of seq as the cache holds it, element by element against value(): what differs.
+  uint64_t chunk_wrong(const std::vector<uint32_t> &tokens, uint32_t seq, size_t i) const {
+    std::vector<uint16_t> got(sizes.full_chunk_bytes / 2);
+    std::vector<ChunkKey> k = keys(tokens);
+    k.resize(i + 1);  // retrieve reads from chunk i to the end of the keys
+    if (cache->retrieve(k, i, sizes.full_chunk_bytes, reinterpret_cast<std::byte *>(got.data())) !=
+        1) {
+      return got.size();
+    }
+    uint64_t wrong = 0;
+    for (uint32_t l = 0; l < kLayers; ++l)
+      for (uint32_t c = 0; c < 2; ++c)
+        for (uint32_t t = 0; t < kChunk; ++t)
+          for (uint32_t h = 0; h < kHeads; ++h)
+            for (uint32_t d = 0; d < kDim; ++d) {
+              wrong += got[chunk_index(l, c, t, h, d)] != value(seq, l, i * kChunk + t, c, h, d);
+            }
+    return wrong;
+  }
+};
+
+std::vector<uint32_t> tokens_of(uint32_t seq, size_t n) {
+  std::vector<uint32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = seq * 100000u + static_cast<uint32_t>(i);
+  return t;
+}
+
+// `n` distinct pages of [first, first + span) in a scrambled order.
+std::vector<int32_t> pick_pages(size_t n, uint32_t first, uint32_t span, uint32_t seed) {
+  std::vector<int32_t> all(span);
+  for (uint32_t i = 0; i < span; ++i) all[i] = static_cast<int32_t>(first + i);
+  for (uint32_t i = span - 1; i > 0; --i) {
+    seed = seed * 1103515245u + 12345u;
+    std::swap(all[i], all[(seed >> 8) % (i + 1)]);
+  }
+  all.resize(n);
+  return all;
+}
+
+struct Turn {
+  uint64_t wrong_loaded = 0;  // loaded elements the engine read wrong, every layer
+  std::vector<uint64_t> valid_end;
+  uint64_t saved = 0;
+  uint64_t wrong_saved = 0;  // elements of the saved chunks that differ, read at wait_save
+  swiftkv::RequestInfo info;
+};
+
+// One engine step over tokens[0, n) in `pages`: loads what is cached, the engine reading each
+// loaded layer and computing the rest on its stream, then saves. Only the engine's stream work
+// touches the pages, and only the library's waits order it against the library's streams.
+// Loaded elements are checked against value(), or against `ref` (the cached chunks' bytes as
+// retrieve gives them) where given.
+Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int32_t> &pages,
+              uint32_t seq, const std::vector<uint16_t> *ref = nullptr) {
+  swiftkv::RequestSpec spec;
+  spec.model = r.fp;
+  spec.keys = r.keys(tokens);
+  spec.pages = pages;
+  spec.n_tokens = tokens.size();
+  Turn turn;
+  auto wrong = std::make_shared<std::atomic<uint64_t>>(0);
+  {
+    swiftkv::Request req(*r.cache, r.exec, r.pool, std::move(spec));
+    req.start_load(r.engine);
+    const uint64_t n = tokens.size();
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      const uint64_t v = req.wait_layer_load(l, r.engine);
+      turn.valid_end.push_back(v);
+      const Rig *rig = &r;
+      swiftkv_emu_rt::enqueue(r.engine, [=] {
+        wrong->fetch_add(rig->engine_pass(false, pages, seq, l, 0, v, ref));
+        rig->engine_pass(true, pages, seq, l, v, n);
+      });
+      req.save_layer(l, r.engine);
+    }
+    turn.saved = req.wait_save(r.engine);
+    turn.info = req.info();
+    // Saved chunks are whole once wait_save returns, while the request still holds its lane.
+    for (uint64_t i = turn.info.load_end / kChunk; i < n / kChunk; ++i) {
+      turn.wrong_saved += r.chunk_wrong(tokens, seq, i);
+    }
+  }
+  assert_int_equal(cudaStreamSynchronize(r.engine), cudaSuccess);
+  turn.wrong_loaded = wrong->load();
+  return turn;
+}
+
+// Two turns of one conversation: the first saves 4 chunks from the pages the engine wrote, the
+// second loads them into other pages and saves 2 more; every loaded and saved byte checked,
+// under several orders of the streams' work.
+void round_trip(Layout layout) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(layout);
+    const bool stream = layout == Layout::stream;
+    const uint32_t first = stream ? r.layout().stream_first : 0;
+    const uint32_t span = stream ? r.layout().stream_pages : kPages;
+    const std::vector<uint32_t> tokens = tokens_of(1, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    r.scramble();
+    Turn t1 = run_turn(r, four, pick_pages(9, first, span, 1 + seed), 1);
+    assert_int_equal(t1.saved, 4 * kChunk);
+    assert_int_equal(t1.wrong_saved, 0);
+    assert_int_equal(t1.info.stream_ordered, stream);
+    for (size_t i = 0; i < 4; ++i) assert_int_equal(r.chunk_wrong(four, 1, i), 0);
+
+    r.scramble();
+    Turn t2 = run_turn(r, tokens, pick_pages(13, first, span, 7 + seed), 1);
+    assert_int_equal(t2.info.load_end, 4 * kChunk);
+    for (uint64_t v : t2.valid_end) assert_int_equal(v, 4 * kChunk);
+    assert_int_equal(t2.wrong_loaded, 0);
+    assert_int_equal(t2.saved, 2 * kChunk);
+    assert_int_equal(t2.wrong_saved, 0);
+    for (size_t i = 0; i < 6; ++i) assert_int_equal(r.chunk_wrong(tokens, 1, i), 0);
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
+// Chunks stored encoded cross to the device as stored and are decoded there, after the
+// layer's scatter on the same stream: a load of a raw, a kivi-4, an fp8 and a kivi-8 chunk into
+// NHD pages gives what the CPU decodes, bit for bit (retrieve's bytes), in every order of the
+// streams' work.
+void encoded_chunks_decode_on_the_device(void **) {
+  namespace cd = swiftkv::codec;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(Layout::nhd);
+    const std::vector<uint32_t> tokens = tokens_of(2, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk);
+    r.scramble();
+    assert_int_equal(run_turn(r, four, pick_pages(8, 0, kPages, seed), 2).wrong_saved, 0);
+    swiftkv::ModelCompression m;
+    m.shape = cd::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+    m.accept_lossy = true;
+    r.cache->set_compression(r.fp, m);
+    const std::vector<ChunkKey> k = r.keys(four);
+    cd::CodecParams kivi4, fp8, kivi8;
+    kivi4.codec = kivi8.codec = cd::Codec::kivi;
+    kivi4.bits = 4;
+    kivi4.group = 32;
+    kivi8.bits = 8;
+    kivi8.group = 64;
+    fp8.codec = cd::Codec::fp8;
+    assert_int_equal(r.cache->compress(r.fp, {&k[1], 1}, kivi4), 1);
+    assert_int_equal(r.cache->compress(r.fp, {&k[2], 1}, fp8), 1);
+    assert_int_equal(r.cache->compress(r.fp, {&k[3], 1}, kivi8), 1);
+    std::vector<uint16_t> decoded(4 * r.sizes.full_chunk_bytes / 2);
+    assert_int_equal(r.cache->retrieve(k, 0, r.sizes.full_chunk_bytes,
+                                       reinterpret_cast<std::byte *>(decoded.data())),
+                     4);
+    assert_int_equal(r.chunk_wrong(four, 2, 0), 0);  // raw
+    assert_true(r.chunk_wrong(four, 2, 1) > 0);      // lossy
+    r.scramble();
+    Turn t = run_turn(r, tokens, pick_pages(13, 0, kPages, 9 + seed), 2, &decoded);
+    assert_int_equal(t.info.load_end, 4 * kChunk);
+    assert_int_equal(t.wrong_loaded, 0);
+    assert_int_equal(t.wrong_saved, 0);
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
+void round_trip_nhd(void **) { round_trip(Layout::nhd); }
+void round_trip_hnd(void **) { round_trip(Layout::hnd); }
+void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
+
+// What the library took of the runtime it gives back (a lane's streams and events are kept by
+// the pool for the next request, and go with it).
+void pools_give_back_their_streams(void **) {
+  const int64_t streams = swiftkv_emu_rt::streams_alive();
+  const int64_t events = swiftkv_emu_rt::events_alive();
+  {
+    Rig r(Layout::nhd);
+    const std::vector<uint32_t> tokens = tokens_of(3, 2 * kChunk);
+    r.scramble();
+    run_turn(r, tokens, pick_pages(4, 0, kPages, 3), 3);
+    assert_true(swiftkv_emu_rt::streams_alive() > streams + 1);  // the engine's and a lane's
+  }
+  assert_int_equal(swiftkv_emu_rt::streams_alive(), streams);
+  assert_int_equal(swiftkv_emu_rt::events_alive(), events);
+}
+
+}  // namespace
+
+int main() {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(round_trip_nhd),
+      cmocka_unit_test(round_trip_hnd),
+      cmocka_unit_test(round_trip_stream_pages),
+      cmocka_unit_test(encoded_chunks_decode_on_the_device),
+      cmocka_unit_test(pools_give_back_their_streams),
+  };
+  return cmocka_run_group_tests(tests, nullptr, nullptr);
+}
