@@ -104,8 +104,6 @@ namespace swiftkv_emu_rt {
 void enqueue(cudaStream_t s, std::function<void()> work);
 // Each piece of work sleeps up to max_us microseconds first (0: none), drawn from `seed`.
 void set_jitter(uint32_t max_us, uint64_t seed);
-// Pieces of work run so far, on every stream.
-uint64_t work_done();
 // Streams and events alive: what a test checks is given back.
 int64_t streams_alive();
 int64_t events_alive();
