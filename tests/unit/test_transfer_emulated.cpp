@@ -6,7 +6,9 @@
 // engine's kernels are), reading every loaded element after wait_layer_load and writing the rest;
 // then the saved chunks are compared byte for byte. So the order rules that only a GPU run
 // exercised (the load and save streams' waits, the staging buffers' reuse two layers on, stream
-// pages shared by every layer) fail here when one is missing. The device's memory is host memory.
+// pages shared by every layer, the host's wait for a layer read from lent memory) fail here when
+// one is missing. The device's memory is host memory; a lender's memory of the device is an
+// elastic region of this process whose leases say device 0.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
@@ -16,16 +18,22 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <span>
+#include <string>
 #include <vector>
 
 #include "core/connector/request.hpp"
 #include "core/context/context.hpp"
+#include "core/elastic/elastic_region.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/index/chunk_key.hpp"
+#include "core/memory/host_region.hpp"
 #include "core/pool/kv_pool.hpp"
 #include "core/pool/page_layout.hpp"
 #include "core/tiers/chunk_cache.hpp"
+#include "core/tiers/lender_link.hpp"
 
 #include <csetjmp>
 #include <cstdarg>
@@ -57,6 +65,36 @@ size_t chunk_index(uint32_t layer, uint32_t c, uint64_t t, uint32_t head, uint32
   return (((layer * 2 + c) * kChunk + t) * kHeads + head) * kDim + dim;
 }
 
+// An elastic region of this process whose lent memory reads as the device's: every lease
+// granted is memory of device 0 (host memory in the emulation), which the device pool's kernels
+// read and write in place, as a lender's VMM memory on the same or a peer device.
+class DeviceLender final : public swiftkv::LenderLink {
+ public:
+  explicit DeviceLender(std::shared_ptr<swiftkv::ElasticRegion> r)
+      : inner_(swiftkv::local_lender(std::move(r))) {}
+  void check_geometry(const swiftkv::GeometrySizes &sizes) const override {
+    inner_->check_geometry(sizes);
+  }
+  swiftkv::LeaseGrant lend(uint64_t max_units) override {
+    swiftkv::LeaseGrant g = inner_->lend(max_units);
+    g.device = 0;
+    return g;
+  }
+  swiftkv::LinkLeaseState renew(uint64_t id) override { return inner_->renew(id); }
+  std::vector<swiftkv::LinkLeaseState> renew_many(std::span<const uint64_t> ids) override {
+    return inner_->renew_many(ids);
+  }
+  uint64_t clock_now() const override { return inner_->clock_now(); }
+  const void *identity() const noexcept override { return inner_->identity(); }
+  void watch_reclaims(std::function<void()> wake) override { inner_->watch_reclaims(wake); }
+  bool valid(uint64_t id) const noexcept override { return inner_->valid(id); }
+  void release(uint64_t id) noexcept override { inner_->release(id); }
+  std::string describe() const override { return "an emulated device's elastic region"; }
+
+ private:
+  std::shared_ptr<swiftkv::LenderLink> inner_;
+};
+
 struct Rig {
   swiftkv::ModelGeometry g;
   swiftkv::GeometrySizes sizes;
@@ -68,8 +106,12 @@ struct Rig {
   std::vector<void *> mem;                     // the memory of the others, a block per layer
   std::shared_ptr<const swiftkv::KvPool> pool;
   cudaStream_t engine = nullptr;
+  // With lent_chunks: a lender's region lent to this model as device memory, on a clock the
+  // test moves.
+  std::shared_ptr<std::atomic<uint64_t>> now = std::make_shared<std::atomic<uint64_t>>(1);
+  std::shared_ptr<swiftkv::ElasticRegion> lender;
 
-  explicit Rig(Layout layout) {
+  explicit Rig(Layout layout, uint64_t lent_chunks = 0) {
     g.num_layers = kLayers;
     g.num_kv_heads = kHeads;
     g.head_dim = kDim;
@@ -107,6 +149,19 @@ struct Rig {
     l.device = 0;
     pool = std::make_shared<swiftkv::KvPool>(g, l);
     assert_int_equal(cudaStreamCreateWithPriority(&engine, cudaStreamNonBlocking, 0), cudaSuccess);
+    if (lent_chunks != 0) {
+      swiftkv::ElasticConfig e;
+      e.lender = g;
+      e.borrower = g;
+      const swiftkv::LendUnit u = swiftkv::lend_unit(sizes, sizes);
+      e.capacity_blocks = lent_chunks / u.borrower_chunks * u.lender_blocks;
+      e.owned_blocks = 0;
+      e.clock = [n = now] { return n->load(); };
+      swiftkv::HostRegionOptions ho;
+      ho.size = swiftkv::ElasticRegion::required_bytes(e);
+      lender = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
+      cache->borrow(fp, sizes, std::make_shared<DeviceLender>(lender), UINT64_MAX);
+    }
   }
   ~Rig() {
     cudaStreamDestroy(engine);
@@ -211,9 +266,11 @@ struct Turn {
 // loaded layer and computing the rest on its stream, then saves. Only the engine's stream work
 // touches the pages, and only the library's waits order it against the library's streams.
 // Loaded elements are checked against value(), or against `ref` (the cached chunks' bytes as
-// retrieve gives them) where given.
+// retrieve gives them) where given. `after_wait(l)` runs on the host once wait_layer_load(l)
+// has returned.
 Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int32_t> &pages,
-              uint32_t seq, const std::vector<uint16_t> *ref = nullptr) {
+              uint32_t seq, const std::vector<uint16_t> *ref = nullptr,
+              const std::function<void(uint32_t)> &after_wait = {}) {
   swiftkv::RequestSpec spec;
   spec.model = r.fp;
   spec.keys = r.keys(tokens);
@@ -228,6 +285,7 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
     for (uint32_t l = 0; l < kLayers; ++l) {
       const uint64_t v = req.wait_layer_load(l, r.engine);
       turn.valid_end.push_back(v);
+      if (after_wait) after_wait(l);
       const Rig *rig = &r;
       swiftkv_emu_rt::enqueue(r.engine, [=] {
         wrong->fetch_add(rig->engine_pass(false, pages, seq, l, 0, v, ref));
@@ -321,6 +379,81 @@ void encoded_chunks_decode_on_the_device(void **) {
   swiftkv_emu_rt::set_jitter(0, 1);
 }
 
+// Chunks in lent memory of the pool's own device are read and written in place by the kernels:
+// the first turn's saves go straight from the pages into the lender's memory (no staging), the
+// second turn loads them from there, the host waiting for each layer's copy (sync_load) before it
+// checks the lease, and saves two more. Every byte checked, in every order of the streams' work.
+void lent_device_memory_in_place(void **) {
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(Layout::nhd, 8);
+    const std::vector<uint32_t> tokens = tokens_of(4, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    r.scramble();
+    Turn t1 = run_turn(r, four, pick_pages(9, 0, kPages, 3 + seed), 4);
+    assert_int_equal(t1.saved, 4 * kChunk);
+    assert_int_equal(t1.wrong_saved, 0);
+    const std::vector<ChunkKey> k = r.keys(tokens);
+    for (size_t i = 0; i < 4; ++i) {
+      assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::peer);
+      assert_int_equal(r.chunk_wrong(four, 4, i), 0);
+    }
+    r.scramble();
+    Turn t2 = run_turn(r, tokens, pick_pages(13, 0, kPages, 11 + seed), 4);
+    assert_int_equal(t2.info.load_end, 4 * kChunk);
+    for (uint64_t v : t2.valid_end) assert_int_equal(v, 4 * kChunk);
+    assert_int_equal(t2.wrong_loaded, 0);
+    assert_int_equal(t2.saved, 2 * kChunk);
+    assert_int_equal(t2.wrong_saved, 0);
+    for (size_t i = 0; i < 6; ++i) {
+      assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::peer);
+      assert_int_equal(r.chunk_wrong(tokens, 4, i), 0);
+    }
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
+// The lender's lease runs out while a request loads from it, and the lender writes over the
+// memory at once, as it may. Each layer's loaded prefix (valid_end) must hold what was cached:
+// the layers whose wait returned before the expiry loaded whole (the host waited for their
+// copies, then found the lease held), every later one loads nothing. The copies of later layers,
+// queued ahead, may read the lender's new bytes: those layers' prefixes are empty. Under TSan
+// the lender's writes are left out: they race with those reads by design.
+void lent_lease_lost_during_a_load(void **) {
+#if defined(__SANITIZE_THREAD__)
+  constexpr bool scribble = false;
+#else
+  constexpr bool scribble = true;
+#endif
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(Layout::nhd, 8);
+    const std::vector<uint32_t> tokens = tokens_of(5, 4 * kChunk + 3);
+    r.scramble();
+    assert_int_equal(run_turn(r, tokens, pick_pages(9, 0, kPages, seed), 5).saved, 4 * kChunk);
+    const std::vector<ChunkKey> k = r.keys(tokens);
+    for (size_t i = 0; i < 4; ++i) assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::peer);
+    const uint32_t lost_after = static_cast<uint32_t>(seed % (kLayers - 1));
+    r.scramble();
+    Turn t = run_turn(r, tokens, pick_pages(9, 0, kPages, 5 + seed), 5, nullptr, [&](uint32_t l) {
+      if (l != lost_after) return;
+      r.now->fetch_add(r.lender->lease_ns() + 1);  // every lease expired
+      if (scribble) std::memset(r.lender->memory().data(), 0xEE, r.lender->memory().size());
+    });
+    assert_int_equal(t.info.load_end, 4 * kChunk);
+    for (uint32_t l = 0; l < kLayers; ++l) {
+      assert_int_equal(t.valid_end[l], l <= lost_after ? 4 * kChunk : 0);
+    }
+    assert_int_equal(t.wrong_loaded, 0);
+    assert_int_equal(t.info.valid_end, 0);
+    // The next maintenance pass drops the lost lease's chunks.
+    r.cache->maintain();
+    for (size_t i = 0; i < 4; ++i) assert_false(r.cache->resident(k[i]));
+    assert_int_equal(r.cache->stats().revocations, 4);
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
 void round_trip_nhd(void **) { round_trip(Layout::nhd); }
 void round_trip_hnd(void **) { round_trip(Layout::hnd); }
 void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
@@ -349,6 +482,8 @@ int main() {
       cmocka_unit_test(round_trip_hnd),
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(encoded_chunks_decode_on_the_device),
+      cmocka_unit_test(lent_device_memory_in_place),
+      cmocka_unit_test(lent_lease_lost_during_a_load),
       cmocka_unit_test(pools_give_back_their_streams),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -1,12 +1,13 @@
 // Stand-in for the CUDA runtime's API in the host emulation of the transfer engine's streams
-// (tests/unit/test_transfer_emulated.cpp): what core/transfer/cuda_transfer.cu calls, on the
-// host. One device (0) whose memory is host memory; each stream a thread that runs its work in
-// order; an event marks a point of its stream's work, and a stream that waits on it runs nothing
-// after the wait until that point has run. Every piece of work may first sleep for a random
-// moment (swiftkv_emu_rt::set_jitter), so that work of different streams with no wait between
-// them runs in varying order: a missing wait shows as wrong bytes, not only on a device.
-// Kernel launches are not here: cuda_transfer.cu, built with SWIFTKV_TRANSFER_EMULATION, hands
-// them to swiftkv_emu_rt::enqueue, which runs the kernels' CPU emulation (tests/emu).
+// (tests/unit/test_transfer_emulated.cpp): what core/transfer/cuda_transfer.cu and
+// core/memory/cuda_host_memory.cu call, on the host. One device (0) whose memory is host memory;
+// each stream a thread that runs its work in order; an event marks a point of its stream's work,
+// and a stream that waits on it runs nothing after the wait until that point has run. Every piece
+// of work may first sleep for a random moment (swiftkv_emu_rt::set_jitter), so that work of
+// different streams with no wait between them runs in varying order: a missing wait shows as wrong
+// bytes, not only on a device. Kernel launches are not here: cuda_transfer.cu, built with
+// SWIFTKV_TRANSFER_EMULATION, hands them to swiftkv_emu_rt::enqueue, which runs the kernels' CPU
+// emulation (tests/emu).
 #pragma once
 
 #include <cstddef>
@@ -38,7 +39,7 @@ enum cudaMemcpyKind {
   cudaMemcpyDeviceToDevice = 3,
   cudaMemcpyDefault = 4
 };
-enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16, cudaDevAttrHostNumaId = 134 };
 enum cudaStreamCaptureStatus { cudaStreamCaptureStatusNone = 0, cudaStreamCaptureStatusActive = 1 };
 enum cudaMemcpySrcAccessOrder { cudaMemcpySrcAccessOrderStream = 1 };
 struct cudaMemcpyAttributes {
@@ -49,6 +50,7 @@ struct cudaMemcpyAttributes {
 constexpr unsigned cudaStreamNonBlocking = 1;
 constexpr unsigned cudaEventDisableTiming = 2;
 constexpr unsigned cudaHostAllocPortable = 1;
+constexpr unsigned cudaHostRegisterPortable = 1;
 
 const char *cudaGetErrorName(cudaError_t e);
 const char *cudaGetErrorString(cudaError_t e);
@@ -78,6 +80,8 @@ cudaError_t cudaMallocHost(T **p, size_t bytes) {
 }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void *p);
+cudaError_t cudaHostRegister(void *p, size_t bytes, unsigned flags);
+cudaError_t cudaHostUnregister(void *p);
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned flags, int priority);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
@@ -89,6 +93,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 
+// Copies at once on the calling thread: as the legacy default stream, it is not ordered against
+// the library's streams (all made non-blocking).
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind kind,
                             cudaStream_t s);
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,

@@ -134,8 +134,8 @@ cudaError_t cudaSetDevice(int device) {
   t_device = device;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr, int) {
-  *value = 4;  // multiprocessors
+cudaError_t cudaDeviceGetAttribute(int *value, cudaDeviceAttr attr, int) {
+  *value = attr == cudaDevAttrHostNumaId ? -1 : 4;  // no NUMA node; 4 multiprocessors
   return cudaSuccess;
 }
 cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
@@ -159,6 +159,8 @@ cudaError_t cudaFree(void *p) {
 cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) { return cudaMalloc(p, bytes); }
 cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+cudaError_t cudaHostRegister(void *, size_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaHostUnregister(void *) { return cudaSuccess; }
 
 cudaError_t cudaStreamCreateWithPriority(cudaStream_t *s, unsigned, int) {
   static std::atomic<uint64_t> n{0};
@@ -212,6 +214,10 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
   return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t s) {
   stream_of(s).push([=] { std::memcpy(dst, src, bytes); });
