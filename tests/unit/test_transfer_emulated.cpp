@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -22,6 +23,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/connector/request.hpp"
@@ -215,6 +217,16 @@ struct Rig {
     swiftkv::chunk_keys(k.data(), fp, tokens.data(), tokens.size(), kChunk);
     return k;
   }
+  // A request of the model over `tokens` in `pages`, loading and saving.
+  swiftkv::RequestSpec spec(const std::vector<uint32_t> &tokens,
+                            const std::vector<int32_t> &pages) const {
+    swiftkv::RequestSpec s;
+    s.model = fp;
+    s.keys = keys(tokens);
+    s.pages = pages;
+    s.n_tokens = tokens.size();
+    return s;
+  }
   // Chunk i of seq as the cache holds it, element by element against value(): what differs.
   uint64_t chunk_wrong(const std::vector<uint32_t> &tokens, uint32_t seq, size_t i) const {
     std::vector<uint16_t> got(sizes.full_chunk_bytes / 2);
@@ -271,15 +283,10 @@ struct Turn {
 Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int32_t> &pages,
               uint32_t seq, const std::vector<uint16_t> *ref = nullptr,
               const std::function<void(uint32_t)> &after_wait = {}) {
-  swiftkv::RequestSpec spec;
-  spec.model = r.fp;
-  spec.keys = r.keys(tokens);
-  spec.pages = pages;
-  spec.n_tokens = tokens.size();
   Turn turn;
   auto wrong = std::make_shared<std::atomic<uint64_t>>(0);
   {
-    swiftkv::Request req(*r.cache, r.exec, r.pool, std::move(spec));
+    swiftkv::Request req(*r.cache, r.exec, r.pool, r.spec(tokens, pages));
     req.start_load(r.engine);
     const uint64_t n = tokens.size();
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -454,6 +461,90 @@ void lent_lease_lost_during_a_load(void **) {
   swiftkv_emu_rt::set_jitter(0, 1);
 }
 
+// The lender asks its memory back while a request loads from it and saves into it, the
+// borrower's maintenance running all along on another thread, and the lender writes over the
+// memory as soon as the lease is given back. The lease may go only once no copy reads or writes
+// it: every layer loads whole and right, the new chunks are saved, everything ends up in host
+// memory byte for byte, and the lender's bytes are never touched after it got them back. A
+// request that only loads holds the lease by its reads alone (the chunks move to host memory
+// while it reads them; the old copies stay until it ends); one that the engine drops after
+// save_layer(k) without wait_save, as an engine that cancels it does, must still wait for the
+// gathers it queued before the reserved slots go.
+enum class Asked { finish, load_only, abandon };
+
+void asked_back(Asked how) {
+  const bool abandon = how == Asked::abandon;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(Layout::nhd, 8);
+    const std::vector<uint32_t> tokens = tokens_of(6, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    r.scramble();
+    assert_int_equal(run_turn(r, four, pick_pages(9, 0, kPages, seed), 6).saved, 4 * kChunk);
+    const std::vector<uint32_t> &asked = how == Asked::load_only ? four : tokens;
+    const uint32_t ask_after = static_cast<uint32_t>(seed % (kLayers - 1));
+    std::atomic<bool> given_back{false}, stop{false};
+    std::thread lender;
+    auto ask = [&](uint32_t l) {
+      if (l != ask_after) return;
+      r.lender->reclaim(swiftkv::ElasticRegion::kAllLeases);
+      lender = std::thread([&] {
+        while (!stop.load()) {
+          r.cache->maintain();
+          if (r.lender->stats().leases == 0) {
+            std::memset(r.lender->memory().data(), 0xEE, r.lender->memory().size());
+            given_back = true;
+            return;
+          }
+          std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+      });
+    };
+    const std::vector<int32_t> pages = pick_pages(13, 0, kPages, 17 + seed);
+    if (abandon) {
+      {
+        swiftkv::Request req(*r.cache, r.exec, r.pool, r.spec(asked, pages));
+        req.start_load(r.engine);
+        for (uint32_t l = 0; l <= ask_after; ++l) {
+          assert_int_equal(req.wait_layer_load(l, r.engine), 4 * kChunk);
+          ask(l);
+          req.save_layer(l, r.engine);
+        }
+      }  // dropped with its gathers queued
+      assert_int_equal(cudaStreamSynchronize(r.engine), cudaSuccess);
+    } else {
+      Turn t = run_turn(r, asked, pages, 6, nullptr, ask);
+      for (uint64_t v : t.valid_end) assert_int_equal(v, 4 * kChunk);
+      assert_int_equal(t.wrong_loaded, 0);
+      assert_int_equal(t.saved, how == Asked::finish ? 2 * kChunk : 0);
+      assert_int_equal(t.wrong_saved, 0);
+    }
+    for (int i = 0; i < 100000 && !given_back.load(); ++i) {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    stop = true;
+    lender.join();
+    assert_true(given_back.load());
+    // Every cached chunk moved to host memory, whole.
+    const std::vector<ChunkKey> k = r.keys(tokens);
+    const size_t cached = how == Asked::finish ? 6 : 4;
+    for (size_t i = 0; i < cached; ++i) {
+      assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::host);
+      assert_int_equal(r.chunk_wrong(tokens, 6, i), 0);
+    }
+    if (how != Asked::finish) assert_false(r.cache->resident(k[4]));
+    const auto *m = reinterpret_cast<const unsigned char *>(r.lender->memory().data());
+    uint64_t touched = 0;
+    for (uint64_t i = 0; i < r.lender->memory().size(); ++i) touched += m[i] != 0xEE;
+    assert_int_equal(touched, 0);
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
+void lent_memory_asked_back_during_a_request(void **) { asked_back(Asked::finish); }
+void lent_memory_asked_back_during_a_load(void **) { asked_back(Asked::load_only); }
+void lent_memory_asked_back_from_a_dropped_request(void **) { asked_back(Asked::abandon); }
+
 void round_trip_nhd(void **) { round_trip(Layout::nhd); }
 void round_trip_hnd(void **) { round_trip(Layout::hnd); }
 void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
@@ -484,6 +575,9 @@ int main() {
       cmocka_unit_test(encoded_chunks_decode_on_the_device),
       cmocka_unit_test(lent_device_memory_in_place),
       cmocka_unit_test(lent_lease_lost_during_a_load),
+      cmocka_unit_test(lent_memory_asked_back_during_a_request),
+      cmocka_unit_test(lent_memory_asked_back_during_a_load),
+      cmocka_unit_test(lent_memory_asked_back_from_a_dropped_request),
       cmocka_unit_test(pools_give_back_their_streams),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
