@@ -314,22 +314,30 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
 
 // Two turns of one conversation: the first saves 4 chunks from the pages the engine wrote, the
 // second loads them into other pages and saves 2 more; every loaded and saved byte checked,
-// under several orders of the streams' work.
-void round_trip(Layout layout) {
+// under several orders of the streams' work. With `lent` the chunks go to lent memory of the
+// pool's own device, which the kernels read and write in place: the saves gather straight into
+// the lender's memory (no staging), and the loads' wait is on the host (sync_load), after which
+// the request checks the lease.
+void round_trip(Layout layout, bool lent = false) {
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     swiftkv_emu_rt::set_jitter(300, seed);
-    Rig r(layout);
+    Rig r(layout, lent ? 8 : 0);
     const bool stream = layout == Layout::stream;
     const uint32_t first = stream ? r.layout().stream_first : 0;
     const uint32_t span = stream ? r.layout().stream_pages : kPages;
     const std::vector<uint32_t> tokens = tokens_of(1, 6 * kChunk + 1);
     const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    const std::vector<ChunkKey> k = r.keys(tokens);
+    const swiftkv::Tier tier = lent ? swiftkv::Tier::peer : swiftkv::Tier::host;
     r.scramble();
     Turn t1 = run_turn(r, four, pick_pages(9, first, span, 1 + seed), 1);
     assert_int_equal(t1.saved, 4 * kChunk);
     assert_int_equal(t1.wrong_saved, 0);
     assert_int_equal(t1.info.stream_ordered, stream);
-    for (size_t i = 0; i < 4; ++i) assert_int_equal(r.chunk_wrong(four, 1, i), 0);
+    for (size_t i = 0; i < 4; ++i) {
+      assert_true(r.cache->tier_of(k[i]) == tier);
+      assert_int_equal(r.chunk_wrong(four, 1, i), 0);
+    }
 
     r.scramble();
     Turn t2 = run_turn(r, tokens, pick_pages(13, first, span, 7 + seed), 1);
@@ -338,7 +346,10 @@ void round_trip(Layout layout) {
     assert_int_equal(t2.wrong_loaded, 0);
     assert_int_equal(t2.saved, 2 * kChunk);
     assert_int_equal(t2.wrong_saved, 0);
-    for (size_t i = 0; i < 6; ++i) assert_int_equal(r.chunk_wrong(tokens, 1, i), 0);
+    for (size_t i = 0; i < 6; ++i) {
+      assert_true(r.cache->tier_of(k[i]) == tier);
+      assert_int_equal(r.chunk_wrong(tokens, 1, i), 0);
+    }
   }
   swiftkv_emu_rt::set_jitter(0, 1);
 }
@@ -382,40 +393,6 @@ void encoded_chunks_decode_on_the_device(void **) {
     assert_int_equal(t.info.load_end, 4 * kChunk);
     assert_int_equal(t.wrong_loaded, 0);
     assert_int_equal(t.wrong_saved, 0);
-  }
-  swiftkv_emu_rt::set_jitter(0, 1);
-}
-
-// Chunks in lent memory of the pool's own device are read and written in place by the kernels:
-// the first turn's saves go straight from the pages into the lender's memory (no staging), the
-// second turn loads them from there, the host waiting for each layer's copy (sync_load) before it
-// checks the lease, and saves two more. Every byte checked, in every order of the streams' work.
-void lent_device_memory_in_place(void **) {
-  for (uint64_t seed = 1; seed <= 8; ++seed) {
-    swiftkv_emu_rt::set_jitter(300, seed);
-    Rig r(Layout::nhd, 8);
-    const std::vector<uint32_t> tokens = tokens_of(4, 6 * kChunk + 1);
-    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
-    r.scramble();
-    Turn t1 = run_turn(r, four, pick_pages(9, 0, kPages, 3 + seed), 4);
-    assert_int_equal(t1.saved, 4 * kChunk);
-    assert_int_equal(t1.wrong_saved, 0);
-    const std::vector<ChunkKey> k = r.keys(tokens);
-    for (size_t i = 0; i < 4; ++i) {
-      assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::peer);
-      assert_int_equal(r.chunk_wrong(four, 4, i), 0);
-    }
-    r.scramble();
-    Turn t2 = run_turn(r, tokens, pick_pages(13, 0, kPages, 11 + seed), 4);
-    assert_int_equal(t2.info.load_end, 4 * kChunk);
-    for (uint64_t v : t2.valid_end) assert_int_equal(v, 4 * kChunk);
-    assert_int_equal(t2.wrong_loaded, 0);
-    assert_int_equal(t2.saved, 2 * kChunk);
-    assert_int_equal(t2.wrong_saved, 0);
-    for (size_t i = 0; i < 6; ++i) {
-      assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::peer);
-      assert_int_equal(r.chunk_wrong(tokens, 4, i), 0);
-    }
   }
   swiftkv_emu_rt::set_jitter(0, 1);
 }
@@ -548,6 +525,9 @@ void lent_memory_asked_back_from_a_dropped_request(void **) { asked_back(Asked::
 void round_trip_nhd(void **) { round_trip(Layout::nhd); }
 void round_trip_hnd(void **) { round_trip(Layout::hnd); }
 void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
+void lent_device_memory_nhd(void **) { round_trip(Layout::nhd, true); }
+void lent_device_memory_hnd(void **) { round_trip(Layout::hnd, true); }
+void lent_device_memory_stream_pages(void **) { round_trip(Layout::stream, true); }
 
 // What the library took of the runtime it gives back (a lane's streams and events are kept by
 // the pool for the next request, and go with it).
@@ -573,7 +553,9 @@ int main() {
       cmocka_unit_test(round_trip_hnd),
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(encoded_chunks_decode_on_the_device),
-      cmocka_unit_test(lent_device_memory_in_place),
+      cmocka_unit_test(lent_device_memory_nhd),
+      cmocka_unit_test(lent_device_memory_hnd),
+      cmocka_unit_test(lent_device_memory_stream_pages),
       cmocka_unit_test(lent_lease_lost_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_during_a_request),
       cmocka_unit_test(lent_memory_asked_back_during_a_load),
