@@ -51,7 +51,8 @@ using swiftkv::ChunkKey;
 
 constexpr uint32_t kLayers = 6, kHeads = 2, kDim = 64, kBlock = 4, kChunk = 8, kPages = 48;
 
-enum class Layout { nhd, hnd, stream };
+// host: NHD pages in host memory, a pool the library's CPU copy engine serves.
+enum class Layout { nhd, hnd, stream, host };
 
 // The value the engine computes for one element of a sequence: an f16 in [0.5, 1), finite as a
 // codec's input must be.
@@ -148,7 +149,7 @@ struct Rig {
         l.layer_base.push_back(static_cast<std::byte *>(mem.back()));
       }
     }
-    l.device = 0;
+    l.device = layout == Layout::host ? SWIFTKV_DEVICE_HOST : 0;
     pool = std::make_shared<swiftkv::KvPool>(g, l);
     assert_int_equal(cudaStreamCreateWithPriority(&engine, cudaStreamNonBlocking, 0), cudaSuccess);
     if (lent_chunks != 0) {
@@ -285,8 +286,14 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
               const std::function<void(uint32_t)> &after_wait = {}) {
   Turn turn;
   auto wrong = std::make_shared<std::atomic<uint64_t>>(0);
+  // A host pool's engine works on the host: its stream's work is done before each call.
+  const bool host = r.layout().device == SWIFTKV_DEVICE_HOST;
+  auto engine_done = [&] {
+    if (host) assert_int_equal(cudaStreamSynchronize(r.engine), cudaSuccess);
+  };
   {
     swiftkv::Request req(*r.cache, r.exec, r.pool, r.spec(tokens, pages));
+    engine_done();
     req.start_load(r.engine);
     const uint64_t n = tokens.size();
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -298,6 +305,7 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
         wrong->fetch_add(rig->engine_pass(false, pages, seq, l, 0, v, ref));
         rig->engine_pass(true, pages, seq, l, v, n);
       });
+      engine_done();
       req.save_layer(l, r.engine);
     }
     turn.saved = req.wait_save(r.engine);
@@ -317,7 +325,9 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
 // under several orders of the streams' work. With `lent` the chunks go to lent memory of the
 // pool's own device, which the kernels read and write in place: the saves gather straight into
 // the lender's memory (no staging), and the loads' wait is on the host (sync_load), after which
-// the request checks the lease.
+// the request checks the lease. A host pool reaches lent device memory through host memory (the
+// loads copy each piece out to a bounce buffer, the saves stage the chunk and publish copies it
+// in).
 void round_trip(Layout layout, bool lent = false) {
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     swiftkv_emu_rt::set_jitter(300, seed);
@@ -528,6 +538,7 @@ void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
 void lent_device_memory_nhd(void **) { round_trip(Layout::nhd, true); }
 void lent_device_memory_hnd(void **) { round_trip(Layout::hnd, true); }
 void lent_device_memory_stream_pages(void **) { round_trip(Layout::stream, true); }
+void lent_device_memory_host_pool(void **) { round_trip(Layout::host, true); }
 
 // What the library took of the runtime it gives back (a lane's streams and events are kept by
 // the pool for the next request, and go with it).
@@ -556,6 +567,7 @@ int main() {
       cmocka_unit_test(lent_device_memory_nhd),
       cmocka_unit_test(lent_device_memory_hnd),
       cmocka_unit_test(lent_device_memory_stream_pages),
+      cmocka_unit_test(lent_device_memory_host_pool),
       cmocka_unit_test(lent_lease_lost_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_during_a_request),
       cmocka_unit_test(lent_memory_asked_back_during_a_load),
