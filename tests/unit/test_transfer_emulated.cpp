@@ -19,8 +19,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -35,6 +38,7 @@
 #include "core/pool/kv_pool.hpp"
 #include "core/pool/page_layout.hpp"
 #include "core/tiers/chunk_cache.hpp"
+#include "core/tiers/disk_tier.hpp"
 #include "core/tiers/lender_link.hpp"
 
 #include <csetjmp>
@@ -114,7 +118,9 @@ struct Rig {
   std::shared_ptr<std::atomic<uint64_t>> now = std::make_shared<std::atomic<uint64_t>>(1);
   std::shared_ptr<swiftkv::ElasticRegion> lender;
 
-  explicit Rig(Layout layout, uint64_t lent_chunks = 0) {
+  std::string dir;  // the disk tier's, with disk_chunks; removed with the rig
+
+  explicit Rig(Layout layout, uint64_t lent_chunks = 0, uint64_t disk_chunks = 0) {
     g.num_layers = kLayers;
     g.num_kv_heads = kHeads;
     g.head_dim = kDim;
@@ -125,6 +131,14 @@ struct Rig {
     fp = swiftkv::model_fingerprint("emulated", g);
     swiftkv::ContextConfig c;
     c.host_budget_bytes = 4 << 20;
+    if (disk_chunks != 0) {
+      char t[] = "/tmp/swiftkv-emulated-XXXXXX";
+      assert_non_null(mkdtemp(t));
+      dir = t;
+      c.disk_path = dir;
+      c.disk_budget_bytes = swiftkv::DiskTier::budget_for(disk_chunks, sizes.full_chunk_bytes);
+      c.disk_segment_bytes = swiftkv::DiskTier::segment_for(sizes.full_chunk_bytes);
+    }
     ctx = std::make_unique<swiftkv::Context>(c);
     swiftkv::CacheOptions o;
     o.demote_free_percent = 0;
@@ -170,7 +184,9 @@ struct Rig {
     cudaStreamDestroy(engine);
     pool.reset();
     cache.reset();
+    ctx.reset();
     for (void *p : mem) std::free(p);
+    if (!dir.empty()) std::filesystem::remove_all(dir);
   }
 
   const swiftkv::PageLayout &layout() const { return pool->layout(); }
@@ -217,6 +233,28 @@ struct Rig {
     std::vector<ChunkKey> k(tokens.size() / kChunk);
     swiftkv::chunk_keys(k.data(), fp, tokens.data(), tokens.size(), kChunk);
     return k;
+  }
+  // Stores the chunk of `key` encoded: kivi of `bits` in groups of `group`, or fp8 where bits is
+  // 0. The model accepts lossy chunks from the first call on.
+  void encode(const ChunkKey &key, uint32_t bits, uint32_t group = 0) {
+    namespace cd = swiftkv::codec;
+    swiftkv::ModelCompression m;
+    m.shape = cd::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+    m.accept_lossy = true;
+    cache->set_compression(fp, m);
+    cd::CodecParams p;
+    p.codec = bits == 0 ? cd::Codec::fp8 : cd::Codec::kivi;
+    p.bits = bits;
+    p.group = group;
+    assert_int_equal(cache->compress(fp, {&key, 1}, p), 1);
+  }
+  // The chunks of `k` as the cache gives them back (decoded), one after another.
+  std::vector<uint16_t> cached(const std::vector<ChunkKey> &k) const {
+    std::vector<uint16_t> out(k.size() * sizes.full_chunk_bytes / 2);
+    assert_int_equal(
+        cache->retrieve(k, 0, sizes.full_chunk_bytes, reinterpret_cast<std::byte *>(out.data())),
+        k.size());
+    return out;
   }
   // A request of the model over `tokens` in `pages`, loading and saving.
   swiftkv::RequestSpec spec(const std::vector<uint32_t> &tokens,
@@ -367,45 +405,65 @@ void round_trip(Layout layout, bool lent = false) {
 // Chunks stored encoded cross to the device as stored and are decoded there, after the
 // layer's scatter on the same stream: a load of a raw, a kivi-4, an fp8 and a kivi-8 chunk into
 // NHD pages gives what the CPU decodes, bit for bit (retrieve's bytes), in every order of the
-// streams' work.
-void encoded_chunks_decode_on_the_device(void **) {
-  namespace cd = swiftkv::codec;
+// streams' work. From the disk tier, the chunks are read on the host into the request's staging
+// (checked as they are read) and cross from there; with one byte of the fp8 chunk's record
+// flipped on disk after it was written, its read fails the check and the load stops before it
+// (every layer's prefix the two chunks ahead of it, loaded right), the chunk gone.
+enum class From { host, disk, corrupt_disk };
+
+void load_encoded(From from) {
+  const bool disk = from != From::host, corrupt = from == From::corrupt_disk;
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     swiftkv_emu_rt::set_jitter(300, seed);
-    Rig r(Layout::nhd);
+    Rig r(Layout::nhd, 0, disk ? 16 : 0);
     const std::vector<uint32_t> tokens = tokens_of(2, 6 * kChunk + 1);
     const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk);
     r.scramble();
     assert_int_equal(run_turn(r, four, pick_pages(8, 0, kPages, seed), 2).wrong_saved, 0);
-    swiftkv::ModelCompression m;
-    m.shape = cd::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
-    m.accept_lossy = true;
-    r.cache->set_compression(r.fp, m);
     const std::vector<ChunkKey> k = r.keys(four);
-    cd::CodecParams kivi4, fp8, kivi8;
-    kivi4.codec = kivi8.codec = cd::Codec::kivi;
-    kivi4.bits = 4;
-    kivi4.group = 32;
-    kivi8.bits = 8;
-    kivi8.group = 64;
-    fp8.codec = cd::Codec::fp8;
-    assert_int_equal(r.cache->compress(r.fp, {&k[1], 1}, kivi4), 1);
-    assert_int_equal(r.cache->compress(r.fp, {&k[2], 1}, fp8), 1);
-    assert_int_equal(r.cache->compress(r.fp, {&k[3], 1}, kivi8), 1);
-    std::vector<uint16_t> decoded(4 * r.sizes.full_chunk_bytes / 2);
-    assert_int_equal(r.cache->retrieve(k, 0, r.sizes.full_chunk_bytes,
-                                       reinterpret_cast<std::byte *>(decoded.data())),
-                     4);
+    r.encode(k[1], 4, 32);
+    r.encode(k[2], 0);
+    r.encode(k[3], 8, 64);
     assert_int_equal(r.chunk_wrong(four, 2, 0), 0);  // raw
     assert_true(r.chunk_wrong(four, 2, 1) > 0);      // lossy
+    if (disk) {
+      assert_int_equal(r.cache->move(k, swiftkv::Tier::disk), 4);
+      for (const ChunkKey &key : k) assert_true(r.cache->tier_of(key) == swiftkv::Tier::disk);
+    }
+    const std::vector<uint16_t> decoded = r.cached(k);
+    if (corrupt) {
+      const std::optional<swiftkv::ChunkUse> use = r.cache->begin_read(k[2]);
+      assert_true(use.has_value());
+      r.cache->end_read(k[2]);
+      const swiftkv::DiskTier::Location loc = r.cache->disk()->location_of(use->where.slot);
+      assert_false(loc.path.empty());
+      std::fstream f(loc.path, std::ios::in | std::ios::out | std::ios::binary);
+      const auto at = static_cast<std::streamoff>(loc.offset + swiftkv::DiskTier::kHeaderBytes +
+                                                  use->meta.stored() / 2);
+      char b = 0;
+      f.seekg(at);
+      f.read(&b, 1);
+      b = static_cast<char>(b ^ 0x10);
+      f.seekp(at);
+      f.write(&b, 1);
+    }
+    const uint64_t failures = r.cache->stats().load_failures;
     r.scramble();
     Turn t = run_turn(r, tokens, pick_pages(13, 0, kPages, 9 + seed), 2, &decoded);
     assert_int_equal(t.info.load_end, 4 * kChunk);
+    for (uint64_t v : t.valid_end) assert_int_equal(v, corrupt ? 2 * kChunk : 4 * kChunk);
     assert_int_equal(t.wrong_loaded, 0);
     assert_int_equal(t.wrong_saved, 0);
+    assert_int_equal(r.cache->stats().load_failures - failures, corrupt ? 1 : 0);
+    if (!corrupt) assert_int_equal(t.saved, 2 * kChunk);
+    if (corrupt) assert_false(r.cache->resident(k[2]));
   }
   swiftkv_emu_rt::set_jitter(0, 1);
 }
+
+void encoded_chunks_decode_on_the_device(void **) { load_encoded(From::host); }
+void disk_chunks_load_into_device_pages(void **) { load_encoded(From::disk); }
+void corrupt_disk_chunk_ends_the_prefix(void **) { load_encoded(From::corrupt_disk); }
 
 // The lender's lease runs out while a request loads from it, and the lender writes over the
 // memory at once, as it may. Each layer's loaded prefix (valid_end) must hold what was cached:
@@ -564,6 +622,8 @@ int main() {
       cmocka_unit_test(round_trip_hnd),
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(encoded_chunks_decode_on_the_device),
+      cmocka_unit_test(disk_chunks_load_into_device_pages),
+      cmocka_unit_test(corrupt_disk_chunk_ends_the_prefix),
       cmocka_unit_test(lent_device_memory_nhd),
       cmocka_unit_test(lent_device_memory_hnd),
       cmocka_unit_test(lent_device_memory_stream_pages),
