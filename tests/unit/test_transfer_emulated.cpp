@@ -72,19 +72,19 @@ size_t chunk_index(uint32_t layer, uint32_t c, uint64_t t, uint32_t head, uint32
   return (((layer * 2 + c) * kChunk + t) * kHeads + head) * kDim + dim;
 }
 
-// An elastic region of this process whose lent memory reads as the device's: every lease
-// granted is memory of device 0 (host memory in the emulation), which the device pool's kernels
-// read and write in place, as a lender's VMM memory on the same or a peer device.
+// An elastic region of this process whose lent memory reads as a device's: every lease granted
+// is memory of `device` (host memory in the emulation), as a lender's VMM memory on the pool's
+// device or another one.
 class DeviceLender final : public swiftkv::LenderLink {
  public:
-  explicit DeviceLender(std::shared_ptr<swiftkv::ElasticRegion> r)
-      : inner_(swiftkv::local_lender(std::move(r))) {}
+  DeviceLender(std::shared_ptr<swiftkv::ElasticRegion> r, int32_t device)
+      : inner_(swiftkv::local_lender(std::move(r))), device_(device) {}
   void check_geometry(const swiftkv::GeometrySizes &sizes) const override {
     inner_->check_geometry(sizes);
   }
   swiftkv::LeaseGrant lend(uint64_t max_units) override {
     swiftkv::LeaseGrant g = inner_->lend(max_units);
-    g.device = 0;
+    g.device = device_;
     return g;
   }
   swiftkv::LinkLeaseState renew(uint64_t id) override { return inner_->renew(id); }
@@ -100,6 +100,7 @@ class DeviceLender final : public swiftkv::LenderLink {
 
  private:
   std::shared_ptr<swiftkv::LenderLink> inner_;
+  const int32_t device_;
 };
 
 struct Rig {
@@ -113,14 +114,15 @@ struct Rig {
   std::vector<void *> mem;                     // the memory of the others, a block per layer
   std::shared_ptr<const swiftkv::KvPool> pool;
   cudaStream_t engine = nullptr;
-  // With lent_chunks: a lender's region lent to this model as device memory, on a clock the
-  // test moves.
+  // With lent_chunks: a lender's region lent to this model as memory of device lent_device, on a
+  // clock the test moves.
   std::shared_ptr<std::atomic<uint64_t>> now = std::make_shared<std::atomic<uint64_t>>(1);
   std::shared_ptr<swiftkv::ElasticRegion> lender;
 
   std::string dir;  // the disk tier's, with disk_chunks; removed with the rig
 
-  explicit Rig(Layout layout, uint64_t lent_chunks = 0, uint64_t disk_chunks = 0) {
+  explicit Rig(Layout layout, uint64_t lent_chunks = 0, uint64_t disk_chunks = 0,
+               int32_t lent_device = 0) {
     g.num_layers = kLayers;
     g.num_kv_heads = kHeads;
     g.head_dim = kDim;
@@ -177,10 +179,13 @@ struct Rig {
       swiftkv::HostRegionOptions ho;
       ho.size = swiftkv::ElasticRegion::required_bytes(e);
       lender = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
-      cache->borrow(fp, sizes, std::make_shared<DeviceLender>(lender), UINT64_MAX);
+      swiftkv_emu_rt::add_device_memory(lender->memory().data(), lender->memory().size(),
+                                        lent_device);
+      cache->borrow(fp, sizes, std::make_shared<DeviceLender>(lender, lent_device), UINT64_MAX);
     }
   }
   ~Rig() {
+    if (lender) swiftkv_emu_rt::remove_device_memory(lender->memory().data());
     cudaStreamDestroy(engine);
     pool.reset();
     cache.reset();
@@ -360,16 +365,17 @@ Turn run_turn(Rig &r, const std::vector<uint32_t> &tokens, const std::vector<int
 
 // Two turns of one conversation: the first saves 4 chunks from the pages the engine wrote, the
 // second loads them into other pages and saves 2 more; every loaded and saved byte checked,
-// under several orders of the streams' work. With `lent` the chunks go to lent memory of the
-// pool's own device, which the kernels read and write in place: the saves gather straight into
-// the lender's memory (no staging), and the loads' wait is on the host (sync_load), after which
-// the request checks the lease. A host pool reaches lent device memory through host memory (the
-// loads copy each piece out to a bounce buffer, the saves stage the chunk and publish copies it
-// in).
-void round_trip(Layout layout, bool lent = false) {
+// under several orders of the streams' work. With a `lent` device the chunks go to lent memory
+// of that device. The kernels read and write the memory of the pool's device, or of a peer with
+// peer access, in place: the saves gather straight into the lender's memory (no staging), and
+// the loads' wait is on the host (sync_load), after which the request checks the lease. Memory of
+// a device out of reach goes through staging on the pool's device, copied by the copy streams.
+// A host pool reaches lent device memory through host memory (the loads copy each piece out to
+// a bounce buffer, the saves stage the chunk and publish copies it in).
+void round_trip(Layout layout, std::optional<int32_t> lent = std::nullopt) {
   for (uint64_t seed = 1; seed <= 8; ++seed) {
     swiftkv_emu_rt::set_jitter(300, seed);
-    Rig r(layout, lent ? 8 : 0);
+    Rig r(layout, lent ? 8 : 0, 0, lent.value_or(0));
     const bool stream = layout == Layout::stream;
     const uint32_t first = stream ? r.layout().stream_first : 0;
     const uint32_t span = stream ? r.layout().stream_pages : kPages;
@@ -593,10 +599,22 @@ void lent_memory_asked_back_from_a_dropped_request(void **) { asked_back(Asked::
 void round_trip_nhd(void **) { round_trip(Layout::nhd); }
 void round_trip_hnd(void **) { round_trip(Layout::hnd); }
 void round_trip_stream_pages(void **) { round_trip(Layout::stream); }
-void lent_device_memory_nhd(void **) { round_trip(Layout::nhd, true); }
-void lent_device_memory_hnd(void **) { round_trip(Layout::hnd, true); }
-void lent_device_memory_stream_pages(void **) { round_trip(Layout::stream, true); }
-void lent_device_memory_host_pool(void **) { round_trip(Layout::host, true); }
+void lent_device_memory_nhd(void **) { round_trip(Layout::nhd, 0); }
+void lent_device_memory_hnd(void **) { round_trip(Layout::hnd, 0); }
+void lent_device_memory_stream_pages(void **) { round_trip(Layout::stream, 0); }
+void lent_device_memory_host_pool(void **) { round_trip(Layout::host, 0); }
+// Two devices: the lender's memory on device 1, the pool on device 0.
+void lent_memory_of_a_peer_device(void **) {
+  swiftkv_emu_rt::set_devices(2, true);
+  round_trip(Layout::nhd, 1);
+  swiftkv_emu_rt::set_devices(1, false);
+}
+void lent_memory_of_a_device_out_of_reach(void **) {
+  swiftkv_emu_rt::set_devices(2, false);
+  round_trip(Layout::nhd, 1);
+  round_trip(Layout::stream, 1);
+  swiftkv_emu_rt::set_devices(1, false);
+}
 
 // What the library took of the runtime it gives back (a lane's streams and events are kept by
 // the pool for the next request, and go with it).
@@ -628,6 +646,8 @@ int main() {
       cmocka_unit_test(lent_device_memory_hnd),
       cmocka_unit_test(lent_device_memory_stream_pages),
       cmocka_unit_test(lent_device_memory_host_pool),
+      cmocka_unit_test(lent_memory_of_a_peer_device),
+      cmocka_unit_test(lent_memory_of_a_device_out_of_reach),
       cmocka_unit_test(lent_lease_lost_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_during_a_request),
       cmocka_unit_test(lent_memory_asked_back_during_a_load),

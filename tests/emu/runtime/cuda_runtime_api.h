@@ -1,13 +1,13 @@
 // Stand-in for the CUDA runtime's API in the host emulation of the transfer engine's streams
 // (tests/unit/test_transfer_emulated.cpp): what core/transfer/cuda_transfer.cu and
-// core/memory/cuda_host_memory.cu call, on the host. One device (0) whose memory is host memory;
-// each stream a thread that runs its work in order; an event marks a point of its stream's work,
-// and a stream that waits on it runs nothing after the wait until that point has run. Every piece
-// of work may first sleep for a random moment (swiftkv_emu_rt::set_jitter), so that work of
-// different streams with no wait between them runs in varying order: a missing wait shows as wrong
-// bytes, not only on a device. Kernel launches are not here: cuda_transfer.cu, built with
-// SWIFTKV_TRANSFER_EMULATION, hands them to swiftkv_emu_rt::enqueue, which runs the kernels' CPU
-// emulation (tests/emu).
+// core/memory/cuda_host_memory.cu call, on the host. One device (0) whose memory is host memory (or
+// more: set_devices); each stream a thread that runs its work in order; an event marks a point of
+// its stream's work, and a stream that waits on it runs nothing after the wait until that point has
+// run. Every piece of work may first sleep for a random moment (swiftkv_emu_rt::set_jitter), so
+// that work of different streams with no wait between them runs in varying order: a missing wait
+// shows as wrong bytes, not only on a device. Kernel launches are not here: cuda_transfer.cu, built
+// with SWIFTKV_TRANSFER_EMULATION, hands them to swiftkv_emu_rt::enqueue, which runs the kernels'
+// CPU emulation (tests/emu).
 #pragma once
 
 #include <cstddef>
@@ -111,6 +111,15 @@ namespace swiftkv_emu_rt {
 void enqueue(cudaStream_t s, std::function<void()> work);
 // Each piece of work sleeps up to max_us microseconds first (0: none), drawn from `seed`.
 void set_jitter(uint32_t max_us, uint64_t seed);
+// `count` devices (1 unless set), all of host memory; with `peer_access` each may read the
+// others' memory in place (cudaDeviceCanAccessPeer).
+void set_devices(int count, bool peer_access);
+// Marks [p, p + bytes) as memory of `device` (host memory here, as all of it): a kernel of
+// another device may read or write it in place only with peer access, which the kernels'
+// emulated launches check for every chunk they take in place. Memory not marked is any device's.
+void add_device_memory(const void *p, size_t bytes, int device);
+void remove_device_memory(const void *p);
+bool reachable(int device, const void *p);
 // Streams and events alive: what a test checks is given back.
 int64_t streams_alive();
 int64_t events_alive();

@@ -25,6 +25,14 @@ std::condition_variable &g_cv = *new std::condition_variable;
 std::atomic<uint32_t> g_jitter_us{0};
 std::atomic<uint64_t> g_seed{1};
 std::atomic<int64_t> g_streams{0}, g_events{0};
+std::atomic<int> g_devices{1};
+std::atomic<bool> g_peer_access{false};
+struct DeviceRange {
+  const char *begin;
+  size_t bytes;
+  int device;
+};
+std::vector<DeviceRange> &g_ranges = *new std::vector<DeviceRange>;  // under g_mu
 thread_local int t_device = 0;
 
 // A point in a stream's work: done once the work enqueued before it has run.
@@ -122,7 +130,7 @@ const char *cudaGetErrorString(cudaError_t e) {
 }
 cudaError_t cudaGetLastError() { return cudaSuccess; }
 cudaError_t cudaGetDeviceCount(int *count) {
-  *count = 1;
+  *count = g_devices.load();
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int *device) {
@@ -130,7 +138,7 @@ cudaError_t cudaGetDevice(int *device) {
   return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidDevice;
+  if (device < 0 || device >= g_devices.load()) return cudaErrorInvalidDevice;
   t_device = device;
   return cudaSuccess;
 }
@@ -143,8 +151,8 @@ cudaError_t cudaDeviceGetStreamPriorityRange(int *least, int *greatest) {
   *greatest = -5;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceCanAccessPeer(int *can, int, int) {
-  *can = 0;
+cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
+  *can = device != peer && g_peer_access.load() ? 1 : 0;
   return cudaSuccess;
 }
 
@@ -251,6 +259,28 @@ void enqueue(cudaStream_t s, std::function<void()> work) { stream_of(s).push(std
 void set_jitter(uint32_t max_us, uint64_t seed) {
   g_jitter_us = max_us;
   g_seed = seed;
+}
+void set_devices(int count, bool peer_access) {
+  g_devices = count;
+  g_peer_access = peer_access;
+}
+void add_device_memory(const void *p, size_t bytes, int device) {
+  std::lock_guard lock(g_mu);
+  g_ranges.push_back({static_cast<const char *>(p), bytes, device});
+}
+void remove_device_memory(const void *p) {
+  std::lock_guard lock(g_mu);
+  std::erase_if(g_ranges, [&](const DeviceRange &r) { return r.begin == p; });
+}
+bool reachable(int device, const void *p) {
+  const auto *c = static_cast<const char *>(p);
+  std::lock_guard lock(g_mu);
+  for (const DeviceRange &r : g_ranges) {
+    if (c >= r.begin && c < r.begin + r.bytes) {
+      return r.device == device || g_peer_access.load();
+    }
+  }
+  return true;
 }
 int64_t streams_alive() { return g_streams.load(); }
 int64_t events_alive() { return g_events.load(); }
