@@ -616,6 +616,18 @@ void lent_memory_of_a_device_out_of_reach(void **) {
   swiftkv_emu_rt::set_devices(1, false);
 }
 
+// A runtime that refuses 2D copies (a pitch past the device's limit) and a driver without
+// batched copies: the copies into and out of staging go row by row, one plain asynchronous copy
+// each, with the same bytes and the same order.
+void copies_fall_back_when_refused(void **) {
+  const int64_t refused = swiftkv_emu_rt::copies_refused();
+  swiftkv_emu_rt::refuse_copies(true, true);
+  round_trip(Layout::nhd);
+  round_trip(Layout::stream);
+  swiftkv_emu_rt::refuse_copies(false, false);
+  assert_true(swiftkv_emu_rt::copies_refused() > refused);
+}
+
 // What the library took of the runtime it gives back (a lane's streams and events are kept by
 // the pool for the next request, and go with it).
 void pools_give_back_their_streams(void **) {
@@ -652,6 +664,7 @@ int main() {
       cmocka_unit_test(lent_memory_asked_back_during_a_request),
       cmocka_unit_test(lent_memory_asked_back_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_from_a_dropped_request),
+      cmocka_unit_test(copies_fall_back_when_refused),
       cmocka_unit_test(pools_give_back_their_streams),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -24,6 +24,7 @@ enum cudaError_t {
   cudaErrorNoDevice = 100,
   cudaErrorInvalidDevice = 101,
   cudaErrorStubLibrary = 34,
+  cudaErrorNotSupported = 801,
 };
 using cudaError = cudaError_t;
 
@@ -118,6 +119,10 @@ void set_devices(int count, bool peer_access);
 // another device may read or write it in place only with peer access, which the kernels'
 // emulated launches check for every chunk they take in place. Memory not marked is any device's.
 void add_device_memory(const void *p, size_t bytes, int device);
+// Refuses every 2D copy (as a runtime does for a pitch past the device's limit) and every batched
+// copy (as a driver without them does) while set; returns how many copies were refused so far.
+void refuse_copies(bool two_d, bool batched);
+int64_t copies_refused();
 void remove_device_memory(const void *p);
 bool reachable(int device, const void *p);
 // Streams and events alive: what a test checks is given back.

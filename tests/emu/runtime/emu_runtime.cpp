@@ -27,6 +27,8 @@ std::atomic<uint64_t> g_seed{1};
 std::atomic<int64_t> g_streams{0}, g_events{0};
 std::atomic<int> g_devices{1};
 std::atomic<bool> g_peer_access{false};
+std::atomic<bool> g_refuse_2d{false}, g_refuse_batch{false};
+std::atomic<int64_t> g_refused{0};
 struct DeviceRange {
   const char *begin;
   size_t bytes;
@@ -234,6 +236,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, cudaMemcpyKind, cudaStream_t s) {
   if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  if (g_refuse_2d.load()) {
+    g_refused.fetch_add(1);
+    return cudaErrorInvalidValue;
+  }
   stream_of(s).push([=] {
     for (size_t r = 0; r < height; ++r) {
       std::memcpy(static_cast<char *>(dst) + r * dpitch,
@@ -244,6 +250,10 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 }
 cudaError_t cudaMemcpyBatchAsync(void **dsts, const void **srcs, const size_t *sizes, size_t count,
                                  cudaMemcpyAttributes *, size_t *, size_t, cudaStream_t s) {
+  if (g_refuse_batch.load()) {
+    g_refused.fetch_add(1);
+    return cudaErrorNotSupported;
+  }
   std::vector<void *> d(dsts, dsts + count);
   std::vector<const void *> f(srcs, srcs + count);
   std::vector<size_t> n(sizes, sizes + count);
@@ -282,6 +292,11 @@ bool reachable(int device, const void *p) {
   }
   return true;
 }
+void refuse_copies(bool two_d, bool batched) {
+  g_refuse_2d = two_d;
+  g_refuse_batch = batched;
+}
+int64_t copies_refused() { return g_refused.load(); }
 int64_t streams_alive() { return g_streams.load(); }
 int64_t events_alive() { return g_events.load(); }
 
