@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/common/error.hpp"
 #include "core/connector/request.hpp"
 #include "core/context/context.hpp"
 #include "core/elastic/elastic_region.hpp"
@@ -628,6 +629,50 @@ void copies_fall_back_when_refused(void **) {
   assert_true(swiftkv_emu_rt::copies_refused() > refused);
 }
 
+// A runtime call that fails in the middle of a request (the k-th copy it asks for, for every k
+// up to its last): the call that made it fails with ECUDA, and once the engine drops the request
+// the pool serves the next one whole, as the lane that carried the failure is drained and reused.
+// Every piece goes as a plain copy here (2D and batched copies refused), so the failure falls on
+// the copy tables' upload, on loads and on saves in turn.
+void a_failed_copy_fails_only_its_request(void **) {
+  swiftkv_emu_rt::refuse_copies(true, true);
+  bool past_the_last = false;
+  for (int64_t k = 1; !past_the_last; ++k) {
+    assert_true(k < 200);
+    swiftkv_emu_rt::set_jitter(100, static_cast<uint64_t>(k));
+    Rig r(Layout::nhd);
+    const std::vector<uint32_t> tokens = tokens_of(8, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    r.scramble();
+    assert_int_equal(run_turn(r, four, pick_pages(9, 0, kPages, 1), 8).saved, 4 * kChunk);
+    const std::vector<int32_t> pages = pick_pages(13, 0, kPages, 2);
+    swiftkv_emu_rt::fail_copy(k);
+    bool failed = false;
+    try {
+      run_turn(r, tokens, pages, 8);
+    } catch (const swiftkv::Error &e) {
+      assert_int_equal(e.status(), SWIFTKV_ECUDA);
+      failed = true;
+    }
+    assert_int_equal(cudaStreamSynchronize(r.engine), cudaSuccess);
+    const bool pending = swiftkv_emu_rt::fail_copy(0);
+    assert_true(failed != pending);  // it failed exactly when the failing copy was reached
+    past_the_last = !failed;
+    // The next request on the pool loads the cached chunks whole (the failed request saved
+    // none) and saves the rest.
+    const uint64_t cached = (failed ? 4 : 6) * kChunk;
+    r.scramble();
+    Turn t = run_turn(r, tokens, pick_pages(13, 0, kPages, 3), 8);
+    assert_int_equal(t.info.load_end, cached);
+    for (uint64_t v : t.valid_end) assert_int_equal(v, cached);
+    assert_int_equal(t.wrong_loaded, 0);
+    assert_int_equal(t.saved, 6 * kChunk - cached);
+    assert_int_equal(t.wrong_saved, 0);
+  }
+  swiftkv_emu_rt::refuse_copies(false, false);
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
 // What the library took of the runtime it gives back (a lane's streams and events are kept by
 // the pool for the next request, and go with it).
 void pools_give_back_their_streams(void **) {
@@ -665,6 +710,7 @@ int main() {
       cmocka_unit_test(lent_memory_asked_back_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_from_a_dropped_request),
       cmocka_unit_test(copies_fall_back_when_refused),
+      cmocka_unit_test(a_failed_copy_fails_only_its_request),
       cmocka_unit_test(pools_give_back_their_streams),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);

@@ -123,6 +123,9 @@ void add_device_memory(const void *p, size_t bytes, int device);
 // copy (as a driver without them does) while set; returns how many copies were refused so far.
 void refuse_copies(bool two_d, bool batched);
 int64_t copies_refused();
+// The n-th cudaMemcpyAsync from now (1: the next) fails with cudaErrorInvalidValue and copies
+// nothing; 0 disarms. Returns whether a failure armed before was still to come.
+bool fail_copy(int64_t n);
 void remove_device_memory(const void *p);
 bool reachable(int device, const void *p);
 // Streams and events alive: what a test checks is given back.

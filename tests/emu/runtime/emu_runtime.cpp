@@ -29,6 +29,7 @@ std::atomic<int> g_devices{1};
 std::atomic<bool> g_peer_access{false};
 std::atomic<bool> g_refuse_2d{false}, g_refuse_batch{false};
 std::atomic<int64_t> g_refused{0};
+std::atomic<int64_t> g_fail_in{0};  // cudaMemcpyAsync calls until one fails; 0: none
 struct DeviceRange {
   const char *begin;
   size_t bytes;
@@ -230,6 +231,10 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind)
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpyKind,
                             cudaStream_t s) {
+  int64_t n = g_fail_in.load();
+  while (n > 0 && !g_fail_in.compare_exchange_weak(n, n - 1)) {
+  }
+  if (n == 1) return cudaErrorInvalidValue;
   stream_of(s).push([=] { std::memcpy(dst, src, bytes); });
   return cudaSuccess;
 }
@@ -297,6 +302,7 @@ void refuse_copies(bool two_d, bool batched) {
   g_refuse_batch = batched;
 }
 int64_t copies_refused() { return g_refused.load(); }
+bool fail_copy(int64_t n) { return g_fail_in.exchange(n) != 0; }
 int64_t streams_alive() { return g_streams.load(); }
 int64_t events_alive() { return g_events.load(); }
 
