@@ -7,8 +7,10 @@
 // then the saved chunks are compared byte for byte. So the order rules that only a GPU run
 // exercised (the load and save streams' waits, the staging buffers' reuse two layers on, stream
 // pages shared by every layer, the host's wait for a layer read from lent memory) fail here when
-// one is missing. The device's memory is host memory; a lender's memory of the device is an
-// elastic region of this process whose leases say device 0.
+// one is missing. Beside the order, the cases cover lent device memory (read in place, leases
+// lost or asked back mid-request, a second device with and without peer access), disk chunks, and
+// a runtime that refuses or fails copies. The devices' memory is host memory; a lender's memory
+// of a device is an elastic region of this process whose leases name that device.
 #include <cuda_runtime_api.h>
 #include <unistd.h>
 
