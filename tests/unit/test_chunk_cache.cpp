@@ -41,6 +41,7 @@
 #include "core/policy/eviction_policy.hpp"
 #include "core/tiers/chunk_cache.hpp"
 #include "core/tiers/host_tier.hpp"
+#include "flip_byte.hpp"
 
 // cmocka last: it defines a `fail` macro that the core's headers must not see.
 extern "C" {
@@ -796,16 +797,6 @@ uint64_t slot_of(Rig &r, const ChunkKey &k) {
   assert_true(use.has_value());
   r.cache->end_read(k);
   return use->where.slot;
-}
-
-void flip_byte(const std::string &path, uint64_t at) {
-  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
-  f.seekg(static_cast<std::streamoff>(at));
-  char b = 0;
-  f.read(&b, 1);
-  b = static_cast<char>(b ^ 0x10);
-  f.seekp(static_cast<std::streamoff>(at));
-  f.write(&b, 1);
 }
 
 std::vector<std::string> segment_files(const std::string &dir) {

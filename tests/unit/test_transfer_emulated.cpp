@@ -22,7 +22,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -43,6 +42,7 @@
 #include "core/tiers/chunk_cache.hpp"
 #include "core/tiers/disk_tier.hpp"
 #include "core/tiers/lender_link.hpp"
+#include "flip_byte.hpp"
 
 #include <csetjmp>
 #include <cstdarg>
@@ -446,15 +446,7 @@ void load_encoded(From from) {
       r.cache->end_read(k[2]);
       const swiftkv::DiskTier::Location loc = r.cache->disk()->location_of(use->where.slot);
       assert_false(loc.path.empty());
-      std::fstream f(loc.path, std::ios::in | std::ios::out | std::ios::binary);
-      const auto at = static_cast<std::streamoff>(loc.offset + swiftkv::DiskTier::kHeaderBytes +
-                                                  use->meta.stored() / 2);
-      char b = 0;
-      f.seekg(at);
-      f.read(&b, 1);
-      b = static_cast<char>(b ^ 0x10);
-      f.seekp(at);
-      f.write(&b, 1);
+      flip_byte(loc.path, loc.offset + swiftkv::DiskTier::kHeaderBytes + use->meta.stored() / 2);
     }
     const uint64_t failures = r.cache->stats().load_failures;
     r.scramble();
