@@ -119,15 +119,15 @@ void set_devices(int count, bool peer_access);
 // another device may read or write it in place only with peer access, which the kernels'
 // emulated launches check for every chunk they take in place. Memory not marked is any device's.
 void add_device_memory(const void *p, size_t bytes, int device);
+void remove_device_memory(const void *p);
+bool reachable(int device, const void *p);
 // Refuses every 2D copy (as a runtime does for a pitch past the device's limit) and every batched
-// copy (as a driver without them does) while set; returns how many copies were refused so far.
+// copy (as a driver without them does) while set; copies_refused() counts those refused so far.
 void refuse_copies(bool two_d, bool batched);
 int64_t copies_refused();
 // The n-th cudaMemcpyAsync from now (1: the next) fails with cudaErrorInvalidValue and copies
 // nothing; 0 disarms. Returns whether a failure armed before was still to come.
 bool fail_copy(int64_t n);
-void remove_device_memory(const void *p);
-bool reachable(int device, const void *p);
 // Streams and events alive: what a test checks is given back.
 int64_t streams_alive();
 int64_t events_alive();
