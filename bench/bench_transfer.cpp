@@ -18,7 +18,8 @@
 // a kernel spinning for c on its stream (spin_kernel.cu); and the gather/scatter kernel alone (NHD
 // and HND, 16- and 256-token pages, chunk pieces read in place from device memory as lent or
 // IPC-mapped chunks are; NHD also with the pieces in a VMM region of 2 MiB granules and spread
-// as one layer of 8-layer chunks, KernelChunks) beside a device-to-device copy of the same bytes;
+// as one layer of 8-layer chunks, KernelChunks; HND also at head dims 80 and 96) beside a
+// device-to-device copy of the same bytes;
 // loads from another
 // process's device memory (a lender started by this program, the peer) into a device pool beside a
 // device-to-device copy (and, on every build, from another process's host memory in granules
@@ -929,6 +930,7 @@ struct KernelRow {
   Rate scatter, gather, copy;
   Rate scatter_ahead, gather_ahead;  // launched as CopyKernel::ahead (the others: spread)
   const char *chunks_in = "malloc";  // KernelChunks, by name
+  uint32_t head_dim = kDim;
 };
 
 // Where the kernel rows' chunk pieces are. malloc: one cudaMalloc, the pieces side by side (the
@@ -944,17 +946,18 @@ const char *kernel_chunks_name(KernelChunks c) {
 }
 
 // The copy items of `chunks` chunks in scattered NHD [pages, 2, B, H, D] or HND
-// [pages, 2, H, B, D] pages of F16 of `page` tokens, from each chunk's copy plan as the library
-// builds it.
-std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks) {
+// [pages, 2, H, B, D] pages of F16 of `page` tokens and `dim`-element heads, from each chunk's
+// copy plan as the library builds it.
+std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, uint32_t chunks,
+                                            uint32_t dim = kDim) {
   const uint32_t pages = chunks * (kChunk / page);
-  const int64_t b = page, h = kHeads, d = kDim;
+  const int64_t b = page, h = kHeads, d = dim;
   const std::vector<int32_t> order = scattered_pages(pages);
   swiftkv::PageLayout lay;
   lay.num_pages = pages;
   lay.page_tokens = page;
   lay.heads = kHeads;
-  lay.head_dim = kDim;
+  lay.head_dim = dim;
   lay.dtype_bytes = 2;
   lay.page_stride = 2 * b * h * d;
   lay.kv_stride = b * h * d;
@@ -973,13 +976,14 @@ std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, u
 }
 
 KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps,
-                         KernelChunks where = KernelChunks::malloc) {
-  const uint64_t piece = kLayerPiece;  // one layer of one chunk, F16, [2, T, H, D]
+                         KernelChunks where = KernelChunks::malloc, uint32_t dim = kDim) {
+  // one layer of one chunk, F16, [2, T, H, D]
+  const uint64_t piece = uint64_t{2} * kChunk * kHeads * dim * 2;
   const uint64_t bytes = piece * chunks;
   const uint64_t chunk_stride = where == KernelChunks::layer_of_8 ? piece * kLayers : piece;
   const uint32_t pages = chunks * (kChunk / page);
-  const int64_t b = page, h = kHeads, d = kDim;
-  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks);
+  const int64_t b = page, h = kHeads, d = dim;
+  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks, dim);
   void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_items = nullptr, *d_chunks = nullptr;
   std::shared_ptr<swiftkv::MemoryRegion> vmm;
   if (where == KernelChunks::vmm) {
@@ -1041,7 +1045,8 @@ KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int
                 rate_of(tc, moved),
                 rate_of(tsa, moved),
                 rate_of(tga, moved),
-                kernel_chunks_name(where)};
+                kernel_chunks_name(where),
+                dim};
   if (!vmm) cudaFree(src);
   for (void *p : {dst, pool, d_items, d_chunks}) cudaFree(p);
   return row;
@@ -1385,17 +1390,17 @@ void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps)
 
 void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps) {
   std::printf(
-      "\ngather/scatter kernel on the device, %u chunks of one %llu-byte layer piece, "
-      "pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
-      chunks, static_cast<unsigned long long>(kLayerPiece), reps);
-  std::printf("%-7s %-10s %5s %-7s %16s %16s %16s %8s %8s\n", "layout", "chunks in", "page",
-              "launch", "scatter", "gather", "device copy", "sc/copy", "ga/copy");
+      "\ngather/scatter kernel on the device, %u chunks of one layer piece (%llu bytes at head "
+      "dim %u), pieces read in place, GB/s median/best of %d, beside a device-to-device copy:\n",
+      chunks, static_cast<unsigned long long>(kLayerPiece), kDim, reps);
+  std::printf("%-7s %-10s %5s %4s %-7s %16s %16s %16s %8s %8s\n", "layout", "chunks in", "page",
+              "dim", "launch", "scatter", "gather", "device copy", "sc/copy", "ga/copy");
   for (const KernelRow &r : rows) {
     for (const bool ahead : {false, true}) {
       const Rate &sc = ahead ? r.scatter_ahead : r.scatter, &ga = ahead ? r.gather_ahead : r.gather;
-      std::printf("%-7s %-10s %5u %-7s %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n",
-                  r.layout, r.chunks_in, r.page, ahead ? "ahead" : "spread", sc.med, sc.best,
-                  ga.med, ga.best, r.copy.med, r.copy.best, sc.med / r.copy.med,
+      std::printf("%-7s %-10s %5u %4u %-7s %7.1f/%7.1f  %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %8.2f\n",
+                  r.layout, r.chunks_in, r.page, r.head_dim, ahead ? "ahead" : "spread", sc.med,
+                  sc.best, ga.med, ga.best, r.copy.med, r.copy.best, sc.med / r.copy.med,
                   ga.med / r.copy.med);
     }
   }
@@ -1403,10 +1408,10 @@ void print_kernel(const std::vector<KernelRow> &rows, uint32_t chunks, int reps)
   for (size_t i = 0; i < rows.size(); ++i) {
     const KernelRow &r = rows[i];
     std::printf(
-        "%s{\"layout\":\"%s\",\"chunks_in\":\"%s\",\"page\":%u,\"scatter_gbs\":%.2f,"
-        "\"gather_gbs\":%.2f,\"scatter_ahead_gbs\":%.2f,\"gather_ahead_gbs\":%.2f,"
-        "\"copy_gbs\":%.2f}",
-        i ? "," : "", r.layout, r.chunks_in, r.page, r.scatter.med, r.gather.med,
+        "%s{\"layout\":\"%s\",\"chunks_in\":\"%s\",\"page\":%u,\"head_dim\":%u,"
+        "\"scatter_gbs\":%.2f,\"gather_gbs\":%.2f,\"scatter_ahead_gbs\":%.2f,"
+        "\"gather_ahead_gbs\":%.2f,\"copy_gbs\":%.2f}",
+        i ? "," : "", r.layout, r.chunks_in, r.page, r.head_dim, r.scatter.med, r.gather.med,
         r.scatter_ahead.med, r.gather_ahead.med, r.copy.med);
   }
   std::printf("]}\n");
@@ -1936,6 +1941,14 @@ int kernel_tables(uint32_t chunks, int reps) {
       } catch (const std::exception &e) {
         std::printf("the %s kernel rows failed: %s\n", kernel_chunks_name(where), e.what());
       }
+    }
+  }
+  // HND rows of head dims that are no power of two words (80: 10 words, 96: 12), which the
+  // kernel walks by division where 64, 128 and 256 take shifts.
+  for (uint32_t dim : {80u, 96u}) {
+    for (uint32_t page : {16u, 256u}) {
+      kernel_rows.push_back(
+          measure_kernel("hnd", page, std::max(chunks, 64u), reps, KernelChunks::malloc, dim));
     }
   }
   print_kernel(kernel_rows, std::max(chunks, 64u), reps);

@@ -88,6 +88,8 @@ def kernel_rows(t, d):
     for r in d.get("rows", []):
         where = r.get("chunks_in", "malloc")
         name = f"{r['layout']} {r['page']}" + ("" if where == "malloc" else f", chunks in {where}")
+        if r.get("head_dim", 128) != 128:
+            name += f", head dim {r['head_dim']}"
         bar = 0.85 if where == "malloc" else None
         spread = min(r["scatter_gbs"], r["gather_gbs"])
         note = ""

@@ -40,12 +40,14 @@ RATE_TO_GBS = {"byte/s": 1e-9, "Kbyte/s": 1e-6, "Mbyte/s": 1e-3, "Gbyte/s": 1.0,
 # its kernels in measure_kernel's / measure_decode's order (three warm-ups and one repetition of
 # the cycle; measure_decode then launches each kind once more for its exactness check). The copy
 # rows past "hnd 256" are named as on a device with VMM (bench_transfer leaves the vmm rows out
-# where it has none); device-profile.sh profiles only the four before them.
+# where it has none); device-profile.sh profiles only the four before them by default
+# (COPY_LAUNCHES=192 takes every row, the HND rows of head dims 80 and 96 last).
 CODECS = ["kivi-8 g32", "kivi-4 g32", "kivi-2 g32", "fp8 e4m3"]
 BENCHES = {
     "copy": {
         "rows": ["nhd 16", "nhd 256", "hnd 16", "hnd 256", "nhd 16 vmm", "nhd 256 vmm",
-                 "nhd 16 layer_of_8", "nhd 256 layer_of_8"],
+                 "nhd 16 layer_of_8", "nhd 256 layer_of_8", "hnd 16 dim 80", "hnd 256 dim 80",
+                 "hnd 16 dim 96", "hnd 256 dim 96"],
         "cycle": [("scatter", "copy_items"), ("gather", "copy_items"),
                   ("scatter ahead", "copy_items_ahead"), ("gather ahead", "copy_items_ahead")],
         "per_row": 16,

@@ -83,6 +83,16 @@ with tempfile.TemporaryDirectory() as d:
     assert cells(out, "nhd 16, gather ahead (4)")[4] == "14.5"
     assert cells(out, "nhd 256, scatter ahead (4)")[4] == "17.5"
     assert len([l for l in out.splitlines() if l.startswith("| nhd")]) == 8
+    # Every row bench_transfer prints on a device with VMM (12 of 16 launches): the last is the
+    # HND row of head dim 96 and 256-token pages; a launch past it is refused.
+    every = os.path.join(d, "every.csv")
+    make(every, [(kinds[i % 4], 10 + i // 16) for i in range(192)])
+    out = run(every, "--bench", "copy")
+    assert cells(out, "hnd 256 dim 96, gather ahead (4)")[1:5] == ["copy_items_ahead", "256",
+                                                                   "80", "21.0"], out
+    assert cells(out, "hnd 16 dim 80, scatter (4)")[4] == "18.0"
+    make(every, [(kinds[i % 4], 10) for i in range(193)])
+    assert "launch 192 is past" in run(every, "--bench", "copy", ok=False)
     # Decode: one row of 10 launches and one launch of the next, spread and ahead alternating.
     dec = os.path.join(d, "decode.csv")
     make(dec, [("decode_items" if i % 2 == 0 else "decode_items_ahead", 20 + i) for i in range(11)])
