@@ -10,8 +10,11 @@
 // one is missing. Beside the order, the cases cover lent device memory (read in place, leases
 // lost or asked back mid-request, a second device with and without peer access), disk chunks, and
 // a runtime that refuses or fails copies. The devices' memory is host memory; a lender's memory
-// of a device is an elastic region of this process whose leases name that device.
+// of a device is an elastic region of this process whose leases name that device. Under ASan the
+// host touching device memory outside device work stops the test (use-after-poison), as it
+// faults on a device (swiftkv_emu_rt::guarded).
 #include <cuda_runtime_api.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -170,6 +173,11 @@ struct Rig {
     }
     l.device = layout == Layout::host ? SWIFTKV_DEVICE_HOST : 0;
     pool = std::make_shared<swiftkv::KvPool>(g, l);
+    if (layout != Layout::host) {  // device 0's: only its work touches the pages (guarded())
+      for (std::byte *base : l.layer_base) {
+        swiftkv_emu_rt::add_device_memory(base, l.layer_span_bytes, 0);
+      }
+    }
     assert_int_equal(cudaStreamCreateWithPriority(&engine, cudaStreamNonBlocking, 0), cudaSuccess);
     if (lent_chunks != 0) {
       swiftkv::ElasticConfig e;
@@ -190,6 +198,7 @@ struct Rig {
   ~Rig() {
     if (lender) swiftkv_emu_rt::remove_device_memory(lender->memory().data());
     cudaStreamDestroy(engine);
+    for (std::byte *base : layout().layer_base) swiftkv_emu_rt::remove_device_memory(base);
     pool.reset();
     cache.reset();
     ctx.reset();
@@ -197,6 +206,20 @@ struct Rig {
     if (!dir.empty()) std::filesystem::remove_all(dir);
   }
 
+  // The lender writes `byte` over all of its memory with its device (it is memory of a device:
+  // the host never touches it), and what of it differs from `byte`.
+  void lender_writes(unsigned char byte) const {
+    swiftkv_emu_rt::as_device(
+        [&] { std::memset(lender->memory().data(), byte, lender->memory().size()); });
+  }
+  uint64_t lender_bytes_not(unsigned char byte) const {
+    uint64_t n = 0;
+    swiftkv_emu_rt::as_device([&] {
+      const auto *m = reinterpret_cast<const unsigned char *>(lender->memory().data());
+      for (uint64_t i = 0; i < lender->memory().size(); ++i) n += m[i] != byte;
+    });
+    return n;
+  }
   const swiftkv::PageLayout &layout() const { return pool->layout(); }
   uint16_t *element(uint32_t layer, int32_t page, uint32_t c, uint32_t t, uint32_t h) const {
     return reinterpret_cast<uint16_t *>(layout().layer_base[layer] +
@@ -491,7 +514,7 @@ void lent_lease_lost_during_a_load(void **) {
     Turn t = run_turn(r, tokens, pick_pages(9, 0, kPages, 5 + seed), 5, nullptr, [&](uint32_t l) {
       if (l != lost_after) return;
       r.now->fetch_add(r.lender->lease_ns() + 1);  // every lease expired
-      if (scribble) std::memset(r.lender->memory().data(), 0xEE, r.lender->memory().size());
+      if (scribble) r.lender_writes(0xEE);
     });
     assert_int_equal(t.info.load_end, 4 * kChunk);
     for (uint32_t l = 0; l < kLayers; ++l) {
@@ -516,6 +539,47 @@ void lent_lease_lost_during_a_load(void **) {
 // while it reads them; the old copies stay until it ends); one that the engine drops after
 // save_layer(k) without wait_save, as an engine that cancels it does, must still wait for the
 // gathers it queued before the reserved slots go.
+// Chunks saved into lent device memory leave it through the host's copies of device memory
+// (copy_bytes): one to host memory, one to disk as it is (through host memory), two to disk
+// re-encoded on the way (kivi-4, the disk tier's codec from then on: read out of lent memory,
+// encoded on the host). Each reads back as the cache now holds it (the raw ones as saved), and the
+// next turn loads all four from where they are into device pages, each element as retrieve gives
+// it, saving two more.
+void lent_chunks_leave_through_host_copies(void **) {
+  for (uint64_t seed = 1; seed <= 4; ++seed) {
+    swiftkv_emu_rt::set_jitter(300, seed);
+    Rig r(Layout::nhd, 8, 16);
+    const std::vector<uint32_t> tokens = tokens_of(8, 6 * kChunk + 1);
+    const std::vector<uint32_t> four(tokens.begin(), tokens.begin() + 4 * kChunk + 3);
+    const std::vector<ChunkKey> k = r.keys(four);
+    r.scramble();
+    assert_int_equal(run_turn(r, four, pick_pages(9, 0, kPages, seed), 8).saved, 4 * kChunk);
+    for (const ChunkKey &key : k) assert_true(r.cache->tier_of(key) == swiftkv::Tier::peer);
+    const std::span<const ChunkKey> ks(k);
+    assert_int_equal(r.cache->move(ks.subspan(0, 1), swiftkv::Tier::host), 1);
+    assert_int_equal(r.cache->move(ks.subspan(1, 1), swiftkv::Tier::disk), 1);
+    swiftkv::ModelCompression m;
+    m.shape = swiftkv::codec::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+    m.accept_lossy = true;
+    m.fixed[swiftkv::tier_slot(swiftkv::Tier::disk)] =
+        swiftkv::codec::CodecParams{swiftkv::codec::Codec::kivi, 4, 32};
+    r.cache->set_compression(r.fp, m);
+    assert_int_equal(r.cache->move(ks.subspan(2), swiftkv::Tier::disk), 2);
+    assert_true(r.cache->tier_of(k[0]) == swiftkv::Tier::host);
+    for (size_t i : {1, 2, 3}) assert_true(r.cache->tier_of(k[i]) == swiftkv::Tier::disk);
+    for (size_t i : {0, 1}) assert_int_equal(r.chunk_wrong(four, 8, i), 0);
+    for (size_t i : {2, 3}) assert_true(r.chunk_wrong(four, 8, i) > 0);  // lossy now
+    const std::vector<uint16_t> ref = r.cached(k);
+    r.scramble();
+    Turn t = run_turn(r, tokens, pick_pages(13, 0, kPages, 3 + seed), 8, &ref);
+    for (uint64_t v : t.valid_end) assert_int_equal(v, 4 * kChunk);
+    assert_int_equal(t.wrong_loaded, 0);
+    assert_int_equal(t.saved, 2 * kChunk);
+    assert_int_equal(t.wrong_saved, 0);
+  }
+  swiftkv_emu_rt::set_jitter(0, 1);
+}
+
 enum class Asked { finish, load_only, abandon };
 
 void asked_back(Asked how) {
@@ -538,7 +602,7 @@ void asked_back(Asked how) {
         while (!stop.load()) {
           r.cache->maintain();
           if (r.lender->stats().leases == 0) {
-            std::memset(r.lender->memory().data(), 0xEE, r.lender->memory().size());
+            r.lender_writes(0xEE);
             given_back = true;
             return;
           }
@@ -579,10 +643,7 @@ void asked_back(Asked how) {
       assert_int_equal(r.chunk_wrong(tokens, 6, i), 0);
     }
     if (how != Asked::finish) assert_false(r.cache->resident(k[4]));
-    const auto *m = reinterpret_cast<const unsigned char *>(r.lender->memory().data());
-    uint64_t touched = 0;
-    for (uint64_t i = 0; i < r.lender->memory().size(); ++i) touched += m[i] != 0xEE;
-    assert_int_equal(touched, 0);
+    assert_int_equal(r.lender_bytes_not(0xEE), 0);
   }
   swiftkv_emu_rt::set_jitter(0, 1);
 }
@@ -683,6 +744,62 @@ void pools_give_back_their_streams(void **) {
   assert_int_equal(swiftkv_emu_rt::events_alive(), events);
 }
 
+// What a host thread touching device memory itself does here. Device work (a stream's work, a
+// copy, as_device) reads and writes it; where the build guards device memory (ASan), the host
+// reading one byte of cudaMalloc's memory, or of memory marked as a device's, outside device work
+// stops the process with ASan's use-after-poison, as it faults on a device: every other case of
+// this program then fails at the line of the library that did so. Pinned host memory stays the
+// host's. The touch runs in a child, which must die saying so.
+void host_touching_device_memory_stops(void **) {
+  constexpr size_t kBytes = 4096;
+  void *device = nullptr, *pinned = nullptr;
+  assert_int_equal(cudaMalloc(&device, kBytes), cudaSuccess);
+  assert_int_equal(cudaMallocHost(&pinned, kBytes), cudaSuccess);
+  std::vector<unsigned char> marked(kBytes, 3);
+  swiftkv_emu_rt::add_device_memory(marked.data(), kBytes, 0);
+  swiftkv_emu_rt::as_device([&] { std::memset(device, 1, kBytes); });
+  cudaStream_t s = nullptr;
+  assert_int_equal(cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, 0), cudaSuccess);
+  swiftkv_emu_rt::enqueue(s, [device] { static_cast<unsigned char *>(device)[100] = 2; });
+  assert_int_equal(cudaMemcpyAsync(pinned, device, kBytes, cudaMemcpyDeviceToHost, s), cudaSuccess);
+  assert_int_equal(cudaStreamSynchronize(s), cudaSuccess);
+  assert_int_equal(cudaStreamDestroy(s), cudaSuccess);
+  const auto *back = static_cast<const unsigned char *>(pinned);
+  assert_int_equal(back[0], 1);
+  assert_int_equal(back[100], 2);
+  assert_int_equal(cudaMemcpy(pinned, marked.data(), kBytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  assert_int_equal(back[kBytes - 1], 3);
+  if (swiftkv_emu_rt::guarded()) {
+    for (const void *p :
+         {static_cast<const void *>(device), static_cast<const void *>(marked.data())}) {
+      int out[2];
+      assert_int_equal(pipe(out), 0);
+      std::fflush(nullptr);
+      const pid_t child = fork();
+      assert_true(child >= 0);
+      if (child == 0) {
+        dup2(out[1], 2);
+        alarm(60);  // a report that never comes fails the case instead of hanging it
+        const unsigned char byte = static_cast<const volatile unsigned char *>(p)[7];
+        _exit(byte == 255 ? 2 : 0);
+      }
+      close(out[1]);
+      std::string report;
+      char buf[4096];
+      for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) report.append(buf, n);
+      close(out[0]);
+      int status = 0;
+      assert_int_equal(waitpid(child, &status, 0), child);
+      assert_false(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+      assert_true(report.find("use-after-poison") != std::string::npos);
+    }
+  }
+  swiftkv_emu_rt::remove_device_memory(marked.data());
+  marked[0] = 4;  // the host's again
+  assert_int_equal(cudaFree(device), cudaSuccess);
+  assert_int_equal(cudaFreeHost(pinned), cudaSuccess);
+}
+
 }  // namespace
 
 int main() {
@@ -700,12 +817,14 @@ int main() {
       cmocka_unit_test(lent_memory_of_a_peer_device),
       cmocka_unit_test(lent_memory_of_a_device_out_of_reach),
       cmocka_unit_test(lent_lease_lost_during_a_load),
+      cmocka_unit_test(lent_chunks_leave_through_host_copies),
       cmocka_unit_test(lent_memory_asked_back_during_a_request),
       cmocka_unit_test(lent_memory_asked_back_during_a_load),
       cmocka_unit_test(lent_memory_asked_back_from_a_dropped_request),
       cmocka_unit_test(copies_fall_back_when_refused),
       cmocka_unit_test(a_failed_copy_fails_only_its_request),
       cmocka_unit_test(pools_give_back_their_streams),
+      cmocka_unit_test(host_touching_device_memory_stops),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }

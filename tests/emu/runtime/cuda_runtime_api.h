@@ -108,8 +108,15 @@ cudaError_t cudaMemcpyBatchAsync(void **dsts, const void **srcs, const size_t *s
 namespace swiftkv_emu_rt {
 
 // Work for `s` (null: the engine's default stream, one of its own), run in order with the
-// stream's other work.
+// stream's other work, as device work: it may touch device memory.
 void enqueue(cudaStream_t s, std::function<void()> work);
+// Runs `work` on the calling thread as device work (a lender's own writes to its device memory,
+// a test's look at device memory), one at a time with the streams' copies and kernels.
+void as_device(const std::function<void()> &work);
+// Whether device memory is guarded in this build (ASan): the host touching cudaMalloc's memory or
+// memory add_device_memory names, outside device work, stops the process with ASan's
+// use-after-poison, as a device's memory faults.
+bool guarded();
 // Each piece of work sleeps up to max_us microseconds first (0: none), drawn from `seed`.
 void set_jitter(uint32_t max_us, uint64_t seed);
 // `count` devices (1 unless set), all of host memory; with `peer_access` each may read the
@@ -118,6 +125,8 @@ void set_devices(int count, bool peer_access);
 // Marks [p, p + bytes) as memory of `device` (host memory here, as all of it): a kernel of
 // another device may read or write it in place only with peer access, which the kernels'
 // emulated launches check for every chunk they take in place. Memory not marked is any device's.
+// Marked memory is guarded as cudaMalloc's is (guarded()) until remove_device_memory, which must
+// come before the memory is freed or unmapped.
 void add_device_memory(const void *p, size_t bytes, int device);
 void remove_device_memory(const void *p);
 bool reachable(int device, const void *p);

@@ -1,5 +1,8 @@
 // The host emulation of the CUDA runtime's streams, events and copies (cuda_runtime_api.h).
 #include <cuda_runtime_api.h>
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -37,6 +40,68 @@ struct DeviceRange {
 };
 std::vector<DeviceRange> &g_ranges = *new std::vector<DeviceRange>;  // under g_mu
 thread_local int t_device = 0;
+
+// Device memory the host must not touch. Under ASan, every byte of cudaMalloc's memory and of
+// the ranges add_device_memory names is poisoned except while device work runs (a copy, a
+// kernel, an engine's work: DeviceAccess), which holds g_device_mu: a host thread that reads or
+// writes device memory itself, as a real device's memory would fault on, stops there with
+// ASan's use-after-poison and the host's stack. Work of different streams runs one at a time
+// (the streams still run their work in any order the waits allow); host code that touches device
+// memory while a device's work runs goes unseen. Elsewhere nothing is poisoned and nothing held.
+struct Guarded {
+  const void *begin;
+  size_t bytes;
+};
+std::mutex &g_device_mu = *new std::mutex;
+std::vector<Guarded> &g_guarded = *new std::vector<Guarded>;  // under g_device_mu
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kGuard = true;
+void poison(const Guarded &g, bool on) {
+  if (on) {
+    ASAN_POISON_MEMORY_REGION(g.begin, g.bytes);
+  } else {
+    ASAN_UNPOISON_MEMORY_REGION(g.begin, g.bytes);
+  }
+}
+#else
+constexpr bool kGuard = false;
+void poison(const Guarded &, bool) {}
+#endif
+
+// Device work's access to every device's memory, for its lifetime.
+class DeviceAccess {
+ public:
+  DeviceAccess() {
+    if (!kGuard) return;
+    g_device_mu.lock();
+    for (const Guarded &g : g_guarded) poison(g, false);
+  }
+  ~DeviceAccess() {
+    if (!kGuard) return;
+    for (const Guarded &g : g_guarded) poison(g, true);
+    g_device_mu.unlock();
+  }
+  DeviceAccess(const DeviceAccess &) = delete;
+  DeviceAccess &operator=(const DeviceAccess &) = delete;
+};
+
+void guard(const void *p, size_t bytes) {
+  if (!kGuard || bytes == 0) return;
+  std::lock_guard lock(g_device_mu);
+  g_guarded.push_back({p, bytes});
+  poison(g_guarded.back(), true);
+}
+// Gives the range back to the host (for a free or an unmap) if it was guarded.
+void unguard(const void *p) {
+  if (!kGuard) return;
+  std::lock_guard lock(g_device_mu);
+  std::erase_if(g_guarded, [&](const Guarded &g) {
+    if (g.begin != p) return false;
+    poison(g, false);
+    return true;
+  });
+}
 
 // A point in a stream's work: done once the work enqueued before it has run.
 struct Point {
@@ -161,15 +226,25 @@ cudaError_t cudaDeviceCanAccessPeer(int *can, int device, int peer) {
 
 cudaError_t cudaMalloc(void **p, size_t bytes) {
   *p = aligned(bytes);
-  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (*p == nullptr) return cudaErrorMemoryAllocation;
+  guard(*p, bytes);
+  return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+  unguard(p);
   std::free(p);
   return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t bytes) { return cudaMalloc(p, bytes); }
-cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) { return cudaMalloc(p, bytes); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+// Pinned host memory: the host's to touch.
+cudaError_t cudaMallocHost(void **p, size_t bytes) {
+  *p = aligned(bytes);
+  return *p != nullptr ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned) { return cudaMallocHost(p, bytes); }
+cudaError_t cudaFreeHost(void *p) {
+  std::free(p);
+  return cudaSuccess;
+}
 cudaError_t cudaHostRegister(void *, size_t, unsigned) { return cudaSuccess; }
 cudaError_t cudaHostUnregister(void *) { return cudaSuccess; }
 
@@ -226,6 +301,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t e) {
 }
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, cudaMemcpyKind) {
+  DeviceAccess device;
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -235,7 +311,10 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, cudaMemcpy
   while (n > 0 && !g_fail_in.compare_exchange_weak(n, n - 1)) {
   }
   if (n == 1) return cudaErrorInvalidValue;
-  stream_of(s).push([=] { std::memcpy(dst, src, bytes); });
+  stream_of(s).push([=] {
+    DeviceAccess device;
+    std::memcpy(dst, src, bytes);
+  });
   return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
@@ -246,6 +325,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     return cudaErrorInvalidValue;
   }
   stream_of(s).push([=] {
+    DeviceAccess device;
     for (size_t r = 0; r < height; ++r) {
       std::memcpy(static_cast<char *>(dst) + r * dpitch,
                   static_cast<const char *>(src) + r * spitch, width);
@@ -263,6 +343,7 @@ cudaError_t cudaMemcpyBatchAsync(void **dsts, const void **srcs, const size_t *s
   std::vector<const void *> f(srcs, srcs + count);
   std::vector<size_t> n(sizes, sizes + count);
   stream_of(s).push([d = std::move(d), f = std::move(f), n = std::move(n)] {
+    DeviceAccess device;
     for (size_t i = 0; i < d.size(); ++i) std::memcpy(d[i], f[i], n[i]);
   });
   return cudaSuccess;
@@ -270,7 +351,17 @@ cudaError_t cudaMemcpyBatchAsync(void **dsts, const void **srcs, const size_t *s
 
 namespace swiftkv_emu_rt {
 
-void enqueue(cudaStream_t s, std::function<void()> work) { stream_of(s).push(std::move(work)); }
+void enqueue(cudaStream_t s, std::function<void()> work) {
+  stream_of(s).push([work = std::move(work)] {
+    DeviceAccess device;
+    work();
+  });
+}
+void as_device(const std::function<void()> &work) {
+  DeviceAccess device;
+  work();
+}
+bool guarded() { return kGuard; }
 void set_jitter(uint32_t max_us, uint64_t seed) {
   g_jitter_us = max_us;
   g_seed = seed;
@@ -280,10 +371,14 @@ void set_devices(int count, bool peer_access) {
   g_peer_access = peer_access;
 }
 void add_device_memory(const void *p, size_t bytes, int device) {
-  std::lock_guard lock(g_mu);
-  g_ranges.push_back({static_cast<const char *>(p), bytes, device});
+  {
+    std::lock_guard lock(g_mu);
+    g_ranges.push_back({static_cast<const char *>(p), bytes, device});
+  }
+  guard(p, bytes);
 }
 void remove_device_memory(const void *p) {
+  unguard(p);
   std::lock_guard lock(g_mu);
   std::erase_if(g_ranges, [&](const DeviceRange &r) { return r.begin == p; });
 }
