@@ -26,9 +26,10 @@
 // into a host pool beside a memcpy), and the layer-wise pipeline over such lent memory
 // (measure_peer_overlap); and the decode kernel alone
 // (kivi and fp8 layers in device staging decoded into scattered NHD pages, and HND ones of 16
-// tokens, checked against its CPU twin) beside a device-to-device copy of the decoded bytes; and
-// a load's and a save's bytes moved between pinned host memory and the device in each way a
-// transfer engine can, beside one large copy (measure_copy_paths; --copy-paths alone).
+// tokens, also at head dims 80 and 96, checked against its CPU twin) beside a device-to-device copy
+// of the decoded bytes; and a load's and a save's bytes moved between pinned host memory and the
+// device in each way a transfer engine can, beside one large copy (measure_copy_paths; --copy-paths
+// alone).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -1060,6 +1061,7 @@ struct DecodeRow {
   std::string codec;
   const char *layout;  // nhd or hnd
   uint32_t page;
+  uint32_t head_dim;
   double ratio;
   Rate decode, copy;
   bool exact;
@@ -1068,12 +1070,14 @@ struct DecodeRow {
 };
 
 DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &params,
-                         const char *layout, uint32_t page, uint32_t chunks, int reps) {
+                         const char *layout, uint32_t page, uint32_t chunks, int reps,
+                         uint32_t dim = kDim) {
   namespace cd = swiftkv::codec;
-  const cd::ChunkShape shape{1, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+  const cd::ChunkShape shape{1, kChunk, kHeads, dim, SWIFTKV_DTYPE_F16};
+  const uint64_t piece = shape.bytes();  // one layer of one chunk, decoded
   std::vector<std::byte> raw(shape.bytes());
   for (uint64_t e = 0; e < shape.elements(); ++e) {
-    const uint64_t ch = e % (uint64_t{kHeads} * kDim), t = e / (uint64_t{kHeads} * kDim);
+    const uint64_t ch = e % (uint64_t{kHeads} * dim), t = e / (uint64_t{kHeads} * dim);
     const float x = 0.25f * static_cast<float>(ch % 13) - 1.5f +
                     0.1f * std::sin(0.05f * static_cast<float>(t) + static_cast<float>(ch));
     const uint16_t b = cd::float_to_element(x, SWIFTKV_DTYPE_F16);
@@ -1092,11 +1096,11 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
     std::memcpy(staging.data() + i * slot, frame.data() + cd::kFrameHeaderBytes, payload);
   }
   const uint32_t pages = chunks * (kChunk / page);
-  const int64_t b = page, h = kHeads, d = kDim;
-  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks);
+  const int64_t b = page, h = kHeads, d = dim;
+  const std::vector<swiftkv::CopyItem> items = kernel_items(layout, page, chunks, dim);
   std::vector<swiftkv::ChunkSource> table(chunks);
   for (uint32_t i = 0; i < chunks; ++i) table[i] = swiftkv::ChunkSource{0, i * slot, encoding, 0};
-  const uint64_t bytes = kLayerPiece * chunks;
+  const uint64_t bytes = piece * chunks;
   const uint64_t pool_bytes = uint64_t{pages} * 2 * b * h * d * 2;
   void *src = nullptr, *dst = nullptr, *pool = nullptr, *d_staging = nullptr, *d_items = nullptr,
        *d_chunks = nullptr;
@@ -1158,7 +1162,8 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
   DecodeRow row{name,
                 layout,
                 page,
-                static_cast<double>(kLayerPiece) / static_cast<double>(payload),
+                dim,
+                static_cast<double>(piece) / static_cast<double>(payload),
                 rate_of(td, moved),
                 rate_of(tc, moved),
                 exact(decode),
@@ -1361,29 +1366,30 @@ void print_copy_paths(const std::vector<CopyPathRow> &rows, uint32_t chunks, int
 
 void print_decode(const std::vector<DecodeRow> &rows, uint32_t chunks, int reps) {
   std::printf(
-      "\ndecode kernel on the device, %u chunks of one %llu-byte layer piece decoded from device "
-      "staging into NHD or HND pages, GB/s of decoded bytes, median/best of %d, beside a "
-      "device-to-device copy of the decoded bytes:\n",
-      chunks, static_cast<unsigned long long>(kLayerPiece), reps);
-  std::printf("%-12s %-6s %5s %6s %-7s %16s %16s %8s %s\n", "codec", "layout", "page", "ratio",
-              "launch", "decode", "device copy", "de/copy", "CPU twin");
+      "\ndecode kernel on the device, %u chunks of one layer piece (%llu bytes at head dim %u) "
+      "decoded from device staging into NHD or HND pages, GB/s of decoded bytes, median/best of "
+      "%d, beside a device-to-device copy of the decoded bytes:\n",
+      chunks, static_cast<unsigned long long>(kLayerPiece), kDim, reps);
+  std::printf("%-12s %-6s %5s %4s %6s %-7s %16s %16s %8s %s\n", "codec", "layout", "page", "dim",
+              "ratio", "launch", "decode", "device copy", "de/copy", "CPU twin");
   for (const DecodeRow &r : rows) {
     for (const bool ahead : {false, true}) {
       const Rate &d = ahead ? r.decode_ahead : r.decode;
-      std::printf("%-12s %-6s %5u %6.2f %-7s %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %s\n", r.codec.c_str(),
-                  r.layout, r.page, r.ratio, ahead ? "ahead" : "spread", d.med, d.best, r.copy.med,
-                  r.copy.best, d.med / r.copy.med,
-                  (ahead ? r.exact_ahead : r.exact) ? "bit-exact" : "DIFFERS");
+      std::printf("%-12s %-6s %5u %4u %6.2f %-7s %7.1f/%7.1f  %7.1f/%7.1f  %8.2f %s\n",
+                  r.codec.c_str(), r.layout, r.page, r.head_dim, r.ratio,
+                  ahead ? "ahead" : "spread", d.med, d.best, r.copy.med, r.copy.best,
+                  d.med / r.copy.med, (ahead ? r.exact_ahead : r.exact) ? "bit-exact" : "DIFFERS");
     }
   }
   std::printf("{\"bench\":\"decode_kernel\",\"reps\":%d,\"rows\":[", reps);
   for (size_t i = 0; i < rows.size(); ++i) {
     const DecodeRow &r = rows[i];
     std::printf(
-        "%s{\"codec\":\"%s\",\"layout\":\"%s\",\"page\":%u,\"ratio\":%.3f,"
-        "\"decode_gbs\":%.2f,\"decode_ahead_gbs\":%.2f,\"copy_gbs\":%.2f,\"exact\":%s}",
-        i ? "," : "", r.codec.c_str(), r.layout, r.page, r.ratio, r.decode.med, r.decode_ahead.med,
-        r.copy.med, r.exact && r.exact_ahead ? "true" : "false");
+        "%s{\"codec\":\"%s\",\"layout\":\"%s\",\"page\":%u,\"head_dim\":%u,"
+        "\"ratio\":%.3f,\"decode_gbs\":%.2f,\"decode_ahead_gbs\":%.2f,\"copy_gbs\":%.2f,"
+        "\"exact\":%s}",
+        i ? "," : "", r.codec.c_str(), r.layout, r.page, r.head_dim, r.ratio, r.decode.med,
+        r.decode_ahead.med, r.copy.med, r.exact && r.exact_ahead ? "true" : "false");
   }
   std::printf("]}\n");
 }
@@ -1968,6 +1974,13 @@ int kernel_tables(uint32_t chunks, int reps) {
   // HND pages: each item a head's 128 elements of one token (256 bytes, 16 groups of eight).
   for (const auto &[name, params] : codecs) {
     decode_rows.push_back(measure_decode(name, params, "hnd", 16, std::max(chunks, 64u), reps));
+  }
+  // And at head dims 80 and 96: rows of 10 and 12 groups, 3 and 2 of them a step.
+  for (uint32_t dim : {80u, 96u}) {
+    for (size_t c : {size_t{1}, size_t{3}}) {  // kivi-4 g32, fp8
+      decode_rows.push_back(measure_decode(codecs[c].first, codecs[c].second, "hnd", 16,
+                                           std::max(chunks, 64u), reps, dim));
+    }
   }
   print_decode(decode_rows, std::max(chunks, 64u), reps);
   for (const DecodeRow &r : decode_rows) {

@@ -258,21 +258,24 @@ __device__ inline void decode_row_elements(const unsigned char *__restrict__ pay
   }
 }
 
-// Where an item's rows are shorter than 32 groups of eight and all take groups (an HND page's
-// head of one token: 16), its rows go 32 / groups at a time, each by its share of the lanes:
-// the warp's first row `row`, its `step`, and `lane` made the group's in its row. Every row then
-// takes groups, its first element and its page staying multiples of 8 and 16. Else row 0, step
-// 1 and the lane unchanged.
+// Where an item's rows are at most 16 groups of eight and all take groups (an HND page's head
+// of one token: 16 at head dim 128, 10 at 80, 12 at 96), its rows go 32 / groups at a time, each
+// by its share of the lanes: the warp's first row `row`, its `step`, and `lane` made the group's
+// in its row. Where the groups do not divide 32, the lanes past the last whole row (2 at 10
+// groups, 8 at 12) keep a lane past their row's groups, so they decode nothing (an idle-lane
+// test of its own lengthened the spread launch's loops on sm_90 by up to 9 instructions). Every
+// row then takes groups, its first element and its page staying multiples of 8 and 16. Else
+// row 0, step 1 and the lane unchanged.
 __device__ inline void span_short_rows(const CopyItem &it, unsigned char *pages,
                                        const codec::LayerShape &shape, uint32_t &row,
                                        uint32_t &step, uint32_t &lane) {
   const uint32_t row_groups = it.bytes / 16;
-  if (it.rows > 1 && it.bytes % 16 == 0 && row_groups < 32 && 32 % row_groups == 0 &&
+  if (it.rows > 1 && it.bytes % 16 == 0 && row_groups != 0 && row_groups <= 16 &&
       it.page_stride % 16 == 0 && it.piece_stride % 16 == 0 &&
       row_takes_groups(shape, decode_row_at(it, pages, 0))) {
     row = lane / row_groups;
     step = 32 / row_groups;
-    lane %= row_groups;
+    lane -= min(row, step - 1) * row_groups;
   }
 }
 

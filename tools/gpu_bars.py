@@ -112,7 +112,8 @@ def decode_rows(t, d):
             total += 1
             ahead_wins += r["decode_ahead_gbs"] > r["decode_gbs"]
         layout = "HND " if r.get("layout") == "hnd" else ""
-        t.add(f"decode kernel, {r['codec']}, {layout}{r['page']}-token pages / device copy",
+        dim = f", head dim {r['head_dim']}" if r.get("head_dim", 128) != 128 else ""
+        t.add(f"decode kernel, {r['codec']}, {layout}{r['page']}-token pages{dim} / device copy",
               ratio(r["decode_gbs"], r["copy_gbs"]), 0.80, note=note)
     return ahead_wins, total
 

@@ -41,7 +41,8 @@ RATE_TO_GBS = {"byte/s": 1e-9, "Kbyte/s": 1e-6, "Mbyte/s": 1e-3, "Gbyte/s": 1.0,
 # the cycle; measure_decode then launches each kind once more for its exactness check). The copy
 # rows past "hnd 256" are named as on a device with VMM (bench_transfer leaves the vmm rows out
 # where it has none); device-profile.sh profiles only the four before them by default
-# (COPY_LAUNCHES=192 takes every row, the HND rows of head dims 80 and 96 last).
+# (COPY_LAUNCHES=192 takes every row, the HND rows of head dims 80 and 96 last); of the decode
+# rows, the first 12 (DECODE_LAUNCHES=160 adds the four HND rows of head dims 80 and 96).
 CODECS = ["kivi-8 g32", "kivi-4 g32", "kivi-2 g32", "fp8 e4m3"]
 BENCHES = {
     "copy": {
@@ -54,7 +55,8 @@ BENCHES = {
     },
     "decode": {
         "rows": [f"{c}, nhd {p}" for c in CODECS for p in (16, 256)] +
-                [f"{c}, hnd 16" for c in CODECS],
+                [f"{c}, hnd 16" for c in CODECS] +
+                [f"{c}, hnd 16 dim {d}" for d in (80, 96) for c in (CODECS[1], CODECS[3])],
         "cycle": [("spread", "decode_items"), ("ahead", "decode_items_ahead")],
         "per_row": 10,
     },

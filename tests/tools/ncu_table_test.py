@@ -100,6 +100,13 @@ with tempfile.TemporaryDirectory() as d:
     assert cells(out, "kivi-8 g32, nhd 16, spread (5)")[4] == "24.0", out
     assert cells(out, "kivi-8 g32, nhd 16, ahead (5)")[4] == "25.0"
     assert cells(out, "kivi-8 g32, nhd 256, spread (1)")[4] == "30.0"
+    # Every decode row (16 of 10 launches): the last is fp8 into HND pages at head dim 96.
+    make(dec, [("decode_items" if i % 2 == 0 else "decode_items_ahead", 20 + i // 10)
+               for i in range(160)])
+    out = run(dec, "--bench", "decode")
+    assert cells(out, "fp8 e4m3, hnd 16 dim 96, ahead (5)")[1:5] == [
+        "decode_items_ahead", "256", "80", "35.0"], out
+    assert cells(out, "kivi-4 g32, hnd 16 dim 80, spread (5)")[4] == "32.0"
     # Another order is refused, naming the launch: the decode file read as copy rows, and the
     # H200 run's file (before the ahead launch).
     assert "launch 0 is decode_items" in run(dec, "--bench", "copy", ok=False)

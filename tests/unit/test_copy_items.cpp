@@ -390,11 +390,14 @@ void encoded_chunks_decode_into_the_plans_pages(void **) {
   // in one load of its size (codec::layer_words_aligned), else byte by byte where unaligned.
   // HND items are a page's tokens of one head, rows of fewer than 32 groups, which the spread
   // launch decodes several at a time: 2 groups a row (16 rows a step), 16 (2 rows a step, 8
-  // steps), and 4 with 12 rows (8 rows a step, the second step partial).
+  // steps), and 4 with 12 rows (8 rows a step, the second step partial); and rows of 10 and 12
+  // groups (head dims 80 and 96), 3 and 2 rows a step (30 and 24 lanes busy; 16 rows, the last
+  // step partial at 10).
   const Case cases[] = {
       {Kind::nhd, 16, 2, 64, 2},         {Kind::hnd, 16, 3, 16, 2},  {Kind::vllm, 8, 2, 24, 2},
       {Kind::cross_layer, 16, 2, 32, 2}, {Kind::nhd, 4, 3, 5, 2},    {Kind::hnd, 8, 1, 12, 2},
-      {Kind::nhd, 2, 1, 8, 2},           {Kind::hnd, 16, 2, 128, 2}, {Kind::hnd, 12, 2, 32, 2}};
+      {Kind::nhd, 2, 1, 8, 2},           {Kind::hnd, 16, 2, 128, 2}, {Kind::hnd, 12, 2, 32, 2},
+      {Kind::hnd, 16, 2, 80, 2},         {Kind::hnd, 16, 1, 96, 2}};
   const CodecParams codecs[] = {{Codec::kivi, 8, 8},   {Codec::kivi, 4, 32}, {Codec::kivi, 2, 16},
                                 {Codec::kivi, 2, 256}, {Codec::fp8, 0, 0},   {Codec::raw, 0, 0}};
   constexpr uint32_t kLayers = 3, kLayer = 2;
