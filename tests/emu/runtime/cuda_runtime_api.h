@@ -111,7 +111,8 @@ namespace swiftkv_emu_rt {
 // stream's other work, as device work: it may touch device memory.
 void enqueue(cudaStream_t s, std::function<void()> work);
 // Runs `work` on the calling thread as device work (a lender's own writes to its device memory,
-// a test's look at device memory), one at a time with the streams' copies and kernels.
+// a test's look at device memory), one at a time with the streams' copies and kernels. Neither
+// it nor an enqueued work may call this runtime (under ASan that waits on itself).
 void as_device(const std::function<void()> &work);
 // Whether device memory is guarded in this build (ASan): the host touching cudaMalloc's memory or
 // memory add_device_memory names, outside device work, stops the process with ASan's
