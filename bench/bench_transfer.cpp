@@ -72,7 +72,9 @@ bool bench_spin_on_stream(double seconds, void *stream, uint64_t *stamps);  // s
 namespace {
 
 constexpr uint32_t kLayers = 8, kHeads = 8, kDim = 128, kChunk = 256;
-constexpr uint64_t kLayerPiece = 2ull * kChunk * kHeads * kDim * 2;  // bytes, F16
+// One layer of one chunk, F16, [2, T, H, D], in bytes.
+constexpr uint64_t layer_piece_bytes(uint32_t dim) { return 2ull * kChunk * kHeads * dim * 2; }
+constexpr uint64_t kLayerPiece = layer_piece_bytes(kDim);
 constexpr uint32_t kBatchRequests = 64;  // the requests of a decode step, for the hook figures
 
 double now_s() {
@@ -978,8 +980,7 @@ std::vector<swiftkv::CopyItem> kernel_items(const char *layout, uint32_t page, u
 
 KernelRow measure_kernel(const char *layout, uint32_t page, uint32_t chunks, int reps,
                          KernelChunks where = KernelChunks::malloc, uint32_t dim = kDim) {
-  // one layer of one chunk, F16, [2, T, H, D]
-  const uint64_t piece = uint64_t{2} * kChunk * kHeads * dim * 2;
+  const uint64_t piece = layer_piece_bytes(dim);
   const uint64_t bytes = piece * chunks;
   const uint64_t chunk_stride = where == KernelChunks::layer_of_8 ? piece * kLayers : piece;
   const uint32_t pages = chunks * (kChunk / page);
@@ -1074,7 +1075,7 @@ DecodeRow measure_decode(const char *name, const swiftkv::codec::CodecParams &pa
                          uint32_t dim = kDim) {
   namespace cd = swiftkv::codec;
   const cd::ChunkShape shape{1, kChunk, kHeads, dim, SWIFTKV_DTYPE_F16};
-  const uint64_t piece = shape.bytes();  // one layer of one chunk, decoded
+  const uint64_t piece = layer_piece_bytes(dim);  // decoded
   std::vector<std::byte> raw(shape.bytes());
   for (uint64_t e = 0; e < shape.elements(); ++e) {
     const uint64_t ch = e % (uint64_t{kHeads} * dim), t = e / (uint64_t{kHeads} * dim);

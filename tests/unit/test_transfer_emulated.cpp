@@ -265,14 +265,18 @@ struct Rig {
     swiftkv::chunk_keys(k.data(), fp, tokens.data(), tokens.size(), kChunk);
     return k;
   }
+  // The model's compression settings: its chunk shape, lossy chunks accepted, no fixed codec.
+  static swiftkv::ModelCompression lossy_compression() {
+    swiftkv::ModelCompression m;
+    m.shape = swiftkv::codec::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
+    m.accept_lossy = true;
+    return m;
+  }
   // Stores the chunk of `key` encoded: kivi of `bits` in groups of `group`, or fp8 where bits is
   // 0. The model accepts lossy chunks from the first call on.
   void encode(const ChunkKey &key, uint32_t bits, uint32_t group = 0) {
     namespace cd = swiftkv::codec;
-    swiftkv::ModelCompression m;
-    m.shape = cd::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
-    m.accept_lossy = true;
-    cache->set_compression(fp, m);
+    cache->set_compression(fp, lossy_compression());
     cd::CodecParams p;
     p.codec = bits == 0 ? cd::Codec::fp8 : cd::Codec::kivi;
     p.bits = bits;
@@ -530,15 +534,6 @@ void lent_lease_lost_during_a_load(void **) {
   swiftkv_emu_rt::set_jitter(0, 1);
 }
 
-// The lender asks its memory back while a request loads from it and saves into it, the
-// borrower's maintenance running all along on another thread, and the lender writes over the
-// memory as soon as the lease is given back. The lease may go only once no copy reads or writes
-// it: every layer loads whole and right, the new chunks are saved, everything ends up in host
-// memory byte for byte, and the lender's bytes are never touched after it got them back. A
-// request that only loads holds the lease by its reads alone (the chunks move to host memory
-// while it reads them; the old copies stay until it ends); one that the engine drops after
-// save_layer(k) without wait_save, as an engine that cancels it does, must still wait for the
-// gathers it queued before the reserved slots go.
 // Chunks saved into lent device memory leave it through the host's copies of device memory
 // (copy_bytes): one to host memory, one to disk as it is (through host memory), two to disk
 // re-encoded on the way (kivi-4, the disk tier's codec from then on: read out of lent memory,
@@ -558,9 +553,7 @@ void lent_chunks_leave_through_host_copies(void **) {
     const std::span<const ChunkKey> ks(k);
     assert_int_equal(r.cache->move(ks.subspan(0, 1), swiftkv::Tier::host), 1);
     assert_int_equal(r.cache->move(ks.subspan(1, 1), swiftkv::Tier::disk), 1);
-    swiftkv::ModelCompression m;
-    m.shape = swiftkv::codec::ChunkShape{kLayers, kChunk, kHeads, kDim, SWIFTKV_DTYPE_F16};
-    m.accept_lossy = true;
+    swiftkv::ModelCompression m = Rig::lossy_compression();
     m.fixed[swiftkv::tier_slot(swiftkv::Tier::disk)] =
         swiftkv::codec::CodecParams{swiftkv::codec::Codec::kivi, 4, 32};
     r.cache->set_compression(r.fp, m);
@@ -580,6 +573,15 @@ void lent_chunks_leave_through_host_copies(void **) {
   swiftkv_emu_rt::set_jitter(0, 1);
 }
 
+// The lender asks its memory back while a request loads from it and saves into it, the
+// borrower's maintenance running all along on another thread, and the lender writes over the
+// memory as soon as the lease is given back. The lease may go only once no copy reads or writes
+// it: every layer loads whole and right, the new chunks are saved, everything ends up in host
+// memory byte for byte, and the lender's bytes are never touched after it got them back. A
+// request that only loads holds the lease by its reads alone (the chunks move to host memory
+// while it reads them; the old copies stay until it ends); one that the engine drops after
+// save_layer(k) without wait_save, as an engine that cancels it does, must still wait for the
+// gathers it queued before the reserved slots go.
 enum class Asked { finish, load_only, abandon };
 
 void asked_back(Asked how) {
