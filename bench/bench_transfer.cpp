@@ -1951,7 +1951,7 @@ int kernel_tables(uint32_t chunks, int reps) {
     }
   }
   // HND rows of head dims that are no power of two words (80: 10 words, 96: 12), which the
-  // kernel walks by division where 64, 128 and 256 take shifts.
+  // kernel walks by a multiply and shift from a reciprocal where 64, 128 and 256 take shifts.
   for (uint32_t dim : {80u, 96u}) {
     for (uint32_t page : {16u, 256u}) {
       kernel_rows.push_back(

@@ -74,11 +74,21 @@ __device__ inline void copy_item(const CopyItem &it, const ChunkSource &c, uint3
       col = lane & mask;
       q = 32 >> shift;
       r = 32 & mask;
-    } else if (rows > 1) {
-      row = lane / row_words;
-      col = lane % row_words;
-      q = 32 / row_words;
-      r = 32 % row_words;
+    } else if (rows > 1 && row_words < 32) {
+      // Other rows shorter than a warp step (HND rows of head dims 80 and 96: 10 and 12 words):
+      // lane / row_words and 32 / row_words as (x * m) >> 16 with m = ceil(2^16 / row_words), not
+      // two integer divisions of about 20 instructions each. m comes from a float reciprocal
+      // within 2 ulp: 2^16 times it is within 0.006 of 2^16 / row_words, which is at least 1/31
+      // from a whole number (row_words has an odd factor), so it rounds up to m. Then for x <= 32
+      // x * m / 2^16 exceeds x / row_words by under 32 / 2^16, less than the 1/31 that any
+      // quotient that is not whole lacks of the next: the shift truncates to x / row_words.
+      // Longer rows keep the one-row walk: q = 0, r = 32.
+      const uint32_t m =
+          static_cast<uint32_t>(ceilf(65536.0f * __fdividef(1.0f, static_cast<float>(row_words))));
+      row = (lane * m) >> 16;
+      col = lane - row * row_words;
+      q = m >> 11;
+      r = 32 - q * row_words;
     }
     const uint32_t first_row = row, first_col = col;
     uint4 v[kWordsPerLane];

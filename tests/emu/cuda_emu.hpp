@@ -435,6 +435,11 @@ inline __half2_raw __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t x,
 inline int __ffs(int x) {  // the least significant set bit's position from 1; 0 for none
   return x == 0 ? 0 : __builtin_ctz(static_cast<unsigned>(x)) + 1;
 }
+// The device's fast division is within 2 ulp of the quotient: here always 2 ulp toward zero,
+// the side where a quotient truncated to an integer goes wrong.
+inline float __fdividef(float a, float b) {
+  return std::nextafter(std::nextafter(a / b, 0.0f), 0.0f);
+}
 inline unsigned __umulhi(unsigned a, unsigned b) {
   return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
 }

@@ -590,6 +590,54 @@ void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
 }
 #endif
 
+#if defined(SWIFTKV_TEST_EMULATION)
+// Items of rows of every length a warp step can end inside (1 to 31 words, where the kernel
+// finds a lane's first word and a step's rows by its float reciprocal unless the length is a
+// power of two), longer ones, and 1, 2, 3 and as many rows as fit, at strides past the row: both
+// launches move exactly the twin's bytes, both ways. A quotient one off at any length fails.
+void rows_of_every_length_move_as_the_twin_moves_them(void **) {
+  std::mt19937_64 rng(80);
+  std::vector<uint32_t> lengths;
+  for (uint32_t w = 1; w <= 48; ++w) lengths.push_back(w);
+  for (const uint32_t w : {63u, 96u, 100u, 128u, 240u, 256u}) lengths.push_back(w);
+  std::vector<CopyItem> items;
+  uint64_t page_at = 0, piece_at = 0;
+  for (const uint32_t w : lengths) {
+    const uint32_t most = swiftkv::kItemBytes / (16 * w);
+    for (const uint32_t rows : {1u, 2u, 3u, most}) {
+      if (rows > most) continue;
+      const uint32_t bytes = 16 * w;
+      const uint32_t page_stride = rows > 1 ? bytes + 16 * static_cast<uint32_t>(rng() % 3) : 0;
+      const uint32_t piece_stride = rows > 1 ? bytes + 16 * static_cast<uint32_t>(rng() % 3) : 0;
+      items.push_back(CopyItem{page_at, piece_at, 0, static_cast<uint16_t>(bytes),
+                               static_cast<uint16_t>(rows), page_stride, piece_stride});
+      page_at += uint64_t{rows - 1} * page_stride + bytes;
+      piece_at += uint64_t{rows - 1} * piece_stride + bytes;
+    }
+  }
+  const ChunkSource source{0, 0, 0, 0};
+  const auto n = static_cast<uint32_t>(items.size());
+  const std::vector<std::byte> pages = random_bytes(rng, page_at);
+  const std::vector<std::byte> staging = random_bytes(rng, piece_at);
+  for (const bool scatter : {true, false}) {
+    std::vector<std::byte> twin_pages = pages, twin_staging = staging;
+    swiftkv::copy_items_cpu(items.data(), n, &source, 0, 0, twin_staging.data(), twin_pages.data(),
+                            scatter);
+    // The twin moved something: the side written differs from where it started.
+    assert_true(scatter ? twin_pages != pages : twin_staging != staging);
+    for (const bool ahead : {false, true}) {
+      std::vector<std::byte> emu_pages = pages, emu_staging = staging;
+      kernel_emulation::run_copy_items(kEmuGrid, items.data(), n, &source, 0,
+                                       reinterpret_cast<unsigned char *>(emu_staging.data()),
+                                       reinterpret_cast<unsigned char *>(emu_pages.data()), scatter,
+                                       ahead, {static_cast<uint64_t>(rng())});
+      assert_true(emu_pages == twin_pages);
+      assert_true(emu_staging == twin_staging);
+    }
+  }
+}
+#endif
+
 // The decoder's division by a layer's row and channel counts (codec::Divisor) is exact for every
 // 32-bit dividend: each divisor up to 2^12, and the powers of two, their neighbours and the
 // largest divisors, at the dividends where a quotient steps (k d - 1, k d) near 0, near 2^31 and
@@ -708,6 +756,7 @@ int main() {
     cmocka_unit_test(words_are_read_whole_where_the_layout_aligns_them),
     cmocka_unit_test(a_divisor_divides_every_32_bit_dividend_exactly),
 #if defined(SWIFTKV_TEST_EMULATION)
+    cmocka_unit_test(rows_of_every_length_move_as_the_twin_moves_them),
     cmocka_unit_test(a_layer_at_the_device_limit_decodes_as_on_the_host),
 #endif
   };
