@@ -592,9 +592,10 @@ void a_layer_at_the_device_limit_decodes_as_on_the_host(void **) {
 
 #if defined(SWIFTKV_TEST_EMULATION)
 // Items of rows of every length a warp step can end inside (1 to 31 words, where the kernel
-// finds a lane's first word and a step's rows by its float reciprocal unless the length is a
-// power of two), longer ones, and 1, 2, 3 and as many rows as fit, at strides past the row: both
-// launches move exactly the twin's bytes, both ways. A quotient one off at any length fails.
+// finds a lane's first word and a step's rows by a multiplier made from a float reciprocal unless
+// the length is a power of two), longer ones, and 1, 2, 3 and as many rows as fit, at strides past
+// the row: both launches move exactly the twin's bytes, both ways. A quotient one off at any
+// length fails.
 void rows_of_every_length_move_as_the_twin_moves_them(void **) {
   std::mt19937_64 rng(80);
   std::vector<uint32_t> lengths;
