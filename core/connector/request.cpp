@@ -7,6 +7,7 @@
 
 #include "core/codec/chunk_codec.hpp"
 #include "core/common/error.hpp"
+#include "core/common/nontemporal_copy.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/transfer/copy_runs.hpp"
 
@@ -23,6 +24,7 @@ Request::Request(ChunkCache &cache, CpuExecutor &exec, std::shared_ptr<const KvP
   load_left_.assign(layers_, 0);
   save_left_.assign(layers_, 0);
   load_submitted_.assign(layers_, false);
+  if (!device()) host_stores_ = host_stores_choice();
   // What is held so far is given back by the members' destructors if a stage throws.
   hold_loads(sizes);
   reserve_saves(sizes);
@@ -244,7 +246,16 @@ void Request::fail_chunk(size_t i) {
   }
 }
 
-void Request::load_task(uint32_t layer, size_t i) {
+bool Request::layer_nontemporal(size_t chunks) const noexcept {
+  switch (host_stores_) {
+    case HostStores::cached: return false;
+    case HostStores::nontemporal: return true;
+    case HostStores::automatic: break;
+  }
+  return nontemporal_pays(chunks * piece_bytes_ / std::max(exec_.threads(), 1u));
+}
+
+void Request::load_task(uint32_t layer, size_t i, bool nontemporal) {
   if (i >= first_failed_.load()) return;  // past the valid prefix: the engine recomputes it
   LoadChunk &c = *loads_[i];
   const bool lent_memory = lent(c.use.where.tier);  // peer or remote: checked around the copy
@@ -262,7 +273,7 @@ void Request::load_task(uint32_t layer, size_t i) {
       src = bounce.data();
     }
   }
-  scatter_piece(c.plan, src, pool_->layout().layer_base[layer]);
+  scatter_piece(c.plan, src, pool_->layout().layer_base[layer], nontemporal);
   // Checked again after the copy: a range lost during it may have held the lender's bytes.
   if (lent_memory && !cache_.readable(c.use.where)) fail_chunk(i);
 }
@@ -289,10 +300,11 @@ void Request::submit_load_locked(uint32_t layer) {
     return;
   }
   load_left_[layer] = static_cast<uint32_t>(loads_.size());
+  const bool nontemporal = layer_nontemporal(loads_.size());
   for (size_t i = 0; i < loads_.size(); ++i) {
     ++tasks_in_flight_;
-    exec_.submit(CpuExecutor::Lane::load, [this, layer, i] {
-      load_task(layer, i);
+    exec_.submit(CpuExecutor::Lane::load, [this, layer, i, nontemporal] {
+      load_task(layer, i, nontemporal);
       task_done(true, layer);
     });
   }
@@ -304,11 +316,13 @@ void Request::submit_save_locked(uint32_t layer) {
     return;
   }
   save_left_[layer] = static_cast<uint32_t>(saves_.size());
+  const bool nontemporal = layer_nontemporal(saves_.size());
   for (size_t i = 0; i < saves_.size(); ++i) {
     ++tasks_in_flight_;
-    exec_.submit(CpuExecutor::Lane::save, [this, layer, i] {
+    exec_.submit(CpuExecutor::Lane::save, [this, layer, i, nontemporal] {
       SaveChunk &s = *saves_[i];
-      gather_piece(s.plan, pool_->layout().layer_base[layer], s.dst + layer * piece_bytes_);
+      gather_piece(s.plan, pool_->layout().layer_base[layer], s.dst + layer * piece_bytes_,
+                   nontemporal);
       task_done(false, layer);
     });
   }

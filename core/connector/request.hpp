@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/common/nontemporal_copy.hpp"
 #include "core/pool/kv_pool.hpp"
 #include "core/tiers/chunk_cache.hpp"
 #include "core/transfer/copy_plan.hpp"
@@ -152,7 +153,10 @@ class Request {
 
   void submit_load_locked(uint32_t layer);
   void submit_save_locked(uint32_t layer);
-  void load_task(uint32_t layer, size_t i);
+  // Whether a layer's copies of `chunks` chunks go around the cache: as host_stores_ says, and
+  // under `auto` where nontemporal_pays for one copy thread's share of them.
+  bool layer_nontemporal(size_t chunks) const noexcept;
+  void load_task(uint32_t layer, size_t i, bool nontemporal);
   bool stage(LoadChunk &c);
   // stage() for several chunks at once: those one lender holds are read in one batch.
   void stage_many(std::span<LoadChunk *const> chunks);
@@ -177,6 +181,7 @@ class Request {
   const std::shared_ptr<const KvPool> pool_;
   const RequestSpec spec_;
   uint64_t piece_bytes_ = 0;
+  HostStores host_stores_ = HostStores::automatic;  // SWIFTKV_HOST_STORES at begin (host pools)
   uint64_t chunk_tokens_ = 0;
   uint32_t layers_ = 0;
   // Declared before dev_, so that they go after it (its copies read held chunks and write

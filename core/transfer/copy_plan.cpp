@@ -1,8 +1,11 @@
-// Building per-chunk copy plans from a layout's strides, and running them with memcpy.
+// Building per-chunk copy plans from a layout's strides, and running them with memcpy or
+// non-temporal copies.
 #include "core/transfer/copy_plan.hpp"
 
 #include <algorithm>
 #include <cstring>
+
+#include "core/common/nontemporal_copy.hpp"
 
 namespace swiftkv {
 
@@ -50,18 +53,32 @@ std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const in
   return plan;
 }
 
-void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece,
-                   std::byte *layer_base) noexcept {
-  for (const CopySegment &s : plan) {
-    std::memcpy(layer_base + s.page_offset, piece + s.piece_offset, s.bytes);
+namespace {
+
+void copy_segment(std::byte *to, const std::byte *from, uint64_t bytes, bool nontemporal) {
+  if (nontemporal) {
+    nontemporal_copy(to, from, bytes);
+  } else {
+    std::memcpy(to, from, bytes);
   }
 }
 
-void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base,
-                  std::byte *piece) noexcept {
+}  // namespace
+
+void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece, std::byte *layer_base,
+                   bool nontemporal) noexcept {
   for (const CopySegment &s : plan) {
-    std::memcpy(piece + s.piece_offset, layer_base + s.page_offset, s.bytes);
+    copy_segment(layer_base + s.page_offset, piece + s.piece_offset, s.bytes, nontemporal);
   }
+  if (nontemporal) nontemporal_fence();
+}
+
+void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base, std::byte *piece,
+                  bool nontemporal) noexcept {
+  for (const CopySegment &s : plan) {
+    copy_segment(piece + s.piece_offset, layer_base + s.page_offset, s.bytes, nontemporal);
+  }
+  if (nontemporal) nontemporal_fence();
 }
 
 }  // namespace swiftkv

@@ -31,10 +31,14 @@ struct CopySegment {
 std::vector<CopySegment> chunk_copy_plan(const PageLayout &layout, std::span<const int32_t> pages,
                                          uint32_t chunk_tokens, uint32_t first_token = 0);
 
-// Chunk piece -> pages of one layer, and back. The CPU twin of the gather/scatter kernel.
-void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece,
-                   std::byte *layer_base) noexcept;
-void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base,
-                  std::byte *piece) noexcept;
+// Chunk piece -> pages of one layer, and back. The CPU twin of the gather/scatter kernel. With
+// `nontemporal` each segment is a nontemporal_copy (its stores bypass the caches; the host copy
+// engine's choice for a request's large layers, nontemporal_pays), fenced once at the end, so
+// that another thread that learns of the copy through a lock or an atomic sees every byte; else
+// a memcpy.
+void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece, std::byte *layer_base,
+                   bool nontemporal = false) noexcept;
+void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base, std::byte *piece,
+                  bool nontemporal = false) noexcept;
 
 }  // namespace swiftkv

@@ -9,6 +9,7 @@
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "test_support.h"
 
@@ -533,6 +534,39 @@ static void round_trip_stream_pages(void **state) {
 }
 
 /* A library-made pool: stream pages share one memory across layers, regular pages do not. */
+/* SWIFTKV_HOST_STORES: the two turns move the same bytes with every page and chunk written by
+ * non-temporal stores and with every one by memcpy (this test's layers are small, so under the
+ * default they are memcpy); another value fails request_begin with EINVAL, naming it, and
+ * leaves no request open. */
+static void host_stores_move_the_same_bytes(void **state) {
+  (void)state;
+  const char *ways[] = {"nontemporal", "cached"};
+  for (size_t w = 0; w < 2; ++w) {
+    assert_int_equal(setenv("SWIFTKV_HOST_STORES", ways[w], 1), 0);
+    round_trip(NHD);
+    round_trip(HND);
+  }
+  assert_int_equal(setenv("SWIFTKV_HOST_STORES", "fast", 1), 0);
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  uint32_t tokens[2 * CHUNK];
+  fill_tokens(tokens, 2 * CHUNK, 1);
+  int32_t pages[2 * CHUNK / BLOCK];
+  pick_pages(pages, 2 * CHUNK / BLOCK, 0, PAGES, 1);
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.tokens = tokens;
+  d.n_tokens = 2 * CHUNK;
+  d.pages = pages;
+  d.n_pages = 2 * CHUNK / BLOCK;
+  uint64_t req = 0;
+  assert_int_equal(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_non_null(strstr(swiftkv_last_error_message(), "SWIFTKV_HOST_STORES is 'fast'"));
+  assert_int_equal(requests_open(&e), 0);
+  assert_int_equal(unsetenv("SWIFTKV_HOST_STORES"), 0);
+  engine_down(&e);
+}
+
 static void created_pool_aliases_stream_pages(void **state) {
   (void)state;
   struct engine e;
@@ -1226,6 +1260,7 @@ int main(void) {
       cmocka_unit_test(load_only_and_save_only),
       cmocka_unit_test(round_trip_nhd),
       cmocka_unit_test(round_trip_hnd),
+      cmocka_unit_test(host_stores_move_the_same_bytes),
       cmocka_unit_test(round_trip_cross_layer),
       cmocka_unit_test(round_trip_stream_pages),
       cmocka_unit_test(created_pool_aliases_stream_pages),

@@ -180,6 +180,14 @@ void check_case(const Case &c, uint64_t seed) {
   }
   swiftkv::copy_items_cpu(items.data(), items_before[prefix], sources.data(), kLayer, piece_bytes,
                           staging.data(), got.base, true);
+  {
+    // The host copy engine's non-temporal scatter writes the same bytes as the memcpy one.
+    Pool nt(c, pool_pages);
+    for (uint32_t i = 0; i < prefix; ++i) {
+      swiftkv::scatter_piece(plans[i], direct[i].data() + kLayer * piece_bytes, nt.base, true);
+    }
+    assert_true(nt.memory == want.memory);
+  }
   assert_true(got.memory == want.memory);
 #if defined(SWIFTKV_TEST_EMULATION)
   // Both launches of the kernel (CopyKernel: spread, ahead).
@@ -232,6 +240,9 @@ void check_case(const Case &c, uint64_t seed) {
   for (uint32_t i = 0; i < chunks; ++i) {
     std::vector<std::byte> expect(piece_bytes);
     swiftkv::gather_piece(plans[i], want.base, expect.data());
+    std::vector<std::byte> expect_nt(piece_bytes);
+    swiftkv::gather_piece(plans[i], want.base, expect_nt.data(), true);
+    assert_true(expect_nt == expect);
     const std::byte *out = back_sources[i].direct != 0
                                ? back_direct[i].data() + kLayer * piece_bytes
                                : back_staging.data() + back_sources[i].staged_at;
