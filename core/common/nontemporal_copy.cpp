@@ -42,7 +42,10 @@ void lines_sse2(std::byte *d, const std::byte *s, size_t n) {
 }
 #endif
 
-void copy_lines(NontemporalStores stores, void *dst, const void *src, size_t n) noexcept {
+}  // namespace
+
+void nontemporal_copy_with(NontemporalStores stores, void *dst, const void *src,
+                           size_t n) noexcept {
   auto *d = static_cast<std::byte *>(dst);
   const auto *s = static_cast<const std::byte *>(src);
   if (stores == NontemporalStores::none || n < kNontemporalMin) {
@@ -65,8 +68,6 @@ void copy_lines(NontemporalStores stores, void *dst, const void *src, size_t n) 
 #endif
 }
 
-}  // namespace
-
 NontemporalStores nontemporal_stores() noexcept {
   static const NontemporalStores best = [] {
 #if defined(__x86_64__)
@@ -83,13 +84,8 @@ bool nontemporal_stores_available(NontemporalStores stores) noexcept {
   return static_cast<int>(stores) <= static_cast<int>(nontemporal_stores());
 }
 
-void nontemporal_copy_with(NontemporalStores stores, void *dst, const void *src,
-                           size_t n) noexcept {
-  copy_lines(stores, dst, src, n);
-}
-
 void nontemporal_copy(void *dst, const void *src, size_t n) noexcept {
-  copy_lines(nontemporal_stores(), dst, src, n);
+  nontemporal_copy_with(nontemporal_stores(), dst, src, n);
 }
 
 bool nontemporal_pays(size_t bytes_per_thread) noexcept {

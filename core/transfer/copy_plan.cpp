@@ -3,7 +3,6 @@
 #include "core/transfer/copy_plan.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "core/common/nontemporal_copy.hpp"
 
@@ -53,30 +52,20 @@ std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const in
   return plan;
 }
 
-namespace {
-
-void copy_segment(std::byte *to, const std::byte *from, uint64_t bytes, bool nontemporal) {
-  if (nontemporal) {
-    nontemporal_copy(to, from, bytes);
-  } else {
-    std::memcpy(to, from, bytes);
-  }
-}
-
-}  // namespace
-
 void scatter_piece(std::span<const CopySegment> plan, const std::byte *piece, std::byte *layer_base,
                    bool nontemporal) noexcept {
+  const NontemporalStores stores = nontemporal ? nontemporal_stores() : NontemporalStores::none;
   for (const CopySegment &s : plan) {
-    copy_segment(layer_base + s.page_offset, piece + s.piece_offset, s.bytes, nontemporal);
+    nontemporal_copy_with(stores, layer_base + s.page_offset, piece + s.piece_offset, s.bytes);
   }
   if (nontemporal) nontemporal_fence();
 }
 
 void gather_piece(std::span<const CopySegment> plan, const std::byte *layer_base, std::byte *piece,
                   bool nontemporal) noexcept {
+  const NontemporalStores stores = nontemporal ? nontemporal_stores() : NontemporalStores::none;
   for (const CopySegment &s : plan) {
-    copy_segment(piece + s.piece_offset, layer_base + s.page_offset, s.bytes, nontemporal);
+    nontemporal_copy_with(stores, piece + s.piece_offset, layer_base + s.page_offset, s.bytes);
   }
   if (nontemporal) nontemporal_fence();
 }

@@ -533,7 +533,6 @@ static void round_trip_stream_pages(void **state) {
   round_trip(CREATED_STREAM);
 }
 
-/* A library-made pool: stream pages share one memory across layers, regular pages do not. */
 /* SWIFTKV_HOST_STORES: the two turns move the same bytes with every page and chunk written by
  * non-temporal stores and with every one by memcpy (this test's layers are small, so under the
  * default they are memcpy); another value fails request_begin with EINVAL, naming it, and
@@ -567,6 +566,7 @@ static void host_stores_move_the_same_bytes(void **state) {
   engine_down(&e);
 }
 
+/* A library-made pool: stream pages share one memory across layers, regular pages do not. */
 static void created_pool_aliases_stream_pages(void **state) {
   (void)state;
   struct engine e;
