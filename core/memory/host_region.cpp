@@ -1,7 +1,8 @@
-// Host regions: a memfd sized to the region, mapped shared. Commit allocates the file's pages
-// (fallocate), decommit punches them out, so physical memory follows what the region uses. Or,
-// granular: one memfd per granule mapped into a reserved range, committed and passed to other
-// processes granule by granule, the host twin of VMM device memory.
+// Host regions: a memfd sized to the region, mapped shared. Commit allocates the file's pages and
+// maps them (MADV_POPULATE_WRITE, on several threads for a large range), decommit punches them
+// out, so physical memory follows what the region uses. Or, granular: one memfd per granule mapped
+// into a reserved range, committed and passed to other processes granule by granule, the host twin
+// of VMM device memory.
 #include "core/memory/host_region.hpp"
 
 #include <fcntl.h>
@@ -10,9 +11,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <system_error>
+#include <thread>
 #include <vector>
 
 #if defined(SWIFTKV_HAVE_NUMA)
@@ -62,12 +67,72 @@ void bind_to_node(void *p, uint64_t size, int32_t node) {
 #define MADV_POPULATE_WRITE 23  // Linux 5.14
 #endif
 
-// Maps committed pages into this process's page tables in one call, so that the first write to
-// each does not take a page fault (a fresh 128 MiB of host tier is 32768 faults, several times
-// the cost of copying into it). Best effort: an older kernel faults them in on first touch.
-void populate(std::byte *p, uint64_t size) noexcept {
-  (void)::madvise(p, size, MADV_POPULATE_WRITE);
+// Whether this machine has one NUMA node online, so that the thread that first touches a page
+// does not decide where it lives. Read once; a kernel without NUMA has one node.
+bool one_numa_node() noexcept {
+  static const bool one = [] {
+    FILE *f = std::fopen("/sys/devices/system/node/online", "r");
+    if (f == nullptr) return true;
+    char buf[64] = {};
+    const bool read = std::fgets(buf, sizeof buf, f) != nullptr;
+    std::fclose(f);
+    return !read || std::strcmp(buf, "0\n") == 0 || std::strcmp(buf, "0") == 0;
+  }();
+  return one;
 }
+
+// How many threads make the pages of a range of `bytes`: one per 8 MiB, at most one per core
+// and at most 8. The kernel zeroes every page it hands out, about 2 GB/s a thread.
+unsigned populate_threads(uint64_t bytes) noexcept {
+  constexpr uint64_t kPerThread = uint64_t{8} << 20;
+  const uint64_t cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<unsigned>(
+      std::max<uint64_t>(1, std::min({bytes / kPerThread, cores, uint64_t{8}})));
+}
+
+}  // namespace
+
+void populate_memfd(int fd, uint64_t file_offset, std::byte *at, uint64_t bytes,
+                    int32_t numa_node) {
+  const uint64_t page = page_size();
+  // Threads place pages where they run unless a binding or a single node decides.
+  const bool parallel = numa_node >= 0 || one_numa_node();
+  const unsigned n = parallel ? populate_threads(bytes) : 1;
+  const uint64_t piece = ceil_div(ceil_div(bytes, n), page) * page;
+  std::vector<int> errors(n, 0);
+  auto populate = [&](unsigned i) {
+    const uint64_t from = i * piece;
+    if (from >= bytes) return;
+    const uint64_t len = std::min(piece, bytes - from);
+    if (::madvise(at + from, len, MADV_POPULATE_WRITE) != 0) errors[i] = errno;
+  };
+  std::vector<std::thread> threads;
+  for (unsigned i = 1; i < n; ++i) {
+    try {
+      threads.emplace_back(populate, i);
+    } catch (const std::system_error &) {
+      populate(i);  // no thread to be had: this one does the piece
+    }
+  }
+  populate(0);
+  for (std::thread &t : threads) t.join();
+  int error = 0;
+  for (int e : errors) error = e != 0 && e != EINVAL ? e : error;
+  const bool unsupported =
+      error == 0 && std::any_of(errors.begin(), errors.end(), [](int e) { return e == EINVAL; });
+  if (unsupported &&
+      ::fallocate(fd, 0, static_cast<off_t>(file_offset), static_cast<off_t>(bytes)) != 0) {
+    error = errno;
+  }
+  if (error == 0) return;
+  // What was allocated before the failure goes back, so the range stays uncommitted.
+  (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(file_offset),
+                    static_cast<off_t>(bytes));
+  fail(SWIFTKV_ENOMEM,
+       "allocating " + std::to_string(bytes) + " bytes of host memory: " + std::strerror(error));
+}
+
+namespace {
 
 // The mapping of a memfd's whole file, shared. Both owners and importers hold one.
 class MemfdMapping {
@@ -106,6 +171,7 @@ class HostRegion final : public MemoryRegion {
     }
     map_ = std::make_unique<MemfdMapping>(fd_.get(), size);
     bind_to_node(map_->data(), size, o.numa_node);
+    numa_node_ = o.numa_node;
     committed_.assign(size / page, 0);
     if (o.page_lock) {
       commit(0, size);  // cudaHostRegister faults every page in anyway; account for it
@@ -132,15 +198,8 @@ class HostRegion final : public MemoryRegion {
     std::lock_guard lock(mu_);
     for_each_run(offset, size, 0, [&](uint64_t first, uint64_t n) {
       const uint64_t page = page_size();
-      // fallocate allocates the pages now, under the node binding, so running out of memory
-      // is an error here rather than a SIGBUS on first touch.
-      if (::fallocate(fd_.get(), 0, static_cast<off_t>(first * page),
-                      static_cast<off_t>(n * page)) != 0) {
-        fail_errno(SWIFTKV_ENOMEM,
-                   "allocating " + std::to_string(n * page) + " bytes of host region memory");
-      }
+      populate_memfd(fd_.get(), first * page, map_->data() + first * page, n * page, numa_node_);
       mark(first, n, 1);
-      populate(map_->data() + first * page, n * page);
     });
   }
 
@@ -207,6 +266,7 @@ class HostRegion final : public MemoryRegion {
   std::unique_ptr<MemfdMapping> map_;
   std::string identity_;
   bool locked_ = false;
+  int32_t numa_node_ = -1;
   mutable std::mutex mu_;
   std::vector<uint8_t> committed_;  // one flag per page; guarded by mu_
   uint64_t committed_pages_ = 0;    // guarded by mu_

@@ -29,6 +29,15 @@ struct HostRegionOptions {
 // ENOMEM when the kernel refuses memory, ECUDA when page-locking fails.
 std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o);
 
+// Allocates bytes [file_offset, file_offset + bytes) of the memfd `fd`, which is mapped shared
+// at `at` (page-aligned), and maps them into this process's page tables, so that the first
+// access to each page takes no fault (a fresh 64 MiB is 16384 faults, each zeroing its page,
+// several times the cost of copying into it). Large ranges are made on several threads where
+// that cannot move pages off their node: `numa_node` >= 0 (a binding decides) or one node online.
+// Throws Error(ENOMEM) when the kernel refuses memory, with nothing of the range left allocated.
+// Kernels before 5.14 (no MADV_POPULATE_WRITE): fallocate, and pages fault in on first touch.
+void populate_memfd(int fd, uint64_t file_offset, std::byte *at, uint64_t bytes, int32_t numa_node);
+
 // The NUMA node holding the page at `p` (which must be touched), or -1 when it cannot be told.
 int32_t numa_node_of(const void *p) noexcept;
 

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/common/error.hpp"
+#include "core/memory/host_region.hpp"
 #include "core/transfer/copy_items.hpp"
 
 namespace swiftkv {
@@ -59,9 +60,8 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
   pool->fd_.reset(::memfd_create("swiftkv-pool", MFD_CLOEXEC));
   if (!pool->fd_) fail_sys(SWIFTKV_ENOMEM, "memfd_create");
   const uint64_t file_bytes = g.num_layers * regular_bytes + stream_bytes;
-  // Allocated now, so that running out of memory is a status here and never a SIGBUS later.
-  if (::fallocate(pool->fd_.get(), 0, 0, static_cast<off_t>(file_bytes)) != 0) {
-    fail_sys(SWIFTKV_ENOMEM, "fallocate of " + std::to_string(file_bytes) + " bytes");
+  if (::ftruncate(pool->fd_.get(), static_cast<off_t>(file_bytes)) != 0) {
+    fail_sys(SWIFTKV_ENOMEM, "ftruncate of the pool's memfd to " + std::to_string(file_bytes));
   }
   pool->mapped_bytes_ = regular_bytes + stream_bytes;
   pool->layout_.layer_base.assign(g.num_layers, nullptr);
@@ -80,6 +80,16 @@ std::unique_ptr<KvPool> KvPool::create_host(const ModelGeometry &g, uint32_t reg
         ::mmap(b + regular_bytes, stream_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
                pool->fd_.get(), static_cast<off_t>(g.num_layers * regular_bytes)) == MAP_FAILED) {
       fail_sys(SWIFTKV_ENOMEM, "mapping the stream pages into layer " + std::to_string(l));
+    }
+  }
+  // Allocated and mapped now: running out of memory is a status here and never a SIGBUS later,
+  // and the engine's first touch of a page (or the first save reading it) takes no page fault.
+  for (uint32_t l = 0; l < g.num_layers; ++l) {
+    std::byte *b = pool->layout_.layer_base[l];
+    populate_memfd(pool->fd_.get(), l * regular_bytes, b, regular_bytes, -1);
+    if (stream_bytes != 0) {  // one file range in every layer: made once, mapped in each
+      populate_memfd(pool->fd_.get(), g.num_layers * regular_bytes, b + regular_bytes, stream_bytes,
+                     -1);
     }
   }
   check_page_layout(pool->layout_, g, "the pool");

@@ -1,9 +1,13 @@
 // The host backend across processes: one process exports a memfd region, a child it spawns maps
 // it and writes, and the first reads the bytes back. Also: opening a region twice in one process
-// reuses the mapping, decommit returns pages, NUMA binding places them, and a region in granules
-// is exported, imported, held, dropped and replaced granule by granule as VMM memory is.
+// reuses the mapping, decommit returns pages, commit makes and maps every page (no fault on first
+// touch), NUMA binding places them, and a region in granules is exported, imported, held, dropped
+// and replaced granule by granule as VMM memory is.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -141,6 +145,73 @@ void test_numa_binding(void **) {
   assert_int_equal(swiftkv::numa_node_of(region->data() + region->size() - 1), nodes.max_node);
 }
 
+// Minor page faults this thread has taken so far.
+long minor_faults() {
+  struct rusage u {};
+  ::getrusage(RUSAGE_THREAD, &u);
+  return u.ru_minflt;
+}
+
+// Whether the kernel has MADV_POPULATE_WRITE (5.14), without which pages fault in on first touch.
+bool kernel_populates() {
+  struct utsname u {};
+  if (::uname(&u) != 0) return false;
+  int major = 0, minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &major, &minor) != 2) return false;
+  return major > 5 || (major == 5 && minor >= 14);
+}
+
+// Writes one byte into each of pages [from, to) at `base`: the minor faults that took. Not
+// instrumented, so that a sanitizer's own shadow memory faulting in is not counted.
+__attribute__((no_sanitize("address", "thread"))) long touch_pages(std::byte *base, uint64_t page,
+                                                                   uint64_t from, uint64_t to,
+                                                                   uint8_t salt) {
+  const long before = minor_faults();
+  for (uint64_t i = from; i < to; ++i) base[i * page] = std::byte{pattern(i, salt)};
+  return minor_faults() - before;
+}
+
+// Bytes of the memfd behind an export that the kernel has allocated.
+uint64_t allocated_bytes(const swiftkv::RegionExport &e) {
+  struct stat st {};
+  assert_int_equal(::fstat(e.pieces[0].fd.get(), &st), 0);
+  return static_cast<uint64_t>(st.st_blocks) * 512;
+}
+
+// Commit allocates every page of the range in the file and maps it here (a 64 MiB range is made
+// on several threads where there are cores), so that writing each page takes no fault; decommit
+// gives the pages back, and committing again makes and maps them again.
+void test_commit_maps_every_page(void **) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  swiftkv::HostRegionOptions o;
+  o.size = uint64_t{64} << 20;
+  auto region = swiftkv::create_host_region(o);
+  const swiftkv::RegionExport e = region->export_range(0, region->size());
+  assert_int_equal(allocated_bytes(e), 0);
+  region->commit(0, region->size());
+  assert_int_equal(region->committed_bytes(), region->size());
+  assert_int_equal(allocated_bytes(e), region->size());
+  const uint64_t pages = region->size() / page;
+  auto touch = [&](uint64_t from, uint64_t to, uint8_t salt) {
+    return touch_pages(region->data(), page, from, to, salt);
+  };
+  const long faults = touch(0, pages, 3);
+  if (kernel_populates()) assert_true(faults < 64);  // 16384 without the mapping
+  const uint64_t half = pages / 2;
+  region->decommit(half * page, (pages - half) * page);
+  assert_int_equal(allocated_bytes(e), half * page);
+  region->commit(0, region->size());
+  assert_int_equal(allocated_bytes(e), region->size());
+  const long again = touch(half, pages, 4);
+  if (kernel_populates()) assert_true(again < 64);
+  for (uint64_t i = 0; i < pages; ++i) {
+    const uint8_t want = pattern(i, i < half ? 3 : 4);
+    if (region->data()[i * page] != std::byte{want}) {
+      fail_msg("page %llu lost its byte", static_cast<unsigned long long>(i));
+    }
+  }
+}
+
 // Whether the page at p is mapped readable here, by /proc/self/maps (a granule's place holds a
 // PROT_NONE reservation when nothing is mapped there).
 bool readable(const std::byte *p) {
@@ -257,6 +328,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_two_processes),
       cmocka_unit_test(test_open_twice_reuses_mapping),
       cmocka_unit_test(test_decommit_returns_pages),
+      cmocka_unit_test(test_commit_maps_every_page),
       cmocka_unit_test(test_numa_binding),
       cmocka_unit_test(test_granules_export_and_import),
   };
