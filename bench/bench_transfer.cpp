@@ -1502,6 +1502,98 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
   }
 }
 
+// The host tier growing: requests of `chunks` fresh chunks saved into a fresh context until
+// `total` bytes are cached, so that the tier makes its slabs as the saves need them (page-locked
+// ones where the context has a device, made ahead on the tier's thread there), beside the same
+// saves into that context once cleared, its slabs made: what growing costs a save. Alternated
+// within each repetition; a fresh context each repetition, the first of them a warm-up.
+struct Growth {
+  Rate grow, refill;
+};
+
+Growth measure_growth(bool device, uint32_t chunks, uint64_t total, int reps) {
+  const uint64_t request_bytes = uint64_t{chunks} * kLayerPiece * kLayers;
+  const uint64_t requests = std::max<uint64_t>(1, total / request_bytes);
+  const uint32_t page = 256, n_pages = chunks * (kChunk / page);
+  const std::vector<int32_t> pages = scattered_pages(n_pages);
+  std::vector<double> grow_s, refill_s;
+  for (int rep = 0; rep <= reps; ++rep) {
+    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+    c.device_mask = device ? 1 : 0;
+    c.host_budget_bytes = requests * request_bytes + (uint64_t{64} << 20);
+    c.demote_free_percent = 0;
+    swiftkv_ctx *ctx = nullptr;
+    check(swiftkv_ctx_create(&ctx, &c), "ctx_create");
+    swiftkv_model_desc m = bench_model("bench-growth", page, device ? 0 : SWIFTKV_DEVICE_HOST);
+    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+    mc.desc = &m;
+    uint32_t model = 0, pool = 0;
+    check(swiftkv_model_register(&model, ctx, &mc), "model_register");
+    [[maybe_unused]] void *dev = nullptr;
+    void *stream = nullptr;
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (device) {
+      pool = engine_pool(ctx, model, page, n_pages, &dev);
+      cudaStream_t s = nullptr;
+      cudaStreamCreate(&s);
+      stream = s;
+    }
+#endif
+    if (!device) check(swiftkv_pool_create(&pool, ctx, model, n_pages, 0), "pool_create");
+    std::vector<uint32_t> tokens(uint64_t{chunks} * kChunk);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i);
+    auto save_all = [&](uint32_t round) {
+      const double t0 = now_s();
+      for (uint64_t r = 0; r < requests; ++r) {
+        tokens[0] = 0x80000000u | (round << 16) | static_cast<uint32_t>(r);  // fresh keys
+        uint64_t loaded = 0, saved = 0;
+        run_request(ctx, pool, tokens, pages, &loaded, &saved, stream);
+        if (saved != tokens.size()) {
+          std::fprintf(stderr, "bench_transfer: growth saved %llu of %zu tokens\n",
+                       (unsigned long long)saved, tokens.size());
+          std::exit(1);
+        }
+      }
+      return now_s() - t0;
+    };
+    const double g = save_all(2 * static_cast<uint32_t>(rep));
+    uint64_t n = 0;
+    check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
+    const double f = save_all(2 * static_cast<uint32_t>(rep) + 1);
+    if (rep > 0) {
+      grow_s.push_back(g);
+      refill_s.push_back(f);
+    }
+    check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
+    swiftkv_ctx_destroy(ctx);
+#if defined(SWIFTKV_BENCH_HAVE_CUDA)
+    if (device) {
+      cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+      cudaFree(dev);
+    }
+#endif
+  }
+  const double bytes = static_cast<double>(requests * request_bytes);
+  return Growth{rate_of(grow_s, bytes), rate_of(refill_s, bytes)};
+}
+
+void print_growth(const char *backend, const Growth &g, uint32_t chunks, uint64_t total, int reps) {
+  std::printf(
+      "\n%s backend: the host tier growing to %llu MiB, requests of %u fresh chunks saved into a "
+      "fresh context (its slabs made as they are needed), beside the same saves once it is "
+      "cleared; GB/s median/best of %d\n",
+      backend, (unsigned long long)(total >> 20), chunks, reps);
+  std::printf("       grow        refill  grow/refill\n");
+  std::printf("%6.2f/%6.2f %6.2f/%6.2f %12.2f\n", g.grow.med, g.grow.best, g.refill.med,
+              g.refill.best, g.grow.med / g.refill.med);
+  std::printf(
+      "{\"bench\":\"growth\",\"backend\":\"%s\",\"total_mib\":%llu,\"chunks\":%u,\"reps\":%d,"
+      "\"grow_gbs\":%.3f,\"grow_best_gbs\":%.3f,\"refill_gbs\":%.3f,\"refill_best_gbs\":%.3f,"
+      "\"grow_over_refill\":%.3f}\n",
+      backend, (unsigned long long)(total >> 20), chunks, reps, g.grow.med, g.grow.best,
+      g.refill.med, g.refill.best, g.grow.med / g.refill.med);
+}
+
 // "overlap":[...], the rows of a pipeline table.
 void print_overlap_json(const std::vector<Overlap> &ov) {
   std::printf("\"overlap\":[");
@@ -2039,6 +2131,7 @@ int main(int argc, char **argv) {
                        static_cast<uint32_t>(std::strtoul(argv[5], nullptr, 10)));
   }
   uint32_t chunks = 16, overlap_chunks = 4;
+  uint64_t growth_mib = 1024;
   int reps = 5;
   bool kernels_only = false, copy_paths_only = false;
   for (int i = 1; i < argc; ++i) {
@@ -2052,10 +2145,12 @@ int main(int argc, char **argv) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--overlap-chunks") == 0 && i + 1 < argc) {
       overlap_chunks = static_cast<uint32_t>(std::strtoul(argv[++i], nullptr, 10));
+    } else if (std::strcmp(argv[i], "--growth-mib") == 0 && i + 1 < argc) {
+      growth_mib = std::strtoull(argv[++i], nullptr, 10);
     } else {
       std::fprintf(stderr,
                    "usage: bench_transfer [--kernels | --copy-paths] [--chunks N] [--reps N] "
-                   "[--overlap-chunks N]\n");
+                   "[--overlap-chunks N] [--growth-mib N]\n");
       return 2;
     }
   }
@@ -2102,6 +2197,10 @@ int main(int argc, char **argv) {
     print_overlap("host", peer_overlap, overlap_chunks, overlap_reps, true);
     print_peer_overlap_json("host", peer_overlap, overlap_chunks, overlap_reps);
   }
+  if (growth_mib > 0) {
+    print_growth("host", measure_growth(false, chunks, growth_mib << 20, reps), chunks,
+                 growth_mib << 20, reps);
+  }
 #if defined(SWIFTKV_BENCH_HAVE_CUDA)
   uint32_t devices = 0;
   if (swiftkv_device_count(&devices) == SWIFTKV_OK && devices > 0) {
@@ -2138,6 +2237,10 @@ int main(int argc, char **argv) {
     }
     print_overlap("cuda", peer_overlap, overlap_chunks, overlap_reps, true);
     print_peer_overlap_json("cuda", peer_overlap, overlap_chunks, overlap_reps);
+    if (growth_mib > 0) {
+      print_growth("cuda", measure_growth(true, chunks, growth_mib << 20, reps), chunks,
+                   growth_mib << 20, reps);
+    }
   } else {
     std::printf(
         "\nno CUDA device here: the cuda rows (loads, the pipeline, the kernels) are "
