@@ -39,8 +39,8 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
   for (size_t i = 0; i < kTierCount; ++i) chain_pos_[tier_slot(options_.chain[i])] = i;
   peer_ = std::make_unique<PeerTier>(Tier::peer, [this] { wake(); });
   remote_ = std::make_unique<PeerTier>(Tier::remote, [this] { wake(); });
-  host_ =
-      std::make_unique<HostTier>(ctx_, options_.host_slab_bytes, ctx_.effective_device_mask() != 0);
+  // Slabs made ahead on every context: see HostTier.
+  host_ = std::make_unique<HostTier>(ctx_, options_.host_slab_bytes, true);
   const ContextConfig &c = ctx_.config();
   if (c.disk_path) {
     DiskOptions d;

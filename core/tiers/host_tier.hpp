@@ -22,20 +22,19 @@ namespace swiftkv {
 // Thread-safe: mu_ guards the slab list and the free lists; the bytes of a slot belong to
 // whoever holds the slot and are copied without the lock.
 //
-// Making a slab takes time when the context has a device: its memory is page-locked, which for
-// a slab of gigabytes takes seconds. So slabs are made ahead (when asked) on the tier's own
-// thread: the first
-// one for a chunk size when a model of that size is registered on such a context, and the next
-// one whenever a size's free slots fall below half of its last slab. A store finds its slot
-// ready; only when the thread falls behind does it wait for the slab being made (never making a
-// second one beside it), or make one itself.
+// Making a slab takes time: its pages are allocated and mapped as it is made (about 2 GB/s a
+// thread), and with a device it is page-locked too, which for a slab of gigabytes takes seconds.
+// A store that made its own slab would wait for all of that. So slabs are made ahead (when asked)
+// on the tier's own thread: the first one for a chunk size when a model of that size is
+// registered, and the next one whenever a size's free slots fall below half of its last slab. A
+// store finds its slot ready; only when the thread falls behind does it wait for the slab being
+// made (never making a second one beside it), or make one itself.
 class HostTier final : public TierStore {
  public:
   // slab_bytes: the largest slab (at most an eighth of the budget, rounded down to whole chunks;
   // a chunk larger than that gets a slab of its own). Slabs are reserved from the context's host
   // budget as they are needed and kept until the tier ends. ahead: make slabs ahead on the tier's
-  // thread (see above); the cache asks for it when the context has a device, where a slab is
-  // page-locked.
+  // thread (see above); the cache always asks for it.
   HostTier(Context &ctx, uint64_t slab_bytes, bool ahead);
   ~HostTier() override;
 
