@@ -1503,9 +1503,9 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
 }
 
 // The host tier growing: requests of `chunks` fresh chunks saved into a fresh context until
-// `total` bytes are cached, so that the tier makes its slabs as the saves need them (page-locked
-// ones where the context has a device, made ahead on the tier's thread there), beside the same
-// saves into that context once cleared, its slabs made: what growing costs a save. Alternated
+// `total` bytes are cached, so that the tier makes its slabs as the saves need them (on its own
+// thread, page-locked where the context has a device), beside the same saves into that context
+// once cleared, its slabs made: what growing costs a save. Alternated
 // within each repetition; a fresh context each repetition, the first of them a warm-up.
 struct Growth {
   Rate grow, refill;
