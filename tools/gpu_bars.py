@@ -158,6 +158,12 @@ def attention_rows(t, d):
             t.add(f"{name}: time / SDPA's", r["paged_over_sdpa_time"], 1.10, False, note=note)
 
 
+def growth_rows(t, d):
+    t.add(f"host tier growing to {d['total_mib']} MiB (pinned slabs): saves / the same once made",
+          d.get("grow_over_refill"), None, note=f"grow {d['grow_gbs']:.1f} GB/s, refill "
+          f"{d['refill_gbs']:.1f}")
+
+
 def coord_rows(t, d):
     for r in d.get("reclaim", []):
         if r["chunks"] == 0:
@@ -186,6 +192,8 @@ def main():
         ahead["decode"] = decode_rows(t, found[("decode_kernel", None)])
     if ("peer_load", "cuda") in found:
         peer_rows(t, found[("peer_load", "cuda")])
+    if ("growth", "cuda") in found:
+        growth_rows(t, found[("growth", "cuda")])
     if ("copy_paths", None) in found:
         copy_path_rows(t, found[("copy_paths", None)])
     if ("coord", None) in found:
