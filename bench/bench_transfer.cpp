@@ -1505,10 +1505,11 @@ void print_overlap(const char *backend, const std::vector<Overlap> &rows, uint32
 // The host tier growing: requests of `chunks` fresh chunks saved into a fresh context until
 // `total` bytes are cached, so that the tier makes its slabs as the saves need them (on its own
 // thread, page-locked where the context has a device), beside the same saves into that context
-// once cleared, its slabs made: what growing costs a save. Alternated
-// within each repetition; a fresh context each repetition, the first of them a warm-up.
+// once cleared, its slabs made: what growing costs a save; then as many again into the full
+// tier, each chunk taking the slot of one evicted (its lines long out of the caches). In that
+// order within each repetition; a fresh context each repetition, the first of them a warm-up.
 struct Growth {
-  Rate grow, refill;
+  Rate grow, refill, full;
 };
 
 Growth measure_growth(bool device, uint32_t chunks, uint64_t total, int reps) {
@@ -1516,7 +1517,7 @@ Growth measure_growth(bool device, uint32_t chunks, uint64_t total, int reps) {
   const uint64_t requests = std::max<uint64_t>(1, total / request_bytes);
   const uint32_t page = 256, n_pages = chunks * (kChunk / page);
   const std::vector<int32_t> pages = scattered_pages(n_pages);
-  std::vector<double> grow_s, refill_s;
+  std::vector<double> grow_s, refill_s, full_s;
   for (int rep = 0; rep <= reps; ++rep) {
     swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
     c.device_mask = device ? 1 : 0;
@@ -1556,13 +1557,15 @@ Growth measure_growth(bool device, uint32_t chunks, uint64_t total, int reps) {
       }
       return now_s() - t0;
     };
-    const double g = save_all(2 * static_cast<uint32_t>(rep));
+    const double g = save_all(3 * static_cast<uint32_t>(rep));
     uint64_t n = 0;
     check(swiftkv_clear(&n, ctx, model, SWIFTKV_TIERS_ALL, nullptr, 0), "clear");
-    const double f = save_all(2 * static_cast<uint32_t>(rep) + 1);
+    const double f = save_all(3 * static_cast<uint32_t>(rep) + 1);
+    const double e = save_all(3 * static_cast<uint32_t>(rep) + 2);
     if (rep > 0) {
       grow_s.push_back(g);
       refill_s.push_back(f);
+      full_s.push_back(e);
     }
     check(swiftkv_pool_destroy(ctx, pool), "pool_destroy");
     swiftkv_ctx_destroy(ctx);
@@ -1574,24 +1577,24 @@ Growth measure_growth(bool device, uint32_t chunks, uint64_t total, int reps) {
 #endif
   }
   const double bytes = static_cast<double>(requests * request_bytes);
-  return Growth{rate_of(grow_s, bytes), rate_of(refill_s, bytes)};
+  return Growth{rate_of(grow_s, bytes), rate_of(refill_s, bytes), rate_of(full_s, bytes)};
 }
 
 void print_growth(const char *backend, const Growth &g, uint32_t chunks, uint64_t total, int reps) {
   std::printf(
       "\n%s backend: the host tier growing to %llu MiB, requests of %u fresh chunks saved into a "
       "fresh context (its slabs made as they are needed), beside the same saves once it is "
-      "cleared; GB/s median/best of %d\n",
+      "cleared, and as many again into the full tier (each evicting); GB/s median/best of %d\n",
       backend, (unsigned long long)(total >> 20), chunks, reps);
-  std::printf("       grow        refill  grow/refill\n");
-  std::printf("%6.2f/%6.2f %6.2f/%6.2f %12.2f\n", g.grow.med, g.grow.best, g.refill.med,
-              g.refill.best, g.grow.med / g.refill.med);
+  std::printf("       grow        refill          full  grow/refill\n");
+  std::printf("%6.2f/%6.2f %6.2f/%6.2f %6.2f/%6.2f %12.2f\n", g.grow.med, g.grow.best, g.refill.med,
+              g.refill.best, g.full.med, g.full.best, g.grow.med / g.refill.med);
   std::printf(
       "{\"bench\":\"growth\",\"backend\":\"%s\",\"total_mib\":%llu,\"chunks\":%u,\"reps\":%d,"
       "\"grow_gbs\":%.3f,\"grow_best_gbs\":%.3f,\"refill_gbs\":%.3f,\"refill_best_gbs\":%.3f,"
-      "\"grow_over_refill\":%.3f}\n",
+      "\"full_gbs\":%.3f,\"full_best_gbs\":%.3f,\"grow_over_refill\":%.3f}\n",
       backend, (unsigned long long)(total >> 20), chunks, reps, g.grow.med, g.grow.best,
-      g.refill.med, g.refill.best, g.grow.med / g.refill.med);
+      g.refill.med, g.refill.best, g.full.med, g.full.best, g.grow.med / g.refill.med);
 }
 
 // "overlap":[...], the rows of a pipeline table.
