@@ -149,8 +149,16 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
       o.page_lock = e->ctx->device_count() > 0;
       o.name = "swiftkv-elastic";
       o.granule = c.host_granule_bytes;
-      e->ctx->reserve_host(
-          bytes, "an elastic region of " + std::to_string(c.core.capacity_blocks) + " blocks");
+      const std::string what =
+          "an elastic region of " + std::to_string(c.core.capacity_blocks) + " blocks";
+      try {
+        e->ctx->reserve_host(bytes, what);
+      } catch (const swiftkv::Error &err) {
+        // The host tier's empty slabs (made ahead, or emptied) are its to remake: the region
+        // takes their budget. Chunks held in the tier stay; the second refusal stands.
+        if (err.status() != SWIFTKV_ENOMEM || ctx->cache.give_back_host_budget() == 0) throw;
+        e->ctx->reserve_host(bytes, what);
+      }
       e->host_reserved = bytes;
       memory = swiftkv::create_host_region(o);
     } else {

@@ -284,6 +284,9 @@ class ChunkCache {
 
   CacheStats stats() const;
   const CacheOptions &options() const noexcept { return options_; }
+  // The host budget the host tier holds in empty slabs, given back to the context for another
+  // user of it (HostTier::give_back_empty_slabs). The bytes given back.
+  uint64_t give_back_host_budget() { return host_->give_back_empty_slabs(); }
   DiskTier *disk() noexcept { return disk_.get(); }
   const DiskTier *disk() const noexcept { return disk_.get(); }
   uint64_t now() const;

@@ -109,7 +109,7 @@ std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &me
   cv_.wait(lock, [&] { return !list.empty() || making_.count(bytes) == 0; });
   if (list.empty()) {
     std::optional<SlabPlan> plan = plan_slab_locked(bytes);
-    if (!plan && release_empty_slabs_locked(bytes)) plan = plan_slab_locked(bytes);
+    if (!plan && release_empty_slabs_locked(bytes) != 0) plan = plan_slab_locked(bytes);
     if (!plan) return std::nullopt;
     add_slab_locked(*plan, make_slab_memory(*plan));
   }
@@ -121,8 +121,8 @@ std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &me
   return slot;
 }
 
-bool HostTier::release_empty_slabs_locked(uint64_t bytes) {
-  bool any = false;
+uint64_t HostTier::release_empty_slabs_locked(uint64_t bytes) {
+  uint64_t released = 0;
   for (uint64_t i = 0; i < slabs_.size(); ++i) {
     Slab &s = slabs_[i];
     if (!s.memory || s.used != 0 || s.slot_bytes == bytes) continue;
@@ -133,10 +133,18 @@ bool HostTier::release_empty_slabs_locked(uint64_t bytes) {
     s.memory.reset();
     ctx_.release_host(s.reserved);
     reserved_ -= s.reserved;
+    released += s.reserved;
     s.reserved = 0;
-    any = true;
   }
-  return any;
+  return released;
+}
+
+uint64_t HostTier::give_back_empty_slabs() {
+  std::unique_lock lock(mu_);
+  wanted_.clear();
+  cv_.wait(lock, [&] { return making_.empty(); });
+  wanted_.clear();  // asked for while the last slab was made
+  return release_empty_slabs_locked(0);
 }
 
 void HostTier::prepare(uint64_t bytes) {

@@ -56,6 +56,11 @@ class HostTier final : public TierStore {
   // budget (with or without `ahead`): the room that evacuating lent memory takes when its lender
   // asks for it back, so that a reclaim copies into memory that is already there. 0: none kept.
   void keep_room(uint64_t bytes, uint64_t slots);
+  // Gives the budget of every empty slab back to the context, for a user of the budget that
+  // cannot wait for the tier to empty (a host elastic region): slabs made ahead or emptied by
+  // evictions are the tier's to remake. Waits for a slab being made and drops the sizes asked
+  // for, so that nothing retakes the budget meanwhile. The bytes given back.
+  uint64_t give_back_empty_slabs();
 
  private:
   struct Slab {
@@ -74,11 +79,11 @@ class HostTier final : public TierStore {
   // Its memory (no lock needed); gives the budget back when it fails.
   std::shared_ptr<MemoryRegion> make_slab_memory(const SlabPlan &plan);
   void add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory);
-  // Gives the budget of every empty slab of another size than `bytes` back: chunks of one size
-  // (decoded) and of others (encoded) share the budget, and a slab kept empty for one size would
-  // starve the others. Only when a slab of `bytes` finds no budget, so steady use never churns.
-  // Whether any was released.
-  bool release_empty_slabs_locked(uint64_t bytes);
+  // Gives the budget of every empty slab of another size than `bytes` (0: of every size) back:
+  // chunks of one size (decoded) and of others (encoded) share the budget, and a slab kept empty
+  // for one size would starve the others. Only when a slab of `bytes` finds no budget, so steady
+  // use never churns. The bytes released.
+  uint64_t release_empty_slabs_locked(uint64_t bytes);
   // Wakes the thread for `bytes` when its free slots fall below half of its last slab (with
   // `ahead`), or (for_room) below the room kept for the size. Allocations do not ask for the
   // room: an evacuation takes it slot by slot, and making more meanwhile would compete with

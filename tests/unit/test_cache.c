@@ -352,6 +352,53 @@ static void borrow_and_give_back(void **state) {
   rig_down(&r);
 }
 
+/* A host elastic region and the host tier share host_budget_bytes. The tier's empty slabs (made
+ * ahead of its saves, or emptied by a clear) give their budget to a region that needs it; a slab
+ * holding chunks does not, and the chunks stay exact. The budget: 64 KiB, slabs of 8 chunks. */
+static swiftkv_status host_region(swiftkv_elastic **e, swiftkv_ctx *ctx, uint64_t blocks) {
+  swiftkv_model_desc d = borrower_desc(); /* 512-byte blocks */
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &d;
+  ec.borrower = &d;
+  ec.capacity_blocks = blocks;
+  *e = NULL;
+  return swiftkv_elastic_create(e, ctx, &ec);
+}
+
+static void regions_take_the_budget_of_empty_slabs(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 64 << 10, 0);
+  uint32_t tokens[16 * CHUNK_TOKENS];
+  fill_tokens(tokens, 16 * CHUNK_TOKENS, 6);
+  static unsigned char kv[16 * CHUNK_BYTES], out[16 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 6);
+  uint64_t n = 0, cleared = 0;
+  /* Two slabs filled (and a third made ahead), then emptied: the tier keeps them. */
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 16 * CHUNK_TOKENS, kv, sizeof kv));
+  assert_int_equal(n, 16 * CHUNK_TOKENS);
+  assert_ok(swiftkv_clear(&cleared, r.ctx, r.model, SWIFTKV_TIERS_ALL, NULL, 0));
+  assert_int_equal(cleared, 16);
+  swiftkv_elastic *e = NULL;
+  assert_ok(host_region(&e, r.ctx, 128)); /* the whole budget */
+  /* With the budget taken the tier has no room: a store keeps nothing, and says so. */
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, CHUNK_TOKENS, kv, CHUNK_BYTES));
+  assert_int_equal(n, 0);
+  swiftkv_elastic_destroy(e);
+  /* The tier makes its slabs again: 8 chunks fill one, whose budget a region cannot take. */
+  assert_ok(swiftkv_store(&n, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, kv, 8 * CHUNK_BYTES));
+  assert_int_equal(n, 8 * CHUNK_TOKENS);
+  assert_status(host_region(&e, r.ctx, 128), SWIFTKV_ENOMEM);
+  assert_message_contains("host_budget_bytes");
+  assert_null(e);
+  assert_ok(host_region(&e, r.ctx, 128 - 16)); /* all but the full slab's 8 KiB */
+  assert_ok(swiftkv_retrieve(&n, r.ctx, r.model, tokens, 8 * CHUNK_TOKENS, 0, out, sizeof out));
+  assert_int_equal(n, 8 * CHUNK_TOKENS);
+  assert_memory_equal(out, kv, 8 * CHUNK_BYTES);
+  swiftkv_elastic_destroy(e);
+  rig_down(&r);
+}
+
 /* What a chunk event callback does with the library: every call the header allows, from the
  * thread that moved the chunk, and the two refusals instead of a hang. */
 struct reentry {
@@ -1119,6 +1166,7 @@ int main(void) {
       cmocka_unit_test(bad_input_changes_nothing),
       cmocka_unit_test(pins_clear_and_move),
       cmocka_unit_test(borrow_and_give_back),
+      cmocka_unit_test(regions_take_the_budget_of_empty_slabs),
       cmocka_unit_test(callback_calls_the_library),
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),

@@ -1742,25 +1742,37 @@ void budgets_hold_under_random_work(void **) {
   }
 }
 
-// Lookups, stores, loads, moves, clears and pins from several threads while the background
-// thread demotes and keeps the leases. Every chunk a reader gets has exactly its bytes.
+// A host tier on a budget of 64 chunks of three pages: slabs of an eighth, 8 chunks.
+struct SlabRig {
+  explicit SlabRig(bool ahead) : ctx(config(bytes)), tier(ctx, uint64_t{1} << 30, ahead) {}
+  static swiftkv::ContextConfig config(uint64_t chunk) {
+    swiftkv::ContextConfig c;
+    c.host_budget_bytes = 64 * chunk;
+    return c;
+  }
+  // The bytes of the tier's slabs once they reach `want`, or after 10 s.
+  uint64_t reserved_after_wait(uint64_t want) {
+    for (int i = 0; i < 10000 && tier.slab_bytes_reserved() < want; ++i) ::usleep(1000);
+    return tier.slab_bytes_reserved();
+  }
+  // A chunk; before ctx, which it sizes.
+  const uint64_t bytes = 3 * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  swiftkv::Context ctx;
+  swiftkv::HostTier tier;
+};
+
 // Host slabs made ahead on the tier's thread: prepare() makes the first; taking a slab's slots
 // past half makes the next; two threads taking slots meanwhile get distinct slots, exactly as
 // many as the budget holds, and the budget is never exceeded.
 void host_slabs_are_made_ahead(void **) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t bytes = 3 * page;  // a chunk
-  swiftkv::ContextConfig c;
-  c.host_budget_bytes = 64 * bytes;  // slabs of an eighth: 8 chunks
-  swiftkv::Context ctx(c);
-  swiftkv::HostTier tier(ctx, uint64_t{1} << 30, true);
-  auto reserved_after_wait = [&](uint64_t want) {
-    for (int i = 0; i < 10000 && tier.slab_bytes_reserved() < want; ++i) ::usleep(1000);
-    return tier.slab_bytes_reserved();
-  };
+  SlabRig r(true);
+  const uint64_t bytes = r.bytes;
+  swiftkv::Context &ctx = r.ctx;
+  swiftkv::HostTier &tier = r.tier;
+  const uint64_t budget = ctx.config().host_budget_bytes;
   assert_int_equal(tier.slab_bytes_reserved(), 0);
   tier.prepare(bytes);
-  assert_int_equal(reserved_after_wait(8 * bytes), 8 * bytes);
+  assert_int_equal(r.reserved_after_wait(8 * bytes), 8 * bytes);
   const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
   std::vector<uint64_t> slots;
   for (int i = 0; i < 5; ++i) {  // 3 of 8 left: below half
@@ -1768,7 +1780,7 @@ void host_slabs_are_made_ahead(void **) {
     assert_true(s.has_value());
     slots.push_back(*s);
   }
-  assert_int_equal(reserved_after_wait(16 * bytes), 16 * bytes);
+  assert_int_equal(r.reserved_after_wait(16 * bytes), 16 * bytes);
   std::mutex mu;
   auto take_all = [&] {
     while (const std::optional<uint64_t> s = tier.allocate(ChunkKey{}, meta)) {
@@ -1784,7 +1796,7 @@ void host_slabs_are_made_ahead(void **) {
   for (uint64_t s : slots) where.insert(tier.address(s, nullptr));
   assert_int_equal(where.size(), 64);
   assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
-  assert_true(ctx.host_reserved() <= c.host_budget_bytes);
+  assert_true(ctx.host_reserved() <= budget);
   for (uint64_t s : slots) tier.free(s);
   assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
 }
@@ -1793,18 +1805,13 @@ void host_slabs_are_made_ahead(void **) {
 // free (with or without slabs ahead), no further than the budget; allocations taking the room do
 // not make more on their own (an evacuation is taking it), a later keep_room does.
 void host_room_is_kept(void **) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  const uint64_t bytes = 3 * page;
-  swiftkv::ContextConfig c;
-  c.host_budget_bytes = 64 * bytes;  // slabs of 8 chunks
-  swiftkv::Context ctx(c);
-  swiftkv::HostTier tier(ctx, uint64_t{1} << 30, false);
-  auto reserved_after_wait = [&](uint64_t want) {
-    for (int i = 0; i < 10000 && tier.slab_bytes_reserved() < want; ++i) ::usleep(1000);
-    return tier.slab_bytes_reserved();
-  };
+  SlabRig r(false);
+  const uint64_t bytes = r.bytes;
+  swiftkv::Context &ctx = r.ctx;
+  swiftkv::HostTier &tier = r.tier;
+  const uint64_t budget = ctx.config().host_budget_bytes;
   tier.keep_room(bytes, 20);
-  assert_int_equal(reserved_after_wait(24 * bytes), 24 * bytes);  // 3 slabs: 24 >= 20 free
+  assert_int_equal(r.reserved_after_wait(24 * bytes), 24 * bytes);  // 3 slabs: 24 >= 20 free
   ::usleep(20000);
   assert_int_equal(tier.slab_bytes_reserved(), 24 * bytes);
   const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
@@ -1813,14 +1820,58 @@ void host_room_is_kept(void **) {
   ::usleep(20000);
   assert_int_equal(tier.slab_bytes_reserved(), 24 * bytes);  // 4 free: nothing made meanwhile
   tier.keep_room(bytes, 20);
-  assert_int_equal(reserved_after_wait(40 * bytes), 40 * bytes);  // 4 + 16: 20 free
+  assert_int_equal(r.reserved_after_wait(40 * bytes), 40 * bytes);  // 4 + 16: 20 free
   tier.keep_room(bytes, 1000);  // past the budget: as much as it holds, and no more
-  assert_int_equal(reserved_after_wait(64 * bytes), 64 * bytes);
+  assert_int_equal(r.reserved_after_wait(64 * bytes), 64 * bytes);
   ::usleep(20000);
   assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
-  assert_true(ctx.host_reserved() <= c.host_budget_bytes);
+  assert_true(ctx.host_reserved() <= budget);
   for (uint64_t s : slots) tier.free(s);
   assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
+}
+
+// Empty slabs give their budget back on demand: one asked for and maybe being made when the
+// call comes (it waits for it, and nothing is made after), one made ahead; a slab holding a slot
+// stays, its bytes untouched, and the tier makes slabs again afterwards.
+void empty_slabs_give_their_budget_back(void **) {
+  SlabRig r(true);
+  const uint64_t bytes = r.bytes;
+  swiftkv::Context &ctx = r.ctx;
+  swiftkv::HostTier &tier = r.tier;
+  for (int round = 0; round < 20; ++round) {
+    tier.prepare(bytes);
+    const uint64_t given = tier.give_back_empty_slabs();
+    assert_true(given == 0 || given == 8 * bytes);
+    assert_int_equal(tier.slab_bytes_reserved(), 0);
+  }
+  ::usleep(20000);
+  assert_int_equal(tier.slab_bytes_reserved(), 0);
+  assert_int_equal(ctx.host_reserved(), 0);
+  tier.prepare(bytes);
+  assert_int_equal(r.reserved_after_wait(8 * bytes), 8 * bytes);
+  const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
+  std::vector<uint64_t> slots;
+  for (int i = 0; i < 5; ++i) slots.push_back(*tier.allocate(ChunkKey{}, meta));  // 3 of 8 left
+  assert_int_equal(r.reserved_after_wait(16 * bytes), 16 * bytes);                // the next
+  for (uint64_t s : slots) std::memset(tier.address(s, nullptr), static_cast<int>(s & 0xff), bytes);
+  assert_int_equal(tier.give_back_empty_slabs(), 8 * bytes);
+  assert_int_equal(tier.slab_bytes_reserved(), 8 * bytes);
+  assert_int_equal(ctx.host_reserved(), 8 * bytes);
+  for (uint64_t s : slots) {
+    const std::byte *p = tier.address(s, nullptr);
+    for (uint64_t i = 0; i < bytes; ++i) assert_int_equal(static_cast<int>(p[i]), s & 0xff);
+  }
+  for (int i = 0; i < 3; ++i) slots.push_back(*tier.allocate(ChunkKey{}, meta));  // the slab full
+  const std::optional<uint64_t> again = tier.allocate(ChunkKey{}, meta);  // a slab made again
+  assert_true(again.has_value());
+  assert_true(tier.slab_bytes_reserved() >= 16 * bytes);
+  assert_int_equal(tier.give_back_empty_slabs(), 0);  // both hold a slot
+  tier.free(*again);
+  for (uint64_t s : slots) tier.free(s);
+  const uint64_t held = tier.slab_bytes_reserved();
+  assert_int_equal(tier.give_back_empty_slabs(), held);
+  assert_int_equal(tier.slab_bytes_reserved(), 0);
+  assert_int_equal(ctx.host_reserved(), 0);
 }
 
 // A borrowed lease makes the host tier ready for its evacuation: as soon as it is borrowed, host
@@ -1842,6 +1893,8 @@ void borrowing_makes_room_for_the_evacuation(void **) {
   assert_int_equal(r.lender->stats().lent_blocks, 0);
 }
 
+// Lookups, stores, loads, moves, clears and pins from several threads while the background
+// thread demotes and keeps the leases. Every chunk a reader gets has exactly its bytes.
 void concurrent_use(void **) {
   Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 8, 4, swiftkv::EvictionPolicy::lru, 25, 1);
   std::atomic<int> bad{0};
@@ -1930,6 +1983,7 @@ int main() {
       cmocka_unit_test(budgets_hold_under_random_work),
       cmocka_unit_test(host_slabs_are_made_ahead),
       cmocka_unit_test(host_room_is_kept),
+      cmocka_unit_test(empty_slabs_give_their_budget_back),
       cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
       cmocka_unit_test(concurrent_use),
   };
