@@ -109,9 +109,17 @@ std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &me
   cv_.wait(lock, [&] { return !list.empty() || making_.count(bytes) == 0; });
   if (list.empty()) {
     std::optional<SlabPlan> plan = plan_slab_locked(bytes);
-    if (!plan && release_empty_slabs_locked(bytes) != 0) plan = plan_slab_locked(bytes);
-    if (!plan) return std::nullopt;
-    add_slab_locked(*plan, make_slab_memory(*plan));
+    if (!plan) {
+      // Short of budget. A slab of another size being made holds some: wait for it (it may
+      // fail and give its budget back), then take the empty slabs of other sizes.
+      cv_.wait(lock, [&] { return making_.empty(); });
+      if (list.empty()) {
+        release_empty_slabs_locked(bytes);
+        plan = plan_slab_locked(bytes);
+        if (!plan) return std::nullopt;
+      }
+    }
+    if (plan) add_slab_locked(*plan, make_slab_memory(*plan));
   }
   const uint64_t slot = list.back();
   list.pop_back();

@@ -81,8 +81,8 @@ class HostTier final : public TierStore {
   void add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegion> memory);
   // Gives the budget of every empty slab of another size than `bytes` (0: of every size) back:
   // chunks of one size (decoded) and of others (encoded) share the budget, and a slab kept empty
-  // for one size would starve the others. Only when a slab of `bytes` finds no budget, so steady
-  // use never churns. The bytes released.
+  // for one size would starve the others. Only when a slab of `bytes` finds no budget (once no
+  // slab is being made), so steady use never churns. The bytes released.
   uint64_t release_empty_slabs_locked(uint64_t bytes);
   // Wakes the thread for `bytes` when its free slots fall below half of its last slab (with
   // `ahead`), or (for_room) below the room kept for the size. Allocations do not ask for the

@@ -1874,6 +1874,27 @@ void empty_slabs_give_their_budget_back(void **) {
   assert_int_equal(ctx.host_reserved(), 0);
 }
 
+// A store short of budget while the thread makes a slab of another size ahead: the store waits
+// for that slab and takes its budget back (it is empty), every time. The budget (8 pages) holds
+// one slab of either size (5 pages, 4 pages: chunks past an eighth get a slab each), not both.
+void a_store_takes_the_budget_of_a_slab_made_meanwhile(void **) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  swiftkv::ContextConfig c;
+  c.host_budget_bytes = 8 * page;
+  swiftkv::Context ctx(c);
+  swiftkv::HostTier tier(ctx, uint64_t{1} << 30, true);
+  const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, 4 * page};
+  for (int round = 0; round < 200; ++round) {
+    tier.prepare(5 * page);
+    const std::optional<uint64_t> slot = tier.allocate(ChunkKey{}, meta);
+    assert_true(slot.has_value());
+    assert_true(ctx.host_reserved() <= c.host_budget_bytes);
+    tier.free(*slot);
+    tier.give_back_empty_slabs();
+    assert_int_equal(ctx.host_reserved(), 0);
+  }
+}
+
 // A borrowed lease makes the host tier ready for its evacuation: as soon as it is borrowed, host
 // slabs for every chunk it can hold are made (before anything is stored), and a reclaim then
 // moves every chunk into them, exact.
@@ -1984,6 +2005,7 @@ int main() {
       cmocka_unit_test(host_slabs_are_made_ahead),
       cmocka_unit_test(host_room_is_kept),
       cmocka_unit_test(empty_slabs_give_their_budget_back),
+      cmocka_unit_test(a_store_takes_the_budget_of_a_slab_made_meanwhile),
       cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
       cmocka_unit_test(concurrent_use),
   };
