@@ -1221,11 +1221,7 @@ static void bad_pool_descriptors_are_rejected(void **state) {
   engine_down(&e);
 }
 
-/* A model on a device the context does not use gets no pool, made or registered: ENODEV, and
- * nothing is left behind (the model can still go). */
-/* A library-made host pool is allocated and mapped by swiftkv_pool_create: the engine's first
- * write to each of its pages (or the first save reading them) takes no page fault. 3 layers of
- * 16384 pages of 192 bytes, 3 MiB a layer: 2304 memory pages, each a fault if left unmapped. */
+/* Minor page faults this process has taken so far. */
 static long minor_faults(void) {
   struct rusage u;
   memset(&u, 0, sizeof u);
@@ -1248,6 +1244,9 @@ __attribute__((no_sanitize("address", "thread"))) static void touch_pages(unsign
   for (size_t at = 0; at < bytes; at += page) p[at] = value;
 }
 
+/* A library-made host pool is allocated and mapped by swiftkv_pool_create: the engine's first
+ * write to each of its pages (or the first save reading them) takes no page fault. 3 layers of
+ * 16384 pages of 192 bytes, 3 MiB a layer: 2304 memory pages, each a fault if left unmapped. */
 static void created_pools_are_mapped_when_made(void **state) {
   (void)state;
   swiftkv_ctx *ctx = NULL;
@@ -1277,6 +1276,8 @@ static void created_pools_are_mapped_when_made(void **state) {
   swiftkv_ctx_destroy(ctx);
 }
 
+/* A model on a device the context does not use gets no pool, made or registered: ENODEV, and
+ * nothing is left behind (the model can still go). */
 static void device_pools_need_their_device(void **state) {
   (void)state;
   swiftkv_ctx *ctx = NULL;
