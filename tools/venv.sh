@@ -19,8 +19,10 @@ mkdir -p "$cache"
 exec 9>"$cache/.$name.lock"
 flock 9
 if [ ! -f "$venv/.complete" ]; then
-  for old in "$cache/$name"-*; do
-    [ -d "$old" ] && [ "$old" != "$venv" ] && rm -rf "$old"
+  # Only NAME-<12 hex digits>: another NAME that begins with this one (vllm, vllm-engine) keeps
+  # its venv.
+  for old in "$cache/$name"-????????????; do
+    [[ -d "$old" && "$old" != "$venv" && ${old##*/} =~ ^.+-[0-9a-f]{12}$ ]] && rm -rf "$old"
   done
   rm -rf "$venv"
   echo "venv.sh: making $venv (from PyPI, once: $(grep -v '^#' "$req" | tr '\n' ' '))" >&2
