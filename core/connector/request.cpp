@@ -516,6 +516,7 @@ uint64_t Request::wait_save(void *stream) {
       // An I/O error writing the chunk: it is not saved, and the engine loses nothing.
     }
   }
+  if (saved != 0) cache_.after_stores(spec_.model);
   lock.lock();
   info_.saved_tokens = saved;
   return saved;

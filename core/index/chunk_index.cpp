@@ -250,6 +250,17 @@ void ChunkIndex::prefetch(const ChunkKey &k) const noexcept {
   __builtin_prefetch(t + home(k.hi, cap), 1, 1);
 }
 
+void ChunkIndex::prefetch_for_erase(const ChunkKey &k) const noexcept {
+  const Shard &s = shard(k);
+  const Slot *t = s.table.load(std::memory_order_relaxed);
+  const uint64_t cap = s.cap.load(std::memory_order_relaxed);
+  // The key's home and the slot after it: erasing shifts the rest of the probe run back, and
+  // reads at least the next slot to see whether it ends there.
+  const uint64_t h = home(k.hi, cap);
+  __builtin_prefetch(t + h, 1, 1);
+  __builtin_prefetch(t + next(h, cap), 1, 1);
+}
+
 std::optional<Tier> ChunkIndex::find_node(const ChunkKey &k, uint32_t *node) const {
   const Shard &s = shard(k);
   std::shared_lock lock(s.mu);
@@ -529,6 +540,93 @@ bool ChunkIndex::drop(const ChunkKey &k, bool respect_pins, std::optional<Tier> 
   to_free.push_back(where(*slot));
   erase(s, slot);
   return true;
+}
+
+std::optional<ChunkMeta> ChunkIndex::evict(const ChunkKey &k, Tier from, bool respect_pins,
+                                           std::vector<SlotRef> &to_free) {
+  std::lock_guard order(order_mu_);
+  return evict_locked(k, from, respect_pins, to_free);
+}
+
+uint64_t ChunkIndex::evict_victims(Tier t, const ChunkKey &model, uint64_t now_ns, uint64_t bytes,
+                                   std::vector<Evicted> &out, std::vector<SlotRef> &to_free) {
+  std::lock_guard order(order_mu_);
+  const uint32_t d = domain_locked(t, model);
+  uint64_t freed = 0;
+  // Victims are the chunks least recently used, so their order nodes and table slots are cold
+  // (in DRAM at a million chunks). The victims to come are guessed along the victim's FIFO
+  // list, which is exact under LRU: their nodes are fetched three victims ahead and their slots
+  // two ahead, so that each is there when its turn comes; the next victim's slot is fetched
+  // once it is known in any case. A chunk in the order is neither
+  // pinned nor moving (both unlink it), and order_mu_ keeps it so: it goes.
+  EvictionOrder::Victims victims(order_, d, now_ns);
+  constexpr size_t kAhead = 3;
+  std::array<uint32_t, kAhead> guess{};  // guessed victims after the current one, in order
+  size_t guessed = 0;
+  for (uint32_t node = victims.peek(); node != EvictionOrder::kNoNode && freed < bytes;
+       node = victims.peek()) {
+    // The guesses follow `node` in its list; a wrong one (retention chose another class, or the
+    // list ended) starts them again from here.
+    if (guessed != 0 && guess[0] == node) {
+      std::copy(guess.begin() + 1, guess.begin() + static_cast<std::ptrdiff_t>(guessed),
+                guess.begin());
+      --guessed;
+    } else {
+      guessed = 0;
+    }
+    // One more guess a round, from the last one (fetched a round ago): walking several at once
+    // would wait for each node in turn.
+    if (guessed < kAhead) {
+      const uint32_t next = order_.next_in_list(guessed == 0 ? node : guess[guessed - 1]);
+      if (next != EvictionOrder::kNoNode) {
+        order_.prefetch(next);
+        guess[guessed++] = next;
+      }
+    }
+    if (guessed >= 2) prefetch_for_erase(order_.key(guess[1]));  // fetched a round ago
+    const ChunkKey k = order_.key(node);
+    victims.pop();
+    // The next victim's slot in any case: under retention it is often another class's head
+    // (whose node Victims fetched when it read the class).
+    if (const uint32_t next = victims.peek(); next != EvictionOrder::kNoNode) {
+      prefetch_for_erase(order_.key(next));
+    }
+    Shard &s = shard(k);
+    std::unique_lock lock(s.mu);
+    Slot *slot = find(s, k);
+    if (slot == nullptr) break;  // cannot happen: the order and the table agree under order_mu_
+    const ChunkMeta m = meta(s, *slot);
+    remove_slot_locked(s, slot, to_free);
+    out.push_back(Evicted{k, m});
+    freed += m.stored();
+  }
+  return freed;
+}
+
+void ChunkIndex::remove_slot_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free) {
+  count(s, *slot, -1);
+  if (slot->users != 0) {
+    slot->flags |= kDoomed;  // a reader holds it: the last user frees it
+    return;
+  }
+  // No users, so no retired copies either: they wait only for readers.
+  to_free.push_back(where(*slot));
+  erase(s, slot);
+}
+
+std::optional<ChunkMeta> ChunkIndex::evict_locked(const ChunkKey &k, Tier from, bool respect_pins,
+                                                  std::vector<SlotRef> &to_free) {
+  Shard &s = shard(k);
+  std::unique_lock lock(s.mu);
+  Slot *slot = find(s, k);
+  if (slot == nullptr || (slot->flags & (kDoomed | kMoving)) != 0 ||
+      static_cast<Tier>(slot->tier) != from || (respect_pins && slot->pins != 0)) {
+    return std::nullopt;
+  }
+  const ChunkMeta m = meta(s, *slot);
+  order_.remove(slot->node);  // a doomed slot keeps a stale number that nothing reads
+  remove_slot_locked(s, slot, to_free);
+  return m;
 }
 
 bool ChunkIndex::pin(const ChunkKey &k) {

@@ -149,6 +149,8 @@ class ChunkIndex {
   uint64_t memory_bytes() const;
   // A hint that k is needed soon (insert or lookup); no effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
+  // The same for a key about to be erased: its slot and the next one.
+  void prefetch_for_erase(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
   // Where a visible chunk is, recording no activity.
   std::optional<SlotRef> locate(const ChunkKey &k) const;
@@ -174,6 +176,21 @@ class ChunkIndex {
   // `only_from`, only a chunk in that tier.
   bool drop(const ChunkKey &k, bool respect_pins, std::optional<Tier> only_from,
             std::vector<SlotRef> &to_free);
+
+  // Removes a chunk that is in tier `from`, not being moved and (with respect_pins) not pinned,
+  // in one step: what begin_move, abort_move and drop do to a victim that goes nowhere. Its meta,
+  // or nullopt (nothing changed) when it is not such a chunk.
+  std::optional<ChunkMeta> evict(const ChunkKey &k, Tier from, bool respect_pins,
+                                 std::vector<SlotRef> &to_free);
+  struct Evicted {
+    ChunkKey key;
+    ChunkMeta meta;
+  };
+  // Victims of tier t (as victim() chooses them) removed in one pass, for a tier whose victims
+  // go nowhere: at least one, until their stored bytes reach `bytes` or nothing may go. Appends
+  // them to `out` and their slots to to_free; returns the bytes they stored.
+  uint64_t evict_victims(Tier t, const ChunkKey &model, uint64_t now_ns, uint64_t bytes,
+                         std::vector<Evicted> &out, std::vector<SlotRef> &to_free);
 
   // Counted pins. unpin: false when the chunk is absent or not pinned.
   bool pin(const ChunkKey &k);
@@ -289,6 +306,11 @@ class ChunkIndex {
   // Rehashes a shard into a table of `cap` slots (more than it holds).
   void grow(Shard &s, uint64_t cap);
   static void erase(Shard &s, Slot *slot);
+  // Takes a resident chunk's slot out (its order node already gone): erased, or doomed when a
+  // reader holds it; call with its shard's lock held.
+  void remove_slot_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
+  std::optional<ChunkMeta> evict_locked(const ChunkKey &k, Tier from, bool respect_pins,
+                                        std::vector<SlotRef> &to_free);
   // Adds (+1) or takes (-1) a chunk's share of its shard's counts.
   static void count(Shard &s, const Slot &slot, int sign) noexcept;
   static uint16_t model_index(Shard &s, const ChunkKey &model);

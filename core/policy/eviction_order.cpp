@@ -3,6 +3,7 @@
 #include "core/policy/eviction_order.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <stdexcept>
 
@@ -37,14 +38,23 @@ uint32_t EvictionOrder::cost_class(double cost) noexcept {
 }
 
 double EvictionOrder::class_cost(uint32_t cls) noexcept {
-  if (cls == 0) return 0;
-  return std::exp2((static_cast<double>(cls) - kClasses / 2) / kClassesPerOctave);
+  // A table: the retention scan asks it for every class at every victim.
+  static const std::array<double, kClasses> table = [] {
+    std::array<double, kClasses> t{};
+    for (uint32_t c = 1; c < kClasses; ++c) {
+      t[c] = std::exp2((static_cast<double>(c) - kClasses / 2) / kClassesPerOctave);
+    }
+    return t;
+  }();
+  return cls < kClasses ? table[cls]
+                        : std::exp2((static_cast<double>(cls) - kClasses / 2) / kClassesPerOctave);
 }
 
 uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now) {
   uint32_t id = free_;
   if (id != kNoNode) {
     free_ = nodes_[id].next;
+    if (free_ == kNoNode) free_tail_ = kNoNode;
   } else {
     if (nodes_.size() >= kNoNode) throw std::length_error("eviction order: too many chunks");
     id = static_cast<uint32_t>(nodes_.size());
@@ -68,9 +78,17 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
 void EvictionOrder::remove(uint32_t node) noexcept {
   unlink(node);
   Node &n = nodes_[node];
+  // Freed nodes are reused first in, first out: a full tier frees its victims in order and
+  // stores as many chunks, so a FIFO list keeps its nodes in order of their numbers and the
+  // victims to come lie ahead in memory (the walk along the oldest is sequential).
   n.list = kFree;
-  n.next = free_;
-  free_ = node;
+  n.next = kNoNode;
+  if (free_tail_ == kNoNode) {
+    free_ = node;
+  } else {
+    nodes_[free_tail_].next = node;
+  }
+  free_tail_ = node;
 }
 
 EvictionOrder::Domain &EvictionOrder::domain(uint32_t d) {
@@ -230,6 +248,61 @@ uint32_t EvictionOrder::victim(uint32_t d, uint64_t now) const {
   }
   if (at.second == kTree) return chosen->tree.begin()->second;
   return chosen->fifo[at.second].head;
+}
+
+EvictionOrder::Victims::Victims(EvictionOrder &order, uint32_t d, uint64_t now)
+    : order_(order), now_(now) {
+  if (d >= order.domains_.size() || order.domains_[d]->size == 0) return;
+  dom_ = order.domains_[d].get();
+  if (order.policy_ == EvictionPolicy::lru) {
+    Candidate c{};
+    if (read(0, &c)) candidates_.push_back(c);
+  } else {
+    for (uint32_t w = 0; w < dom_->nonempty.size(); ++w) {
+      for (uint64_t bits = dom_->nonempty[w]; bits != 0; bits &= bits - 1) {
+        Candidate c{};
+        if (read(w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits)), &c)) {
+          candidates_.push_back(c);
+        }
+      }
+    }
+  }
+  choose();
+}
+
+bool EvictionOrder::Victims::read(uint32_t cls, Candidate *out) const noexcept {
+  const Class &c = dom_->classes[cls];
+  if (c.size == 0) return false;
+  const auto o = c.oldest();
+  out->cls = cls;
+  out->cost = class_cost(cls);
+  out->idle = static_cast<double>(now_ > o.first ? now_ - o.first : 1);
+  out->node = o.second == kTree ? c.tree.begin()->second : c.fifo[o.second].head;
+  order_.prefetch(out->node);  // its key is read if it becomes the victim
+  return true;
+}
+
+void EvictionOrder::Victims::choose() noexcept {
+  // As victim(): the smallest class_cost / idle, compared as cost_a * idle_b < cost_b * idle_a,
+  // the first of equals in class order; under LRU the one class.
+  node_ = kNoNode;
+  for (size_t i = 0; i < candidates_.size(); ++i) {
+    const Candidate &c = candidates_[i];
+    if (node_ == kNoNode ||
+        c.cost * candidates_[chosen_].idle < candidates_[chosen_].cost * c.idle) {
+      chosen_ = i;
+      node_ = c.node;
+    }
+  }
+}
+
+void EvictionOrder::Victims::pop() noexcept {
+  if (node_ == kNoNode) return;
+  order_.remove(node_);
+  if (!read(candidates_[chosen_].cls, &candidates_[chosen_])) {
+    candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(chosen_));
+  }
+  choose();
 }
 
 uint64_t EvictionOrder::size(uint32_t d) const noexcept {

@@ -84,12 +84,49 @@ class EvictionOrder {
   // Touches since the node was added (saturating): its reuse history for the compression policy.
   uint32_t hits(uint32_t node) const noexcept { return nodes_[node].hits; }
   const ChunkKey &key(uint32_t node) const noexcept { return nodes_[node].key; }
+  // The node behind `node` in its FIFO list (kNoNode at the tail, in the tree or unlinked): the
+  // likely victim after it, for prefetching.
+  uint32_t next_in_list(uint32_t node) const noexcept {
+    return nodes_[node].list < kLists ? nodes_[node].next : kNoNode;
+  }
   // The retention class of a cost, and the lower bound of a class's costs.
   static uint32_t cost_class(double cost) noexcept;
   static double class_cost(uint32_t cls) noexcept;
 
   // The node `domain` gives up first at `now`; kNoNode when the domain holds none.
   uint32_t victim(uint32_t domain, uint64_t now) const;
+
+ private:
+  struct Domain;
+
+ public:
+  // Successive victims of one domain at one `now`, taken while nothing else changes the order
+  // (a batch of evictions under the owner's lock), in the order victim() would give them: the
+  // classes' oldest activities are read once, and then only the class a victim leaves.
+  class Victims {
+   public:
+    Victims(EvictionOrder &order, uint32_t domain, uint64_t now);
+    // The next victim; kNoNode when the domain holds none.
+    uint32_t peek() const noexcept { return node_; }
+    // Removes that node from the order (as remove()) and finds the next.
+    void pop() noexcept;
+
+   private:
+    struct Candidate {
+      double cost, idle;
+      uint32_t cls;
+      uint32_t node;
+    };
+    bool read(uint32_t cls, Candidate *out) const noexcept;
+    void choose() noexcept;
+
+    EvictionOrder &order_;
+    const Domain *dom_ = nullptr;
+    uint64_t now_;
+    std::vector<Candidate> candidates_;  // one per nonempty class
+    size_t chosen_ = 0;
+    uint32_t node_ = kNoNode;
+  };
   // Nodes in `domain`.
   uint64_t size(uint32_t domain) const noexcept;
 
@@ -134,7 +171,7 @@ class EvictionOrder {
   const EvictionPolicy policy_;
   const RecomputeCost cost_;
   std::vector<Node> nodes_;
-  uint32_t free_ = kNoNode;
+  uint32_t free_ = kNoNode, free_tail_ = kNoNode;  // freed nodes, oldest first
   uint64_t tree_entries_ = 0;
   std::vector<std::unique_ptr<Domain>> domains_;
 };

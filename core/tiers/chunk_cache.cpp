@@ -108,6 +108,7 @@ void ChunkCache::set_event_callback(ChunkEventFn fn) {
   auto slot = fn ? std::make_shared<EventSlot>() : nullptr;
   if (slot) slot->fn = std::move(fn);
   std::unique_lock lock(cb_mu_);
+  has_event_fn_.store(slot != nullptr, std::memory_order_relaxed);
   std::shared_ptr<EventSlot> old = std::exchange(on_event_, std::move(slot));
   if (!old) return;
   // A call of the old callback on this very thread is below us on the stack: not waited for.
@@ -123,6 +124,8 @@ bool ChunkCache::in_event_callback() const noexcept {
 }
 
 void ChunkCache::emit(const ChunkEvent &e) {
+  // Without a callback an eviction takes no lock here (one per chunk of a full tier's stores).
+  if (!has_event_fn_.load(std::memory_order_relaxed)) return;
   std::shared_ptr<EventSlot> slot;
   {
     std::lock_guard lock(cb_mu_);
@@ -208,14 +211,15 @@ LookupResult ChunkCache::lookup(std::span<const ChunkKey> keys, uint8_t *residen
 }
 
 std::optional<uint64_t> ChunkCache::allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
-                                                bool room) {
+                                                bool room, uint64_t now_ns) {
   TierStore *s = store_of(t);
   if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
   if (!room) return std::nullopt;
   // A tier may count room it cannot hand out in one piece (the tail of a disk segment): then
   // one more victim at a time, a few times.
   for (int tries = 0; tries < 16; ++tries) {
-    if (!make_room(t, meta.model, meta.stored(), tries > 0)) return std::nullopt;
+    // The allocation just failed: at least one victim goes before the free bytes are asked.
+    if (!make_room(t, meta.model, meta.stored(), true, now_ns)) return std::nullopt;
     if (std::optional<uint64_t> slot = s->allocate(key, meta)) return slot;
   }
   return std::nullopt;
@@ -225,21 +229,68 @@ std::optional<SlotRef> ChunkCache::place(const ChunkKey &key, const ChunkMeta &m
   for (size_t i = chain_pos_[tier_slot(first)]; i < kTierCount; ++i) {
     const Tier t = options_.chain[i];
     if (!configured(t, meta.model)) continue;
-    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
+    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true, now())) {
+      return SlotRef{t, *slot};
+    }
   }
   return std::nullopt;
 }
 
-bool ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one) {
+bool ChunkCache::drops_victims(Tier t) const {
+  return adaptive_models_.load(std::memory_order_relaxed) == 0 && !lent(t) &&
+         !lower_tier(t, ChunkKey{});
+}
+
+bool ChunkCache::encodes(const ChunkKey &model, Tier t) const {
+  if (lent(t)) return false;
+  std::shared_lock lock(comp_mu_);
+  const auto it = compression_.find(model);
+  return it != compression_.end() &&
+         (it->second.adaptive.enabled || it->second.fixed[tier_slot(t)].has_value());
+}
+
+bool ChunkCache::make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one,
+                           uint64_t now_ns) {
   const TierStore *s = store_of(t);
   // Victims come from the tier's eviction order, one at a time: no scan of the index. A victim
   // another thread takes meanwhile is simply not ours to move, and the order offers the next.
   // The tier's free bytes are asked after each: a chunk still read frees its slot later, and a
   // disk segment gives its room back only once it can be cleaned.
   bool evicted = false;
+  if (drops_victims(t)) {
+    // The last tier of the chain drops its victims, each found and removed in one step of the
+    // index: a full tier does this at every store.
+    // A store's batch is a prompt's chunks: room for that many without growing.
+    std::vector<ChunkIndex::Evicted> gone;
+    std::vector<SlotRef> to_free;
+    std::vector<uint64_t> slots;
+    gone.reserve(64);
+    to_free.reserve(64);
+    slots.reserve(64);
+    for (;;) {
+      uint64_t want = bytes;  // at_least_one: an allocation just failed, at least a chunk's worth
+      if (evicted || !at_least_one) {
+        const uint64_t free_now = s->free_bytes(model);
+        if (free_now >= bytes) return true;
+        want = bytes - free_now;
+      }
+      gone.clear();
+      to_free.clear();
+      index_.evict_victims(t, model, now_ns, want, gone, to_free);
+      if (gone.empty()) return evicted;
+      slots.clear();
+      for (const SlotRef &r : to_free) slots.push_back(r.slot);  // all of tier t
+      store_of(t)->free_many(slots);
+      evictions_.fetch_add(gone.size(), std::memory_order_relaxed);
+      for (const ChunkIndex::Evicted &e : gone) {
+        emit(ChunkEvent{e.meta.model, e.key, t, std::nullopt, ChunkEventReason::policy});
+      }
+      evicted = true;
+    }
+  }
   std::optional<ChunkKey> last;
   while ((at_least_one && !evicted) || s->free_bytes(model) < bytes) {
-    const std::optional<ChunkKey> v = index_.victim(t, model, now());
+    const std::optional<ChunkKey> v = index_.victim(t, model, now_ns);
     if (!v || v == last) return evicted;  // nothing may go, or a victim that would not move
     last = v;
     if (adaptive_models_.load(std::memory_order_relaxed) == 0) {
@@ -332,7 +383,7 @@ ChunkCache::MoveResult ChunkCache::move_as(const ChunkKey &key, const ChunkUse &
     }
   }
   const std::optional<uint64_t> slot =
-      allocate_in(to, key, recoded ? recoded->meta : use.meta, room);
+      allocate_in(to, key, recoded ? recoded->meta : use.meta, room, now());
   if (!slot) return MoveResult::no_room;
   return complete_move(key, use, SlotRef{to, *slot}, recoded ? &*recoded : nullptr)
              ? MoveResult::moved
@@ -341,6 +392,10 @@ ChunkCache::MoveResult ChunkCache::move_as(const ChunkKey &key, const ChunkUse &
 
 uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
                             ChunkEventReason reason) {
+  // The last tier of the chain (host or disk: their lower tiers are every model's) drops its
+  // victims: one step in the index, as a full tier evicts at each store.
+  if (!lent(from) && !lower_tier(from, ChunkKey{}))
+    return drop_victim(key, from, respect_pins, reason);
   std::optional<ChunkUse> use = index_.begin_move(key, from, respect_pins);
   if (!use) return 0;
   const ChunkMeta meta = use->meta;
@@ -362,12 +417,19 @@ uint64_t ChunkCache::demote(const ChunkKey &key, Tier from, bool respect_pins,
 }
 
 uint64_t ChunkCache::evict(const ChunkKey &key, Tier t) {
-  std::optional<ChunkUse> use = index_.begin_move(key, t, true);
-  if (!use) return 0;
-  const ChunkMeta meta = use->meta;
-  abort_move(key);
-  drop_chunk(key, meta, t, ChunkEventReason::policy);
-  return meta.stored();
+  return drop_victim(key, t, true, ChunkEventReason::policy);
+}
+
+uint64_t ChunkCache::drop_victim(const ChunkKey &key, Tier from, bool respect_pins,
+                                 ChunkEventReason reason) {
+  std::vector<SlotRef> to_free;
+  const std::optional<ChunkMeta> meta = index_.evict(key, from, respect_pins, to_free);
+  if (!meta) return 0;
+  free_slots(to_free);
+  if (reason == ChunkEventReason::policy) evictions_.fetch_add(1, std::memory_order_relaxed);
+  if (reason == ChunkEventReason::revoked) revocations_.fetch_add(1, std::memory_order_relaxed);
+  emit(ChunkEvent{meta->model, key, from, std::nullopt, reason});
+  return meta->stored();
 }
 
 uint64_t ChunkCache::compress_in_place(const ChunkKey &key, Tier t, const codec::CodecParams &to) {
@@ -433,19 +495,34 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
   bool run_open = true;
   std::vector<std::optional<Tier>> tiers(keys.size());
   index_.touch_many(keys, t, tiers.data());
+  // A full last tier makes the call's room at once: its victims leave the index in one pass and
+  // their slots go back in one call, rather than one eviction per chunk placed. (Chunks it
+  // encodes have sizes not known yet: those make room as each is placed.)
+  const uint64_t absent =
+      static_cast<uint64_t>(std::count(tiers.begin(), tiers.end(), std::nullopt));
+  if (absent != 0) {
+    for (size_t i = 0; i < kTierCount; ++i) {
+      const Tier first = options_.chain[i];
+      if (!configured(first, model)) continue;
+      if (drops_victims(first) && !encodes(model, first)) {
+        make_room(first, model, absent * chunk_bytes, false, t);
+      }
+      break;
+    }
+  }
   for (size_t i = 0; i < keys.size(); ++i) {
     bool resident = tiers[i].has_value();
     if (!resident) {
       const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
       resident =
-          place_new(keys[i], meta, src + i * chunk_bytes, options_.chain[0]) != Placed::no_room;
+          place_new(keys[i], meta, src + i * chunk_bytes, options_.chain[0], t) != Placed::no_room;
       if (!resident) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
     }
     if (!resident) run_open = false;
     if (run_open) ++leading;
     if (leading_so_far != nullptr) *leading_so_far = leading;
   }
-  if (options_.demote_free_percent != 0) thread_cv_.notify_one();
+  after_stores(model);
   return leading;
 }
 
@@ -517,7 +594,7 @@ uint64_t ChunkCache::retrieve(std::span<const ChunkKey> keys, uint64_t start, ui
 }
 
 ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &meta,
-                                         const std::byte *decoded, Tier first) {
+                                         const std::byte *decoded, Tier first, uint64_t now_ns) {
   std::optional<Encoded> encoded;  // the last encoding made, for the next tier that asks it
   if (needs_measure(meta.model)) measure_methods(meta.model, decoded);
   for (size_t i = chain_pos_[tier_slot(first)]; i < kTierCount; ++i) {
@@ -534,7 +611,7 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
       m = &encoded->meta;
       bytes = encoded->bytes.data();
     }
-    const std::optional<uint64_t> slot = allocate_in(t, key, *m, true);
+    const std::optional<uint64_t> slot = allocate_in(t, key, *m, true, now_ns);
     if (!slot) continue;
     TierStore *s = store_of(t);
     try {
@@ -544,7 +621,7 @@ ChunkCache::Placed ChunkCache::place_new(const ChunkKey &key, const ChunkMeta &m
       throw;
     }
     // Visible to lookup only now that the bytes are whole, and only if they are still ours.
-    if (s->readable(*slot) && index_.insert(key, *m, SlotRef{t, *slot}, now())) {
+    if (s->readable(*slot) && index_.insert(key, *m, SlotRef{t, *slot}, now_ns)) {
       stores_.fetch_add(1, std::memory_order_relaxed);
       return Placed::stored;
     }
@@ -817,7 +894,9 @@ std::optional<SlotRef> ChunkCache::reserve_slot(const ChunkKey &key, const Chunk
       held.fetch_sub(bytes, std::memory_order_relaxed);
       continue;  // the requests open hold their share of this tier already
     }
-    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true)) return SlotRef{t, *slot};
+    if (std::optional<uint64_t> slot = allocate_in(t, key, meta, true, now())) {
+      return SlotRef{t, *slot};
+    }
     held.fetch_sub(bytes, std::memory_order_relaxed);
   }
   stores_rejected_.fetch_add(1, std::memory_order_relaxed);
@@ -832,9 +911,8 @@ bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef whe
   if (staging != nullptr && entering(key, meta, where.tier)) {
     // The tier encodes: the decoded reservation gives way to the encoded chunk.
     s->free(where.slot);
-    const Placed p = place_new(key, meta, staging, where.tier);
+    const Placed p = place_new(key, meta, staging, where.tier, now());
     if (p == Placed::no_room) stores_rejected_.fetch_add(1, std::memory_order_relaxed);
-    if (p == Placed::stored && options_.demote_free_percent != 0) thread_cv_.notify_one();
     return p == Placed::stored;
   }
   try {
@@ -846,7 +924,6 @@ bool ChunkCache::publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef whe
   // Visible to lookup only now that the bytes are whole, and only if they are still ours.
   if (s->readable(where.slot) && index_.insert(key, meta, where, now())) {
     stores_.fetch_add(1, std::memory_order_relaxed);
-    if (options_.demote_free_percent != 0) thread_cv_.notify_one();
     return true;
   }
   s->free(where.slot);
@@ -1025,19 +1102,60 @@ void ChunkCache::give_back(const ChunkKey &model) {
   }
 }
 
-void ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
+uint64_t ChunkCache::free_target(Tier t, const ChunkKey &model) const {
+  const uint64_t cap = store_of(t)->capacity_bytes(model);
+  return cap / 100 * options_.demote_free_percent + cap % 100 * options_.demote_free_percent / 100;
+}
+
+bool ChunkCache::host_demotes_ahead() const {
+  const bool remote_below_host =
+      chain_pos_[tier_slot(Tier::remote)] > chain_pos_[tier_slot(Tier::host)] &&
+      remote_->total_capacity_bytes() != 0;
+  return configured(Tier::host, ChunkKey{}) &&
+         (lower_tier(Tier::host, ChunkKey{}) || remote_below_host);
+}
+
+bool ChunkCache::demote_ahead(Tier t, const ChunkKey &model) {
   const TierStore *s = store_of(t);
-  const uint64_t cap = s->capacity_bytes(model);
-  const uint64_t want =
-      cap / 100 * options_.demote_free_percent + cap % 100 * options_.demote_free_percent / 100;
-  const uint64_t free_now = s->free_bytes(model);
-  if (free_now >= want) return;
+  const uint64_t want = free_target(t, model);
+  if (s->free_bytes(model) >= want) return true;
   // Loads first: a pending load out of this tier uses the link this demotion would.
   if (loads_active_[tier_slot(t)].load() != 0) {
     deferred_.fetch_add(1, std::memory_order_relaxed);
+    return false;
+  }
+  make_room(t, model, want, false, now());
+  return s->free_bytes(model) >= want;
+}
+
+void ChunkCache::after_stores(const ChunkKey &model) {
+  // One look per call that stored (never per chunk), and no wake-up unless the thread has work:
+  // a store into a full tier evicts on its own thread, and a thread woken for nothing there
+  // cost more than the store (a context switch each). A pass that could not reach its target
+  // (pinned chunks, loads first) leaves the retries to the thread's own period.
+  if (options_.demote_free_percent == 0 || !thread_.joinable() ||
+      demote_short_.load(std::memory_order_relaxed)) {
     return;
   }
-  make_room(t, model, want, false);
+  // Woken below half the target, a pass makes room up to all of it: one wake-up per half a
+  // target's worth of stores, not one per store that takes the free bytes under the target.
+  bool below = false;
+  for (const Tier t : {Tier::peer, Tier::remote}) {
+    if (!below && lent_tier(t).capacity_bytes(model) != 0) {
+      below = store_of(t)->free_bytes(model) < free_target(t, model) / 2;
+    }
+  }
+  if (!below && host_demotes_ahead()) {
+    below = store_of(Tier::host)->free_bytes(ChunkKey{}) < free_target(Tier::host, ChunkKey{}) / 2;
+  }
+  if (!below) return;
+  {
+    std::lock_guard lock(thread_mu_);
+    if (woken_ || stop_) return;  // a pass is asked for already
+    woken_ = true;
+  }
+  store_wakes_.fetch_add(1, std::memory_order_relaxed);
+  thread_cv_.notify_one();
 }
 
 void ChunkCache::maintain() {
@@ -1053,16 +1171,12 @@ void ChunkCache::maintain() {
   if (options_.demote_free_percent == 0) return;
   // Lent memory makes room per model (its victims go down, or are dropped from the last tier);
   // host memory only while some tier below it can take its victims.
+  bool reached = true;
   for (const Tier t : {Tier::peer, Tier::remote}) {
-    for (const ChunkKey &m : lent_tier(t).models()) demote_ahead(t, m);
+    for (const ChunkKey &m : lent_tier(t).models()) reached &= demote_ahead(t, m);
   }
-  const bool remote_below_host =
-      chain_pos_[tier_slot(Tier::remote)] > chain_pos_[tier_slot(Tier::host)] &&
-      remote_->total_capacity_bytes() != 0;
-  if (configured(Tier::host, ChunkKey{}) &&
-      (lower_tier(Tier::host, ChunkKey{}) || remote_below_host)) {
-    demote_ahead(Tier::host, ChunkKey{});
-  }
+  if (host_demotes_ahead()) reached &= demote_ahead(Tier::host, ChunkKey{});
+  demote_short_.store(!reached, std::memory_order_relaxed);
 }
 
 void ChunkCache::wake() noexcept {

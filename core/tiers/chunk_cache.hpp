@@ -257,6 +257,11 @@ class ChunkCache {
   // `meta` is the one reserve_slot() was given.
   bool publish(const ChunkKey &key, const ChunkMeta &meta, SlotRef where, const std::byte *staging);
   void release_slot(SlotRef where, const ChunkMeta &meta) noexcept;
+  // Once after a call that stored chunks of `model` (store(), a request's publishes): wakes the
+  // background thread if a tier it demotes ahead from fell below its free target.
+  void after_stores(const ChunkKey &model);
+  // How many times stores woke the background thread (after_stores; what the tests count).
+  uint64_t store_wakes() const noexcept { return store_wakes_.load(std::memory_order_relaxed); }
 
   // Marks a load out of tier t as pending for as long as the scope lives: background demotion
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
@@ -299,8 +304,8 @@ class ChunkCache {
   // encoded as that tier asks: stored, already resident (another thread stored it first), or
   // no tier had room.
   enum class Placed : uint8_t { stored, already, no_room };
-  Placed place_new(const ChunkKey &key, const ChunkMeta &meta, const std::byte *decoded,
-                   Tier first);
+  Placed place_new(const ChunkKey &key, const ChunkMeta &meta, const std::byte *decoded, Tier first,
+                   uint64_t now_ns);
   // The encoding a chunk takes when it enters tier t (nullopt: the one it has): decoded for
   // lent memory; for an exact chunk, the model's fixed codec or the adaptive policy's choice.
   std::optional<codec::CodecParams> entering(const ChunkKey &key, const ChunkMeta &meta,
@@ -349,13 +354,20 @@ class ChunkCache {
   // A chunk's bytes read from `where` and re-encoded under `to`.
   Encoded recode(SlotRef where, const ChunkMeta &meta, const codec::CodecParams &to);
   codec::ChunkShape shape_of(const ChunkKey &model) const;
+  // now_ns: the caller's reading of now() (victims are chosen at that time; one reading serves
+  // a whole store).
   std::optional<uint64_t> allocate_in(Tier t, const ChunkKey &key, const ChunkMeta &meta,
-                                      bool make_room);
+                                      bool make_room, uint64_t now_ns);
   // Demotes the policy's victims out of tier t until it has `bytes` free for `model` (and at
   // least one with at_least_one); never a pinned or moving chunk (those are not in the eviction
   // order). False when it stopped short: nothing left that may go.
-  bool make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one);
+  bool make_room(Tier t, const ChunkKey &model, uint64_t bytes, bool at_least_one, uint64_t now_ns);
   std::optional<Tier> lower_tier(Tier t, const ChunkKey &model) const;
+  // Whether tier t drops its victims rather than moving them: no tier below it (for any model;
+  // never a lent tier) and no adaptive policy choosing per victim.
+  bool drops_victims(Tier t) const;
+  // Whether chunks of `model` entering tier t may be stored encoded (their sizes then vary).
+  bool encodes(const ChunkKey &model, Tier t) const;
   // Moves one chunk down a tier, or drops it from the last: the bytes it took in `from`, or 0
   // when it could not be touched (moving, pinned with respect_pins, no longer in `from`).
   uint64_t demote(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
@@ -378,9 +390,17 @@ class ChunkCache {
   void abort_move(const ChunkKey &key) noexcept;
   void transfer(const ChunkKey &key, const ChunkMeta &meta, SlotRef src, SlotRef dst);
   void drop_chunk(const ChunkKey &key, const ChunkMeta &meta, Tier from, ChunkEventReason reason);
+  // Drops a victim of tier `from` that goes nowhere (index_.evict): its stored bytes, or 0 when
+  // it is not one (pinned with respect_pins, moving, gone).
+  uint64_t drop_victim(const ChunkKey &key, Tier from, bool respect_pins, ChunkEventReason reason);
   void free_slots(const std::vector<SlotRef> &slots) noexcept;
   void emit(const ChunkEvent &e);
-  void demote_ahead(Tier t, const ChunkKey &model);
+  // The free bytes the thread keeps in tier t for `model` (demote_free_percent of its capacity).
+  uint64_t free_target(Tier t, const ChunkKey &model) const;
+  // Whether the host tier demotes ahead: some tier below it can take its victims.
+  bool host_demotes_ahead() const;
+  // Makes room in t down to its free target; whether the target was reached.
+  bool demote_ahead(Tier t, const ChunkKey &model);
   // Asks the host tier to keep free slots for every chunk the lent tiers can hold.
   void keep_evacuation_room();
   // Moves every chunk of a lease that is asked back down a tier (or drops them, for a lost
@@ -407,6 +427,7 @@ class ChunkCache {
   std::mutex cb_mu_;
   std::condition_variable cb_cv_;
   std::shared_ptr<EventSlot> on_event_;
+  std::atomic<bool> has_event_fn_{false};  // on_event_ is set (written under cb_mu_)
   std::mutex maint_mu_;
   std::mutex room_mu_;  // guards lent_chunk_bytes_
   std::unordered_map<ChunkKey, uint64_t, ChunkKeyHash> lent_chunk_bytes_;  // model -> chunk bytes
@@ -425,7 +446,9 @@ class ChunkCache {
       encodes_{0}, decodes_{0}, compressed_in_place_{0};
 
   std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
-  std::mutex thread_mu_;                       // guards stop_ and woken_
+  std::atomic<bool> demote_short_{false};      // the last pass left a tier below its target
+  std::atomic<uint64_t> store_wakes_{0};
+  std::mutex thread_mu_;  // guards stop_ and woken_
   std::condition_variable thread_cv_;
   bool stop_ = false;
   bool woken_ = false;

@@ -89,6 +89,7 @@ void HostTier::add_slab_locked(const SlabPlan &plan, std::shared_ptr<MemoryRegio
   for (uint64_t i = plan.slots; i-- > 0;) list.push_back(slab << 32 | i);
   free_slot_bytes_ += plan.slots * plan.slot_bytes;
   last_slots_[plan.slot_bytes] = plan.slots;
+  ++empty_slabs_;
 }
 
 uint64_t HostTier::slot_bytes_for(const ChunkMeta &meta) noexcept {
@@ -114,7 +115,9 @@ std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &me
       // fail and give its budget back), then take the empty slabs of other sizes.
       cv_.wait(lock, [&] { return making_.empty(); });
       if (list.empty()) {
-        release_empty_slabs_locked(bytes);
+        // A full tier ends here at every store, before its cache evicts: no scan of the slabs
+        // when none is empty (this size's slots all taken, an empty slab is another size's).
+        if (empty_slabs_ != 0) release_empty_slabs_locked(bytes);
         plan = plan_slab_locked(bytes);
         if (!plan) return std::nullopt;
       }
@@ -123,7 +126,13 @@ std::optional<uint64_t> HostTier::allocate(const ChunkKey &, const ChunkMeta &me
   }
   const uint64_t slot = list.back();
   list.pop_back();
-  ++slabs_[slot >> 32].used;
+  if (!list.empty()) {
+    // The next slot is written soon, and a full tier's free slots are its victims' (cold, and
+    // scattered over the slabs): its first line on its way now.
+    const Slab &n = slabs_[list.back() >> 32];
+    __builtin_prefetch(n.memory->data() + (list.back() & 0xffffffffu) * n.slot_bytes, 1, 0);
+  }
+  if (slabs_[slot >> 32].used++ == 0) --empty_slabs_;
   free_slot_bytes_ -= bytes;
   maybe_prepare_locked(bytes);
   return slot;
@@ -139,6 +148,7 @@ uint64_t HostTier::release_empty_slabs_locked(uint64_t bytes) {
     class_slots_[s.slot_bytes] -= s.slots;
     free_slot_bytes_ -= s.slots * s.slot_bytes;
     s.memory.reset();
+    --empty_slabs_;
     ctx_.release_host(s.reserved);
     reserved_ -= s.reserved;
     released += s.reserved;
@@ -161,6 +171,7 @@ void HostTier::prepare(uint64_t bytes) {
   if (!free_[bytes].empty() || making_.count(bytes) != 0 || wanted_.count(bytes) != 0) return;
   if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   wanted_.insert(bytes);
+  ++slab_requests_;
   cv_.notify_all();
 }
 
@@ -174,15 +185,18 @@ void HostTier::keep_room(uint64_t bytes, uint64_t slots) {
   maybe_prepare_locked(bytes, true);
 }
 
+bool HostTier::budget_for_slot_locked(uint64_t bytes) const {
+  const uint64_t budget = ctx_.config().host_budget_bytes;
+  const uint64_t used = ctx_.host_reserved();
+  return budget > used && budget - used >= bytes;
+}
+
 bool HostTier::short_of_room_locked(uint64_t bytes) const {
   const auto room = room_.find(bytes);
   if (room == room_.end()) return false;
   const auto list = free_.find(bytes);
   if ((list == free_.end() ? 0 : list->second.size()) >= room->second) return false;
-  // With no budget left for a slot the thread would wake for nothing at every allocation.
-  const uint64_t budget = ctx_.config().host_budget_bytes;
-  const uint64_t used = ctx_.host_reserved();
-  return budget > used && budget - used >= bytes;
+  return budget_for_slot_locked(bytes);
 }
 
 bool HostTier::slab_wanted_locked(uint64_t bytes, bool for_room) const {
@@ -192,7 +206,12 @@ bool HostTier::slab_wanted_locked(uint64_t bytes, bool for_room) const {
   const auto last = last_slots_.find(bytes);
   const auto list = free_.find(bytes);
   const size_t free_now = list == free_.end() ? 0 : list->second.size();
-  return last == last_slots_.end() ? free_now == 0 : free_now * 2 < last->second;
+  if (last == last_slots_.end() ? free_now != 0 : free_now * 2 >= last->second) return false;
+  // A full tier stays below half a slab free at every store, each evicting to make its room:
+  // with no budget left for a slab the thread would wake for nothing at each allocation. A store
+  // that finds no slot makes its own room (empty slabs of other sizes, then its cache's
+  // evictions); budget given back by others is seen at the next allocation.
+  return budget_for_slot_locked(bytes);
 }
 
 void HostTier::maybe_prepare_locked(uint64_t bytes, bool for_room) {
@@ -202,6 +221,7 @@ void HostTier::maybe_prepare_locked(uint64_t bytes, bool for_room) {
   try {
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     wanted_.insert(bytes);
+    ++slab_requests_;
   } catch (...) {
     return;  // no thread or no memory: the next store makes its slab itself
   }
@@ -224,6 +244,7 @@ void HostTier::run() {
     }
     if (!plan) continue;
     making_.insert(bytes);
+    making_slot_bytes_ += plan->slots * plan->slot_bytes;
     lock.unlock();
     std::shared_ptr<MemoryRegion> memory;
     try {
@@ -233,6 +254,7 @@ void HostTier::run() {
     }
     lock.lock();
     making_.erase(bytes);
+    making_slot_bytes_ -= plan->slots * plan->slot_bytes;
     if (memory) {
       add_slab_locked(*plan, std::move(memory));
       if (short_of_room_locked(bytes)) wanted_.insert(bytes);  // the next slab of the room
@@ -243,9 +265,18 @@ void HostTier::run() {
 
 void HostTier::free(uint64_t slot) noexcept {
   std::lock_guard lock(mu_);
+  free_locked(slot);
+}
+
+void HostTier::free_many(std::span<const uint64_t> slots) noexcept {
+  std::lock_guard lock(mu_);
+  for (const uint64_t slot : slots) free_locked(slot);
+}
+
+void HostTier::free_locked(uint64_t slot) noexcept {
   Slab &s = slabs_[slot >> 32];
   const uint64_t bytes = s.slot_bytes;
-  --s.used;
+  if (--s.used == 0) ++empty_slabs_;
   free_[bytes].push_back(slot);  // capacity was reserved when the slab was made
   free_slot_bytes_ += bytes;
 }
@@ -265,7 +296,13 @@ uint64_t HostTier::free_bytes(const ChunkKey &) const {
   std::lock_guard lock(mu_);
   const uint64_t budget = ctx_.config().host_budget_bytes;
   const uint64_t used = ctx_.host_reserved();
-  return free_slot_bytes_ + (budget > used ? budget - used : 0);
+  // A slab being made has its budget reserved already, and its slots are free in a moment.
+  return free_slot_bytes_ + making_slot_bytes_ + (budget > used ? budget - used : 0);
+}
+
+uint64_t HostTier::slab_requests() const {
+  std::lock_guard lock(mu_);
+  return slab_requests_;
 }
 
 uint64_t HostTier::slab_bytes_reserved() const {

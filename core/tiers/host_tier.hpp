@@ -41,11 +41,15 @@ class HostTier final : public TierStore {
   Tier tier() const noexcept override { return Tier::host; }
   std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) override;
   void free(uint64_t slot) noexcept override;
+  void free_many(std::span<const uint64_t> slots) noexcept override;
   std::byte *address(uint64_t slot, int32_t *device) noexcept override;
   uint64_t capacity_bytes(const ChunkKey &) const override;
   uint64_t free_bytes(const ChunkKey &) const override;
 
   uint64_t slab_bytes_reserved() const;
+  // How many times the thread was asked for a slab (what the tests count: a full tier, which
+  // has no budget for one, asks for none).
+  uint64_t slab_requests() const;
   // The bytes of the slot a chunk takes: its stored bytes, rounded up to a size class when it
   // is encoded.
   static uint64_t slot_bytes_for(const ChunkMeta &meta) noexcept;
@@ -89,7 +93,10 @@ class HostTier final : public TierStore {
   // room: an evacuation takes it slot by slot, and making more meanwhile would compete with
   // it; keep_room (the cache calls it at each maintenance pass) makes it again.
   void maybe_prepare_locked(uint64_t bytes, bool for_room = false);
+  void free_locked(uint64_t slot) noexcept;
   bool short_of_room_locked(uint64_t bytes) const;
+  // Whether the budget has room for one more slot of `bytes` (a slab of at least one).
+  bool budget_for_slot_locked(uint64_t bytes) const;
   // Whether the thread should make a slab of `bytes` now: below the room kept for the size (when
   // for_room), or, with `ahead`, no free slot yet or fewer than half of the last slab's.
   bool slab_wanted_locked(uint64_t bytes, bool for_room) const;
@@ -104,11 +111,14 @@ class HostTier final : public TierStore {
   std::map<uint64_t, uint64_t> class_slots_;        // slot bytes -> slots in all its slabs
   uint64_t reserved_ = 0;                           // bytes of all slabs
   uint64_t free_slot_bytes_ = 0;
+  uint64_t empty_slabs_ = 0;                 // slabs with memory and no slot handed out
+  uint64_t making_slot_bytes_ = 0;           // the slots of the slab the thread is making
   std::map<uint64_t, uint64_t> last_slots_;  // slot bytes -> slots of its newest slab
   std::map<uint64_t, uint64_t> room_;        // slot bytes -> free slots kept ready
   // The thread: sizes asked for, the size being made (allocate waits for it), stop.
   std::condition_variable cv_;
   std::set<uint64_t> wanted_, making_;
+  uint64_t slab_requests_ = 0;
   bool stop_ = false;
   std::thread thread_;  // started at the first request for a slab ahead
 };

@@ -55,6 +55,7 @@ uint64_t PeerTier::adopt(const ChunkKey &model, const GeometrySizes &sizes,
   r.capacity += h.chunks * h.chunk_bytes;
   r.free += h.chunks * h.chunk_bytes;
   ++r.leases;
+  usable_leases_.fetch_add(1, std::memory_order_relaxed);
   r.open.push_back(local);
   h.open = true;
   leases_.emplace(local, std::move(h));
@@ -72,6 +73,7 @@ void PeerTier::unusable_locked(uint64_t local, Held &h) noexcept {
   r.capacity -= h.chunks * h.chunk_bytes;
   r.free -= h.free_chunks.size() * h.chunk_bytes;
   --r.leases;
+  usable_leases_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 std::optional<uint64_t> PeerTier::allocate(const ChunkKey &key, const ChunkMeta &meta) {
@@ -301,6 +303,8 @@ std::vector<ChunkKey> PeerTier::keys_in(uint64_t local_id) const {
 }
 
 bool PeerTier::has_leases(const ChunkKey &model) const {
+  // Asked for every chunk a store places: no lock while nothing is lent to anyone.
+  if (usable_leases_.load(std::memory_order_relaxed) == 0) return false;
   std::lock_guard lock(mu_);
   const auto it = room_.find(model);
   return it != room_.end() && it->second.leases != 0;

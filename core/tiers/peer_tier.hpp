@@ -6,6 +6,7 @@
 // contiguous range of the lender's memory.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -128,6 +129,7 @@ class PeerTier final : public TierStore {
   const Tier tier_;
   const std::function<void()> on_reclaim_;
   mutable std::mutex mu_;
+  std::atomic<uint64_t> usable_leases_{0};  // the rooms' leases, all models (written under mu_)
   mutable std::unordered_map<uint64_t, Held> leases_;  // readable() may mark a lease lost
   std::vector<std::unique_ptr<Lender>> lenders_;
   mutable std::set<uint64_t> draining_;  // leases asked back or lost, until retired

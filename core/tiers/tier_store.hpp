@@ -22,6 +22,11 @@ class TierStore {
   virtual std::optional<uint64_t> allocate(const ChunkKey &key, const ChunkMeta &meta) = 0;
   // Gives a slot back. Thread-safe; the caller guarantees nobody reads it any more.
   virtual void free(uint64_t slot) noexcept = 0;
+  // Gives several slots back (a full tier's victims of one store): the default frees one after
+  // another; a store with a lock takes it once.
+  virtual void free_many(std::span<const uint64_t> slots) noexcept {
+    for (const uint64_t s : slots) free(s);
+  }
 
   // The slot's bytes in this process's address space and the CUDA device holding them (-1: host
   // memory); nullptr for a store that is not memory (disk), which is reached by read and write.

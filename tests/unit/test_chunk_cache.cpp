@@ -536,6 +536,93 @@ void eviction_order_matches_a_scan(void **) {
   assert_true(swiftkv::EvictionOrder::class_cost(132) == 2.0);
 }
 
+// A batch of victims taken in one pass (EvictionOrder::Victims, how a full tier evicts a store's
+// room) gives exactly the nodes that victim() and remove() give one after another, under both
+// policies, on two orders built alike by random adds, touches and relinks with old times (tree
+// entries included).
+void victims_in_one_pass_match_victims_in_turn(void **) {
+  for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
+    swiftkv::RecomputeCost cost;
+    swiftkv::EvictionOrder a(policy, cost), b(policy, cost);
+    std::mt19937_64 rng(11);
+    std::vector<uint32_t> nodes;
+    uint64_t now = 1000;
+    for (int step = 0; step < 3000; ++step) {
+      now += rng() % 3;
+      const uint64_t op = rng() % 8;
+      if (nodes.size() < 20 || op < 4) {
+        const ChunkKey k{rng(), rng()};
+        const auto position = static_cast<uint32_t>(rng() % 64);
+        const uint32_t n = a.add(k, position, 16, now);
+        assert_int_equal(b.add(k, position, 16, now), n);
+        a.link(n, 0);
+        b.link(n, 0);
+        nodes.push_back(n);
+      } else if (op < 6) {
+        const uint32_t n = nodes[rng() % nodes.size()];
+        a.touch(n, now);
+        b.touch(n, now);
+      } else {
+        const uint32_t n = nodes[rng() % nodes.size()];
+        a.unlink(n);
+        b.unlink(n);
+        a.link(n, 0);  // back with its old time: often into the tree or the second list
+        b.link(n, 0);
+      }
+    }
+    const uint64_t at = now + 500;
+    std::vector<uint32_t> batch;
+    swiftkv::EvictionOrder::Victims v(a, 0, at);
+    for (uint32_t n = v.peek(); n != swiftkv::EvictionOrder::kNoNode; n = v.peek()) {
+      batch.push_back(n);
+      v.pop();
+    }
+    assert_int_equal(batch.size(), nodes.size());
+    assert_int_equal(a.size(0), 0);
+    assert_true(batch == victims_in_turn(b, at, nodes.size()));
+  }
+}
+
+// A full last tier (host memory, nothing below it) makes a store's room in one pass: a run of
+// new chunks evicts exactly that many of the least recently used, each reported once, and every
+// chunk kept reads back intact.
+void a_full_last_tier_evicts_a_stores_room_at_once(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 12, 0, 0);
+  for (uint32_t s = 0; s < 4; ++s) {
+    r.now += 10;
+    assert_int_equal(r.store(s, 3), 3);
+  }
+  r.now += 10;
+  assert_true(r.where(0, 2) == Tier::host);  // sequence 0 is now the most recent
+  std::vector<swiftkv::ChunkEvent> events;
+  r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) { events.push_back(e); });
+  r.now += 10;
+  assert_int_equal(r.store(9, 5), 5);  // 5 new chunks into a tier of 12, full
+  r.cache->set_event_callback(nullptr);
+  // The 5 least recently used: sequence 1 (3 chunks), then the first 2 of sequence 2.
+  std::set<std::pair<uint32_t, size_t>> gone;
+  for (const swiftkv::ChunkEvent &e : events) {
+    assert_true(e.reason == swiftkv::ChunkEventReason::policy);
+    assert_true(e.from == Tier::host && !e.to.has_value());
+    for (uint32_t s = 1; s <= 2; ++s) {
+      const std::vector<ChunkKey> k = r.keys(s, 3);
+      for (size_t i = 0; i < 3; ++i) {
+        if (k[i] == e.key) gone.insert({s, i});
+      }
+    }
+  }
+  assert_int_equal(events.size(), 5);
+  assert_true(
+      (gone == std::set<std::pair<uint32_t, size_t>>{{1, 0}, {1, 1}, {1, 2}, {2, 0}, {2, 1}}));
+  assert_int_equal(r.cache->stats().evictions, 5);
+  assert_int_equal(r.cache->stats().chunks[1], 12);
+  for (size_t i = 0; i < 5; ++i) assert_true(r.intact(9, i));
+  for (uint32_t s : {0u, 3u}) {
+    for (size_t i = 0; i < 3; ++i) assert_true(r.intact(s, i));
+  }
+  assert_true(r.intact(2, 2));  // the 7 kept: sequences 0 and 3, and the last of sequence 2
+}
+
 // The cache's victims against the exact order on random work: stores that overflow peer, host
 // and disk (demotion chains), lookups and reads (activity), pins, readers holding chunks while
 // they are demoted, and moves by hand (old activity put back). Every chunk the policy gives up
@@ -1801,6 +1888,56 @@ void host_slabs_are_made_ahead(void **) {
   assert_int_equal(tier.free_bytes(ChunkKey{}), 64 * bytes);
 }
 
+// A full host tier asks its thread for no slab: each store into it frees a victim's slot and
+// takes it again, and with the budget spent the thread would find nothing to make (it used to be
+// asked, and woken, at nearly every such allocation: a context switch per store).
+void a_full_host_tier_asks_for_no_slab(void **) {
+  SlabRig r(true);
+  const uint64_t bytes = r.bytes;
+  swiftkv::HostTier &tier = r.tier;
+  tier.prepare(bytes);
+  assert_int_equal(r.reserved_after_wait(8 * bytes), 8 * bytes);
+  const swiftkv::ChunkMeta meta{ChunkKey{1, 2}, 0, 16, bytes};
+  std::vector<uint64_t> slots;
+  while (slots.size() < 64) {
+    if (const std::optional<uint64_t> s = tier.allocate(ChunkKey{}, meta)) slots.push_back(*s);
+  }
+  assert_false(tier.allocate(ChunkKey{}, meta).has_value());  // full: the budget is spent
+  assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
+  const uint64_t asked = tier.slab_requests();
+  for (size_t i = 0; i < 1000; ++i) {
+    tier.free(slots[i % 64]);
+    const std::optional<uint64_t> s = tier.allocate(ChunkKey{}, meta);
+    assert_true(s.has_value());
+    slots[i % 64] = *s;
+  }
+  assert_int_equal(tier.slab_requests(), asked);
+  assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
+  // Budget given back makes the tier ask again: a slab freed is remade when needed.
+  for (uint64_t s : slots) tier.free(s);
+  assert_int_equal(tier.give_back_empty_slabs(), 64 * bytes);
+  assert_true(tier.allocate(ChunkKey{}, meta).has_value());
+  assert_true(tier.slab_requests() > asked || tier.slab_bytes_reserved() >= 8 * bytes);
+}
+
+// Stores wake the background thread only when it has work: below half its free target, once per
+// pass. A host tier of 8 chunks over a disk keeps 4 free (50%): stored one at a time, 40 chunks
+// wake it at most once per 2 stored (it used to be notified at every store), and it demotes.
+void stores_wake_the_thread_only_for_work(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 64, 0, swiftkv::EvictionPolicy::lru, 50, 3600000);
+  for (uint32_t s = 0; s < 40; ++s) assert_int_equal(r.store(100 + s, 1), 1);
+  const uint64_t wakes = r.cache->store_wakes();
+  assert_true(wakes >= 1);
+  assert_true(wakes <= 40 / 2 + 1);
+  for (int i = 0; i < 10000 && r.cache->stats().demotions == 0; ++i) ::usleep(1000);
+  assert_true(r.cache->stats().demotions >= 1);
+  // Without a tier below host memory there is nothing to demote to: no wake-up at all.
+  Rig alone(geometry(2, 8, SWIFTKV_DTYPE_F16), 8, 0, 0, swiftkv::EvictionPolicy::lru, 50, 3600000);
+  for (uint32_t s = 0; s < 40; ++s) assert_int_equal(alone.store(100 + s, 1), 1);
+  assert_int_equal(alone.cache->store_wakes(), 0);
+  assert_int_equal(alone.cache->stats().evictions, 32);
+}
+
 // The room kept for evacuations: keep_room has the thread make slabs until that many slots are
 // free (with or without slabs ahead), no further than the budget; allocations taking the room do
 // not make more on their own (an evacuation is taking it), a later keep_room does.
@@ -1976,6 +2113,8 @@ int main() {
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
       cmocka_unit_test(eviction_order_matches_a_scan),
+      cmocka_unit_test(victims_in_one_pass_match_victims_in_turn),
+      cmocka_unit_test(a_full_last_tier_evicts_a_stores_room_at_once),
       cmocka_unit_test(cache_evicts_in_the_exact_order),
       cmocka_unit_test(bytes_survive_every_tier_and_path),
       cmocka_unit_test(demotion_chain_ends_in_drop),
@@ -2004,6 +2143,8 @@ int main() {
       cmocka_unit_test(budgets_hold_under_random_work),
       cmocka_unit_test(host_slabs_are_made_ahead),
       cmocka_unit_test(host_room_is_kept),
+      cmocka_unit_test(a_full_host_tier_asks_for_no_slab),
+      cmocka_unit_test(stores_wake_the_thread_only_for_work),
       cmocka_unit_test(empty_slabs_give_their_budget_back),
       cmocka_unit_test(a_store_takes_the_budget_of_a_slab_made_meanwhile),
       cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
