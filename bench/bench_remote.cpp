@@ -415,9 +415,10 @@ int main(int argc, char **argv) {
   std::printf(
       "| model | tokens | chunk | chunks/batch | get | retrieve | ucx_perftest get | retrieve / "
       "perftest | socket read | put | store | ucx_perftest put | socket write | chunks/s "
-      "(retrieve) |\n");
+      "(retrieve) | bar |\n");
   std::printf(
-      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
+      "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- "
+      "|\n");
   std::string json = "{\"bench\":\"remote\",\"transports\":\"" + o.transports + "\",\"rows\":[";
   bool first_row = true;
   for (int which = 0; which < SWIFTKV_PAPER_MODEL_COUNT; ++which) {
@@ -480,24 +481,34 @@ int main(int argc, char **argv) {
       }
       const double rl = median(lget) / median(pget);
       const double rate = median(lget) * 1e9 / static_cast<double>(chunk);
+      // The design's bar, at 256-token chunks: retrieve and store at >= 90% of ucx_perftest's
+      // get and put.
+      const bool barred = tokens == 256;
+      const bool meets = rl >= 0.9 && median(lput) >= 0.9 * median(pput);
       std::printf(
           "| %s | %llu | %.2f MiB | %llu | %.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.2f | "
-          "%.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f |\n",
+          "%.2f / %.2f | %.2f / %.2f | %.2f / %.2f | %.2f | %.0f | %s |\n",
           m.name, static_cast<unsigned long long>(tokens), static_cast<double>(chunk) / 1048576.0,
           static_cast<unsigned long long>(n), median(get), best(get), median(lget), best(lget),
           median(pget), best(pget), rl, median(sget), median(put), best(put), median(lput),
-          best(lput), median(pput), best(pput), median(sput), rate);
+          best(lput), median(pput), best(pput), median(sput), rate,
+          !barred ? "-"
+          : meets ? "met"
+                  : "MISSED");
       std::fflush(stdout);
       char buf[768];
       std::snprintf(buf, sizeof buf,
                     "%s{\"model\":\"%s\",\"tokens\":%llu,\"chunk_bytes\":%llu,\"chunks\":%llu,"
                     "\"get_gbps\":%.4f,\"retrieve_gbps\":%.4f,\"perftest_get_gbps\":%.4f,"
                     "\"socket_read_gbps\":%.4f,\"put_gbps\":%.4f,\"store_gbps\":%.4f,"
-                    "\"perftest_put_gbps\":%.4f,\"socket_write_gbps\":%.4f}",
+                    "\"perftest_put_gbps\":%.4f,\"socket_write_gbps\":%.4f%s}",
                     first_row ? "" : ",", m.name, static_cast<unsigned long long>(tokens),
                     static_cast<unsigned long long>(chunk), static_cast<unsigned long long>(n),
                     median(get), median(lget), median(pget), median(sget), median(put),
-                    median(lput), median(pput), median(sput));
+                    median(lput), median(pput), median(sput),
+                    !barred ? ""
+                    : meets ? ",\"meets_bar\":true"
+                            : ",\"meets_bar\":false");
       json += buf;
       first_row = false;
     }
