@@ -47,4 +47,22 @@ inline std::vector<ChunkKey> keys_of(const RegisteredModel &m, const uint32_t *t
   return keys;
 }
 
+// The keys of chunks named by the caller: names_bytes / name_bytes names of name_bytes bytes.
+inline std::vector<ChunkKey> keys_of_names(const RegisteredModel &m, const void *names,
+                                           size_t names_bytes, uint32_t name_bytes) {
+  if (name_bytes == 0 || name_bytes > kMaxChunkNameBytes) {
+    fail_invalid("name_bytes (" + std::to_string(name_bytes) + ") must be 1 to " +
+                 std::to_string(kMaxChunkNameBytes));
+  }
+  if (names == nullptr && names_bytes != 0) fail_invalid("names is NULL");
+  if (names_bytes % name_bytes != 0) {
+    fail_invalid("names_bytes (" + std::to_string(names_bytes) + ") is not a whole number of " +
+                 std::to_string(name_bytes) + "-byte names");
+  }
+  std::vector<ChunkKey> keys(names_bytes / name_bytes);
+  named_chunk_keys(keys.data(), m.fingerprint, static_cast<const std::byte *>(names), keys.size(),
+                   name_bytes);
+  return keys;
+}
+
 }  // namespace swiftkv::capi

@@ -32,6 +32,106 @@ Tier read_tier(swiftkv_tier t, const char *arg) {
   return *tier;
 }
 
+// The lookup of chunks by key into the caller's result and residency (both checked first).
+void lookup_keys(swiftkv_lookup_result *out, uint8_t *residency_out, size_t residency_capacity,
+                 swiftkv_ctx *ctx, const RegisteredModel &m, const std::vector<ChunkKey> &keys) {
+  std::vector<uint8_t> residency(keys.size());
+  const LookupResult r = ctx->cache.lookup(keys, residency.data());
+  const uint64_t c = m.geometry.chunk_tokens;
+  swiftkv_lookup_result v = SWIFTKV_LOOKUP_RESULT_INIT;
+  v.chunks = r.chunks;
+  v.dropped_head_tokens = r.dropped_head * c;
+  v.loadable_tokens = r.loadable * c;
+  v.prefix_tokens = r.prefix * c;
+  for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
+  v.remote_chunks = r.per_tier[tier_slot(Tier::remote)];
+  write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION, kLookupResultV1Size, "out",
+                  "SWIFTKV_LOOKUP_RESULT_INIT");
+  const size_t n = residency.size() < residency_capacity ? residency.size() : residency_capacity;
+  if (n != 0) std::memcpy(residency_out, residency.data(), n);
+}
+
+// Checks what a lookup writes to, before anything is touched (a bad call changes no activity
+// time or counter).
+void check_lookup_out(swiftkv_lookup_result *out, uint8_t *residency_out,
+                      size_t residency_capacity) {
+  require(out, "out");
+  if (residency_out == nullptr && residency_capacity != 0) {
+    fail_invalid("residency_out is NULL but residency_capacity is " +
+                 std::to_string(residency_capacity));
+  }
+  check_struct_header<swiftkv_lookup_result>(out->size, out->version, SWIFTKV_LOOKUP_RESULT_VERSION,
+                                             kLookupResultV1Size, "out",
+                                             "SWIFTKV_LOOKUP_RESULT_INIT");
+}
+
+// Stores chunks `keys` from kv (checked: exactly one chunk's bytes per key), the first being
+// chunk first_position of its sequence. *leading_out: the leading keys cached, also when a
+// chunk fails to write (the error is rethrown after it is set).
+void store_keys(uint64_t *leading_out, swiftkv_ctx *ctx, const RegisteredModel &m,
+                const std::vector<ChunkKey> &keys, const void *kv, size_t kv_bytes,
+                uint64_t first_position) {
+  if (kv == nullptr && !keys.empty()) fail_invalid("kv is NULL");
+  const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
+  if (kv_bytes / chunk_bytes != keys.size() || kv_bytes % chunk_bytes != 0) {
+    fail_invalid("kv_bytes (" + std::to_string(kv_bytes) + ") is not " +
+                 std::to_string(keys.size()) + " chunks of " + std::to_string(chunk_bytes) +
+                 " bytes");
+  }
+  if (first_position + keys.size() > UINT32_MAX) {
+    fail_invalid("first_chunk (" + std::to_string(first_position) + ") and " +
+                 std::to_string(keys.size()) + " chunks pass chunk number 2^32 - 1");
+  }
+  // A chunk that fails to write ends the call; what was stored before it stays, and says so.
+  uint64_t leading = 0;
+  try {
+    ctx->cache.store(m.fingerprint, keys, m.geometry.chunk_tokens, chunk_bytes,
+                     static_cast<const std::byte *>(kv), &leading,
+                     static_cast<uint32_t>(first_position));
+  } catch (...) {
+    *leading_out = leading;
+    throw;
+  }
+  *leading_out = leading;
+}
+
+// Copies the chunks keys[first..] into kv (a whole number of chunks, checked), as many as it
+// holds: how many were copied.
+uint64_t retrieve_keys(swiftkv_ctx *ctx, const RegisteredModel &m,
+                       const std::vector<ChunkKey> &keys, uint64_t first, void *kv,
+                       size_t kv_bytes) {
+  const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
+  if (kv_bytes % chunk_bytes != 0) {
+    fail_invalid("kv_bytes (" + std::to_string(kv_bytes) + ") is not a whole number of " +
+                 std::to_string(chunk_bytes) + "-byte chunks");
+  }
+  if (kv == nullptr && kv_bytes != 0) fail_invalid("kv is NULL");
+  const uint64_t fit = kv_bytes / chunk_bytes;
+  const size_t end = static_cast<size_t>(first + fit < keys.size() ? first + fit : keys.size());
+  return ctx->cache.retrieve(std::span<const ChunkKey>(keys.data(), end), first, chunk_bytes,
+                             static_cast<std::byte *>(kv));
+}
+
+void check_tier_mask(uint32_t tier_mask) {
+  if (tier_mask == 0 || (tier_mask & ~SWIFTKV_TIERS_ALL) != 0) {
+    fail_invalid("tier_mask (" + std::to_string(tier_mask) +
+                 ") must be a non-empty set of SWIFTKV_TIER_BIT values");
+  }
+}
+
+// Moves chunks `keys` to tier t (checked to be configured for the model).
+uint64_t move_keys(swiftkv_ctx *ctx, const RegisteredModel &m, const std::vector<ChunkKey> &keys,
+                   Tier t) {
+  if (!ctx->cache.configured(t, m.fingerprint)) {
+    fail_invalid(std::string("tier ") + tier_name(t) + " is not configured for " + m.name +
+                 (t == Tier::peer     ? " (it borrows no lent memory of this host)"
+                  : t == Tier::remote ? " (it borrows no lent memory of another host)"
+                  : t == Tier::host   ? " (the context has no host_budget_bytes)"
+                                      : " (the context has no disk_path)"));
+  }
+  return ctx->cache.move(keys, t);
+}
+
 }  // namespace
 
 }  // namespace swiftkv::capi
@@ -40,6 +140,7 @@ using swiftkv::ChunkKey;
 using swiftkv::Tier;
 using swiftkv::capi::borrower;
 using swiftkv::capi::keys_of;
+using swiftkv::capi::keys_of_names;
 using swiftkv::capi::require;
 
 extern "C" {
@@ -132,33 +233,11 @@ SWIFTKV_API swiftkv_status swiftkv_lookup(swiftkv_lookup_result *out, uint8_t *r
                                           size_t residency_capacity, swiftkv_ctx *ctx,
                                           uint32_t model, const uint32_t *tokens, size_t n_tokens) {
   try {
-    require(out, "out");
     require(ctx, "ctx");
-    if (residency_out == nullptr && residency_capacity != 0) {
-      swiftkv::fail_invalid("residency_out is NULL but residency_capacity is " +
-                            std::to_string(residency_capacity));
-    }
-    // Checked before anything is touched, so a bad call changes no activity time or counter.
-    swiftkv::capi::check_struct_header<swiftkv_lookup_result>(
-        out->size, out->version, SWIFTKV_LOOKUP_RESULT_VERSION, swiftkv::capi::kLookupResultV1Size,
-        "out", "SWIFTKV_LOOKUP_RESULT_INIT");
+    swiftkv::capi::check_lookup_out(out, residency_out, residency_capacity);
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
-    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, false);
-    std::vector<uint8_t> residency(keys.size());
-    const swiftkv::LookupResult r = ctx->cache.lookup(keys, residency.data());
-    const uint64_t c = m.geometry.chunk_tokens;
-    swiftkv_lookup_result v = SWIFTKV_LOOKUP_RESULT_INIT;
-    v.chunks = r.chunks;
-    v.dropped_head_tokens = r.dropped_head * c;
-    v.loadable_tokens = r.loadable * c;
-    v.prefix_tokens = r.prefix * c;
-    for (size_t t = 0; t < 3; ++t) v.chunks_per_tier[t] = r.per_tier[t];
-    v.remote_chunks = r.per_tier[swiftkv::tier_slot(Tier::remote)];
-    swiftkv::capi::write_versioned(out, v, SWIFTKV_LOOKUP_RESULT_VERSION,
-                                   swiftkv::capi::kLookupResultV1Size, "out",
-                                   "SWIFTKV_LOOKUP_RESULT_INIT");
-    const size_t n = residency.size() < residency_capacity ? residency.size() : residency_capacity;
-    if (n != 0) std::memcpy(residency_out, residency.data(), n);
+    swiftkv::capi::lookup_keys(out, residency_out, residency_capacity, ctx, m,
+                               keys_of(m, tokens, n_tokens, false));
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL
@@ -172,18 +251,13 @@ SWIFTKV_API swiftkv_status swiftkv_store(uint64_t *cached_tokens_out, swiftkv_ct
     require(ctx, "ctx");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
     const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
-    if (kv == nullptr && n_tokens != 0) swiftkv::fail_invalid("kv is NULL");
-    const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
-    if (kv_bytes / chunk_bytes != keys.size() || kv_bytes % chunk_bytes != 0) {
-      swiftkv::fail_invalid("kv_bytes (" + std::to_string(kv_bytes) + ") is not " +
-                            std::to_string(keys.size()) + " chunks of " +
-                            std::to_string(chunk_bytes) + " bytes");
-    }
-    // A chunk that fails to write ends the call; what was stored before it stays, and says so.
     uint64_t leading = 0;
     try {
-      ctx->cache.store(m.fingerprint, keys, m.geometry.chunk_tokens, chunk_bytes,
-                       static_cast<const std::byte *>(kv), &leading);
+      swiftkv::capi::store_keys(&leading, ctx, m, keys, kv, kv_bytes, 0);
+    } catch (const swiftkv::Error &e) {
+      // The leading tokens cached are written for any failure after the arguments were checked.
+      if (e.status() != SWIFTKV_EINVAL) *cached_tokens_out = leading * m.geometry.chunk_tokens;
+      throw;
     } catch (...) {
       *cached_tokens_out = leading * m.geometry.chunk_tokens;
       throw;
@@ -208,19 +282,118 @@ SWIFTKV_API swiftkv_status swiftkv_retrieve(uint64_t *loaded_tokens_out, swiftkv
                             ") is not a chunk boundary within the " + std::to_string(keys.size()) +
                             " full chunks of tokens");
     }
-    const uint64_t chunk_bytes = m.sizes.full_chunk_bytes;
-    if (kv_bytes % chunk_bytes != 0) {
-      swiftkv::fail_invalid("kv_bytes (" + std::to_string(kv_bytes) +
-                            ") is not a whole number of " + std::to_string(chunk_bytes) +
-                            "-byte chunks");
+    *loaded_tokens_out =
+        swiftkv::capi::retrieve_keys(ctx, m, keys, start_token / c, kv, kv_bytes) * c;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_lookup_named(swiftkv_lookup_result *out, uint8_t *residency_out,
+                                                size_t residency_capacity, swiftkv_ctx *ctx,
+                                                uint32_t model, const void *names,
+                                                size_t names_bytes, uint32_t name_bytes) {
+  try {
+    require(ctx, "ctx");
+    swiftkv::capi::check_lookup_out(out, residency_out, residency_capacity);
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    swiftkv::capi::lookup_keys(out, residency_out, residency_capacity, ctx, m,
+                               keys_of_names(m, names, names_bytes, name_bytes));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_store_named(uint64_t *cached_chunks_out, swiftkv_ctx *ctx,
+                                               uint32_t model, const void *names,
+                                               size_t names_bytes, uint32_t name_bytes,
+                                               uint64_t first_chunk, const void *kv,
+                                               size_t kv_bytes) {
+  try {
+    require(cached_chunks_out, "cached_chunks_out");
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of_names(m, names, names_bytes, name_bytes);
+    uint64_t leading = 0;
+    try {
+      swiftkv::capi::store_keys(&leading, ctx, m, keys, kv, kv_bytes, first_chunk);
+    } catch (const swiftkv::Error &e) {
+      if (e.status() != SWIFTKV_EINVAL) *cached_chunks_out = leading;
+      throw;
+    } catch (...) {
+      *cached_chunks_out = leading;
+      throw;
     }
-    if (kv == nullptr && kv_bytes != 0) swiftkv::fail_invalid("kv is NULL");
-    const uint64_t first = start_token / c;
-    const uint64_t fit = kv_bytes / chunk_bytes;
-    const size_t end = static_cast<size_t>(first + fit < keys.size() ? first + fit : keys.size());
-    const uint64_t n = ctx->cache.retrieve(std::span<const ChunkKey>(keys.data(), end), first,
-                                           chunk_bytes, static_cast<std::byte *>(kv));
-    *loaded_tokens_out = n * c;
+    *cached_chunks_out = leading;
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_retrieve_named(uint64_t *loaded_chunks_out, swiftkv_ctx *ctx,
+                                                  uint32_t model, const void *names,
+                                                  size_t names_bytes, uint32_t name_bytes, void *kv,
+                                                  size_t kv_bytes) {
+  try {
+    require(loaded_chunks_out, "loaded_chunks_out");
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of_names(m, names, names_bytes, name_bytes);
+    *loaded_chunks_out = swiftkv::capi::retrieve_keys(ctx, m, keys, 0, kv, kv_bytes);
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_pin_named(swiftkv_ctx *ctx, uint32_t model, const void *names,
+                                             size_t names_bytes, uint32_t name_bytes) {
+  try {
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    ctx->cache.pin(keys_of_names(m, names, names_bytes, name_bytes));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_unpin_named(swiftkv_ctx *ctx, uint32_t model, const void *names,
+                                               size_t names_bytes, uint32_t name_bytes) {
+  try {
+    require(ctx, "ctx");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    ctx->cache.unpin(keys_of_names(m, names, names_bytes, name_bytes));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_clear_named(uint64_t *cleared_chunks_out, swiftkv_ctx *ctx,
+                                               uint32_t model, uint32_t tier_mask,
+                                               const void *names, size_t names_bytes,
+                                               uint32_t name_bytes) {
+  try {
+    require(cleared_chunks_out, "cleared_chunks_out");
+    require(ctx, "ctx");
+    swiftkv::capi::check_tier_mask(tier_mask);
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of_names(m, names, names_bytes, name_bytes);
+    *cleared_chunks_out =
+        ctx->cache.clear(m.fingerprint, tier_mask, std::span<const ChunkKey>(keys));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_move_named(uint64_t *chunks_there_out, swiftkv_ctx *ctx,
+                                              uint32_t model, const void *names, size_t names_bytes,
+                                              uint32_t name_bytes, swiftkv_tier to) {
+  try {
+    require(chunks_there_out, "chunks_there_out");
+    require(ctx, "ctx");
+    const Tier t = swiftkv::capi::read_tier(to, "to");
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    *chunks_there_out =
+        swiftkv::capi::move_keys(ctx, m, keys_of_names(m, names, names_bytes, name_bytes), t);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL
@@ -269,10 +442,7 @@ SWIFTKV_API swiftkv_status swiftkv_clear(uint64_t *cleared_chunks_out, swiftkv_c
   try {
     require(cleared_chunks_out, "cleared_chunks_out");
     require(ctx, "ctx");
-    if (tier_mask == 0 || (tier_mask & ~SWIFTKV_TIERS_ALL) != 0) {
-      swiftkv::fail_invalid("tier_mask (" + std::to_string(tier_mask) +
-                            ") must be a non-empty set of SWIFTKV_TIER_BIT values");
-    }
+    swiftkv::capi::check_tier_mask(tier_mask);
     uint64_t n = 0;
     if (model == SWIFTKV_MODEL_ALL) {
       if (tokens != nullptr || n_tokens != 0) {
@@ -302,16 +472,7 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
     require(ctx, "ctx");
     const Tier t = swiftkv::capi::read_tier(to, "to");
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
-    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, true);
-    if (!ctx->cache.configured(t, m.fingerprint)) {
-      swiftkv::fail_invalid(std::string("tier ") + swiftkv::tier_name(t) +
-                            " is not configured for " + m.name +
-                            (t == Tier::peer     ? " (it borrows no lent memory of this host)"
-                             : t == Tier::remote ? " (it borrows no lent memory of another host)"
-                             : t == Tier::host   ? " (the context has no host_budget_bytes)"
-                                                 : " (the context has no disk_path)"));
-    }
-    *chunks_there_out = ctx->cache.move(keys, t);
+    *chunks_there_out = swiftkv::capi::move_keys(ctx, m, keys_of(m, tokens, n_tokens, true), t);
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

@@ -163,7 +163,21 @@ swiftkv::RequestSpec request_spec(const swiftkv_request_desc &d, int32_t shape,
   }
   swiftkv::RequestSpec spec;
   spec.model = rp.fingerprint;
-  spec.keys = swiftkv::capi::keys_of(m, d.tokens, d.n_tokens, false);
+  if (d.names == nullptr) {
+    if (d.names_bytes != 0 || d.name_bytes != 0) {
+      swiftkv::fail_invalid("desc->names is NULL but desc->names_bytes or name_bytes is not 0");
+    }
+    spec.keys = swiftkv::capi::keys_of(m, d.tokens, d.n_tokens, false);
+  } else {
+    // Named chunks: the tokens are not hashed (and may be NULL); the names say which chunks.
+    spec.keys = swiftkv::capi::keys_of_names(m, d.names, d.names_bytes, d.name_bytes);
+    const uint64_t full = d.n_tokens / m.geometry.chunk_tokens;
+    if (spec.keys.size() != full) {
+      swiftkv::fail_invalid("desc names " + std::to_string(spec.keys.size()) + " chunks, but the " +
+                            std::to_string(d.n_tokens) + " tokens hold " + std::to_string(full) +
+                            " full chunks of " + std::to_string(m.geometry.chunk_tokens));
+    }
+  }
   spec.pages = std::move(pages);
   spec.n_tokens = d.n_tokens;
   spec.load_from = d.load_from_tokens;
@@ -319,6 +333,7 @@ SWIFTKV_API swiftkv_status swiftkv_request_begin(uint64_t *request_out, swiftkv_
         "SWIFTKV_REQUEST_DESC_INIT");
     if (d.reserved0 != 0) swiftkv::fail_invalid("desc->reserved0 is not 0");
     if (d.reserved1 != 0) swiftkv::fail_invalid("desc->reserved1 is not 0");
+    if (d.reserved2 != 0) swiftkv::fail_invalid("desc->reserved2 is not 0");
     const int32_t shape = swiftkv::capi::raw_enum_value(d.shape);
     if (shape < SWIFTKV_REQUEST_LOAD_AND_SAVE || shape > SWIFTKV_REQUEST_SAVE_ONLY) {
       swiftkv::fail_invalid("desc->shape (" + std::to_string(shape) +

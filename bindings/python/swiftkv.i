@@ -136,6 +136,7 @@ Error = _capi.Error
 /* swiftkv_store keeps the chunks it wrote before a failure and says how many tokens they are:
  * its status comes back unraised, with that count, and swiftkv.Model.store raises with both. */
 %typemap(out) swiftkv_status swiftkv_store { $result = PyLong_FromLong((long)$1); }
+%typemap(out) swiftkv_status swiftkv_store_named { $result = PyLong_FromLong((long)$1); }
 
 /* --- Outputs ------------------------------------------------------------------------------- */
 %apply uint64_t *OUTPUT {
@@ -144,7 +145,7 @@ Error = _capi.Error
   uint64_t *cached_tokens_out, uint64_t *loaded_tokens_out, uint64_t *lease_id_out,
   uint64_t *cleared_chunks_out, uint64_t *chunks_there_out, uint64_t *request_out,
   uint64_t *valid_end_tokens_out, uint64_t *saved_tokens_out, uint64_t *bytes_out,
-  uint64_t *chunks_out
+  uint64_t *chunks_out, uint64_t *cached_chunks_out, uint64_t *loaded_chunks_out
 };
 %apply uint32_t *OUTPUT { uint32_t *out, uint32_t *model_out, uint32_t *pool_out };
 %apply size_t *OUTPUT { size_t *count_out, size_t *length_out, size_t *chunks_out };
@@ -175,6 +176,7 @@ SWIFTKV_HANDLE_OUT(swiftkv_elastic)
 %typemap(freearg) (PTR, LEN) { if (have$argnum) PyBuffer_Release(&view$argnum); }
 %enddef
 SWIFTKV_BUFFER_IN(const uint32_t *tokens, size_t n_tokens, 4, 0)
+SWIFTKV_BUFFER_IN(const void *names, size_t names_bytes, 0, 0)
 SWIFTKV_BUFFER_IN(const void *kv, size_t kv_bytes, 0, 0)
 SWIFTKV_BUFFER_IN(void *kv, size_t kv_bytes, 0, 1)
 SWIFTKV_BUFFER_IN(uint8_t *residency_out, size_t residency_capacity, 1, 1)

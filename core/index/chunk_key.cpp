@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <string>
 
 #include "core/common/error.hpp"
 
@@ -73,6 +74,28 @@ void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *toke
     out[c] = k;
     const uint64_t prev[2] = {k.lo, k.hi};
     std::memcpy(b + 2 * sizeof(uint64_t), prev, sizeof prev);
+  }
+}
+
+void named_chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const std::byte *names, size_t n,
+                      size_t name_bytes) {
+  static constexpr char kTag[] = "swiftkv-named-chunk-v1";
+  static constexpr size_t kTagBytes = sizeof kTag - 1;
+  if (name_bytes == 0 || name_bytes > kMaxChunkNameBytes) {
+    fail_invalid("a chunk name has " + std::to_string(name_bytes) + " bytes; 1 to " +
+                 std::to_string(kMaxChunkNameBytes) + " are allowed");
+  }
+  // (tag, fingerprint, name length, name) in one buffer: one one-shot XXH3 call per key.
+  std::array<char, kTagBytes + 2 * sizeof(uint64_t) + sizeof(uint32_t) + kMaxChunkNameBytes> b{};
+  std::memcpy(b.data(), kTag, kTagBytes);
+  const uint64_t fp[2] = {fingerprint.lo, fingerprint.hi};
+  std::memcpy(b.data() + kTagBytes, fp, sizeof fp);
+  const auto len = static_cast<uint32_t>(name_bytes);
+  std::memcpy(b.data() + kTagBytes + sizeof fp, &len, sizeof len);
+  const size_t head = kTagBytes + sizeof fp + sizeof len;
+  for (size_t i = 0; i < n; ++i) {
+    std::memcpy(b.data() + head, names + i * name_bytes, name_bytes);
+    out[i] = from_xxh(XXH3_128bits(b.data(), head + name_bytes));
   }
 }
 

@@ -36,6 +36,18 @@ ChunkKey model_fingerprint(std::string_view name, const ModelGeometry &g,
 void chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const uint32_t *tokens, size_t n_tokens,
                 uint32_t chunk_tokens);
 
+// The longest name a caller may give a chunk (named chunks, below), in bytes.
+inline constexpr size_t kMaxChunkNameBytes = 64;
+
+// The keys of chunks named by the caller (an engine's own block or page keys): out[i] for the
+// name at names + i * name_bytes, 0 < name_bytes <= kMaxChunkNameBytes. A key is XXH3-128 over
+// a tag of its own, the model's fingerprint and the name's bytes: the model's identity is in it
+// (another model's chunk of the same name has another key), and it never equals a token-named
+// key (which hashes no tag). The name must already say everything before the chunk too (a
+// chained hash), as the engines' keys do: the library chains nothing over names.
+void named_chunk_keys(ChunkKey *out, const ChunkKey &fingerprint, const std::byte *names, size_t n,
+                      size_t name_bytes);
+
 // 32 lowercase hex digits, hi word first: how keys appear in file names and messages.
 std::string to_hex(const ChunkKey &k);
 

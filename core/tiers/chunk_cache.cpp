@@ -488,7 +488,7 @@ bool ChunkCache::move_chunk(const ChunkKey &key, Tier from, Tier to, bool make_r
 
 uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys,
                            uint32_t chunk_tokens, uint64_t chunk_bytes, const std::byte *src,
-                           uint64_t *leading_so_far) {
+                           uint64_t *leading_so_far, uint32_t first_position) {
   const uint64_t t = now();
   uint64_t leading = 0;
   if (leading_so_far != nullptr) *leading_so_far = 0;
@@ -513,7 +513,8 @@ uint64_t ChunkCache::store(const ChunkKey &model, std::span<const ChunkKey> keys
   for (size_t i = 0; i < keys.size(); ++i) {
     bool resident = tiers[i].has_value();
     if (!resident) {
-      const ChunkMeta meta{model, static_cast<uint32_t>(i), chunk_tokens, chunk_bytes};
+      const ChunkMeta meta{model, first_position + static_cast<uint32_t>(i), chunk_tokens,
+                           chunk_bytes};
       resident =
           place_new(keys[i], meta, src + i * chunk_bytes, options_.chain[0], t) != Placed::no_room;
       if (!resident) stores_rejected_.fetch_add(1, std::memory_order_relaxed);

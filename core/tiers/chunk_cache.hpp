@@ -137,8 +137,10 @@ class ChunkCache {
   // are resident afterwards. A chunk that fails to write (EIO) ends the call with that error;
   // the chunks before it stay stored, and *leading_so_far (when given) holds their leading run
   // at every point of the call.
+  // keys[i] is chunk first_position + i of its sequence.
   uint64_t store(const ChunkKey &model, std::span<const ChunkKey> keys, uint32_t chunk_tokens,
-                 uint64_t chunk_bytes, const std::byte *src, uint64_t *leading_so_far = nullptr);
+                 uint64_t chunk_bytes, const std::byte *src, uint64_t *leading_so_far = nullptr,
+                 uint32_t first_position = 0);
   // Copies chunks keys[start..] to dst (chunk i - start at dst + (i - start) * chunk_bytes),
   // decoded, while they are resident and intact and (unless their model accepts lossy chunks)
   // exact; returns how many. A chunk that fails its check is dropped and counted as a load

@@ -898,6 +898,56 @@ SWIFTKV_API swiftkv_status swiftkv_move(uint64_t *chunks_there_out, swiftkv_ctx 
                                         uint32_t model, const uint32_t *tokens, size_t n_tokens,
                                         swiftkv_tier to);
 
+/* Chunks named by the caller. An engine that keys its pages itself (vLLM's block hashes, which
+ * carry its LoRA adapter, multimodal inputs, cache salt and prompt embeddings; SGLang's page
+ * keys) names chunks by those keys instead of handing the library their tokens: `names` holds
+ * names_bytes / name_bytes names of name_bytes bytes each (1 to SWIFTKV_MAX_CHUNK_NAME_BYTES),
+ * one per chunk, in the order of the sequence. The library chains nothing over names: a name
+ * must already stand for its chunk's tokens and everything before them (a chained hash), as
+ * the engines' keys do. The model's fingerprint (name, geometry, identity) is still in every
+ * key, so a name never finds another model's chunk, and a named chunk never equals a chunk
+ * named by tokens. Named chunks live in every tier with the same eviction, compression, leases,
+ * checksums and recovery as the others (a disk tier finds them again under the same names).
+ * Each call below does what the token call above it does, with chunk counts where that one
+ * counts tokens; names_bytes 0 names no chunk. A bad name_bytes or names_bytes is EINVAL with
+ * nothing changed. */
+#define SWIFTKV_MAX_CHUNK_NAME_BYTES 64
+
+/* swiftkv_lookup of named chunks: the result's token counts are chunks times chunk_tokens,
+ * counted from the first name. */
+SWIFTKV_API swiftkv_status swiftkv_lookup_named(swiftkv_lookup_result *out, uint8_t *residency_out,
+                                                size_t residency_capacity, swiftkv_ctx *ctx,
+                                                uint32_t model, const void *names,
+                                                size_t names_bytes, uint32_t name_bytes);
+/* swiftkv_store of named chunks from `kv` (one chunk's bytes per name): *cached_chunks_out is
+ * the leading names cached after the call. first_chunk: the number of the first name's chunk in
+ * its sequence (0: the sequence's first chunk), which the retention policy prices it by. */
+SWIFTKV_API swiftkv_status swiftkv_store_named(uint64_t *cached_chunks_out, swiftkv_ctx *ctx,
+                                               uint32_t model, const void *names,
+                                               size_t names_bytes, uint32_t name_bytes,
+                                               uint64_t first_chunk, const void *kv,
+                                               size_t kv_bytes);
+/* swiftkv_retrieve of named chunks from the first name on, as many as kv_bytes holds, up to the
+ * first that is not cached or fails its check: *loaded_chunks_out chunks copied. */
+SWIFTKV_API swiftkv_status swiftkv_retrieve_named(uint64_t *loaded_chunks_out, swiftkv_ctx *ctx,
+                                                  uint32_t model, const void *names,
+                                                  size_t names_bytes, uint32_t name_bytes,
+                                                  void *kv, size_t kv_bytes);
+SWIFTKV_API swiftkv_status swiftkv_pin_named(swiftkv_ctx *ctx, uint32_t model, const void *names,
+                                             size_t names_bytes, uint32_t name_bytes);
+SWIFTKV_API swiftkv_status swiftkv_unpin_named(swiftkv_ctx *ctx, uint32_t model,
+                                               const void *names, size_t names_bytes,
+                                               uint32_t name_bytes);
+/* swiftkv_clear of the named chunks (names_bytes 0: none; swiftkv_clear drops a whole model). */
+SWIFTKV_API swiftkv_status swiftkv_clear_named(uint64_t *cleared_chunks_out, swiftkv_ctx *ctx,
+                                               uint32_t model, uint32_t tier_mask,
+                                               const void *names, size_t names_bytes,
+                                               uint32_t name_bytes);
+SWIFTKV_API swiftkv_status swiftkv_move_named(uint64_t *chunks_there_out, swiftkv_ctx *ctx,
+                                              uint32_t model, const void *names,
+                                              size_t names_bytes, uint32_t name_bytes,
+                                              swiftkv_tier to);
+
 /* ---------------------------------------------------------------------------------------------
  * Compression (docs/codecs.md: the frame formats, each codec's error bound, the rules). Chunks
  * below the GPU (host memory and disk) may be stored encoded: lossless (zstd, on builds with
@@ -1401,7 +1451,7 @@ SWIFTKV_API swiftkv_status swiftkv_pool_destroy(swiftkv_ctx *ctx, uint32_t pool)
  * capturing returns SWIFTKV_EUNSUPPORTED and changes nothing.
  * ------------------------------------------------------------------------------------------- */
 
-#define SWIFTKV_REQUEST_DESC_VERSION 2
+#define SWIFTKV_REQUEST_DESC_VERSION 3
 
 /* What a request does (swiftkv_request_desc.shape). */
 typedef enum swiftkv_request_shape {
@@ -1437,6 +1487,14 @@ typedef struct swiftkv_request_desc {
                                   a layer is done with. Calls of the half a shape lacks are
                                   SWIFTKV_ESTATE. */
   uint32_t reserved1;          /* must be 0 */
+  /* Version 3. */
+  const void *names;           /* the request's full chunks named by the caller (see "Chunks
+                                  named by the caller"): names_bytes / name_bytes names, one
+                                  per full chunk of the n_tokens tokens, exactly; tokens may
+                                  then be NULL. NULL (default): chunks are named by tokens */
+  uint64_t names_bytes;
+  uint32_t name_bytes;         /* 1 to SWIFTKV_MAX_CHUNK_NAME_BYTES with names; 0 without */
+  uint32_t reserved2;          /* must be 0 */
 } swiftkv_request_desc;
 
 #define SWIFTKV_REQUEST_DESC_INIT                       \
@@ -1451,7 +1509,11 @@ typedef struct swiftkv_request_desc {
     /* n_pages */ 0,                                    \
     /* load_from_tokens */ 0,                           \
     /* shape */ SWIFTKV_REQUEST_LOAD_AND_SAVE,          \
-    /* reserved1 */ 0                                   \
+    /* reserved1 */ 0,                                  \
+    /* names */ NULL,                                   \
+    /* names_bytes */ 0,                                \
+    /* name_bytes */ 0,                                 \
+    /* reserved2 */ 0                                   \
   }
 /* Fills *out with SWIFTKV_REQUEST_DESC_INIT (NULL: nothing). */
 SWIFTKV_API void swiftkv_request_desc_init(swiftkv_request_desc *out);

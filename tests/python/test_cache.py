@@ -291,3 +291,47 @@ def test_compression(ctx, small_model):
     assert m.compress(tokens, kivi4) == 2
     assert m.chunk_info(tokens)[1] == swiftkv.ChunkInfo(swiftkv.Tier.HOST, kivi4, True,
                                                         m.chunk_info(tokens)[1].stored_bytes)
+
+
+def test_named_chunks(small_model, tmp_path):
+    """Chunks named by the caller (an engine's block keys): stored, found and loaded by name in
+    host memory, moved to disk and found by a later context; never through the tokens, another
+    identity or another name; bad names raise with nothing stored."""
+    names = [bytes([i]) * 32 for i in range(3)]
+    kv = chunks_of(11, 3, small_model.chunk_bytes)
+    with swiftkv.Context(host_budget_bytes=8 << 20, disk_path=str(tmp_path),
+                         disk_budget_bytes=1 << 20) as ctx:
+        m = ctx.register_model(small_model)
+        assert m.store_named(names, kv) == 3
+        r = m.lookup_named(names)
+        assert (r.chunks, r.prefix_tokens) == (3, 96)
+        assert list(r.residency) == [swiftkv.Tier.HOST] * 3
+        out = np.zeros_like(kv)
+        assert m.retrieve_named(names, out) == 3 and np.array_equal(out, kv)
+        # A [n, 32] uint8 array names the same chunks; another first name finds only the rest.
+        arr = np.frombuffer(b"".join(names), np.uint8).reshape(3, 32)
+        assert m.lookup_named(arr).prefix_tokens == 96
+        assert m.lookup_named([b"x" * 32] + names[1:]).prefix_tokens == 0
+        assert m.lookup(np.frombuffer(b"".join(names), np.uint32)).prefix_tokens == 0
+        other = ctx.register_model(swiftkv.ModelDesc(
+            "pytest-model", num_layers=2, num_kv_heads=2, head_dim=16, block_tokens=16,
+            chunk_tokens=32, identity="tenant-b"))
+        assert other.lookup_named(names).prefix_tokens == 0
+        with pytest.raises(ValueError):
+            m.store_named([b"a", b"bb"], kv[:2 * small_model.chunk_bytes])
+        with pytest.raises(swiftkv.InvalidArgument):
+            m.store_named([b"y" * 65], kv[:small_model.chunk_bytes])
+        with pytest.raises(swiftkv.InvalidArgument):
+            m.store_named([b"y" * 32], kv)  # three chunks' bytes for one name
+        assert ctx.stats()["stores"] == 3
+        m.pin_named(names[:1])
+        assert m.clear_named(names) == 2
+        m.unpin_named(names[:1])
+        assert m.move_named(names[:1], swiftkv.Tier.DISK) == 1
+        assert m.store_named(names[1:], kv[small_model.chunk_bytes:], first_chunk=1) == 2
+    with swiftkv.Context(disk_path=str(tmp_path), disk_budget_bytes=1 << 20) as ctx:
+        m = ctx.register_model(small_model)
+        r = m.lookup_named(names)
+        assert r.prefix_tokens == 96 and list(r.residency) == [swiftkv.Tier.DISK] * 3
+        out = np.zeros_like(kv)
+        assert m.retrieve_named(names, out) == 3 and np.array_equal(out, kv)

@@ -67,6 +67,45 @@ def test_engine_tensors_round_trip(ctx, small_model):
             assert np.array_equal(layers[l][:, pages2[tok // 16], tok % 16], truth[l][:, tok])
 
 
+def test_named_requests(ctx, small_model):
+    """A request whose chunks are named by the engine: no tokens, saved under the names, loaded
+    back by a request with the same names into other pages; other names load nothing."""
+    m = ctx.register_model(small_model)
+    pages_n = 8
+    layers = [np.zeros((2, pages_n, 16, 2, 16), np.float16) for _ in range(2)]
+    page_elems = 16 * 2 * 16
+    pool = m.pool_register([l for l in layers], page_stride=page_elems,
+                           kv_stride=pages_n * page_elems, token_stride=32, head_stride=16,
+                           num_pages=pages_n, layer_span_bytes=layers[0].nbytes)
+    names = [bytes([7, i]) * 8 for i in range(3)]
+    rng = np.random.default_rng(8)
+    truth = [rng.standard_normal((2, 96, 2, 16)).astype(np.float16) for _ in range(2)]
+    pages = [5, 1, 7, 0, 3, 2]
+    with m.request(pool, 96, pages, names=names) as r:
+        r.start_load()
+        for l in range(2):
+            assert r.wait_layer_load(l) == 0
+            for tok in range(96):
+                layers[l][:, pages[tok // 16], tok % 16] = truth[l][:, tok]
+            r.save_layer(l)
+        assert r.wait_save() == 96
+    assert m.lookup_named(names).prefix_tokens == 96
+    for l in layers:
+        l[:] = 0
+    pages2 = [4, 6, 0, 1, 2, 3]
+    with m.request(pool, 96, pages2, names=names,
+                   shape=swiftkv.RequestShape.LOAD_ONLY) as r:
+        r.start_load()
+        assert [r.wait_layer_load(l) for l in range(2)] == [96, 96]
+    for l in range(2):
+        for tok in range(96):
+            assert np.array_equal(layers[l][:, pages2[tok // 16], tok % 16], truth[l][:, tok])
+    with m.request(pool, 96, pages2, names=[b"z" * 16] * 3) as r:
+        assert r.info()["load_end_tokens"] == 0
+    with pytest.raises(swiftkv.InvalidArgument):
+        m.request(pool, 96, pages2, names=names[:2])  # 2 names for 3 full chunks
+
+
 def test_open_requests_are_bounded(small_model):
     with swiftkv.Context(host_budget_bytes=8 << 20, max_open_requests=1) as ctx:
         m = ctx.register_model(small_model)

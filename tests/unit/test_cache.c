@@ -770,6 +770,119 @@ static void identity_keeps_models_apart(void **state) {
   rig_down(&r);
 }
 
+/* 32-byte names of a sequence's chunks, as an engine's chained block hashes would be. */
+static void fill_names(unsigned char *names, size_t n, uint32_t seq) {
+  for (size_t i = 0; i < n * 32; ++i) names[i] = (unsigned char)(seq * 131u + i * 17u + (i >> 5));
+}
+
+/* Chunks named by the caller: stored, found, loaded byte for byte, pinned, moved and cleared by
+ * name, in host memory and on disk and by a later context; never found through the tokens or by
+ * another model or identity; a name standing for another prefix (another first name) finds
+ * nothing; bad names are EINVAL with nothing changed. */
+static void named_chunks(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 1 << 20, 1);
+  unsigned char names[4 * 32];
+  fill_names(names, 4, 1);
+  static unsigned char kv[4 * CHUNK_BYTES], out[4 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 3);
+  uint64_t n = SENTINEL;
+  assert_ok(swiftkv_store_named(&n, r.ctx, r.model, names, sizeof names, 32, 0, kv, sizeof kv));
+  assert_int_equal(n, 4);
+  swiftkv_lookup_result l = SWIFTKV_LOOKUP_RESULT_INIT;
+  uint8_t res[4];
+  assert_ok(swiftkv_lookup_named(&l, res, 4, r.ctx, r.model, names, sizeof names, 32));
+  assert_int_equal(l.chunks, 4);
+  assert_int_equal(l.prefix_tokens, 4 * CHUNK_TOKENS);
+  assert_int_equal(res[3], SWIFTKV_TIER_HOST);
+  assert_ok(swiftkv_retrieve_named(&n, r.ctx, r.model, names, sizeof names, 32, out, sizeof out));
+  assert_int_equal(n, 4);
+  assert_memory_equal(out, kv, sizeof kv);
+  /* From the third name on: the chunks after it. */
+  assert_ok(swiftkv_retrieve_named(&n, r.ctx, r.model, names + 64, 64, 32, out, CHUNK_BYTES));
+  assert_int_equal(n, 1);
+  assert_memory_equal(out, kv + 2 * CHUNK_BYTES, CHUNK_BYTES);
+
+  /* The same bytes as tokens are not these chunks; nor are the names under another identity or
+   * as 16-byte names (the first 16 bytes of each). */
+  uint32_t tokens[4 * CHUNK_TOKENS];
+  memcpy(tokens, names, sizeof names);
+  assert_int_equal(prefix_of(r.ctx, r.model, tokens, 4 * CHUNK_TOKENS / 4), 0);
+  const uint32_t other = register_as(r.ctx, "tenant-b", SWIFTKV_OK);
+  assert_ok(swiftkv_lookup_named(&l, NULL, 0, r.ctx, other, names, sizeof names, 32));
+  assert_int_equal(l.prefix_tokens, 0);
+  assert_ok(swiftkv_lookup_named(&l, NULL, 0, r.ctx, r.model, names, 64, 16));
+  assert_int_equal(l.chunks, 4);
+  assert_int_equal(l.prefix_tokens, 0);
+  /* A sequence whose first name differs finds nothing: the names of its later chunks differ
+   * too in an engine's chain, and here they are the same bytes only by construction. */
+  unsigned char changed[4 * 32];
+  memcpy(changed, names, sizeof names);
+  changed[0] ^= 1;
+  assert_ok(swiftkv_lookup_named(&l, NULL, 0, r.ctx, r.model, changed, sizeof changed, 32));
+  assert_int_equal(l.prefix_tokens, 0);
+  assert_int_equal(l.loadable_tokens, 3 * CHUNK_TOKENS); /* names 1-3: the same chunks */
+
+  /* Bad input: nothing stored, nothing found, the message says why. */
+  const swiftkv_stats before = stats(&r);
+  assert_int_equal(
+      swiftkv_store_named(&n, r.ctx, r.model, changed, sizeof changed, 0, 0, kv, sizeof kv),
+      SWIFTKV_EINVAL);
+  assert_message_contains("name_bytes (0) must be 1 to 64");
+  assert_int_equal(
+      swiftkv_store_named(&n, r.ctx, r.model, changed, sizeof changed, 65, 0, kv, sizeof kv),
+      SWIFTKV_EINVAL);
+  assert_int_equal(swiftkv_store_named(&n, r.ctx, r.model, changed, 100, 32, 0, kv, sizeof kv),
+                   SWIFTKV_EINVAL);
+  assert_message_contains("not a whole number of 32-byte names");
+  assert_int_equal(swiftkv_store_named(&n, r.ctx, r.model, NULL, 32, 32, 0, kv, CHUNK_BYTES),
+                   SWIFTKV_EINVAL);
+  assert_message_contains("names is NULL");
+  assert_int_equal(
+      swiftkv_store_named(&n, r.ctx, r.model, changed, sizeof changed, 32, 0, kv, CHUNK_BYTES),
+      SWIFTKV_EINVAL);
+  assert_message_contains("is not 4 chunks of 1024 bytes");
+  assert_int_equal(
+      swiftkv_store_named(&n, r.ctx, r.model, changed, 32, 32, UINT32_MAX, kv, CHUNK_BYTES),
+      SWIFTKV_EINVAL);
+  assert_int_equal(stats(&r).stores, before.stores);
+  assert_int_equal(stats(&r).chunks[SWIFTKV_TIER_HOST], 4);
+
+  /* Pinned by name: a clear leaves them; moved to disk by name; unpinned and cleared. */
+  assert_ok(swiftkv_pin_named(r.ctx, r.model, names, 64, 32));
+  uint64_t cleared = SENTINEL;
+  assert_ok(
+      swiftkv_clear_named(&cleared, r.ctx, r.model, SWIFTKV_TIERS_ALL, names, sizeof names, 32));
+  assert_int_equal(cleared, 2);
+  assert_int_equal(swiftkv_pin_named(r.ctx, r.model, names, sizeof names, 32),
+                   SWIFTKV_ENOTFOUND); /* names 3 and 4 are gone */
+  assert_ok(swiftkv_move_named(&n, r.ctx, r.model, names, 64, 32, SWIFTKV_TIER_DISK));
+  assert_int_equal(n, 2);
+  assert_ok(swiftkv_unpin_named(r.ctx, r.model, names, 64, 32));
+  assert_int_equal(swiftkv_unpin_named(r.ctx, r.model, names, 64, 32), SWIFTKV_ENOTFOUND);
+  assert_ok(swiftkv_store_named(&n, r.ctx, r.model, names + 64, 64, 32, 2, kv + 2 * CHUNK_BYTES,
+                                2 * CHUNK_BYTES));
+  assert_int_equal(n, 2);
+  swiftkv_ctx_destroy(r.ctx);
+
+  /* A later context on the same disk finds them under their names: the two moved there, and
+   * the two in host memory that the first context wrote back as it closed. */
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_path = r.dir;
+  c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  assert_ok(swiftkv_ctx_create(&r.ctx, &c));
+  r.model = register_as(r.ctx, NULL, SWIFTKV_OK);
+  assert_ok(swiftkv_lookup_named(&l, res, 4, r.ctx, r.model, names, sizeof names, 32));
+  assert_int_equal(l.prefix_tokens, 4 * CHUNK_TOKENS);
+  assert_int_equal(l.chunks_per_tier[SWIFTKV_TIER_DISK], 4);
+  memset(out, 0, sizeof out);
+  assert_ok(swiftkv_retrieve_named(&n, r.ctx, r.model, names, sizeof names, 32, out, sizeof out));
+  assert_int_equal(n, 4);
+  assert_memory_equal(out, kv, sizeof kv);
+  rig_down(&r);
+}
+
 static swiftkv_ctx *disk_ctx(const char *dir, uint64_t host_bytes, uint32_t write_back) {
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.host_budget_bytes = host_bytes;
@@ -1172,6 +1285,7 @@ int main(void) {
       cmocka_unit_test(callback_on_the_background_thread),
       cmocka_unit_test(a_new_context_finds_disk_chunks),
       cmocka_unit_test(identity_keeps_models_apart),
+      cmocka_unit_test(named_chunks),
       cmocka_unit_test(host_chunks_are_written_back_on_close),
       cmocka_unit_test(metrics_text_exposes_the_counters),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),

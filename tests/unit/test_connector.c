@@ -322,6 +322,99 @@ static void round_trip(enum layout layout) {
 
 static uint64_t requests_open(const struct engine *e);
 
+/* A request whose chunks are named by the caller (an engine's own block keys): no tokens, the
+ * first turn saves 4 named chunks, a second request with the same names (and other tokens:
+ * they are not read) loads them byte for byte into other pages; the same tokens under other
+ * names (another tenant, adapter or image) load nothing and save their own; names that do not
+ * match the full chunks of the tokens are EINVAL with nothing begun. */
+static void named_requests(void **state) {
+  (void)state;
+  struct engine e;
+  engine_up(&e, NHD, 1 << 20, 0);
+  unsigned char names[6 * 16], other[6 * 16];
+  for (size_t i = 0; i < sizeof names; ++i) {
+    names[i] = (unsigned char)(i * 29u + 3u);
+    other[i] = (unsigned char)(i * 29u + 4u);
+  }
+  int32_t pages[13];
+  pick_pages(pages, 9, 0, PAGES, 3);
+  swiftkv_request_desc d = SWIFTKV_REQUEST_DESC_INIT;
+  d.pool = e.pool;
+  d.tokens = NULL;
+  d.n_tokens = 4 * CHUNK + 3;
+  d.pages = pages;
+  d.n_pages = 9;
+  d.names = names;
+  d.names_bytes = 4 * 16;
+  d.name_bytes = 16;
+  uint64_t req = 0;
+  assert_ok(swiftkv_request_begin(&req, e.ctx, &d));
+  assert_ok(swiftkv_start_load(e.ctx, req, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    uint64_t valid = 0;
+    assert_ok(swiftkv_wait_layer_load(&valid, e.ctx, req, l, NULL));
+    engine_write(&e, pages, 7, l, 0, 4 * CHUNK + 3);
+    assert_ok(swiftkv_save_layer(e.ctx, req, l, NULL));
+  }
+  uint64_t saved = 0;
+  assert_ok(swiftkv_wait_save(&saved, e.ctx, req, NULL));
+  assert_int_equal(saved, 4 * CHUNK);
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req));
+  uint64_t n = 0;
+  static uint16_t got[4 * CHUNK_BYTES / 2];
+  assert_ok(swiftkv_retrieve_named(&n, e.ctx, e.model, names, 4 * 16, 16, got, sizeof got));
+  assert_int_equal(n, 4);
+
+  /* The same names, tokens given this time (not read): loads all 4 into other pages. */
+  engine_scramble(&e);
+  uint32_t tokens[6 * CHUNK];
+  fill_tokens(tokens, 6 * CHUNK, 99);
+  pick_pages(pages, 12, 0, PAGES, 4);
+  d.tokens = tokens;
+  d.n_tokens = 6 * CHUNK;
+  d.n_pages = 12;
+  d.names_bytes = 6 * 16;
+  d.shape = SWIFTKV_REQUEST_LOAD_ONLY;
+  assert_ok(swiftkv_request_begin(&req, e.ctx, &d));
+  swiftkv_request_info info = SWIFTKV_REQUEST_INFO_INIT;
+  assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
+  assert_int_equal(info.load_end_tokens, 4 * CHUNK);
+  assert_ok(swiftkv_start_load(e.ctx, req, NULL));
+  for (uint32_t l = 0; l < LAYERS; ++l) {
+    uint64_t valid = 0;
+    assert_ok(swiftkv_wait_layer_load(&valid, e.ctx, req, l, NULL));
+    assert_int_equal(valid, 4 * CHUNK);
+    assert_int_equal(engine_wrong(&e, pages, 7, l, 0, 4 * CHUNK), 0);
+  }
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req));
+
+  /* The same tokens under other names: nothing to load, all 6 chunks to save. */
+  d.names = other;
+  d.shape = SWIFTKV_REQUEST_LOAD_AND_SAVE;
+  assert_ok(swiftkv_request_begin(&req, e.ctx, &d));
+  assert_ok(swiftkv_request_info_get(&info, e.ctx, req));
+  assert_int_equal(info.load_end_tokens, 0);
+  assert_int_equal(info.save_tokens, 6 * CHUNK);
+  assert_ok(swiftkv_request_finish(NULL, e.ctx, req));
+
+  /* Names for 5 chunks of 6, names with no name_bytes, and a name size without names. */
+  d.names_bytes = 5 * 16;
+  assert_int_equal(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("desc names 5 chunks, but the 48 tokens hold 6 full chunks of 8");
+  d.names_bytes = 6 * 16;
+  d.name_bytes = 0;
+  assert_int_equal(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  d.names = NULL;
+  d.name_bytes = 16;
+  assert_int_equal(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_message_contains("desc->names is NULL but");
+  d.names = names;
+  d.reserved2 = 1;
+  assert_int_equal(swiftkv_request_begin(&req, e.ctx, &d), SWIFTKV_EINVAL);
+  assert_int_equal(requests_open(&e), 0);
+  engine_down(&e);
+}
+
 /* The save-only shape stores what the engine computed (no loads, chunks cached at begin not
  * saved again); the load-only shape loads the cached run into other pages and saves nothing;
  * calls of the half a shape lacks are refused with the order in the message, changing
@@ -1316,6 +1409,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(round_trip_vllm),
       cmocka_unit_test(load_only_and_save_only),
+      cmocka_unit_test(named_requests),
       cmocka_unit_test(round_trip_nhd),
       cmocka_unit_test(round_trip_hnd),
       cmocka_unit_test(host_stores_move_the_same_bytes),

@@ -165,6 +165,18 @@ func (m *Model) Begin(p *Pool, tokens []uint32, pages []int32, loadFromTokens ui
 // BeginShaped is Begin for a request of the given shape.
 func (m *Model) BeginShaped(p *Pool, tokens []uint32, pages []int32, loadFromTokens uint64,
 	shape RequestShape) (*Request, error) {
+	return m.begin(p, tokens, uint64(len(tokens)), nil, 0, pages, loadFromTokens, shape)
+}
+
+// BeginNamed begins a request of nTokens tokens whose full chunks are named by the caller:
+// names holds one name of nameBytes bytes per full chunk; the tokens themselves are not needed.
+func (m *Model) BeginNamed(p *Pool, nTokens uint64, names []byte, nameBytes uint32, pages []int32,
+	loadFromTokens uint64, shape RequestShape) (*Request, error) {
+	return m.begin(p, nil, nTokens, names, nameBytes, pages, loadFromTokens, shape)
+}
+
+func (m *Model) begin(p *Pool, tokens []uint32, nTokens uint64, names []byte, nameBytes uint32,
+	pages []int32, loadFromTokens uint64, shape RequestShape) (*Request, error) {
 	h, done, err := m.ctx.acquire()
 	if err != nil {
 		return nil, err
@@ -179,7 +191,14 @@ func (m *Model) BeginShaped(p *Pool, tokens []uint32, pages []int32, loadFromTok
 	d.version = C.SWIFTKV_REQUEST_DESC_VERSION
 	d.pool = C.uint32_t(p.ID)
 	d.tokens = (*C.uint32_t)(unsafe.Pointer(ct))
-	d.n_tokens = C.uint64_t(len(tokens))
+	d.n_tokens = C.uint64_t(nTokens)
+	if names != nil {
+		cn := cslice(names)
+		defer C.free(unsafe.Pointer(cn))
+		d.names = unsafe.Pointer(cn)
+		d.names_bytes = C.uint64_t(len(names))
+		d.name_bytes = C.uint32_t(nameBytes)
+	}
 	d.pages = (*C.int32_t)(unsafe.Pointer(cp))
 	d.n_pages = C.uint64_t(len(pages))
 	d.load_from_tokens = C.uint64_t(loadFromTokens)

@@ -936,6 +936,127 @@ func (m *Model) Move(tokens []uint32, to Tier) (uint64, error) {
 	return uint64(n), err
 }
 
+// Chunks named by the caller (swiftkv_*_named): names holds the names of consecutive chunks,
+// nameBytes bytes each (1 to 64), each already chained over everything before its chunk (an
+// engine's block or page keys). The model's identity is still in every key.
+
+// LookupNamed is Lookup for named chunks; token counts are chunks times ChunkTokens.
+func (m *Model) LookupNamed(names []byte, nameBytes uint32) (Lookup, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return Lookup{}, err
+	}
+	defer done()
+	var out C.swiftkv_lookup_result
+	out.size = C.uint32_t(unsafe.Sizeof(out))
+	out.version = C.SWIFTKV_LOOKUP_RESULT_VERSION
+	n := 0
+	if nameBytes != 0 {
+		n = len(names) / int(nameBytes)
+	}
+	res := make([]byte, n)
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_lookup_named(&out, (*C.uint8_t)(bytesPtr(res)), C.size_t(len(res)), h,
+			C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+	l := Lookup{Chunks: uint64(out.chunks), PrefixTokens: uint64(out.prefix_tokens),
+		DroppedHeadTokens: uint64(out.dropped_head_tokens), LoadableTokens: uint64(out.loadable_tokens)}
+	for i := 0; i < 3; i++ {
+		l.ChunksPerTier[i] = uint64(out.chunks_per_tier[i])
+	}
+	l.RemoteChunks = uint64(out.remote_chunks)
+	if err == nil {
+		for _, r := range res {
+			l.Residency = append(l.Residency, Tier(r))
+		}
+	}
+	return l, err
+}
+
+// StoreNamed stores the named chunks from kv (a chunk's bytes per name); the leading chunks
+// cached. firstChunk is the number of the first name's chunk in its sequence. On a write
+// error the count is the leading chunks cached before it, which stay cached.
+func (m *Model) StoreNamed(names []byte, nameBytes uint32, firstChunk uint64, kv []byte) (uint64, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	var n C.uint64_t
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_store_named(&n, h, C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)),
+			C.uint32_t(nameBytes), C.uint64_t(firstChunk), bytesPtr(kv), C.size_t(len(kv)))
+	})
+	return uint64(n), err
+}
+
+// RetrieveNamed copies the named chunks from the first on into kv; the chunks copied.
+func (m *Model) RetrieveNamed(names []byte, nameBytes uint32, kv []byte) (uint64, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	var n C.uint64_t
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_retrieve_named(&n, h, C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)),
+			C.uint32_t(nameBytes), bytesPtr(kv), C.size_t(len(kv)))
+	})
+	return uint64(n), err
+}
+
+func (m *Model) PinNamed(names []byte, nameBytes uint32) error {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return check(func() C.swiftkv_status {
+		return C.swiftkv_pin_named(h, C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+}
+
+func (m *Model) UnpinNamed(names []byte, nameBytes uint32) error {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return err
+	}
+	defer done()
+	return check(func() C.swiftkv_status {
+		return C.swiftkv_unpin_named(h, C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+}
+
+// ClearNamed drops the unpinned named chunks in the tiers of the mask.
+func (m *Model) ClearNamed(names []byte, nameBytes uint32, tierMask uint32) (uint64, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	var n C.uint64_t
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_clear_named(&n, h, C.uint32_t(m.ID), C.uint32_t(tierMask), bytesPtr(names),
+			C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+	return uint64(n), err
+}
+
+// MoveNamed moves the named chunks to tier `to`; how many are there afterwards.
+func (m *Model) MoveNamed(names []byte, nameBytes uint32, to Tier) (uint64, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return 0, err
+	}
+	defer done()
+	var n C.uint64_t
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_move_named(&n, h, C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)),
+			C.uint32_t(nameBytes), C.swiftkv_tier(to))
+	})
+	return uint64(n), err
+}
+
 // --- The lender's elastic region ----------------------------------------------------------------------
 
 // ElasticConfig is swiftkv_elastic_config.

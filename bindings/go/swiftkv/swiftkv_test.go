@@ -249,6 +249,57 @@ func TestCacheRoundTripAndController(t *testing.T) {
 	}
 }
 
+// Chunks named by the caller: stored, found, loaded, pinned, moved and cleared by name; never
+// found by the same bytes as tokens or under another identity; bad names are EINVAL.
+func TestNamedChunks(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	cb := int(val(small().ChunkBytes()))
+	names := make([]byte, 3*16)
+	for i := range names {
+		names[i] = byte(i*7 + 1)
+	}
+	kv := kvOf(5, 3*cb)
+	if n := val(m.StoreNamed(names, 16, 0, kv)); n != 3 {
+		t.Fatal(n)
+	}
+	l := val(m.LookupNamed(names, 16))
+	if l.Chunks != 3 || l.PrefixTokens != 96 || l.Residency[2] != Host {
+		t.Fatalf("%+v", l)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.RetrieveNamed(names, 16, out)); n != 3 || string(out) != string(kv) {
+		t.Fatal("named chunks did not come back")
+	}
+	asTokens := unsafe.Slice((*uint32)(unsafe.Pointer(&names[0])), len(names)/4)
+	if l := val(m.Lookup(asTokens)); l.PrefixTokens != 0 {
+		t.Fatalf("%+v", l)
+	}
+	tenantB := small()
+	tenantB.Identity = "tenant-b"
+	other := val(c.RegisterModel(tenantB, Borrower))
+	if l := val(other.LookupNamed(names, 16)); l.PrefixTokens != 0 {
+		t.Fatalf("%+v", l)
+	}
+	_, err := m.StoreNamed(names[:17], 16, 0, kv[:cb])
+	wantStatus(t, err, EINVAL)
+	_, err = m.LookupNamed(names, 65)
+	wantStatus(t, err, EINVAL)
+	noErr(t, m.PinNamed(names[:16], 16))
+	if n := val(m.ClearNamed(names, 16, TiersAll)); n != 2 {
+		t.Fatal(n)
+	}
+	noErr(t, m.UnpinNamed(names[:16], 16))
+	if n := val(m.MoveNamed(names[:16], 16, Host)); n != 1 {
+		t.Fatal(n)
+	}
+	if s := val(c.Stats()); s.Stores != 3 {
+		t.Fatalf("%+v", s)
+	}
+}
+
 func TestIdentityKeepsModelsApart(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.HostBudgetBytes = 4 << 20
@@ -638,6 +689,52 @@ func TestPoolsAndTheConnector(t *testing.T) {
 			}
 		}
 	}
+	// Chunks named by the caller: saved from the first pages under names (no tokens), loaded by
+	// the names into pages2 byte for byte; other names load nothing.
+	names := make([]byte, 3*32)
+	for i := range names {
+		names[i] = byte(i*13 + 5)
+	}
+	rn := val(m.BeginNamed(p, 96, names, 32, pages, 0, SaveOnly))
+	for l := 0; l < 2; l++ {
+		noErr(t, rn.SaveLayer(uint32(l), nil))
+	}
+	if n := val(rn.WaitSave(nil)); n != 96 {
+		t.Fatal(n)
+	}
+	val(rn.Finish())
+	for l := 0; l < 2; l++ {
+		for i := range layer(l) {
+			layer(l)[i] = 0
+		}
+	}
+	rn = val(m.BeginNamed(p, 96, names, 32, pages2, 0, LoadOnly))
+	noErr(t, rn.StartLoad(nil))
+	for l := 0; l < 2; l++ {
+		if v := val(rn.WaitLayerLoad(uint32(l), nil)); v != 96 {
+			t.Fatal(v)
+		}
+	}
+	val(rn.Finish())
+	for l := 0; l < 2; l++ {
+		for tk := 0; tk < 96; tk++ {
+			for c := 0; c < 2; c++ {
+				for i := 0; i < 32; i++ {
+					if layer(l)[at(c, pages2[tk/16], (tk%16)*32+i)] != value(l, c, tk, i) {
+						t.Fatalf("named: layer %d token %d differs", l, tk)
+					}
+				}
+			}
+		}
+	}
+	other := make([]byte, 3*32)
+	rn = val(m.BeginNamed(p, 96, other, 32, pages2, 0, LoadOnly))
+	if info := val(rn.Info()); info.LoadEndTokens != 0 {
+		t.Fatalf("%+v", info)
+	}
+	val(rn.Finish())
+	_, err := m.BeginNamed(p, 96, names[:64], 32, pages2, 0, LoadOnly)
+	wantStatus(t, err, EINVAL)
 	// An engine holding the first block itself (its own prefix cache) loads from token 16, inside
 	// the first chunk: its block is left as it is, the rest arrives.
 	for l := 0; l < 2; l++ {
@@ -670,7 +767,7 @@ func TestPoolsAndTheConnector(t *testing.T) {
 			}
 		}
 	}
-	_, err := m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
+	_, err = m.Begin(p, tok[:64], []int32{0, 0, 1, 2}, 0)
 	wantStatus(t, err, EINVAL)
 	_, err = m.Begin(p, tok[:64], []int32{0, 1, 2, 3}, 8) // inside a block
 	wantStatus(t, err, EINVAL)

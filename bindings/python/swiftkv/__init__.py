@@ -731,6 +731,27 @@ def _tokens(tokens):
     return np.ascontiguousarray(a, dtype=np.uint32)
 
 
+def _names(names):
+    """Chunk names as (a C-contiguous uint8 array [n, name_bytes], name_bytes): a 2-D uint8 array
+    (a name per row), or a sequence of bytes-like names of one length (an engine's block hashes,
+    SGLang's page keys as str are encoded as UTF-8)."""
+    if isinstance(names, np.ndarray):
+        a = names
+    else:
+        names = [n.encode() if isinstance(n, str) else bytes(n) for n in names]
+        if not names:
+            return np.zeros((0, 1), np.uint8), 1
+        size = len(names[0])
+        if any(len(n) != size for n in names):
+            raise ValueError("chunk names must all have one length; got "
+                             f"{sorted({len(n) for n in names})} bytes")
+        a = np.frombuffer(b"".join(names), dtype=np.uint8).reshape(len(names), size)
+    if a.ndim != 2 or a.dtype != np.uint8:
+        raise ValueError(f"chunk names must be a [n, name_bytes] uint8 array, not {a.dtype} of "
+                         f"shape {a.shape}")
+    return np.ascontiguousarray(a), int(a.shape[1])
+
+
 class Model:
     """A registered model (its id in the context)."""
 
@@ -767,6 +788,57 @@ class Model:
         """Copies cached chunks from start_token into out; the tokens copied."""
         _, n = _c.swiftkv_retrieve(self.ctx.handle, self.id, _tokens(tokens), start_token,
                                    _host_array(out, writable=True, what="retrieve"))
+        return n
+
+    # Chunks named by the caller (swiftkv_*_named): `names` is a [n, name_bytes] uint8 array or
+    # a sequence of names of one length (1 to 64 bytes), one per chunk in sequence order, each
+    # already chained over everything before its chunk (an engine's block or page keys).
+
+    def lookup_named(self, names) -> "Lookup":
+        """Where each named chunk is (token counts are chunks times chunk_tokens)."""
+        a, size = _names(names)
+        res = np.zeros(len(a), dtype=np.uint8)
+        out = _c.swiftkv_lookup_result_init()
+        _c.swiftkv_lookup_named(out, res, self.ctx.handle, self.id, a, size)
+        return Lookup(out.chunks, out.prefix_tokens, out.dropped_head_tokens,
+                      out.loadable_tokens, list(out.chunks_per_tier), out.remote_chunks, res)
+
+    def store_named(self, names, kv, first_chunk: int = 0) -> int:
+        """Stores the named chunks from kv (one chunk's bytes per name); the leading chunks
+        cached. first_chunk: the number of the first name's chunk in its sequence. A chunk that
+        cannot be written raises Error(EIO) with ``.cached_chunks``."""
+        a, size = _names(names)
+        st, n = _c.swiftkv_store_named(self.ctx.handle, self.id, a, size, first_chunk,
+                                       _host_array(kv, writable=False, what="store_named"))
+        if st < 0:
+            e = Error.of(st)(st, _c.swiftkv_last_error_message())
+            e.cached_chunks = n
+            raise e
+        return n
+
+    def retrieve_named(self, names, out) -> int:
+        """Copies the named chunks from the first on into out; the chunks copied."""
+        a, size = _names(names)
+        _, n = _c.swiftkv_retrieve_named(self.ctx.handle, self.id, a, size,
+                                         _host_array(out, writable=True, what="retrieve_named"))
+        return n
+
+    def pin_named(self, names) -> None:
+        a, size = _names(names)
+        _c.swiftkv_pin_named(self.ctx.handle, self.id, a, size)
+
+    def unpin_named(self, names) -> None:
+        a, size = _names(names)
+        _c.swiftkv_unpin_named(self.ctx.handle, self.id, a, size)
+
+    def clear_named(self, names, tier_mask=TIERS_ALL) -> int:
+        a, size = _names(names)
+        _, n = _c.swiftkv_clear_named(self.ctx.handle, self.id, _mask(tier_mask), a, size)
+        return n
+
+    def move_named(self, names, to: Tier) -> int:
+        a, size = _names(names)
+        _, n = _c.swiftkv_move_named(self.ctx.handle, self.id, a, size, int(to))
         return n
 
     def borrow(self, lender: "Elastic", max_units: int) -> int:
@@ -988,10 +1060,13 @@ class Model:
         return pool
 
     def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0,
-                shape: RequestShape = RequestShape.LOAD_AND_SAVE) -> "Request":
+                shape: RequestShape = RequestShape.LOAD_AND_SAVE, names=None) -> "Request":
         """Begins an engine request (swiftkv_request_begin); use it as a context manager.
-        shape: LOAD_AND_SAVE (the per-layer loop), LOAD_ONLY or SAVE_ONLY."""
-        return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens, shape))
+        shape: LOAD_AND_SAVE (the per-layer loop), LOAD_ONLY or SAVE_ONLY. names: the
+        request's full chunks named by the caller (see lookup_named), one per full chunk of
+        tokens; tokens may then be an int, the sequence's length."""
+        return self.ctx._adopt(Request(self, pool, tokens, pages, load_from_tokens, shape,
+                                       names))
 
 
 # Dimension names of the pool layouts pool_from_tensors reads.
@@ -1192,17 +1267,27 @@ class Request:
     wait_layer_load / save_layer, wait_save, finish (also on leaving a with block)."""
 
     def __init__(self, model, pool, tokens, pages, load_from_tokens,
-                 shape=RequestShape.LOAD_AND_SAVE):
+                 shape=RequestShape.LOAD_AND_SAVE, names=None):
         pool.check_tensors()
         self.model, self.pool = model, pool
-        self._tokens = _tokens(tokens)
+        if names is not None and isinstance(tokens, (int, np.integer)):
+            self._tokens, n_tokens = None, int(tokens)
+        else:
+            self._tokens = _tokens(tokens)
+            n_tokens = len(self._tokens)
         self._pages = _tokens_like(pages, np.int32)
         if self._pages.ndim != 1:
             raise ValueError(f"pages must be 1-D, not shape {self._pages.shape}")
         d = _c.swiftkv_request_desc_init()
         d.pool = pool.id
-        d.tokens = _c.swiftkv_py_address(self._tokens) if len(self._tokens) else 0
-        d.n_tokens = len(self._tokens)
+        d.tokens = _c.swiftkv_py_address(self._tokens) if n_tokens and self._tokens is not None \
+            else 0
+        d.n_tokens = n_tokens
+        if names is not None:
+            self._names, size = _names(names)
+            d.names = _c.swiftkv_py_address(self._names) if self._names.size else 0
+            d.names_bytes = self._names.size
+            d.name_bytes = size
         d.pages = _c.swiftkv_py_address(self._pages) if len(self._pages) else 0
         d.n_pages = len(self._pages)
         d.load_from_tokens = load_from_tokens

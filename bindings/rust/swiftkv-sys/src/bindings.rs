@@ -18,6 +18,7 @@ pub const SWIFTKV_MODEL_ALL: u32 = 4294967295;
 pub const SWIFTKV_MODEL_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_TIERS_ALL: u32 = 23;
 pub const SWIFTKV_LOOKUP_RESULT_VERSION: u32 = 2;
+pub const SWIFTKV_MAX_CHUNK_NAME_BYTES: u32 = 64;
 pub const SWIFTKV_CODEC_PARAMS_VERSION: u32 = 1;
 pub const SWIFTKV_COMPRESSION_CONFIG_VERSION: u32 = 1;
 pub const SWIFTKV_MAX_COMPRESSION_METHODS: u32 = 8;
@@ -25,7 +26,7 @@ pub const SWIFTKV_CODEC_STATS_VERSION: u32 = 1;
 pub const SWIFTKV_STATS_VERSION: u32 = 5;
 pub const SWIFTKV_COORD_STATS_VERSION: u32 = 2;
 pub const SWIFTKV_POOL_DESC_VERSION: u32 = 1;
-pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 2;
+pub const SWIFTKV_REQUEST_DESC_VERSION: u32 = 3;
 pub const SWIFTKV_REQUEST_INFO_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_DESC_VERSION: u32 = 1;
 pub const SWIFTKV_ATTENTION_PLAN_VERSION: u32 = 1;
@@ -2730,6 +2731,83 @@ extern "C" {
         to: swiftkv_tier,
     ) -> swiftkv_status;
 }
+extern "C" {
+    pub fn swiftkv_lookup_named(
+        out: *mut swiftkv_lookup_result,
+        residency_out: *mut u8,
+        residency_capacity: usize,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_store_named(
+        cached_chunks_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+        first_chunk: u64,
+        kv: *const ::std::os::raw::c_void,
+        kv_bytes: usize,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_retrieve_named(
+        loaded_chunks_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+        kv: *mut ::std::os::raw::c_void,
+        kv_bytes: usize,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_pin_named(
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_unpin_named(
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_clear_named(
+        cleared_chunks_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        tier_mask: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
+extern "C" {
+    pub fn swiftkv_move_named(
+        chunks_there_out: *mut u64,
+        ctx: *mut swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+        to: swiftkv_tier,
+    ) -> swiftkv_status;
+}
 pub const SWIFTKV_CODEC_RAW: swiftkv_codec = 0;
 pub const SWIFTKV_CODEC_ZSTD: swiftkv_codec = 1;
 pub const SWIFTKV_CODEC_KIVI: swiftkv_codec = 2;
@@ -5034,12 +5112,16 @@ pub struct swiftkv_request_desc {
     pub load_from_tokens: u64,
     pub shape: swiftkv_request_shape,
     pub reserved1: u32,
+    pub names: *const ::std::os::raw::c_void,
+    pub names_bytes: u64,
+    pub name_bytes: u32,
+    pub reserved2: u32,
 }
 #[test]
 fn bindgen_test_layout_swiftkv_request_desc() {
     assert_eq!(
         ::std::mem::size_of::<swiftkv_request_desc>(),
-        64usize,
+        88usize,
         concat!("Size of: ", stringify!(swiftkv_request_desc))
     );
     assert_eq!(
@@ -5234,6 +5316,74 @@ fn bindgen_test_layout_swiftkv_request_desc() {
         );
     }
     test_field_reserved1();
+    fn test_field_names() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).names) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(names)
+            )
+        );
+    }
+    test_field_names();
+    fn test_field_names_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).names_bytes) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(names_bytes)
+            )
+        );
+    }
+    test_field_names_bytes();
+    fn test_field_name_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).name_bytes) as usize - ptr as usize
+            },
+            80usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(name_bytes)
+            )
+        );
+    }
+    test_field_name_bytes();
+    fn test_field_reserved2() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<swiftkv_request_desc>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).reserved2) as usize - ptr as usize
+            },
+            84usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(swiftkv_request_desc),
+                "::",
+                stringify!(reserved2)
+            )
+        );
+    }
+    test_field_reserved2();
 }
 extern "C" {
     pub fn swiftkv_request_desc_init(out: *mut swiftkv_request_desc);

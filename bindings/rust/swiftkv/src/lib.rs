@@ -70,6 +70,8 @@ pub struct Error {
     /// Set by `Model::store` when it failed after its arguments were checked: the leading
     /// tokens it cached before the failure, which stay cached.
     pub cached_tokens: Option<u64>,
+    /// Set by `Model::store_named` likewise: the leading chunks it cached before the failure.
+    pub cached_chunks: Option<u64>,
 }
 
 impl fmt::Display for Error {
@@ -90,11 +92,16 @@ fn check(st: sys::swiftkv_status) -> Result<Status> {
     let message = unsafe { CStr::from_ptr(sys::swiftkv_last_error_message()) }
         .to_string_lossy()
         .into_owned();
-    Err(Error { status: Status(st), message, cached_tokens: None })
+    Err(Error { status: Status(st), message, cached_tokens: None, cached_chunks: None })
 }
 
 fn invalid(message: &str) -> Error {
-    Error { status: Status::EINVAL, message: message.to_string(), cached_tokens: None }
+    Error {
+        status: Status::EINVAL,
+        message: message.to_string(),
+        cached_tokens: None,
+        cached_chunks: None,
+    }
 }
 
 fn cstring(s: &str, what: &str) -> Result<CString> {
@@ -983,6 +990,97 @@ impl<'a> Model<'a> {
         Ok(n)
     }
 
+    // Chunks named by the caller (`swiftkv_*_named`): `names` holds the names of consecutive
+    // chunks, `name_bytes` bytes each (1 to 64), each already chained over everything before
+    // its chunk (an engine's block or page keys).
+
+    /// Where each named chunk is; token counts are chunks times chunk_tokens.
+    pub fn lookup_named(&self, names: &[u8], name_bytes: u32) -> Result<Lookup> {
+        let mut out: sys::swiftkv_lookup_result = unsafe { std::mem::zeroed() };
+        out.size = std::mem::size_of::<sys::swiftkv_lookup_result>() as u32;
+        out.version = sys::SWIFTKV_LOOKUP_RESULT_VERSION;
+        let mut res = vec![0u8; names.len() / name_bytes.max(1) as usize];
+        check(unsafe {
+            sys::swiftkv_lookup_named(&mut out, res.as_mut_ptr(), res.len(), self.ctx.raw,
+                                      self.id, names.as_ptr() as *const c_void, names.len(),
+                                      name_bytes)
+        })?;
+        Ok(Lookup {
+            chunks: out.chunks,
+            prefix_tokens: out.prefix_tokens,
+            dropped_head_tokens: out.dropped_head_tokens,
+            loadable_tokens: out.loadable_tokens,
+            chunks_per_tier: out.chunks_per_tier,
+            remote_chunks: out.remote_chunks,
+            residency: res.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
+        })
+    }
+
+    /// Stores the named chunks from `kv` (a chunk's bytes per name); the leading chunks cached.
+    /// `first_chunk` is the number of the first name's chunk in its sequence. A chunk that
+    /// cannot be written fails the call (EIO) with `Error::cached_chunks` set.
+    pub fn store_named(&self, names: &[u8], name_bytes: u32, first_chunk: u64, kv: &[u8])
+                       -> Result<u64> {
+        let mut n = 0;
+        let st = unsafe {
+            sys::swiftkv_store_named(&mut n, self.ctx.raw, self.id,
+                                     names.as_ptr() as *const c_void, names.len(), name_bytes,
+                                     first_chunk, kv.as_ptr() as *const c_void, kv.len())
+        };
+        check(st).map_err(|e| {
+            let cached = if e.status == Status::EINVAL { None } else { Some(n) };
+            Error { cached_chunks: cached, ..e }
+        })?;
+        Ok(n)
+    }
+
+    /// Copies the named chunks from the first on into `kv`; the chunks copied.
+    pub fn retrieve_named(&self, names: &[u8], name_bytes: u32, kv: &mut [u8]) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_retrieve_named(&mut n, self.ctx.raw, self.id,
+                                        names.as_ptr() as *const c_void, names.len(), name_bytes,
+                                        kv.as_mut_ptr() as *mut c_void, kv.len())
+        })?;
+        Ok(n)
+    }
+
+    pub fn pin_named(&self, names: &[u8], name_bytes: u32) -> Result<()> {
+        check(unsafe {
+            sys::swiftkv_pin_named(self.ctx.raw, self.id, names.as_ptr() as *const c_void,
+                                   names.len(), name_bytes)
+        })?;
+        Ok(())
+    }
+
+    pub fn unpin_named(&self, names: &[u8], name_bytes: u32) -> Result<()> {
+        check(unsafe {
+            sys::swiftkv_unpin_named(self.ctx.raw, self.id, names.as_ptr() as *const c_void,
+                                     names.len(), name_bytes)
+        })?;
+        Ok(())
+    }
+
+    /// Drops the unpinned named chunks in the tiers of the mask.
+    pub fn clear_named(&self, names: &[u8], name_bytes: u32, tier_mask: u32) -> Result<u64> {
+        let mut out = 0;
+        check(unsafe {
+            sys::swiftkv_clear_named(&mut out, self.ctx.raw, self.id, tier_mask,
+                                     names.as_ptr() as *const c_void, names.len(), name_bytes)
+        })?;
+        Ok(out)
+    }
+
+    /// Moves the named chunks to `to`; how many are there afterwards.
+    pub fn move_named(&self, names: &[u8], name_bytes: u32, to: Tier) -> Result<u64> {
+        let mut n = 0;
+        check(unsafe {
+            sys::swiftkv_move_named(&mut n, self.ctx.raw, self.id, names.as_ptr() as *const c_void,
+                                    names.len(), name_bytes, to as sys::swiftkv_tier)
+        })?;
+        Ok(n)
+    }
+
     /// Sets what this model asks of compression, from now on (`swiftkv_compression_set`).
     pub fn set_compression(&self, c: &Compression) -> Result<()> {
         let mut cfg = library_defaults(sys::swiftkv_compression_config_init);
@@ -1093,19 +1191,40 @@ impl<'a> Model<'a> {
     /// `request` of a given shape: load-only, save-only or both.
     pub fn request_shaped<'p>(&self, pool: &'p Pool<'a>, tokens: &[u32], pages: &[i32],
                               load_from_tokens: u64, shape: RequestShape) -> Result<Request<'p>> {
+        let mut d = self.request_desc(pool, pages, load_from_tokens, shape);
+        d.tokens = tokens.as_ptr();
+        d.n_tokens = tokens.len() as u64;
+        let mut id = 0;
+        check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
+        Ok(Request { ctx: self.ctx, id, open: true, _pool: PhantomData, _not_sync: PhantomData })
+    }
+
+    /// A request of `n_tokens` tokens whose full chunks are named by the caller (`names`, one
+    /// name of `name_bytes` per full chunk); the tokens themselves are not needed.
+    pub fn request_named<'p>(&self, pool: &'p Pool<'a>, n_tokens: u64, names: &[u8],
+                             name_bytes: u32, pages: &[i32], load_from_tokens: u64,
+                             shape: RequestShape) -> Result<Request<'p>> {
+        let mut d = self.request_desc(pool, pages, load_from_tokens, shape);
+        d.n_tokens = n_tokens;
+        d.names = names.as_ptr() as *const c_void;
+        d.names_bytes = names.len() as u64;
+        d.name_bytes = name_bytes;
+        let mut id = 0;
+        check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
+        Ok(Request { ctx: self.ctx, id, open: true, _pool: PhantomData, _not_sync: PhantomData })
+    }
+
+    fn request_desc(&self, pool: &Pool<'a>, pages: &[i32], load_from_tokens: u64,
+                    shape: RequestShape) -> sys::swiftkv_request_desc {
         let mut d: sys::swiftkv_request_desc = unsafe { std::mem::zeroed() };
         d.size = std::mem::size_of::<sys::swiftkv_request_desc>() as u32;
         d.version = sys::SWIFTKV_REQUEST_DESC_VERSION;
         d.pool = pool.id;
-        d.tokens = tokens.as_ptr();
-        d.n_tokens = tokens.len() as u64;
         d.pages = pages.as_ptr();
         d.n_pages = pages.len() as u64;
         d.load_from_tokens = load_from_tokens;
         d.shape = shape as sys::swiftkv_request_shape;
-        let mut id = 0;
-        check(unsafe { sys::swiftkv_request_begin(&mut id, self.ctx.raw, &d) })?;
-        Ok(Request { ctx: self.ctx, id, open: true, _pool: PhantomData, _not_sync: PhantomData })
+        d
     }
 }
 

@@ -191,6 +191,37 @@ fn lookup_reports_the_longest_run() {
     assert_eq!(out, kv[2 * cb..]);
 }
 
+// Chunks named by the caller: stored, found, loaded, pinned, moved and cleared by name; never
+// found by the same bytes as tokens or under another identity; bad names are EINVAL.
+#[test]
+fn named_chunks() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let names: Vec<u8> = (0..3 * 16).map(|i| (i * 7 + 1) as u8).collect();
+    let kv = kv_of(5, 3 * cb);
+    assert_eq!(m.store_named(&names, 16, 0, &kv).unwrap(), 3);
+    let l = m.lookup_named(&names, 16).unwrap();
+    assert_eq!((l.chunks, l.prefix_tokens), (3, 96));
+    assert_eq!(l.residency, vec![Tier::Host; 3]);
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve_named(&names, 16, &mut out).unwrap(), 3);
+    assert_eq!(out, kv);
+    let as_tokens: Vec<u32> =
+        names.chunks(4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(m.lookup(&as_tokens).unwrap().prefix_tokens, 0);
+    let other = c.register_model(&small().identity("tenant-b")).unwrap();
+    assert_eq!(other.lookup_named(&names, 16).unwrap().prefix_tokens, 0);
+    let e = m.store_named(&names[..17], 16, 0, &kv[..cb]).unwrap_err();
+    assert_eq!((e.status, e.cached_chunks), (Status::EINVAL, None));
+    assert_eq!(m.lookup_named(&names, 65).unwrap_err().status, Status::EINVAL);
+    m.pin_named(&names[..16], 16).unwrap();
+    assert_eq!(m.clear_named(&names, 16, TIERS_ALL).unwrap(), 2);
+    m.unpin_named(&names[..16], 16).unwrap();
+    assert_eq!(m.move_named(&names[..16], 16, Tier::Host).unwrap(), 1);
+    assert_eq!(c.stats().unwrap().stores, 3);
+}
+
 #[test]
 fn identity_keeps_models_apart() {
     let c = ctx(4 << 20);
@@ -542,6 +573,41 @@ fn pools_and_the_connector() {
             }
         }
     }
+    // Chunks named by the caller: saved from the first pages under names (no tokens), loaded
+    // back by the names into pages2, byte for byte; other names load nothing.
+    let names: Vec<u8> = (0..3 * 32).map(|i| (i * 13 + 5) as u8).collect();
+    let r = m.request_named(&pool, 96, &names, 32, &pages, 0, RequestShape::SaveOnly).unwrap();
+    for l in 0..2u32 {
+        r.save_layer(l, Stream::HOST).unwrap();
+    }
+    assert_eq!(r.wait_save(Stream::HOST).unwrap(), 96);
+    drop(r);
+    assert_eq!(m.lookup_named(&names, 32).unwrap().prefix_tokens, 96);
+    for l in layers.iter_mut() {
+        l.iter_mut().for_each(|x| *x = 0);
+    }
+    let r = m.request_named(&pool, 96, &names, 32, &pages2, 0, RequestShape::LoadOnly).unwrap();
+    r.start_load(Stream::HOST).unwrap();
+    for l in 0..2u32 {
+        assert_eq!(r.wait_layer_load(l, Stream::HOST).unwrap(), 96);
+    }
+    drop(r);
+    for l in 0..2 {
+        for tok in 0..96 {
+            for c in 0..2 {
+                for i in 0..32 {
+                    assert_eq!(layers[l][at(c, pages2[tok / 16], (tok % 16) * 32 + i)],
+                               value(l, c, tok, i));
+                }
+            }
+        }
+    }
+    let other = vec![9u8; 3 * 32];
+    let r = m.request_named(&pool, 96, &other, 32, &pages2, 0, RequestShape::LoadOnly).unwrap();
+    assert_eq!(r.info().unwrap().load_end_tokens, 0);
+    drop(r);
+    assert_eq!(m.request_named(&pool, 96, &names[..64], 32, &pages2, 0, RequestShape::LoadOnly)
+                   .err().unwrap().status, Status::EINVAL);
     // An engine holding the first block itself (its own prefix cache) loads from token 16,
     // inside the first chunk: its block is left as it is, the rest arrives.
     for l in layers.iter_mut() {
