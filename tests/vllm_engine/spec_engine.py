@@ -31,7 +31,7 @@ def main() -> int:
     if async_scheduling:
         import cpu_async
         cpu_async.enable()
-    import recording  # the connector, its version check passed (see recording.py)
+    import recording  # the connector, recording what it saves and loads
     from swiftkv.integrations import vllm as sv
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
@@ -86,7 +86,8 @@ def main() -> int:
         if d:
             rejected += start + n - nxt
     conversation = prompt + list(a.token_ids)[:-1]  # 219 tokens with K/V: 3 chunks
-    saved = store.model.lookup(np.array(conversation, dtype=np.uint32)).prefix_tokens
+    saved = store.model.lookup_named(
+        recording.names_of(conversation, CHUNK, BLOCK)).prefix_tokens
     reset1 = forget()
 
     # Turn 2 loads the chunks turn 1 saved (two of them completed by decoding).
@@ -104,8 +105,9 @@ def main() -> int:
     recording.SAVED.clear()
     c = generate(turn, 8)
     fresh = {}
-    for (tokens, layer), pages in recording.SAVED.items():
-        if list(tokens[:saved]) == turn[:saved]:
+    want = recording.names_of(turn, CHUNK, BLOCK)[:saved // CHUNK].tobytes()
+    for (names, layer), pages in recording.SAVED.items():
+        if names[:len(want)] == want:
             fresh[layer] = pages[:saved // BLOCK]
     # Per token, the largest difference between what was loaded and what vLLM computes now:
     # bfloat16 rounding where the two runs batch the work differently, against a whole token's

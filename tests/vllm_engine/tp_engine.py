@@ -16,7 +16,7 @@ os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 
 
 def main() -> int:
-    import recording  # the connector, its version check passed (see recording.py)
+    import recording  # the connector, recording what it saves and loads
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt

