@@ -1,5 +1,6 @@
 // Model registration and the borrower's chunk cache at the ABI: model ids to fingerprints, token
 // arrays to chunk keys, and the cache's results into versioned structs.
+#include <algorithm>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
@@ -379,6 +380,28 @@ SWIFTKV_API swiftkv_status swiftkv_clear_named(uint64_t *cleared_chunks_out, swi
     const std::vector<ChunkKey> keys = keys_of_names(m, names, names_bytes, name_bytes);
     *cleared_chunks_out =
         ctx->cache.clear(m.fingerprint, tier_mask, std::span<const ChunkKey>(keys));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_chunk_keys_named(uint64_t *keys_out, size_t keys_capacity,
+                                                    const swiftkv_ctx *ctx, uint32_t model,
+                                                    const void *names, size_t names_bytes,
+                                                    uint32_t name_bytes) {
+  try {
+    require(ctx, "ctx");
+    if (keys_out == nullptr && keys_capacity != 0) {
+      swiftkv::fail_invalid("keys_out is NULL but keys_capacity is " +
+                            std::to_string(keys_capacity));
+    }
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    const std::vector<ChunkKey> keys = keys_of_names(m, names, names_bytes, name_bytes);
+    const size_t n = std::min(keys.size(), keys_capacity / 2);
+    for (size_t i = 0; i < n; ++i) {
+      keys_out[2 * i] = keys[i].lo;
+      keys_out[2 * i + 1] = keys[i].hi;
+    }
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

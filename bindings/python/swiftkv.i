@@ -183,6 +183,7 @@ SWIFTKV_BUFFER_IN(uint8_t *residency_out, size_t residency_capacity, 1, 1)
 SWIFTKV_BUFFER_IN(const uint64_t *lender_kv_bytes, size_t n_lenders, 8, 0)
 SWIFTKV_BUFFER_IN(const uint64_t *requests, size_t n_requests, 8, 0)
 SWIFTKV_BUFFER_IN(uint64_t *ids_out, size_t ids_capacity, 8, 1)
+SWIFTKV_BUFFER_IN(uint64_t *keys_out, size_t keys_capacity, 8, 1)
 SWIFTKV_BUFFER_IN(char *buf, size_t capacity, 1, 1)
 SWIFTKV_BUFFER_IN(swiftkv_chunk_info *info_out, size_t info_capacity, 16, 1)
 

@@ -947,6 +947,14 @@ SWIFTKV_API swiftkv_status swiftkv_move_named(uint64_t *chunks_there_out, swiftk
                                               uint32_t model, const void *names,
                                               size_t names_bytes, uint32_t name_bytes,
                                               swiftkv_tier to);
+/* The keys the library gives the named chunks: keys_out[2i] and keys_out[2i+1] are the key_lo and
+ * key_hi that swiftkv_chunk_event reports for the chunk of name i, for the first
+ * min(names, keys_capacity / 2) names (an engine publishing cache events maps the library's
+ * events back to its own names with them). Computes only: nothing is looked up or touched. */
+SWIFTKV_API swiftkv_status swiftkv_chunk_keys_named(uint64_t *keys_out, size_t keys_capacity,
+                                                    const swiftkv_ctx *ctx, uint32_t model,
+                                                    const void *names, size_t names_bytes,
+                                                    uint32_t name_bytes);
 
 /* ---------------------------------------------------------------------------------------------
  * Compression (docs/codecs.md: the frame formats, each codec's error bound, the rules). Chunks

@@ -335,3 +335,21 @@ def test_named_chunks(small_model, tmp_path):
         assert r.prefix_tokens == 96 and list(r.residency) == [swiftkv.Tier.DISK] * 3
         out = np.zeros_like(kv)
         assert m.retrieve_named(names, out) == 3 and np.array_equal(out, kv)
+
+
+def test_named_chunk_keys_are_the_events(small_model):
+    """The keys of named chunks are those the chunk event callback reports: an evicted named
+    chunk is known by its name."""
+    names = [bytes([9, i]) * 16 for i in range(5)]
+    events = []
+    with swiftkv.Context(host_budget_bytes=4 * small_model.chunk_bytes,
+                         eviction_policy=swiftkv.EvictionPolicy.LRU) as ctx:
+        m = ctx.register_model(small_model)
+        keys = m.chunk_keys_named(names)
+        assert len(set(keys)) == 5
+        assert m.store_named(names[:4], chunks_of(1, 4, small_model.chunk_bytes)) == 4
+        ctx.on_chunk_event(events.append)
+        assert m.store_named(names[4:], chunks_of(2, 1, small_model.chunk_bytes),
+                             first_chunk=4) == 1
+        ctx.on_chunk_event(None)
+    assert [e["key"] for e in events] == [keys[0]]

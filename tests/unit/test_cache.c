@@ -883,6 +883,47 @@ static void named_chunks(void **state) {
   rig_down(&r);
 }
 
+/* The keys of named chunks are the ones the chunk event callback reports: a named chunk evicted
+ * from a full tier is known by them; only the first keys_capacity / 2 are written; bad input is
+ * EINVAL with nothing written. */
+static void named_chunk_keys_match_the_events(void **state) {
+  (void)state;
+  struct rig r;
+  rig_up(&r, 4096, 0); /* a host tier of exactly 4 chunks (1 KiB each) */
+  unsigned char names[5 * 32];
+  fill_names(names, 5, 2);
+  static unsigned char kv[5 * CHUNK_BYTES];
+  fill_kv(kv, sizeof kv, 2);
+  uint64_t keys[10];
+  memset(keys, 0, sizeof keys);
+  assert_ok(swiftkv_chunk_keys_named(keys, 10, r.ctx, r.model, names, sizeof names, 32));
+  assert_true(keys[0] != 0 || keys[1] != 0);
+  assert_true(keys[0] != keys[2] || keys[1] != keys[3]);
+  uint64_t n = 0;
+  assert_ok(swiftkv_store_named(&n, r.ctx, r.model, names, 4 * 32, 32, 0, kv, 4 * CHUNK_BYTES));
+  struct seen seen;
+  memset(&seen, 0, sizeof seen);
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, on_event, &seen));
+  assert_ok(swiftkv_store_named(&n, r.ctx, r.model, names + 4 * 32, 32, 32, 4, kv + 4 * CHUNK_BYTES,
+                                CHUNK_BYTES));
+  assert_int_equal(seen.count, 1); /* the least recently used, the first, evicted */
+  assert_int_equal(seen.last.reason, SWIFTKV_CHUNK_EVICTED);
+  assert_int_equal(seen.last.key_lo, keys[0]);
+  assert_int_equal(seen.last.key_hi, keys[1]);
+  assert_int_equal(seen.last.model, r.model);
+  assert_ok(swiftkv_set_chunk_event_callback(r.ctx, NULL, NULL));
+  /* Room for 1.5 keys: one written, nothing past it. */
+  uint64_t few[3] = {SENTINEL, SENTINEL, SENTINEL};
+  assert_ok(swiftkv_chunk_keys_named(few, 3, r.ctx, r.model, names, sizeof names, 32));
+  assert_int_equal(few[0], keys[0]);
+  assert_int_equal(few[2], SENTINEL);
+  assert_int_equal(swiftkv_chunk_keys_named(NULL, 2, r.ctx, r.model, names, 32, 32),
+                   SWIFTKV_EINVAL);
+  assert_int_equal(swiftkv_chunk_keys_named(few, 3, r.ctx, r.model, names, 33, 32), SWIFTKV_EINVAL);
+  assert_int_equal(few[0], keys[0]);
+  rig_down(&r);
+}
+
 static swiftkv_ctx *disk_ctx(const char *dir, uint64_t host_bytes, uint32_t write_back) {
   swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
   c.host_budget_bytes = host_bytes;
@@ -1286,6 +1327,7 @@ int main(void) {
       cmocka_unit_test(a_new_context_finds_disk_chunks),
       cmocka_unit_test(identity_keeps_models_apart),
       cmocka_unit_test(named_chunks),
+      cmocka_unit_test(named_chunk_keys_match_the_events),
       cmocka_unit_test(host_chunks_are_written_back_on_close),
       cmocka_unit_test(metrics_text_exposes_the_counters),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),

@@ -1057,6 +1057,37 @@ func (m *Model) MoveNamed(names []byte, nameBytes uint32, to Tier) (uint64, erro
 	return uint64(n), err
 }
 
+// ChunkKeysNamed gives the library's keys of the named chunks, {key_lo, key_hi} each: what the
+// chunk event callback reports for them. Computes only.
+func (m *Model) ChunkKeysNamed(names []byte, nameBytes uint32) ([][2]uint64, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	n := 0
+	if nameBytes != 0 {
+		n = len(names) / int(nameBytes)
+	}
+	keys := make([]uint64, 2*n)
+	var p *C.uint64_t
+	if len(keys) > 0 {
+		p = (*C.uint64_t)(unsafe.Pointer(&keys[0]))
+	}
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_chunk_keys_named(p, C.size_t(len(keys)), h, C.uint32_t(m.ID), bytesPtr(names),
+			C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([][2]uint64, n)
+	for i := range out {
+		out[i] = [2]uint64{keys[2*i], keys[2*i+1]}
+	}
+	return out, nil
+}
+
 // --- The lender's elastic region ----------------------------------------------------------------------
 
 // ElasticConfig is swiftkv_elastic_config.

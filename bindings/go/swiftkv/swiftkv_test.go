@@ -298,6 +298,31 @@ func TestNamedChunks(t *testing.T) {
 	if s := val(c.Stats()); s.Stores != 3 {
 		t.Fatalf("%+v", s)
 	}
+	// The keys the chunk event callback reports: a named chunk evicted is known by its name.
+	keys := val(m.ChunkKeysNamed(names, 16))
+	if len(keys) != 3 || keys[0] == keys[1] {
+		t.Fatalf("%v", keys)
+	}
+	small2 := DefaultConfig()
+	small2.HostBudgetBytes = uint64(2 * cb)
+	small2.EvictionLRU = true
+	c2 := newCtx(t, small2)
+	m2 := val(c2.RegisterModel(small(), Borrower))
+	if n := val(m2.StoreNamed(names[:32], 16, 0, kv[:2*cb])); n != 2 {
+		t.Fatal(n)
+	}
+	var mu sync.Mutex
+	var seen []ChunkEvent
+	noErr(t, c2.OnChunkEvent(func(e ChunkEvent) { mu.Lock(); seen = append(seen, e); mu.Unlock() }))
+	if n := val(m2.StoreNamed(names[32:], 16, 2, kv[2*cb:])); n != 1 {
+		t.Fatal(n)
+	}
+	noErr(t, c2.OnChunkEvent(nil))
+	mu.Lock()
+	defer mu.Unlock()
+	if len(seen) != 1 || seen[0].KeyLo != keys[0][0] || seen[0].KeyHi != keys[0][1] {
+		t.Fatalf("%+v, want %v", seen, keys[0])
+	}
 }
 
 func TestIdentityKeepsModelsApart(t *testing.T) {

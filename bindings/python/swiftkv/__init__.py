@@ -844,6 +844,14 @@ class Model:
         _, n = _c.swiftkv_move_named(self.ctx.handle, self.id, a, size, int(to))
         return n
 
+    def chunk_keys_named(self, names) -> list:
+        """The library's keys of the named chunks, as the chunk event callback reports them
+        (event["key"], an int: key_hi << 64 | key_lo). Computes only."""
+        a, size = _names(names)
+        keys = np.zeros((len(a), 2), dtype=np.uint64)
+        _c.swiftkv_chunk_keys_named(keys, self.ctx.handle, self.id, a, size)
+        return [(int(hi) << 64) | int(lo) for lo, hi in keys]
+
     def borrow(self, lender: "Elastic", max_units: int) -> int:
         """A lease of an elastic region of this process into the peer tier; the lease id."""
         _, lease = _c.swiftkv_borrow(self.ctx.handle, self.id, lender.handle, max_units)

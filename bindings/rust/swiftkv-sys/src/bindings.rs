@@ -2808,6 +2808,17 @@ extern "C" {
         to: swiftkv_tier,
     ) -> swiftkv_status;
 }
+extern "C" {
+    pub fn swiftkv_chunk_keys_named(
+        keys_out: *mut u64,
+        keys_capacity: usize,
+        ctx: *const swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
 pub const SWIFTKV_CODEC_RAW: swiftkv_codec = 0;
 pub const SWIFTKV_CODEC_ZSTD: swiftkv_codec = 1;
 pub const SWIFTKV_CODEC_KIVI: swiftkv_codec = 2;

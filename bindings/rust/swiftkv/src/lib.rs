@@ -1081,6 +1081,17 @@ impl<'a> Model<'a> {
         Ok(n)
     }
 
+    /// The library's keys of the named chunks, as `ChunkEvent::key` reports them. Computes only.
+    pub fn chunk_keys_named(&self, names: &[u8], name_bytes: u32) -> Result<Vec<u128>> {
+        let n = names.len() / name_bytes.max(1) as usize;
+        let mut keys = vec![0u64; 2 * n];
+        check(unsafe {
+            sys::swiftkv_chunk_keys_named(keys.as_mut_ptr(), keys.len(), self.ctx.raw, self.id,
+                                          names.as_ptr() as *const c_void, names.len(), name_bytes)
+        })?;
+        Ok(keys.chunks(2).map(|k| (u128::from(k[1]) << 64) | u128::from(k[0])).collect())
+    }
+
     /// Sets what this model asks of compression, from now on (`swiftkv_compression_set`).
     pub fn set_compression(&self, c: &Compression) -> Result<()> {
         let mut cfg = library_defaults(sys::swiftkv_compression_config_init);

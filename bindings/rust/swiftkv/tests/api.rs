@@ -220,6 +220,24 @@ fn named_chunks() {
     m.unpin_named(&names[..16], 16).unwrap();
     assert_eq!(m.move_named(&names[..16], 16, Tier::Host).unwrap(), 1);
     assert_eq!(c.stats().unwrap().stores, 3);
+    // The keys the chunk event callback reports: a named chunk evicted is known by its name.
+    let keys = m.chunk_keys_named(&names, 16).unwrap();
+    assert_eq!(keys.len(), 3);
+    let small_tier = Context::new(&ContextConfig {
+        host_budget_bytes: 2 * cb as u64,
+        eviction_policy: EvictionPolicy::Lru,
+        ..Default::default()
+    })
+    .unwrap();
+    let s = small_tier.register_model(&small()).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    assert_eq!(s.store_named(&names[..32], 16, 0, &kv[..2 * cb]).unwrap(), 2);
+    small_tier.on_chunk_event(Some(Box::new(move |e: &ChunkEvent| s2.lock().unwrap().push(e.key))))
+        .unwrap();
+    assert_eq!(s.store_named(&names[32..], 16, 2, &kv[2 * cb..]).unwrap(), 1);
+    small_tier.on_chunk_event(None).unwrap();
+    assert_eq!(*seen.lock().unwrap(), vec![keys[0]]);
 }
 
 #[test]
