@@ -87,6 +87,34 @@ ModelCompression default_compression(const RegisteredModel &m) {
   return c;
 }
 
+void check_info_out(const swiftkv_chunk_info *info_out, size_t info_capacity) {
+  if (info_out == nullptr && info_capacity != 0) {
+    fail_invalid("info_out is NULL but info_capacity is " + std::to_string(info_capacity));
+  }
+}
+
+// Where and how each chunk of `keys` is cached, into info_out (checked), recording no activity.
+void chunk_info(swiftkv_chunk_info *info_out, size_t info_capacity, size_t *chunks_out,
+                const swiftkv_ctx *ctx, const std::vector<ChunkKey> &keys) {
+  const size_t n = keys.size() < info_capacity ? keys.size() : info_capacity;
+  for (size_t i = 0; i < n; ++i) {
+    swiftkv_chunk_info v{};
+    v.tier = SWIFTKV_TIER_DROPPED;
+    if (const std::optional<ChunkView> cv = ctx->cache.view(keys[i])) {
+      const codec::CodecParams p = params_of(cv->meta.encoding);
+      v.tier = tier_code(cv->where.tier);
+      v.codec = static_cast<uint8_t>(p.codec);
+      v.bits = static_cast<uint8_t>(p.bits);
+      v.group = static_cast<uint16_t>(p.group);
+      v.byte_planes = p.byte_planes ? 1 : 0;
+      v.lossy = cv->meta.lossy() ? 1 : 0;
+      v.stored_bytes = cv->meta.stored();
+    }
+    info_out[i] = v;
+  }
+  *chunks_out = keys.size();
+}
+
 }  // namespace swiftkv::capi
 
 using swiftkv::ChunkKey;
@@ -146,29 +174,27 @@ SWIFTKV_API swiftkv_status swiftkv_chunk_info_get(swiftkv_chunk_info *info_out,
   try {
     require(chunks_out, "chunks_out");
     require(ctx, "ctx");
-    if (info_out == nullptr && info_capacity != 0) {
-      swiftkv::fail_invalid("info_out is NULL but info_capacity is " +
-                            std::to_string(info_capacity));
-    }
+    swiftkv::capi::check_info_out(info_out, info_capacity);
     const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
-    const std::vector<ChunkKey> keys = keys_of(m, tokens, n_tokens, false);
-    const size_t n = keys.size() < info_capacity ? keys.size() : info_capacity;
-    for (size_t i = 0; i < n; ++i) {
-      swiftkv_chunk_info v{};
-      v.tier = SWIFTKV_TIER_DROPPED;
-      if (const std::optional<swiftkv::ChunkView> cv = ctx->cache.view(keys[i])) {
-        const swiftkv::codec::CodecParams p = swiftkv::params_of(cv->meta.encoding);
-        v.tier = swiftkv::tier_code(cv->where.tier);
-        v.codec = static_cast<uint8_t>(p.codec);
-        v.bits = static_cast<uint8_t>(p.bits);
-        v.group = static_cast<uint16_t>(p.group);
-        v.byte_planes = p.byte_planes ? 1 : 0;
-        v.lossy = cv->meta.lossy() ? 1 : 0;
-        v.stored_bytes = cv->meta.stored();
-      }
-      info_out[i] = v;
-    }
-    *chunks_out = keys.size();
+    swiftkv::capi::chunk_info(info_out, info_capacity, chunks_out, ctx,
+                              keys_of(m, tokens, n_tokens, false));
+    return SWIFTKV_OK;
+  }
+  SWIFTKV_CATCH_ALL
+}
+
+SWIFTKV_API swiftkv_status swiftkv_chunk_info_get_named(swiftkv_chunk_info *info_out,
+                                                        size_t info_capacity, size_t *chunks_out,
+                                                        const swiftkv_ctx *ctx, uint32_t model,
+                                                        const void *names, size_t names_bytes,
+                                                        uint32_t name_bytes) {
+  try {
+    require(chunks_out, "chunks_out");
+    require(ctx, "ctx");
+    swiftkv::capi::check_info_out(info_out, info_capacity);
+    const swiftkv::capi::RegisteredModel m = borrower(ctx, model);
+    swiftkv::capi::chunk_info(info_out, info_capacity, chunks_out, ctx,
+                              swiftkv::capi::keys_of_names(m, names, names_bytes, name_bytes));
     return SWIFTKV_OK;
   }
   SWIFTKV_CATCH_ALL

@@ -1108,6 +1108,13 @@ SWIFTKV_API swiftkv_status swiftkv_chunk_info_get(swiftkv_chunk_info *info_out,
                                                   size_t info_capacity, size_t *chunks_out,
                                                   const swiftkv_ctx *ctx, uint32_t model,
                                                   const uint32_t *tokens, size_t n_tokens);
+/* swiftkv_chunk_info_get of chunks named by the caller (see "Chunks named by the caller"): one
+ * info per name; *chunks_out the number of names. Records no activity, counts no hit or miss. */
+SWIFTKV_API swiftkv_status swiftkv_chunk_info_get_named(swiftkv_chunk_info *info_out,
+                                                        size_t info_capacity, size_t *chunks_out,
+                                                        const swiftkv_ctx *ctx, uint32_t model,
+                                                        const void *names, size_t names_bytes,
+                                                        uint32_t name_bytes);
 
 #define SWIFTKV_CODEC_STATS_VERSION 1
 

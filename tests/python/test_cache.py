@@ -352,4 +352,7 @@ def test_named_chunk_keys_are_the_events(small_model):
         assert m.store_named(names[4:], chunks_of(2, 1, small_model.chunk_bytes),
                              first_chunk=4) == 1
         ctx.on_chunk_event(None)
+        info = m.chunk_info_named(names)
+        assert [i.tier for i in info] == [swiftkv.Tier.DROPPED] + [swiftkv.Tier.HOST] * 4
+        assert ctx.stats().misses == 0  # nothing looked up
     assert [e["key"] for e in events] == [keys[0]]

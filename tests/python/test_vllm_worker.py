@@ -67,7 +67,11 @@ def _stand_in_vllm():
             self.block_size, self.num_kv_heads = block_size, num_kv_heads
             self.head_size, self.dtype = head_size, dtype
 
+    class KVConnectorKVEvents:
+        pass
+
     module("vllm", __version__="0.33.0")
+    module("vllm.distributed.kv_events", KVConnectorKVEvents=KVConnectorKVEvents)
     module("vllm.logger", init_logger=logging.getLogger)
     module("vllm.distributed.kv_transfer.kv_connector.v1.base",
            KVConnectorBase_V1=KVConnectorBase_V1, KVConnectorMetadata=KVConnectorMetadata,

@@ -886,7 +886,7 @@ static void named_chunks(void **state) {
 /* The keys of named chunks are the ones the chunk event callback reports: a named chunk evicted
  * from a full tier is known by them; only the first keys_capacity / 2 are written; bad input is
  * EINVAL with nothing written. */
-static void named_chunk_keys_match_the_events(void **state) {
+static void named_chunk_keys_match_the_events(void **state) { /* and their info */
   (void)state;
   struct rig r;
   rig_up(&r, 4096, 0); /* a host tier of exactly 4 chunks (1 KiB each) */
@@ -912,6 +912,25 @@ static void named_chunk_keys_match_the_events(void **state) {
   assert_int_equal(seen.last.key_hi, keys[1]);
   assert_int_equal(seen.last.model, r.model);
   assert_ok(swiftkv_set_chunk_event_callback(r.ctx, NULL, NULL));
+  /* Where each is, recording nothing: the evicted first is not cached, the rest are in host
+   * memory, and neither hits nor misses are counted. */
+  const swiftkv_stats before = stats(&r);
+  swiftkv_chunk_info info[5];
+  size_t chunks = 0;
+  assert_ok(
+      swiftkv_chunk_info_get_named(info, 5, &chunks, r.ctx, r.model, names, sizeof names, 32));
+  assert_int_equal(chunks, 5);
+  assert_int_equal(info[0].tier, SWIFTKV_TIER_DROPPED);
+  assert_int_equal(info[0].stored_bytes, 0);
+  for (int i = 1; i < 5; ++i) {
+    assert_int_equal(info[i].tier, SWIFTKV_TIER_HOST);
+    assert_int_equal(info[i].stored_bytes, CHUNK_BYTES);
+  }
+  assert_int_equal(stats(&r).hits[SWIFTKV_TIER_HOST], before.hits[SWIFTKV_TIER_HOST]);
+  assert_int_equal(stats(&r).misses, before.misses);
+  assert_int_equal(
+      swiftkv_chunk_info_get_named(NULL, 1, &chunks, r.ctx, r.model, names, sizeof names, 32),
+      SWIFTKV_EINVAL);
   /* Room for 1.5 keys: one written, nothing past it. */
   uint64_t few[3] = {SENTINEL, SENTINEL, SENTINEL};
   assert_ok(swiftkv_chunk_keys_named(few, 3, r.ctx, r.model, names, sizeof names, 32));

@@ -605,6 +605,23 @@ def test_bad_configuration_is_refused_clearly(model_dir):
                                                   decode_context_parallel_size=2))
     with pytest.raises(ValueError, match="lookup_timeout_s must be > 0"):
         Engine(model_dir, extra={"lookup_timeout_s": 0})
+    # Hybrid models, as vLLM's hybrid allocator groups their layers: refused at startup by both
+    # sides, naming the layer kinds found (a garbled answer is what a connector that cached
+    # full-attention pages only, or a window's blocks vLLM has freed, would give).
+    from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
+    full = FullAttentionSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
+                             dtype=torch.float16)
+    window = SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM,
+                               dtype=torch.float16, sliding_window=128)
+    mamba = MambaSpec(block_size=BLOCK, shapes=((4, 16),), dtypes=(torch.float16,))
+    ok = Engine(model_dir)
+    for other, kind in ((mamba, "MambaSpec"), (window, "SlidingWindowSpec")):
+        groups = KVCacheConfig(num_blocks=64, kv_cache_tensors=[], kv_cache_groups=[
+            KVCacheGroupSpec(NAMES[:2], full), KVCacheGroupSpec(NAMES[2:], other)])
+        for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            with pytest.raises(ValueError, match=rf"not groups \['FullAttentionSpec', '{kind}'\]"):
+                sv.SwiftKVConnector(ok.config, role, groups)
+    ok.close()
     # The releases tested: 0.32 (vLLM's CPU build, whole engines) and 0.33 (here).
     for version in ("0.31.2", "0.34.0", "1.0.0", "nightly"):
         with pytest.raises(ImportError, match=f"not vLLM {version}"):

@@ -185,6 +185,38 @@ func (m *Model) ChunkInfo(tokens []uint32) ([]ChunkInfo, error) {
 	return out, nil
 }
 
+// ChunkInfoNamed is ChunkInfo for chunks named by the caller (names of nameBytes bytes each).
+func (m *Model) ChunkInfoNamed(names []byte, nameBytes uint32) ([]ChunkInfo, error) {
+	h, done, err := m.ctx.acquire()
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	n := 0
+	if nameBytes != 0 {
+		n = len(names) / int(nameBytes)
+	}
+	info := make([]C.swiftkv_chunk_info, n+1) // never empty: its address is passed
+	var chunks C.size_t
+	err = check(func() C.swiftkv_status {
+		return C.swiftkv_chunk_info_get_named(&info[0], C.size_t(n), &chunks, h, C.uint32_t(m.ID),
+			bytesPtr(names), C.size_t(len(names)), C.uint32_t(nameBytes))
+	})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ChunkInfo, 0, n)
+	for _, v := range info[:n] {
+		out = append(out, ChunkInfo{
+			Tier:        Tier(v.tier),
+			Codec:       Codec{Kind: CodecKind(v.codec), Bits: uint32(v.bits), Group: uint32(v.group), BytePlanes: v.byte_planes != 0},
+			Lossy:       v.lossy != 0,
+			StoredBytes: uint64(v.stored_bytes),
+		})
+	}
+	return out, nil
+}
+
 // CodecStats counts cached chunks by codec (rows: CodecKind) and tier (columns: Tier).
 type CodecStats struct {
 	Chunks, RawBytes, StoredBytes  [4][3]uint64

@@ -323,6 +323,10 @@ func TestNamedChunks(t *testing.T) {
 	if len(seen) != 1 || seen[0].KeyLo != keys[0][0] || seen[0].KeyHi != keys[0][1] {
 		t.Fatalf("%+v, want %v", seen, keys[0])
 	}
+	info := val(m2.ChunkInfoNamed(names, 16))
+	if len(info) != 3 || info[0].Tier != Dropped || info[1].Tier != Host || info[2].Tier != Host {
+		t.Fatalf("%+v", info)
+	}
 }
 
 func TestIdentityKeepsModelsApart(t *testing.T) {

@@ -755,6 +755,16 @@ def _names(names):
     return np.ascontiguousarray(a), int(a.shape[1])
 
 
+def _chunk_infos(arr) -> list:
+    out = []
+    for v in arr:
+        tier = Tier(v.tier)
+        codec = None if tier is Tier.DROPPED else Codec(
+            CodecKind(v.codec), v.bits, v.group, bool(v.byte_planes))
+        out.append(ChunkInfo(tier, codec, bool(v.lossy), v.stored_bytes))
+    return out
+
+
 class Model:
     """A registered model (its id in the context)."""
 
@@ -921,13 +931,14 @@ class Model:
         n = len(t) // self.desc.chunk_tokens
         arr = (_ChunkInfoC * n)()
         _c.swiftkv_chunk_info_get(memoryview(arr), self.ctx.handle, self.id, t)
-        out = []
-        for v in arr:
-            tier = Tier(v.tier)
-            codec = None if tier is Tier.DROPPED else Codec(
-                CodecKind(v.codec), v.bits, v.group, bool(v.byte_planes))
-            out.append(ChunkInfo(tier, codec, bool(v.lossy), v.stored_bytes))
-        return out
+        return _chunk_infos(arr)
+
+    def chunk_info_named(self, names) -> list:
+        """How each named chunk is cached, recording no activity."""
+        a, size = _names(names)
+        arr = (_ChunkInfoC * len(a))()
+        _c.swiftkv_chunk_info_get_named(memoryview(arr), self.ctx.handle, self.id, a, size)
+        return _chunk_infos(arr)
 
     def pool_create(self, regular_pages: int, stream_pages: int = 0) -> "Pool":
         _, pid = _c.swiftkv_pool_create(self.ctx.handle, self.id, regular_pages, stream_pages)

@@ -67,6 +67,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 import vllm
+from vllm.distributed.kv_events import KVConnectorKVEvents
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
@@ -426,6 +427,144 @@ def _chunk_names(block_hashes, blocks_per_chunk: int, chunks: int) -> Optional[n
     return np.frombuffer(b"".join(picked), dtype=np.uint8).reshape(chunks, size)
 
 
+# The medium a KV event names for each tier: vLLM's own for host memory and disk; lent GPU
+# memory is a GPU's (another model's, reached over NVLink); another host's lent memory is REMOTE.
+_MEDIUM = {swiftkv.Tier.PEER: "GPU", swiftkv.Tier.HOST: "CPU", swiftkv.Tier.DISK: "STORAGE",
+           swiftkv.Tier.REMOTE: "REMOTE"}
+
+
+@dataclasses.dataclass
+class _EventInfo:
+    """What a worker needs to publish KV events for the chunks a step may save: vLLM's block
+    hashes of those chunks' blocks (and of the block before them), their tokens and adapter."""
+
+    first_chunk: int        # the chunks [first_chunk, n_tokens // chunk) may be saved
+    block_hashes: list      # of their blocks, in order
+    parent: Optional[bytes]  # the hash of the block before them
+    token_ids: np.ndarray   # their tokens
+    lora_id: Optional[int]
+    lora_name: Optional[str]
+
+
+class _KVEvents(KVConnectorKVEvents):
+    """A worker's KV events of one step, as vLLM carries them to the scheduler. vLLM's
+    aggregator starts from the first worker's and adds each other worker's (add_events, then
+    increment_workers); aggregate() keeps the events every worker reported, in the first
+    worker's order: a chunk counts as stored where every shard of it is."""
+
+    def __init__(self, events=None):
+        self._lists = [list(events or [])]
+
+    def add_events(self, events) -> None:
+        self._lists.append(list(events))
+
+    def increment_workers(self, count: int = 1) -> None:
+        pass  # each add_events call is one worker's list
+
+    def aggregate(self) -> "_KVEvents":
+        import collections
+        first, rest = self._lists[0], self._lists[1:]
+        counts = [collections.Counter(events) for events in rest]
+        common = []
+        for e in first:
+            if all(c[e] > 0 for c in counts):
+                for c in counts:
+                    c[e] -= 1
+                common.append(e)
+        self._lists = [common]
+        return self
+
+    def get_all_events(self) -> list:
+        return [e for events in self._lists for e in events]
+
+    def get_number_of_workers(self) -> int:
+        return len(self._lists)
+
+    def clear_events(self) -> None:
+        self._lists = [[]]
+
+
+class _ChunkEvents:
+    """The KV events a worker publishes (vLLM's BlockStored and BlockRemoved, which KV-aware
+    routers read): a chunk the library made visible, and a chunk it demoted or dropped on its
+    own (its chunk event callback, on a library thread). A chunk is published as its blocks:
+    vLLM's block hashes, tokens and block size, with the medium of its tier. Thread-safe: one
+    lock over the events not yet taken and the chunks published (key -> what to say of it)."""
+
+    def __init__(self, model, block_tokens: int, chunk_tokens: int):
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+        from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+        self._stored, self._removed, self._convert = BlockStored, BlockRemoved, \
+            maybe_convert_block_hash
+        self._model = model
+        self._block = block_tokens
+        self._per = chunk_tokens // block_tokens
+        self._chunk = chunk_tokens
+        self._lock = threading.Lock()
+        self._events: list = []
+        self._chunks: dict = {}  # key -> (hashes, parent, tokens, lora_id, lora_name, tier)
+
+    def _stored_event(self, c, tier):
+        hashes, parent, tokens, lora_id, lora_name, _ = c
+        return self._stored(block_hashes=[self._convert(h) for h in hashes],
+                            parent_block_hash=None if parent is None else self._convert(parent),
+                            token_ids=[int(t) for t in tokens], block_size=self._block,
+                            lora_id=lora_id, medium=_MEDIUM.get(swiftkv.Tier(tier)),
+                            lora_name=lora_name)
+
+    def _removed_event(self, c, tier):
+        return self._removed(block_hashes=[self._convert(h) for h in c[0]],
+                             medium=_MEDIUM.get(swiftkv.Tier(tier)))
+
+    def saved(self, r: "_RequestMeta") -> None:
+        """After r's saves ended: its chunks that are cached now, published as stored."""
+        info = r.events
+        if info is None or info.first_chunk >= len(r.names):
+            return
+        names = r.names[info.first_chunk:]
+        tiers = [int(i.tier) for i in self._model.chunk_info_named(names)]  # no activity
+        keys = self._model.chunk_keys_named(names)
+        out = []
+        with self._lock:
+            for i, (key, tier) in enumerate(zip(keys, tiers)):
+                if tier == int(swiftkv.Tier.DROPPED) or key in self._chunks:
+                    continue
+                first = i * self._per
+                c = (tuple(info.block_hashes[first:first + self._per]),
+                     info.parent if i == 0 else info.block_hashes[first - 1],
+                     info.token_ids[i * self._chunk:(i + 1) * self._chunk],
+                     info.lora_id, info.lora_name, int(tier))
+                self._chunks[key] = c
+                out.append(self._stored_event(c, tier))
+            self._events.extend(out)
+
+    def on_chunk_event(self, e: dict) -> None:
+        """The library moved or dropped a chunk on its own: removed from its tier, and stored
+        in the one it went to."""
+        with self._lock:
+            c = self._chunks.get(e["key"])
+            if c is None:
+                return  # not one this worker published
+            self._events.append(self._removed_event(c, e["from_tier"]))
+            if e["to_tier"] == swiftkv.Tier.DROPPED:
+                del self._chunks[e["key"]]
+            else:
+                c = c[:5] + (int(e["to_tier"]),)
+                self._chunks[e["key"]] = c
+                self._events.append(self._stored_event(c, e["to_tier"]))
+
+    def reset(self) -> None:
+        """Every chunk published is gone (a cache reset)."""
+        with self._lock:
+            self._events.extend(self._removed_event(c, c[5]) for c in self._chunks.values())
+            self._chunks.clear()
+
+    def take(self) -> list:
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+
 # Where a chunk held by several workers counts as held from, for vLLM's hit metrics: the
 # farthest of their tiers. A chunk one worker lacks is not held.
 _FARNESS = np.full(256, 255, dtype=np.uint8)
@@ -660,6 +799,12 @@ class _Store:
         self.geometry = geometry
         self.pool = None
         self.pages_per_block = geometry.block_tokens // self.desc.block_tokens
+        # KV events for vLLM's publisher, when vLLM publishes them.
+        self.events: Optional[_ChunkEvents] = None
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        if kv_events is not None and getattr(kv_events, "enable_kv_cache_events", False):
+            self.events = _ChunkEvents(self.model, geometry.block_tokens, chunk)
+            self.ctx.on_chunk_event(self.events.on_chunk_event)
         self.server: Optional[_LookupServer] = None
         self.layers: list = []  # vLLM's tensors, in model order
         self._saver: Optional[concurrent.futures.ThreadPoolExecutor] = None
@@ -695,7 +840,10 @@ class _Store:
                 saver.submit(lambda: None).result()  # after every save handed over before
             except RuntimeError:
                 pass  # shut down, its saves finished
-        return self.model.clear()
+        dropped = self.model.clear()
+        if self.events is not None:
+            self.events.reset()
+        return dropped
 
     def close(self) -> None:
         if self.server is not None:
@@ -724,6 +872,7 @@ class _RequestMeta:
     load_from: int = 0       # [load_from, load_to): tokens to load (a block boundary each)
     load_to: int = 0
     saves: bool = True       # whether the step saves the request's new chunks
+    events: Optional[_EventInfo] = None  # with KV events on: what to publish of its saves
 
     @property
     def loads(self) -> bool:
@@ -830,6 +979,10 @@ class SwiftKVConnector(KVConnectorBase_V1):
         # Requests whose chunks vLLM's block hashes could not name (none offered, none saved).
         self._unkeyed: set = set()
         self.unkeyed_requests = 0
+        kv_events = getattr(vllm_config, "kv_events_config", None)
+        self._publish = bool(kv_events is not None and
+                             getattr(kv_events, "enable_kv_cache_events", False))
+        self._published: list = []  # KV events from the workers, not yet taken by vLLM
         # Worker side. Saves finish on one thread of their own, so that a step does not wait
         # for its saves; a request's blocks are held until its saves are done.
         self._store: Optional[_Store] = None
@@ -1018,13 +1171,33 @@ class SwiftKVConnector(KVConnectorBase_V1):
                     failed = True
             if r.saves and step.next_save == layers and not failed:
                 self._saving.setdefault(r.req_id, []).append(
-                    self._shared().saver().submit(self._finish_saves, req, stream))
+                    self._shared().saver().submit(self._finish_and_publish, r, req, stream))
                 continue
             try:
                 if r.saves and step.next_save == layers:
                     req.wait_save(stream)
             finally:
                 req.finish()  # before every layer was saved: aborts, saving nothing
+
+    def _finish_and_publish(self, r, req, stream) -> None:
+        """On the saver thread: r's saves end, then (with KV events on) what they stored is
+        published."""
+        self._finish_saves(req, stream)
+        events = self._shared().events
+        if events is not None and r.events is not None:
+            try:
+                events.saved(r)
+            except swiftkv.Error as e:
+                _log.warning("SwiftKVConnector: KV events of a request's saves lost: %s", e)
+
+    def get_kv_connector_kv_cache_events(self) -> Optional[_KVEvents]:
+        """The KV events of this worker since the last call (vLLM's model runner asks after
+        every step, and carries them to the scheduler)."""
+        store = self._store
+        if store is None or store.events is None:
+            return None
+        events = store.events.take()
+        return _KVEvents(events) if events else None
 
     @staticmethod
     def _finish_saves(req, stream) -> None:
@@ -1215,14 +1388,42 @@ class SwiftKVConnector(KVConnectorBase_V1):
             names = self._names(s.request, end)
             if names is None:
                 continue  # cannot be keyed: nothing loaded (none was offered), nothing saved
+            first_new = s.chunks_done
             s.chunks_done = max(s.chunks_done, end // chunk)
             self._handed_out.add(req_id)
             r = _RequestMeta(req_id, end, names, list(s.block_ids), saves=self._saves)
+            if self._publish and self._saves and s.chunks_done > first_new:
+                r.events = self._event_info(s.request, first_new, s.chunks_done)
             if load is not None:
                 r.load_from, r.load_to = load
             meta.requests.append(r)
         meta.preempted = set(scheduler_output.preempted_req_ids or ())
         return meta
+
+    def _event_info(self, request, first: int, end: int) -> _EventInfo:
+        """What the workers publish of chunks [first, end) of request, should they store them."""
+        per = self._chunk // self._geometry.block_tokens
+        hashes = request.block_hashes
+        lora = getattr(request, "lora_request", None)
+        return _EventInfo(first, list(hashes[first * per:end * per]),
+                          hashes[first * per - 1] if first else None,
+                          np.fromiter(request.all_token_ids[first * self._chunk:end * self._chunk],
+                                      dtype=np.uint32),
+                          getattr(lora, "adapter_id", None) if lora else None,
+                          getattr(lora, "name", None) if lora else None)
+
+    def update_connector_output(self, connector_output) -> None:
+        """The workers' KV events of a step (the chunks every worker stored or dropped), kept
+        for take_events."""
+        events = getattr(connector_output, "kv_cache_events", None)
+        if isinstance(events, _KVEvents):
+            self._published.extend(events.aggregate().get_all_events())
+
+    def take_events(self):
+        """The KV events since the last call, for vLLM's publisher: BlockStored and
+        BlockRemoved of the library's chunks, as their blocks, with the medium of the tier."""
+        events, self._published = self._published, []
+        return events
 
     def request_finished(self, request, block_ids):
         """A request a step had work for may have saves in flight: vLLM keeps its blocks until

@@ -3523,6 +3523,18 @@ extern "C" {
         n_tokens: usize,
     ) -> swiftkv_status;
 }
+extern "C" {
+    pub fn swiftkv_chunk_info_get_named(
+        info_out: *mut swiftkv_chunk_info,
+        info_capacity: usize,
+        chunks_out: *mut usize,
+        ctx: *const swiftkv_ctx,
+        model: u32,
+        names: *const ::std::os::raw::c_void,
+        names_bytes: usize,
+        name_bytes: u32,
+    ) -> swiftkv_status;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct swiftkv_codec_stats {

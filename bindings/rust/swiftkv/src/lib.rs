@@ -1159,6 +1159,20 @@ impl<'a> Model<'a> {
         Ok(v.iter().map(ChunkInfo::from_sys).collect())
     }
 
+    /// How each named chunk is cached, recording no activity.
+    pub fn chunk_info_named(&self, names: &[u8], name_bytes: u32) -> Result<Vec<ChunkInfo>> {
+        let n = names.len() / name_bytes.max(1) as usize;
+        let mut v: Vec<sys::swiftkv_chunk_info> = vec![unsafe { std::mem::zeroed() }; n];
+        let mut chunks = 0usize;
+        check(unsafe {
+            sys::swiftkv_chunk_info_get_named(v.as_mut_ptr(), v.len(), &mut chunks, self.ctx.raw,
+                                              self.id, names.as_ptr() as *const c_void,
+                                              names.len(), name_bytes)
+        })?;
+        v.truncate(chunks.min(n));
+        Ok(v.iter().map(ChunkInfo::from_sys).collect())
+    }
+
     /// A library-made pool: regular pages, then stream pages shared by every layer.
     pub fn pool_create(&self, regular_pages: u32, stream_pages: u32) -> Result<Pool<'a>> {
         let mut id = 0;

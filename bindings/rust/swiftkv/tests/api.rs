@@ -238,6 +238,9 @@ fn named_chunks() {
     assert_eq!(s.store_named(&names[32..], 16, 2, &kv[2 * cb..]).unwrap(), 1);
     small_tier.on_chunk_event(None).unwrap();
     assert_eq!(*seen.lock().unwrap(), vec![keys[0]]);
+    let info = s.chunk_info_named(&names, 16).unwrap();
+    assert_eq!(info.iter().map(|i| i.tier).collect::<Vec<_>>(),
+               vec![Tier::Dropped, Tier::Host, Tier::Host]);
 }
 
 #[test]
