@@ -403,3 +403,62 @@ def test_the_docs_example_runs(tmp_path):
     assert ns["out"].cached_tokens == 0
     assert ns["tokens"].shape[1] == ns["ids"].shape[1] + 64
     ns["ctx"].close()
+
+
+def test_the_default_identity_changes_with_the_weights():
+    """model_desc(model, name) names the weights: the same weights give the same identity (a
+    later context finds their chunks), other weights under the same name another, and they
+    share nothing."""
+    a, same, b = make_model("llama"), make_model("llama"), make_model("llama")
+    with torch.no_grad():
+        b.model.layers[2].mlp.down_proj.weight[3, 5] += 0.25  # one weight of many
+    da, db = model_desc(a, "llama", chunk_tokens=CHUNK), model_desc(b, "llama", chunk_tokens=CHUNK)
+    assert da.identity == model_desc(same, "llama", chunk_tokens=CHUNK).identity
+    assert da.identity.startswith("weights-") and da.identity != db.identity
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        ka, kb = ctx.register_model(da), ctx.register_model(db)
+        turns = conversation(8, 2)
+        serve(SwiftKVCache(ka, max_tokens=512), a, turns)
+        assert serve(SwiftKVCache(kb, max_tokens=512), b, turns) == [0, 64]
+
+
+def test_peft_adapters_never_share_kv():
+    """One cache over a PEFT model with two LoRA adapters (random weights, so each changes the
+    answer): a turn with adapter B loads nothing adapter A computed and equals B's own
+    recompute; the base model (adapters disabled) neither; each finds its own chunks again;
+    an adapter whose weights change is another."""
+    from peft import LoraConfig, get_peft_model
+    base = make_model("llama")
+    torch.manual_seed(11)
+    lora = dict(r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj"],
+                init_lora_weights=False)
+    model = get_peft_model(base, LoraConfig(**lora), adapter_name="a")
+    model.add_adapter("b", LoraConfig(**lora))
+    model.eval()
+    ids = conversation(9, 1)[0]  # 70 tokens: 2 chunks of 32
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        km = ctx.register_model(model_desc(model, "llama-peft", chunk_tokens=CHUNK))
+        cache = SwiftKVCache(km, max_tokens=512)
+
+        def turn(expect_cached):
+            out = cache.prefill(model, ids)
+            assert out.cached_tokens == expect_cached
+            want = model(ids).logits[0, expect_cached:]
+            assert torch.allclose(out.logits[0], want, atol=1e-5, rtol=0)
+            return want
+
+        model.set_adapter("a")
+        a = turn(0)
+        model.set_adapter("b")
+        b = turn(0)  # A's chunks are not B's
+        assert not torch.allclose(a, b, atol=1e-3)
+        with model.disable_adapter():
+            turn(0)  # nor the base model's
+            turn(64)
+        turn(64)  # B finds its own
+        model.set_adapter("a")
+        turn(64)
+        with torch.no_grad():  # new weights for adapter A: another identity of its turns
+            model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["a"].weight.add_(0.5)
+        turn(0)
+        turn(64)

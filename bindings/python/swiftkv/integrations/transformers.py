@@ -26,23 +26,121 @@ transformers 5.0 and later 5.x releases (the cache-layer interface); transformer
 supported. One sequence at a time (batch 1), full-attention decoders (Llama, Qwen2, Mistral and
 the like; no sliding-window or linear-attention layers). The K/V the library holds are what the
 model's attention layers hand to the cache (after rotary embedding), so a prefix is reused only
-at the positions it was computed at: the start of a conversation. Models differing in weights
-must differ in name or identity (see model_desc): both are part of every chunk key. The cache
-serves inference: no gradient flows through the K/V it returns.
+at the positions it was computed at: the start of a conversation. The cache serves inference:
+no gradient flows through the K/V it returns.
+
+Which K/V is which: every chunk key holds the model's name and identity, and model_desc(model,
+name) makes the identity a digest of the model's weights (and config), so other weights under
+the same name never share K/V. PEFT adapters: prefill and generate read, each turn, which
+adapters change what the model computes (active and enabled, or merged, and their weights) and
+name the turn's chunks by that too, so a turn with adapter A never loads what adapter B or the
+base model computed, and each finds its own. Prompt-learning adapters (prompt or prefix tuning)
+are refused: they change the sequence the K/V belong to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+import json
 from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import DType, Model, ModelDesc
 from ._torch import DTYPES as _DTYPES, device_index as _device_index
 
-__all__ = ["SwiftKVCache", "model_desc", "PrefixLoadFailed"]
+__all__ = ["SwiftKVCache", "model_desc", "PrefixLoadFailed", "weights_identity", "adapter_state"]
+
+
+# Elements of a tensor as integers of their own size: every bit of every weight counts.
+_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _tensor_digest(t: torch.Tensor) -> Tuple[int, int]:
+    """Two sums over a tensor's bits, on its device, in slices (no copy of the whole tensor):
+    of its elements as integers, and of each times a weight of its position. Not a
+    cryptographic hash: it tells weights apart that were trained, loaded or drawn apart."""
+    x = t.detach().reshape(-1)
+    if x.numel() == 0 or x.element_size() not in _INTS:
+        return 0, 0
+    x = x.view(_INTS[x.element_size()])
+    s1 = s2 = 0
+    step = 1 << 24
+    for i in range(0, x.numel(), step):
+        part = x[i:i + step].to(torch.int64)
+        pos = torch.arange(i, i + part.numel(), device=part.device, dtype=torch.int64) % 65521 + 1
+        s1 += int(part.sum())
+        s2 += int((part * pos).sum())
+    return s1, s2
+
+
+def weights_identity(model: torch.nn.Module) -> str:
+    """A digest of what makes a model's K/V besides its geometry: its config (without where it
+    was loaded from) and every parameter (name, shape, dtype and bits). model_desc's default
+    identity. One pass over the weights, on their device."""
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_dict"):
+        d = {k: v for k, v in config.to_dict().items() if not k.startswith("_")}
+        h.update(json.dumps(d, sort_keys=True, default=str).encode())
+    for n, p in model.named_parameters():
+        h.update(f"{n}|{tuple(p.shape)}|{p.dtype}|{_tensor_digest(p)}\n".encode())
+    return "weights-" + h.hexdigest()[:32]
+
+
+def adapter_state(model: torch.nn.Module) -> str:
+    """What the PEFT adapters of a model change in what it computes now: "" when none does
+    (no adapter, or all disabled and none merged); else a digest of each adapted layer's active
+    adapters, whether they are disabled, which are merged into its weights, and their weights.
+    Raises NotImplementedError for prompt-learning adapters (prompt or prefix tuning), which
+    change the sequence the K/V belong to."""
+    configs = getattr(model, "peft_config", None)
+    if isinstance(configs, dict) and not getattr(model, "_adapters_disabled", False):
+        for name, c in configs.items():
+            if getattr(c, "is_prompt_learning", False) or getattr(c, "is_adaption_prompt", False):
+                raise NotImplementedError(
+                    f"SwiftKVCache: adapter {name!r} is a prompt-learning adapter "
+                    f"({type(c).__name__}): it changes the sequence the K/V belong to")
+    h = hashlib.sha256()
+    changes = False
+    for module_name, m in model.named_modules():
+        layer_names = getattr(type(m), "adapter_layer_names", None)
+        if not layer_names or not hasattr(m, "merged_adapters"):
+            continue  # not a PEFT tuner layer
+        disabled = bool(getattr(m, "disable_adapters", False))
+        active = [] if disabled else list(getattr(m, "active_adapters", []))
+        merged = list(m.merged_adapters)
+        if not active and not merged:
+            continue
+        changes = True
+        h.update(f"{module_name}|{sorted(active)}|{sorted(merged)}".encode())
+        for layer_name in layer_names:
+            holder = getattr(m, layer_name, None)
+            if not isinstance(holder, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+                continue
+            for adapter in sorted(set(active) | set(merged)):
+                if adapter not in holder:
+                    continue
+                sub = holder[adapter]
+                params = [sub] if isinstance(sub, torch.nn.Parameter) else sub.parameters()
+                for p in params:
+                    h.update(f"{layer_name}.{adapter}|{tuple(p.shape)}|{_tensor_digest(p)}".encode())
+    return ("adapters-" + h.hexdigest()[:32]) if changes else ""
+
+
+def _chunk_names(ids: torch.Tensor, chunk: int, salt: str) -> np.ndarray:
+    """The names of the full chunks of ids under salt (an adapter state): a SHA-256 chained over
+    the salt and each chunk's token ids, 32 bytes a chunk."""
+    tokens = np.ascontiguousarray(ids.cpu().numpy().astype("<u4"))
+    prev = hashlib.sha256(b"swiftkv-transformers-salt|" + salt.encode()).digest()
+    out = []
+    for i in range(len(tokens) // chunk):
+        prev = hashlib.sha256(prev + tokens[i * chunk:(i + 1) * chunk].tobytes()).digest()
+        out.append(prev)
+    return np.frombuffer(b"".join(out), dtype=np.uint8).reshape(len(out), 32)
 
 
 def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,
@@ -51,13 +149,16 @@ def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,
     """The KV geometry of a transformers decoder (Llama, Qwen2, Mistral and the like): layers, KV
     heads and head dim read from its config. Given the model itself, its parameters' dtype and
     device are the KV's unless ``dtype`` or ``device`` say otherwise (a config alone: float32 on
-    the CPU). ``name`` and ``identity`` (a weights revision such as the checkpoint's commit hash,
-    an adapter, a tenant) go into every chunk key: two models whose K/V differ must differ in one
-    of them."""
+    the CPU). ``name`` and ``identity`` go into every chunk key: two models whose K/V differ
+    must differ in one of them. Given the model, ``identity`` defaults to weights_identity(model),
+    a digest of its weights and config (one pass over the weights); given a config alone, to
+    none: then say what tells the weights apart (a checkpoint's commit hash, say)."""
     config = getattr(model_or_config, "config", model_or_config)
     param = None
     if isinstance(model_or_config, torch.nn.Module):
         param = next(model_or_config.parameters(), None)
+    if identity is None and isinstance(model_or_config, torch.nn.Module):
+        identity = weights_identity(model_or_config)
     if dtype is None:
         dtype = param.dtype if param is not None else torch.float32
     if device is None and param is not None:
@@ -162,10 +263,12 @@ class SwiftKVCache(Cache):
 
     # --- a turn ---------------------------------------------------------------------------
 
-    def begin(self, input_ids, *, use_cached: bool = True) -> int:
+    def begin(self, input_ids, *, use_cached: bool = True, salt: str = "") -> int:
         """Starts a turn over the whole conversation ``input_ids`` ([T] or [1, T]); returns how
         many leading tokens come from the library: run the model on input_ids[..., that:] with
-        this cache, then call end()."""
+        this cache, then call end(). ``salt``: what else the turn's K/V depend on (prefill and
+        generate pass adapter_state(model)): chunks are named by it with the tokens, so turns of
+        other salts never share them."""
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 2:
             if ids.shape[0] != 1:
@@ -178,7 +281,11 @@ class SwiftKVCache(Cache):
         for layer in self.layers:
             layer.begin_turn()
         pages = torch.arange(-(-n // self.block_tokens), dtype=torch.int32)
-        self._request = self.kv_model.request(self.pool, ids.cpu(), pages)
+        if salt:
+            names = _chunk_names(ids, self.kv_model.desc.chunk_tokens, salt)
+            self._request = self.kv_model.request(self.pool, n, pages, names=names)
+        else:
+            self._request = self.kv_model.request(self.pool, ids.cpu(), pages)
         info = self._request.info()
         # The model needs at least one token to compute: a prefix covering the whole turn is
         # used up to its last token, which is computed again (and not saved twice).
@@ -215,8 +322,9 @@ class SwiftKVCache(Cache):
         if ids.dim() == 1:
             ids = ids[None]
         use_cached = True
+        salt = adapter_state(model)
         for _ in range(3):
-            start = self.begin(ids, use_cached=use_cached)
+            start = self.begin(ids, use_cached=use_cached, salt=salt)
             try:
                 positions = torch.arange(start, ids.shape[1], device=ids.device)
                 out = model(input_ids=ids[:, start:], use_cache=True, position_ids=positions[None],
@@ -231,7 +339,7 @@ class SwiftKVCache(Cache):
             out.cached_tokens = start
             return out
         # Loads kept failing: compute everything.
-        return self.prefill_without_cache(model, ids, **kwargs)
+        return self.prefill_without_cache(model, ids, salt=salt, **kwargs)
 
     def generate(self, model, input_ids, **kwargs):
         """One turn through ``model.generate``: the cached prefix is loaded, generate's first
@@ -241,7 +349,7 @@ class SwiftKVCache(Cache):
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None]
-        self.begin(ids)
+        self.begin(ids, salt=adapter_state(model))
         try:
             out = model.generate(input_ids=ids, **_cache_kwarg(model, self), **kwargs)
         except BaseException:
@@ -250,8 +358,8 @@ class SwiftKVCache(Cache):
         self.end()
         return out
 
-    def prefill_without_cache(self, model, ids, **kwargs):
-        self.begin(ids, use_cached=False)
+    def prefill_without_cache(self, model, ids, *, salt: Optional[str] = None, **kwargs):
+        self.begin(ids, use_cached=False, salt=adapter_state(model) if salt is None else salt)
         try:
             out = model(input_ids=ids, use_cache=True, **_cache_kwarg(model, self), **kwargs)
         except BaseException:
