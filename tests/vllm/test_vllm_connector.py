@@ -258,7 +258,6 @@ class Engine:
         work += list(zip(c.req_ids, c.num_computed_tokens))
         plan, drafts_of = [], {}
         for rid, start in work:
-            req = self.requests[rid]
             n = out.num_scheduled_tokens[rid]
             blocks = self.scheduler.kv_cache_manager.get_block_ids(rid)[0]
             # The stand-in's own tokens: under async scheduling the last one sampled is not yet

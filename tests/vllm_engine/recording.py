@@ -19,6 +19,21 @@ import torch
 
 from swiftkv.integrations.vllm import SwiftKVConnector
 
+
+def write_llama(d, **over) -> str:
+    """The tests' small Llama (4 layers, hidden 256, 2 KV heads of 64, bfloat16): its config.json
+    in directory d (a pathlib.Path), with `over` replacing fields; d as a string."""
+    config = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
+        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 64, "num_hidden_layers": 4, "vocab_size": 1000,
+        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False}
+    config.update(over)
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
+
+
 def names_of(tokens, chunk: int, block: int, **extras):
     """The connector's names of the full chunks of tokens in an engine of this process (whose
     block hashes vLLM's engine core seeded): vLLM's sha256 block hash of each chunk's last block

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ctest "vllm_engine": pytest on the connector inside a real vLLM engine on the CPU
-# (test_vllm_engine.py), in the venv tools/venv.sh makes from requirements.txt and
+# (test_vllm_*.py), in the venv tools/venv.sh makes from requirements.txt and
 # requirements.nodeps.txt (vLLM's CPU build and its dependencies from PyPI), with the build's
 # Python package first on the path. A small Llama with random weights; nothing is downloaded.
 #   run.sh PYTHON PACKAGE_DIR

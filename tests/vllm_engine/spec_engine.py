@@ -23,9 +23,6 @@ LAYERS, BLOCK, CHUNK = 4, 32, 64
 
 
 def main() -> int:
-    import numpy as np
-    import torch
-
     async_scheduling = "--async-scheduling" in sys.argv[1:]
     args = [a for a in sys.argv[1:] if a != "--async-scheduling"]
     if async_scheduling:

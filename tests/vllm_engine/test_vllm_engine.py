@@ -33,13 +33,7 @@ LAYERS, BLOCK, CHUNK = 4, 32, 64
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "num_hidden_layers": LAYERS, "vocab_size": 1000,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False}))
-    return str(d)
+    return recording.write_llama(d)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ of its GPU prefix cache name them."""
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -17,6 +16,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache
 
 import msgspec  # noqa: E402
 import pytest  # noqa: E402
+import recording  # noqa: E402
 import zmq  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVEventsConfig, KVTransferConfig  # noqa: E402
@@ -30,12 +30,7 @@ CHUNK_BYTES = LAYERS * 2 * CHUNK * 2 * 64 * 2  # bfloat16, 2 KV heads of 64
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     d = tmp_path_factory.mktemp("model")
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "num_hidden_layers": LAYERS, "vocab_size": 1000,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False}))
+    recording.write_llama(d)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

@@ -21,7 +21,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import recording  # noqa: E402
-from swiftkv.integrations import vllm as sv  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.inputs import EmbedsPrompt, TokensPrompt  # noqa: E402
@@ -34,13 +33,7 @@ PROMPT = [(11 * i) % 997 + 1 for i in range(299)]  # 4 whole chunks and a bit
 def write_model(d, seed=None):
     """A 4-layer Llama's config in d, and with a seed, random weights in safetensors too (vLLM's
     dummy weights are too small for an adapter or an embedding to change the answer)."""
-    config = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 64, "num_hidden_layers": LAYERS, "vocab_size": 1000,
-        "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-        "tie_word_embeddings": False}
-    (d / "config.json").write_text(json.dumps(config))
+    recording.write_llama(d)
     if seed is not None:
         from safetensors.torch import save_file
         g = torch.Generator().manual_seed(seed)

@@ -7,7 +7,6 @@ Mamba group, or the hybrid allocator's separate groups) are in tests/vllm."""
 
 from __future__ import annotations
 
-import json
 import os
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine core in this process
@@ -24,17 +23,6 @@ from vllm.inputs import TokensPrompt  # noqa: E402
 LAYERS, BLOCK, CHUNK = 4, 32, 64
 
 
-def _config(d, **over):
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 256,
-              "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 64, "num_hidden_layers": LAYERS, "vocab_size": 1000,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "torch_dtype": "bfloat16",
-              "tie_word_embeddings": False}
-    config.update(over)
-    (d / "config.json").write_text(json.dumps(config))
-    return str(d)
-
-
 def _engine(model):
     config = KVTransferConfig(
         kv_connector="RecordingConnector", kv_connector_module_path="recording",
@@ -49,10 +37,11 @@ def _engine(model):
 def sliding(tmp_path_factory):
     """A Gemma 2: sliding-window (96 tokens) and full-attention layers alternating. vLLM lays a
     connector without its hybrid allocator every layer out as full attention."""
-    llm = _engine(_config(tmp_path_factory.mktemp("gemma2"), architectures=["Gemma2ForCausalLM"],
-                          model_type="gemma2", sliding_window=96, query_pre_attn_scalar=64,
-                          attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
-                          hidden_activation="gelu_pytorch_tanh"))
+    llm = _engine(recording.write_llama(
+        tmp_path_factory.mktemp("gemma2"), architectures=["Gemma2ForCausalLM"],
+        model_type="gemma2", sliding_window=96, query_pre_attn_scalar=64,
+        attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+        hidden_activation="gelu_pytorch_tanh"))
     yield llm
     del llm
 
@@ -61,8 +50,8 @@ def test_a_model_whose_layers_all_slide_is_refused_naming_them(tmp_path):
     """A Mistral whose every layer attends to its last 96 tokens only: vLLM frees the blocks
     that fall out of the window, so a chunk's pages are not all there to save or load. The
     engine does not start, and says why (the layer kinds the connector found)."""
-    model = _config(tmp_path, architectures=["MistralForCausalLM"], model_type="mistral",
-                    sliding_window=96)
+    model = recording.write_llama(tmp_path, architectures=["MistralForCausalLM"],
+                                  model_type="mistral", sliding_window=96)
     with pytest.raises(ValueError, match=r"all full attention .*not groups \['SlidingWindowSpec'\]"):
         _engine(model)
 

@@ -812,16 +812,23 @@ func (m *Model) Lookup(tokens []uint32) (Lookup, error) {
 		return C.swiftkv_lookup(&out, (*C.uint8_t)(bytesPtr(res)), C.size_t(len(res)), h, C.uint32_t(m.ID),
 			tokensPtr(tokens), C.size_t(len(tokens)))
 	})
+	return lookupOf(&out, res, err), err
+}
+
+// lookupOf reads a lookup's result; the residency only when the call succeeded.
+func lookupOf(out *C.swiftkv_lookup_result, res []byte, err error) Lookup {
 	l := Lookup{Chunks: uint64(out.chunks), PrefixTokens: uint64(out.prefix_tokens),
 		DroppedHeadTokens: uint64(out.dropped_head_tokens), LoadableTokens: uint64(out.loadable_tokens)}
 	for i := 0; i < 3; i++ {
 		l.ChunksPerTier[i] = uint64(out.chunks_per_tier[i])
 	}
 	l.RemoteChunks = uint64(out.remote_chunks)
-	for _, r := range res {
-		l.Residency = append(l.Residency, Tier(r))
+	if err == nil {
+		for _, r := range res {
+			l.Residency = append(l.Residency, Tier(r))
+		}
 	}
-	return l, err
+	return l
 }
 
 // Store stores the chunks of tokens from kv; the leading tokens cached afterwards. A chunk that
@@ -959,18 +966,7 @@ func (m *Model) LookupNamed(names []byte, nameBytes uint32) (Lookup, error) {
 		return C.swiftkv_lookup_named(&out, (*C.uint8_t)(bytesPtr(res)), C.size_t(len(res)), h,
 			C.uint32_t(m.ID), bytesPtr(names), C.size_t(len(names)), C.uint32_t(nameBytes))
 	})
-	l := Lookup{Chunks: uint64(out.chunks), PrefixTokens: uint64(out.prefix_tokens),
-		DroppedHeadTokens: uint64(out.dropped_head_tokens), LoadableTokens: uint64(out.loadable_tokens)}
-	for i := 0; i < 3; i++ {
-		l.ChunksPerTier[i] = uint64(out.chunks_per_tier[i])
-	}
-	l.RemoteChunks = uint64(out.remote_chunks)
-	if err == nil {
-		for _, r := range res {
-			l.Residency = append(l.Residency, Tier(r))
-		}
-	}
-	return l, err
+	return lookupOf(&out, res, err), err
 }
 
 // StoreNamed stores the named chunks from kv (a chunk's bytes per name); the leading chunks

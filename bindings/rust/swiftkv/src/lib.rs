@@ -884,6 +884,28 @@ pub struct Lookup {
     pub residency: Vec<Tier>,
 }
 
+impl Lookup {
+    /// A result struct of this binding's version, for a lookup call to fill.
+    fn raw_result() -> sys::swiftkv_lookup_result {
+        let mut out: sys::swiftkv_lookup_result = unsafe { std::mem::zeroed() };
+        out.size = std::mem::size_of::<sys::swiftkv_lookup_result>() as u32;
+        out.version = sys::SWIFTKV_LOOKUP_RESULT_VERSION;
+        out
+    }
+
+    fn from_raw(out: &sys::swiftkv_lookup_result, residency: Vec<u8>) -> Lookup {
+        Lookup {
+            chunks: out.chunks,
+            prefix_tokens: out.prefix_tokens,
+            dropped_head_tokens: out.dropped_head_tokens,
+            loadable_tokens: out.loadable_tokens,
+            chunks_per_tier: out.chunks_per_tier,
+            remote_chunks: out.remote_chunks,
+            residency: residency.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
+        }
+    }
+}
+
 impl<'a> Model<'a> {
     pub fn id(&self) -> u32 {
         self.id
@@ -898,23 +920,13 @@ impl<'a> Model<'a> {
     }
 
     pub fn lookup(&self, tokens: &[u32]) -> Result<Lookup> {
-        let mut out: sys::swiftkv_lookup_result = unsafe { std::mem::zeroed() };
-        out.size = std::mem::size_of::<sys::swiftkv_lookup_result>() as u32;
-        out.version = sys::SWIFTKV_LOOKUP_RESULT_VERSION;
+        let mut out = Lookup::raw_result();
         let mut res = vec![0u8; tokens.len() / self.desc.chunk_tokens.max(1) as usize];
         check(unsafe {
             sys::swiftkv_lookup(&mut out, res.as_mut_ptr(), res.len(), self.ctx.raw, self.id,
                                 tokens.as_ptr(), tokens.len())
         })?;
-        Ok(Lookup {
-            chunks: out.chunks,
-            prefix_tokens: out.prefix_tokens,
-            dropped_head_tokens: out.dropped_head_tokens,
-            loadable_tokens: out.loadable_tokens,
-            chunks_per_tier: out.chunks_per_tier,
-            remote_chunks: out.remote_chunks,
-            residency: res.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
-        })
+        Ok(Lookup::from_raw(&out, res))
     }
 
     /// Stores the chunks of `tokens` from `kv` (chunk after chunk); the leading tokens cached.
@@ -996,24 +1008,14 @@ impl<'a> Model<'a> {
 
     /// Where each named chunk is; token counts are chunks times chunk_tokens.
     pub fn lookup_named(&self, names: &[u8], name_bytes: u32) -> Result<Lookup> {
-        let mut out: sys::swiftkv_lookup_result = unsafe { std::mem::zeroed() };
-        out.size = std::mem::size_of::<sys::swiftkv_lookup_result>() as u32;
-        out.version = sys::SWIFTKV_LOOKUP_RESULT_VERSION;
+        let mut out = Lookup::raw_result();
         let mut res = vec![0u8; names.len() / name_bytes.max(1) as usize];
         check(unsafe {
             sys::swiftkv_lookup_named(&mut out, res.as_mut_ptr(), res.len(), self.ctx.raw,
                                       self.id, names.as_ptr() as *const c_void, names.len(),
                                       name_bytes)
         })?;
-        Ok(Lookup {
-            chunks: out.chunks,
-            prefix_tokens: out.prefix_tokens,
-            dropped_head_tokens: out.dropped_head_tokens,
-            loadable_tokens: out.loadable_tokens,
-            chunks_per_tier: out.chunks_per_tier,
-            remote_chunks: out.remote_chunks,
-            residency: res.into_iter().map(|t| Tier::from_raw(u32::from(t))).collect(),
-        })
+        Ok(Lookup::from_raw(&out, res))
     }
 
     /// Stores the named chunks from `kv` (a chunk's bytes per name); the leading chunks cached.
