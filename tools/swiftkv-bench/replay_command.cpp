@@ -190,7 +190,7 @@ Options parse(const std::vector<std::string> &args) {
     else if (a == "--hbm-gbps")
       o.hbm_gbps = count(1, 1e6);
     else
-      throw UsageError("unknown option '" + a + "'");
+      throw UsageError("unknown option '" + a + "' (swiftkv-bench replay --help lists them)");
   }
   if (!o.preset.empty()) {
     // The experiment fixes its models, workloads and policies.
@@ -892,6 +892,12 @@ void print_replay_usage() {
 }
 
 int run_replay(const std::vector<std::string> &args) {
+  for (const std::string &a : args) {
+    if (a == "-h" || a == "--help") {
+      print_replay_usage();
+      return 0;
+    }
+  }
   Options o;
   Trace trace;
   try {
