@@ -42,6 +42,38 @@ uint64_t page_size() noexcept { return static_cast<uint64_t>(::sysconf(_SC_PAGES
   fail(status, what + ": " + std::strerror(e));
 }
 
+// Memory another process maps is sealed against shrinking and growing (and against new seals):
+// a process that could cut a memfd short under another's mapping would kill it with SIGBUS at
+// its next touch of the pages past the new end. The memfd of `size` bytes, sealed.
+UniqueFd sealed_memfd(const std::string &name, uint64_t size) {
+  UniqueFd fd(::memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) fail_errno(SWIFTKV_ENOMEM, "memfd_create");
+  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    fail_errno(SWIFTKV_ENOMEM, "ftruncate of a memfd to " + std::to_string(size) + " bytes");
+  }
+  if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    fail_errno(SWIFTKV_EUNSUPPORTED, "sealing a memfd against shrinking and growing");
+  }
+  return fd;
+}
+
+// The checks of a memfd another process passed, before it is mapped here: a regular file of at
+// least `size` bytes, sealed so that nobody can shrink or grow it. Any other fd is the peer's
+// fault (EPEER), named as `what`.
+void check_passed_memfd(int fd, uint64_t size, const std::string &what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
+      static_cast<uint64_t>(st.st_size) < size) {
+    fail(SWIFTKV_EPEER, what + " is not a memfd of at least " + std::to_string(size) + " bytes");
+  }
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    fail(SWIFTKV_EPEER, what + " is not sealed against shrinking and growing (its owner could " +
+                            "cut it short under this process's mapping)");
+  }
+}
+
 // Binds the shared mapping [p, p + size) to NUMA node `node` (-1: nothing). mbind on a shared
 // mapping sets the memfd's own policy, so pages allocated through any mapping of it (an
 // importer's too) come from `node`.
@@ -164,11 +196,7 @@ class HostRegion final : public MemoryRegion {
     if (o.size == 0) fail_invalid("host region size is 0");
     const uint64_t page = page_size();
     const uint64_t size = checked_mul(ceil_div(o.size, page), page, "host region size");
-    fd_.reset(::memfd_create(o.name.c_str(), MFD_CLOEXEC));
-    if (!fd_) fail_errno(SWIFTKV_ENOMEM, "memfd_create");
-    if (::ftruncate(fd_.get(), static_cast<off_t>(size)) != 0) {
-      fail_errno(SWIFTKV_ENOMEM, "ftruncate of the memfd to " + std::to_string(size) + " bytes");
-    }
+    fd_ = sealed_memfd(o.name, size);
     map_ = std::make_unique<MemfdMapping>(fd_.get(), size);
     bind_to_node(map_->data(), size, o.numa_node);
     numa_node_ = o.numa_node;
@@ -358,11 +386,7 @@ class GranularHostRegion final : public MemoryRegion {
     const auto [first, end] = granules(offset, size);
     for (uint64_t i = first; i < end; ++i) {
       if (fds_[i]) continue;
-      UniqueFd fd(::memfd_create(name_.c_str(), MFD_CLOEXEC));
-      if (!fd) fail_errno(SWIFTKV_ENOMEM, "memfd_create");
-      if (::ftruncate(fd.get(), static_cast<off_t>(granule_)) != 0) {
-        fail_errno(SWIFTKV_ENOMEM, "ftruncate of a granule's memfd");
-      }
+      UniqueFd fd = sealed_memfd(name_, granule_);
       const uint64_t at = i * granule_;
       range_.map(at, granule_, fd.get());
       try {
@@ -471,12 +495,8 @@ class ImportedGranularHostRegion final : public RegionMapping {
         fail_invalid("a host granule export piece at offset " + std::to_string(p.offset) +
                      " does not match the region's granules");
       }
-      struct stat st {};
-      if (::fstat(p.fd.get(), &st) != 0 || !S_ISREG(st.st_mode) ||
-          static_cast<uint64_t>(st.st_size) < granule_) {
-        fail_invalid("the fd passed for the granule at offset " + std::to_string(p.offset) +
-                     " is not a memfd of " + std::to_string(granule_) + " bytes");
-      }
+      check_passed_memfd(p.fd.get(), granule_,
+                         "the fd passed for the granule at offset " + std::to_string(p.offset));
       uint64_t &g = generations_[p.offset / granule_];
       if (g == p.generation) continue;
       range_.map(p.offset, granule_, p.fd.get());  // replaces an older generation in place
@@ -551,11 +571,10 @@ std::shared_ptr<RegionMapping> open_host_region(const RegionExport &e) {
     fail_invalid("a host region export must carry exactly one open memfd");
   }
   const int fd = e.pieces[0].fd.get();
+  if (e.size == 0) fail_invalid("a host region export of 0 bytes");
+  check_passed_memfd(fd, e.size, "the fd passed for the region");
   struct stat st {};
-  if (::fstat(fd, &st) != 0) fail_errno(SWIFTKV_EINVAL, "fstat of an exported region's fd");
-  if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < e.size || e.size == 0) {
-    fail_invalid("the exported fd is not a memfd of at least " + std::to_string(e.size) + " bytes");
-  }
+  if (::fstat(fd, &st) != 0) fail_errno(SWIFTKV_EPEER, "fstat of the fd passed for the region");
   return find_or_open_region(memfd_identity(fd), [&] {
     return std::make_shared<ImportedHostRegion>(fd, static_cast<uint64_t>(st.st_size));
   });

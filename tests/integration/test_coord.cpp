@@ -1333,8 +1333,12 @@ struct FakeLender {
     if (zmq_bind(router, endpoint.c_str()) != 0) std::abort();
     listener = co::fd_listen(&fd_name);
     for (uint64_t i = 0; i < region_bytes() / granule; ++i) {
-      memory.emplace_back(::memfd_create("swiftkv-fake", MFD_CLOEXEC));
-      if (::ftruncate(memory.back().get(), static_cast<off_t>(granule)) != 0) std::abort();
+      // Sealed against shrinking and growing, as a lender's memory must be.
+      memory.emplace_back(::memfd_create("swiftkv-fake", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      if (::ftruncate(memory.back().get(), static_cast<off_t>(granule)) != 0 ||
+          ::fcntl(memory.back().get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) {
+        std::abort();
+      }
     }
   }
   ~FakeLender() {
@@ -1618,6 +1622,11 @@ void forged_pieces_fail_the_session(void **) {
       {"flood", "257 packets"},
       {"too few", "without passing the memory"},
       {"mixed sizes", "does not fit"},
+      // A memfd its lender could cut short under the borrower's mapping (SIGBUS at the next
+      // touch), and one sealed against shrinking but not growing.
+      {"unsealed", "is not sealed against shrinking and growing"},
+      {"shrink seal only", "is not sealed against shrinking and growing"},
+      {"short", "is not a memfd of at least"},
   };
   const int fds_before = open_fds();
   for (const Case &c : cases) {
@@ -1650,6 +1659,24 @@ void forged_pieces_fail_the_session(void **) {
         gr.pieces = 300;
       } else if (what == "too few") {  // one granule of the unit's two (or more)
         fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}}}, {m0});
+      } else if (what == "unsealed" || what == "shrink seal only" || what == "short") {
+        swiftkv::UniqueFd bad(::memfd_create("swiftkv-fake", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+        const off_t len = static_cast<off_t>(what == "short" ? g / 2 : g);
+        if (!bad || ::ftruncate(bad.get(), len) != 0) std::abort();
+        if (what != "unsealed" &&
+            ::fcntl(bad.get(), F_ADD_SEALS,
+                    what == "short" ? F_SEAL_SHRINK | F_SEAL_GROW : F_SEAL_SHRINK) != 0) {
+          std::abort();
+        }
+        const int units = static_cast<int>(gr.units * kChunkBytes / g);  // granules in the grant
+        std::vector<co::WirePiece> pieces;
+        std::vector<int> fds{bad.get()};
+        pieces.push_back(co::WirePiece{gr.first_unit * kChunkBytes, g, 1});
+        for (int k = 1; k < units; ++k) {
+          pieces.push_back(co::WirePiece{gr.first_unit * kChunkBytes + k * g, g, 1});
+          fds.push_back(fake.memory[gr.first_unit * kChunkBytes / g + k].get());
+        }
+        fake.send_packet(co::PiecePacket{l.request, 0, pieces}, fds);
       } else {  // a granule of one page, then one of two
         fake.send_packet(co::PiecePacket{l.request, 0, {{0, g, 1}, {g, 2 * g, 1}}}, {m0, m1});
       }

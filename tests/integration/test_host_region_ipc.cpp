@@ -5,6 +5,7 @@
 // and replaced granule by granule as VMM memory is.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/utsname.h>
@@ -14,6 +15,7 @@
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -317,6 +319,80 @@ void test_granules_export_and_import(void **) {
   }
 }
 
+// Memory that another process maps cannot be cut short or grown by either side: a lender that
+// truncated a lent memfd killed its borrower with SIGBUS at the next read, and a borrower that
+// truncated the lender's killed the lender. Every memfd a region exports is sealed (shrink, grow,
+// and no further seals); an importer refuses one that is not, or is short, as the peer's fault.
+void test_lent_memory_is_sealed(void **) {
+  const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const auto assert_sealed = [](int fd, const char *what) {
+    const int seals = ::fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) !=
+                         (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)) {
+      fail_msg("%s: seals 0x%x", what, seals);
+    }
+    if (::ftruncate(fd, 0) == 0 || errno != EPERM) fail_msg("%s: truncated to 0", what);
+    struct stat st {};
+    assert_int_equal(::fstat(fd, &st), 0);
+    if (::ftruncate(fd, st.st_size + static_cast<off_t>(4096)) == 0 || errno != EPERM) {
+      fail_msg("%s: grown", what);
+    }
+    if (::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) == 0) fail_msg("%s: sealed further", what);
+  };
+  swiftkv::HostRegionOptions o;
+  o.size = 16 * page;
+  auto whole = swiftkv::create_host_region(o);
+  whole->commit(0, whole->size());
+  swiftkv::RegionExport e = whole->export_range(0, whole->size());
+  assert_sealed(e.pieces[0].fd.get(), "a whole region's memfd");
+  // Decommit still returns pages (a punched hole keeps the size).
+  whole->decommit(0, 4 * page);
+  assert_int_equal(whole->committed_bytes(), 12 * page);
+
+  o.granule = 2 * page;
+  auto granular = swiftkv::create_host_region(o);
+  granular->commit(0, 4 * page);
+  swiftkv::RegionExport g = granular->export_range(0, 4 * page);
+  assert_int_equal(g.pieces.size(), 2);
+  for (const swiftkv::ExportedPiece &p : g.pieces) assert_sealed(p.fd.get(), "a granule's memfd");
+
+  // Importers: a memfd without the seals, with only the shrink seal, or shorter than the
+  // export says is refused with EPEER naming it, and nothing is mapped.
+  struct Bad {
+    unsigned seals;
+    uint64_t bytes;
+    const char *needle;
+  };
+  const Bad bads[] = {{0, 16 * page, "is not sealed against shrinking and growing"},
+                      {F_SEAL_SHRINK, 16 * page, "is not sealed against shrinking and growing"},
+                      {F_SEAL_SHRINK | F_SEAL_GROW, 8 * page, "is not a memfd of at least"}};
+  for (const Bad &b : bads) {
+    for (const bool granules : {false, true}) {
+      swiftkv::UniqueFd fd(::memfd_create("swiftkv-bad", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      assert_true(static_cast<bool>(fd));
+      assert_int_equal(::ftruncate(fd.get(), static_cast<off_t>(granules ? b.bytes / 8 : b.bytes)), 0);
+      if (b.seals != 0) assert_int_equal(::fcntl(fd.get(), F_ADD_SEALS, b.seals), 0);
+      swiftkv::RegionExport x;
+      x.size = 16 * page;
+      swiftkv::ExportedPiece p;
+      p.size = granules ? 2 * page : 16 * page;
+      p.generation = 1;
+      p.fd = std::move(fd);
+      x.pieces.push_back(std::move(p));
+      x.kind = granules ? swiftkv::MemoryKind::host_granules : swiftkv::MemoryKind::host_memfd;
+      x.identity = granules ? "host_granules:test-bad" : "";
+      try {
+        (void)swiftkv::open_region(x);
+        fail_msg("a memfd with seals 0x%x of %llu bytes was mapped (%s)", b.seals,
+                 static_cast<unsigned long long>(b.bytes), granules ? "granule" : "whole");
+      } catch (const swiftkv::Error &err) {
+        assert_int_equal(err.status(), SWIFTKV_EPEER);
+        if (std::strstr(err.what(), b.needle) == nullptr) fail_msg("%s", err.what());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -331,6 +407,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_commit_maps_every_page),
       cmocka_unit_test(test_numa_binding),
       cmocka_unit_test(test_granules_export_and_import),
+      cmocka_unit_test(test_lent_memory_is_sealed),
   };
   return cmocka_run_group_tests(tests, nullptr, nullptr);
 }
