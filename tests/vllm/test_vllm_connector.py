@@ -1159,6 +1159,76 @@ def test_the_lookup_socket(tmp_path):
         b.ctx.close()
 
 
+def _closed_soon(sock, within_s: float = 10.0) -> bool:
+    """Whether the worker closes sock within within_s (a bound on waiting, not a measure)."""
+    sock.settimeout(within_s)
+    try:
+        return sock.recv(16) == b""
+    except OSError:
+        return False
+
+
+def test_the_lookup_socket_bounds_what_a_client_can_take(tmp_path):
+    """Connections to a worker's lookup socket cannot take its memory or its threads: a header
+    announcing a large body allocates nothing before the body comes (8 such connections, as in
+    the attack that grew a worker by 1.3-2 GiB, take no memory of the worker), a connection that
+    stops mid-message is closed, connections past the bound are closed as they come, and
+    connections that stay idle are closed, after which the scheduler's client connects again
+    by itself and gets its answers."""
+    import socket
+    import tracemalloc
+    tokens = tokens_of(174, 2 * CHUNK)
+    opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
+    path = sv._socket_path(opts, "engine", 0)
+    a = _Shard(tokens, 2)
+    server = sv._LookupServer(a.model, path, max_names=1 << 16, max_conns=12, idle_s=1.0,
+                              message_s=0.5)
+    conns = []
+    try:
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(8):  # each announces (1 << 16) - 1 names of 64 bytes: 4 MiB
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(path)
+            c.sendall(sv._HEAD.pack(b"SKVQ", sv._PROTOCOL, 64, (1 << 16) - 1) + b"x" * 64)
+            conns.append(c)
+        client = sv._LookupClient([path], 5.0)
+        host = int(swiftkv.Tier.HOST)
+        assert client.lookup(names_of(tokens)).tolist() == [host] * 2  # served meanwhile
+        grown = tracemalloc.get_traced_memory()[0] - base
+        tracemalloc.stop()
+        assert grown < 1 << 20, f"the worker took {grown} bytes for 8 announced bodies"
+        # Each stops mid-message: closed.
+        assert all(_closed_soon(c) for c in conns)
+        for c in conns:
+            c.close()
+        conns.clear()
+        # The bound: 11 idle connections and the client's make 12; the 13th is closed at once.
+        for _ in range(11):
+            c = socket.socket(socket.AF_UNIX)
+            c.connect(path)
+            conns.append(c)
+        assert client.lookup(names_of(tokens)).tolist() == [host] * 2
+        extra = socket.socket(socket.AF_UNIX)
+        extra.connect(path)
+        assert _closed_soon(extra, 5.0)
+        extra.close()
+        # Idle ones go (the client's too), and the client connects again at its next lookup.
+        assert all(_closed_soon(c) for c in conns)
+        for _ in range(1000):
+            if sv._closed_by_peer(client._socks[0]):
+                break
+            time.sleep(0.01)
+        assert sv._closed_by_peer(client._socks[0])
+        assert client.lookup(names_of(tokens)).tolist() == [host] * 2
+        client.close()
+    finally:
+        for c in conns:
+            c.close()
+        server.close()
+        a.ctx.close()
+
+
 def test_a_failed_lookup_leaves_the_connections_in_step(tmp_path):
     """Worker 0's lookup fails: the error names it, and worker 1's answer to that lookup is read
     all the same, so the next lookup gets the answers to itself."""

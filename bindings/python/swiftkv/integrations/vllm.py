@@ -56,6 +56,7 @@ import hashlib
 import json
 import os
 import re
+import select
 import socket
 import stat
 import struct
@@ -211,11 +212,16 @@ def _socket_path(opts: dict, engine_id: str, rank: int) -> str:
 
 
 def _recv_exact(sock: socket.socket, n: int) -> Optional[bytearray]:
-    """n bytes from sock, or None if the peer closed it before the first."""
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
+    """n bytes from sock, or None if the peer closed it before the first. The buffer starts at
+    64 KiB at most and doubles as the bytes come, so a header that announces a large body and
+    sends none costs its reader little."""
+    buf = bytearray(min(n, 1 << 16))
+    got = 0
     while got < n:
-        k = sock.recv_into(view[got:])
+        if got == len(buf):
+            buf.extend(bytes(min(n - got, got)))
+        with memoryview(buf) as view:
+            k = sock.recv_into(view[got:])
         if k == 0:
             if got == 0:
                 return None
@@ -230,15 +236,28 @@ class _LookupServer:
     makes one). A lookup is "SKVQ" with n chunk names, answered "SKVA" with a tier a chunk; a
     reset "SKVR" with none, answered "SKVA" with the chunks dropped (8 bytes); status 1 with the
     library's message where either failed. A lookup of more than max_names names, or of names
-    longer than the library takes, closes the connection before its body is read."""
+    longer than the library takes, closes the connection before its body is read.
 
-    def __init__(self, model, path: str, reset=None, max_names: int = 1 << 16):
+    Bounded: at most max_conns connections at once (one more is closed as it comes, and
+    logged); a connection that sends nothing for idle_s is closed (the scheduler connects again
+    at its next lookup), and one that stops for message_s within a message's body or an
+    answer's send too. The accepting thread closes them as it wakes, at least every
+    min(idle_s, message_s) / 4; the serving threads block in plain reads."""
+
+    _IDLE, _RECEIVING, _WORKING, _SENDING = range(4)
+
+    def __init__(self, model, path: str, reset=None, max_names: int = 1 << 16,
+                 max_conns: int = 32, idle_s: float = 600.0, message_s: float = 10.0):
         self.path = path
         self._model = model
         self._max_names = max_names
+        self._max_conns = max_conns
+        self._idle_s = idle_s
+        self._message_s = message_s
+        self._refused = 0  # connections closed at the bound
         self._reset = reset  # () -> chunks dropped (_Store.reset)
         self._lock = threading.Lock()
-        self._conns: set = set()
+        self._conns: dict = {}  # connection -> (what it does, since when): for the reaper
         self._threads: list = []
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
@@ -276,33 +295,67 @@ class _LookupServer:
         self._sock.bind(self.path)
 
     def _accept(self) -> None:
+        self._sock.settimeout(min(self._idle_s, self._message_s) / 4)
         while True:
             try:
                 conn, _ = self._sock.accept()
+            except socket.timeout:
+                self._reap()
+                continue
             except OSError:
                 return  # closed
+            conn.settimeout(None)
             with self._lock:
                 if self._sock.fileno() < 0:
                     conn.close()
                     return
-                self._conns.add(conn)
+                self._threads = [t for t in self._threads if t.is_alive()]
+                if len(self._conns) >= self._max_conns:
+                    self._refused += 1
+                    if self._refused == 1 or self._refused % 1000 == 0:
+                        _log.warning("SwiftKVConnector: %d lookup connections are open on %s, "
+                                     "the most it serves: one more closed (%d so far)",
+                                     len(self._conns), self.path, self._refused)
+                    conn.close()
+                    continue
+                self._conns[conn] = (self._IDLE, time.monotonic())
                 t = threading.Thread(target=self._serve, args=(conn,), name="swiftkv-lookup",
                                      daemon=True)
                 self._threads.append(t)
             t.start()
+            self._reap()
+
+    def _reap(self) -> None:
+        """Closes the connections idle for idle_s, or stopped for message_s mid-message."""
+        now = time.monotonic()
+        with self._lock:
+            for conn, (doing, since) in list(self._conns.items()):
+                limit = (self._idle_s if doing == self._IDLE else
+                         None if doing == self._WORKING else self._message_s)
+                if limit is not None and now - since > limit:
+                    try:
+                        conn.shutdown(socket.SHUT_RDWR)  # its thread's read or send ends
+                    except OSError:
+                        pass
 
     def _serve(self, conn: socket.socket) -> None:
+        def doing(what):  # a value's store: no lock (the reaper reads a snapshot)
+            self._conns[conn] = (what, time.monotonic())
+
         try:
             while True:
+                doing(self._IDLE)
                 head = _recv_exact(conn, _HEAD.size)
                 if head is None:
                     return
                 magic, version, name_bytes, n = _HEAD.unpack(head)
                 if magic == b"SKVR" and version == _PROTOCOL and n == 0 and self._reset:
+                    doing(self._WORKING)  # a reset waits for the saves in flight
                     try:
                         body, status = struct.pack("<Q", self._reset()), 0
                     except swiftkv.Error as e:
                         body, status = str(e).encode(), 1
+                    doing(self._SENDING)
                     conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
                     continue
                 if (magic != b"SKVQ" or version != _PROTOCOL or n > self._max_names
@@ -311,21 +364,24 @@ class _LookupServer:
                                "%d, %d names of %d bytes) on %s: connection closed", magic,
                                version, n, name_bytes, self.path)
                     return
+                doing(self._RECEIVING)
                 names = _recv_exact(conn, name_bytes * n) if n else bytearray()
                 if names is None:
                     return
+                doing(self._WORKING)
                 try:
                     body, status = self._model.lookup_named(
                         np.frombuffer(names, dtype=np.uint8).reshape(n, name_bytes)) \
                         .residency.tobytes(), 0
                 except swiftkv.Error as e:
                     body, status = str(e).encode(), 1
+                doing(self._SENDING)
                 conn.sendall(_HEAD.pack(b"SKVA", _PROTOCOL, status, len(body)) + body)
         except OSError:
             return  # the scheduler went, or close() shut the connection
         finally:
             with self._lock:
-                self._conns.discard(conn)
+                self._conns.pop(conn, None)
             conn.close()
 
     def close(self) -> None:
@@ -577,6 +633,21 @@ class _Broken(Exception):
     """A lookup connection that cannot go on."""
 
 
+# A worker closes a lookup connection idle for its idle_s (minutes): a connection used this
+# recently is not looked at before a call (a select per worker would cost more than the call).
+_RECHECK_S = 0.25
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    """Whether the other end closed sock (or reset it): readable with nothing to read. Between
+    calls a lookup connection has nothing to read, so anything else is a broken one too."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(r)
+
+
 class _LookupClient:
     """The scheduler's lookups across an engine's workers in other processes."""
 
@@ -584,6 +655,7 @@ class _LookupClient:
         self._paths = paths
         self._timeout = timeout_s
         self._socks: Optional[list] = None
+        self._used = 0.0  # when the connections last answered
 
     def _connect(self) -> list:
         socks = []
@@ -611,6 +683,23 @@ class _LookupClient:
             raise
         return socks
 
+    def _renew_closed(self) -> None:
+        """A worker closes a connection idle for long (_LookupServer's idle_s): each connection
+        closed so is made again, with one try; one that cannot be (its worker is gone) stays
+        closed, and the call fails on it as before."""
+        for rank, s in enumerate(self._socks):
+            if not _closed_by_peer(s):
+                continue
+            fresh = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                fresh.connect(self._paths[rank])
+            except OSError:
+                fresh.close()
+                continue
+            fresh.settimeout(self._timeout)
+            s.close()
+            self._socks[rank] = fresh
+
     def _ask(self, what: str, head: bytes, body=b"") -> list:
         """head (and body) to every worker; their answers' bodies in rank order. Every answer
         that can come is read before a failure is raised: the connections stay in step, and
@@ -619,6 +708,8 @@ class _LookupClient:
         that is not one) closes them all, and the next call connects again."""
         if self._socks is None:
             self._socks = self._connect()
+        elif time.monotonic() - self._used > _RECHECK_S:
+            self._renew_closed()
         answers, failed, broken = [], None, None
         sent = []
         for rank, s in enumerate(self._socks):
@@ -648,6 +739,7 @@ class _LookupClient:
                 failed = RuntimeError(f"SwiftKVConnector: worker {rank}'s {what} failed: "
                                       f"{bytes(data).decode(errors='replace')}")
             answers.append(data)
+        self._used = time.monotonic()
         if broken is not None:
             self.close()
             raise RuntimeError(f"SwiftKVConnector: a {what} failed: {broken}")
