@@ -462,3 +462,56 @@ def test_peft_adapters_never_share_kv():
             model.base_model.model.model.layers[0].self_attn.q_proj.lora_B["a"].weight.add_(0.5)
         turn(0)
         turn(64)
+
+
+def test_sliding_window_layers_are_served_exactly():
+    """A Mistral whose every layer attends to its last 24 tokens, and a Ministral whose layers
+    alternate sliding and full attention: the cache hands a sliding layer the whole K/V and the model's
+    mask keeps the window, so every turn's logits equal those over the prefix recomputed with
+    DynamicCache (which keeps only the window), bit for bit, and the prefix is loaded."""
+    from transformers import (MinistralConfig, MinistralForCausalLM, MistralConfig,
+                              MistralForCausalLM)
+    small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 max_position_embeddings=1024, sliding_window=24)
+    models = [(MistralConfig(**small), MistralForCausalLM),
+              (MinistralConfig(**small, layer_types=["sliding_attention", "full_attention",
+                                                     "sliding_attention"]),
+               MinistralForCausalLM)]
+    for cfg, cls in models:
+        torch.manual_seed(5)
+        cfg._attn_implementation = "eager"
+        model = cls(cfg).eval()
+        with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+            km = ctx.register_model(model_desc(model, "swa", chunk_tokens=CHUNK))
+            cache = SwiftKVCache(km, max_tokens=512)
+            assert serve(cache, model, conversation(11, 3)) == [0, 64, 96]
+
+
+def test_models_with_other_layers_are_refused_by_name():
+    """LFM2 (convolution layers), Jamba (Mamba layers) and Qwen3-Next (linear attention) keep
+    state that is not K/V per token: model_desc refuses them from their configs, and a turn
+    refuses such a model even under a desc made by hand, naming the layer kinds, before the
+    model runs (it used to fail inside transformers with an error about the cache's layers)."""
+    from transformers import (JambaConfig, Lfm2Config, Lfm2ForCausalLM, Qwen3NextConfig)
+    small = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                 num_attention_heads=4, num_key_value_heads=2)
+    configs = [(Lfm2Config(**small, full_attn_idxs=[1, 3]), "'conv'"),
+               (JambaConfig(**small, attn_layer_period=2, attn_layer_offset=1),
+                "'linear_attention'|'mamba'"),
+               (Qwen3NextConfig(**small), "'linear_attention'")]
+    for cfg, kind in configs:
+        with pytest.raises(ValueError, match=f"full or sliding-window attention.*({kind}) layers"):
+            model_desc(cfg, "hybrid")
+    torch.manual_seed(6)
+    cfg = configs[0][0]
+    model = Lfm2ForCausalLM(cfg).eval()
+    desc = swiftkv.ModelDesc("lfm2-by-hand", num_layers=4, num_kv_heads=2, head_dim=16,
+                             block_tokens=16, chunk_tokens=CHUNK, dtype=swiftkv.DType.F32)
+    ids = conversation(12, 1)[0]
+    with swiftkv.Context(host_budget_bytes=64 << 20) as ctx:
+        cache = SwiftKVCache(ctx.register_model(desc), max_tokens=512)
+        for call in (cache.prefill, cache.generate, cache.prefill_without_cache):
+            with pytest.raises(ValueError, match="'conv' layers"):
+                call(model, ids)
+        assert ctx.stats()["requests_open"] == 0

@@ -23,10 +23,14 @@ from the first layer on. Decoding after the turn works as with ``DynamicCache``,
 request, which covers them.
 
 transformers 5.0 and later 5.x releases (the cache-layer interface); transformers 4 is not
-supported. One sequence at a time (batch 1), full-attention decoders (Llama, Qwen2, Mistral and
-the like; no sliding-window or linear-attention layers). The K/V the library holds are what the
-model's attention layers hand to the cache (after rotary embedding), so a prefix is reused only
-at the positions it was computed at: the start of a conversation. The cache serves inference:
+supported. One sequence at a time (batch 1), decoders whose every layer is full or sliding-window
+attention (Llama, Qwen2, Mistral, Ministral and the like: a sliding-window layer is given the whole
+K/V and its mask keeps the window, as with DynamicCache). Models with other layers
+(convolution, linear attention or Mamba state: LFM2, Jamba, Qwen3-Next and the like) are refused
+by model_desc and by each turn, naming the layer kinds: their state is not K/V per token. The
+K/V the library holds are what the model's attention layers hand to the cache (after rotary
+embedding), so a prefix is reused only at the positions it was computed at: the start of a
+conversation. The cache serves inference:
 no gradient flows through the K/V it returns.
 
 Which K/V is which: every chunk key holds the model's name and identity, and model_desc(model,
@@ -143,6 +147,25 @@ def _chunk_names(ids: torch.Tensor, chunk: int, salt: str) -> np.ndarray:
     return np.frombuffer(b"".join(out), dtype=np.uint8).reshape(len(out), 32)
 
 
+# The layer kinds (transformers' config.layer_types) whose state is K/V per token.
+_SERVED_LAYERS = ("full_attention", "sliding_attention")
+
+
+def _check_layers(model_or_config) -> None:
+    """Refuses a model with a layer whose state is not K/V per token, naming the kinds."""
+    config = getattr(model_or_config, "config", model_or_config)
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = getattr(text, "layer_types", None)
+    if kinds is None:
+        kinds = getattr(text, "layers_block_type", None)  # Jamba-style configs of before
+    other = sorted({str(k) for k in kinds or ()} - set(_SERVED_LAYERS))
+    if other:
+        raise ValueError(
+            f"SwiftKVCache serves models whose layers are all full or sliding-window attention; "
+            f"this {getattr(text, 'model_type', type(text).__name__)} model also has "
+            f"{', '.join(repr(k) for k in other)} layers, whose state is not K/V per token")
+
+
 def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,
                dtype: Optional[torch.dtype] = None, chunk_tokens: int = 256,
                block_tokens: int = 16, device=None) -> ModelDesc:
@@ -153,6 +176,7 @@ def model_desc(model_or_config, name: str, *, identity: Optional[str] = None,
     must differ in one of them. Given the model, ``identity`` defaults to weights_identity(model),
     a digest of its weights and config (one pass over the weights); given a config alone, to
     none: then say what tells the weights apart (a checkpoint's commit hash, say)."""
+    _check_layers(model_or_config)
     config = getattr(model_or_config, "config", model_or_config)
     param = None
     if isinstance(model_or_config, torch.nn.Module):
@@ -321,6 +345,7 @@ class SwiftKVCache(Cache):
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None]
+        _check_layers(model)
         use_cached = True
         salt = adapter_state(model)
         for _ in range(3):
@@ -349,6 +374,7 @@ class SwiftKVCache(Cache):
         ids = torch.as_tensor(input_ids)
         if ids.dim() == 1:
             ids = ids[None]
+        _check_layers(model)
         self.begin(ids, salt=adapter_state(model))
         try:
             out = model.generate(input_ids=ids, **_cache_kwarg(model, self), **kwargs)
@@ -359,6 +385,7 @@ class SwiftKVCache(Cache):
         return out
 
     def prefill_without_cache(self, model, ids, *, salt: Optional[str] = None, **kwargs):
+        _check_layers(model)
         self.begin(ids, use_cached=False, salt=adapter_state(model) if salt is None else salt)
         try:
             out = model(input_ids=ids, use_cache=True, **_cache_kwarg(model, self), **kwargs)
