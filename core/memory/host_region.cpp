@@ -62,8 +62,7 @@ UniqueFd sealed_memfd(const std::string &name, uint64_t size) {
 // fault (EPEER), named as `what`.
 void check_passed_memfd(int fd, uint64_t size, const std::string &what) {
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) ||
-      static_cast<uint64_t>(st.st_size) < size) {
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < size) {
     fail(SWIFTKV_EPEER, what + " is not a memfd of at least " + std::to_string(size) + " bytes");
   }
   const int seals = ::fcntl(fd, F_GET_SEALS);

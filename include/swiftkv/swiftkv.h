@@ -435,8 +435,10 @@ SWIFTKV_API void swiftkv_ctx_config_init(swiftkv_ctx_config *out);
  * nothing is allocated. Thread-safe. */
 SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_ctx_config *config);
 
-/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one, and every
- * region made in it must be destroyed first (swiftkv_elastic_destroy). Called
+/* Ends a context. Accepts NULL. No other call may use `ctx` during or after this one: a caller
+ * whose threads share the context waits for their calls to return first (the Python and Go
+ * bindings' close does; Rust's borrows ensure it). Every region made in it must be destroyed
+ * first (swiftkv_elastic_destroy). Called
  * from the context's own chunk event callback it would wait for itself: it then does nothing,
  * and says so in swiftkv_last_error_message (ESTATE) and on stderr. */
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx);

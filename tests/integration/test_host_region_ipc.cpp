@@ -12,10 +12,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
-#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -370,7 +370,8 @@ void test_lent_memory_is_sealed(void **) {
     for (const bool granules : {false, true}) {
       swiftkv::UniqueFd fd(::memfd_create("swiftkv-bad", MFD_CLOEXEC | MFD_ALLOW_SEALING));
       assert_true(static_cast<bool>(fd));
-      assert_int_equal(::ftruncate(fd.get(), static_cast<off_t>(granules ? b.bytes / 8 : b.bytes)), 0);
+      assert_int_equal(::ftruncate(fd.get(), static_cast<off_t>(granules ? b.bytes / 8 : b.bytes)),
+                       0);
       if (b.seals != 0) assert_int_equal(::fcntl(fd.get(), F_ADD_SEALS, b.seals), 0);
       swiftkv::RegionExport x;
       x.size = 16 * page;

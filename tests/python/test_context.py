@@ -123,3 +123,117 @@ def test_gil_released_while_waiting(small_model, tmp_path):
         t.join()
         assert e.value.status == swiftkv.Status.ETIMEDOUT
         assert during > 10
+
+
+def test_close_waits_for_calls_in_flight(small_model):
+    """Context.close while another thread is inside a call (here held inside the library by a
+    clock that waits): close returns only after that call did, the call completes with its
+    result, and every call after raises StateError. It crashed the process before (the binding
+    released the GIL around the call and close destroyed the context under it)."""
+    import numpy as np
+    hold, inside = threading.Event(), threading.Event()
+    armed = [False]
+
+    def clock():
+        if armed[0] and threading.current_thread().name == "storer":
+            inside.set()
+            hold.wait(30)
+        return time.monotonic_ns()
+
+    ctx = swiftkv.Context(host_budget_bytes=1 << 20, clock=clock)
+    m = ctx.register_model(small_model)
+    kv = np.zeros(small_model.chunk_bytes, np.uint8)
+    got, closed = [], threading.Event()
+
+    def store():
+        got.append(m.store(np.arange(32, dtype=np.uint32), kv))
+
+    def close():
+        ctx.close()
+        closed.set()
+
+    armed[0] = True
+    storer = threading.Thread(target=store, name="storer")
+    storer.start()
+    assert inside.wait(30)  # the store is inside the library
+    armed[0] = False
+    closer = threading.Thread(target=close)
+    closer.start()
+    assert not closed.wait(0.3)  # close waits while the store is in flight
+    with pytest.raises(swiftkv.StateError):  # and no new call starts
+        m.lookup(np.arange(32, dtype=np.uint32))
+    hold.set()
+    storer.join(30)
+    closer.join(30)
+    assert closed.is_set() and got == [32]
+    with pytest.raises(swiftkv.StateError):
+        m.store(np.arange(32, dtype=np.uint32), kv)
+
+
+def test_close_under_load_from_many_threads(small_model):
+    """Eight threads store, look up and retrieve through one context while the main thread
+    closes it: no crash, every call either completes with right bytes or raises StateError,
+    and each thread sees StateError from the close on."""
+    import numpy as np
+    for _ in range(5):
+        ctx = swiftkv.Context(host_budget_bytes=4 << 20)
+        m = ctx.register_model(small_model)
+        errors, started = [], threading.Barrier(9)
+
+        def work(seed):
+            tokens = np.arange(seed * 1000, seed * 1000 + 64, dtype=np.uint32)
+            kv = np.random.default_rng(seed).integers(0, 255, 2 * small_model.chunk_bytes,
+                                                      dtype=np.uint8)
+            out = np.empty_like(kv)
+            started.wait()
+            closed_seen = False
+            for _ in range(100000):
+                try:
+                    m.store(tokens, kv)
+                    m.lookup(tokens)
+                    n = m.retrieve(tokens, 0, out)
+                    if closed_seen:
+                        errors.append("a call succeeded after one raised StateError")
+                    if n == 64 and not np.array_equal(out, kv):
+                        errors.append("wrong bytes")
+                except swiftkv.StateError:
+                    closed_seen = True
+                    break
+            if not closed_seen:
+                errors.append("never saw the close")
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        started.wait()
+        time.sleep(0.05)
+        ctx.close()
+        for t in threads:
+            t.join(60)
+        assert errors == []
+
+
+def test_close_from_a_callback_is_refused(small_model):
+    """A chunk event callback that closes its context would wait for itself: StateError."""
+    import numpy as np
+    seen = []
+    with swiftkv.Context(host_budget_bytes=1 << 20) as ctx:
+        m = ctx.register_model(small_model)
+
+        def on_event(ev):
+            try:
+                ctx.close()
+            except swiftkv.StateError as e:
+                seen.append(str(e))
+
+        ctx.on_chunk_event(on_event)
+        n = 2 * (1 << 20) // small_model.chunk_bytes  # twice the budget: chunks are dropped
+        for i in range(0, n, 16):
+            m.store(np.arange(i * 32, (i + 16) * 32, dtype=np.uint32),
+                    np.zeros(16 * small_model.chunk_bytes, np.uint8))
+        for _ in range(1000):
+            if seen:
+                break
+            time.sleep(0.01)
+        ctx.on_chunk_event(None)
+    assert seen and "would wait for itself" in seen[0]

@@ -6,8 +6,9 @@ failed call raises :class:`Error`; a call returns its status (``OK`` or ``IN_PRO
 by its outputs; the GIL is released while the library works.
 
 This layer removes the boilerplate: handles are objects that end their C object on ``close()``
-or when the ``with`` block ends (a context's regions, pools and requests before the context),
-structs come back as dicts, token and KV arrays are numpy arrays (any buffer works), and engine
+or when the ``with`` block ends (a context's regions, pools and requests before the context;
+``Context.close`` waits for the calls other threads are making into it, and later calls raise
+:class:`StateError`), structs come back as dicts, token and KV arrays are numpy arrays (any buffer works), and engine
 tensors pass as numpy arrays or raw addresses (``tensor.data_ptr()``).
 
     import numpy as np, swiftkv
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import functools
 import threading
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Callable, List, Optional, Sequence
@@ -459,6 +461,23 @@ def device_count() -> int:
 
 # --- The context ---------------------------------------------------------------------------------
 
+_callback = threading.local()  # .depth: > 0 on a thread running a callback of the library's
+
+
+def _in_call(method):
+    """A call into the library through the method's context (self._context): counted while it
+    runs, so that Context.close waits for it; StateError once the context is closing."""
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        ctx = self._context
+        ctx._enter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            ctx._leave()
+    return call
+
+
 
 class Context:
     """One per engine process (swiftkv_ctx). Keyword arguments are swiftkv_ctx_config fields;
@@ -501,7 +520,15 @@ class Context:
         _, self._h = _c.swiftkv_ctx_create(c)
         self._children: dict = {}  # id -> open child, in creation order
         self._event_fn = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one close at a time
+        # Calls in flight (the C context must outlive them): their count, per thread, and
+        # whether close() has begun (no call starts after).
+        self._calls_cv = threading.Condition(threading.Lock())
+        self._calls = 0
+        self._callers: dict = {}  # thread id -> its calls in flight
+        self._closing = False
+
+    _context = property(lambda self: self)
 
     @property
     def handle(self):
@@ -509,19 +536,53 @@ class Context:
             raise StateError(Status.ESTATE, "the context is closed")
         return self._h
 
+    def _enter(self) -> None:
+        me = threading.get_ident()
+        with self._calls_cv:
+            if self._closing or self._h is None:
+                raise StateError(Status.ESTATE, "the context is closed")
+            self._calls += 1
+            self._callers[me] = self._callers.get(me, 0) + 1
+
+    def _leave(self) -> None:
+        me = threading.get_ident()
+        with self._calls_cv:
+            self._calls -= 1
+            n = self._callers[me] - 1
+            if n:
+                self._callers[me] = n
+            else:
+                del self._callers[me]
+            if self._closing and self._calls == 0:
+                self._calls_cv.notify_all()
+
     def close(self) -> None:
-        """Ends the context and everything made from it (requests, pools, regions first)."""
+        """Ends the context and everything made from it (requests, pools, regions first).
+        Waits for the calls other threads are making into the context, its models, pools,
+        requests and regions; every call after (or waiting to start) raises StateError. From
+        inside a call of this context's, or from a callback of the library's, it raises
+        StateError: it would wait for itself."""
         with self._lock:
-            if self._h is None:
-                return
-            for child in reversed(list(self._children.values())):
-                child.close()
-            self._children.clear()
-            if self._event_fn is not None:
-                _c.swiftkv_py_set_chunk_event_callback(self._h, None)
-            _c.swiftkv_ctx_destroy(self._h)
-            self._h = None
-            self._event_fn = None
+            with self._calls_cv:
+                if self._h is None:
+                    return
+                if self._callers.get(threading.get_ident()) or getattr(_callback, "depth", 0):
+                    raise StateError(Status.ESTATE, "Context.close from inside a call into the "
+                                     "context or a callback of the library's: it would wait "
+                                     "for itself")
+                self._closing = True
+                while self._calls:
+                    self._calls_cv.wait()
+            try:
+                for child in reversed(list(self._children.values())):
+                    child._close()
+                self._children.clear()
+                if self._event_fn is not None:
+                    _c.swiftkv_py_set_chunk_event_callback(self._h, None)
+                _c.swiftkv_ctx_destroy(self._h)
+            finally:
+                self._h = None
+                self._event_fn = None
 
     def __enter__(self):
         return self
@@ -543,6 +604,7 @@ class Context:
         """child was closed by its owner: the context stops holding it."""
         self._children.pop(id(child), None)
 
+    @_in_call
     def config(self) -> Record:
         out = _c.swiftkv_ctx_config_init()
         _c.swiftkv_ctx_get_config(out, self.handle)
@@ -551,10 +613,12 @@ class Context:
         d.pop("clock_user_data", None)
         return _record("ContextConfig", d)
 
+    @_in_call
     def device_count(self) -> int:
         _, n = _c.swiftkv_ctx_device_count(self.handle)
         return n
 
+    @_in_call
     def register_model(self, desc: ModelDesc, role: Role = Role.BORROWER) -> "Model":
         cfg = _c.swiftkv_model_config_init()
         d = desc.struct()
@@ -563,6 +627,7 @@ class Context:
         _, mid = _c.swiftkv_model_register(self.handle, cfg)
         return Model(self, mid, desc, role)
 
+    @_in_call
     def elastic(self, lender: ModelDesc, borrower: Optional[ModelDesc] = None, *,
                 capacity_blocks: int, owned_blocks: int = 0,
                 window_ms: int = _ELASTIC_DEFAULTS.window_ms,
@@ -579,11 +644,13 @@ class Context:
                                    window_ms, lease_ms, cuda_alloc, keep_committed, clock,
                                    reclaim_deadline_ms, host_granule_bytes))
 
+    @_in_call
     def stats(self) -> Record:
         out = _c.swiftkv_stats_init()
         _c.swiftkv_stats_get(out, self.handle)
         return _record("Stats", _struct_fields(out))
 
+    @_in_call
     def codec_stats(self) -> Record:
         """Cached chunks, decoded and stored bytes by codec (rows: CodecKind) and tier
         (columns: Tier), with the encode, decode and lossy-refused counters."""
@@ -591,6 +658,7 @@ class Context:
         _c.swiftkv_codec_stats_get(out, self.handle)
         return _record("CodecStats", _struct_fields(out))
 
+    @_in_call
     def metrics_text(self) -> str:
         """The context's counters in Prometheus' text exposition format (swiftkv_metrics_text;
         the names are listed in docs/api.md). swiftkv.metrics.Collector(ctx) serves them to a
@@ -603,11 +671,13 @@ class Context:
                 return bytes(buf[:n]).decode()
             size = n + 1
 
+    @_in_call
     def coord_stats(self) -> Record:
         out = _c.swiftkv_coord_stats_init()
         _c.swiftkv_coord_stats_get(out, self.handle)
         return _record("CoordStats", _struct_fields(out))
 
+    @_in_call
     def on_chunk_event(self, fn: Optional[Callable[[dict], None]]) -> None:
         """fn(event) after the cache moved or dropped a chunk on its own, on a library thread;
         event has model, from_tier, to_tier, reason, key. None removes it."""
@@ -617,12 +687,17 @@ class Context:
             return
 
         def trampoline(model, frm, to, reason, key_lo, key_hi):
-            fn({"model": model, "from_tier": Tier(frm), "to_tier": Tier(to),
-                "reason": ChunkEventReason(reason), "key": (key_hi << 64) | key_lo})
+            _callback.depth = getattr(_callback, "depth", 0) + 1
+            try:
+                fn({"model": model, "from_tier": Tier(frm), "to_tier": Tier(to),
+                    "reason": ChunkEventReason(reason), "key": (key_hi << 64) | key_lo})
+            finally:
+                _callback.depth -= 1
 
         _c.swiftkv_py_set_chunk_event_callback(self.handle, trampoline)
         self._event_fn = trampoline  # held until replaced: the library points to it
 
+    @_in_call
     def clear(self, tier_mask=TIERS_ALL) -> int:
         """Drops the unpinned chunks of every model in the given tiers: a Tier, several, or a
         mask (TIERS_ALL, tier_mask(...))."""
@@ -771,9 +846,13 @@ class Model:
     def __init__(self, ctx: Context, mid: int, desc: ModelDesc, role: Role):
         self.ctx, self.id, self.desc, self.role = ctx, mid, desc, role
 
+    _context = property(lambda self: self.ctx)
+
+    @_in_call
     def unregister(self) -> None:
         _c.swiftkv_model_unregister(self.ctx.handle, self.id)
 
+    @_in_call
     def lookup(self, tokens) -> "Lookup":
         """Where each full chunk of tokens is: the lookup result, with ``residency`` (a Tier
         per chunk, as a numpy uint8 array)."""
@@ -784,6 +863,7 @@ class Model:
         return Lookup(r[0], r[1], r[2], r[3], list(r[4]), r[5],
                       np.frombuffer(r[6], dtype=np.uint8))
 
+    @_in_call
     def store(self, tokens, kv) -> int:
         """Stores the chunks of tokens from kv (chunk-major bytes); the leading tokens cached.
 
@@ -797,6 +877,7 @@ class Model:
             raise e
         return n
 
+    @_in_call
     def retrieve(self, tokens, start_token: int, out) -> int:
         """Copies cached chunks from start_token into out; the tokens copied."""
         _, n = _c.swiftkv_retrieve(self.ctx.handle, self.id, _tokens(tokens), start_token,
@@ -807,6 +888,7 @@ class Model:
     # a sequence of names of one length (1 to 64 bytes), one per chunk in sequence order, each
     # already chained over everything before its chunk (an engine's block or page keys).
 
+    @_in_call
     def lookup_named(self, names) -> "Lookup":
         """Where each named chunk is (token counts are chunks times chunk_tokens)."""
         a, size = _names(names)
@@ -816,6 +898,7 @@ class Model:
         return Lookup(out.chunks, out.prefix_tokens, out.dropped_head_tokens,
                       out.loadable_tokens, list(out.chunks_per_tier), out.remote_chunks, res)
 
+    @_in_call
     def store_named(self, names, kv, first_chunk: int = 0) -> int:
         """Stores the named chunks from kv (one chunk's bytes per name); the leading chunks
         cached. first_chunk: the number of the first name's chunk in its sequence. A chunk that
@@ -829,6 +912,7 @@ class Model:
             raise e
         return n
 
+    @_in_call
     def retrieve_named(self, names, out) -> int:
         """Copies the named chunks from the first on into out; the chunks copied."""
         a, size = _names(names)
@@ -836,24 +920,29 @@ class Model:
                                          _host_array(out, writable=True, what="retrieve_named"))
         return n
 
+    @_in_call
     def pin_named(self, names) -> None:
         a, size = _names(names)
         _c.swiftkv_pin_named(self.ctx.handle, self.id, a, size)
 
+    @_in_call
     def unpin_named(self, names) -> None:
         a, size = _names(names)
         _c.swiftkv_unpin_named(self.ctx.handle, self.id, a, size)
 
+    @_in_call
     def clear_named(self, names, tier_mask=TIERS_ALL) -> int:
         a, size = _names(names)
         _, n = _c.swiftkv_clear_named(self.ctx.handle, self.id, _mask(tier_mask), a, size)
         return n
 
+    @_in_call
     def move_named(self, names, to: Tier) -> int:
         a, size = _names(names)
         _, n = _c.swiftkv_move_named(self.ctx.handle, self.id, a, size, int(to))
         return n
 
+    @_in_call
     def chunk_keys_named(self, names) -> list:
         """The library's keys of the named chunks, as the chunk event callback reports them
         (event["key"], an int: key_hi << 64 | key_lo). Computes only."""
@@ -862,23 +951,28 @@ class Model:
         _c.swiftkv_chunk_keys_named(keys, self.ctx.handle, self.id, a, size)
         return [(int(hi) << 64) | int(lo) for lo, hi in keys]
 
+    @_in_call
     def borrow(self, lender: "Elastic", max_units: int) -> int:
         """A lease of an elastic region of this process into the peer tier; the lease id."""
         _, lease = _c.swiftkv_borrow(self.ctx.handle, self.id, lender.handle, max_units)
         return lease
 
+    @_in_call
     def borrow_remote(self, endpoint: str, lender_name: str, max_units: int) -> int:
         """A lease of the region offered as lender_name at endpoint (another process)."""
         _, lease = _c.swiftkv_borrow_remote(self.ctx.handle, self.id, endpoint, lender_name,
                                             max_units)
         return lease
 
+    @_in_call
     def pin(self, tokens) -> None:
         _c.swiftkv_pin(self.ctx.handle, self.id, _tokens(tokens))
 
+    @_in_call
     def unpin(self, tokens) -> None:
         _c.swiftkv_unpin(self.ctx.handle, self.id, _tokens(tokens))
 
+    @_in_call
     def clear(self, tokens=None, tier_mask=TIERS_ALL) -> int:
         """Drops this model's unpinned chunks (of tokens, or all) in the given tiers: a Tier,
         several, or a mask."""
@@ -886,10 +980,12 @@ class Model:
         _, n = _c.swiftkv_clear(self.ctx.handle, self.id, _mask(tier_mask), t)
         return n
 
+    @_in_call
     def move(self, tokens, to: Tier) -> int:
         _, n = _c.swiftkv_move(self.ctx.handle, self.id, _tokens(tokens), int(to))
         return n
 
+    @_in_call
     def set_compression(self, *, accept_lossy: bool = False, host: Codec = Codec(),
                         disk: Codec = Codec(), adaptive: Optional[Adaptive] = None) -> None:
         """What this model asks of compression from now on (swiftkv_compression_set): whether
@@ -917,6 +1013,7 @@ class Model:
                     0.0 if m.decode_gbps is None else float(m.decode_gbps))
         _c.swiftkv_compression_set(self.ctx.handle, self.id, cfg)
 
+    @_in_call
     def compress(self, tokens, codec: Optional[Codec] = None) -> int:
         """Re-encodes the chunks of tokens where they are (swiftkv_compress): under codec, or
         with None under what the model's adaptive policy chooses for each (EINVAL in fixed mode).
@@ -925,6 +1022,7 @@ class Model:
         _, n = _c.swiftkv_compress(self.ctx.handle, self.id, _tokens(tokens), params)
         return n
 
+    @_in_call
     def chunk_info(self, tokens) -> list:
         """How each full chunk of tokens is cached, recording no activity."""
         t = _tokens(tokens)
@@ -933,6 +1031,7 @@ class Model:
         _c.swiftkv_chunk_info_get(memoryview(arr), self.ctx.handle, self.id, t)
         return _chunk_infos(arr)
 
+    @_in_call
     def chunk_info_named(self, names) -> list:
         """How each named chunk is cached, recording no activity."""
         a, size = _names(names)
@@ -940,6 +1039,7 @@ class Model:
         _c.swiftkv_chunk_info_get_named(memoryview(arr), self.ctx.handle, self.id, a, size)
         return _chunk_infos(arr)
 
+    @_in_call
     def pool_create(self, regular_pages: int, stream_pages: int = 0) -> "Pool":
         _, pid = _c.swiftkv_pool_create(self.ctx.handle, self.id, regular_pages, stream_pages)
         return self.ctx._adopt(Pool(self, pid, None))
@@ -1063,6 +1163,7 @@ class Model:
             raise ValueError(f"{what} is {where} but model {self.desc.name!r} is on CUDA "
                              f"device {dev}")
 
+    @_in_call
     def _register(self, keep, addresses, num_pages, stream_first, stream_pages, span,
                   strides) -> "Pool":
         bases = _c.swiftkv_py_pointer_array(addresses)
@@ -1081,6 +1182,7 @@ class Model:
         pool._was = [(t, _layout_of(t)) for t in kept if not isinstance(t, int)]
         return pool
 
+    @_in_call
     def request(self, pool: "Pool", tokens, pages, load_from_tokens: int = 0,
                 shape: RequestShape = RequestShape.LOAD_AND_SAVE, names=None) -> "Request":
         """Begins an engine request (swiftkv_request_begin); use it as a context manager.
@@ -1146,7 +1248,17 @@ class Elastic:
             raise StateError(Status.ESTATE, "the region is closed")
         return self._h
 
+    _context = property(lambda self: self.ctx)
+
     def close(self) -> None:
+        if self._h is not None:  # (else its context closed it)
+            self.ctx._enter()
+            try:
+                self._close()
+            finally:
+                self.ctx._leave()
+
+    def _close(self) -> None:
         if self._h is not None:
             _c.swiftkv_elastic_destroy(self._h)
             self._h = None
@@ -1158,54 +1270,66 @@ class Elastic:
     def __exit__(self, *exc):
         self.close()
 
+    @_in_call
     def layer_view(self, layer: int) -> Record:
         out = _c.swiftkv_layer_view_init()
         _c.swiftkv_elastic_layer_view(out, self.handle, layer)
         return _record("LayerView", _struct_fields(out))
 
+    @_in_call
     def scale_for_request(self, request_tokens: int) -> tuple[Status, int, int]:
         """(OK or IN_PROGRESS, lender blocks grown, borrower chunks lost)."""
         st, b, c = _c.swiftkv_elastic_scale_for_request(self.handle, request_tokens)
         return Status(st), b, c
 
+    @_in_call
     def tick(self, in_use_blocks: int) -> tuple[Status, int, int]:
         st, b, c = _c.swiftkv_elastic_tick(self.handle, in_use_blocks)
         return Status(st), b, c
 
+    @_in_call
     def lend(self, max_units: int) -> Record:
         out = _c.swiftkv_lease_init()
         _c.swiftkv_elastic_lend(out, self.handle, max_units)
         return _record("Lease", _struct_fields(out))
 
+    @_in_call
     def lease(self, lease_id: int) -> Record:
         out = _c.swiftkv_lease_init()
         _c.swiftkv_elastic_lease_get(out, self.handle, lease_id)
         return _record("Lease", _struct_fields(out))
 
+    @_in_call
     def renew(self, lease_id: int) -> None:
         _c.swiftkv_elastic_renew(self.handle, lease_id)
 
+    @_in_call
     def release(self, lease_id: int) -> None:
         _c.swiftkv_elastic_release(self.handle, lease_id)
 
+    @_in_call
     def reclaim(self, lease_id: int = LEASE_ALL) -> None:
         _c.swiftkv_elastic_reclaim(self.handle, lease_id)
 
+    @_in_call
     def wait_reclaims(self, timeout_ms: int) -> None:
         """Blocks (without the GIL) until no lease is asked back; Error(ETIMEDOUT) after timeout_ms."""
         _c.swiftkv_elastic_wait_reclaims(self.handle, timeout_ms)
 
+    @_in_call
     def pending_reclaims(self) -> list[int]:
         _, n = _c.swiftkv_elastic_pending_reclaims(None, self.handle)
         ids = np.zeros(max(n, 1), dtype=np.uint64)
         _, n = _c.swiftkv_elastic_pending_reclaims(ids, self.handle)
         return [int(x) for x in ids[:n]]
 
+    @_in_call
     def stats(self) -> Record:
         out = _c.swiftkv_elastic_stats_init()
         _c.swiftkv_elastic_stats_get(out, self.handle)
         return _record("ElasticStats", _struct_fields(out))
 
+    @_in_call
     def offer(self, name: str) -> None:
         """Offers the region to borrowers in other processes (the context's coord_endpoint)."""
         _c.swiftkv_elastic_offer(self.handle, name)
@@ -1242,12 +1366,23 @@ class Pool:
                                  f"{now[0]:#x}, shape {tuple(now[1])}): register the tensors "
                                  "again as a new pool")
 
+    _context = property(lambda self: self.model.ctx)
+
     def close(self) -> None:
         """Ends the pool (EBUSY, and it stays open, while a request uses it)."""
         if self._open and self.model.ctx._h is not None:
-            _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
+            self.model.ctx._enter()
+            try:
+                self._close()
+            finally:
+                self.model.ctx._leave()
         self._open = False
         self.model.ctx._forget(self)
+
+    def _close(self) -> None:
+        if self._open:
+            _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
+        self._open = False
 
     def __enter__(self):
         return self
@@ -1255,6 +1390,7 @@ class Pool:
     def __exit__(self, *exc):
         self.close()
 
+    @_in_call
     def describe(self) -> Record:
         d = _c.swiftkv_pool_desc_init()
         _, mid = _c.swiftkv_pool_get(d, self.model.ctx.handle, self.id)
@@ -1318,39 +1454,55 @@ class Request:
         self._open = True
         self.final: Optional[dict] = None
 
+    @_in_call
     def start_load(self, stream=None) -> None:
         """Starts the loads; stream: the engine's CUDA stream for a device pool (an int, a
         torch.cuda.Stream or a cupy Stream), None on the host."""
         _c.swiftkv_start_load(self.model.ctx.handle, self.id, stream_handle(stream))
 
+    @_in_call
     def wait_layer_load(self, layer: int, stream=None) -> int:
         """Layer `layer` is loaded; returns valid_end_tokens (the engine recomputes the rest)."""
         _, v = _c.swiftkv_wait_layer_load(self.model.ctx.handle, self.id, layer,
                                           stream_handle(stream))
         return v
 
+    @_in_call
     def save_layer(self, layer: int, stream=None) -> None:
         _c.swiftkv_save_layer(self.model.ctx.handle, self.id, layer, stream_handle(stream))
 
+    @_in_call
     def wait_save(self, stream=None) -> int:
         _, n = _c.swiftkv_wait_save(self.model.ctx.handle, self.id, stream_handle(stream))
         return n
 
+    @_in_call
     def info(self) -> Record:
         out = _c.swiftkv_request_info_init()
         _c.swiftkv_request_info_get(out, self.model.ctx.handle, self.id)
         return _record("RequestInfo", _struct_fields(out))
 
+    _context = property(lambda self: self.model.ctx)
+
     def finish(self) -> Record:
+        if self._open:
+            with_ctx = self.model.ctx
+            with_ctx._enter()
+            try:
+                self._close()
+            finally:
+                with_ctx._leave()
+        return self.final
+
+    close = finish
+
+    def _close(self) -> None:
         if self._open:
             out = _c.swiftkv_request_info_init()
             _c.swiftkv_request_finish(out, self.model.ctx.handle, self.id)
             self.final = _record("RequestInfo", _struct_fields(out))
             self._open = False
             self.model.ctx._forget(self)  # the context holds open requests only
-        return self.final
-
-    close = finish
 
     def __enter__(self):
         return self
@@ -1360,7 +1512,7 @@ class Request:
 
 
 def _batch(requests: Sequence["Request"], stream):
-    """The batch's context handle, its request ids as a uint64 array, and the stream handle."""
+    """The batch's context, its request ids as a uint64 array, and the stream handle."""
     requests = list(requests)
     if not requests:
         return None, np.zeros(0, dtype=np.uint64), stream_handle(stream)
@@ -1371,27 +1523,35 @@ def _batch(requests: Sequence["Request"], stream):
         if r.model.ctx is not ctx:
             raise ValueError("the requests of a batch belong to one context")
     ids = np.fromiter((r.id for r in requests), dtype=np.uint64, count=len(requests))
-    return ctx.handle, ids, stream_handle(stream)
+    return ctx, ids, stream_handle(stream)
 
 
 def wait_layer_load_batch(requests: Sequence["Request"], layer: int, stream=None) -> List[int]:
     """Request.wait_layer_load(layer) for every request of a step in one call (one context;
     their pools may differ). Each request is checked first: a bad one raises with none of them
     changed. Returns each request's valid_end_tokens, in order."""
-    handle, ids, s = _batch(requests, stream)
-    if handle is None:
+    ctx, ids, s = _batch(requests, stream)
+    if ctx is None:
         return []
     out = np.zeros(len(ids), dtype=np.uint64)
-    _c.swiftkv_wait_layer_load_batch(out, handle, ids, layer, s)
+    ctx._enter()
+    try:
+        _c.swiftkv_wait_layer_load_batch(out, ctx.handle, ids, layer, s)
+    finally:
+        ctx._leave()
     return [int(v) for v in out]
 
 
 def save_layer_batch(requests: Sequence["Request"], layer: int, stream=None) -> None:
     """Request.save_layer(layer) for every request of a step in one call; checked as
     wait_layer_load_batch is."""
-    handle, ids, s = _batch(requests, stream)
-    if handle is not None:
-        _c.swiftkv_save_layer_batch(handle, ids, layer, s)
+    ctx, ids, s = _batch(requests, stream)
+    if ctx is not None:
+        ctx._enter()
+        try:
+            _c.swiftkv_save_layer_batch(ctx.handle, ids, layer, s)
+        finally:
+            ctx._leave()
 
 
 def _address(obj) -> Optional[int]:

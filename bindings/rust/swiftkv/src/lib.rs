@@ -525,7 +525,9 @@ pub struct ChunkEvent {
 
 type EventFn = Box<dyn Fn(&ChunkEvent) + Send + Sync>;
 
-/// One per engine process (`swiftkv_ctx`). Every call is thread-safe.
+/// One per engine process (`swiftkv_ctx`). Every call is thread-safe. Dropping it ends the C
+/// context, which no other call may be using (`swiftkv_ctx_destroy`): models, pools, requests
+/// and regions borrow the context, so it is dropped only when no call can be in flight.
 pub struct Context {
     raw: *mut sys::swiftkv_ctx,
     events: Mutex<Option<Box<EventFn>>>,
