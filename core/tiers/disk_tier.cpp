@@ -276,28 +276,40 @@ uint64_t DiskTier::budget_for(uint64_t records, uint64_t payload) noexcept {
 }
 
 DiskTier::DiskTier(DiskOptions options) : options_(std::move(options)) {
-  struct stat st {};
-  if (::stat(options_.dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not a directory");
+  dir_.reset(::open(options_.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!dir_) {
+    fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not a directory: " + errno_text(errno));
   }
-  if (::access(options_.dir.c_str(), R_OK | W_OK | X_OK) != 0) {
+  if (::faccessat(dir_.get(), ".", R_OK | W_OK | X_OK, 0) != 0) {
     fail(SWIFTKV_EIO, "disk_path " + options_.dir + " is not writable: " + errno_text(errno));
   }
   // Two tiers on one directory would each take the whole budget and recover each other's
-  // segments as their own: one owner at a time, the other refused. flock is held per open file,
-  // so a second context in the same process is refused too, and the kernel releases a dead
-  // owner's lock.
+  // segments as their own: one owner at a time, the other refused. The lock is the directory's
+  // own (flock holds per open file, so a second context in the same process is refused too,
+  // and the kernel releases a dead owner's lock): removing or renaming the lock file, or the
+  // directory, does not let a second owner in.
   const std::string lock_path = options_.dir + "/" + kLockName;
-  lock_.reset(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
+  const auto holder = [&] {
+    char pid[32] = {};
+    UniqueFd f(::openat(dir_.get(), kLockName, O_RDONLY | O_CLOEXEC | O_NOFOLLOW));
+    const ssize_t n = f ? ::pread(f.get(), pid, sizeof pid - 1, 0) : -1;
+    return n > 0 ? std::string(pid, static_cast<size_t>(n)) : std::string("unknown");
+  };
+  const auto refuse = [&] {
+    fail(SWIFTKV_EBUSY, "disk_path " + options_.dir + " is in use by another context (pid " +
+                            holder() + " holds it; " + lock_path + " names it)");
+  };
+  if (::flock(dir_.get(), LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    if (e != EWOULDBLOCK) fail(SWIFTKV_EIO, "cannot lock " + options_.dir + ": " + errno_text(e));
+    refuse();
+  }
+  lock_.reset(::openat(dir_.get(), kLockName, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (!lock_) fail(SWIFTKV_EIO, "cannot open " + lock_path + ": " + errno_text(errno));
   if (::flock(lock_.get(), LOCK_EX | LOCK_NB) != 0) {
     const int e = errno;
     if (e != EWOULDBLOCK) fail(SWIFTKV_EIO, "cannot lock " + lock_path + ": " + errno_text(e));
-    char pid[32] = {};
-    const ssize_t n = ::pread(lock_.get(), pid, sizeof pid - 1, 0);
-    const std::string holder = n > 0 ? std::string(pid, static_cast<size_t>(n)) : "unknown";
-    fail(SWIFTKV_EBUSY, "disk_path " + options_.dir + " is in use by another context (pid " +
-                            holder + " holds " + lock_path + ")");
+    refuse();  // an earlier version of the library holds the file
   }
   const std::string me = std::to_string(::getpid());
   if (::ftruncate(lock_.get(), 0) != 0 ||
@@ -323,10 +335,14 @@ DiskTier::~DiskTier() {
   }
 }
 
-std::string DiskTier::path_of(uint32_t number) const {
+std::string DiskTier::name_of(uint32_t number) {
   char name[32];
   std::snprintf(name, sizeof name, "%s%08x%s", kSegPrefix, number, kSegSuffix);
-  return options_.dir + "/" + name;
+  return name;
+}
+
+std::string DiskTier::path_of(uint32_t number) const {
+  return options_.dir + "/" + name_of(number);
 }
 
 uint64_t DiskTier::capacity_bytes(const ChunkKey &) const {
@@ -394,8 +410,9 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   auto seg = std::make_unique<Segment>();
   std::string path;
   for (int tries = 0;; ++tries) {
-    path = path_of(next_number_++);
-    seg->fd.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
+    path = path_of(next_number_);
+    seg->fd.reset(::openat(dir_.get(), name_of(next_number_++).c_str(),
+                           O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (seg->fd) break;
     if (errno != EEXIST || tries > 64) {
       const int e = errno;
@@ -413,7 +430,7 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
   // in the middle of a record.
   const int e = ::posix_fallocate(seg->fd.get(), 0, static_cast<off_t>(segment_bytes_));
   if (e != 0) {
-    (void)::unlink(path.c_str());
+    (void)::unlinkat(dir_.get(), name_of(seg->number).c_str(), 0);
     --next_number_;  // the number is free again: a full disk does not use up names
     const std::string what = "cannot allocate " + std::to_string(segment_bytes_) + " bytes for " +
                              path + ": " + errno_text(e);
@@ -489,7 +506,7 @@ void DiskTier::maybe_release_locked(Segment &s) {
   } else if (s.reusable) {
     s.state = SegState::free;
   } else {
-    (void)::unlink(path_of(s.number).c_str());
+    (void)::unlinkat(dir_.get(), name_of(s.number).c_str(), 0);
     s.fd.reset();
     allocated_ -= s.size;
     --segment_files_;
@@ -1012,9 +1029,14 @@ void DiskTier::rebuild(const std::function<void(const Found &)> &found) {
 }
 
 std::vector<std::pair<uint32_t, std::string>> DiskTier::segment_files(Recovery &rec) const {
-  DIR *d = ::opendir(options_.dir.c_str());
-  if (d == nullptr)
-    fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(errno));
+  // A description of its own (fdopendir takes it, and reads from its own offset).
+  const int fd = ::openat(dir_.get(), ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  DIR *d = fd < 0 ? nullptr : ::fdopendir(fd);
+  if (d == nullptr) {
+    const int e = errno;
+    if (fd >= 0) ::close(fd);
+    fail(SWIFTKV_EIO, "cannot read disk_path " + options_.dir + ": " + errno_text(e));
+  }
   std::vector<std::pair<uint32_t, std::string>> names;
   while (const dirent *e = ::readdir(d)) {
     const std::string name = e->d_name;
@@ -1037,7 +1059,7 @@ void DiskTier::recover_segment_locked(uint32_t number, const std::string &name, 
   next_number_ = std::max(next_number_, number + 1);
   const std::string path = options_.dir + "/" + name;
   // Opened without following links or blocking (a FIFO would), then checked before any read.
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  UniqueFd fd(::openat(dir_.get(), name.c_str(), O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
   struct stat st {};
   if (!fd || ::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) {
     ++rec.skipped;
@@ -1063,7 +1085,7 @@ void DiskTier::recover_segment_locked(uint32_t number, const std::string &name, 
   }
   if (!torn_new && !fits) {
     // A smaller budget than last time: the oldest segments go.
-    (void)::unlink(path.c_str());
+    (void)::unlinkat(dir_.get(), name.c_str(), 0);
     return;
   }
   auto seg = std::make_unique<Segment>();

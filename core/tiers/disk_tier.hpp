@@ -164,7 +164,8 @@ class DiskTier final : public TierStore {
   // After a record is written: asks the kernel to start writing back the segment's appends
   // once kKickBytes have gathered since the last time.
   void start_writeback(uint64_t slot);
-  std::string path_of(uint32_t number) const;
+  std::string path_of(uint32_t number) const;   // for messages: the path as given
+  static std::string name_of(uint32_t number);  // the segment's name in dir_
   // A segment ready to append r bytes, making one (a new file) or cleaning one if needed;
   // nullptr when neither can. Call with mu_ held; may release it while cleaning.
   Segment *room_locked(std::unique_lock<std::mutex> &lock, uint64_t r);
@@ -227,8 +228,12 @@ class DiskTier final : public TierStore {
   std::vector<Found> admit_locked(const std::vector<size_t> &order, Recovery &rec);
 
   const DiskOptions options_;
-  // The directory's lock (kLockName, flock'ed): one tier at a time owns a disk path, and the
-  // kernel lets go of it when the owner dies.
+  // The directory, opened once: every segment is made, opened and removed relative to it, so
+  // a disk_path renamed, or a link swapped to another directory, does not move the tier. Its
+  // flock makes one tier at a time its owner (the kernel lets go when the owner dies).
+  UniqueFd dir_;
+  // kLockName in it: the owner's pid, for the message that refuses another; flock'ed too, as
+  // earlier versions of the library lock it.
   UniqueFd lock_;
   uint64_t segment_bytes_ = 0;
   uint64_t max_segments_ = 0;     // budget / segment_bytes_, or fewer while the disk is full

@@ -2,9 +2,11 @@
  * region, the controller calls and their statuses on bad input (with nothing changed), and the
  * chunk event callback. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <dirent.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -1044,6 +1046,69 @@ static void host_chunks_are_written_back_on_close(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* Segment files ("seg-*.kvlog") in dir. */
+static int segments_in(const char *dir) {
+  DIR *d = opendir(dir);
+  assert_non_null(d);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    n += strncmp(e->d_name, "seg-", 4) == 0 && strstr(e->d_name, ".kvlog") != NULL;
+  }
+  closedir(d);
+  return n;
+}
+
+/* A disk path's owner cannot be bypassed. Its lock file removed while it holds the path: a
+ * second context on the path is still refused (it got in, and after a reopen both writers'
+ * newest conversations were gone). The path a link that is swapped to another directory: the
+ * owner keeps writing where it began (it wrote its later segments into the new directory,
+ * splitting its conversations), and the other directory is free for another context. */
+static void a_disk_path_cannot_be_taken_from_its_owner(void **state) {
+  (void)state;
+  char top[] = "/tmp/swiftkv-owner-XXXXXX";
+  assert_non_null(mkdtemp(top));
+  char d1[64], d2[64], link[64], lock[80], cmd[96];
+  snprintf(d1, sizeof d1, "%s/d1", top);
+  snprintf(d2, sizeof d2, "%s/d2", top);
+  snprintf(link, sizeof link, "%s/link", top);
+  snprintf(lock, sizeof lock, "%s/.swiftkv.lock", d1);
+  assert_int_equal(mkdir(d1, 0700), 0);
+  assert_int_equal(mkdir(d2, 0700), 0);
+  assert_int_equal(symlink(d1, link), 0);
+
+  swiftkv_ctx *a = disk_ctx(link, 0, 1); /* no host memory: every chunk on disk at once */
+  const uint32_t m = model_in(a);
+  store_conversations(a, m, 10, 8);
+  assert_int_equal(unlink(lock), 0);
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.disk_budget_bytes = 64 * (CHUNK_BYTES + 96);
+  const char *paths[] = {d1, link};
+  for (int i = 0; i < 2; ++i) {
+    c.disk_path = paths[i];
+    swiftkv_ctx *b = NULL;
+    assert_int_equal(swiftkv_ctx_create(&b, &c), SWIFTKV_EBUSY);
+    assert_message_contains("is in use by another context");
+    assert_null(b);
+  }
+
+  assert_int_equal(unlink(link), 0);
+  assert_int_equal(symlink(d2, link), 0);
+  store_conversations(a, m, 20, 8);
+  c.disk_path = link; /* d2 now: another directory, free */
+  swiftkv_ctx *b = NULL;
+  assert_ok(swiftkv_ctx_create(&b, &c));
+  swiftkv_ctx_destroy(b);
+  swiftkv_ctx_destroy(a);
+  assert_int_equal(segments_in(d2), 0);
+  swiftkv_ctx *again = disk_ctx(d1, 0, 1);
+  const uint32_t m2 = model_in(again);
+  assert_int_equal(on_disk(again, m2, 10, 8), 8);
+  assert_int_equal(on_disk(again, m2, 20, 8), 8);
+  swiftkv_ctx_destroy(again);
+  snprintf(cmd, sizeof cmd, "rm -rf %s", top);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* The Prometheus text: exact values after known traffic; a buffer too small gets nothing and
  * learns the length; bad arguments are refused. */
 static void metrics_text_exposes_the_counters(void **state) {
@@ -1348,6 +1413,7 @@ int main(void) {
       cmocka_unit_test(named_chunks),
       cmocka_unit_test(named_chunk_keys_match_the_events),
       cmocka_unit_test(host_chunks_are_written_back_on_close),
+      cmocka_unit_test(a_disk_path_cannot_be_taken_from_its_owner),
       cmocka_unit_test(metrics_text_exposes_the_counters),
       cmocka_unit_test(a_failed_store_reports_what_it_kept),
       cmocka_unit_test(the_index_is_counted_and_bounded),
