@@ -12,6 +12,7 @@
 #include "core/common/error.hpp"
 #include "core/memory/device_query.hpp"
 #include "core/memory/host_memory.hpp"
+#include "core/memory/memory_limit.hpp"
 #include "core/memory/numa_nodes.hpp"
 #include "swiftkv/swiftkv.h"
 
@@ -76,11 +77,25 @@ void check_disk(const ContextConfig &c) {
   }
 }
 
+// A host budget the process's memory cgroup cannot hold beside what it uses now would end in
+// the kernel's OOM killer, not in a status: refused here, naming the limit.
+void check_host_budget(uint64_t budget) {
+  if (budget == 0) return;
+  const std::optional<MemoryLimit> l = memory_limit();
+  if (!l || budget <= l->left()) return;
+  const auto mib = [](uint64_t b) { return std::to_string(b >> 20) + " MiB"; };
+  fail(SWIFTKV_ENOMEM, "config->host_budget_bytes (" + mib(budget) +
+                           ") does not fit in this process's memory limit: cgroup " + l->cgroup +
+                           " allows " + mib(l->limit) + " and uses " + mib(l->in_use) +
+                           " already, leaving " + mib(l->left()));
+}
+
 }  // namespace
 
 Context::Context(ContextConfig config) : config_(std::move(config)) {
   check_numa_node(config_.host_numa_node);
   check_disk(config_);
+  check_host_budget(config_.host_budget_bytes);
   device_mask_ = resolve_devices(config_.device_mask);
 }
 

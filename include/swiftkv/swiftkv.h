@@ -293,7 +293,8 @@ typedef struct swiftkv_ctx_config {
                                  this process cannot use is SWIFTKV_ENODEV.
                                  SWIFTKV_DEVICE_MASK_ALL: all usable devices, possibly none. */
   uint64_t host_budget_bytes; /* the most host (pinned) memory the context may hold for KV.
-                                 Default 0: none. */
+                                 Default 0: none. More than the process's memory cgroup leaves
+                                 is SWIFTKV_ENOMEM (docs/api.md). */
   int32_t host_numa_node;     /* NUMA node for host memory, or SWIFTKV_NUMA_NODE_AUTO (default).
                                  A node the machine lacks is SWIFTKV_EINVAL; a build without
                                  libnuma accepts only AUTO and 0 (SWIFTKV_EUNSUPPORTED else). */
