@@ -198,6 +198,11 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
 }
 
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx) {
+  // In a fork of the process that made it, everything the context holds is the parent's too:
+  // its host slabs and lent memory are shared mappings, its disk lock an open file the parent
+  // holds, its threads the parent's. Nothing is released or written; the child's copies go with
+  // its exit or exec.
+  if (ctx != nullptr && swiftkv::capi::destroy_refused_in_fork(ctx->owner, __func__, "ctx")) return;
   if (ctx != nullptr && ctx->cache.in_event_callback()) {
     // The context would wait for the very thread that is running its callback. It stays; the
     // refusal is the thread's last error, and a line on stderr.

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "capi/capi_guard.hpp"
+#include "capi/fork_generation.hpp"
 #include "core/connector/request.hpp"
 #include "core/context/context.hpp"
 #include "core/coord/coordinator.hpp"
@@ -68,6 +70,7 @@ struct swiftkv_ctx {
   const std::vector<double> attention_table;  // what get_config hands back
   swiftkv::coord::Coordinator coord;
   swiftkv::ChunkCache cache;
+  const swiftkv::capi::ProcessOwner owner = swiftkv::capi::this_process();
   swiftkv_clock_fn clock = nullptr;  // what get_config hands back
   void *clock_user_data = nullptr;
 
@@ -95,3 +98,14 @@ struct swiftkv_ctx {
     open.clear();
   }
 };
+
+namespace swiftkv::capi {
+
+// The check every entry point makes of its context: EINVAL if NULL, ESTATE in a fork of the
+// process that made it.
+inline void require(const swiftkv_ctx *ctx, const char *arg) {
+  require(static_cast<const void *>(ctx), arg);
+  if (!owned_here(ctx->owner)) fail_forked(ctx->owner, arg);
+}
+
+}  // namespace swiftkv::capi

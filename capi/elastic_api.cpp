@@ -176,6 +176,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
 }
 
 SWIFTKV_API void swiftkv_elastic_destroy(swiftkv_elastic *e) {
+  // In a fork: the region's memory is shared with the parent and its grants are the parent's.
+  if (e != nullptr && swiftkv::capi::destroy_refused_in_fork(e->owner, __func__, "e")) return;
   std::unique_ptr<swiftkv_elastic> owned(e);
 }
 

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "capi/capi_guard.hpp"
+#include "capi/fork_generation.hpp"
 #include "core/context/context.hpp"
 #include "core/coord/coordinator.hpp"
 #include "core/elastic/elastic_region.hpp"
@@ -15,6 +17,7 @@ struct swiftkv_elastic {
   swiftkv::coord::Coordinator *coord = nullptr;  // the context's
   uint64_t host_reserved = 0;
   std::shared_ptr<swiftkv::ElasticRegion> region;
+  const swiftkv::capi::ProcessOwner owner = swiftkv::capi::this_process();
 
   ~swiftkv_elastic() {
     if (region) coord->withdraw(region.get());
@@ -23,3 +26,14 @@ struct swiftkv_elastic {
     if (host_reserved != 0) ctx->release_host(host_reserved);
   }
 };
+
+namespace swiftkv::capi {
+
+// The check every entry point makes of a region: EINVAL if NULL, ESTATE in a fork of the process
+// that made it.
+inline void require(const swiftkv_elastic *e, const char *arg) {
+  require(static_cast<const void *>(e), arg);
+  if (!owned_here(e->owner)) fail_forked(e->owner, arg);
+}
+
+}  // namespace swiftkv::capi

@@ -12,6 +12,10 @@
  *    ever grow at the end: the library reads min(size, sizeof) bytes and fills defaults for
  *    fields a caller built against an older header does not know.
  *  - Opaque handles are made by *_create(&out, ...) and ended by *_destroy, which accepts NULL.
+ *  - A context and its regions belong to the process that made them. In a fork() of it every
+ *    call on them returns SWIFTKV_ESTATE naming both processes (the child shares the parent's
+ *    host slabs, lent memory and disk segments, but none of its threads), and *_destroy releases
+ *    nothing: the child's copies go with its exit or exec. A child makes a context of its own.
  */
 /* The public header keeps its hand alignment (fields, their comments and the labelled *_INIT
  * macros read as tables): clang-format leaves it alone. */
@@ -441,7 +445,9 @@ SWIFTKV_API swiftkv_status swiftkv_ctx_create(swiftkv_ctx **out, const swiftkv_c
  * bindings' close does; Rust's borrows ensure it). Every region made in it must be destroyed
  * first (swiftkv_elastic_destroy). Called
  * from the context's own chunk event callback it would wait for itself: it then does nothing,
- * and says so in swiftkv_last_error_message (ESTATE) and on stderr. */
+ * and says so in swiftkv_last_error_message (ESTATE) and on stderr. In a fork of the process
+ * that made the context it releases and writes nothing (ESTATE in swiftkv_last_error_message):
+ * what the context holds is the parent's. */
 SWIFTKV_API void swiftkv_ctx_destroy(swiftkv_ctx *ctx);
 
 /* The configuration in effect, with defaults filled in, written into the caller's struct: set
@@ -651,7 +657,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_create(swiftkv_elastic **out, swiftkv
                                                   const swiftkv_elastic_config *config);
 
 /* Ends a region and every lease on it. Accepts NULL. No other call may use `e` during or after
- * this one; the memory goes back to the system once no importer maps it either. */
+ * this one; the memory goes back to the system once no importer maps it either. In a fork of
+ * the process that made it, it releases nothing (ESTATE in swiftkv_last_error_message). */
 SWIFTKV_API void swiftkv_elastic_destroy(swiftkv_elastic *e);
 
 /* The per-layer view of `layer` (< the lender's num_layers). */

@@ -431,6 +431,11 @@ type ChunkEvent struct {
 }
 
 // Context is one per engine process; every method is safe from any goroutine.
+//
+// A Context belongs to the process that made it. A Go program cannot fork itself (the runtime
+// forks only to exec), but C code it links can: in such a child every call on the context, its
+// models, pools, requests and regions fails with ESTATE naming the fork, and ending it releases
+// nothing (its memory, disk and threads are the parent's). The child makes a context of its own.
 type Context struct {
 	g      guard
 	raw    *C.swiftkv_ctx

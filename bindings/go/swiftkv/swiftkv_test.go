@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"swiftkv.dev/bindings/swiftkv/internal/forkprobe"
 )
 
 func small() ModelDesc {
@@ -1196,5 +1198,30 @@ func TestCompressionAdaptive(t *testing.T) {
 		if i.Codec != k4 || !i.Lossy || i.StoredBytes >= uint64(cb) {
 			t.Fatalf("%+v", i)
 		}
+	}
+}
+
+// A context used in the child of a fork (made by C code the program links): every call is
+// ESTATE naming the fork and its destroy releases nothing; the parent's chunks stay right.
+// Before, the child's stores went over the parent's newest chunks in the shared host slabs.
+func TestAForkCannotUseTheParentsContext(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HostBudgetBytes = 4 << 20
+	c := newCtx(t, cfg)
+	m := val(c.RegisterModel(small(), Borrower))
+	cb := int(val(small().ChunkBytes()))
+	tok, kv := tokensOf(3, 128), kvOf(3, 4*cb)
+	if n := val(m.Store(tok, kv)); n != 128 {
+		t.Fatal(n)
+	}
+	if code := forkprobe.StoreInChild(unsafe.Pointer(c.raw), m.ID, tokensOf(4, 64), kvOf(4, 2*cb)); code != 0 {
+		t.Fatalf("the child exited %d", code)
+	}
+	out := make([]byte, len(kv))
+	if n := val(m.Retrieve(tok, 0, out)); n != 128 || string(out) != string(kv) {
+		t.Fatal("the parent's chunks after the fork", n)
+	}
+	if l := val(m.Lookup(tokensOf(4, 64))); l.PrefixTokens != 0 {
+		t.Fatalf("the child's refused store is in the parent's context: %+v", l)
 	}
 }

@@ -26,7 +26,9 @@ from __future__ import annotations
 import ctypes
 import enum
 import functools
+import os
 import threading
+import weakref
 from dataclasses import asdict, dataclass, fields, make_dataclass
 from typing import Callable, List, Optional, Sequence
 
@@ -462,6 +464,19 @@ def device_count() -> int:
 # --- The context ---------------------------------------------------------------------------------
 
 _callback = threading.local()  # .depth: > 0 on a thread running a callback of the library's
+_contexts: "weakref.WeakSet[Context]" = weakref.WeakSet()  # every open one, for fork
+
+
+def _after_fork_in_child() -> None:
+    """In the child of os.fork: every open context is the parent's (its threads, host slabs,
+    lent memory and disk are), so each is marked as inherited: its calls raise StateError and
+    its close releases nothing. Its locks are made anew: a parent's thread may have held them
+    at the fork."""
+    for ctx in list(_contexts):
+        ctx._inherited()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _in_call(method):
@@ -527,17 +542,36 @@ class Context:
         self._calls = 0
         self._callers: dict = {}  # thread id -> its calls in flight
         self._closing = False
+        self._pid = os.getpid()  # the process that made it
+        self._forked = False  # set in the child of a fork: the context is the parent's
+        _contexts.add(self)
 
     _context = property(lambda self: self)
 
+    def _inherited(self) -> None:
+        """This process is a fork of the one that made the context (os.register_at_fork)."""
+        self._forked = True
+        self._lock = threading.Lock()
+        self._calls_cv = threading.Condition(threading.Lock())
+        self._calls = 0
+        self._callers = {}
+
+    def _refuse_forked(self) -> None:
+        if self._forked:
+            raise StateError(Status.ESTATE, f"the context was made by process {self._pid} and "
+                             f"this is process {os.getpid()}, a fork of it: a context belongs "
+                             "to the process that made it (make a new Context in the child)")
+
     @property
     def handle(self):
+        self._refuse_forked()
         if self._h is None:
             raise StateError(Status.ESTATE, "the context is closed")
         return self._h
 
     def _enter(self) -> None:
         me = threading.get_ident()
+        self._refuse_forked()
         with self._calls_cv:
             if self._closing or self._h is None:
                 raise StateError(Status.ESTATE, "the context is closed")
@@ -561,7 +595,17 @@ class Context:
         Waits for the calls other threads are making into the context, its models, pools,
         requests and regions; every call after (or waiting to start) raises StateError. From
         inside a call of this context's, or from a callback of the library's, it raises
-        StateError: it would wait for itself."""
+        StateError: it would wait for itself.
+
+        In the child of a fork the context is the parent's: close releases nothing (the
+        child's copies go with its exit) and only marks it closed here."""
+        if self._forked:
+            for child in self._children.values():
+                child._abandon()
+            self._children.clear()
+            self._h = None
+            self._event_fn = None
+            return
         with self._lock:
             with self._calls_cv:
                 if self._h is None:
@@ -1251,6 +1295,9 @@ class Elastic:
     _context = property(lambda self: self.ctx)
 
     def close(self) -> None:
+        """Ends the region (in the child of a fork: releases nothing, see Context.close)."""
+        if self.ctx._forked:
+            self._abandon()
         if self._h is not None:  # (else its context closed it)
             self.ctx._enter()
             try:
@@ -1263,6 +1310,10 @@ class Elastic:
             _c.swiftkv_elastic_destroy(self._h)
             self._h = None
             self.ctx._forget(self)
+
+    def _abandon(self) -> None:
+        self._h = None
+        self.ctx._forget(self)
 
     def __enter__(self):
         return self
@@ -1369,8 +1420,9 @@ class Pool:
     _context = property(lambda self: self.model.ctx)
 
     def close(self) -> None:
-        """Ends the pool (EBUSY, and it stays open, while a request uses it)."""
-        if self._open and self.model.ctx._h is not None:
+        """Ends the pool (EBUSY, and it stays open, while a request uses it). In the child of a
+        fork it releases nothing (see Context.close)."""
+        if self._open and self.model.ctx._h is not None and not self.model.ctx._forked:
             self.model.ctx._enter()
             try:
                 self._close()
@@ -1382,6 +1434,9 @@ class Pool:
     def _close(self) -> None:
         if self._open:
             _c.swiftkv_pool_destroy(self.model.ctx.handle, self.id)
+        self._open = False
+
+    def _abandon(self) -> None:
         self._open = False
 
     def __enter__(self):
@@ -1503,6 +1558,9 @@ class Request:
             self.final = _record("RequestInfo", _struct_fields(out))
             self._open = False
             self.model.ctx._forget(self)  # the context holds open requests only
+
+    def _abandon(self) -> None:
+        self._open = False
 
     def __enter__(self):
         return self

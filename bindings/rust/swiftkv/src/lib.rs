@@ -528,6 +528,11 @@ type EventFn = Box<dyn Fn(&ChunkEvent) + Send + Sync>;
 /// One per engine process (`swiftkv_ctx`). Every call is thread-safe. Dropping it ends the C
 /// context, which no other call may be using (`swiftkv_ctx_destroy`): models, pools, requests
 /// and regions borrow the context, so it is dropped only when no call can be in flight.
+///
+/// A context belongs to the process that made it. In the child of a `fork()` its calls (and
+/// those of its models, pools, requests and regions) fail with `Status::ESTATE` naming the fork,
+/// and dropping it releases nothing: its memory, disk and threads are the parent's. The child
+/// makes a context of its own.
 pub struct Context {
     raw: *mut sys::swiftkv_ctx,
     events: Mutex<Option<Box<EventFn>>>,

@@ -946,3 +946,51 @@ fn compression_adaptive_policy() {
         assert!(i.stored_bytes < chunk as u64);
     }
 }
+
+// fork() with a live context: in the child every call is ESTATE naming the fork and dropping the
+// context releases nothing; the parent's chunks stay right. Before, the child's stores went over
+// the parent's newest chunks in the shared host slabs.
+extern "C" {
+    fn fork() -> i32;
+    fn waitpid(pid: i32, status: *mut i32, options: i32) -> i32;
+    fn _exit(code: i32) -> !;
+}
+
+#[test]
+fn a_fork_cannot_use_the_parents_context() {
+    let c = ctx(4 << 20);
+    let m = c.register_model(&small()).unwrap();
+    let cb = small().chunk_bytes().unwrap() as usize;
+    let t = tokens_of(5, 128);
+    let kv = kv_of(5, 4 * cb);
+    assert_eq!(m.store(&t, &kv).unwrap(), 128);
+    let pid = unsafe { fork() };
+    if pid == 0 {
+        // The child: exit codes say what went wrong (no panics across the fork).
+        let refused = |r: std::result::Result<u64, Error>| match r {
+            Err(e) => e.status == Status::ESTATE && e.message.contains("a fork of it"),
+            Ok(_) => false,
+        };
+        let theirs = tokens_of(6, 64);
+        let code = if !refused(m.store(&theirs, &kv_of(6, 2 * cb))) {
+            10
+        } else if !refused(m.retrieve(&t, 0, &mut vec![0u8; kv.len()])) {
+            11
+        } else if c.config().err().map(|e| e.status) != Some(Status::ESTATE) {
+            12
+        } else {
+            drop(m);
+            drop(c); // releases nothing, and returns
+            0
+        };
+        unsafe { _exit(code) };
+    }
+    assert!(pid > 0);
+    let mut status = 0;
+    assert_eq!(unsafe { waitpid(pid, &mut status, 0) }, pid);
+    assert_eq!(status, 0, "the child's wait status");
+    let mut out = vec![0u8; kv.len()];
+    assert_eq!(m.retrieve(&t, 0, &mut out).unwrap(), 128);
+    assert_eq!(out, kv);
+    assert_eq!(m.lookup(&tokens_of(6, 64)).unwrap().prefix_tokens, 0);
+}
