@@ -79,6 +79,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 import swiftkv
 
+from . import _engine
 from ._torch import DTYPES as _DTYPES, device_index
 
 _log = init_logger(__name__)
@@ -139,28 +140,11 @@ def _options(extra: dict) -> dict:
     opts.update(extra)
     if opts["disk_path"] is not None and int(opts["disk_budget_bytes"]) <= 0:
         raise ValueError("SwiftKVConnector: disk_path needs disk_budget_bytes > 0")
-    for i, lender in enumerate(opts["lenders"]):
-        if not isinstance(lender, dict) or set(lender) != {"endpoint", "name", "units"}:
-            raise ValueError(f"SwiftKVConnector: lenders[{i}] is {lender!r}; each lender is "
-                             '{"endpoint": ..., "name": ..., "units": ...}')
+    _engine.check_lenders(opts["lenders"], "SwiftKVConnector")
     if not float(opts["lookup_timeout_s"]) > 0:
         raise ValueError("SwiftKVConnector: lookup_timeout_s must be > 0, not "
                          f"{opts['lookup_timeout_s']!r}")
     return opts
-
-
-def _codec(name: str) -> swiftkv.Codec:
-    if name == "raw":
-        return swiftkv.Codec()
-    if name == "zstd":
-        return swiftkv.Codec(swiftkv.CodecKind.ZSTD, zstd_level=3)
-    if name == "fp8":
-        return swiftkv.Codec(swiftkv.CodecKind.FP8)
-    m = re.fullmatch(r"kivi-([248])", name)
-    if m:
-        return swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=int(m.group(1)), group=32)
-    raise ValueError(f"SwiftKVConnector: unknown codec {name!r} (raw, zstd, fp8, kivi-8, kivi-4, "
-                     "kivi-2)")
 
 
 def _in_one_process(pc) -> bool:
@@ -403,67 +387,23 @@ class _LookupServer:
             pass
 
 
-# Files whose bytes make a model's K/V: its weights and its config (architecture, RoPE, norms).
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5")
-_CONFIG_NAMES = ("config.json", "params.json")
-
-
-def _model_dir(vllm_config) -> Optional[str]:
-    """Where the engine's weights are on this machine: the model's path, or its Hugging Face
-    snapshot in the local cache (vLLM downloaded it before the workers made their KV cache);
-    None when neither is found."""
-    mc = vllm_config.model_config
-    if os.path.exists(str(mc.model)):
-        return str(mc.model)
-    try:
-        from huggingface_hub import snapshot_download
-        return snapshot_download(
-            repo_id=str(mc.model), revision=getattr(mc, "revision", None),
-            cache_dir=getattr(getattr(vllm_config, "load_config", None), "download_dir", None),
-            local_files_only=True)
-    except Exception:  # not a hub id, or not in the cache
-        return None
-
-
 def _weights_identity(vllm_config) -> str:
-    """The default model identity: a digest of what makes the engine's K/V besides its geometry
-    (which the library keys itself): the weight and config files it loaded (their names, sizes
-    and modification times), its load format, weight quantization and config overrides. New
-    weights at the same path change it, so chunks of the old weights are never served. With
-    load_format "dummy" the weights are made from the config alone, so the config is hashed.
-    A model whose files cannot be found here is named by its id and revision (logged: new
-    weights under that name would not be seen; set model_identity)."""
+    """The default model identity (_engine.weights_identity): the weight and config files vLLM
+    loaded, with its model id, revision, load format, weight quantization and config overrides.
+    With load_format "dummy" the weights are made from the config alone, so the config is
+    hashed."""
     mc = vllm_config.model_config
     load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", ""))
-    parts = [f"model={mc.model}", f"revision={getattr(mc, 'revision', None) or ''}",
+    revision = getattr(mc, "revision", None)
+    parts = [f"model={mc.model}", f"revision={revision or ''}",
              f"load_format={load_format}",
              f"quantization={getattr(mc, 'quantization', None)}",
              f"overrides={json.dumps(getattr(mc, 'hf_overrides', None), sort_keys=True, default=str)}"]
-    root = _model_dir(vllm_config)
-    if root is None:
-        _log.warning("SwiftKVConnector: the files of %s are not found on this machine: chunks are "
-                     "keyed by its name and revision %r, and new weights under them would not "
-                     "be told apart; set kv_connector_extra_config's model_identity",
-                     mc.model, getattr(mc, "revision", None))
-    else:
-        dummy = load_format == "dummy"
-        if os.path.isfile(root):
-            found = [(os.path.basename(root), root)]
-        else:
-            found = []
-            for d, _, names in os.walk(root):
-                for n in names:
-                    if n in _CONFIG_NAMES or (not dummy and n.endswith(_WEIGHT_SUFFIXES)):
-                        found.append((os.path.relpath(os.path.join(d, n), root),
-                                      os.path.join(d, n)))
-        for rel, path in sorted(found):
-            st = os.stat(path)
-            if rel in _CONFIG_NAMES or dummy:
-                with open(path, "rb") as f:  # small: hashed whole
-                    parts.append(f"{rel}:{hashlib.sha256(f.read()).hexdigest()}")
-            else:
-                parts.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
-    return "weights-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
+    root = _engine.model_dir(
+        str(mc.model), revision,
+        getattr(getattr(vllm_config, "load_config", None), "download_dir", None))
+    return _engine.weights_identity(str(mc.model), root, parts, _log, "SwiftKVConnector",
+                                    dummy=load_format == "dummy")
 
 
 def _chunk_names(block_hashes, blocks_per_chunk: int, chunks: int) -> Optional[np.ndarray]:
@@ -884,10 +824,8 @@ class _Store:
             dtype=_DTYPES[geometry.dtype],
             device=swiftkv.DEVICE_HOST if device is None else device, identity=identity)
         self.model = self.ctx.register_model(self.desc)
-        host, disk = _codec(opts["host_codec"]), _codec(opts["disk_codec"])
-        if host != swiftkv.Codec() or disk != swiftkv.Codec() or opts["accept_lossy"]:
-            self.model.set_compression(accept_lossy=bool(opts["accept_lossy"]), host=host,
-                                       disk=disk)
+        _engine.set_codecs(self.model, opts["host_codec"], opts["disk_codec"],
+                           opts["accept_lossy"], "SwiftKVConnector")
         self.geometry = geometry
         self.pool = None
         self.pages_per_block = geometry.block_tokens // self.desc.block_tokens
@@ -903,14 +841,7 @@ class _Store:
         self._saver_lock = threading.Lock()
         # Lent memory from other processes, as the peer tier. A lender that cannot be reached
         # now leaves the tier smaller: the engine serves on from host memory and disk.
-        self.leases = []
-        for lender in opts["lenders"]:
-            try:
-                self.leases.append(self.model.borrow_remote(
-                    str(lender["endpoint"]), str(lender["name"]), int(lender["units"])))
-            except swiftkv.Error as e:
-                _log.warning("SwiftKVConnector: no memory borrowed from %s at %s: %s",
-                             lender["name"], lender["endpoint"], e)
+        self.leases = _engine.borrow(self.model, opts["lenders"], _log, "SwiftKVConnector")
 
     def saver(self) -> concurrent.futures.ThreadPoolExecutor:
         """The thread that finishes the worker's saves: one, so they finish in the order they

@@ -1,0 +1,113 @@
+"""What the engine integrations (vLLM's connector, SGLang's storage backend) share and which needs
+no engine: codec names, lenders as options give them, and the default model identity."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import re
+from typing import Optional
+
+import swiftkv
+
+# Files whose bytes make a model's K/V: its weights and its config (architecture, RoPE, norms).
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".npz", ".msgpack", ".h5")
+CONFIG_NAMES = ("config.json", "params.json")
+
+
+def codec(name: str, who: str) -> swiftkv.Codec:
+    """The codec an option names: raw, zstd, fp8, kivi-8, kivi-4 or kivi-2."""
+    if name == "raw":
+        return swiftkv.Codec()
+    if name == "zstd":
+        return swiftkv.Codec(swiftkv.CodecKind.ZSTD, zstd_level=3)
+    if name == "fp8":
+        return swiftkv.Codec(swiftkv.CodecKind.FP8)
+    m = re.fullmatch(r"kivi-([248])", str(name))
+    if m:
+        return swiftkv.Codec(swiftkv.CodecKind.KIVI, bits=int(m.group(1)), group=32)
+    raise ValueError(f"{who}: unknown codec {name!r} (raw, zstd, fp8, kivi-8, kivi-4, kivi-2)")
+
+
+def check_lenders(lenders, who: str) -> None:
+    """Lenders as the options list them: [{"endpoint", "name", "units"}]."""
+    if not isinstance(lenders, (list, tuple)):
+        raise ValueError(f"{who}: lenders is {lenders!r}; a list of "
+                         '{"endpoint": ..., "name": ..., "units": ...}')
+    for i, lender in enumerate(lenders):
+        if not isinstance(lender, dict) or set(lender) != {"endpoint", "name", "units"}:
+            raise ValueError(f"{who}: lenders[{i}] is {lender!r}; each lender is "
+                             '{"endpoint": ..., "name": ..., "units": ...}')
+
+
+def borrow(model, lenders, log: logging.Logger, who: str) -> list:
+    """Leases of lent memory from each lender, as the model's peer tier. A lender that cannot be
+    reached now leaves the tier smaller (logged): the engine serves on from host memory and
+    disk."""
+    leases = []
+    for lender in lenders:
+        try:
+            leases.append(model.borrow_remote(str(lender["endpoint"]), str(lender["name"]),
+                                              int(lender["units"])))
+        except swiftkv.Error as e:
+            log.warning("%s: no memory borrowed from %s at %s: %s", who, lender["name"],
+                        lender["endpoint"], e)
+    return leases
+
+
+def set_codecs(model, host: str, disk: str, accept_lossy: bool, who: str) -> None:
+    """The model's codecs in host memory and on disk, as the options name them."""
+    h, d = codec(host, who), codec(disk, who)
+    if h != swiftkv.Codec() or d != swiftkv.Codec() or accept_lossy:
+        model.set_compression(accept_lossy=bool(accept_lossy), host=h, disk=d)
+
+
+def model_dir(model: str, revision: Optional[str] = None,
+              download_dir: Optional[str] = None) -> Optional[str]:
+    """Where a model's weights are on this machine: its path, or its Hugging Face snapshot in
+    the local cache (an engine downloads it before it makes its KV cache); None when neither is
+    found."""
+    if os.path.exists(str(model)):
+        return str(model)
+    try:
+        from huggingface_hub import snapshot_download
+        return snapshot_download(repo_id=str(model), revision=revision, cache_dir=download_dir,
+                                 local_files_only=True)
+    except Exception:  # not a hub id, or not in the cache, or no huggingface_hub
+        return None
+
+
+def weights_identity(model: str, root: Optional[str], parts: list, log: logging.Logger,
+                     who: str, *, dummy: bool = False) -> str:
+    """The default model identity: a digest of what makes an engine's K/V besides its geometry
+    (which the library keys itself): the weight and config files under `root` (their names,
+    sizes and modification times; configs hashed whole) and `parts`, what else the engine says
+    changes them (revision, load format, quantization, overrides). New weights at the same path
+    change it, so chunks of the old weights are never served. With `dummy` weights (made from
+    the config alone) only the config is hashed. A model whose files are not found here
+    (root None) is named by `parts` alone, and that is logged: new weights under its name would
+    not be seen."""
+    parts = list(parts)
+    if root is None:
+        log.warning("%s: the files of %s are not found on this machine: chunks are keyed by its "
+                    "name, and new weights under it would not be told apart; set "
+                    "model_identity", who, model)
+    else:
+        if os.path.isfile(root):
+            found = [(os.path.basename(root), root)]
+        else:
+            found = []
+            for d, _, names in os.walk(root):
+                for n in names:
+                    if n in CONFIG_NAMES or (not dummy and n.endswith(WEIGHT_SUFFIXES)):
+                        found.append((os.path.relpath(os.path.join(d, n), root),
+                                      os.path.join(d, n)))
+        for rel, path in sorted(found):
+            st = os.stat(path)
+            if rel in CONFIG_NAMES or dummy:
+                with open(path, "rb") as f:  # small: hashed whole
+                    parts.append(f"{rel}:{hashlib.sha256(f.read()).hexdigest()}")
+            else:
+                parts.append(f"{rel}:{st.st_size}:{st.st_mtime_ns}")
+    return "weights-" + hashlib.sha256("\n".join(parts).encode()).hexdigest()[:32]
