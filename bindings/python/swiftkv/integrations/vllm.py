@@ -317,14 +317,19 @@ class _LookupServer:
                 limit = (self._idle_s if doing == self._IDLE else
                          None if doing == self._WORKING else self._message_s)
                 if limit is not None and now - since > limit:
+                    # It stops counting against max_conns before its peer can see it closed:
+                    # a client that connects again at once is not refused for it.
+                    del self._conns[conn]
                     try:
                         conn.shutdown(socket.SHUT_RDWR)  # its thread's read or send ends
                     except OSError:
                         pass
 
     def _serve(self, conn: socket.socket) -> None:
-        def doing(what):  # a value's store: no lock (the reaper reads a snapshot)
-            self._conns[conn] = (what, time.monotonic())
+        def doing(what):
+            with self._lock:
+                if conn in self._conns:  # (not one the reaper closed)
+                    self._conns[conn] = (what, time.monotonic())
 
         try:
             while True:
