@@ -252,7 +252,11 @@ bool Request::layer_nontemporal(size_t chunks) const noexcept {
     case HostStores::nontemporal: return true;
     case HostStores::automatic: break;
   }
-  return nontemporal_pays(chunks * piece_bytes_ / std::max(exec_.threads(), 1u));
+  // A load-only or save-only request copies every layer before anything reads what it wrote
+  // (the engine runs the model after a load-only one; a save's chunks are read at a later
+  // turn): its whole copy is what passes through the cache, not one layer's.
+  const uint64_t layers = spec_.load != spec_.save ? layers_ : 1;
+  return nontemporal_pays(chunks * piece_bytes_ * layers / std::max(exec_.threads(), 1u));
 }
 
 void Request::load_task(uint32_t layer, size_t i, bool nontemporal) {

@@ -154,7 +154,8 @@ class Request {
   void submit_load_locked(uint32_t layer);
   void submit_save_locked(uint32_t layer);
   // Whether a layer's copies of `chunks` chunks go around the cache: as host_stores_ says, and
-  // under `auto` where nontemporal_pays for one copy thread's share of them.
+  // under `auto` where nontemporal_pays for one copy thread's share of them (of every layer's,
+  // in a load-only or save-only request).
   bool layer_nontemporal(size_t chunks) const noexcept;
   void load_task(uint32_t layer, size_t i, bool nontemporal);
   bool stage(LoadChunk &c);
