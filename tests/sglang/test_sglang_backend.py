@@ -145,6 +145,8 @@ def test_pages_round_trip_through_the_host_tier(layout):
     info = b.model.chunk_info_named(skv.page_names(keys))
     assert all(i.tier == swiftkv.Tier.HOST for i in info)
     assert b.model.desc.chunk_bytes == 2 * LAYERS * PAGE * HEADS * DIM * 2
+    # page_first: a page's K and V are each one run of the pool's bytes, copied as such.
+    assert b.model.desc.num_layers == (1 if layout == "page_first" else LAYERS)
     b.close()
 
 
@@ -171,8 +173,11 @@ def test_mla_pages_round_trip(layout):
     keys = keys_of(4, seed=7)
     got, same = round_trip(b, host, keys, [3, 4, 5, 6], [20, 9, 31, 2])
     assert got == [True] * 4 and same == [True] * 4
-    # The latent row (128 + 32 elements) is kept as one head of two halves.
-    assert (b.model.desc.num_kv_heads, b.model.desc.head_dim) == (1, 80)
+    # The latent row (128 + 32 elements) is kept as one head of two halves (page_first: one
+    # layer whose heads are every layer's, a page's rows being side by side there).
+    d = b.model.desc
+    assert (d.num_layers, d.num_kv_heads, d.head_dim) == \
+        ((1, LAYERS, 80) if layout == "page_first" else (LAYERS, 1, 80))
     b.close()
 
 

@@ -264,12 +264,12 @@ class SwiftKVStorage(HiCacheStorage):
                                  "supported")
             if layout == "layer_first":  # [layers, size, 1, width]
                 per_layer = [kv[l].unflatten(0, (pages, page)) for l in range(layers)]
-            elif layout == "page_first":  # [size, layers, 1, width]
-                per_layer = [kv[:, l].unflatten(0, (pages, page)) for l in range(layers)]
+            elif layout == "page_first":  # [size, layers, 1, width]: see below
+                per_layer = [kv.flatten(1, 2).unflatten(0, (pages, page))]
             else:  # page_first_direct: [pages, layers, page, 1, width]
                 per_layer = [kv[:, l] for l in range(layers)]
             views = [v.unflatten(3, (2, width // 2)).permute(3, 0, 1, 2, 4) for v in per_layer]
-            heads, dim = 1, width // 2
+            heads, dim = (layers if layout == "page_first" else 1), width // 2
         else:
             heads, dim = int(pool.head_num), int(pool.head_dim)
             if int(getattr(pool, "v_head_dim", dim)) != dim:
@@ -278,8 +278,9 @@ class SwiftKVStorage(HiCacheStorage):
                                  "size)")
             if layout == "layer_first":  # [2, layers, size, heads, dim]
                 views = [kv[:, l].unflatten(1, (pages, page)) for l in range(layers)]
-            elif layout == "page_first":  # [2, size, layers, heads, dim]
-                views = [kv[:, :, l].unflatten(1, (pages, page)) for l in range(layers)]
+            elif layout == "page_first":  # [2, size, layers, heads, dim]: see below
+                views = [kv.flatten(2, 3).unflatten(1, (pages, page))]
+                heads *= layers
             else:  # page_first_direct: [2, pages, layers, page, heads, dim]
                 views = [kv[:, :, l] for l in range(layers)]
         identity = self.opts["model_identity"]
@@ -287,9 +288,14 @@ class SwiftKVStorage(HiCacheStorage):
         if identity is None:
             identity = _engine.weights_identity(
                 name, _engine.model_dir(name), [f"model={name}"], _log, _WHO)
+        # page_first keeps a token's rows of every layer side by side: a page's K (and V) is
+        # one run of bytes. The library then sees one layer whose heads are every layer's, so
+        # that a page is copied as two runs rather than a row per token and layer; the bytes
+        # and their order are the pool's either way.
+        lib_layers = 1 if layout == "page_first" else layers
         identity = "/".join([identity, f"sglang-{'mla' if cfg.is_mla_model else 'mha'}",
                              *self.shards])
-        desc = swiftkv.ModelDesc(name=name, num_layers=layers, num_kv_heads=heads,
+        desc = swiftkv.ModelDesc(name=name, num_layers=lib_layers, num_kv_heads=heads,
                                  head_dim=dim, block_tokens=page, chunk_tokens=page,
                                  dtype=_DTYPES[kv.dtype], identity=identity)
         return views, desc
