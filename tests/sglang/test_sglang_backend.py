@@ -455,3 +455,22 @@ def test_keys_that_are_not_sglangs_digests_are_named_consistently():
     assert bytes(b[0]) == b"\xff" * 32
     assert np.array_equal(skv.page_names(["k1"])[0], a[0])
     assert not np.array_equal(a[0], a[2])
+
+
+def test_the_benchmark_runs():
+    """bench/bench_sglang_backend.py, small: it runs and its JSON line is whole."""
+    import json
+    import subprocess
+    import sys
+    bench = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench",
+                         "bench_sglang_backend.py")
+    out = subprocess.run([sys.executable, bench, "--reps", "1", "--pages", "16",
+                          "--layouts", "page_first", "--resident", "4096",
+                          "--exists-calls", "5"], capture_output=True, text=True, timeout=600,
+                         check=True).stdout
+    line = json.loads(out.strip().splitlines()[-1])
+    assert line["bench"] == "sglang_backend" and len(line["pages"]) == 1
+    row = line["pages"][0]
+    assert row["call_bytes"] == 128 * 2 * 32 * 16 * 2 * 128 * 2
+    assert row["set_gbs"]["median"] > 0 and row["get_disk_gbs"]["median"] > 0
+    assert line["exists"]["resident"] == 4096
