@@ -1,0 +1,225 @@
+"""The lending policy's scheduler half (swiftkv.integrations._lending.TailLender) against vLLM's
+own BlockPool: which tail units are lent and reclaimed at the watermarks, busy tail blocks taken
+as vLLM frees them, cached ones out of the prefix cache, the reclaim deadline, and, in a random
+run of requests, that no block of a unit out of vLLM's hands is ever in its free queue, its
+prefix cache or a request's blocks."""
+
+import random
+
+import pytest
+from vllm import SamplingParams
+from vllm.utils.hashing import sha256
+from vllm.v1.core import kv_cache_utils
+from vllm.v1.core.block_pool import BlockPool
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.request import Request
+
+from swiftkv.integrations._lending import LendOptions, TailLender, Unit
+
+BLOCK = 16
+NUM_BLOCKS = 64  # block 0 is vLLM's null block
+
+
+def pool():
+    return BlockPool(num_gpu_blocks=NUM_BLOCKS, enable_caching=True, hash_block_size=BLOCK)
+
+
+def options(**kw):
+    return LendOptions(**{"unit_blocks": 8, "high_free_blocks": 24, "low_free_blocks": 8,
+                          "keep_blocks": 8, "reclaim_deadline_s": 2.0, **kw})
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def free_ids(p):
+    return {b.block_id for b in p.free_block_queue.get_all_free_blocks()}
+
+
+def lend_settled(lender):
+    """plan() and the workers' acks until nothing moves: the units lent."""
+    for _ in range(4 * lender.num_units):
+        orders = lender.plan()
+        lender.workers_done(orders.release, orders.restore)
+        if not orders and lender._moving() is None:
+            break
+    return [k for k, s in enumerate(lender.state) if s is Unit.LENT]
+
+
+def test_an_idle_engine_lends_its_tail_down_to_the_high_watermark():
+    p = pool()
+    lender = TailLender(p, options())
+    assert lender.num_units == 7  # (64 - 8 kept) / 8
+    orders = lender.plan()
+    assert orders.release == [0] and lender.state[0] is Unit.RELEASING
+    # Every block of unit 0 (the last 8) is out of vLLM's hands before the workers are told.
+    assert list(lender.blocks_of(0)) == list(range(56, 64))
+    assert not free_ids(p) & set(range(56, 64))
+    assert all(p.blocks[b].ref_cnt == 1 for b in range(56, 64))
+    assert p.get_num_free_blocks() == 63 - 8
+    # It counts as lent only once every rank says so; nothing else moves meanwhile.
+    assert lender.stats.units_lent == 0 and not lender.plan()
+    lender.workers_done([0], [])
+    assert lender.state[0] is Unit.LENT and lender.stats.units_lent == 1
+    # Outermost first, while 24 blocks stay free after the unit: 63 -> 31 free, 4 units.
+    assert lend_settled(lender) == [0, 1, 2, 3]
+    assert p.get_num_free_blocks() == 31 and lender.lent_blocks() == 32
+    assert not free_ids(p) & set(range(32, 64))
+
+
+def test_busy_tail_blocks_are_taken_as_vllm_frees_them():
+    p = pool()
+    lender = TailLender(p, options())
+    everything = p.get_new_blocks(63)  # blocks 1..63, all in use
+    p.free_blocks([b for b in everything if b.block_id < 58])  # 58..63 stay busy
+    orders = lender.plan()
+    assert not orders and lender.state[0] is Unit.FENCING
+    assert all(p.blocks[b].ref_cnt == 1 for b in (56, 57))  # the free two are taken
+    assert not free_ids(p) & {56, 57}
+    busy = [b for b in everything if b.block_id >= 58]
+    p.free_blocks(busy[:3])  # 58, 59, 60 freed by vLLM at the end of a step
+    lender.after_frees()  # before the next step schedules: taken
+    assert not free_ids(p) & set(range(56, 64))
+    # A request scheduled now never gets them.
+    got = p.get_new_blocks(p.get_num_free_blocks())
+    assert not {b.block_id for b in got} & set(range(56, 64))
+    p.free_blocks(got)
+    p.free_blocks(busy[3:])
+    assert lender.plan().release == [0]
+    lender.workers_done([0], [])
+    assert lender.state[0] is Unit.LENT
+
+
+def test_a_cached_tail_block_leaves_the_prefix_cache():
+    if not hasattr(kv_cache_utils, "NONE_HASH"):
+        init_none_hash(sha256)
+    p = pool()
+    tokens = list(range(60 * BLOCK))
+    r = Request(request_id="r", prompt_token_ids=tokens,
+                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+    blocks = p.get_new_blocks(60)  # blocks 1..60: the tail blocks 56..60 hold this prefix
+    p.cache_full_blocks(r, blocks, 0, 60, BLOCK, 0)
+    p.free_blocks(blocks)
+    assert p.blocks[58].block_hash is not None
+    lender = TailLender(p, options(high_free_blocks=9))
+    assert lender.plan().release == [0]
+    for b in range(56, 64):
+        assert p.blocks[b].block_hash is None
+    # The request's prefix is found up to the first fenced block only.
+    hits = 0
+    for h in r.block_hashes:
+        if p.get_cached_block(h, [0]) is None:
+            break
+        hits += 1
+    assert hits == 55  # blocks 1..55
+
+
+def test_a_reclaim_starts_below_the_low_watermark_and_vllm_waits_for_it():
+    p = pool()
+    clock = Clock()
+    lender = TailLender(p, options(), clock=clock)
+    assert lend_settled(lender) == [0, 1, 2, 3]
+    taken = p.get_new_blocks(p.get_num_free_blocks() - 7)  # 7 free: below 8
+    assert not lender.has_pending_block_frees()
+    orders = lender.plan()
+    assert orders.restore == [3]  # innermost first: the engine's blocks stay one range
+    assert lender.state[3] is Unit.RECLAIMING
+    assert lender.has_pending_block_frees() and lender.has_pending_block_frees()
+    clock.t += 0.3
+    assert not lender.plan()  # one unit moves at a time
+    assert lender.has_pending_block_frees()
+    assert lender.stats.steps_waited == 2  # a count of steps, not of calls
+    lender.workers_done([], [3])  # every rank has its memory mapped again
+    assert lender.state[3] is Unit.OWNED and p.get_num_free_blocks() == 15
+    assert lender.stats.units_reclaimed == 1 and lender.stats.reclaim_s_max == pytest.approx(0.3)
+    assert not lender.has_pending_block_frees()
+    # The blocks came back whole and vLLM hands them out.
+    got = p.get_new_blocks(15)
+    assert set(range(32, 40)) <= {b.block_id for b in got}
+    p.free_blocks(got + taken)
+
+
+def test_past_the_deadline_vllm_preempts_as_without_lending():
+    p = pool()
+    clock = Clock()
+    lender = TailLender(p, options(reclaim_deadline_s=1.0), clock=clock)
+    assert lend_settled(lender) == [0, 1, 2, 3]
+    p.get_new_blocks(p.get_num_free_blocks() - 2)
+    assert lender.plan().restore == [3]
+    clock.t += 0.9
+    assert lender.has_pending_block_frees()
+    clock.t += 0.2
+    assert not lender.has_pending_block_frees()
+    lender.workers_done([], [3])
+    assert lender.stats.reclaims_late == 1 and lender.state[3] is Unit.OWNED
+
+
+def test_fencing_stops_when_vllm_needs_its_blocks():
+    p = pool()
+    lender = TailLender(p, options())
+    everything = p.get_new_blocks(63)
+    p.free_blocks([b for b in everything if b.block_id < 62])  # 62, 63 busy
+    assert not lender.plan() and lender.state[0] is Unit.FENCING
+    assert p.get_num_free_blocks() == 61 - 6
+    p.get_new_blocks(50)  # 5 free: below the low watermark
+    assert not lender.plan()
+    assert lender.state[0] is Unit.OWNED and lender.stats.fences_cancelled == 1
+    assert p.get_num_free_blocks() == 5 + 6  # the six taken are vLLM's again
+    assert lender.lent_blocks() == 0
+
+
+def test_options_are_checked():
+    for bad, what in ((dict(unit_blocks=0), "unit_blocks"),
+                      (dict(low_free_blocks=24), "below high_free_blocks"),
+                      (dict(keep_blocks=0), "null block"),
+                      (dict(reclaim_deadline_s=0), "reclaim_deadline_s"),
+                      (dict(unit_blocks=60), "no unit")):
+        with pytest.raises(ValueError, match=what):
+            TailLender(pool(), options(**bad))
+
+
+def test_a_random_run_never_hands_a_lent_block_to_a_request():
+    """Requests come and go (allocations, frees, bursts); the lender plans each step and the
+    workers answer a step later. Every step: no block of a unit out of vLLM's hands is free, in
+    the prefix cache or held by a request, and the lent units are the outermost ones."""
+    rng = random.Random(7)
+    p = pool()
+    clock = Clock()
+    lender = TailLender(p, options(reclaim_deadline_s=0.5), clock=clock)
+    held = []  # each request's blocks
+    acks = None
+    lent_ever = 0
+    for step in range(3000):
+        clock.t += 0.01
+        if acks is not None:
+            lender.workers_done(*acks)
+        burst = (step // 300) % 2 == 1
+        if rng.random() < (0.6 if burst else 0.3):
+            n = rng.randint(1, 6 if burst else 3)
+            if n <= p.get_num_free_blocks():
+                held.append(p.get_new_blocks(n))
+        if held and rng.random() < (0.3 if burst else 0.5):
+            p.free_blocks(held.pop(rng.randrange(len(held))))
+        lender.after_frees()
+        orders = lender.plan()
+        acks = (orders.release, orders.restore) if orders else None
+        out = set()
+        for k, s in enumerate(lender.state):
+            if s is not Unit.OWNED:
+                out |= {b.block_id for b in lender._fenced[k]}
+                assert all(b.block_id in lender.blocks_of(k) for b in lender._fenced[k])
+            if s in (Unit.RELEASING, Unit.LENT, Unit.RECLAIMING):
+                assert len(lender._fenced[k]) == 8  # all of it
+        assert not out & free_ids(p)
+        assert not out & {b.block_id for r in held for b in r}
+        assert all(p.blocks[b].block_hash is None and p.blocks[b].ref_cnt == 1 for b in out)
+        m = lender._boundary()
+        assert all(s is Unit.OWNED for s in lender.state[m:])
+        lent_ever = max(lent_ever, sum(s is Unit.LENT for s in lender.state))
+    assert lent_ever >= 3 and lender.stats.units_reclaimed >= 2
