@@ -312,11 +312,10 @@ class SwiftKVStorage(HiCacheStorage):
         if idx.ndim != 1 or len(idx) != n * page:
             raise ValueError(f"{_WHO}: {len(keys)} keys take {n * page} host slots "
                              f"({page} a page), not {idx.shape}")
-        first = idx[::page]
-        if page > 1 and (np.any(first % page) or not np.array_equal(
-                idx.reshape(n, page), first[:, None] + np.arange(page))):
+        rows = idx.reshape(n, page)
+        if page > 1 and ((rows[:, 0] % page).any() or (np.diff(rows, axis=1) != 1).any()):
             raise ValueError(f"{_WHO}: host slots must be whole pages of {page} in order")
-        return (first // page).astype(np.int32)
+        return (rows[:, 0] // page).astype(np.int32)
 
     def batch_exists(self, keys: List[str],
                      extra_info: Optional[HiCacheStorageExtraInfo] = None) -> int:
