@@ -30,6 +30,20 @@ def codec(name: str, who: str) -> swiftkv.Codec:
     raise ValueError(f"{who}: unknown codec {name!r} (raw, zstd, fp8, kivi-8, kivi-4, kivi-2)")
 
 
+def options(extra: dict, defaults: dict, who: str, where: str) -> dict:
+    """An integration's options: `extra` (what the engine's config passed in `where`) over
+    `defaults`, refused with a message naming the key where one is unknown, a disk path has no
+    budget or a lender is malformed."""
+    unknown = sorted(set(extra) - set(defaults))
+    if unknown:
+        raise ValueError(f"{who}: unknown {where} keys {unknown}; known: {sorted(defaults)}")
+    opts = {**defaults, **extra}
+    if opts["disk_path"] is not None and int(opts["disk_budget_bytes"]) <= 0:
+        raise ValueError(f"{who}: disk_path needs disk_budget_bytes > 0")
+    check_lenders(opts["lenders"], who)
+    return opts
+
+
 def check_lenders(lenders, who: str) -> None:
     """Lenders as the options list them: [{"endpoint", "name", "units"}]."""
     if not isinstance(lenders, (list, tuple)):

@@ -47,7 +47,7 @@ from sglang.srt.mem_cache.hicache_storage import (
 
 import swiftkv
 
-from . import _engine
+from . import _engine, _torch
 
 _log = logging.getLogger(__name__)
 _WHO = "SwiftKVStorage"
@@ -90,32 +90,23 @@ OPTIONS = {
 # The host pool's element types. SGLang keeps an fp8 KV cache as uint8 in its pools, which does
 # not say which fp8 it is: such pages are kept as 1-byte elements (I8), whose bytes the library
 # never interprets under the raw and zstd codecs.
-_DTYPES = {torch.float16: swiftkv.DType.F16, torch.bfloat16: swiftkv.DType.BF16,
-           torch.float32: swiftkv.DType.F32, torch.float8_e4m3fn: swiftkv.DType.FP8_E4M3,
+_DTYPES = {**_torch.DTYPES, torch.float8_e4m3fn: swiftkv.DType.FP8_E4M3,
            torch.float8_e5m2: swiftkv.DType.FP8_E5M2, torch.uint8: swiftkv.DType.I8}
 _LAYOUTS = ("layer_first", "page_first", "page_first_direct")
 _NAME_BYTES = 32  # SGLang's keys are SHA-256 digests in hex
 
 
 def _options(extra: Optional[dict]) -> dict:
-    extra = dict(extra or {})
-    unknown = sorted(set(extra) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"{_WHO}: unknown --hicache-storage-backend-extra-config keys "
-                         f"{unknown}; known: {sorted(OPTIONS)}")
-    opts = dict(OPTIONS)
-    opts.update(extra)
+    opts = _engine.options(dict(extra or {}), OPTIONS, _WHO,
+                           "--hicache-storage-backend-extra-config")
     if not bool(opts["interface_v1"]):
         raise ValueError(f"{_WHO} serves SGLang's zero-copy calls (batch_get_v1, batch_set_v1) "
                          "only: add \"interface_v1\": 1 to --hicache-storage-backend-extra-config "
                          "(without it SGLang copies each page through get and set, which this "
                          "backend does not implement)")
-    if opts["disk_path"] is not None and int(opts["disk_budget_bytes"]) <= 0:
-        raise ValueError(f"{_WHO}: disk_path needs disk_budget_bytes > 0")
     if int(opts["host_budget_bytes"]) <= 0:
         raise ValueError(f"{_WHO}: host_budget_bytes must be > 0, not "
                          f"{opts['host_budget_bytes']!r}")
-    _engine.check_lenders(opts["lenders"], _WHO)
     for k in ("host_codec", "disk_codec"):
         _engine.codec(opts[k], _WHO)  # refused here, before anything is made
     return opts
@@ -134,12 +125,10 @@ def _key_name(key: str) -> bytes:
 
 def page_names(keys: List[str]) -> np.ndarray:
     """SGLang's page keys as the library's chunk names: a [len(keys), 32] uint8 array."""
-    joined = "".join(keys)
-    if len(joined) == 2 * _NAME_BYTES * len(keys):
+    if all(len(k) == 2 * _NAME_BYTES for k in keys):
         try:  # every key 64 hex digits (SGLang's own): one decode
-            if all(len(k) == 2 * _NAME_BYTES for k in keys):
-                return np.frombuffer(bytes.fromhex(joined), np.uint8).reshape(len(keys),
-                                                                               _NAME_BYTES)
+            return np.frombuffer(bytes.fromhex("".join(keys)), np.uint8).reshape(len(keys),
+                                                                                 _NAME_BYTES)
         except ValueError:
             pass
     return np.frombuffer(b"".join(_key_name(k) for k in keys),

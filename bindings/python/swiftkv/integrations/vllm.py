@@ -132,15 +132,7 @@ _HIT_SOURCES = {swiftkv.Tier.PEER: CacheHitSource.P2P, swiftkv.Tier.HOST: CacheH
 
 
 def _options(extra: dict) -> dict:
-    unknown = sorted(set(extra) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"SwiftKVConnector: unknown kv_connector_extra_config keys {unknown}; "
-                         f"known: {sorted(OPTIONS)}")
-    opts = dict(OPTIONS)
-    opts.update(extra)
-    if opts["disk_path"] is not None and int(opts["disk_budget_bytes"]) <= 0:
-        raise ValueError("SwiftKVConnector: disk_path needs disk_budget_bytes > 0")
-    _engine.check_lenders(opts["lenders"], "SwiftKVConnector")
+    opts = _engine.options(extra, OPTIONS, "SwiftKVConnector", "kv_connector_extra_config")
     if not float(opts["lookup_timeout_s"]) > 0:
         raise ValueError("SwiftKVConnector: lookup_timeout_s must be > 0, not "
                          f"{opts['lookup_timeout_s']!r}")
