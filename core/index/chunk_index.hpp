@@ -149,7 +149,8 @@ class ChunkIndex {
   uint64_t memory_bytes() const;
   // A hint that k is needed soon (insert or lookup); no effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
-  // The same for a key about to be erased: its slot and the next one.
+  // The same for a key about to be erased: its home slot, the three after it, and the lines of
+  // its shard that an erase writes (its lock, table and counts).
   void prefetch_for_erase(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
   // Where a visible chunk is, recording no activity.
@@ -256,6 +257,7 @@ class ChunkIndex {
   static constexpr uint8_t kMoving = 4;
   static constexpr uint8_t kRetired = 8;  // old copies wait in the shard's `retired` map
   struct Shard {
+    // What an erase touches comes first, in three lines that prefetch_for_erase fetches.
     mutable std::shared_mutex mu;
     // The table: replaced whole when it grows, under the exclusive lock. Its pointer and size are
     // atomics only so that prefetch() may read them without the lock. Any size: a key's home is
@@ -271,8 +273,6 @@ class ChunkIndex {
     // the common case) are not counted here but derived from the totals by codec_counts.
     std::array<std::array<std::atomic<uint64_t>, kTierCount>, kCodecCount> codec_chunks{},
         codec_raw{}, codec_stored{};
-    // The model fingerprints of this shard's chunks (a handful: one per registered model).
-    std::vector<ChunkKey> models;
     // Old copies of moved chunks that readers may still read, until their last reader is done.
     std::unordered_map<ChunkKey, std::vector<SlotRef>, ChunkKeyHash> retired;
   };
@@ -289,10 +289,14 @@ class ChunkIndex {
   static uint64_t raw_bytes(const Slot &s) noexcept {
     return s.raw_per_token == 0 ? s.bytes : uint64_t{s.raw_per_token} * s.tokens;
   }
-  static ChunkMeta meta(const Shard &sh, const Slot &s) noexcept {
+  // A slot's meta; call with its shard locked.
+  ChunkMeta meta(const Shard &, const Slot &s) const noexcept {
     const uint64_t raw = raw_bytes(s);
-    return ChunkMeta{sh.models[s.model],           s.position, s.tokens, raw,
+    return ChunkMeta{model_key(s.model),           s.position, s.tokens, raw,
                      raw == s.bytes ? 0 : s.bytes, s.encoding};
+  }
+  const ChunkKey &model_key(uint16_t i) const noexcept {
+    return model_pages_[i / kModelsPerPage][i % kModelsPerPage];
   }
   bool finish_move(const ChunkKey &k, SlotRef dst, const std::optional<ChunkMeta> &meta,
                    std::vector<SlotRef> &to_free);
@@ -313,7 +317,9 @@ class ChunkIndex {
                                         std::vector<SlotRef> &to_free);
   // Adds (+1) or takes (-1) a chunk's share of its shard's counts.
   static void count(Shard &s, const Slot &slot, int sign) noexcept;
-  static uint16_t model_index(Shard &s, const ChunkKey &model);
+  // The number of a model's fingerprint, given it on its first chunk; call with order_mu_ and
+  // the shard's lock held (the new number is written before any slot holds it).
+  uint16_t model_index(const ChunkKey &model);
   // Ends one use of a chunk; erases it (and hands back its slots) when it was the last user of
   // a doomed chunk. Returns true when the chunk was erased.
   bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
@@ -326,7 +332,16 @@ class ChunkIndex {
 
   std::unique_ptr<Shard[]> shards_;
   std::atomic<uint64_t> table_bytes_;  // of all shards' tables
-  mutable std::mutex order_mu_;  // guards order_ and lent_domains_; taken before a shard's lock
+  // The model fingerprints of the index's chunks (a handful: one per registered model and
+  // identity), shared by every shard, so that reading a chunk's meta finds its model in a line
+  // every shard keeps hot rather than in one list per shard. Pages are made as numbers are
+  // given and never move: a reader holding a shard's lock reads the numbers its slots hold.
+  static constexpr size_t kModelsPerPage = 256;
+  std::array<std::unique_ptr<ChunkKey[]>, (size_t{UINT16_MAX} + 1) / kModelsPerPage> model_pages_;
+  uint32_t models_ = 0;      // numbers given; guarded by order_mu_
+  uint16_t last_model_ = 0;  // the number model_index gave last, tried first
+  mutable std::mutex
+      order_mu_;  // guards order_, lent_domains_ and the models; taken before a shard's lock
   EvictionOrder order_;
   // Domain 2 + i holds the chunks of lent tier .first of model .second (each model's leases
   // make room for that model only).

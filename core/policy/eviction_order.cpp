@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <stdexcept>
 
@@ -50,7 +51,24 @@ double EvictionOrder::class_cost(uint32_t cls) noexcept {
                         : std::exp2((static_cast<double>(cls) - kClasses / 2) / kClassesPerOctave);
 }
 
-uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now) {
+uint16_t EvictionOrder::stored_code(uint64_t bytes) noexcept {
+  if (bytes == 0) return 0;
+  uint64_t units = (bytes + 63) / 64;  // rounded up: the code is a bound from above
+  uint32_t e = 0;
+  if (units >= 4096) {
+    e = static_cast<uint32_t>(std::bit_width(units)) - 12;
+    units = (units + (uint64_t{1} << e) - 1) >> e;
+    if (units == 4096) {
+      units = 2048;
+      ++e;
+    }
+  }
+  if (e > 15) return 0;  // over 8 GiB: not said, which callers treat as more than any batch
+  return static_cast<uint16_t>((e << 12) | units);
+}
+
+uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now,
+                            uint64_t stored_bytes) {
   uint32_t id = free_;
   if (id != kNoNode) {
     free_ = nodes_[id].next;
@@ -64,6 +82,7 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
   n.la = now;
   n.key = key;
   n.hits = 0;
+  n.stored = stored_code(stored_bytes);
   n.prev = n.next = kNoNode;
   n.domain = 0;
   n.cls = 0;
@@ -188,7 +207,7 @@ void EvictionOrder::unlink(uint32_t node) noexcept {
 void EvictionOrder::touch(uint32_t node, uint64_t now) {
   Node &n = nodes_[node];
   if (now <= n.la) return;  // no newer than what the order has
-  if (n.hits != UINT32_MAX) ++n.hits;
+  if (n.hits != UINT16_MAX) ++n.hits;
   if (!linked(node)) {
     n.la = now;
     return;
@@ -255,15 +274,14 @@ EvictionOrder::Victims::Victims(EvictionOrder &order, uint32_t d, uint64_t now)
   if (d >= order.domains_.size() || order.domains_[d]->size == 0) return;
   dom_ = order.domains_[d].get();
   if (order.policy_ == EvictionPolicy::lru) {
-    Candidate c{};
-    if (read(0, &c)) candidates_.push_back(c);
-  } else {
-    for (uint32_t w = 0; w < dom_->nonempty.size(); ++w) {
-      for (uint64_t bits = dom_->nonempty[w]; bits != 0; bits &= bits - 1) {
-        Candidate c{};
-        if (read(w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits)), &c)) {
-          candidates_.push_back(c);
-        }
+    node_ = oldest_lru();
+    return;
+  }
+  for (uint32_t w = 0; w < dom_->nonempty.size(); ++w) {
+    for (uint64_t bits = dom_->nonempty[w]; bits != 0; bits &= bits - 1) {
+      Candidate c{};
+      if (read(w * 64 + static_cast<uint32_t>(__builtin_ctzll(bits)), &c)) {
+        candidates_.push_back(c);
       }
     }
   }
@@ -296,9 +314,20 @@ void EvictionOrder::Victims::choose() noexcept {
   }
 }
 
+uint32_t EvictionOrder::Victims::oldest_lru() const noexcept {
+  const Class &c = dom_->classes[0];
+  if (c.size == 0) return kNoNode;
+  const auto o = c.oldest();
+  return o.second == kTree ? c.tree.begin()->second : c.fifo[o.second].head;
+}
+
 void EvictionOrder::Victims::pop() noexcept {
   if (node_ == kNoNode) return;
   order_.remove(node_);
+  if (order_.policy_ == EvictionPolicy::lru) {
+    node_ = oldest_lru();
+    return;
+  }
   if (!read(candidates_[chosen_].cls, &candidates_[chosen_])) {
     candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(chosen_));
   }

@@ -61,8 +61,23 @@ class EvictionOrder {
   static uint64_t node_bytes(uint64_t nodes) noexcept { return nodes * sizeof(Node); }
 
   // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
-  // last active at `now`, in no domain yet.
-  uint32_t add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now);
+  // last active at `now`, in no domain yet, whose tier holds `stored_bytes` of it (0: not said).
+  uint32_t add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now,
+               uint64_t stored_bytes = 0);
+  // The chunk's tier now holds `stored_bytes` of it (re-encoded, moved).
+  void set_stored(uint32_t node, uint64_t stored_bytes) noexcept {
+    nodes_[node].stored = stored_code(stored_bytes);
+  }
+  // At least the bytes the node's chunk is stored in, so that a batch of victims can be taken
+  // from the order before their slots are read without taking more than the bytes asked for:
+  // exact to 64 bytes up to 256 KiB, within 1/2048 above; kUnknownStored when not said.
+  static constexpr uint64_t kUnknownStored = uint64_t{1} << 62;
+  uint64_t stored_bound(uint32_t node) const noexcept {
+    const uint16_t c = nodes_[node].stored;
+    if (c == 0) return kUnknownStored;
+    return (uint64_t{c} & 0xfff) << (c >> 12) << 6;
+  }
+  static uint16_t stored_code(uint64_t bytes) noexcept;
   // Takes a node out of its domain and frees it.
   void remove(uint32_t node) noexcept;
   // Puts a node that is in no domain into `domain`, in its place by last activity.
@@ -81,7 +96,8 @@ class EvictionOrder {
   }
 
   uint64_t last_active(uint32_t node) const noexcept { return nodes_[node].la; }
-  // Touches since the node was added (saturating): its reuse history for the compression policy.
+  // Touches since the node was added (saturating at 65535): its reuse history for the
+  // compression policy.
   uint32_t hits(uint32_t node) const noexcept { return nodes_[node].hits; }
   const ChunkKey &key(uint32_t node) const noexcept { return nodes_[node].key; }
   // The node behind `node` in its FIFO list (kNoNode at the tail, in the tree or unlinked): the
@@ -119,11 +135,13 @@ class EvictionOrder {
     };
     bool read(uint32_t cls, Candidate *out) const noexcept;
     void choose() noexcept;
+    // Under LRU the victim is the one class's oldest: no candidates, no costs.
+    uint32_t oldest_lru() const noexcept;
 
     EvictionOrder &order_;
     const Domain *dom_ = nullptr;
     uint64_t now_;
-    std::vector<Candidate> candidates_;  // one per nonempty class
+    std::vector<Candidate> candidates_;  // retention: one per nonempty class
     size_t chosen_ = 0;
     uint32_t node_ = kNoNode;
   };
@@ -143,7 +161,8 @@ class EvictionOrder {
     uint16_t domain = 0;
     uint8_t cls = 0;
     uint8_t list = kFree;  // 0..kLists-1, kTree, kUnlinked or kFree
-    uint32_t hits = 0;     // touches at a later time than the last one (in the padding)
+    uint16_t hits = 0;     // touches at a later time than the last one (in the padding)
+    uint16_t stored = 0;   // stored_bound: 12 bits of 64-byte units, times 2^(4 bits); 0 not said
   };
   static_assert(sizeof(Node) == 40);
 

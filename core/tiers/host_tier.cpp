@@ -270,7 +270,20 @@ void HostTier::free(uint64_t slot) noexcept {
 
 void HostTier::free_many(std::span<const uint64_t> slots) noexcept {
   std::lock_guard lock(mu_);
-  for (const uint64_t slot : slots) free_locked(slot);
+  // A full tier's victims are of one size, nearly always: one lookup of its free list for all.
+  uint64_t list_bytes = 0;
+  std::vector<uint64_t> *list = nullptr;
+  for (const uint64_t slot : slots) {
+    Slab &s = slabs_[slot >> 32];
+    const uint64_t bytes = s.slot_bytes;
+    if (--s.used == 0) ++empty_slabs_;
+    if (list == nullptr || bytes != list_bytes) {
+      list = &free_[bytes];
+      list_bytes = bytes;
+    }
+    list->push_back(slot);  // capacity was reserved when the slab was made
+    free_slot_bytes_ += bytes;
+  }
 }
 
 void HostTier::free_locked(uint64_t slot) noexcept {

@@ -583,6 +583,171 @@ void victims_in_one_pass_match_victims_in_turn(void **) {
   }
 }
 
+// The bound an order node keeps of its chunk's stored bytes (EvictionOrder::stored_bound), which
+// tells a full tier how many victims to take before their slots are read: never below the
+// bytes, exact to 64 bytes up to 256 KiB, within 1/2048 (and a 64-byte unit) above; a size not
+// said (0, or past 8 GiB) is the largest bound. set_stored replaces it.
+void stored_bounds_hold_every_size(void **) {
+  swiftkv::EvictionOrder o(swiftkv::EvictionPolicy::lru, {});
+  std::mt19937_64 rng(5);
+  std::vector<uint64_t> sizes = {1,
+                                 63,
+                                 64,
+                                 65,
+                                 4095 * 64,
+                                 4095 * 64 + 1,
+                                 4096 * 64,
+                                 4097 * 64 + 17,
+                                 1 << 20,
+                                 (5 << 18),
+                                 128 << 20,
+                                 uint64_t{4095} << 21,
+                                 (uint64_t{4095} << 21) + 1};
+  for (int i = 0; i < 2000; ++i) sizes.push_back(1 + rng() % (uint64_t{1} << (1 + rng() % 33)));
+  for (const uint64_t b : sizes) {
+    const uint32_t n = o.add({1, b}, 0, 16, 1, b);
+    const uint64_t bound = o.stored_bound(n);
+    if (b > (uint64_t{4095} << 21)) {  // past 8 GiB
+      assert_int_equal(bound, swiftkv::EvictionOrder::kUnknownStored);
+      continue;
+    }
+    assert_true(bound >= b);
+    if (b <= 4095 * 64) {
+      assert_int_equal(bound, (b + 63) / 64 * 64);
+    } else {
+      assert_true(bound - b <= b / 2048 + 64);
+    }
+    o.set_stored(n, 64);
+    assert_int_equal(o.stored_bound(n), 64);
+    o.remove(n);
+  }
+  const uint32_t unsaid = o.add({2, 2}, 0, 16, 1);
+  assert_int_equal(o.stored_bound(unsaid), swiftkv::EvictionOrder::kUnknownStored);
+}
+
+// A full tier's batch of victims (ChunkIndex::evict_victims, which takes victims out of the order
+// ahead of reading their slots) takes exactly the victims the bytes asked for need, in the
+// order's order, whatever their stored sizes: chunks of mixed sizes, raw and encoded, some moved
+// and re-encoded to another size (the order's bound follows the chunk), pinned ones kept,
+// against a victim-by-victim reference on an index built alike. Under both policies.
+void a_batch_of_victims_takes_what_the_bytes_need(void **) {
+  for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
+    swiftkv::ChunkIndex a(policy), b(policy);
+    std::mt19937_64 rng(23);
+    const ChunkKey model{1, 2};
+    std::vector<ChunkKey> live;
+    uint64_t now = 100;
+    auto meta = [&](uint32_t position) {
+      // 16 tokens: raw chunks of 16 x 64 .. 16 x 16 KiB, encoded ones stored in 1 byte to the
+      // raw size (an encoding that grows a chunk is as possible as one that shrinks it).
+      const uint64_t raw = uint64_t{16} * 64 * (1 + rng() % 256);
+      const bool encoded = rng() % 2 != 0;
+      return swiftkv::ChunkMeta{
+          model, position, 16, raw, encoded ? 1 + rng() % raw : 0, encoded ? 1u : 0u};
+    };
+    for (int round = 0; round < 40; ++round) {
+      for (int i = 0; i < 60; ++i) {
+        const ChunkKey k{rng(), rng()};
+        const swiftkv::ChunkMeta m = meta(static_cast<uint32_t>(rng() % 64));
+        const uint64_t slot = rng();
+        now += rng() % 3;
+        assert_true(a.insert(k, m, {Tier::host, slot}, now));
+        assert_true(b.insert(k, m, {Tier::host, slot}, now));
+        live.push_back(k);
+      }
+      for (int i = 0; i < 40; ++i) {
+        const ChunkKey &k = live[rng() % live.size()];
+        now += rng() % 3;
+        const uint64_t op = rng() % 8;
+        if (op < 5) {
+          a.touch(k, now);
+          b.touch(k, now);
+        } else if (op < 7) {  // re-encoded in place by a move: another stored size
+          const swiftkv::ChunkMeta m = meta(a.view(k)->meta.position);
+          std::vector<swiftkv::SlotRef> fa, fb;
+          if (!a.begin_move(k, Tier::host, true)) continue;
+          assert_true(b.begin_move(k, Tier::host, true).has_value());
+          assert_true(a.finish_move(k, {Tier::host, 7}, m, fa));
+          assert_true(b.finish_move(k, {Tier::host, 7}, m, fb));
+        } else if (a.pins(k) == 0) {
+          assert_true(a.pin(k));
+          assert_true(b.pin(k));
+        }
+      }
+      // Room for a random number of bytes, from one unit to a tenth of the tier.
+      const uint64_t want = 1 + rng() % (a.bytes(Tier::host) / 10 + 1);
+      now += 1000;
+      std::vector<swiftkv::ChunkIndex::Evicted> got;
+      std::vector<swiftkv::SlotRef> freed;
+      const uint64_t bytes = a.evict_victims(Tier::host, model, now, want, got, freed);
+      std::vector<ChunkKey> expect;
+      uint64_t expect_bytes = 0;
+      while (expect_bytes < want) {
+        const std::optional<ChunkKey> v = b.victim(Tier::host, model, now);
+        if (!v) break;
+        std::vector<swiftkv::SlotRef> f;
+        const std::optional<swiftkv::ChunkMeta> m = b.evict(*v, Tier::host, true, f);
+        assert_true(m.has_value());
+        expect.push_back(*v);
+        expect_bytes += m->stored();
+      }
+      assert_int_equal(got.size(), expect.size());
+      assert_int_equal(freed.size(), expect.size());
+      for (size_t i = 0; i < got.size(); ++i) assert_true(got[i].key == expect[i]);
+      assert_int_equal(bytes, expect_bytes);
+      assert_int_equal(a.bytes(Tier::host), b.bytes(Tier::host));
+      assert_int_equal(a.chunks(Tier::host), b.chunks(Tier::host));
+      std::erase_if(live, [&](const ChunkKey &k) { return !a.contains(k); });
+    }
+  }
+}
+
+// A chunk event callback may store into the same cache from inside a full tier's eviction pass
+// (a pass within a pass, on one thread, which lists its victims apart from the outer one): every
+// chunk evicted is reported once, none twice, and every chunk kept reads back intact. The outer
+// pass frees the room of 5 chunks before it reports them; the store in the callback takes it
+// and evicts 5 more in a pass of its own while the outer pass is still reporting.
+void a_store_from_an_eviction_callback_evicts_in_a_pass_of_its_own(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 12, 0, 0);
+  for (uint32_t s = 0; s < 4; ++s) {
+    r.now += 10;
+    assert_int_equal(r.store(s, 3), 3);
+  }
+  std::vector<ChunkKey> reported;
+  bool nested = false;
+  r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) {
+    reported.push_back(e.key);
+    if (!nested) {
+      nested = true;
+      r.now += 10;
+      assert_int_equal(r.store(20, 10), 10);
+    }
+  });
+  r.now += 10;
+  assert_int_equal(r.store(9, 5), 5);
+  r.cache->set_event_callback(nullptr);
+  assert_true(nested);
+  // 5 for the outer store's room, 5 for the inner store's beyond it, 5 for the outer store's
+  // chunks once the inner one had filled the tier again.
+  assert_int_equal(r.cache->stats().evictions, 15);
+  assert_int_equal(reported.size(), 15);
+  std::set<std::pair<uint64_t, uint64_t>> once;
+  for (const ChunkKey &k : reported) assert_true(once.insert({k.lo, k.hi}).second);
+  assert_int_equal(r.cache->stats().chunks[1], 12);
+  for (size_t i = 0; i < 5; ++i) assert_true(r.intact(9, i));
+  size_t kept = 5;
+  for (const uint32_t s : {0u, 1u, 2u, 3u, 20u}) {
+    const size_t n = s == 20 ? 10 : 3;
+    const std::vector<ChunkKey> k = r.keys(s, n);
+    for (size_t i = 0; i < n; ++i) {
+      if (!r.cache->resident(k[i])) continue;
+      assert_true(r.intact(s, i));
+      ++kept;
+    }
+  }
+  assert_int_equal(kept, 12);
+}
+
 // A full last tier (host memory, nothing below it) makes a store's room in one pass: a run of
 // new chunks evicts exactly that many of the least recently used, each reported once, and every
 // chunk kept reads back intact.
@@ -2144,6 +2309,9 @@ int main() {
       cmocka_unit_test(host_slabs_are_made_ahead),
       cmocka_unit_test(host_room_is_kept),
       cmocka_unit_test(a_full_host_tier_asks_for_no_slab),
+      cmocka_unit_test(stored_bounds_hold_every_size),
+      cmocka_unit_test(a_batch_of_victims_takes_what_the_bytes_need),
+      cmocka_unit_test(a_store_from_an_eviction_callback_evicts_in_a_pass_of_its_own),
       cmocka_unit_test(stores_wake_the_thread_only_for_work),
       cmocka_unit_test(empty_slabs_give_their_budget_back),
       cmocka_unit_test(a_store_takes_the_budget_of_a_slab_made_meanwhile),
