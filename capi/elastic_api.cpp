@@ -234,6 +234,18 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_tick(uint64_t *lender_blocks_out,
   SWIFTKV_CATCH_ALL
 }
 
+SWIFTKV_API swiftkv_status swiftkv_elastic_resize(uint64_t *lender_blocks_out,
+                                                  uint64_t *borrower_chunks_out, swiftkv_elastic *e,
+                                                  uint64_t owned_blocks) {
+  try {
+    require(lender_blocks_out, "lender_blocks_out");
+    require(borrower_chunks_out, "borrower_chunks_out");
+    require(e, "e");
+    return resize_result(e->region->resize(owned_blocks), lender_blocks_out, borrower_chunks_out);
+  }
+  SWIFTKV_CATCH_ALL
+}
+
 SWIFTKV_API swiftkv_status swiftkv_elastic_lend(swiftkv_lease *out, swiftkv_elastic *e,
                                                 uint64_t max_units) {
   try {

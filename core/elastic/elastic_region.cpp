@@ -156,6 +156,28 @@ ElasticDelta ElasticRegion::tick(uint64_t in_use_blocks) {
   return d;
 }
 
+ElasticDelta ElasticRegion::resize(uint64_t owned_blocks) {
+  std::lock_guard lock(mu_);
+  if (owned_blocks % unit_blocks_ != 0 || owned_blocks > capacity_units_ * unit_blocks_) {
+    fail_invalid("owned_blocks (" + std::to_string(owned_blocks) +
+                 ") must be a whole number of lending units of " + std::to_string(unit_blocks_) +
+                 " blocks, at most the capacity of " +
+                 std::to_string(capacity_units_ * unit_blocks_));
+  }
+  expire_leases_locked(now());
+  const uint64_t units = owned_blocks / unit_blocks_;
+  ElasticDelta d{};
+  if (units > owned_units_) {
+    d = grow_locked(units - owned_units_);
+    ++counters_.scale_ups;
+  } else if (units < owned_units_) {
+    d = shrink_locked(owned_units_ - units);
+    ++counters_.scale_downs;
+  }
+  d.waiting = !reclaiming_.empty();
+  return d;
+}
+
 ElasticDelta ElasticRegion::grow_locked(uint64_t units) {
   if (units > capacity_units_ - owned_units_) {
     fail(SWIFTKV_ENOMEM,

@@ -92,6 +92,12 @@ class ElasticRegion {
   // Expires leases, then Algorithm 1 ScaleDown over the window, never below `in_use_blocks`
   // (the engine's high-water mark: 1 + the highest block holding live KV).
   ElasticDelta tick(uint64_t in_use_blocks);
+  // Expires leases, then sets the owned part to `owned_blocks` (whole units, at most the
+  // capacity): for a lender that decides itself which of its blocks are idle. Growing asks back
+  // the leases on the units it takes; shrinking gives the tail's memory up. Records no request
+  // for ScaleDown. EINVAL (nothing changed) for a count that is not whole units or past the
+  // capacity; ENOMEM (nothing changed) when memory for the growth cannot be committed.
+  ElasticDelta resize(uint64_t owned_blocks);
 
   // Lends up to `max_units` units, the highest free ones, as one contiguous lease.
   Lease lend(uint64_t max_units);

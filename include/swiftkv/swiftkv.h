@@ -685,6 +685,21 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_tick(uint64_t *lender_blocks_out,
                                                 uint64_t *borrower_chunks_out, swiftkv_elastic *e,
                                                 uint64_t in_use_blocks);
 
+/* Expires leases, then sets the owned part to `owned_blocks`, applied: for a lender that decides
+ * itself which of its blocks are idle (an engine whose scheduler takes its tail blocks out of use
+ * before it lends them, as the vLLM connector does), in place of Algorithm 1's two calls. Growing
+ * takes the free units at the owned part's end and asks back the leases on lent ones
+ * (SWIFTKV_IN_PROGRESS until they are released or expire; ready_blocks says how far the lender
+ * may use it meanwhile, swiftkv_elastic_wait_reclaims waits); shrinking gives the tail's memory
+ * up (decommitted: the lender must no longer touch it) and makes it lendable. The owned part
+ * grew or shrank by *lender_blocks_out blocks, the lendable memory by as many borrower chunks
+ * (*borrower_chunks_out). No request is remembered for ScaleDown. SWIFTKV_EINVAL, nothing
+ * changed, for a count that is not a whole number of lending units or is past capacity_blocks;
+ * SWIFTKV_ENOMEM, nothing changed, when the growth's memory cannot be committed. */
+SWIFTKV_API swiftkv_status swiftkv_elastic_resize(uint64_t *lender_blocks_out,
+                                                  uint64_t *borrower_chunks_out, swiftkv_elastic *e,
+                                                  uint64_t owned_blocks);
+
 /* Lends up to `max_units` lending units (>= 1) as one lease: the highest free units, which the
  * owned part reaches last. Fewer units when fewer are free in one run; SWIFTKV_ENOMEM when none
  * is free; SWIFTKV_ESTATE when the region has no borrower. */

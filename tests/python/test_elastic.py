@@ -38,6 +38,15 @@ def test_region_calls(ctx, small_model):
     with pytest.raises(swiftkv.Error) as err:
         e.renew(lease["id"])
     assert err.value.status == swiftkv.Status.ENOTFOUND
+    # The owned part set by hand: 16 blocks (4 more units), then 8 (the lendable tail grows).
+    owned = e.stats()["owned_blocks"]
+    assert e.resize(16) == (swiftkv.Status.OK, abs(16 - owned), abs(16 - owned) // 4 * 3)
+    assert e.resize(8) == (swiftkv.Status.OK, 8, 6)
+    assert e.stats()["owned_blocks"] == 8
+    with pytest.raises(swiftkv.Error) as err:
+        e.resize(9)  # not whole units
+    assert err.value.status == swiftkv.Status.EINVAL and "lending units" in str(err.value)
+    assert e.stats()["owned_blocks"] == 8
     with pytest.raises(swiftkv.Error) as err:
         ctx.elastic(lender_desc(), small_model, capacity_blocks=63)  # not whole units
     assert err.value.status == swiftkv.Status.EINVAL

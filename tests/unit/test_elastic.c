@@ -280,6 +280,72 @@ static void test_scale_up_and_down(void **state) {
   assert_int_equal(stats(f->e).committed_bytes, 0);
 }
 
+/* swiftkv_elastic_resize sets the owned part itself: growing over free units commits them,
+ * growing over a lease asks it back (IN_PROGRESS until released), shrinking gives the memory up,
+ * no request is remembered for ScaleDown, and a bad count changes nothing. */
+static void test_resize(void **state) {
+  fixture *f = *state;
+  uint64_t blocks = SENTINEL, chunks = SENTINEL;
+  assert_ok(swiftkv_elastic_resize(&blocks, &chunks, f->e, 12));
+  assert_int_equal(blocks, 6);
+  assert_int_equal(chunks, 4);
+  swiftkv_elastic_stats s = stats(f->e);
+  assert_int_equal(s.owned_blocks, 12);
+  assert_int_equal(s.ready_blocks, 12);
+  assert_int_equal(s.committed_bytes, 12 * 4096);
+  assert_int_equal(s.scale_ups, 1);
+  assert_ok(swiftkv_elastic_resize(&blocks, &chunks, f->e, 12)); /* already: nothing */
+  assert_int_equal(blocks, 0);
+  assert_int_equal(stats(f->e).scale_ups, 1);
+  /* Units 4..9 lent (blocks 12..29); growing to 21 blocks takes 3 of them back. */
+  swiftkv_lease l = SWIFTKV_LEASE_INIT;
+  assert_ok(swiftkv_elastic_lend(&l, f->e, 6));
+  assert_int_equal(l.first_block, 12);
+  assert_status(swiftkv_elastic_resize(&blocks, &chunks, f->e, 21), SWIFTKV_IN_PROGRESS);
+  assert_int_equal(blocks, 9);
+  assert_int_equal(chunks, 6);
+  s = stats(f->e);
+  assert_int_equal(s.owned_blocks, 21);
+  assert_int_equal(s.ready_blocks, 12);
+  assert_int_equal(s.reclaiming_blocks, 9);
+  swiftkv_lease got = SWIFTKV_LEASE_INIT;
+  assert_ok(swiftkv_elastic_lease_get(&got, f->e, l.id));
+  assert_int_equal(got.reclaim_requested, 1);
+  assert_ok(swiftkv_elastic_release(f->e, l.id));
+  s = stats(f->e);
+  assert_int_equal(s.ready_blocks, 21);
+  assert_int_equal(s.lent_blocks, 0);
+  assert_int_equal(s.free_blocks, 9);
+  /* Back down to 3 blocks: 18 given up, their memory with them. */
+  assert_ok(swiftkv_elastic_resize(&blocks, &chunks, f->e, 3));
+  assert_int_equal(blocks, 18);
+  assert_int_equal(chunks, 12);
+  s = stats(f->e);
+  assert_int_equal(s.owned_blocks, 3);
+  assert_int_equal(s.committed_bytes, 3 * 4096);
+  assert_int_equal(s.scale_downs, 1);
+  /* No request was remembered: within the window, tick takes the rest (scale_for_request of
+   * as many tokens would have kept them). */
+  assert_ok(swiftkv_elastic_resize(&blocks, &chunks, f->e, 12));
+  f->now += 10 * MS;
+  assert_ok(swiftkv_elastic_tick(&blocks, &chunks, f->e, 0));
+  assert_int_equal(blocks, 12);
+  assert_int_equal(stats(f->e).owned_blocks, 0);
+  /* Bad counts change nothing. */
+  assert_ok(swiftkv_elastic_resize(&blocks, &chunks, f->e, 6));
+  const swiftkv_elastic_stats before = stats(f->e);
+  blocks = chunks = SENTINEL;
+  assert_status(swiftkv_elastic_resize(&blocks, &chunks, f->e, 7), SWIFTKV_EINVAL);
+  assert_message_contains("whole number of lending units of 3 blocks");
+  assert_status(swiftkv_elastic_resize(&blocks, &chunks, f->e, 33), SWIFTKV_EINVAL);
+  assert_message_contains("capacity of 30");
+  assert_true(blocks == SENTINEL && chunks == SENTINEL);
+  assert_status(swiftkv_elastic_resize(NULL, &chunks, f->e, 3), SWIFTKV_EINVAL);
+  assert_status(swiftkv_elastic_resize(&blocks, &chunks, NULL, 3), SWIFTKV_EINVAL);
+  const swiftkv_elastic_stats after = stats(f->e);
+  assert_same_stats(&before, &after);
+}
+
 /* Lender bytes in kept blocks survive every resize, lend and release. */
 static void test_lender_bytes_untouched(void **state) {
   fixture *f = *state;
@@ -697,6 +763,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lease_in_borrower_geometry, setup, teardown),
       cmocka_unit_test(test_qwen_pair_addresses),
       cmocka_unit_test_setup_teardown(test_scale_up_and_down, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_resize, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lender_bytes_untouched, setup, teardown),
       cmocka_unit_test_setup_teardown(test_reclaim_protocol, setup, teardown),
       cmocka_unit_test_setup_teardown(test_lease_expiry, setup, teardown),

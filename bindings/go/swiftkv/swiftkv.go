@@ -1245,6 +1245,17 @@ func (e *Elastic) Tick(inUseBlocks uint64) (Status, uint64, uint64, error) {
 	return st, uint64(b), uint64(c), err
 }
 
+// Resize sets the owned part to ownedBlocks (whole lending units): status (OK, or InProgress
+// while leases on the units it took back are given back), lender blocks grown or shrunk,
+// borrower chunks.
+func (e *Elastic) Resize(ownedBlocks uint64) (Status, uint64, uint64, error) {
+	var b, c C.uint64_t
+	st, err := e.call(func(r *C.swiftkv_elastic) C.swiftkv_status {
+		return C.swiftkv_elastic_resize(&b, &c, r, C.uint64_t(ownedBlocks))
+	})
+	return st, uint64(b), uint64(c), err
+}
+
 // Lease is a lease on lent memory.
 type Lease struct {
 	ID, FirstBlock, Blocks, Chunks, Offset, Bytes uint64

@@ -444,6 +444,15 @@ func TestElasticRegionAndLocalBorrow(t *testing.T) {
 	if st, _, _, err := e.Tick(64); err != nil || st != OK {
 		t.Fatal(st, err)
 	}
+	// The owned part set by hand: down to 8 blocks (14 units given up), and a bad count refused.
+	if st, shrunk, gained, err := e.Resize(8); err != nil || st != OK || shrunk != 56 || gained != 42 {
+		t.Fatal(st, shrunk, gained, err)
+	}
+	_, _, _, err = e.Resize(9)
+	wantStatus(t, err, EINVAL)
+	if s := val(e.Stats()); s.OwnedBlocks != 8 {
+		t.Fatalf("%+v", s)
+	}
 	_, err = e.Lease(l.ID)
 	wantStatus(t, err, ENOTFOUND)
 	wantStatus(t, e.Offer("x"), ESTATE)

@@ -1339,6 +1339,14 @@ class Elastic:
         return Status(st), b, c
 
     @_in_call
+    def resize(self, owned_blocks: int) -> tuple[Status, int, int]:
+        """Sets the owned part to owned_blocks (whole lending units): (OK, or IN_PROGRESS while
+        leases on units it took back are being given back; lender blocks grown or shrunk;
+        borrower chunks)."""
+        st, b, c = _c.swiftkv_elastic_resize(self.handle, owned_blocks)
+        return Status(st), b, c
+
+    @_in_call
     def lend(self, max_units: int) -> Record:
         out = _c.swiftkv_lease_init()
         _c.swiftkv_elastic_lend(out, self.handle, max_units)

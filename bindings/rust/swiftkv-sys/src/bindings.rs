@@ -2317,6 +2317,14 @@ extern "C" {
     ) -> swiftkv_status;
 }
 extern "C" {
+    pub fn swiftkv_elastic_resize(
+        lender_blocks_out: *mut u64,
+        borrower_chunks_out: *mut u64,
+        e: *mut swiftkv_elastic,
+        owned_blocks: u64,
+    ) -> swiftkv_status;
+}
+extern "C" {
     pub fn swiftkv_elastic_lend(
         out: *mut swiftkv_lease,
         e: *mut swiftkv_elastic,

@@ -1374,6 +1374,16 @@ impl<'a> Elastic<'a> {
         Ok((st, b, c))
     }
 
+    /// Sets the owned part to `owned_blocks` (whole lending units), applied: (OK, or
+    /// IN_PROGRESS while leases on the units it took back are given back; lender blocks grown
+    /// or shrunk; borrower chunks).
+    pub fn resize(&self, owned_blocks: u64) -> Result<(Status, u64, u64)> {
+        let (mut b, mut c) = (0, 0);
+        let st =
+            check(unsafe { sys::swiftkv_elastic_resize(&mut b, &mut c, self.raw, owned_blocks) })?;
+        Ok((st, b, c))
+    }
+
     pub fn lend(&self, max_units: u64) -> Result<Lease> {
         let mut l = library_defaults(sys::swiftkv_lease_init);
         check(unsafe { sys::swiftkv_elastic_lend(&mut l, self.raw, max_units) })?;

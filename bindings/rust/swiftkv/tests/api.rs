@@ -352,6 +352,10 @@ fn elastic_region_and_local_borrow() {
     assert_eq!(e.renew(l.id).unwrap_err().status, Status::ENOTFOUND);
     assert!(e.pending_reclaims().unwrap().is_empty());
     assert_eq!(e.tick(64).unwrap().0, Status::OK);
+    // The owned part set by hand: down to 8 blocks (14 units given up), a bad count refused.
+    assert_eq!(e.resize(8).unwrap(), (Status::OK, 56, 42));
+    assert_eq!(e.resize(9).unwrap_err().status, Status::EINVAL);
+    assert_eq!(e.stats().unwrap().owned_blocks, 8);
     assert_eq!(e.lease(l.id).unwrap_err().status, Status::ENOTFOUND);
     assert_eq!(e.offer("x").unwrap_err().status, Status::ESTATE); // no coord_endpoint
     drop(e);
