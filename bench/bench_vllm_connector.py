@@ -75,7 +75,7 @@ def lookup_server(path: str) -> int:
     """--lookup-server PATH: a worker's lookup socket over lookup_model(), until stdin closes."""
     sv, _ = load_connector()
     ctx, model, _ = lookup_model()
-    server = sv._LookupServer(model, path)
+    server = sv.lookup.LookupServer(model, path)
     print("ready", flush=True)
     sys.stdin.read()
     server.close()
@@ -95,11 +95,11 @@ def lookup_rows(sv, reps: int) -> dict:
         for p in procs:
             assert p.stdout.readline().strip() == "ready"
         ctx, model, hashes = lookup_model()
-        one, two = sv._LookupClient(paths[:1], 30.0), sv._LookupClient(paths, 30.0)
+        one, two = sv.lookup.LookupClient(paths[:1], 30.0), sv.lookup.LookupClient(paths, 30.0)
         per, chunks = LOOKUP_CHUNK // BLOCK, LOOKUP_TOKENS // LOOKUP_CHUNK
 
         def names():  # the connector's names of the prompt's chunks, from vLLM's hashes
-            return sv._chunk_names(hashes, per, chunks)
+            return sv.common.chunk_names(hashes, per, chunks)
 
         want = model.lookup_named(names()).residency
         assert (want[:chunks // 2] == int(swiftkv.Tier.HOST)).all()
@@ -154,7 +154,7 @@ def main() -> int:
     w = sv.SwiftKVConnector(config, KVConnectorRole.WORKER, kv_config)
     tensors = {n: torch.zeros(2, blocks, BLOCK, HEADS, DIM, dtype=torch.float16) for n in NAMES}
     w.register_kv_caches(tensors)
-    store = w._store
+    store = w.connector_worker.store
     seq = [0]
 
     def step_requests():
@@ -164,7 +164,7 @@ def main() -> int:
             seq[0] += 1
             name = np.frombuffer(hashlib.sha256(seq[0].to_bytes(8, "little")).digest(),
                                  np.uint8).reshape(1, 32)
-            out.append(sv._RequestMeta(f"r{seq[0]}", CHUNK, name, [i]))
+            out.append(sv.common.RequestMeta(f"r{seq[0]}", CHUNK, name, [i]))
         return out
 
     def connector_step(reqs) -> float:
@@ -179,7 +179,7 @@ def main() -> int:
         w.wait_for_save()
         w.clear_connector_metadata()
         for r in reqs:
-            w._drain(r.req_id)
+            w.connector_worker.drain(r.req_id)
         w.get_finished({r.req_id for r in reqs})
         return (t1 - t0) / LAYERS / 1000.0
 

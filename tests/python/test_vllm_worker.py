@@ -36,6 +36,10 @@ def _stand_in_vllm():
     class KVConnectorMetadata:
         pass
 
+    class KVConnectorWorkerMetadata:
+        def aggregate(self, other):
+            raise NotImplementedError
+
     class KVConnectorBase_V1:
         def __init__(self, vllm_config, role, kv_cache_config):
             self._vllm_config = vllm_config
@@ -75,7 +79,7 @@ def _stand_in_vllm():
     module("vllm.logger", init_logger=logging.getLogger)
     module("vllm.distributed.kv_transfer.kv_connector.v1.base",
            KVConnectorBase_V1=KVConnectorBase_V1, KVConnectorMetadata=KVConnectorMetadata,
-           KVConnectorRole=KVConnectorRole)
+           KVConnectorRole=KVConnectorRole, KVConnectorWorkerMetadata=KVConnectorWorkerMetadata)
     module("vllm.v1.metrics.cache_hit_source", CacheHitSource=CacheHitSource)
     module("vllm.v1.kv_cache_interface", FullAttentionSpec=FullAttentionSpec)
     module("vllm.model_executor.models.utils",
@@ -157,7 +161,7 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
     w = connector(sv, f"worker-{device}-{layout}")
     w.register_kv_caches(tensors)
     try:
-        assert w._store.desc.device == (swiftkv.DEVICE_HOST if device == "cpu" else
+        assert w.connector_worker.store.desc.device == (swiftkv.DEVICE_HOST if device == "cpu" else
                                         torch.cuda.current_device())
         tokens = np.arange(3 * CHUNK + 5, dtype=np.uint32) + 7  # 3 chunks and a bit
         blocks = [5, 1, 9, 3, 7, 11, 2]
@@ -188,17 +192,17 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
 
         # The chunks' names, as the scheduler side takes them from vLLM's block hashes.
         names = np.random.default_rng(2).integers(0, 256, (3, 32), dtype=np.uint8)
-        save = sv._RequestMeta("r1", len(tokens), names, list(blocks))
+        save = sv.common.RequestMeta("r1", len(tokens), names, list(blocks))
         assert run_step(w, sv.SwiftKVConnectorMetadata(requests=[save]), tensors, write) == set()
-        w._drain("r1")  # its saves run on the connector's thread: wait for them
+        w.connector_worker.drain("r1")  # its saves run on the connector's thread: wait for them
         assert w.get_finished({"r1"}) == ({"r1"}, None)
-        assert w._store.model.lookup_named(names).prefix_tokens == 3 * CHUNK
+        assert w.connector_worker.store.model.lookup_named(names).prefix_tokens == 3 * CHUNK
 
         # A later request: vLLM holds the first block itself; the rest of the 3 chunks loads.
         for t in tensors.values():
             t.zero_()
         blocks2 = [4, 8, 0, 6, 10, 12, 13]
-        load = sv._RequestMeta("r2", len(tokens), names, list(blocks2), load_from=BLOCK,
+        load = sv.common.RequestMeta("r2", len(tokens), names, list(blocks2), load_from=BLOCK,
                                load_to=3 * CHUNK)
         assert run_step(w, sv.SwiftKVConnectorMetadata(requests=[load]), tensors) == set()
         if device == "cuda":

@@ -31,6 +31,7 @@ def names_of(tokens) -> np.ndarray:
     from vllm.v1.request import Request
 
     from swiftkv.integrations import vllm as sv
+    from swiftkv.integrations.vllm import common as svc  # noqa: E402
     if not hasattr(kv_cache_utils, "NONE_HASH"):  # a process of its own: as vLLM's engine core
         init_none_hash(sha256)
     r = Request(request_id="names", prompt_token_ids=[int(t) for t in tokens],
@@ -39,7 +40,7 @@ def names_of(tokens) -> np.ndarray:
     chunks = len(tokens) // CHUNK
     if chunks == 0:
         return np.zeros((0, 32), np.uint8)
-    return sv._chunk_names(r.block_hashes, CHUNK // BLOCK, chunks)
+    return svc.chunk_names(r.block_hashes, CHUNK // BLOCK, chunks)
 
 
 def prefix_hashes(tokens) -> np.ndarray:

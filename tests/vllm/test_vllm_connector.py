@@ -36,6 +36,9 @@ import swiftkv
 from kvsim import (BLOCK, CHUNK, DIM, DRAFTER, HEADS, LAYERS, NAMES, KVTensors, names_of,
                    prefix_hashes, worker_step)
 from swiftkv.integrations import vllm as sv
+from swiftkv.integrations.vllm import worker as svw  # noqa: E402
+from swiftkv.integrations.vllm import common as svc  # noqa: E402
+from swiftkv.integrations.vllm import lookup as svl  # noqa: E402
 
 EOS = 999
 
@@ -384,7 +387,7 @@ def test_prefix_saved_in_one_request_is_loaded_by_a_later_one(engine, layout, ke
     e.run()
     assert e.computed["a"] == 300 + 3  # the prompt, then 3 decode steps
     # The prompt's 4 full chunks were saved; the fifth (256-320) never filled.
-    kv_model = e.worker._store.model
+    kv_model = e.worker.connector_worker.store.model
     assert kv_model.lookup_named(names_of(prompt)).prefix_tokens == 256
     e.forget_local()  # vLLM's own prefix cache is empty: only the connector has the prefix
     turn2 = prompt + e.outputs["a"][:-1] + tokens_of(2, 100)
@@ -401,7 +404,7 @@ def next_turn_loads(e, conversation: list, saved: int, seed: int) -> None:
     """The library holds the conversation's first `saved` tokens; with vLLM's own prefix cache
     emptied, a next turn of 30 more tokens is offered them, loads them byte for byte (the
     stand-in's check) and computes only the rest."""
-    kv_model = e.worker._store.model
+    kv_model = e.worker.connector_worker.store.model
     assert kv_model.lookup_named(names_of(conversation)).prefix_tokens == saved
     e.forget_local()
     e.add("b", conversation + tokens_of(seed, 30), max_tokens=1)
@@ -423,7 +426,7 @@ def test_chunks_completed_by_decoding_are_saved(engine, async_scheduling):
     out = list(e.requests["a"].output_token_ids)
     assert len(out) == 40
     next_turn_loads(e, prompt + out[:-1], 320, 191)  # the last sampled token has no K/V
-    assert e.worker._store.ctx.stats()["requests_open"] == 0
+    assert e.worker.connector_worker.store.ctx.stats()["requests_open"] == 0
 
 
 @pytest.mark.parametrize("async_scheduling,eagle", [(False, False), (True, False), (False, True)])
@@ -448,8 +451,8 @@ def test_speculative_decoding_saves_only_verified_tokens(engine, tmp_path, async
             "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "torch_dtype": "float16",
             "tie_word_embeddings": False}))
     e = engine(spec_tokens=3, async_scheduling=async_scheduling, drafter_dir=drafter_dir)
-    assert e.worker._geometry.layer_names == NAMES
-    assert e.worker._drafter == ({DRAFTER} if eagle else set())
+    assert e.worker.cfg.geometry.layer_names == NAMES
+    assert e.worker.cfg.drafter == ({DRAFTER} if eagle else set())
     prompt = tokens_of(192, 100)
     e.add("a", prompt, max_tokens=200)
     e.run()
@@ -486,7 +489,7 @@ def test_a_chunk_lost_before_the_load_is_reported_and_recomputed(engine):
     e.run()
     e.forget_local()
     turn2 = prompt + tokens_of(7, 64)
-    model = e.worker._store.model
+    model = e.worker.connector_worker.store.model
     key = names_of(prompt)
 
     def drop_chunk_2(out):
@@ -516,9 +519,10 @@ def test_preemption_and_abort_free_what_the_connector_holds(engine):
     e.run()
     assert e.scheduler.kv_cache_manager.block_pool.get_num_free_blocks() == 40 - 1
     assert any(r.num_preemptions > 0 for r in e.requests.values()), "nothing was preempted"
-    assert e.connector._scheduled == {} and e.connector._matched == {}
-    assert e.worker._step is None
-    assert e.worker._store.ctx.stats()["requests_open"] == 0
+    sched = e.connector.connector_scheduler
+    assert sched.scheduled == {} and sched.matched == {}
+    assert e.worker.connector_worker.step is None
+    assert e.worker.connector_worker.store.ctx.stats()["requests_open"] == 0
 
 
 def test_many_concurrent_requests(engine):
@@ -537,7 +541,7 @@ def test_many_concurrent_requests(engine):
         want = min(len(p) // CHUNK * CHUNK, (len(p) - 1) // BLOCK * BLOCK)
         assert local + external == want, (rid, local, external)
     assert not any(e.errors)
-    assert e.worker._store.ctx.stats()["requests_open"] == 0
+    assert e.worker.connector_worker.store.ctx.stats()["requests_open"] == 0
 
 
 def test_disk_tier_round_trip_and_hit_sources(engine, tmp_path):
@@ -545,14 +549,14 @@ def test_disk_tier_round_trip_and_hit_sources(engine, tmp_path):
     prompt = tokens_of(30, 256)
     e.add("a", prompt, max_tokens=1)
     e.run()
-    model = e.worker._store.model
+    model = e.worker.connector_worker.store.model
     assert model.move_named(names_of(prompt), swiftkv.Tier.DISK) == 4
     e.forget_local()
     b = e.add("b", prompt + tokens_of(31, 16), max_tokens=1)
     sources = []
     e.step(before_worker=lambda out: sources.append(
         e.connector.get_external_cache_hit_sources(b, 256)))
-    assert sources == [{sv.CacheHitSource.DISK: 256}]
+    assert sources == [{svc.CacheHitSource.DISK: 256}]
     e.run()
     assert e.computed["b"] == 16 + 0
     assert not any(e.errors)
@@ -587,7 +591,7 @@ def test_hooks_out_of_vllm_order_are_refused(engine):
     blocks = e.scheduler.kv_cache_manager.get_block_ids("b")[0]
     assert w.get_block_ids_with_load_errors() == set(blocks[:192 // BLOCK])
     w.clear_connector_metadata()
-    assert w._store.ctx.stats()["requests_open"] == 0
+    assert w.connector_worker.store.ctx.stats()["requests_open"] == 0
 
 
 def test_bad_configuration_is_refused_clearly(model_dir):
@@ -624,9 +628,9 @@ def test_bad_configuration_is_refused_clearly(model_dir):
     # The releases tested: 0.32 (vLLM's CPU build, whole engines) and 0.33 (here).
     for version in ("0.31.2", "0.34.0", "1.0.0", "nightly"):
         with pytest.raises(ImportError, match=f"not vLLM {version}"):
-            sv._check_vllm_version(version)
-    sv._check_vllm_version("0.32.0")
-    sv._check_vllm_version("0.33.0")
+            svc.check_vllm_version(version)
+    svc.check_vllm_version("0.32.0")
+    svc.check_vllm_version("0.33.0")
 
 
 def held_saves(monkeypatch):
@@ -634,13 +638,13 @@ def held_saves(monkeypatch):
     (it is not, at first)."""
     import threading
     gate = threading.Event()
-    finish = sv.SwiftKVConnector._finish_saves
+    finish = svw.SwiftKVConnectorWorker.finish_saves
 
     def slow(req, stream):
         assert gate.wait(30)
         finish(req, stream)
 
-    monkeypatch.setattr(sv.SwiftKVConnector, "_finish_saves", staticmethod(slow))
+    monkeypatch.setattr(svw.SwiftKVConnectorWorker, "finish_saves", staticmethod(slow))
     return gate
 
 
@@ -666,7 +670,7 @@ def test_a_request_without_block_hashes_is_neither_offered_nor_saved(engine):
     prompt = tokens_of(90, 200)
     e.add("keyed", prompt, max_tokens=1)
     e.run()
-    model = e.worker._store.model
+    model = e.worker.connector_worker.store.model
     assert model.lookup_named(names_of(prompt)).prefix_tokens == 192
     e.forget_local()
     sp = SamplingParams(max_tokens=1)
@@ -677,12 +681,12 @@ def test_a_request_without_block_hashes_is_neither_offered_nor_saved(engine):
     e.requests["bare"] = r
     e.computed["bare"] = 0
     e.scheduler.add_request(r)
-    stores = e.worker._store.ctx.stats()["stores"]
+    stores = e.worker.connector_worker.store.ctx.stats()["stores"]
     e.run()
     assert e.offered("bare") == (0, 0)
     assert e.computed["bare"] == 300  # all of it, vLLM's own cache emptied
     assert e.connector.unkeyed_requests == 1
-    assert e.worker._store.ctx.stats()["stores"] == stores  # nothing saved for it
+    assert e.worker.connector_worker.store.ctx.stats()["stores"] == stores  # nothing saved for it
 
 
 def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monkeypatch):
@@ -694,7 +698,7 @@ def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monke
     gate = held_saves(monkeypatch)
     gate.set()
     e = engine()
-    model = e.worker._store.model
+    model = e.worker.connector_worker.store.model
     first, second = tokens_of(75, 128), tokens_of(76, 128)
     e.add("a", first, max_tokens=1)
     e.run()
@@ -703,7 +707,7 @@ def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monke
     e.add("c", second, max_tokens=1)
     for _ in range(4):  # two prefill steps, then steps waiting for the saves
         e.step()
-    pending = list(e.worker._saving["c"])
+    pending = list(e.worker.connector_worker.saving["c"])
     assert pending and not any(f.done() for f in pending)
     result = {}
     reset = threading.Thread(target=lambda: result.setdefault(
@@ -718,7 +722,7 @@ def test_a_cache_reset_drops_every_chunk_after_the_saves_in_flight(engine, monke
     assert all(f.done() for f in pending)
     for tokens in (first, second):
         assert model.lookup_named(names_of(tokens)).prefix_tokens == 0
-    assert e.worker._store.ctx.stats()["chunks"][int(swiftkv.Tier.HOST)] == 0
+    assert e.worker.connector_worker.store.ctx.stats()["chunks"][int(swiftkv.Tier.HOST)] == 0
     e.run()  # "c" reported, its blocks freed
     assert e.scheduler.reset_prefix_cache(reset_connector=True)
     e.add("b", first + tokens_of(77, 16), max_tokens=1)
@@ -770,14 +774,14 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         # 8 units: room for 8 chunks, twice the prompt's, so that keeping some of the tier free
         # (the library's demote_free_percent) moves nothing out of it.
         e = engine(extra={"lenders": [{"endpoint": endpoint, "name": "worker", "units": 8}]})
-        assert len(e.worker._store.leases) == 1
-        capacity = e.worker._store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
-        assert capacity == 8 * e.worker._store.desc.chunk_bytes
+        assert len(e.worker.connector_worker.store.leases) == 1
+        capacity = e.worker.connector_worker.store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
+        assert capacity == 8 * e.worker.connector_worker.store.desc.chunk_bytes
         prompt = tokens_of(50, 256)
         e.add("a", prompt, max_tokens=1)
         e.run()
         key = names_of(prompt)
-        kv_model = e.worker._store.model
+        kv_model = e.worker.connector_worker.store.model
         # Peer first: the first chunk's slot is always there. A chunk saved while the open
         # requests hold half of the peer tier already (the library's share for them; saves end
         # off the step, so a slow saver holds slots longer) goes to host memory instead.
@@ -790,9 +794,9 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         sources = []
         e.step(before_worker=lambda out: sources.append(
             e.connector.get_external_cache_hit_sources(b, 256)))
-        want = {sv.CacheHitSource.P2P: peer}
+        want = {svc.CacheHitSource.P2P: peer}
         if peer < 256:
-            want[sv.CacheHitSource.HOST] = 256 - peer
+            want[svc.CacheHitSource.HOST] = 256 - peer
         assert sources == [want]
         e.run()
         assert e.computed["b"] == 16
@@ -817,7 +821,7 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
 def test_an_unreachable_lender_leaves_the_engine_serving(engine, tmp_path):
     e = engine(extra={"lenders": [{"endpoint": f"ipc://{tmp_path}/nobody", "name": "worker",
                                    "units": 4}]})
-    assert e.worker._store.leases == []
+    assert e.worker.connector_worker.store.leases == []
     e.add("a", tokens_of(60, 100), max_tokens=1)
     e.run()
     with pytest.raises(ValueError, match="each lender is"):
@@ -840,18 +844,18 @@ def test_saves_in_flight_hold_their_blocks(engine, monkeypatch):
     assert held < e.num_blocks - 1
     gate.set()
     e.run()  # the next step reports "a" and vLLM frees its blocks
-    assert e.worker._store.model.lookup_named(names_of(tokens_of(70, 128))).prefix_tokens \
-        == 128
+    store = e.worker.connector_worker.store
+    assert store.model.lookup_named(names_of(tokens_of(70, 128))).prefix_tokens == 128
 
     # A preempted request: handle_preemptions returns only once its saves are done.
     gate.clear()
     e.add("b", tokens_of(71, 64), max_tokens=8)
     e.step()
-    pending = list(e.worker._saving["b"])
+    pending = list(e.worker.connector_worker.saving["b"])
     assert pending and not any(f.done() for f in pending)
     threading.Timer(0.2, gate.set).start()
     e.worker.handle_preemptions(sv.SwiftKVConnectorMetadata(preempted={"b"}))
-    assert all(f.done() for f in pending) and "b" not in e.worker._saving
+    assert all(f.done() for f in pending) and "b" not in e.worker.connector_worker.saving
     e.run()
 
 
@@ -862,14 +866,14 @@ def test_a_corrupt_disk_chunk_is_reported_and_recomputed(engine, tmp_path):
     prompt = tokens_of(80, 256)
     e.add("a", prompt, max_tokens=1)
     e.run()
-    kv_model = e.worker._store.model
+    kv_model = e.worker.connector_worker.store.model
     key = names_of(prompt)
     assert kv_model.move_named(key, swiftkv.Tier.DISK) == 4
     # docs/disk-format.md: a 128-byte segment header, then per chunk a 128-byte record header
     # and the payload rounded up to 64 bytes, in the order they were written (chunks 0-3).
     segments = [p for p in os.listdir(tmp_path) if p.endswith(".kvlog")]
     assert len(segments) == 1
-    record = 128 + (e.worker._store.desc.chunk_bytes + 63) // 64 * 64
+    record = 128 + (e.worker.connector_worker.store.desc.chunk_bytes + 63) // 64 * 64
     with open(tmp_path / segments[0], "r+b") as f:
         f.seek(128 + record + 128 + 1000)  # inside chunk 1's payload
         byte = f.read(1)[0]
@@ -883,7 +887,7 @@ def test_a_corrupt_disk_chunk_is_reported_and_recomputed(engine, tmp_path):
     assert errors == set(blocks[CHUNK // BLOCK:256 // BLOCK])
     e.run()
     assert e.computed["b"] == 64 + (320 - CHUNK)
-    assert e.worker._store.ctx.stats()["load_failures"] >= 1
+    assert e.worker.connector_worker.store.ctx.stats()["load_failures"] >= 1
 
 
 def test_lent_memory_lost_before_the_load_is_reported(engine, tmp_path):
@@ -897,7 +901,7 @@ def test_lent_memory_lost_before_the_load_is_reported(engine, tmp_path):
         e.add("a", prompt, max_tokens=1)
         e.run()
         e.forget_local()
-        ctx = e.worker._store.ctx
+        ctx = e.worker.connector_worker.store.ctx
 
         def kill_lender(out):
             lender.proc.kill()
@@ -955,7 +959,7 @@ def test_a_producer_saves_and_a_consumer_loads(engine, tmp_path):
     c.run()
     assert c.offered("b") == (0, 256)
     assert c.computed["b"] == 128
-    kv_model = c.worker._store.model
+    kv_model = c.worker.connector_worker.store.model
     assert kv_model.lookup_named(names_of(turn)).prefix_tokens == 256  # none saved
     assert not any(c.errors)
 
@@ -979,7 +983,7 @@ def test_requests_the_library_cannot_open_are_recomputed(engine):
     assert errors == blocks[1] | blocks[2]  # the first opened; the two others reported
     e.run()
     assert e.computed["b0"] == 16 and e.computed["b1"] == e.computed["b2"] == 16 + 144
-    assert e.worker._store.ctx.stats()["requests_open"] == 0
+    assert e.worker.connector_worker.store.ctx.stats()["requests_open"] == 0
 
 
 # ---- tensor parallelism: workers in processes of their own -----------------------------------
@@ -995,7 +999,7 @@ def test_tensor_parallel_workers_each_keep_their_shard(engine, tmp_path, async_s
     budget = 64 << 20
     e = engine(workers=2, extra={"disk_path": str(tmp_path / "disk"), "disk_budget_bytes": budget,
                                  "socket_dir": str(sockets)}, async_scheduling=async_scheduling)
-    assert not e.connector._in_process
+    assert not e.connector.cfg.in_process
     assert sorted(os.listdir(tmp_path / "disk")) == ["tp0of2", "tp1of2"]
     assert stat.S_IMODE(os.stat(sockets).st_mode) == 0o700
     assert sorted(os.path.dirname(p) for p in e.sockets) == [str(sockets)] * 2
@@ -1111,11 +1115,11 @@ def test_the_lookup_socket(tmp_path):
     import stat
     tokens = tokens_of(170, 3 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
-    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    paths = [svl.socket_path(opts, "engine", rank) for rank in range(2)]
     assert stat.S_IMODE(os.stat(tmp_path / "s").st_mode) == 0o700
     os.chmod(tmp_path / "s", 0o755)
     with pytest.raises(ValueError, match="mode 0700"):
-        sv._socket_path(opts, "engine", 0)
+        svl.socket_path(opts, "engine", 0)
     os.chmod(tmp_path / "s", 0o700)
     # A socket file left by a worker that died: replaced.
     stale = socket.socket(socket.AF_UNIX)
@@ -1124,10 +1128,10 @@ def test_the_lookup_socket(tmp_path):
     a = _Shard(tokens, 2)
     b = _Shard(tokens, 3, disk=tmp_path / "disk")
     assert b.model.move_named(names_of(tokens[:CHUNK]), swiftkv.Tier.DISK) == 1
-    servers = [sv._LookupServer(a.model, paths[0]), sv._LookupServer(b.model, paths[1])]
+    servers = [svl.LookupServer(a.model, paths[0]), svl.LookupServer(b.model, paths[1])]
     try:
         with pytest.raises(RuntimeError, match="served by a live engine"):
-            sv._LookupServer(a.model, paths[0])
+            svl.LookupServer(a.model, paths[0])
         garbage = socket.socket(socket.AF_UNIX)
         garbage.connect(paths[0])
         garbage.sendall(b"GARBAGE!GARB")  # a header's length, not one
@@ -1138,10 +1142,10 @@ def test_the_lookup_socket(tmp_path):
         for names, size in ((1 << 20, 32), (1, 65), (1, 0)):
             big = socket.socket(socket.AF_UNIX)
             big.connect(paths[0])
-            big.sendall(sv._HEAD.pack(b"SKVQ", sv._PROTOCOL, size, names))
+            big.sendall(svl.HEAD.pack(b"SKVQ", svl.PROTOCOL, size, names))
             assert big.recv(16) == b""
             big.close()
-        client = sv._LookupClient(paths, 5.0)
+        client = svl.LookupClient(paths, 5.0)
         got = client.lookup(names_of(tokens)).tolist()
         T = swiftkv.Tier
         assert got == [int(T.DISK), int(T.HOST), int(T.DROPPED)]
@@ -1151,7 +1155,7 @@ def test_the_lookup_socket(tmp_path):
         with pytest.raises(RuntimeError, match="lookup failed: worker 1"):
             client.lookup(names_of(tokens))
         with pytest.raises(RuntimeError, match="worker 1 does not answer lookups"):
-            sv._LookupClient(paths, 0.2).lookup(names_of(tokens))
+            svl.LookupClient(paths, 0.2).lookup(names_of(tokens))
     finally:
         for s in servers:
             s.close()
@@ -1179,9 +1183,9 @@ def test_the_lookup_socket_bounds_what_a_client_can_take(tmp_path):
     import tracemalloc
     tokens = tokens_of(174, 2 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
-    path = sv._socket_path(opts, "engine", 0)
+    path = svl.socket_path(opts, "engine", 0)
     a = _Shard(tokens, 2)
-    server = sv._LookupServer(a.model, path, max_names=1 << 16, max_conns=12, idle_s=1.0,
+    server = svl.LookupServer(a.model, path, max_names=1 << 16, max_conns=12, idle_s=1.0,
                               message_s=0.5)
     conns = []
     try:
@@ -1190,9 +1194,9 @@ def test_the_lookup_socket_bounds_what_a_client_can_take(tmp_path):
         for _ in range(8):  # each announces (1 << 16) - 1 names of 64 bytes: 4 MiB
             c = socket.socket(socket.AF_UNIX)
             c.connect(path)
-            c.sendall(sv._HEAD.pack(b"SKVQ", sv._PROTOCOL, 64, (1 << 16) - 1) + b"x" * 64)
+            c.sendall(svl.HEAD.pack(b"SKVQ", svl.PROTOCOL, 64, (1 << 16) - 1) + b"x" * 64)
             conns.append(c)
-        client = sv._LookupClient([path], 5.0)
+        client = svl.LookupClient([path], 5.0)
         host = int(swiftkv.Tier.HOST)
         assert client.lookup(names_of(tokens)).tolist() == [host] * 2  # served meanwhile
         grown = tracemalloc.get_traced_memory()[0] - base
@@ -1216,10 +1220,10 @@ def test_the_lookup_socket_bounds_what_a_client_can_take(tmp_path):
         # Idle ones go (the client's too), and the client connects again at its next lookup.
         assert all(_closed_soon(c) for c in conns)
         for _ in range(1000):
-            if sv._closed_by_peer(client._socks[0]):
+            if svl.closed_by_peer(client._socks[0]):
                 break
             time.sleep(0.01)
-        assert sv._closed_by_peer(client._socks[0])
+        assert svl.closed_by_peer(client._socks[0])
         assert client.lookup(names_of(tokens)).tolist() == [host] * 2
         client.close()
     finally:
@@ -1245,11 +1249,11 @@ def test_a_failed_lookup_leaves_the_connections_in_step(tmp_path):
 
     tokens = tokens_of(172, 3 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
-    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    paths = [svl.socket_path(opts, "engine", rank) for rank in range(2)]
     a, b = _Shard(tokens, 3), _Shard(tokens, 3)
-    servers = [sv._LookupServer(FailsOnce(a.model), paths[0]), sv._LookupServer(b.model, paths[1])]
+    servers = [svl.LookupServer(FailsOnce(a.model), paths[0]), svl.LookupServer(b.model, paths[1])]
     try:
-        client = sv._LookupClient(paths, 5.0)
+        client = svl.LookupClient(paths, 5.0)
         with pytest.raises(RuntimeError, match="worker 0's lookup failed: .*failing once"):
             client.lookup(names_of(tokens))
         host = int(swiftkv.Tier.HOST)
@@ -1268,16 +1272,16 @@ def test_the_reset_message(tmp_path):
     drops the connection, and the client says the reset failed."""
     tokens = tokens_of(171, 3 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
-    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    paths = [svl.socket_path(opts, "engine", rank) for rank in range(2)]
     a, b = _Shard(tokens, 2), _Shard(tokens, 3)
 
     def refuse():
         raise swiftkv.Error(swiftkv.Status.ESTATE, "refused for the test")
 
-    servers = [sv._LookupServer(a.model, paths[0], lambda: a.model.clear()),
-               sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
+    servers = [svl.LookupServer(a.model, paths[0], lambda: a.model.clear()),
+               svl.LookupServer(b.model, paths[1], lambda: b.model.clear())]
     try:
-        client = sv._LookupClient(paths, 5.0)
+        client = svl.LookupClient(paths, 5.0)
         key = names_of(tokens)
         assert client.reset() == 5
         assert client.lookup(key).tolist() == [int(swiftkv.Tier.DROPPED)] * 3
@@ -1285,13 +1289,13 @@ def test_the_reset_message(tmp_path):
         servers[1].close()
         with pytest.raises(RuntimeError, match="cache reset failed: worker 1"):
             client.reset()  # its connection went with the server
-        servers[1] = sv._LookupServer(b.model, paths[1], refuse)
+        servers[1] = svl.LookupServer(b.model, paths[1], refuse)
         with pytest.raises(RuntimeError, match="worker 1's cache reset failed: .*refused"):
             client.reset()  # connected again
         servers[1].close()
-        servers[1] = sv._LookupServer(b.model, paths[1])  # no resets
+        servers[1] = svl.LookupServer(b.model, paths[1])  # no resets
         with pytest.raises(RuntimeError, match="cache reset failed"):
-            sv._LookupClient(paths, 5.0).reset()
+            svl.LookupClient(paths, 5.0).reset()
     finally:
         for s in servers:
             s.close()
@@ -1305,7 +1309,7 @@ def test_a_reset_finishes_on_the_workers_it_reaches(tmp_path):
     worker 0's reset is done, so nothing worker 0 held is offered after it."""
     tokens = tokens_of(173, 2 * CHUNK)
     opts = dict(sv.OPTIONS, socket_dir=str(tmp_path / "s"))
-    paths = [sv._socket_path(opts, "engine", rank) for rank in range(2)]
+    paths = [svl.socket_path(opts, "engine", rank) for rank in range(2)]
     a, b = _Shard(tokens, 2), _Shard(tokens, 2)
     done = []
 
@@ -1315,10 +1319,10 @@ def test_a_reset_finishes_on_the_workers_it_reaches(tmp_path):
         done.append(dropped)
         return dropped
 
-    servers = [sv._LookupServer(a.model, paths[0], slow_reset),
-               sv._LookupServer(b.model, paths[1], lambda: b.model.clear())]
+    servers = [svl.LookupServer(a.model, paths[0], slow_reset),
+               svl.LookupServer(b.model, paths[1], lambda: b.model.clear())]
     try:
-        client = sv._LookupClient(paths, 5.0)
+        client = svl.LookupClient(paths, 5.0)
         key = names_of(tokens)
         assert client.lookup(key).tolist() == [int(swiftkv.Tier.HOST)] * 2  # both connected
         servers[1].close()
@@ -1339,7 +1343,7 @@ def test_a_data_parallel_engine_keeps_its_own_disk_directory(engine, tmp_path):
                extra={"disk_path": str(tmp_path), "disk_budget_bytes": 64 << 20,
                       "socket_dir": str(tmp_path / "sockets")},
                engine_id="dp-engine_dp1")
-    assert not e.connector._in_process  # the lookups go through the worker's socket
+    assert not e.connector.cfg.in_process  # the lookups go through the worker's socket
     assert os.path.exists(tmp_path / "dp1" / ".swiftkv.lock")
     prompt = tokens_of(180, 256)
     e.add("a", prompt, max_tokens=1)
@@ -1370,8 +1374,8 @@ def test_multimodal_inputs_key_their_chunks(engine):
                        mm_features=[feature], block_hasher=get_request_block_hasher(BLOCK, sha256))
 
     first = request("cat", "image-of-a-cat")
-    names = sv._chunk_names(first.block_hashes, CHUNK // BLOCK, len(tokens) // CHUNK)
-    model = e.worker._store.model
+    names = svc.chunk_names(first.block_hashes, CHUNK // BLOCK, len(tokens) // CHUNK)
+    model = e.worker.connector_worker.store.model
     kv = np.zeros(len(names) * model.desc.chunk_bytes, np.uint8)
     assert model.store_named(names, kv) == 4
     # The tokens alone (no image) name the first chunk the same, none after it.

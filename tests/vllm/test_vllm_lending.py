@@ -1,8 +1,8 @@
-"""The lending policy's scheduler half (swiftkv.integrations._lending.TailLender) against vLLM's
-own BlockPool: which tail units are lent and reclaimed at the watermarks, busy tail blocks taken
-as vLLM frees them, cached ones out of the prefix cache, the reclaim deadline, and, in a random
-run of requests, that no block of a unit out of vLLM's hands is ever in its free queue, its
-prefix cache or a request's blocks."""
+"""The lending policy's scheduler half (swiftkv.integrations.vllm.lending.TailLender) against
+vLLM's own BlockPool: which tail units are lent and reclaimed at the watermarks, busy tail blocks
+taken as vLLM frees them, cached ones out of the prefix cache, the reclaim deadline, and, in a
+random run of requests, that no block of a unit out of vLLM's hands is ever in its free queue,
+its prefix cache or a request's blocks."""
 
 import random
 
@@ -14,7 +14,7 @@ from vllm.v1.core.block_pool import BlockPool
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.request import Request
 
-from swiftkv.integrations._lending import LendOptions, TailLender, Unit
+from swiftkv.integrations.vllm.lending import LendOptions, TailLender, Unit
 
 BLOCK = 16
 NUM_BLOCKS = 64  # block 0 is vLLM's null block
@@ -223,3 +223,85 @@ def test_a_random_run_never_hands_a_lent_block_to_a_request():
         assert all(s is Unit.OWNED for s in lender.state[m:])
         lent_ever = max(lent_ever, sum(s is Unit.LENT for s in lender.state))
     assert lent_ever >= 3 and lender.stats.units_reclaimed >= 2
+
+
+def test_a_region_past_vllms_last_block_lends_its_last_unit_short():
+    """The lending region is whole units (lend_region.LendGeometry): vLLM's 64 blocks in units of
+    12 make a region of 72, whose last unit holds vLLM's blocks 60..63 only. Unit 0 is lent once
+    those 4 are out of vLLM's hands, and unit 1 is blocks 48..59."""
+    p = pool()
+    with pytest.raises(ValueError, match="rounded up to whole units of 12"):
+        TailLender(p, options(unit_blocks=12, capacity_blocks=84))
+    lender = TailLender(p, options(unit_blocks=12, keep_blocks=1, capacity_blocks=72))
+    assert lender.num_units == 5  # (72 - 1) // 12
+    assert list(lender.blocks_of(0)) == [60, 61, 62, 63]
+    assert list(lender.blocks_of(1)) == list(range(48, 60))
+    assert list(lender.blocks_of(4)) == list(range(12, 24))
+    orders = lender.plan()
+    assert orders.release == [0] and lender.lent_blocks() == 4
+    assert not free_ids(p) & {60, 61, 62, 63}
+    lender.workers_done([0], [])
+    assert lender.state[0] is Unit.LENT
+    orders = lender.plan()
+    assert orders.release == [1] and lender.lent_blocks() == 16
+
+
+def test_a_unit_is_done_once_every_rank_reports_it():
+    """The scheduler half counts the workers' reports (lend_region.LendReport, which vLLM
+    aggregates across the workers of a step): a unit two ranks release in different steps is
+    released at the second; a rank's report twice counts once."""
+    from types import SimpleNamespace
+
+    from swiftkv.integrations.vllm.lend_region import LendReport
+    from swiftkv.integrations.vllm.scheduler import SwiftKVConnectorScheduler
+
+    p = pool()
+    s = SwiftKVConnectorScheduler(SimpleNamespace(world=2, lend=None))
+    s.lender = TailLender(p, options())
+    orders = s.lender.plan()
+    assert orders.release == [0]
+    s._lend_reports(LendReport(released={0: {1}}))
+    s._lend_reports(LendReport(released={0: {1}}))
+    assert s.lender.state[0] is Unit.RELEASING
+    both = LendReport(released={0: {0}}).aggregate(LendReport())
+    s._lend_reports(both)
+    assert s.lender.state[0] is Unit.LENT
+    merged = LendReport(released={3: {0}}).aggregate(
+        LendReport(released={3: {1}}, restored={2: {1}}))
+    assert merged == LendReport(released={3: {0, 1}}, restored={2: {1}})
+
+
+def test_lending_geometry_from_vllms_kv_cache_config():
+    """How vLLM's KV cache divides into lending units: a block of all 4 layers of 2 heads of 64
+    (bf16, 32 tokens) is 4 * 2 * 32 * 2 * 64 * 2 = 64 KiB; a borrower's chunk of 3 layers, 64
+    tokens, 1 head of 128 is 3 * 2 * 64 * 128 * 2 = 96 KiB; their unit is lcm = 192 KiB = 3
+    blocks. 100 blocks make a region of 102. Options are checked with the key named."""
+    from types import SimpleNamespace
+
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from swiftkv.integrations.vllm.lend_region import LendGeometry, blocks_of_share, lend_options
+
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    config = SimpleNamespace(
+        num_blocks=100, kv_cache_tensors=[SimpleNamespace(size=100 * 65536)],
+        kv_cache_groups=[SimpleNamespace(kv_cache_spec=spec, layer_names=["a"])])
+    opts = lend_options({"endpoint": "ipc:///tmp/x", "borrower": {
+        "num_layers": 3, "num_kv_heads": 1, "head_dim": 128, "dtype": "bfloat16",
+        "chunk_tokens": 64}})
+    g = LendGeometry.of(config, opts)
+    assert (g.block_bytes, g.unit_blocks, g.capacity_blocks, g.units) == (65536, 3, 102, 34)
+    assert g.lender.num_layers == 4
+    assert blocks_of_share(0.5, 100) == 50 and blocks_of_share(30, 100) == 30
+    with pytest.raises(ValueError, match="unknown lend keys"):
+        lend_options({"endpoint": "x", "borrower": {}, "high": 1})
+    with pytest.raises(ValueError, match="needs an endpoint"):
+        lend_options({"borrower": {}})
+    with pytest.raises(ValueError, match="borrower's geometry"):
+        lend_options({"endpoint": "x", "borrower": {"num_layers": 3}})
+    bad = SimpleNamespace(num_blocks=100,
+                          kv_cache_tensors=[SimpleNamespace(size=100 * 65536 + 8)],
+                          kv_cache_groups=config.kv_cache_groups)
+    with pytest.raises(ValueError, match="not 100 blocks of whole layers"):
+        LendGeometry.of(bad, opts)

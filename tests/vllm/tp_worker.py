@@ -23,7 +23,7 @@ def main(conn, config, kv_config, rank: int, layout: str, num_blocks: int) -> No
         w = sv.SwiftKVConnector(config, KVConnectorRole.WORKER, kv_config)
         kv = KVTensors(layout, num_blocks, heads=h)
         w.register_kv_caches(kv.tensors)
-        conn.send(("ok", w._store.server.path))
+        conn.send(("ok", w.connector_worker.store.server.path))
     except BaseException:
         conn.send(("error", traceback.format_exc()))
         return
@@ -34,19 +34,19 @@ def main(conn, config, kv_config, rank: int, layout: str, num_blocks: int) -> No
                 meta, plan, has_sync, runs_layers, finished = arg
                 got = worker_step(w, kv, meta, plan, has_sync, runs_layers, finished, heads)
             elif cmd == "prefix":  # the tokens of arg this worker holds, from the start
-                got = w._store.model.lookup_named(names_of(arg)).prefix_tokens
+                got = w.connector_worker.store.model.lookup_named(names_of(arg)).prefix_tokens
             elif cmd == "clear":  # drops the chunks of arg from the one after its first `keep`
                 tokens, keep = arg
                 key = names_of(tokens)
                 kept = keep // CHUNK
-                model = w._store.model
+                model = w.connector_worker.store.model
                 if kept:
                     model.pin_named(key[:kept])
                 got = model.clear_named(key)
                 if kept:
                     model.unpin_named(key[:kept])
             elif cmd == "stats":
-                st = w._store.ctx.stats()
+                st = w.connector_worker.store.ctx.stats()
                 got = {"requests_open": st["requests_open"],
                        "capacity_bytes": list(st["capacity_bytes"])}
             elif cmd == "stop":

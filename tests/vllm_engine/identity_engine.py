@@ -18,6 +18,7 @@ def main() -> int:
     import recording
     import swiftkv
     from swiftkv.integrations import vllm as sv
+    from swiftkv.integrations.vllm import worker as svw  # noqa: E402
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -37,7 +38,7 @@ def main() -> int:
     offer = list(recording.OFFERS[-1][1:])
     llm.generate([TokensPrompt(prompt_token_ids=[7, 8, 9])], SamplingParams(max_tokens=1),
                  use_tqdm=False)  # reports the first request's saves
-    (store,) = sv._STORES.values()
+    (store,) = svw.STORES.values()
     names = recording.names_of(prompt, chunk, block)
     saved = store.model.lookup_named(names).prefix_tokens
     print("RESULT " + json.dumps({

@@ -44,10 +44,11 @@ def names_of(tokens, chunk: int, block: int, **extras):
     from vllm.v1.request import Request
 
     from swiftkv.integrations import vllm as sv
+    from swiftkv.integrations.vllm import common as svc  # noqa: E402
     r = Request(request_id="names", prompt_token_ids=[int(t) for t in tokens],
                 sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
                 block_hasher=get_request_block_hasher(block, sha256), **extras)
-    return sv._chunk_names(r.block_hashes, chunk // block, len(tokens) // chunk)
+    return svc.chunk_names(r.block_hashes, chunk // block, len(tokens) // chunk)
 
 
 OFFERS: list = []    # (request id, vLLM's own hit, external tokens offered)
@@ -73,7 +74,7 @@ class RecordingConnector(SwiftKVConnector):
         for rid, start in new + list(zip(c.req_ids, c.num_computed_tokens)):
             SCHEDULED.append((rid, start, scheduler_output.num_scheduled_tokens[rid],
                               len(scheduler_output.scheduled_spec_decode_tokens.get(rid, ()))))
-            s = self._scheduled.get(rid)
+            s = self.connector_scheduler.scheduled.get(rid)
             if s is not None and start >= len(s.request.all_token_ids):
                 AHEAD.append(rid)
         return super().build_connector_meta(scheduler_output)
@@ -83,36 +84,36 @@ class RecordingConnector(SwiftKVConnector):
         self._bound = connector_metadata
 
     def _pages(self, layer: int, block_ids) -> torch.Tensor:
-        t = self._store.layers[layer]
-        assert t.dim() == 4 and t.shape[0] == self._geometry.num_blocks, (
+        t = self.connector_worker.store.layers[layer]
+        assert t.dim() == 4 and t.shape[0] == self.cfg.geometry.num_blocks, (
             "the check reads one page a block (no kernel-block split)")
         return t[torch.tensor(block_ids, dtype=torch.long)]
 
     def save_kv_layer(self, layer_name: str, kv_layer, attn_metadata, **kwargs) -> None:
         super().save_kv_layer(layer_name, kv_layer, attn_metadata, **kwargs)
-        if layer_name in self._drafter:
+        if layer_name in self.cfg.drafter:
             DRAFTER_CALLS.append(("save", layer_name))
             return
-        layer = self._layer(layer_name)
-        b = self._geometry.block_tokens
+        layer = self.cfg.index[layer_name]
+        b = self.cfg.geometry.block_tokens
         for r in self._bound.requests:
-            n = r.n_tokens // self._chunk * self._chunk
+            n = r.n_tokens // self.cfg.chunk * self.cfg.chunk
             if r.saves and n:
-                SAVED[(r.names[:n // self._chunk].tobytes(), layer)] = \
+                SAVED[(r.names[:n // self.cfg.chunk].tobytes(), layer)] = \
                     self._pages(layer, r.block_ids[:n // b]).clone()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         super().wait_for_layer_load(layer_name)
-        if layer_name in self._drafter:
+        if layer_name in self.cfg.drafter:
             DRAFTER_CALLS.append(("wait", layer_name))
             return
-        layer = self._layer(layer_name)
-        b = self._geometry.block_tokens
+        layer = self.cfg.index[layer_name]
+        b = self.cfg.geometry.block_tokens
         for r in self._bound.requests:
             if not r.loads:
                 continue
             # The chunks the load reaches into; a saved run holding them holds their pages.
-            want = r.names[:-(-r.load_to // self._chunk)].tobytes()
+            want = r.names[:-(-r.load_to // self.cfg.chunk)].tobytes()
             for (names, l), pages in SAVED.items():
                 if l == layer and names[:len(want)] == want:
                     first, end = r.load_from // b, r.load_to // b
@@ -123,6 +124,6 @@ class RecordingConnector(SwiftKVConnector):
                     COMPARED.append(row)
                     where = os.environ.get("SWIFTKV_RECORD_DIR")
                     if where:
-                        with open(os.path.join(where, f"rank{self._rank}.jsonl"), "a") as f:
+                        with open(os.path.join(where, f"rank{self.cfg.rank}.jsonl"), "a") as f:
                             f.write(json.dumps(row) + "\n")
                     break

@@ -30,6 +30,7 @@ def main() -> int:
         cpu_async.enable()
     import recording  # the connector, recording what it saves and loads
     from swiftkv.integrations import vllm as sv
+    from swiftkv.integrations.vllm import worker as svw  # noqa: E402
     from vllm import LLM, SamplingParams
     from vllm.config import KVTransferConfig
     from vllm.inputs import TokensPrompt
@@ -51,7 +52,7 @@ def main() -> int:
               max_model_len=2048, enforce_eager=True, block_size=BLOCK, seed=0, max_num_seqs=8,
               kv_transfer_config=config, enable_prefix_caching=True,
               speculative_config=speculative, async_scheduling=async_scheduling)
-    (store,) = sv._STORES.values()
+    (store,) = svw.STORES.values()
     core = llm.llm_engine.engine_core.engine_core  # in this process
     runner = core.model_executor.driver_worker.worker.model_runner
     scheduling = {"scheduler": type(core.scheduler).__name__,

@@ -23,6 +23,7 @@ import pytest  # noqa: E402
 import recording  # noqa: E402  (imports the connector: the version is presented there)
 import swiftkv  # noqa: E402
 from swiftkv.integrations import vllm as sv  # noqa: E402
+from swiftkv.integrations.vllm import worker as svw  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
@@ -66,7 +67,7 @@ def forget(llm):
 
 
 def store():
-    (s,) = sv._STORES.values()
+    (s,) = svw.STORES.values()
     return s
 
 

@@ -16,6 +16,7 @@ import pytest  # noqa: E402
 
 import recording  # noqa: E402
 from swiftkv.integrations import vllm as sv  # noqa: E402
+from swiftkv.integrations.vllm import worker as svw  # noqa: E402
 from vllm import LLM, SamplingParams  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.inputs import TokensPrompt  # noqa: E402
@@ -69,7 +70,7 @@ def forget(llm, connector_too=False):
 
 
 def test_sliding_window_layers_are_cached_and_loaded_exactly(sliding):
-    (store,) = sv._STORES.values()
+    (store,) = svw.STORES.values()
     assert len(store.layers) == LAYERS  # every layer: one full-attention group to the connector
     prompt = [(19 * i) % 997 + 1 for i in range(299)]  # 4 whole chunks, past the window
     tokens, logprobs = run(sliding, prompt)

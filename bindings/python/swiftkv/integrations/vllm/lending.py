@@ -50,6 +50,9 @@ class LendOptions:
     low_free_blocks: int        # below this many free blocks a lent unit is taken back
     keep_blocks: int = 1        # blocks at the head never lent (block 0, vLLM's null block, is)
     reclaim_deadline_s: float = 2.0  # how long vLLM waits for a reclaim before it preempts
+    # The lending region's blocks: whole units, counted from its end, which may lie past vLLM's
+    # last block (then the last unit holds fewer of vLLM's blocks). None: vLLM's block count.
+    capacity_blocks: Optional[int] = None
 
     def check(self, num_blocks: int) -> None:
         who = "SwiftKVConnector's lend options"
@@ -65,7 +68,13 @@ class LendOptions:
         if not self.reclaim_deadline_s > 0:
             raise ValueError(f"{who}: reclaim_deadline_s must be > 0, not "
                              f"{self.reclaim_deadline_s}")
-        if self.keep_blocks + self.unit_blocks > num_blocks:
+        capacity = num_blocks if self.capacity_blocks is None else self.capacity_blocks
+        if self.capacity_blocks is not None and (
+                capacity < num_blocks or capacity % self.unit_blocks or
+                capacity - num_blocks >= self.unit_blocks):
+            raise ValueError(f"{who}: capacity_blocks ({capacity}) must be vLLM's {num_blocks} "
+                             f"blocks rounded up to whole units of {self.unit_blocks}")
+        if self.keep_blocks + self.unit_blocks > capacity:
             raise ValueError(f"{who}: {num_blocks} blocks hold no unit of {self.unit_blocks} "
                              f"beside the {self.keep_blocks} kept")
 
@@ -103,7 +112,9 @@ class TailLender:
         self.opts = options
         self.num_blocks = int(pool.num_gpu_blocks)
         options.check(self.num_blocks)
-        self.num_units = (self.num_blocks - options.keep_blocks) // options.unit_blocks
+        self.capacity = self.num_blocks if options.capacity_blocks is None else \
+            options.capacity_blocks
+        self.num_units = (self.capacity - options.keep_blocks) // options.unit_blocks
         self.state = [Unit.OWNED] * self.num_units
         self._fenced: List[list] = [[] for _ in range(self.num_units)]  # the blocks taken
         self._since: List[float] = [0.0] * self.num_units  # when a reclaim began
@@ -114,9 +125,11 @@ class TailLender:
     # --- Which blocks ---------------------------------------------------------------------------
 
     def blocks_of(self, unit: int) -> range:
-        """The block ids of a unit: unit 0 is the last unit_blocks blocks."""
+        """vLLM's block ids in a unit: unit 0 is the region's last unit_blocks blocks (fewer of
+        them vLLM's when the region ends past vLLM's last block)."""
         u = self.opts.unit_blocks
-        return range(self.num_blocks - (unit + 1) * u, self.num_blocks - unit * u)
+        return range(self.capacity - (unit + 1) * u, min(self.capacity - unit * u,
+                                                         self.num_blocks))
 
     def lent_blocks(self) -> int:
         """Blocks out of vLLM's hands: lent, or on their way out or back."""
@@ -149,7 +162,7 @@ class TailLender:
             self.pool.evict_blocks({bid})  # out of the prefix cache: no request can hit it
             self.pool.touch([block])       # out of the free queue: no request can get it
             self._fenced[unit].append(block)
-        return len(self._fenced[unit]) == self.opts.unit_blocks
+        return len(self._fenced[unit]) == len(self.blocks_of(unit))
 
     def _unfence(self, unit: int) -> None:
         """Hands a unit's taken blocks back to vLLM (its memory is mapped)."""
