@@ -120,6 +120,30 @@ def test_a_cached_tail_block_leaves_the_prefix_cache():
     assert hits == 55  # blocks 1..55
 
 
+def test_a_cached_tail_block_in_use_leaves_the_prefix_cache_at_once():
+    """A tail block a request holds is taken when vLLM frees it; it leaves the prefix cache at
+    once, so that a later request with the same prefix does not share it and keep it in use (an
+    engine serving one prompt again and again would never let its unit go)."""
+    if not hasattr(kv_cache_utils, "NONE_HASH"):
+        init_none_hash(sha256)
+    p = pool()
+    tokens = list(range(60 * BLOCK))
+    r = Request(request_id="r", prompt_token_ids=tokens,
+                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+    blocks = p.get_new_blocks(60)  # blocks 1..60, in use, the tail ones cached
+    p.cache_full_blocks(r, blocks, 0, 60, BLOCK, 0)
+    p.free_blocks(blocks[:55])
+    lender = TailLender(p, options(high_free_blocks=9))
+    assert not lender.plan()  # unit 0 (56..63): 56..60 are in use
+    assert lender.state[0] is Unit.FENCING
+    assert all(p.blocks[b].block_hash is None for b in range(56, 61))
+    assert p.get_cached_block(r.block_hashes[56], [0]) is None
+    p.free_blocks(blocks[55:])
+    lender.after_frees()
+    assert lender.plan().release == [0]
+
+
 def test_a_reclaim_starts_below_the_low_watermark_and_vllm_waits_for_it():
     p = pool()
     clock = Clock()

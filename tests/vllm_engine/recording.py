@@ -34,6 +34,30 @@ def write_llama(d, **over) -> str:
     return str(d)
 
 
+def write_weights(d, seed: int, hidden: int = 256, layers: int = 4) -> None:
+    """Random weights (safetensors) for write_llama's model in d (a pathlib.Path): vLLM's dummy
+    weights give every token about the same logit, too small for an adapter, an embedding or a
+    wrong page of K/V to change the answer."""
+    from safetensors.torch import save_file
+    g = torch.Generator().manual_seed(seed)
+    shapes = {"model.embed_tokens.weight": (1000, hidden), "lm_head.weight": (1000, hidden),
+              "model.norm.weight": (hidden,)}
+    for i in range(layers):
+        p = f"model.layers.{i}."
+        shapes.update({p + "self_attn.q_proj.weight": (256, hidden),
+                       p + "self_attn.k_proj.weight": (128, hidden),
+                       p + "self_attn.v_proj.weight": (128, hidden),
+                       p + "self_attn.o_proj.weight": (hidden, 256),
+                       p + "mlp.gate_proj.weight": (512, hidden),
+                       p + "mlp.up_proj.weight": (512, hidden),
+                       p + "mlp.down_proj.weight": (hidden, 512),
+                       p + "input_layernorm.weight": (hidden,),
+                       p + "post_attention_layernorm.weight": (hidden,)})
+    tensors = {k: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.05)
+               .to(torch.bfloat16) for k, s in shapes.items()}
+    save_file(tensors, str(d / "model.safetensors"))
+
+
 def names_of(tokens, chunk: int, block: int, **extras):
     """The connector's names of the full chunks of tokens in an engine of this process (whose
     block hashes vLLM's engine core seeded): vLLM's sha256 block hash of each chunk's last block

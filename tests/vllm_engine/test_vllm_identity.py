@@ -35,24 +35,7 @@ def write_model(d, seed=None):
     dummy weights are too small for an adapter or an embedding to change the answer)."""
     recording.write_llama(d)
     if seed is not None:
-        from safetensors.torch import save_file
-        g = torch.Generator().manual_seed(seed)
-        shapes = {"model.embed_tokens.weight": (1000, HIDDEN), "lm_head.weight": (1000, HIDDEN),
-                  "model.norm.weight": (HIDDEN,)}
-        for i in range(LAYERS):
-            p = f"model.layers.{i}."
-            shapes.update({p + "self_attn.q_proj.weight": (256, HIDDEN),
-                           p + "self_attn.k_proj.weight": (128, HIDDEN),
-                           p + "self_attn.v_proj.weight": (128, HIDDEN),
-                           p + "self_attn.o_proj.weight": (HIDDEN, 256),
-                           p + "mlp.gate_proj.weight": (512, HIDDEN),
-                           p + "mlp.up_proj.weight": (512, HIDDEN),
-                           p + "mlp.down_proj.weight": (HIDDEN, 512),
-                           p + "input_layernorm.weight": (HIDDEN,),
-                           p + "post_attention_layernorm.weight": (HIDDEN,)})
-        tensors = {k: (torch.ones(s) if len(s) == 1 else torch.randn(s, generator=g) * 0.05)
-                   .to(torch.bfloat16) for k, s in shapes.items()}
-        save_file(tensors, str(d / "model.safetensors"))
+        recording.write_weights(d, seed, HIDDEN, LAYERS)
 
 
 def write_adapter(d, seed):

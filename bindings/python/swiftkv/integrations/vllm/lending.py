@@ -158,7 +158,10 @@ class TailLender:
                 continue
             block = self.pool.blocks[bid]
             if block.ref_cnt != 0:
-                continue  # in a request's block table: taken when vLLM frees it
+                # In a request's block table: taken when vLLM frees it. Out of the prefix cache
+                # now, so that no later request shares it and keeps it in use.
+                self.pool.evict_blocks({bid})
+                continue
             self.pool.evict_blocks({bid})  # out of the prefix cache: no request can hit it
             self.pool.touch([block])       # out of the free queue: no request can get it
             self._fenced[unit].append(block)

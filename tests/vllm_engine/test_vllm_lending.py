@@ -1,0 +1,253 @@
+"""A vLLM engine lends: two real vLLM engines on the CPU in two processes (lend_engine.py), a small
+Llama with random weights. A lends the idle tail of its KV cache (the connector's lend option
+block); B borrows it (lenders: [A]) and serves multi-turn conversations from A's memory; then A
+gets a burst and takes its memory back, and later, idle again, lends again. A plain engine with
+the same weights and no lending gives the reference of A's outputs.
+
+Checked: A's greedy tokens and log-probabilities equal the reference before, during and after a
+reclaim, so A never read what B wrote into the memory A lent; no block of a unit out of A's hands
+is in any of its block tables, at every step; A is never preempted while a reclaim can serve it;
+B's loads from A's memory are byte for byte what vLLM wrote, and after the reclaim come from host
+memory or disk; a killed borrower costs A nothing (every unit comes back), and a killed lender
+costs B its leases only (its loads fail into vLLM's recompute and its outputs stay the same).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import recording
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BLOCK, CHUNK = 32, 64
+A_BLOCKS = 512  # A's KV cache: 512 blocks of 32 tokens
+# B's geometry as A lends for it: the same small Llama (4 layers, 2 KV heads of 64, bf16).
+BORROWER = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": "bfloat16",
+            "chunk_tokens": CHUNK}
+PEER, HOST, DISK, DROPPED = 0, 1, 2, 3  # swiftkv.Tier
+
+
+class Engine:
+    """A vLLM engine in a process of its own (lend_engine.py)."""
+
+    def __init__(self, role, model_dir, extra, **engine):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.join(HERE, "lend_engine.py"), role, model_dir,
+             json.dumps(extra), json.dumps(engine)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE,
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+        assert self.read().get("ready")
+
+    def read(self):
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the engine ended (exit {self.proc.wait()})")
+
+    def send(self, **cmd):
+        self.proc.stdin.write(json.dumps(cmd) + "\n")
+        self.proc.stdin.flush()
+
+    def ask(self, **cmd):
+        self.send(**cmd)
+        return self.read()
+
+    def gen(self, prompts, max_tokens=8):
+        return self.ask(op="gen", prompts=prompts, max_tokens=max_tokens)
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def close(self):
+        if self.proc.poll() is None:
+            try:
+                self.send(op="quit")
+                self.proc.wait(timeout=60)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                self.kill()
+
+
+def prompt(seed, n):
+    return [(seed * 131 + 7 * i) % 997 + 1 for i in range(n)]
+
+
+SMALL = [prompt(s, 200 + 30 * s) for s in range(4)]     # A's load while it lends
+BURST = [prompt(50 + s, 1600) for s in range(8)]       # more than A keeps free: a reclaim
+CONVERSATIONS = [prompt(100 + s, 640) for s in range(4)]  # B's first turns: 10 chunks each
+
+
+def follow_up(conv, answer, s):
+    return conv + answer + prompt(200 + s, 70)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    recording.write_llama(d)
+    recording.write_weights(d, seed=5)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir):
+    """A's outputs without lending: the same engine and weights, no lend block."""
+    e = Engine("plain", model_dir, {"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK},
+               blocks=A_BLOCKS)
+    try:
+        out = {"small": e.gen(SMALL), "burst": e.gen(BURST, max_tokens=4)}
+    finally:
+        e.close()
+    return out
+
+
+def lender(model_dir, path, **lend):
+    extra = {"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK,
+             "lend": {"endpoint": f"ipc://{path}/a.sock", "name": "A", "borrower": BORROWER,
+                      "high_free_blocks": 0.5, "low_free_blocks": 0.25, **lend}}
+    return Engine("lender", model_dir, extra, blocks=A_BLOCKS)
+
+
+def borrower(model_dir, path, disk, units=40):
+    os.makedirs(disk, exist_ok=True)
+    extra = {"host_budget_bytes": 16 << 20, "chunk_tokens": CHUNK, "disk_path": disk,
+             "disk_budget_bytes": 64 << 20,
+             "lenders": [{"endpoint": f"ipc://{path}/a.sock", "name": "A", "units": units}]}
+    return Engine("borrower", model_dir, extra, blocks=1024)
+
+
+def lend_until(a, units, tries=20):
+    """A's state once it lent at least `units` units (each takes steps: A serves SMALL)."""
+    for _ in range(tries):
+        s = a.ask(op="state")
+        if len(s["lent"]) >= units:
+            return s
+        a.gen(SMALL[:1], max_tokens=16)
+    raise AssertionError(f"A lent {len(s['lent'])} units, not {units}: {s}")
+
+
+def test_a_vllm_engine_lends_its_idle_tail_and_takes_it_back(model_dir, reference, tmp_path):
+    a = lender(model_dir, tmp_path)
+    b = None
+    try:
+        s = a.ask(op="state")
+        assert s["layout"] == "BLHNC" and s["unit_blocks"] == 2  # 128 KiB: 2 blocks, 1 chunk
+        assert a.gen(SMALL) == reference["small"]  # lending as it serves
+        s = lend_until(a, 40)
+        lent_before = s["stats"]["units_lent"]
+        # Lent from the tail down, never past the high watermark: 256 blocks stay free.
+        assert s["lent"] == list(range(len(s["lent"])))
+        assert s["free_blocks"] >= A_BLOCKS // 2 - 2
+
+        b = borrower(model_dir, tmp_path, str(tmp_path / "disk"))
+        first = b.gen(CONVERSATIONS, max_tokens=8)
+        assert b.ask(op="forget")["reset"]  # B's next turns load from the library
+        tiers = [b.ask(op="tiers", prompt=c)["tiers"] for c in CONVERSATIONS]
+        # Every chunk is cached, the first ones in A's memory (the borrower demotes ahead to
+        # host memory to keep a share of its lent memory free).
+        assert all(t in (PEER, HOST) for row in tiers for t in row), tiers
+        assert sum(row.count(PEER) for row in tiers) >= 10, tiers
+        seconds = [follow_up(c, t, s) for s, (c, t) in
+                   enumerate(zip(CONVERSATIONS, first["tokens"]))]
+        b.gen(seconds, max_tokens=4)
+        s_b = b.ask(op="state")
+        assert s_b["compared"] > 0 and s_b["equal"] == s_b["compared"]
+
+        # B wrote its K/V into A's lent memory: A serves on, its outputs the reference's.
+        assert a.gen(SMALL) == reference["small"]
+        # The burst needs more blocks than A keeps free: it takes units back, vLLM waiting for
+        # them rather than preempting; the outputs are the reference's.
+        assert a.gen(BURST, max_tokens=4) == reference["burst"]
+        s = a.ask(op="state")
+        assert s["stats"]["units_reclaimed"] >= 1, s
+        assert s["checks"]["preempted_while_reclaiming"] == 0, s
+        assert s["checks"]["lent_in_table"] == 0, s
+
+        # B's chunks that were in the reclaimed units were evacuated: its next turn loads them
+        # from host memory or disk, byte for byte.
+        thirds = [follow_up(c, [5, 6], s) for s, c in enumerate(seconds)]
+        tiers = [b.ask(op="tiers", prompt=c)["tiers"] for c in seconds]
+        assert any(t in (HOST, DISK) for row in tiers for t in row), tiers
+        assert b.ask(op="forget")["reset"]
+        b.gen(thirds, max_tokens=4)
+        s_b = b.ask(op="state")
+        assert s_b["compared"] > 0 and s_b["equal"] == s_b["compared"]
+
+        # Idle again, A lends again.
+        s = lend_until(a, len(s["lent"]) + 4)
+        assert s["stats"]["units_lent"] > lent_before
+        assert s["checks"]["lent_in_table"] == 0 and s["checks"]["steps"] > 50
+        assert a.gen(SMALL) == reference["small"]
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_a_killed_borrower_costs_the_lender_nothing(model_dir, reference, tmp_path):
+    a = lender(model_dir, tmp_path)
+    b = None
+    try:
+        lend_until(a, 40)
+        b = borrower(model_dir, tmp_path, str(tmp_path / "disk"))
+        b.gen(CONVERSATIONS, max_tokens=4)
+        b.send(op="gen", prompts=CONVERSATIONS, max_tokens=64)
+        time.sleep(1.0)  # mid-step
+        b.kill()
+        # Its leases expire (lease_ms, 1 s) and the reclaims finish; A serves on unharmed.
+        assert a.gen(BURST, max_tokens=4) == reference["burst"]
+        s = a.ask(op="state")
+        assert s["stats"]["units_reclaimed"] >= 1
+        assert s["checks"]["preempted_while_reclaiming"] == 0
+        assert a.gen(SMALL) == reference["small"]
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_a_killed_lender_costs_the_borrower_its_leases_only(model_dir, tmp_path):
+    a = lender(model_dir, tmp_path)
+    b = None
+    try:
+        lend_until(a, 40)
+        b = borrower(model_dir, tmp_path, str(tmp_path / "disk"), units=60)
+        first = b.gen(CONVERSATIONS, max_tokens=8)
+        assert b.ask(op="forget")["reset"]
+        seconds = [follow_up(c, t, s) for s, (c, t) in
+                   enumerate(zip(CONVERSATIONS, first["tokens"]))]
+        tiers = [b.ask(op="tiers", prompt=c)["tiers"] for c in CONVERSATIONS]
+        assert sum(row.count(PEER) for row in tiers) >= 10, tiers
+        a.kill()
+        # B finds A gone (its fd channel hangs up) and drops the chunks it held there; a load
+        # that raced with that fails into vLLM's recompute. Either way they are recomputed.
+        deadline = time.monotonic() + 10
+        while any(PEER in b.ask(op="tiers", prompt=c)["tiers"] for c in CONVERSATIONS):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        after = b.gen(seconds, max_tokens=8)
+        # The same turns served by an engine that computes everything.
+        plain = Engine("plain", model_dir, {"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK},
+                       blocks=1024)
+        try:
+            want = plain.gen(seconds, max_tokens=8)
+        finally:
+            plain.close()
+        # The same tokens; log-probabilities within bf16's noise (B computed part of each prompt
+        # in other batch shapes than the plain engine, which computed it whole).
+        assert after["tokens"] == want["tokens"]
+        for got, ref in zip(after["logprobs"], want["logprobs"]):
+            assert max(abs(x - y) for x, y in zip(got, ref)) < 0.05
+        s_b = b.ask(op="state")
+        assert s_b["equal"] == s_b["compared"]  # what loaded (from host or disk) was exact
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
