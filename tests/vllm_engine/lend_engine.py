@@ -4,6 +4,9 @@ answering one JSON line on stdout.
 
     python lend_engine.py ROLE MODEL_DIR EXTRA_JSON [ENGINE_JSON]
 
+ENGINE_JSON: {"blocks": vLLM's KV blocks, "tp": tensor parallel workers (vLLM's multiprocess
+executor), ...}.
+
 ROLE lender runs LendingChecker, which checks at every step that no block of a unit out of vLLM's
 hands is in any block table vLLM scheduled, and notes every preemption with whether a reclaim
 was in flight then; ROLE borrower runs BorrowingRecorder (recording.RecordingConnector), which
@@ -86,11 +89,13 @@ def main() -> int:
     config = KVTransferConfig(kv_connector=cls, kv_connector_module_path=module,
                               kv_role="kv_both", kv_load_failure_policy="recompute",
                               kv_connector_extra_config=extra)
+    tp = engine.get("tp", 1)  # tensor parallel workers, in processes of their own
+    more = {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"} if tp > 1 else {}
     llm = LLM(model=model_dir, skip_tokenizer_init=True, dtype="bfloat16",
               max_model_len=engine.get("max_model_len", 2048), enforce_eager=True,
               block_size=32, seed=0, max_num_seqs=engine.get("max_num_seqs", 8),
               num_gpu_blocks_override=engine.get("blocks"), kv_transfer_config=config,
-              enable_prefix_caching=True)
+              enable_prefix_caching=True, **more)
     core = llm.llm_engine.engine_core.engine_core
     conn = core.scheduler.connector
     # vLLM imported this file as the module lend_engine (kv_connector_module_path): its checks.

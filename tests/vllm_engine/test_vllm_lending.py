@@ -42,7 +42,8 @@ class Engine:
             [sys.executable, os.path.join(HERE, "lend_engine.py"), role, model_dir,
              json.dumps(extra), json.dumps(engine)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+                 "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
         assert self.read().get("ready")
 
     def read(self):
@@ -108,18 +109,24 @@ def reference(model_dir):
     return out
 
 
-def lender(model_dir, path, **lend):
+def lender(model_dir, path, tp=1, **lend):
+    endpoint = f"ipc://{path}/a.sock" if tp == 1 else f"ipc://{path}/a.{{rank}}.sock"
     extra = {"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK,
-             "lend": {"endpoint": f"ipc://{path}/a.sock", "name": "A", "borrower": BORROWER,
+             "lend": {"endpoint": endpoint, "name": "A", "borrower": BORROWER,
                       "high_free_blocks": 0.5, "low_free_blocks": 0.25, **lend}}
-    return Engine("lender", model_dir, extra, blocks=A_BLOCKS)
+    return Engine("lender", model_dir, extra, blocks=A_BLOCKS, tp=tp)
 
 
-def borrower(model_dir, path, disk, units=40):
+def borrower(model_dir, path, disk, units=40, lender_tp=1):
+    """B, borrowing from A (from each of A's tensor parallel workers, which offer their shards
+    on endpoints of their own)."""
     os.makedirs(disk, exist_ok=True)
+    lenders = [{"endpoint": f"ipc://{path}/a.sock", "name": "A", "units": units}] \
+        if lender_tp == 1 else \
+        [{"endpoint": f"ipc://{path}/a.{r}.sock", "name": f"A.tp{r}", "units": units // 2}
+         for r in range(lender_tp)]
     extra = {"host_budget_bytes": 16 << 20, "chunk_tokens": CHUNK, "disk_path": disk,
-             "disk_budget_bytes": 64 << 20,
-             "lenders": [{"endpoint": f"ipc://{path}/a.sock", "name": "A", "units": units}]}
+             "disk_budget_bytes": 64 << 20, "lenders": lenders}
     return Engine("borrower", model_dir, extra, blocks=1024)
 
 
@@ -247,6 +254,41 @@ def test_a_killed_lender_costs_the_borrower_its_leases_only(model_dir, tmp_path)
             assert max(abs(x - y) for x, y in zip(got, ref)) < 0.05
         s_b = b.ask(op="state")
         assert s_b["equal"] == s_b["compared"]  # what loaded (from host or disk) was exact
+    finally:
+        a.close()
+        if b is not None:
+            b.close()
+
+
+def test_a_tensor_parallel_engine_lends_from_every_worker(model_dir, tmp_path):
+    """A with two tensor parallel workers (vLLM's multiprocess executor), each lending its shard
+    of one KV head on an endpoint of its own: a unit is 4 blocks there (a block of one head is
+    32 KiB, B's chunk 128 KiB), lent only once both workers gave it up. B borrows from both; A's
+    burst takes units back from both, its outputs those of the same engine not lending."""
+    ref = Engine("plain", model_dir, {"host_budget_bytes": 8 << 20, "chunk_tokens": CHUNK},
+                 blocks=A_BLOCKS, tp=2)
+    try:
+        want = {"small": ref.gen(SMALL), "burst": ref.gen(BURST, max_tokens=4)}
+    finally:
+        ref.close()
+    a = lender(model_dir, tmp_path, tp=2)
+    b = None
+    try:
+        s = a.ask(op="state")
+        assert s["layout"] == "BLHNC" and s["unit_blocks"] == 4
+        assert a.gen(SMALL) == want["small"]
+        lend_until(a, 20)
+        b = borrower(model_dir, tmp_path, str(tmp_path / "disk"), units=20, lender_tp=2)
+        b.gen(CONVERSATIONS, max_tokens=8)
+        assert b.ask(op="forget")["reset"]
+        tiers = [b.ask(op="tiers", prompt=c)["tiers"] for c in CONVERSATIONS]
+        assert sum(row.count(PEER) for row in tiers) >= 5, tiers
+        assert a.gen(BURST, max_tokens=4) == want["burst"]
+        s = a.ask(op="state")
+        assert s["stats"]["units_reclaimed"] >= 1, s
+        assert s["checks"]["preempted_while_reclaiming"] == 0, s
+        assert s["checks"]["lent_in_table"] == 0, s
+        assert a.gen(SMALL) == want["small"]
     finally:
         a.close()
         if b is not None:
