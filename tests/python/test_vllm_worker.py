@@ -74,6 +74,14 @@ def _stand_in_vllm():
     class KVConnectorKVEvents:
         pass
 
+    class KVConnectorStats:
+        def __init__(self, data=None):
+            self.data = data if data is not None else {}
+
+    class KVConnectorPromMetrics:
+        def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+            pass
+
     module("vllm", __version__="0.33.0")
     module("vllm.distributed.kv_events", KVConnectorKVEvents=KVConnectorKVEvents)
     module("vllm.logger", init_logger=logging.getLogger)
@@ -81,6 +89,8 @@ def _stand_in_vllm():
            KVConnectorBase_V1=KVConnectorBase_V1, KVConnectorMetadata=KVConnectorMetadata,
            KVConnectorRole=KVConnectorRole, KVConnectorWorkerMetadata=KVConnectorWorkerMetadata)
     module("vllm.v1.metrics.cache_hit_source", CacheHitSource=CacheHitSource)
+    module("vllm.distributed.kv_transfer.kv_connector.v1.metrics",
+           KVConnectorStats=KVConnectorStats, KVConnectorPromMetrics=KVConnectorPromMetrics)
     module("vllm.v1.kv_cache_interface", FullAttentionSpec=FullAttentionSpec)
     module("vllm.model_executor.models.utils",
            extract_layer_index=lambda name: int(name.split(".")[2]))

@@ -329,3 +329,54 @@ def test_lending_geometry_from_vllms_kv_cache_config():
                           kv_cache_groups=config.kv_cache_groups)
     with pytest.raises(ValueError, match="not 100 blocks of whole layers"):
         LendGeometry.of(bad, opts)
+
+
+def test_lendings_metrics_reach_prometheus():
+    """The scheduler half reports lending's counts since its last report (None when nothing
+    changed), vLLM's logger aggregates them, and the Prometheus families count them: 2 units
+    lent, one taken back with its seconds, a step waited."""
+    import functools
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+    from swiftkv.integrations.vllm import SwiftKVConnector
+    from swiftkv.integrations.vllm.scheduler import SwiftKVConnectorScheduler
+
+    p = pool()
+    clock = Clock()
+    s = SwiftKVConnectorScheduler(SimpleNamespace(world=1, lend=None))
+    s.lender = TailLender(p, options(high_free_blocks=40), clock=clock)
+    assert s.kv_connector_stats() is None
+    lend_settled(s.lender)  # 63 free: units 0 and 1 while 40 stay free after
+    first = s.kv_connector_stats()
+    assert first.data["units_lent"] == 2 and first.data["lent_blocks"] == 16
+    assert s.kv_connector_stats() is None  # nothing since
+    held = p.get_new_blocks(p.get_num_free_blocks() - 7)  # below the low watermark of 8
+    orders = s.lender.plan()
+    assert orders.restore == [1]
+    assert s.lender.has_pending_block_frees()
+    clock.t += 0.25
+    s.lender.workers_done([], [1])
+    second = s.kv_connector_stats()
+    assert second.data["units_reclaimed"] == 1 and second.data["steps_waited"] == 1
+    assert second.data["reclaim_s"] == [0.25] and second.data["lent_blocks"] == 8
+    both = SwiftKVConnector.build_kv_connector_stats(first.data).aggregate(second)
+    assert both.reduce() == {"units_lent": 2, "units_reclaimed": 1, "steps_waited": 1,
+                             "preemptions": 0, "lent_blocks": 8, "reclaim_s_max": 0.25}
+    reg = CollectorRegistry()
+    types = {Gauge: functools.partial(Gauge, registry=reg),
+             Counter: functools.partial(Counter, registry=reg),
+             Histogram: functools.partial(Histogram, registry=reg)}
+    config = SimpleNamespace(kv_transfer_config=SimpleNamespace())
+    prom = SwiftKVConnector.build_prom_metrics(config, types, ["engine"], {0: ["0"]})
+    prom.observe(first.data)
+    prom.observe(second.data)
+    value = functools.partial(reg.get_sample_value, labels={"engine": "0"})
+    assert value("swiftkv_vllm_lent_units_total") == 2
+    assert value("swiftkv_vllm_reclaimed_units_total") == 1
+    assert value("swiftkv_vllm_reclaim_wait_steps_total") == 1
+    assert value("swiftkv_vllm_lent_blocks") == 8
+    assert value("swiftkv_vllm_reclaim_seconds_count") == 1
+    assert value("swiftkv_vllm_reclaim_seconds_sum") == 0.25
+    p.free_blocks(held)

@@ -119,6 +119,21 @@ class SwiftKVConnector(KVConnectorBase_V1):
     def reset_cache(self) -> bool:
         return self._scheduler().reset_cache()
 
+    def get_kv_connector_stats(self):
+        if self.connector_scheduler is not None:
+            return self.connector_scheduler.kv_connector_stats()
+        return None
+
+    @classmethod
+    def build_kv_connector_stats(cls, data=None):
+        from .metrics import SwiftKVConnectorStats
+        return SwiftKVConnectorStats(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+        from .metrics import SwiftKVPromMetrics
+        return SwiftKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
     def bind_gpu_block_pool(self, gpu_block_pool) -> None:
         self._scheduler().bind_gpu_block_pool(gpu_block_pool)
 

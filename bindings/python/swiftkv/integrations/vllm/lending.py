@@ -90,6 +90,9 @@ class LendStats:
     steps_waited: int = 0        # steps in which vLLM waited for a reclaim instead of preempting
     reclaims_late: int = 0       # reclaims past the deadline: vLLM may have preempted meanwhile
     fences_cancelled: int = 0    # units whose fencing stopped because free blocks fell
+    preemptions: int = 0         # preemptions while lending (counted by the connector)
+    # Each reclaim's seconds since the connector last took them (metrics.SwiftKVConnectorStats).
+    reclaim_s: List[float] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -225,6 +228,8 @@ class TailLender:
                 self.stats.units_reclaimed += 1
                 self.stats.reclaim_s_total += took
                 self.stats.reclaim_s_max = max(self.stats.reclaim_s_max, took)
+                if len(self.stats.reclaim_s) < 4096:
+                    self.stats.reclaim_s.append(took)
                 if took > self.opts.reclaim_deadline_s:
                     self.stats.reclaims_late += 1
                 self._unfence(k)

@@ -18,6 +18,7 @@ from .events import KVEvents
 from .lend_region import LendGeometry, LendReport, blocks_of_share
 from .lending import LendOptions, TailLender
 from .lookup import LookupClient, socket_path
+from .metrics import COUNTERS, SwiftKVConnectorStats
 from .worker import find_store
 
 @dataclasses.dataclass
@@ -48,6 +49,8 @@ class SwiftKVConnectorScheduler:
         self.lender: Optional[TailLender] = None
         self.lend_geometry: Optional[LendGeometry] = None
         self._acks: tuple = ({}, {})  # (released, restored): unit -> ranks done
+        self._reported = dict.fromkeys(COUNTERS, 0)  # the counts at the last stats report
+        self._reported_blocks = 0
 
     def bind_gpu_block_pool(self, pool) -> None:
         lend = self.cfg.lend
@@ -69,6 +72,23 @@ class SwiftKVConnectorScheduler:
         log.info("SwiftKVConnector: lends %d units of %d blocks above %d free blocks, takes them "
                  "back below %d", self.lender.num_units, geo.unit_blocks,
                  self.lender.opts.high_free_blocks, self.lender.opts.low_free_blocks)
+
+    def kv_connector_stats(self) -> Optional[SwiftKVConnectorStats]:
+        """Lending's counts since the last call and the blocks out of vLLM's hands, when any
+        changed (metrics.py); None otherwise, or when the engine does not lend."""
+        if self.lender is None:
+            return None
+        st = self.lender.stats
+        now = {"units_lent": st.units_lent, "units_reclaimed": st.units_reclaimed,
+               "steps_waited": st.steps_waited, "preemptions": st.preemptions}
+        data = {k: now[k] - self._reported[k] for k in COUNTERS}
+        blocks = self.lender.lent_blocks()
+        if not any(data.values()) and not st.reclaim_s and blocks == self._reported_blocks:
+            return None
+        data["reclaim_s"], st.reclaim_s = st.reclaim_s, []
+        data["lent_blocks"] = blocks
+        self._reported, self._reported_blocks = now, blocks
+        return SwiftKVConnectorStats(data=data)
 
     def has_pending_block_frees(self) -> bool:
         return self.lender is not None and self.lender.has_pending_block_frees()
@@ -229,6 +249,8 @@ class SwiftKVConnectorScheduler:
             meta.requests.append(r)
         meta.preempted = set(scheduler_output.preempted_req_ids or ())
         if self.lender is not None:
+            if scheduler_output.preempted_req_ids and self.lender.lent_blocks():
+                self.lender.stats.preemptions += len(scheduler_output.preempted_req_ids)
             meta.lend = self.lender.plan()
         return meta
 
