@@ -1,15 +1,16 @@
-"""A vLLM engine lends: two real vLLM engines on the CPU in two processes (lend_engine.py), a small
-Llama with random weights. A lends the idle tail of its KV cache (the connector's lend option
-block); B borrows it (lenders: [A]) and serves multi-turn conversations from A's memory; then A
-gets a burst and takes its memory back, and later, idle again, lends again. A plain engine with
-the same weights and no lending gives the reference of A's outputs.
+"""A vLLM engine lends: two real vLLM engines on the CPU in two processes (the example's
+engine.py, with the checking connectors of lend_engine.py), a small Llama with random weights.
+A lends the idle tail of its KV cache (the connector's lend option block); B borrows it
+(lenders: [A]) and serves multi-turn conversations from A's memory; then A gets a burst and takes
+its memory back, and later, idle again, lends again. A plain engine with the same weights and no
+lending gives the reference of A's outputs.
 
 Checked: A's greedy tokens and log-probabilities equal the reference before, during and after a
 reclaim, so A never read what B wrote into the memory A lent; no block of a unit out of A's hands
 is in any of its block tables, at every step; A is never preempted while a reclaim can serve it;
 B's loads from A's memory are byte for byte what vLLM wrote, and after the reclaim come from host
 memory or disk; a killed borrower costs A nothing (every unit comes back), and a killed lender
-costs B its leases only (its loads fail into vLLM's recompute and its outputs stay the same).
+costs B its chunks in A's memory only (recomputed, its outputs an engine's that computes all).
 """
 
 from __future__ import annotations
@@ -34,15 +35,22 @@ BORROWER = {"num_layers": 4, "num_kv_heads": 2, "head_dim": 64, "dtype": "bfloat
 PEER, HOST, DISK, DROPPED = 0, 1, 2, 3  # swiftkv.Tier
 
 
+ENGINE = os.path.join(HERE, "..", "..", "examples", "two_vllm", "engine.py")
+CONNECTORS = {"lender": "lend_engine:LendingChecker", "borrower": "lend_engine:BorrowingRecorder",
+              "plain": "swiftkv.integrations.vllm:SwiftKVConnector"}
+
+
 class Engine:
-    """A vLLM engine in a process of its own (lend_engine.py)."""
+    """A vLLM engine in a process of its own (examples/two_vllm/engine.py), with the checking
+    connector of its role (lend_engine.py)."""
 
     def __init__(self, role, model_dir, extra, **engine):
+        path = os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, os.path.join(HERE, "lend_engine.py"), role, model_dir,
-             json.dumps(extra), json.dumps(engine)],
+            [sys.executable, ENGINE, model_dir, json.dumps(extra),
+             json.dumps({**engine, "connector": CONNECTORS[role]})],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=HERE,
-            env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1",
+            env={**os.environ, "PYTHONPATH": path, "VLLM_CPU_KVCACHE_SPACE": "1",
                  "VLLM_CPU_OMP_THREADS_BIND": "nobind"})
         assert self.read().get("ready")
 
@@ -61,7 +69,9 @@ class Engine:
         return self.read()
 
     def gen(self, prompts, max_tokens=8):
-        return self.ask(op="gen", prompts=prompts, max_tokens=max_tokens)
+        """The greedy tokens and their log-probabilities."""
+        out = self.ask(op="gen", prompts=prompts, max_tokens=max_tokens)
+        return {"tokens": out["tokens"], "logprobs": out["logprobs"]}
 
     def kill(self):
         self.proc.send_signal(signal.SIGKILL)
@@ -174,6 +184,7 @@ def test_a_vllm_engine_lends_its_idle_tail_and_takes_it_back(model_dir, referenc
         assert a.gen(BURST, max_tokens=4) == reference["burst"]
         s = a.ask(op="state")
         assert s["stats"]["units_reclaimed"] >= 1, s
+        assert s["checks"]["preempted"] == 0, s
         assert s["checks"]["preempted_while_reclaiming"] == 0, s
         assert s["checks"]["lent_in_table"] == 0, s
 
