@@ -5,10 +5,12 @@ a line on stdin and answering one JSON line on stdout (two_vllm.py starts two of
 
 ENGINE_JSON: {"blocks": vLLM's KV blocks, "tp": tensor parallel workers (vLLM's multiprocess
 executor), "connector": "module:Class" (a SwiftKVConnector subclass; module on sys.path),
-"max_model_len", "max_num_seqs"}. Commands:
+"log_stats": vLLM's request metrics (each request's time to first token), "max_model_len",
+"max_num_seqs"}. Commands:
 
     {"op": "gen", "prompts": [[token, ...], ...], "max_tokens": N}
-        -> {"tokens": [[...], ...], "logprobs": [[...], ...], "seconds": S}
+        -> {"tokens": [[...], ...], "logprobs": [[...], ...], "seconds": S, "ttft": [...],
+            "cached": [...]}
     {"op": "forget"} -> vLLM's own prefix cache emptied, once the saves are reported: what comes
         next is loaded from the library
     {"op": "tiers", "prompt": [...]} -> {"tiers": [...]}: where each of its whole chunks is
@@ -47,7 +49,7 @@ def main(argv) -> int:
               max_model_len=engine.get("max_model_len", 2048), enforce_eager=True,
               block_size=32, seed=0, max_num_seqs=engine.get("max_num_seqs", 8),
               num_gpu_blocks_override=engine.get("blocks"), kv_transfer_config=config,
-              enable_prefix_caching=True, **more)
+              enable_prefix_caching=True, disable_log_stats=not engine.get("log_stats"), **more)
     core = llm.llm_engine.engine_core.engine_core
     conn = core.scheduler.connector
     mod = importlib.import_module(module)
@@ -66,7 +68,12 @@ def main(argv) -> int:
                       "logprobs": [[lp[t].logprob for t, lp in zip(o.outputs[0].token_ids,
                                                                    o.outputs[0].logprobs)]
                                    for o in out],
-                      "seconds": time.monotonic() - t0}
+                      "seconds": time.monotonic() - t0,
+                      # With "log_stats": each request's time to its first token, and the tokens
+                      # of its prompt it did not compute (vLLM's prefix cache and the library's).
+                      "ttft": [o.metrics.first_token_latency if o.metrics else None
+                               for o in out],
+                      "cached": [o.num_cached_tokens or 0 for o in out]}
         elif cmd["op"] == "forget":
             llm.generate([TokensPrompt(prompt_token_ids=[7, 8, 9])],
                          SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)

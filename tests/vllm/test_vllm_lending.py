@@ -152,20 +152,25 @@ def test_a_reclaim_starts_below_the_low_watermark_and_vllm_waits_for_it():
     taken = p.get_new_blocks(p.get_num_free_blocks() - 7)  # 7 free: below 8
     assert not lender.has_pending_block_frees()
     orders = lender.plan()
-    assert orders.restore == [3]  # innermost first: the engine's blocks stay one range
-    assert lender.state[3] is Unit.RECLAIMING
+    # As many units as bring the free blocks back to the high watermark of 24, at once:
+    # ceil((24 - 7) / 8) = 3, innermost first, so that the engine's blocks stay one range.
+    assert orders.restore == [3, 2, 1]
+    assert all(lender.state[k] is Unit.RECLAIMING for k in (1, 2, 3))
     assert lender.has_pending_block_frees() and lender.has_pending_block_frees()
     clock.t += 0.3
-    assert not lender.plan()  # one unit moves at a time
+    assert not lender.plan()  # nothing else moves meanwhile
     assert lender.has_pending_block_frees()
     assert lender.stats.steps_waited == 2  # a count of steps, not of calls
-    lender.workers_done([], [3])  # every rank has its memory mapped again
-    assert lender.state[3] is Unit.OWNED and p.get_num_free_blocks() == 15
-    assert lender.stats.units_reclaimed == 1 and lender.stats.reclaim_s_max == pytest.approx(0.3)
+    lender.workers_done([], [2])  # reported before the unit inside it: it waits for that one
+    assert lender.state[2] is Unit.RECLAIMING and lender.stats.units_reclaimed == 0
+    lender.workers_done([], [3, 1])  # every rank has their memory mapped again
+    assert all(lender.state[k] is Unit.OWNED for k in (1, 2, 3))
+    assert p.get_num_free_blocks() == 7 + 24 and lender.lent_blocks() == 8
+    assert lender.stats.units_reclaimed == 3 and lender.stats.reclaim_s_max == pytest.approx(0.3)
     assert not lender.has_pending_block_frees()
     # The blocks came back whole and vLLM hands them out.
-    got = p.get_new_blocks(15)
-    assert set(range(32, 40)) <= {b.block_id for b in got}
+    got = p.get_new_blocks(31)
+    assert set(range(32, 56)) <= {b.block_id for b in got}
     p.free_blocks(got + taken)
 
 
@@ -175,13 +180,13 @@ def test_past_the_deadline_vllm_preempts_as_without_lending():
     lender = TailLender(p, options(reclaim_deadline_s=1.0), clock=clock)
     assert lend_settled(lender) == [0, 1, 2, 3]
     p.get_new_blocks(p.get_num_free_blocks() - 2)
-    assert lender.plan().restore == [3]
+    assert lender.plan().restore == [3, 2, 1]
     clock.t += 0.9
     assert lender.has_pending_block_frees()
     clock.t += 0.2
     assert not lender.has_pending_block_frees()
-    lender.workers_done([], [3])
-    assert lender.stats.reclaims_late == 1 and lender.state[3] is Unit.OWNED
+    lender.workers_done([], [3, 2, 1])
+    assert lender.stats.reclaims_late == 3 and lender.state[3] is Unit.OWNED
 
 
 def test_fencing_stops_when_vllm_needs_its_blocks():
@@ -334,7 +339,7 @@ def test_lending_geometry_from_vllms_kv_cache_config():
 def test_lendings_metrics_reach_prometheus():
     """The scheduler half reports lending's counts since its last report (None when nothing
     changed), vLLM's logger aggregates them, and the Prometheus families count them: 2 units
-    lent, one taken back with its seconds, a step waited."""
+    lent, both taken back in one reclaim with its seconds, a step waited."""
     import functools
     from types import SimpleNamespace
 
@@ -354,16 +359,16 @@ def test_lendings_metrics_reach_prometheus():
     assert s.kv_connector_stats() is None  # nothing since
     held = p.get_new_blocks(p.get_num_free_blocks() - 7)  # below the low watermark of 8
     orders = s.lender.plan()
-    assert orders.restore == [1]
+    assert orders.restore == [1, 0]  # both: 7 free is far below the high watermark
     assert s.lender.has_pending_block_frees()
     clock.t += 0.25
-    s.lender.workers_done([], [1])
+    s.lender.workers_done([], [1, 0])
     second = s.kv_connector_stats()
-    assert second.data["units_reclaimed"] == 1 and second.data["steps_waited"] == 1
-    assert second.data["reclaim_s"] == [0.25] and second.data["lent_blocks"] == 8
+    assert second.data["units_reclaimed"] == 2 and second.data["steps_waited"] == 1
+    assert second.data["reclaim_s"] == [0.25, 0.25] and second.data["lent_blocks"] == 0
     both = SwiftKVConnector.build_kv_connector_stats(first.data).aggregate(second)
-    assert both.reduce() == {"units_lent": 2, "units_reclaimed": 1, "steps_waited": 1,
-                             "preemptions": 0, "lent_blocks": 8, "reclaim_s_max": 0.25}
+    assert both.reduce() == {"units_lent": 2, "units_reclaimed": 2, "steps_waited": 1,
+                             "preemptions": 0, "lent_blocks": 0, "reclaim_s_max": 0.25}
     reg = CollectorRegistry()
     types = {Gauge: functools.partial(Gauge, registry=reg),
              Counter: functools.partial(Counter, registry=reg),
@@ -374,9 +379,9 @@ def test_lendings_metrics_reach_prometheus():
     prom.observe(second.data)
     value = functools.partial(reg.get_sample_value, labels={"engine": "0"})
     assert value("swiftkv_vllm_lent_units_total") == 2
-    assert value("swiftkv_vllm_reclaimed_units_total") == 1
+    assert value("swiftkv_vllm_reclaimed_units_total") == 2
     assert value("swiftkv_vllm_reclaim_wait_steps_total") == 1
-    assert value("swiftkv_vllm_lent_blocks") == 8
-    assert value("swiftkv_vllm_reclaim_seconds_count") == 1
-    assert value("swiftkv_vllm_reclaim_seconds_sum") == 0.25
+    assert value("swiftkv_vllm_lent_blocks") == 0
+    assert value("swiftkv_vllm_reclaim_seconds_count") == 2
+    assert value("swiftkv_vllm_reclaim_seconds_sum") == 0.5
     p.free_blocks(held)

@@ -19,8 +19,10 @@ prefix cache or in a block table: vLLM cannot give it to a request.
 
 While a reclaim is in flight and younger than the deadline, `has_pending_block_frees()` is True,
 so vLLM's scheduler waits a step instead of preempting a request; past the deadline it is False
-and vLLM preempts, as it would without lending. One unit moves at a time. Block 0 (vLLM's null
-block) and the first `keep_blocks` blocks are never lent.
+and vLLM preempts, as it would without lending. Lending moves one unit at a time; a reclaim
+takes back at once as many units as bring the free blocks to the high watermark (a burst waits
+for one reclaim, not for one after another), and nothing else moves until it is done. Block 0
+(vLLM's null block) and the first `keep_blocks` blocks are never lent.
 
 Not thread-safe: vLLM calls its scheduler-side connector from the scheduler's thread only.
 """
@@ -123,6 +125,7 @@ class TailLender:
         self._since: List[float] = [0.0] * self.num_units  # when a reclaim began
         self._clock = clock
         self._waited_this_step = False
+        self._restored: set = set()  # restored units waiting for those inside them
         self.stats = LendStats()
 
     # --- Which blocks ---------------------------------------------------------------------------
@@ -197,9 +200,16 @@ class TailLender:
             return orders
         m = self._boundary()
         if free < self.opts.low_free_blocks and m > 0 and self.state[m - 1] is Unit.LENT:
-            self.state[m - 1] = Unit.RECLAIMING
-            self._since[m - 1] = self._clock()
-            orders.restore.append(m - 1)
+            # As many units at once as bring the free blocks back to the high watermark: a
+            # burst that needs many waits for one reclaim, not for one after another.
+            need = max(1, -(-(self.opts.high_free_blocks - free) // self.opts.unit_blocks))
+            now = self._clock()
+            for k in range(m - 1, max(m - 1 - need, -1), -1):
+                if self.state[k] is not Unit.LENT:
+                    break
+                self.state[k] = Unit.RECLAIMING
+                self._since[k] = now
+                orders.restore.append(k)
         elif m < self.num_units and free - self.opts.unit_blocks >= self.opts.high_free_blocks:
             self.state[m] = Unit.FENCING
             if self._fence_free(m):
@@ -222,17 +232,24 @@ class TailLender:
             if 0 <= k < self.num_units and self.state[k] is Unit.RELEASING:
                 self.state[k] = Unit.LENT
                 self.stats.units_lent += 1
-        for k in restored:
-            if 0 <= k < self.num_units and self.state[k] is Unit.RECLAIMING:
-                took = self._clock() - self._since[k]
-                self.stats.units_reclaimed += 1
-                self.stats.reclaim_s_total += took
-                self.stats.reclaim_s_max = max(self.stats.reclaim_s_max, took)
-                if len(self.stats.reclaim_s) < 4096:
-                    self.stats.reclaim_s.append(took)
-                if took > self.opts.reclaim_deadline_s:
-                    self.stats.reclaims_late += 1
-                self._unfence(k)
+        # Restored units go back innermost first: the units out of vLLM's hands stay the ones
+        # before a boundary (one a worker reports early waits for those inside it).
+        self._restored.update(k for k in restored if 0 <= k < self.num_units and
+                              self.state[k] is Unit.RECLAIMING)
+        while self._restored:
+            k = max(self._restored)
+            if k + 1 < self.num_units and self.state[k + 1] is Unit.RECLAIMING:
+                break
+            self._restored.discard(k)
+            took = self._clock() - self._since[k]
+            self.stats.units_reclaimed += 1
+            self.stats.reclaim_s_total += took
+            self.stats.reclaim_s_max = max(self.stats.reclaim_s_max, took)
+            if len(self.stats.reclaim_s) < 4096:
+                self.stats.reclaim_s.append(took)
+            if took > self.opts.reclaim_deadline_s:
+                self.stats.reclaims_late += 1
+            self._unfence(k)
 
     def has_pending_block_frees(self) -> bool:
         """Whether vLLM should wait for a reclaim rather than preempt: a reclaim is in flight and
