@@ -39,7 +39,6 @@ def check_vllm_version(version: str) -> None:
                           f"{version}")
 
 
-
 class HookOrderError(RuntimeError):
     """A connector call out of the order vLLM makes its calls in."""
 
@@ -63,8 +62,8 @@ OPTIONS = {
 }
 
 HIT_SOURCES = {swiftkv.Tier.PEER: CacheHitSource.P2P, swiftkv.Tier.HOST: CacheHitSource.HOST,
-                swiftkv.Tier.DISK: CacheHitSource.DISK,
-                swiftkv.Tier.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED}
+               swiftkv.Tier.DISK: CacheHitSource.DISK,
+               swiftkv.Tier.REMOTE: CacheHitSource.EXTERNAL_UNSPECIFIED}
 
 
 def options(extra: dict) -> dict:
@@ -95,7 +94,6 @@ def in_one_process(pc) -> bool:
         return False
     raise ValueError("SwiftKVConnector runs under vLLM's 'uni' and 'mp' executors, not "
                      f"{backend!r} (world size {pc.world_size})")
-
 
 
 def weights_identity(vllm_config) -> str:
@@ -135,7 +133,6 @@ def chunk_names(block_hashes, blocks_per_chunk: int, chunks: int) -> Optional[np
     return np.frombuffer(b"".join(picked), dtype=np.uint8).reshape(chunks, size)
 
 
-
 @dataclasses.dataclass
 class Geometry:
     """What the connector needs of vLLM's KV cache: one full-attention group."""
@@ -166,7 +163,7 @@ class Geometry:
                              "(float16, bfloat16, float32)")
         names = sorted(set(groups[0].layer_names) - drafter, key=extract_layer_index)
         return Geometry(names, spec.block_size, spec.num_kv_heads, spec.head_size, spec.dtype,
-                         kv_cache_config.num_blocks)
+                        kv_cache_config.num_blocks)
 
 
 def pool_views(layers: list, g: Geometry):
@@ -242,7 +239,6 @@ class SwiftKVConnectorMetadata(KVConnectorMetadata):
     lend: Optional[object] = None  # a lending engine's orders for the step (lending.Orders)
 
 
-
 def drafter_layers(vllm_config, kv_cache_config) -> set:
     """The KV cache's layers that belong to a speculative drafter with K/V of its own (EAGLE,
     MTP, a draft model) rather than to the model: vLLM names them after the model's own, their
@@ -279,7 +275,6 @@ def marked_drafter_layers(vllm_config) -> set:
     except Exception:  # an engine without these (a stand-in): nothing to check against
         return set()
     return {n for n, layer in layers.items() if getattr(layer, "is_draft_layer", False)}
-
 
 
 @dataclasses.dataclass

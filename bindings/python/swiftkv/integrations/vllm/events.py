@@ -16,7 +16,7 @@ from .common import RequestMeta
 # The medium a KV event names for each tier: vLLM's own for host memory and disk; lent GPU
 # memory is a GPU's (another model's, reached over NVLink); another host's lent memory is REMOTE.
 MEDIUM = {swiftkv.Tier.PEER: "GPU", swiftkv.Tier.HOST: "CPU", swiftkv.Tier.DISK: "STORAGE",
-           swiftkv.Tier.REMOTE: "REMOTE"}
+          swiftkv.Tier.REMOTE: "REMOTE"}
 
 
 class KVEvents(KVConnectorKVEvents):

@@ -150,8 +150,8 @@ class LookupServer:
                     self._refused += 1
                     if self._refused == 1 or self._refused % 1000 == 0:
                         log.warning("SwiftKVConnector: %d lookup connections are open on %s, "
-                                     "the most it serves: one more closed (%d so far)",
-                                     len(self._conns), self.path, self._refused)
+                                    "the most it serves: one more closed (%d so far)",
+                                    len(self._conns), self.path, self._refused)
                     conn.close()
                     continue
                 self._conns[conn] = (self._IDLE, time.monotonic())
@@ -202,8 +202,8 @@ class LookupServer:
                 if (magic != b"SKVQ" or version != PROTOCOL or n > self._max_names
                         or not 0 < name_bytes <= MAX_NAME_BYTES):
                     log.error("SwiftKVConnector: a lookup that is not one (magic %r, version "
-                               "%d, %d names of %d bytes) on %s: connection closed", magic,
-                               version, n, name_bytes, self.path)
+                              "%d, %d names of %d bytes) on %s: connection closed", magic,
+                              version, n, name_bytes, self.path)
                     return
                 doing(self._RECEIVING)
                 names = recv_exact(conn, name_bytes * n) if n else bytearray()
@@ -242,7 +242,6 @@ class LookupServer:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
 
 
 # Where a chunk held by several workers counts as held from, for vLLM's hit metrics: the

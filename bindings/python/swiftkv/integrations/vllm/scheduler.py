@@ -21,6 +21,7 @@ from .lookup import LookupClient, socket_path
 from .metrics import COUNTERS, SwiftKVConnectorStats
 from .worker import find_store
 
+
 @dataclasses.dataclass
 class Scheduled:
     """What the scheduler side keeps of a request between steps."""
@@ -29,6 +30,7 @@ class Scheduled:
     block_ids: list = dataclasses.field(default_factory=list)
     load: Optional[tuple] = None           # (from, to) accepted, not yet handed to a step
     chunks_done: int = 0                   # chunks already loaded, saved or handed to a step
+
 
 class SwiftKVConnectorScheduler:
     """The scheduler's half (see the module's documentation). vLLM calls it from its scheduler's
@@ -152,15 +154,15 @@ class SwiftKVConnectorScheduler:
         saved for the request."""
         chunks = tokens // self.cfg.chunk
         names = chunk_names(getattr(request, "block_hashes", ()),
-                             self.cfg.chunk // self.cfg.geometry.block_tokens, chunks)
+                            self.cfg.chunk // self.cfg.geometry.block_tokens, chunks)
         if names is None and chunks > 0 and request.request_id not in self.unkeyed:
             self.unkeyed.add(request.request_id)
             self.unkeyed_requests += 1
             if self.unkeyed_requests == 1:
                 log.warning("SwiftKVConnector: request %s has no block hashes of vLLM's to key "
-                             "its chunks by (%d for %d tokens): nothing is loaded or saved for "
-                             "it, nor for others like it", request.request_id,
-                             len(getattr(request, "block_hashes", ())), request.num_tokens)
+                            "its chunks by (%d for %d tokens): nothing is loaded or saved for "
+                            "it, nor for others like it", request.request_id,
+                            len(getattr(request, "block_hashes", ())), request.num_tokens)
         return names
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
@@ -182,8 +184,8 @@ class SwiftKVConnectorScheduler:
         if matched <= num_computed_tokens:
             return 0, False
         self.matched[request.request_id] = (num_computed_tokens,
-                                             matched - num_computed_tokens,
-                                             residency[first:end].copy(), chunk)
+                                            matched - num_computed_tokens,
+                                            residency[first:end].copy(), chunk)
         return matched - num_computed_tokens, False
 
     def get_external_cache_hit_sources(self, request, num_external_tokens: int) -> dict:
@@ -195,7 +197,7 @@ class SwiftKVConnectorScheduler:
         first = local // chunk
         for t in range(local, local + num_external_tokens, self.cfg.geometry.block_tokens):
             src = HIT_SOURCES.get(swiftkv.Tier(int(tiers[t // chunk - first])),
-                                   CacheHitSource.EXTERNAL_UNSPECIFIED)
+                                  CacheHitSource.EXTERNAL_UNSPECIFIED)
             out[src] = out.get(src, 0) + self.cfg.geometry.block_tokens
         return out
 

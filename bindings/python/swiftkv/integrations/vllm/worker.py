@@ -22,6 +22,7 @@ from .events import ChunkEvents, KVEvents
 from .lend_region import LendReport, RegionLender
 from .lookup import LookupServer, socket_path
 
+
 class Store:
     """A worker's library context: its model and, once the worker registered vLLM's KV
     tensors, the pool over them. Worker `rank` of `world` (tensor parallelism) keeps its shard
@@ -122,7 +123,6 @@ STORES: dict = {}
 STORES_LOCK = threading.Lock()
 
 
-
 class Step:
     """The worker's library requests of one engine step."""
 
@@ -133,6 +133,7 @@ class Step:
         self.started = False
         self.next_wait = 0
         self.next_save = 0
+
 
 def find_store(engine: str) -> Store:
     """The store the worker of `engine` in this process made (the scheduler's half, under
@@ -207,7 +208,7 @@ class SwiftKVConnectorWorker:
         views, layout, page_tokens = pool_views(layers, g)
         t = layers[0]
         store = Store(self.cfg.vllm_config, g, self.cfg.opts, device_index(t.device), self.cfg.rank,
-                       self.cfg.world, page_tokens)
+                      self.cfg.world, page_tokens)
         try:
             store.pool = store.model.pool_from_tensors(views, layout)
             if not self.cfg.in_process:
