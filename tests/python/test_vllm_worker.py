@@ -171,8 +171,8 @@ def test_worker_saves_then_loads_on_the_tensors_device(sv, device, layout):
     w = connector(sv, f"worker-{device}-{layout}")
     w.register_kv_caches(tensors)
     try:
-        assert w.connector_worker.store.desc.device == (swiftkv.DEVICE_HOST if device == "cpu" else
-                                        torch.cuda.current_device())
+        assert w.connector_worker.store.desc.device == (
+            swiftkv.DEVICE_HOST if device == "cpu" else torch.cuda.current_device())
         tokens = np.arange(3 * CHUNK + 5, dtype=np.uint32) + 7  # 3 chunks and a bit
         blocks = [5, 1, 9, 3, 7, 11, 2]
         gen = torch.Generator(device="cpu").manual_seed(1)

@@ -257,7 +257,8 @@ class RegionLender:
         base = int(self.region.layer_view(0)["base"])
         if cuda:
             t = torch.as_tensor(_CudaBytes(base, g.raw_bytes), device=dev)
-        else:
+            t.zero_()  # device memory comes uninitialized; vLLM asked for zeros
+        else:  # (a memfd's new pages are zeros)
             buf = (ctypes.c_int8 * g.raw_bytes).from_address(base)
             t = torch.frombuffer(buf, dtype=torch.int8)
         self.tensor = t
