@@ -15,8 +15,9 @@ executor), "connector": "module:Class" (a SwiftKVConnector subclass; module on s
         next is loaded from the library
     {"op": "tiers", "prompt": [...]} -> {"tiers": [...]}: where each of its whole chunks is
         (swiftkv.Tier: 0 peer, 1 host, 2 disk, 3 not cached)
-    {"op": "state"} -> the KV cache layout, vLLM's free blocks, and for a lender its units lent
-        and its lending counts (and what the connector's module adds: its extra_state())
+    {"op": "state"} -> the KV cache layout, vLLM's free blocks, for a lender its units lent and
+        its lending counts, for a borrower the lent memory it holds (and what the connector's
+        module adds: its extra_state())
     {"op": "quit"}
 """
 
@@ -97,6 +98,11 @@ def main(argv) -> int:
                                      if k != "reclaim_s"},
                               moving=[(k, lender.state[k].value, len(lender._fenced[k]))
                                       for k in [lender._moving()] if k is not None])
+            from swiftkv.integrations.vllm import worker
+            stores = list(worker.STORES.values())
+            if len(stores) == 1 and stores[0].borrower is not None:
+                b = stores[0].borrower
+                answer.update(peer_bytes=b.held(), borrowed_again=b.borrowed_again)
             if hasattr(mod, "extra_state"):
                 answer.update(mod.extra_state())
         else:

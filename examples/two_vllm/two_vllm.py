@@ -151,7 +151,14 @@ def main() -> int:
         s = eng_a.ask(op="state")
         print(f"A idle again: {s['lent_blocks']} blocks lent ({s['stats']['units_lent']} units "
               "lent in all)", flush=True)
-        turn("A idle again", 2 * a.turns)
+        for _ in range(12):  # B asks again each second for what it lost
+            held = eng_b.ask(op="state")["peer_bytes"]
+            if held >= 4 << 20:
+                break
+            time.sleep(0.5)
+        print(f"B borrows again: {held >> 10} KiB of A's memory", flush=True)
+        for t in range(2 * a.turns, 2 * a.turns + 2):
+            turn("A idle again", t)
     finally:
         eng_a.close()
         if eng_b is not None:

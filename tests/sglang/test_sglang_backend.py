@@ -298,7 +298,7 @@ def test_pages_in_a_lenders_memory_and_a_lost_lease(tmp_path):
                                               head_dim=64, block_tokens=16),
                             b.model.desc, capacity_blocks=64, owned_blocks=8)
     region.offer("pytest-pool")
-    b.leases.append(b.model.borrow_remote(ep, "pytest-pool", 16))  # 16 pages of room
+    b.borrower.leases.append(b.model.borrow_remote(ep, "pytest-pool", 16))  # 16 pages of room
     # Pages 4-7 into the lent memory, which is the first tier with room.
     assert b.batch_set_v1(keys[4:], slots(range(4, 8))) == [True] * 4
     tiers = [i.tier for i in b.model.chunk_info_named(skv.page_names(keys))]

@@ -774,7 +774,7 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
         # 8 units: room for 8 chunks, twice the prompt's, so that keeping some of the tier free
         # (the library's demote_free_percent) moves nothing out of it.
         e = engine(extra={"lenders": [{"endpoint": endpoint, "name": "worker", "units": 8}]})
-        assert len(e.worker.connector_worker.store.leases) == 1
+        assert len(e.worker.connector_worker.store.borrower.leases) == 1
         capacity = e.worker.connector_worker.store.ctx.stats()["capacity_bytes"][swiftkv.Tier.PEER]
         assert capacity == 8 * e.worker.connector_worker.store.desc.chunk_bytes
         prompt = tokens_of(50, 256)
@@ -821,7 +821,7 @@ def test_borrowed_memory_serves_prefixes_and_is_given_back(engine, tmp_path):
 def test_an_unreachable_lender_leaves_the_engine_serving(engine, tmp_path):
     e = engine(extra={"lenders": [{"endpoint": f"ipc://{tmp_path}/nobody", "name": "worker",
                                    "units": 4}]})
-    assert e.worker.connector_worker.store.leases == []
+    assert e.worker.connector_worker.store.borrower.leases == []
     e.add("a", tokens_of(60, 100), max_tokens=1)
     e.run()
     with pytest.raises(ValueError, match="each lender is"):

@@ -70,6 +70,73 @@ def borrow(model, lenders, log: logging.Logger, who: str) -> list:
     return leases
 
 
+class Borrower:
+    """A model's leases of lent memory, kept up. At the start each lender is asked for its
+    units (borrow). A lender that takes memory back (a reclaim) and lends again later is asked
+    again: every `period_s`, while the lent memory held is below the most held so far, each
+    lender in turn is asked for what is missing (one unit the first time, which tells the
+    bytes of its unit; then as many as make up the difference), on a thread of its own (a
+    lease's grant is a round trip to the lender; the engine's steps do not wait for it). A
+    lender that refuses (nothing free) or cannot be reached is asked again after twice as long,
+    up to a minute."""
+
+    def __init__(self, ctx, model, lenders, log: logging.Logger, who: str,
+                 period_s: float = 1.0):
+        import threading
+        self._ctx, self._model, self._lenders = ctx, model, list(lenders)
+        self._log, self._who, self._period = log, who, period_s
+        self.leases = borrow(model, self._lenders, log, who)
+        self.peak = self.held()
+        self.borrowed_again = 0  # leases granted after the start
+        self._stop = threading.Event()
+        self._thread = None
+        if self._lenders:
+            self._thread = threading.Thread(target=self._run, name="swiftkv-borrow",
+                                            daemon=True)
+            self._thread.start()
+
+    def held(self) -> int:
+        """Bytes of lent memory the model's context holds now."""
+        return int(self._ctx.stats()["capacity_bytes"][0])
+
+    def _run(self) -> None:
+        import time
+        wait = {i: 0.0 for i in range(len(self._lenders))}   # seconds between asks
+        next_ask = {i: 0.0 for i in range(len(self._lenders))}
+        unit_bytes = {}  # a lender's unit, learned from a grant of one
+        while not self._stop.wait(self._period):
+            try:
+                held = self.held()
+                self.peak = max(self.peak, held)
+                for i, lender in enumerate(self._lenders):
+                    if held >= self.peak or self._stop.is_set():
+                        break
+                    now = time.monotonic()
+                    if now < next_ask[i]:
+                        continue
+                    units = 1 if i not in unit_bytes else \
+                        max(1, -(-(self.peak - held) // unit_bytes[i]))
+                    try:
+                        self.leases.append(self._model.borrow_remote(
+                            str(lender["endpoint"]), str(lender["name"]), units))
+                        self.borrowed_again += 1
+                        wait[i] = 0.0
+                    except swiftkv.Error:
+                        wait[i] = min(60.0, max(self._period, 2 * wait[i]))
+                        next_ask[i] = now + wait[i]
+                    got, held = self.held() - held, self.held()
+                    if units == 1 and got > 0:
+                        unit_bytes[i] = got
+            except swiftkv.Error:
+                return  # the context is closing
+
+    def close(self) -> None:
+        """Stops asking; returns once the thread makes no call into the context."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
 def set_codecs(model, host: str, disk: str, accept_lossy: bool, who: str) -> None:
     """The model's codecs in host memory and on disk, as the options name them."""
     h, d = codec(host, who), codec(disk, who)

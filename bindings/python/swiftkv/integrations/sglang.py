@@ -188,7 +188,7 @@ class SwiftKVStorage(HiCacheStorage):
         self.ctx = swiftkv.Context(**config)
         self.model = None
         self.pool = None
-        self.leases: list = []
+        self.borrower: Optional[_engine.Borrower] = None  # leases of lent memory, kept up
         self.mem_pool_host = None
         self.page_size = 0
         self.num_layers = 0
@@ -205,7 +205,7 @@ class SwiftKVStorage(HiCacheStorage):
         _engine.set_codecs(self.model, self.opts["host_codec"], self.opts["disk_codec"],
                            self.opts["accept_lossy"], _WHO)
         self.pool = self.model.pool_from_tensors(views, layout="vllm")
-        self.leases = _engine.borrow(self.model, self.opts["lenders"], _log, _WHO)
+        self.borrower = _engine.Borrower(self.ctx, self.model, self.opts["lenders"], _log, _WHO)
         self.mem_pool_host = mem_pool_host
         self.page_size = desc.block_tokens
         self.num_layers = desc.num_layers
@@ -418,6 +418,8 @@ class SwiftKVStorage(HiCacheStorage):
     def close(self) -> None:
         """Ends the context; with a disk tier, host pages are written to disk first."""
         if self.ctx is not None:
+            if self.borrower is not None:
+                self.borrower.close()
             self.pool = None
             self.model = None
             self.ctx.close()

@@ -79,8 +79,10 @@ class Store:
         self._saver: Optional[concurrent.futures.ThreadPoolExecutor] = None
         self._saver_lock = threading.Lock()
         # Lent memory from other processes, as the peer tier. A lender that cannot be reached
-        # now leaves the tier smaller: the engine serves on from host memory and disk.
-        self.leases = _engine.borrow(self.model, opts["lenders"], log, "SwiftKVConnector")
+        # now leaves the tier smaller: the engine serves on from host memory and disk; one that
+        # takes memory back is asked again when it lends again (_engine.Borrower).
+        self.borrower = _engine.Borrower(self.ctx, self.model, opts["lenders"], log,
+                                         "SwiftKVConnector")
 
     def saver(self) -> concurrent.futures.ThreadPoolExecutor:
         """The thread that finishes the worker's saves: one, so they finish in the order they
@@ -115,6 +117,7 @@ class Store:
             saver, self._saver = self._saver, None
         if saver is not None:
             saver.shutdown()  # its saves finish first
+        self.borrower.close()
         self.ctx.close()
 
 
