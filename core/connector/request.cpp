@@ -154,8 +154,7 @@ void Request::start_disk_reads() {
       exec_.submit(CpuExecutor::Lane::load, [this, i] {
         stage(*loads_[i]);
         std::lock_guard l(mu_);
-        --tasks_in_flight_;
-        cv_.notify_all();
+        if (--tasks_in_flight_ == 0) cv_.notify_all();
       });
       ++tasks_in_flight_;
     }
@@ -163,8 +162,7 @@ void Request::start_disk_reads() {
       exec_.submit(CpuExecutor::Lane::load, [this, lent_reads] {
         stage_many(lent_reads);
         std::lock_guard l(mu_);
-        --tasks_in_flight_;
-        cv_.notify_all();
+        if (--tasks_in_flight_ == 0) cv_.notify_all();
       });
       ++tasks_in_flight_;
     }
@@ -259,6 +257,18 @@ bool Request::layer_nontemporal(size_t chunks) const noexcept {
   return nontemporal_pays(chunks * piece_bytes_ * layers / std::max(exec_.threads(), 1u));
 }
 
+size_t Request::chunks_per_task(size_t chunks) const noexcept {
+  // A task copies a run of a layer's chunks: enough bytes that queueing it, waking a thread
+  // for it and counting it done cost little beside its copy (a layer of a 16-token page is
+  // 8 KiB a head group: a task per chunk spent a third of a 128-page call waking threads),
+  // yet no fewer tasks than the executor has threads, so that a layer's chunks still copy in
+  // parallel.
+  const size_t by_bytes = std::max<uint64_t>(1, kTaskBytes / std::max<uint64_t>(piece_bytes_, 1));
+  const size_t threads = std::max(exec_.threads(), 1u);
+  const size_t by_threads = (chunks + threads - 1) / threads;
+  return std::max<size_t>(1, std::min(by_bytes, by_threads));
+}
+
 void Request::load_task(uint32_t layer, size_t i, bool nontemporal) {
   if (i >= first_failed_.load()) return;  // past the valid prefix: the engine recomputes it
   LoadChunk &c = *loads_[i];
@@ -293,8 +303,10 @@ void Request::task_done(bool load, uint32_t layer) {
     } else if (info_.stream_ordered && layer + 1 < layers_) {
       submit_load_locked(layer + 1);
     }
+    // Waiters wake when a layer is done (wait_layer_load, wait_save; the last task of all is
+    // some layer's last too, for the destructor), not at every task.
+    cv_.notify_all();
   }
-  cv_.notify_all();
 }
 
 void Request::submit_load_locked(uint32_t layer) {
@@ -303,12 +315,14 @@ void Request::submit_load_locked(uint32_t layer) {
     if (++layers_load_done_ == layers_) load_scopes_.clear();
     return;
   }
-  load_left_[layer] = static_cast<uint32_t>(loads_.size());
+  const size_t per_task = chunks_per_task(loads_.size());
+  load_left_[layer] = static_cast<uint32_t>((loads_.size() + per_task - 1) / per_task);
   const bool nontemporal = layer_nontemporal(loads_.size());
-  for (size_t i = 0; i < loads_.size(); ++i) {
+  for (size_t first = 0; first < loads_.size(); first += per_task) {
+    const size_t end = std::min(loads_.size(), first + per_task);
     ++tasks_in_flight_;
-    exec_.submit(CpuExecutor::Lane::load, [this, layer, i, nontemporal] {
-      load_task(layer, i, nontemporal);
+    exec_.submit(CpuExecutor::Lane::load, [this, layer, first, end, nontemporal] {
+      for (size_t i = first; i < end; ++i) load_task(layer, i, nontemporal);
       task_done(true, layer);
     });
   }
@@ -319,14 +333,18 @@ void Request::submit_save_locked(uint32_t layer) {
     if (info_.stream_ordered && layer + 1 < layers_) submit_load_locked(layer + 1);
     return;
   }
-  save_left_[layer] = static_cast<uint32_t>(saves_.size());
+  const size_t per_task = chunks_per_task(saves_.size());
+  save_left_[layer] = static_cast<uint32_t>((saves_.size() + per_task - 1) / per_task);
   const bool nontemporal = layer_nontemporal(saves_.size());
-  for (size_t i = 0; i < saves_.size(); ++i) {
+  for (size_t first = 0; first < saves_.size(); first += per_task) {
+    const size_t end = std::min(saves_.size(), first + per_task);
     ++tasks_in_flight_;
-    exec_.submit(CpuExecutor::Lane::save, [this, layer, i, nontemporal] {
-      SaveChunk &s = *saves_[i];
-      gather_piece(s.plan, pool_->layout().layer_base[layer], s.dst + layer * piece_bytes_,
-                   nontemporal);
+    exec_.submit(CpuExecutor::Lane::save, [this, layer, first, end, nontemporal] {
+      const std::byte *base = pool_->layout().layer_base[layer];
+      for (size_t i = first; i < end; ++i) {
+        SaveChunk &s = *saves_[i];
+        gather_piece(s.plan, base, s.dst + layer * piece_bytes_, nontemporal);
+      }
       task_done(false, layer);
     });
   }

@@ -157,6 +157,10 @@ class Request {
   // under `auto` where nontemporal_pays for one copy thread's share of them (of every layer's,
   // in a load-only or save-only request).
   bool layer_nontemporal(size_t chunks) const noexcept;
+  // How many of a layer's chunks one copy task takes (kTaskBytes of copying, at least one
+  // task per executor thread).
+  size_t chunks_per_task(size_t chunks) const noexcept;
+  static constexpr uint64_t kTaskBytes = 512 << 10;
   void load_task(uint32_t layer, size_t i, bool nontemporal);
   bool stage(LoadChunk &c);
   // stage() for several chunks at once: those one lender holds are read in one batch.
@@ -198,7 +202,7 @@ class Request {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<uint32_t> load_left_, save_left_;  // tasks outstanding per layer
+  std::vector<uint32_t> load_left_, save_left_;  // copy tasks outstanding per layer
   std::vector<bool> load_submitted_;
   uint32_t layers_load_done_ = 0;  // layers whose loads all finished
   uint64_t tasks_in_flight_ = 0;
