@@ -21,23 +21,32 @@ std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const in
   // there (K's last row with V's first, in a page that holds the whole chunk), and merged it
   // would break the rows' spacing.
   const bool heads_outer = l.heads > 1 && l.page_tokens > 1 && l.token_stride == l.head_dim;
-  auto add = [&](uint32_t c, uint32_t t, uint32_t h) {
+  // A token's heads side by side in the page (every layout but HND) are one run on both sides:
+  // added at once, rather than head by head and merged (the same plan; SGLang's page_first pool
+  // seen as one layer of every layer's heads has 64 heads a token, and its 128-page calls spent
+  // a millisecond building plans).
+  const bool heads_joined = !heads_outer && l.head_stride == int64_t{l.head_dim};
+  auto add = [&](uint32_t c, uint32_t t, uint32_t h, uint64_t bytes) {
     const auto page = static_cast<uint32_t>(pages[t / l.page_tokens]);
     const uint64_t at = l.offset(page, c, t % l.page_tokens, h);
     const uint64_t piece = ((uint64_t{c} * chunk_tokens + t) * l.heads + h) * row;
     if (!plan.empty() && !heads_outer) {
       CopySegment &last = plan.back();
       if (last.page_offset + last.bytes == at && last.piece_offset + last.bytes == piece) {
-        last.bytes += row;
+        last.bytes += bytes;
         return;
       }
     }
-    plan.push_back(CopySegment{at, piece, row});
+    plan.push_back(CopySegment{at, piece, bytes});
   };
   for (uint32_t c = 0; c < 2; ++c) {
     if (!heads_outer) {
       for (uint32_t t = first_token; t < chunk_tokens; ++t) {
-        for (uint32_t h = 0; h < l.heads; ++h) add(c, t, h);
+        if (heads_joined) {
+          add(c, t, 0, l.heads * row);
+          continue;
+        }
+        for (uint32_t h = 0; h < l.heads; ++h) add(c, t, h, row);
       }
       continue;
     }
@@ -45,7 +54,7 @@ std::vector<CopySegment> chunk_copy_plan(const PageLayout &l, std::span<const in
       const uint32_t begin = std::max(page_start, first_token);
       const uint32_t end = std::min(page_start + l.page_tokens, chunk_tokens);
       for (uint32_t h = 0; h < l.heads; ++h) {
-        for (uint32_t t = begin; t < end; ++t) add(c, t, h);
+        for (uint32_t t = begin; t < end; ++t) add(c, t, h, row);
       }
     }
   }

@@ -276,6 +276,77 @@ void every_layout_moves_the_plans_bytes(void **) {
   }
 }
 
+// The plan row by row: each (K or V, token, head) row its own segment, joined to the one before
+// where both sides continue it (every layout but HND). chunk_copy_plan must give exactly this,
+// however it walks the rows.
+std::vector<CopySegment> plan_row_by_row(const PageLayout &l, const std::vector<int32_t> &pages,
+                                         uint32_t chunk_tokens, uint32_t first_token) {
+  const bool heads_outer = l.heads > 1 && l.page_tokens > 1 && l.token_stride == l.head_dim;
+  const uint64_t row = uint64_t{l.head_dim} * l.dtype_bytes;
+  std::vector<CopySegment> plan;
+  for (uint32_t c = 0; c < 2; ++c) {
+    for (uint32_t p = 0; p < chunk_tokens; p += l.page_tokens) {
+      for (uint32_t a = 0; a < (heads_outer ? l.heads : l.page_tokens); ++a) {
+        for (uint32_t b = 0; b < (heads_outer ? l.page_tokens : l.heads); ++b) {
+          const uint32_t t = p + (heads_outer ? b : a), h = heads_outer ? a : b;
+          if (t < first_token || t >= chunk_tokens) continue;
+          const uint64_t at =
+              l.offset(static_cast<uint32_t>(pages[t / l.page_tokens]), c, t % l.page_tokens, h);
+          const uint64_t piece = ((uint64_t{c} * chunk_tokens + t) * l.heads + h) * row;
+          if (!heads_outer && !plan.empty() && plan.back().page_offset + plan.back().bytes == at &&
+              plan.back().piece_offset + plan.back().bytes == piece) {
+            plan.back().bytes += row;
+          } else {
+            plan.push_back(CopySegment{at, piece, row});
+          }
+        }
+      }
+    }
+  }
+  return plan;
+}
+
+void plans_are_the_row_by_row_plan(void **) {
+  const Case cases[] = {
+      {Kind::nhd, 16, 8, 128, 2},   {Kind::nhd, 1, 4, 64, 2}, {Kind::hnd, 16, 8, 128, 2},
+      {Kind::vllm, 16, 64, 128, 2}, {Kind::vllm, 4, 3, 5, 1}, {Kind::cross_layer, 16, 2, 64, 4},
+      {Kind::hnd, 8, 3, 6, 1},      {Kind::nhd, 32, 1, 2, 1},
+  };
+  std::mt19937_64 rng(7);
+  for (const Case &c : cases) {
+    for (int spaced = 0; spaced < 2; ++spaced) {
+      Pool pool(c, 64);
+      if (spaced && c.kind != Kind::hnd) {
+        // A token's heads side by side, tokens apart (a pool whose token rows interleave
+        // another's): only the heads of one token join.
+        pool.layout.token_stride = 3 * int64_t{c.heads} * c.head_dim;
+        pool.layout.kv_stride = pool.layout.token_stride * c.page_tokens;
+        pool.layout.page_stride = 2 * pool.layout.kv_stride;
+      }
+      for (const uint32_t chunk_pages : {1u, 2u, 4u}) {
+        const uint32_t chunk_tokens = chunk_pages * c.page_tokens;
+        std::vector<int32_t> pages(64);
+        std::iota(pages.begin(), pages.end(), 0);
+        std::shuffle(pages.begin(), pages.end(), rng);
+        pages.resize(chunk_pages);
+        if (chunk_pages == 2) pages[1] = pages[0] + 1;  // consecutive pages join in vLLM's
+        for (const uint32_t first : {0u, chunk_tokens / 2, chunk_tokens - 1}) {
+          const std::vector<CopySegment> got =
+              swiftkv::chunk_copy_plan(pool.layout, pages, chunk_tokens, first);
+          const std::vector<CopySegment> want =
+              plan_row_by_row(pool.layout, pages, chunk_tokens, first);
+          assert_int_equal(got.size(), want.size());
+          for (size_t i = 0; i < got.size(); ++i) {
+            assert_int_equal(got[i].page_offset, want[i].page_offset);
+            assert_int_equal(got[i].piece_offset, want[i].piece_offset);
+            assert_int_equal(got[i].bytes, want[i].bytes);
+          }
+        }
+      }
+    }
+  }
+}
+
 void a_long_segment_is_cut_at_item_size(void **) {
   const uint64_t segs[] = {0, 0, 3 * swiftkv::kItemBytes + 48, 1 << 20, 1 << 16, 16};
   std::vector<CopyItem> items;
@@ -759,6 +830,7 @@ int main() {
 #endif
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(every_layout_moves_the_plans_bytes),
+    cmocka_unit_test(plans_are_the_row_by_row_plan),
     cmocka_unit_test(a_long_segment_is_cut_at_item_size),
     cmocka_unit_test(evenly_spaced_segments_become_rows),
     cmocka_unit_test(hnd_pages_give_whole_items),
