@@ -114,6 +114,13 @@ def measure_pages(layout, page, reps, disk):
             sets.append(gbps(call_bytes, t1 - t0))
             gets.append(gbps(call_bytes, t2 - t1))
             copies.append(gbps(call_bytes, t3 - t2))
+    # Each rep set the pages in slots [0, 128 pages) and got them into the next 128: the bytes
+    # got are the bytes set (a rate above the memcpy's is the copy's, not a lost copy).
+    tokens = CALL_PAGES * page
+    along = 2 if layout == "layer_first" else 1  # the pool's token dimension
+    bits = pool.kv_buffer.view(torch.int16)  # random bits: some are NaNs as bfloat16
+    if not torch.equal(bits.narrow(along, 0, tokens), bits.narrow(along, tokens, tokens)):
+        raise SystemExit("bench_sglang_backend: the pages got differ from the pages set")
     b.close()
     # The disk rows after the host rows: the disk tier's threads (demotion, writes) must not
     # run beside the host tier's measurement.
