@@ -1,5 +1,6 @@
-// A request's loads and saves as tasks on the CPU executor: one task per (layer, chunk), so the
-// chunks of a layer copy in parallel and a layer is done when its last task is.
+// A request's loads and saves as tasks on the CPU executor: a layer's chunks in runs of about
+// kTaskBytes a task, at least one task per executor thread, so that the chunks of a layer copy in
+// parallel and a layer is done when its last task is.
 #include "core/connector/request.hpp"
 
 #include <algorithm>
