@@ -23,6 +23,7 @@ Prints a table and one JSON line. In the venv tests/sglang/run.sh makes:
 import argparse
 import hashlib
 import json
+import resource
 import statistics
 import tempfile
 import time
@@ -73,6 +74,13 @@ def slots(first_page, pages, page):
     return torch.arange(first_page * page, (first_page + pages) * page)
 
 
+def switches():
+    """Context switches of this process so far (voluntary and not): a copy engine that wakes a
+    thread per page instead of per layer shows here as thousands a call."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_nvcsw + r.ru_nivcsw
+
+
 def stat(xs):
     return {"median": statistics.median(xs), "min": min(xs)}
 
@@ -98,13 +106,17 @@ def measure_pages(layout, page, reps, disk):
         b.batch_set_v1(throwaway[i:i + CALL_PAGES], slots(0, CALL_PAGES, page))
     b.clear()
     sets, gets, copies = [], [], []
+    set_csw = get_csw = 0
     for r in range(reps + 1):  # rep 0 warms up
         ks = keys(CALL_PAGES, f"{layout}-{page}-{r}")
+        c0 = switches()
         t0 = time.perf_counter()
         ok = b.batch_set_v1(ks, slots(0, CALL_PAGES, page))
         t1 = time.perf_counter()
+        c1 = switches()
         got = b.batch_get_v1(ks, slots(CALL_PAGES, CALL_PAGES, page))
         t2 = time.perf_counter()
+        c2 = switches()
         np.copyto(dst, src)
         t3 = time.perf_counter()
         if not all(ok) or not all(got):
@@ -114,6 +126,8 @@ def measure_pages(layout, page, reps, disk):
             sets.append(gbps(call_bytes, t1 - t0))
             gets.append(gbps(call_bytes, t2 - t1))
             copies.append(gbps(call_bytes, t3 - t2))
+            set_csw += c1 - c0
+            get_csw += c2 - c1
     # Each rep set the pages in slots [0, 128 pages) and got them into the next 128: the bytes
     # got are the bytes set (a rate above the memcpy's is the copy's, not a lost copy).
     tokens = CALL_PAGES * page
@@ -140,7 +154,8 @@ def measure_pages(layout, page, reps, disk):
             dk.close()
     return {"layout": layout, "page_tokens": page, "call_bytes": call_bytes,
             "set_gbs": stat(sets), "get_host_gbs": stat(gets),
-            "get_disk_gbs": stat(dgets) if dgets else None, "memcpy_gbs": stat(copies)}
+            "get_disk_gbs": stat(dgets) if dgets else None, "memcpy_gbs": stat(copies),
+            "set_switches_per_call": set_csw / reps, "get_switches_per_call": get_csw / reps}
 
 
 def measure_exists(resident, calls):
@@ -195,9 +210,11 @@ def main():
             for layout in a.layouts.split(",") for p in a.pages.split(",")]
     ex = measure_exists(a.resident, a.exists_calls)
     print(f"128 pages a call, {LAYERS} layers x {HEADS} heads x {DIM} bf16; GB/s median/min "
-          f"over {a.reps} reps; the goal: set and get from host >= 0.8x memcpy")
+          f"over {a.reps} reps; the goal: set and get from host >= 0.8x memcpy; csw: this "
+          "process's context switches per call")
     print(f"{'layout':>12} {'page':>5} {'MiB':>5} {'set':>13} {'get host':>13} "
-          f"{'get disk':>13} {'memcpy':>13} {'set/cp':>7} {'get/cp':>7}")
+          f"{'get disk':>13} {'memcpy':>13} {'set/cp':>7} {'get/cp':>7} {'csw set':>8} "
+          f"{'csw get':>8}")
     for r in rows:
         def f(s):
             return f"{s['median']:6.2f}/{s['min']:6.2f}" if s else f"{'-':>13}"
@@ -205,7 +222,8 @@ def main():
         print(f"{r['layout']:>12} {r['page_tokens']:5d} {r['call_bytes'] >> 20:5d} "
               f"{f(r['set_gbs'])} {f(r['get_host_gbs'])} {f(r['get_disk_gbs'])} "
               f"{f(r['memcpy_gbs'])} {r['set_gbs']['median'] / cp:7.2f} "
-              f"{r['get_host_gbs']['median'] / cp:7.2f}")
+              f"{r['get_host_gbs']['median'] / cp:7.2f} {r['set_switches_per_call']:8.1f} "
+              f"{r['get_switches_per_call']:8.1f}")
     e = ex["batch_exists_us"]
     print(f"\nbatch_exists of 128 keys at {ex['resident']} resident pages: "
           f"{e['median']:.1f} us median, {e['min']:.1f} min (goal < 50); the library's "
