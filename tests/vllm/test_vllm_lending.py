@@ -95,14 +95,18 @@ def test_busy_tail_blocks_are_taken_as_vllm_frees_them():
     assert lender.state[0] is Unit.LENT
 
 
-def test_a_cached_tail_block_leaves_the_prefix_cache():
+def hashed_request(blocks):
+    """A request of `blocks` full blocks whose block hashes vLLM computes, as its own would be."""
     if not hasattr(kv_cache_utils, "NONE_HASH"):
         init_none_hash(sha256)
+    return Request(request_id="r", prompt_token_ids=list(range(blocks * BLOCK)),
+                   sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
+                   mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+
+
+def test_a_cached_tail_block_leaves_the_prefix_cache():
     p = pool()
-    tokens = list(range(60 * BLOCK))
-    r = Request(request_id="r", prompt_token_ids=tokens,
-                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
-                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+    r = hashed_request(60)
     blocks = p.get_new_blocks(60)  # blocks 1..60: the tail blocks 56..60 hold this prefix
     p.cache_full_blocks(r, blocks, 0, 60, BLOCK, 0)
     p.free_blocks(blocks)
@@ -124,13 +128,8 @@ def test_a_cached_tail_block_in_use_leaves_the_prefix_cache_at_once():
     """A tail block a request holds is taken when vLLM frees it; it leaves the prefix cache at
     once, so that a later request with the same prefix does not share it and keep it in use (an
     engine serving one prompt again and again would never let its unit go)."""
-    if not hasattr(kv_cache_utils, "NONE_HASH"):
-        init_none_hash(sha256)
     p = pool()
-    tokens = list(range(60 * BLOCK))
-    r = Request(request_id="r", prompt_token_ids=tokens,
-                sampling_params=SamplingParams(max_tokens=1), pooling_params=None,
-                mm_features=None, block_hasher=get_request_block_hasher(BLOCK, sha256))
+    r = hashed_request(60)
     blocks = p.get_new_blocks(60)  # blocks 1..60, in use, the tail ones cached
     p.cache_full_blocks(r, blocks, 0, 60, BLOCK, 0)
     p.free_blocks(blocks[:55])

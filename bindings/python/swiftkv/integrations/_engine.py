@@ -124,9 +124,10 @@ class Borrower:
                     except swiftkv.Error:
                         wait[i] = min(60.0, max(self._period, 2 * wait[i]))
                         next_ask[i] = now + wait[i]
-                    got, held = self.held() - held, self.held()
-                    if units == 1 and got > 0:
-                        unit_bytes[i] = got
+                    after = self.held()
+                    if units == 1 and after > held:
+                        unit_bytes[i] = after - held
+                    held = after
             except swiftkv.Error:
                 return  # the context is closing
 

@@ -163,13 +163,12 @@ class TailLender:
             if bid in taken:
                 continue
             block = self.pool.blocks[bid]
+            # Out of the prefix cache: no request can hit it (nor share a block in use and keep
+            # it in use).
+            self.pool.evict_blocks({bid})
             if block.ref_cnt != 0:
-                # In a request's block table: taken when vLLM frees it. Out of the prefix cache
-                # now, so that no later request shares it and keeps it in use.
-                self.pool.evict_blocks({bid})
-                continue
-            self.pool.evict_blocks({bid})  # out of the prefix cache: no request can hit it
-            self.pool.touch([block])       # out of the free queue: no request can get it
+                continue  # in a request's block table: taken when vLLM frees it
+            self.pool.touch([block])  # out of the free queue: no request can get it
             self._fenced[unit].append(block)
         return len(self._fenced[unit]) == len(self.blocks_of(unit))
 
