@@ -4,10 +4,13 @@
 #include "core/index/chunk_index.hpp"
 
 #include "core/common/error.hpp"
+#include "core/memory/large_pages.hpp"
 
 #include <cmath>
+#include <memory>
 #include <mutex>
 #include <stdexcept>
+#include <type_traits>
 
 namespace swiftkv {
 
@@ -37,17 +40,44 @@ const char *tier_name(Tier t) noexcept {
 }
 
 ChunkIndex::ChunkIndex(EvictionPolicy policy, RecomputeCost cost)
-    : shards_(std::make_unique<Shard[]>(kShards)),
-      table_bytes_(kShards * kFirstCapacity * sizeof(Slot)),
-      order_(policy, std::move(cost)) {
+    : shards_(std::make_unique<Shard[]>(kShards)), order_(policy, std::move(cost)) {
+  const auto first = std::make_shared<SlotMemory>(kShards * kFirstCapacity, table_bytes_);
   for (size_t i = 0; i < kShards; ++i) {
     Shard &s = shards_[i];
-    s.slots = std::make_unique<Slot[]>(kFirstCapacity);
-    s.table.store(s.slots.get(), std::memory_order_relaxed);
+    s.memory = first;
+    s.slots = first->take(kFirstCapacity);
+    s.table.store(s.slots, std::memory_order_relaxed);
     s.cap.store(kFirstCapacity, std::memory_order_relaxed);
   }
 }
 ChunkIndex::~ChunkIndex() = default;
+
+ChunkIndex::SlotMemory::SlotMemory(uint64_t slots, std::atomic<uint64_t> &counted)
+    : slots_(static_cast<Slot *>(allocate_large(slots * sizeof(Slot)))),
+      count_(slots),
+      counted_(counted) {}
+
+ChunkIndex::SlotMemory::~SlotMemory() {
+  static_assert(std::is_trivially_destructible_v<Slot>);
+  free_large(slots_, count_ * sizeof(Slot));
+  counted_.fetch_sub(taken_ * sizeof(Slot) - given_back_.load(std::memory_order_relaxed),
+                     std::memory_order_relaxed);
+}
+
+void ChunkIndex::SlotMemory::give_back(Slot *t, uint64_t n) noexcept {
+  const size_t b = discard_large(t, n * sizeof(Slot), count_ * sizeof(Slot));
+  given_back_.fetch_add(b, std::memory_order_relaxed);
+  counted_.fetch_sub(b, std::memory_order_relaxed);
+}
+
+ChunkIndex::Slot *ChunkIndex::SlotMemory::take(uint64_t n) {
+  if (n > count_ - taken_) return nullptr;
+  Slot *t = slots_ + taken_;
+  std::uninitialized_value_construct_n(t, n);  // every slot empty
+  taken_ += n;
+  counted_.fetch_add(n * sizeof(Slot), std::memory_order_relaxed);
+  return t;
+}
 
 namespace {
 // A plain load and store: the counts are written only under the shard's exclusive lock.
@@ -149,7 +179,7 @@ uint16_t ChunkIndex::model_index(const ChunkKey &model) {
 
 ChunkIndex::Slot *ChunkIndex::find(const Shard &s, const ChunkKey &k) noexcept {
   const uint64_t cap = s.cap.load(std::memory_order_relaxed);
-  Slot *t = s.slots.get();
+  Slot *t = s.slots;
   for (uint64_t i = home(k.hi, cap);; i = next(i, cap)) {
     Slot &slot = t[i];
     if (slot.flags == 0) return nullptr;
@@ -174,25 +204,37 @@ void ChunkIndex::copy_slot(Slot &d, const Slot &o) noexcept {
   d.flags = o.flags;
 }
 
-void ChunkIndex::grow(Shard &s, uint64_t cap) {
+void ChunkIndex::grow(Shard &s, uint64_t cap, std::shared_ptr<SlotMemory> memory, Slot *into) {
   const uint64_t old_cap = s.cap.load(std::memory_order_relaxed);
-  auto fresh = std::make_unique<Slot[]>(cap);
+  if (!memory) {
+    std::lock_guard lock(growth_mu_);
+    into = growth_ ? growth_->take(cap) : nullptr;
+    if (into == nullptr) {
+      // The first shard of a wave to outgrow its table: room for every shard's of this size.
+      growth_ = std::make_shared<SlotMemory>(kShards * cap, table_bytes_);
+      into = growth_->take(cap);
+    }
+    memory = growth_;
+  }
   for (uint64_t i = 0; i < old_cap; ++i) {
     const Slot &o = s.slots[i];
     if (o.flags == 0) continue;
     uint64_t j = home(o.hi, cap);
-    while (fresh[j].flags != 0) j = next(j, cap);
-    copy_slot(fresh[j], o);
+    while (into[j].flags != 0) j = next(j, cap);
+    copy_slot(into[j], o);
   }
-  s.slots = std::move(fresh);
-  s.table.store(s.slots.get(), std::memory_order_relaxed);
+  // The old table's pages go back now, its memory with its last table; a prefetch() that read
+  // the old pointer fetches nothing harmful (a prefetch never faults).
+  s.memory->give_back(s.slots, old_cap);
+  s.memory = std::move(memory);
+  s.slots = into;
+  s.table.store(into, std::memory_order_relaxed);
   s.cap.store(cap, std::memory_order_relaxed);
-  table_bytes_.fetch_add((cap - old_cap) * sizeof(Slot), std::memory_order_relaxed);
 }
 
 void ChunkIndex::erase(Shard &s, Slot *slot) {
   const uint64_t cap = s.cap.load(std::memory_order_relaxed);
-  Slot *t = s.slots.get();
+  Slot *t = s.slots;
   --s.used;
   // Backward-shift deletion: later slots of the same probe run move into the hole, so a lookup
   // never needs tombstones.
@@ -221,7 +263,7 @@ uint64_t shard_slots_for(uint64_t chunks, uint64_t shards) noexcept {
 
 uint64_t ChunkIndex::reserve_bytes(uint64_t chunks) noexcept {
   const uint64_t slots = std::max(shard_slots_for(chunks, kShards), kFirstCapacity);
-  return kShards * slots * sizeof(Slot) + EvictionOrder::node_bytes(chunks);
+  return large_bytes(kShards * slots * sizeof(Slot)) + EvictionOrder::node_bytes(chunks);
 }
 
 void ChunkIndex::reserve(uint64_t chunks) {
@@ -230,10 +272,17 @@ void ChunkIndex::reserve(uint64_t chunks) {
     order_.reserve(chunks);
   }
   const uint64_t cap = shard_slots_for(chunks, kShards);
+  bool any = false;
+  for (size_t i = 0; i < kShards && !any; ++i) {
+    any = shards_[i].cap.load(std::memory_order_relaxed) < cap;
+  }
+  if (!any) return;
+  // One arena with a table for each shard (one that grew past `cap` meanwhile takes none).
+  const auto arena = std::make_shared<SlotMemory>(kShards * cap, table_bytes_);
   for (size_t i = 0; i < kShards; ++i) {
     Shard &s = shards_[i];
     std::unique_lock lock(s.mu);
-    if (s.cap.load(std::memory_order_relaxed) < cap) grow(s, cap);
+    if (s.cap.load(std::memory_order_relaxed) < cap) grow(s, cap, arena, arena->take(cap));
   }
 }
 

@@ -24,7 +24,7 @@ uint64_t EvictionOrder::memory_bytes() const noexcept {
   // A tree entry is a red-black tree node: three pointers, a colour and the pair, rounded to
   // the allocator's 16 bytes.
   constexpr uint64_t kTreeEntryBytes = 48;
-  uint64_t n = nodes_.capacity() * sizeof(Node) + domains_.capacity() * sizeof(domains_[0]) +
+  uint64_t n = node_bytes(nodes_.capacity()) + domains_.capacity() * sizeof(domains_[0]) +
                tree_entries_ * kTreeEntryBytes;
   for (const auto &d : domains_) {
     if (d) n += sizeof(Domain) + d->classes.capacity() * sizeof(Class);

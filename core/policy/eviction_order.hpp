@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/index/chunk_key.hpp"
+#include "core/memory/large_pages.hpp"
 #include "core/policy/eviction_policy.hpp"
 
 namespace swiftkv {
@@ -57,8 +58,8 @@ class EvictionOrder {
   // Bytes of memory the order holds: its nodes (40 bytes each, as reserved), its domains' class
   // tables and its tree entries.
   uint64_t memory_bytes() const noexcept;
-  // The bytes of `nodes` nodes.
-  static uint64_t node_bytes(uint64_t nodes) noexcept { return nodes * sizeof(Node); }
+  // The bytes that room for `nodes` nodes takes (on huge pages from 2 MiB on: whole 4 KiB pages).
+  static uint64_t node_bytes(uint64_t nodes) noexcept { return large_bytes(nodes * sizeof(Node)); }
 
   // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
   // last active at `now`, in no domain yet, whose tier holds `stored_bytes` of it (0: not said).
@@ -189,7 +190,9 @@ class EvictionOrder {
 
   const EvictionPolicy policy_;
   const RecomputeCost cost_;
-  std::vector<Node> nodes_;
+  // Victims are read in the order of their last activity, which is not the order of the nodes
+  // in memory (under retention, each class's oldest in turn): on huge pages.
+  std::vector<Node, LargePageAllocator<Node>> nodes_;
   uint32_t free_ = kNoNode, free_tail_ = kNoNode;  // freed nodes, oldest first
   uint64_t tree_entries_ = 0;
   std::vector<std::unique_ptr<Domain>> domains_;

@@ -37,6 +37,7 @@
 #include "core/elastic/elastic_region.hpp"
 #include "core/index/chunk_key.hpp"
 #include "core/memory/host_region.hpp"
+#include "core/memory/large_pages.hpp"
 #include "core/policy/eviction_order.hpp"
 #include "core/policy/eviction_policy.hpp"
 #include "core/tiers/chunk_cache.hpp"
@@ -327,6 +328,63 @@ void index_memory_per_chunk_is_as_documented(void **) {
     index.reserve(sizes[i] / 2);  // never shrinks, never grows for less
     assert_int_equal(index.memory_bytes(), before);
   }
+}
+
+// An index that grows past what it reserved holds its live tables: a shard that outgrows its
+// table gives the old one's pages back at once, though the memory it was cut from lives on
+// with the shards that have not grown yet (here half of them, halfway through a wave).
+void a_growing_index_holds_its_live_tables(void **) {
+  swiftkv::ChunkIndex index;  // nothing reserved: every shard grows from its first table
+  // 512 chunks a shard on average: about half the shards have grown from 1,024 slots to 2,048.
+  const uint64_t n = 256 * 512;
+  std::mt19937_64 rng(11);
+  const swiftkv::ChunkMeta meta{{1, 2}, 0, 16, 4096};
+  std::vector<swiftkv::ChunkKey> keys(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    keys[i] = {rng(), rng()};
+    assert_true(index.insert(keys[i], meta, {Tier::host, i}, i));
+  }
+  const uint64_t slots = 2 * index.capacity();  // of the shards' tables as they are now
+  const uint64_t live = slots * 64;
+  assert_true(slots > 256 * 1024 + 256 * 1024 / 4);  // a quarter of the shards or more grew
+  assert_true(slots < 256 * 2048 - 256 * 2048 / 4);  // and a quarter or more did not
+  // Tables, nodes (as the vector reserved them, at most twice the chunks) and the shards.
+  const uint64_t most = live + swiftkv::EvictionOrder::node_bytes(2 * n) + (uint64_t{1} << 20);
+  assert_true(index.memory_bytes() <= most);
+  for (const auto &k : keys) assert_true(index.peek(k) == Tier::host);
+}
+
+// The large-table allocator: 2 MiB alignment from one huge page on, and 64 below; memory that
+// reads and writes; pages given back read as zeros and the rest is kept.
+void large_tables_are_aligned_and_give_pages_back(void **) {
+  using swiftkv::kLargePageBytes;
+  for (const size_t bytes : {size_t{64}, size_t{4096} + 1, kLargePageBytes - 1}) {
+    void *p = swiftkv::allocate_large(bytes);
+    assert_int_equal(reinterpret_cast<uintptr_t>(p) % 64, 0);
+    assert_int_equal(swiftkv::large_bytes(bytes), bytes);
+    std::memset(p, 0x5a, bytes);
+    assert_int_equal(swiftkv::discard_large(p, bytes, bytes), 0);  // not a mapping of its own
+    assert_int_equal(static_cast<unsigned char *>(p)[bytes - 1], 0x5a);
+    swiftkv::free_large(p, bytes);
+  }
+  const size_t bytes = 3 * kLargePageBytes + 100;
+  assert_int_equal(swiftkv::large_bytes(bytes), 3 * kLargePageBytes + 4096);
+  auto *p = static_cast<unsigned char *>(swiftkv::allocate_large(bytes));
+  assert_int_equal(reinterpret_cast<uintptr_t>(p) % kLargePageBytes, 0);
+  std::memset(p, 0x5a, bytes);
+  // From the middle of one page to the middle of a page 2 MiB on: the whole pages between.
+  const size_t from = 4096 + 100, len = kLargePageBytes;
+  assert_int_equal(swiftkv::discard_large(p + from, len, bytes), kLargePageBytes - 4096);
+  assert_int_equal(p[from], 0x5a);  // its page is not whole in the range: kept
+  assert_int_equal(p[2 * 4096], 0);
+  assert_int_equal(p[from + len - 4097], 0);
+  assert_int_equal(p[from + len], 0x5a);
+  assert_int_equal(p[bytes - 1], 0x5a);
+  swiftkv::free_large(p, bytes);
+  // As a vector's allocator, through a reallocation past one huge page.
+  std::vector<uint64_t, swiftkv::LargePageAllocator<uint64_t>> v;
+  for (uint64_t i = 0; i < kLargePageBytes / 4; ++i) v.push_back(i * 7);
+  for (uint64_t i = 0; i < v.size(); ++i) assert_int_equal(v[i], i * 7);
 }
 
 // A move while readers read: the old copy is freed only after the last of them, the new copy is
@@ -2274,6 +2332,8 @@ int main() {
       cmocka_unit_test(index_keeps_every_key_through_collisions_drops_and_growth),
       cmocka_unit_test(index_frees_moved_and_dropped_copies_after_their_last_reader),
       cmocka_unit_test(index_memory_per_chunk_is_as_documented),
+      cmocka_unit_test(a_growing_index_holds_its_live_tables),
+      cmocka_unit_test(large_tables_are_aligned_and_give_pages_back),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
