@@ -168,10 +168,12 @@ namespace {
 // The mapping of a memfd's whole file, shared. Both owners and importers hold one.
 class MemfdMapping {
  public:
-  MemfdMapping(int fd, uint64_t size) : size_(size) {
+  MemfdMapping(int fd, uint64_t size, bool huge_pages = false) : size_(size) {
     void *p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED)
       fail_errno(SWIFTKV_ENOMEM, "mmap of a " + std::to_string(size) + "-byte memfd region");
+    // Advice only, before any page is made: where shared memory has no huge pages it is 4 KiB.
+    if (huge_pages) (void)::madvise(p, size, MADV_HUGEPAGE);
     data_ = static_cast<std::byte *>(p);
   }
   MemfdMapping(const MemfdMapping &) = delete;
@@ -196,7 +198,7 @@ class HostRegion final : public MemoryRegion {
     const uint64_t page = page_size();
     const uint64_t size = checked_mul(ceil_div(o.size, page), page, "host region size");
     fd_ = sealed_memfd(o.name, size);
-    map_ = std::make_unique<MemfdMapping>(fd_.get(), size);
+    map_ = std::make_unique<MemfdMapping>(fd_.get(), size, o.huge_pages);
     bind_to_node(map_->data(), size, o.numa_node);
     numa_node_ = o.numa_node;
     committed_.assign(size / page, 0);

@@ -23,6 +23,11 @@ struct HostRegionOptions {
   // importer maps only the granules it is given and a decommitted granule lives on only in the
   // mappings of importers that still hold it.
   uint64_t granule = 0;
+  // Ask for transparent huge pages (MADV_HUGEPAGE on the whole-file mapping; not with granules):
+  // shared memory gets them where /sys/kernel/mm/transparent_hugepage/shmem_enabled is
+  // "advise" (or "within_size", "always"), and 4 KiB pages otherwise. For memory read at random
+  // in small pieces (a host tier of small chunks); importers map it as they map any.
+  bool huge_pages = false;
 };
 
 // Throws Error: EINVAL for a zero size or a granule that is not a multiple of the page size,

@@ -68,6 +68,9 @@ std::shared_ptr<MemoryRegion> HostTier::make_slab_memory(const SlabPlan &plan) {
   o.numa_node = ctx_.host_numa_node();
   o.page_lock = ctx_.effective_device_mask() != 0;
   o.name = "swiftkv-host-tier";
+  // A full tier's new chunks go where its victims were, which under retention lie scattered
+  // over the slabs: on 4 KiB pages each small chunk's copy can cost a page walk.
+  o.huge_pages = true;
   try {
     std::shared_ptr<MemoryRegion> mem = create_host_region(o);
     mem->commit(0, plan.reserve);

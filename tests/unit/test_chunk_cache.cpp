@@ -387,6 +387,39 @@ void large_tables_are_aligned_and_give_pages_back(void **) {
   for (uint64_t i = 0; i < v.size(); ++i) assert_int_equal(v[i], i * 7);
 }
 
+// The kernel's flags of the mapping that holds `p` ("VmFlags" in /proc/self/smaps).
+std::string vm_flags_of(const void *p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  bool in = false;
+  for (std::string line; std::getline(smaps, line);) {
+    unsigned long from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(' ') != 0 &&
+        line.find(':') > line.find('-')) {
+      in = from <= at && at < to;
+    } else if (in && line.rfind("VmFlags:", 0) == 0) {
+      return line + " ";
+    }
+  }
+  return "";
+}
+
+// A host region asked for huge pages says so to the kernel (whether shared memory gets them
+// is the system's setting), and one not asked does not.
+void host_regions_ask_for_huge_pages_when_told(void **) {
+  // A kernel built without transparent huge pages refuses the advice.
+  const bool thp = std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled");
+  for (const bool huge : {true, false}) {
+    swiftkv::HostRegionOptions o;
+    o.size = 8 << 20;
+    o.huge_pages = huge;
+    auto r = swiftkv::create_host_region(o);
+    const std::string flags = vm_flags_of(r->data());
+    assert_true(flags.rfind("VmFlags:", 0) == 0);
+    assert_int_equal(flags.find(" hg ") != std::string::npos, huge && thp);
+  }
+}
+
 // A move while readers read: the old copy is freed only after the last of them, the new copy is
 // what later readers get, and a chunk dropped under its readers is freed by the last one.
 void index_frees_moved_and_dropped_copies_after_their_last_reader(void **) {
@@ -2334,6 +2367,7 @@ int main() {
       cmocka_unit_test(index_memory_per_chunk_is_as_documented),
       cmocka_unit_test(a_growing_index_holds_its_live_tables),
       cmocka_unit_test(large_tables_are_aligned_and_give_pages_back),
+      cmocka_unit_test(host_regions_ask_for_huge_pages_when_told),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
