@@ -10,8 +10,11 @@
 namespace swiftkv {
 
 namespace {
-constexpr size_t kPage = 4096;
-size_t whole_pages(size_t bytes) noexcept { return (bytes + kPage - 1) / kPage * kPage; }
+size_t page() noexcept {
+  static const auto p = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  return p;
+}
+size_t whole_pages(size_t bytes) noexcept { return (bytes + page() - 1) / page() * page(); }
 }  // namespace
 
 size_t large_bytes(size_t bytes) noexcept {
@@ -39,8 +42,9 @@ void *allocate_large(size_t bytes) {
 
 size_t discard_large(void *p, size_t bytes, size_t allocation_bytes) noexcept {
   if (allocation_bytes < kLargePageBytes) return 0;
-  const auto from = (reinterpret_cast<uintptr_t>(p) + kPage - 1) & ~uintptr_t{kPage - 1};
-  const auto to = (reinterpret_cast<uintptr_t>(p) + bytes) & ~uintptr_t{kPage - 1};
+  const uintptr_t mask = page() - 1;
+  const auto from = (reinterpret_cast<uintptr_t>(p) + mask) & ~mask;
+  const auto to = (reinterpret_cast<uintptr_t>(p) + bytes) & ~mask;
   if (to <= from) return 0;
   // A huge page partly discarded is split by the kernel; the rest of it stays.
   if (::madvise(reinterpret_cast<void *>(from), to - from, MADV_DONTNEED) != 0) return 0;

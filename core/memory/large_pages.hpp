@@ -19,12 +19,12 @@ inline constexpr size_t kLargePageBytes = size_t{2} << 20;
 void *allocate_large(size_t bytes);
 // Frees what allocate_large(bytes) returned, given the same `bytes`.
 void free_large(void *p, size_t bytes) noexcept;
-// Gives the whole 4 KiB pages inside [p, p + bytes) back to the kernel, where that range lies in
+// Gives the whole pages inside [p, p + bytes) back to the kernel, where that range lies in
 // memory allocate_large mapped (from kLargePageBytes on): they read as zeros afterwards. Nothing
 // for smaller allocations. Returns the bytes given back.
 size_t discard_large(void *p, size_t bytes, size_t allocation_bytes) noexcept;
-// The bytes of memory that allocate_large(bytes) takes: `bytes` in whole 4 KiB pages from
-// kLargePageBytes on, else `bytes`.
+// The bytes of memory that allocate_large(bytes) takes: `bytes` in whole pages (4 KiB on x86)
+// from kLargePageBytes on, else `bytes`.
 size_t large_bytes(size_t bytes) noexcept;
 
 // A standard allocator on allocate_large, for the vectors that hold such tables.

@@ -58,7 +58,7 @@ class EvictionOrder {
   // Bytes of memory the order holds: its nodes (40 bytes each, as reserved), its domains' class
   // tables and its tree entries.
   uint64_t memory_bytes() const noexcept;
-  // The bytes that room for `nodes` nodes takes (on huge pages from 2 MiB on: whole 4 KiB pages).
+  // The bytes that room for `nodes` nodes takes (from 2 MiB on, on huge pages: whole pages).
   static uint64_t node_bytes(uint64_t nodes) noexcept { return large_bytes(nodes * sizeof(Node)); }
 
   // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
