@@ -394,8 +394,7 @@ std::string vm_flags_of(const void *p) {
   bool in = false;
   for (std::string line; std::getline(smaps, line);) {
     unsigned long from = 0, to = 0;
-    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find(' ') != 0 &&
-        line.find(':') > line.find('-')) {
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2) {  // a mapping's first line
       in = from <= at && at < to;
     } else if (in && line.rfind("VmFlags:", 0) == 0) {
       return line + " ";
