@@ -381,11 +381,28 @@ void ChunkIndex::link_locked(const Shard &, const Slot &slot) {
   order_.link(slot.node, domain_locked(static_cast<Tier>(slot.tier), model_key(slot.model)));
 }
 
+bool ChunkIndex::in_use(const ChunkKey &k) const {
+  const Shard &s = shard(k);
+  std::shared_lock lock(s.mu);
+  const Slot *slot = find(s, k);
+  return slot != nullptr && slot->users != 0;
+}
+
 std::optional<ChunkKey> ChunkIndex::victim(Tier t, const ChunkKey &model, uint64_t now_ns) {
   std::lock_guard order(order_mu_);
-  const uint32_t node = order_.victim(domain_locked(t, model), now_ns);
-  if (node == EvictionOrder::kNoNode) return std::nullopt;
-  return order_.key(node);
+  const uint32_t d = domain_locked(t, model);
+  // A chunk being read is nobody's victim: moved or dropped, its slot would come back only when
+  // the read ends, and a tier that made room by such victims would give up every chunk it has
+  // while it waits. It is in use, so it becomes the newest, and the search goes on (over each
+  // chunk of the domain once at most).
+  for (uint64_t left = order_.size(d); left != 0; --left) {
+    const uint32_t node = order_.victim(d, now_ns);
+    if (node == EvictionOrder::kNoNode) break;
+    const ChunkKey k = order_.key(node);
+    if (!in_use(k)) return k;
+    order_.renew(node, now_ns);
+  }
+  return std::nullopt;
 }
 
 uint64_t ChunkIndex::last_active(const ChunkKey &k) const {
@@ -617,24 +634,29 @@ uint64_t ChunkIndex::evict_victims(Tier t, const ChunkKey &model, uint64_t now_n
   // under either policy. How many leave is told by the bytes their nodes say they are stored
   // in, a bound from above: never more than the bytes asked for go (fewer when a bound is
   // loose, and then the next take more). Between the two steps a victim is out of the order
-  // but in the table, where readers may still find it; order_mu_, held throughout, keeps its
-  // node from being given to another chunk. A chunk in the order is neither pinned nor moving
-  // (both unlink it): it goes.
+  // but in the table, where readers may still find it; order_mu_ is held throughout, and nothing
+  // reads a victim's node once it left (it may be reused). A chunk in the order is neither pinned
+  // nor moving (both unlink it): it goes, unless it is being read (seen only in its slot): then,
+  // as in victim(), it stays as the newest, and each chunk of the domain is offered once at most.
   EvictionOrder::Victims victims(order_, d, now_ns);
   constexpr uint32_t kLag = 16;  // a power of two: the ring's index masks
   struct Leaving {
     ChunkKey key;
     uint64_t bound;
+    uint16_t hits;  // for a node made again
   };
   std::array<Leaving, kLag> leaving;
   uint32_t first = 0, end = 0;     // the ring holds [first, end), counted mod 2^32
   uint64_t freed = 0, coming = 0;  // coming: the bounds of the victims taken, not yet erased
+  uint64_t offers = order_.size(d);
   for (;;) {
-    while (end - first < kLag && freed + coming < bytes) {
+    while (end - first < kLag && freed + coming < bytes && offers != 0) {
       const uint32_t node = victims.peek();
       if (node == EvictionOrder::kNoNode) break;
-      const Leaving l{order_.key(node), order_.stored_bound(node)};
+      const Leaving l{order_.key(node), order_.stored_bound(node),
+                      static_cast<uint16_t>(order_.hits(node))};
       victims.pop();
+      --offers;
       prefetch_for_erase(l.key);
       leaving[end++ % kLag] = l;
       coming += l.bound;
@@ -646,6 +668,13 @@ uint64_t ChunkIndex::evict_victims(Tier t, const ChunkKey &model, uint64_t now_n
     std::unique_lock lock(s.mu);
     Slot *slot = find(s, l.key);
     if (slot == nullptr) continue;  // cannot happen: the order and the table agree under order_mu_
+    if (slot->users != 0) {
+      // Its node went to the free list with pop(): a node again is one from there, its history
+      // kept.
+      slot->node = order_.add(l.key, slot->position, slot->tokens, now_ns, slot->bytes, l.hits);
+      order_.link(slot->node, d);
+      continue;
+    }
     const ChunkMeta m = meta(s, *slot);
     remove_slot_locked(s, slot, to_free);
     out.push_back(Evicted{l.key, m});

@@ -118,7 +118,9 @@ struct ChunkView {
 // by touch_many. Reads (peek, begin_read, end_read) do not take it.
 //
 // A chunk is in its tier's eviction order while it is visible, unpinned and not moving: a
-// victim is never pinned nor moving, and a tier never scans for one.
+// victim is never pinned nor moving, and a tier never scans for one. Nor is a victim being read;
+// reads stay out of order_mu_, so a victim search that meets a chunk being read makes it the
+// newest (it is in use) and looks at the next.
 //
 // A chunk's life: insert() makes it resident. Readers bracket their reads with begin_read /
 // end_read; a mover with begin_move and then finish_move or abort_move. drop() removes a chunk;
@@ -187,9 +189,9 @@ class ChunkIndex {
     ChunkKey key;
     ChunkMeta meta;
   };
-  // Victims of tier t (as victim() chooses them) removed in one pass, for a tier whose victims
-  // go nowhere: at least one, until their stored bytes reach `bytes` or nothing may go. Appends
-  // them to `out` and their slots to to_free; returns the bytes they stored.
+  // Victims of tier t (as victim() chooses them, chunks being read kept) removed in one pass,
+  // for a tier whose victims go nowhere: until their stored bytes reach `bytes` or nothing may
+  // go. Appends them to `out` and their slots to to_free; returns the bytes they stored.
   uint64_t evict_victims(Tier t, const ChunkKey &model, uint64_t now_ns, uint64_t bytes,
                          std::vector<Evicted> &out, std::vector<SlotRef> &to_free);
 
@@ -204,7 +206,8 @@ class ChunkIndex {
 
   // The chunk tier t gives up first for a chunk of `model` (the model matters for the lent
   // tiers only: lent memory holds one model's chunks), by the index's policy at `now_ns`;
-  // nullopt when the tier holds no chunk that may go (all pinned or moving, or none).
+  // nullopt when the tier holds no chunk that may go (all pinned, moving or being read, or
+  // none). A chunk being read is in use: a search that finds it first makes it the newest.
   std::optional<ChunkKey> victim(Tier t, const ChunkKey &model, uint64_t now_ns);
   // The last activity of a resident chunk (0 when it is not resident).
   uint64_t last_active(const ChunkKey &k) const;
@@ -352,6 +355,8 @@ class ChunkIndex {
   // Ends one use of a chunk; erases it (and hands back its slots) when it was the last user of
   // a doomed chunk. Returns true when the chunk was erased.
   bool end_use_locked(Shard &s, Slot *slot, std::vector<SlotRef> &to_free);
+  // Whether a reader or a mover holds the chunk.
+  bool in_use(const ChunkKey &k) const;
   // The tier and eviction node of a visible chunk, under its shard's shared lock.
   std::optional<Tier> find_node(const ChunkKey &k, uint32_t *node) const;
   // The eviction domain of a chunk in tier t of `model`; call with order_mu_ held.

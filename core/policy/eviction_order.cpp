@@ -68,7 +68,7 @@ uint16_t EvictionOrder::stored_code(uint64_t bytes) noexcept {
 }
 
 uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now,
-                            uint64_t stored_bytes) {
+                            uint64_t stored_bytes, uint16_t hits) {
   uint32_t id = free_;
   if (id != kNoNode) {
     free_ = nodes_[id].next;
@@ -81,7 +81,7 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
   Node &n = nodes_[id];
   n.la = now;
   n.key = key;
-  n.hits = 0;
+  n.hits = hits;
   n.stored = stored_code(stored_bytes);
   n.prev = n.next = kNoNode;
   n.domain = 0;
@@ -224,6 +224,15 @@ void EvictionOrder::touch(uint32_t node, uint64_t now) {
   const uint32_t d = n.domain;
   unlink(node);
   n.la = now;
+  link(node, d);
+}
+
+void EvictionOrder::renew(uint32_t node, uint64_t now) {
+  Node &n = nodes_[node];
+  if (!linked(node)) return;
+  const uint32_t d = n.domain;
+  unlink(node);
+  n.la = std::max(now, n.la + 1);
   link(node, d);
 }
 

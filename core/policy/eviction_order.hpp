@@ -62,9 +62,10 @@ class EvictionOrder {
   static uint64_t node_bytes(uint64_t nodes) noexcept { return large_bytes(nodes * sizeof(Node)); }
 
   // A node for the chunk `key` of `tokens` tokens at chunk number `position` of its sequence,
-  // last active at `now`, in no domain yet, whose tier holds `stored_bytes` of it (0: not said).
+  // last active at `now`, in no domain yet, whose tier holds `stored_bytes` of it (0: not said),
+  // with `hits` touches so far (a chunk's node made again keeps its history).
   uint32_t add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now,
-               uint64_t stored_bytes = 0);
+               uint64_t stored_bytes = 0, uint16_t hits = 0);
   // The chunk's tier now holds `stored_bytes` of it (re-encoded, moved).
   void set_stored(uint32_t node, uint64_t stored_bytes) noexcept {
     nodes_[node].stored = stored_code(stored_bytes);
@@ -88,6 +89,10 @@ class EvictionOrder {
   bool linked(uint32_t node) const noexcept;
   // Activity at `now`: a node in a domain becomes the newest of its class there.
   void touch(uint32_t node, uint64_t now);
+  // A node its owner found in use when it was the victim (a chunk being read): the newest of
+  // its class, later than its last activity and no earlier than `now`. Not a touch: its hits
+  // stay.
+  void renew(uint32_t node, uint64_t now);
   // Hints for a run of touches: fetch a node, then the neighbours a touch of it will write.
   void prefetch(uint32_t node) const noexcept { __builtin_prefetch(&nodes_[node], 1, 1); }
   void prefetch_neighbours(uint32_t node) const noexcept {

@@ -467,6 +467,71 @@ void index_frees_moved_and_dropped_copies_after_their_last_reader(void **) {
   assert_true(index.insert(k, meta, {Tier::host, 8}, 2));  // the key is free again
 }
 
+// A chunk being read is nobody's victim, under either policy: a search for one (victim(), and a
+// full tier's batch, evict_victims) passes it over and makes it the newest, since it is in use;
+// when every chunk is being read there is none, and a batch ends with nothing taken. Once the
+// read ends it is a victim again, in its renewed place.
+void a_chunk_being_read_is_nobodys_victim(void **) {
+  for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
+    const ChunkKey model{1, 2};
+    const swiftkv::ChunkMeta meta{model, 0, 8, 64};
+    std::vector<swiftkv::SlotRef> to_free;
+    std::vector<ChunkKey> k;
+    for (uint64_t i = 0; i < 6; ++i) k.push_back(ChunkKey{100 + i, 200 + i});
+    {
+      swiftkv::ChunkIndex index(policy);
+      for (uint64_t i = 0; i < 4; ++i)
+        assert_true(index.insert(k[i], meta, {Tier::host, i}, 10 * (i + 1)));
+      assert_true(index.touch(k[0], 11).has_value());  // still the oldest, with a hit
+      assert_true(index.begin_read(k[0]).has_value());
+      assert_true(index.victim(Tier::host, model, 100) == k[1]);
+      assert_int_equal(index.activity(k[0])->last_active, 100);
+      assert_int_equal(index.activity(k[0])->hits, 1);  // a renewal is not a touch
+      for (uint64_t i = 1; i < 4; ++i) {
+        assert_true(index.victim(Tier::host, model, 100) == k[i]);
+        assert_true(index.evict(k[i], Tier::host, true, to_free).has_value());
+      }
+      assert_false(index.victim(Tier::host, model, 110).has_value());  // only k0, being read
+      assert_true(index.contains(k[0]));
+      index.end_read(k[0], to_free);
+      assert_true(index.victim(Tier::host, model, 120) == k[0]);
+      assert_true(index.last_active(k[0]) >= 100);  // renewed by the searches that met it
+    }
+    {
+      swiftkv::ChunkIndex index(policy);
+      for (uint64_t i = 0; i < 6; ++i)
+        assert_true(index.insert(k[i], meta, {Tier::host, i}, 10 * (i + 1)));
+      assert_true(index.touch(k[0], 11).has_value());
+      assert_true(index.touch(k[0], 12).has_value());
+      assert_true(index.begin_read(k[0]).has_value());
+      assert_true(index.begin_read(k[2]).has_value());
+      std::vector<swiftkv::ChunkIndex::Evicted> got;
+      to_free.clear();
+      assert_int_equal(index.evict_victims(Tier::host, model, 100, 3 * 64, got, to_free), 3 * 64);
+      assert_int_equal(index.activity(k[0])->last_active, 100);
+      assert_int_equal(index.activity(k[0])->hits, 2);  // its history kept
+      assert_int_equal(got.size(), 3);
+      assert_true(got[0].key == k[1] && got[1].key == k[3] && got[2].key == k[4]);
+      assert_int_equal(to_free.size(), 3);
+      assert_int_equal(index.chunks(Tier::host), 3);
+      // Every chunk left is being read: nothing goes, and the pass ends.
+      assert_true(index.begin_read(k[5]).has_value());
+      got.clear();
+      to_free.clear();
+      assert_int_equal(index.evict_victims(Tier::host, model, 200, 64 * 64, got, to_free), 0);
+      assert_true(got.empty() && to_free.empty());
+      assert_int_equal(index.chunks(Tier::host), 3);
+      for (const uint64_t i : {0, 2, 5}) index.end_read(k[i], to_free);
+      assert_true(to_free.empty());  // nothing was retired or doomed under the readers
+      // In the order the last search met them (k5 stored at 60, k0 and k2 renewed at 100), all
+      // renewed at 200 in that order.
+      assert_int_equal(index.evict_victims(Tier::host, model, 300, 64 * 64, got, to_free), 3 * 64);
+      assert_true(got.size() == 3 && got[0].key == k[5] && got[1].key == k[0] &&
+                  got[2].key == k[2]);
+    }
+  }
+}
+
 // --- Policies --------------------------------------------------------------------------------
 
 // The victims an order gives, one after another, each removed before the next is asked.
@@ -879,9 +944,10 @@ void a_full_last_tier_evicts_a_stores_room_at_once(void **) {
 }
 
 // The cache's victims against the exact order on random work: stores that overflow peer, host
-// and disk (demotion chains), lookups and reads (activity), pins, readers holding chunks while
-// they are demoted, and moves by hand (old activity put back). Every chunk the policy gives up
-// is checked, when it goes, against every chunk that could have gone instead from that tier.
+// and disk (demotion chains), lookups and reads (activity), pins, readers holding chunks across
+// stores (never victims meanwhile), and moves by hand (old activity put back). Every chunk the
+// policy gives up is checked, when it goes, against every chunk that could have gone instead from
+// that tier.
 void cache_evicts_in_the_exact_order(void **) {
   for (const auto policy : {swiftkv::EvictionPolicy::lru, swiftkv::EvictionPolicy::retention}) {
     Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 10, 12, 6, policy);
@@ -903,17 +969,25 @@ void cache_evicts_in_the_exact_order(void **) {
       const uint64_t idle = r.now > la.at(k) ? r.now - la.at(k) : 1;
       return cost.chunk_cost(s, (pos + 1) * s) / static_cast<double>(idle);
     };
-    uint64_t evictions = 0, demotions = 0, bad = 0;
+    uint64_t evictions = 0, demotions = 0, bad = 0, read_victims = 0;
     ChunkKey moving{};
+    std::vector<ChunkKey> reading;
+    auto being_read = [&](const ChunkKey &k) {
+      return std::find(reading.begin(), reading.end(), k) != reading.end();
+    };
     r.cache->set_event_callback([&](const swiftkv::ChunkEvent &e) {
       if (e.reason != swiftkv::ChunkEventReason::policy) return;
       (e.to ? demotions : evictions) += 1;
-      // Everything still in the tier the victim left could have gone instead, unless pinned
-      // or being moved by hand.
+      if (being_read(e.key)) ++read_victims;
+      // Everything still in the tier the victim left could have gone instead, unless pinned,
+      // being moved by hand or being read.
       double best = value(e.key);
       uint64_t oldest = la.at(e.key);
       for (const auto &[k, sc] : chunk_of) {
-        if (k == e.key || pins[k] != 0 || k == moving || r.cache->tier_of(k) != e.from) continue;
+        if (k == e.key || pins[k] != 0 || k == moving || being_read(k) ||
+            r.cache->tier_of(k) != e.from) {
+          continue;
+        }
         oldest = std::min(oldest, la.at(k));
         best = std::min(best, value(k));
       }
@@ -924,7 +998,7 @@ void cache_evicts_in_the_exact_order(void **) {
       if (!ok) ++bad;
     });
     std::mt19937_64 rng(policy == swiftkv::EvictionPolicy::lru ? 21 : 22);
-    std::vector<ChunkKey> reading;
+    uint64_t reads = 0;
     for (int step = 0; step < 1500; ++step) {
       r.now += rng() % 3 == 0 ? 0 : 1 + rng() % 5000;
       const uint32_t s = static_cast<uint32_t>(rng() % kSeqs);
@@ -952,12 +1026,22 @@ void cache_evicts_in_the_exact_order(void **) {
           ++pins[x];
         }
       } else if (op == 9) {
-        // A reader holds the chunk across later stores: it may still be demoted under it.
+        // A reader holds the chunk across later stores: it is nobody's victim meanwhile (a
+        // search that meets it makes it the newest), and it ends with a lookup here, activity
+        // later than any such renewal.
         const ChunkKey x = k.back();
-        if (r.cache->begin_read(x)) reading.push_back(x);
+        if (r.cache->begin_read(x)) {
+          reading.push_back(x);
+          ++reads;
+        }
         if (reading.size() > 3) {
-          r.cache->end_read(reading.front());
+          const ChunkKey done = reading.front();
           reading.erase(reading.begin());
+          r.cache->end_read(done);
+          r.now += 1;
+          uint8_t res = 0;
+          r.cache->lookup(std::span<const ChunkKey>(&done, 1), &res);
+          if (res != ChunkCache::kDropped) la[done] = r.now;
         }
       } else if (op == 10) {
         const ChunkKey x = k.back();
@@ -976,6 +1060,8 @@ void cache_evicts_in_the_exact_order(void **) {
     }
     for (const ChunkKey &x : reading) r.cache->end_read(x);
     assert_int_equal(bad, 0);
+    assert_int_equal(read_victims, 0);
+    assert_true(reads > 10);
     assert_true(evictions > 100);
     assert_true(demotions > 200);
     for (uint32_t s = 0; s < kSeqs; ++s) {
@@ -1047,6 +1133,39 @@ void demotion_chain_ends_in_drop(void **) {
   for (size_t i = 0; i < 12; ++i) assert_true(r.intact(2, i));
   assert_true(s.bytes[1] <= r.ctx->config().host_budget_bytes);
   assert_true(r.cache->disk()->free_bytes({}) <= r.ctx->config().disk_budget_bytes);
+}
+
+// A tier whose chunks are all being read (a prefill loading its prefix layer by layer) keeps
+// them: a store finds no victim there and goes to the tier below, and a maintenance pass short
+// of its free target moves nothing. Demoting them would free their slots only when the reads
+// end, so each store and pass took the next victim, and the next, until the tier was empty.
+// Once the reads end, the tier gives its least recently used up again.
+void a_tier_being_read_keeps_its_chunks(void **) {
+  Rig r(geometry(2, 8, SWIFTKV_DTYPE_F16), 4, 8, 0, swiftkv::EvictionPolicy::lru, 25);
+  assert_int_equal(r.store(1, 4), 4);
+  const std::vector<ChunkKey> k = r.keys(1, 4);
+  for (const ChunkKey &x : k) assert_true(r.cache->begin_read(x).has_value());
+  r.now += 10;
+  r.cache->maintain();  // a quarter of the host tier to be free: no victim can give it
+  r.now += 10;
+  assert_int_equal(r.store(2, 2), 2);
+  for (size_t i = 0; i < 4; ++i) assert_true(r.where(1, i) == Tier::host);
+  for (size_t i = 0; i < 2; ++i) assert_true(r.where(2, i) == Tier::disk);
+  assert_int_equal(r.cache->stats().demotions, 0);
+  for (const ChunkKey &x : k) r.cache->end_read(x);
+  r.now += 10;
+  assert_int_equal(r.store(3, 1), 1);  // host full: its least recently used goes down
+  assert_true(r.where(3, 0) == Tier::host);
+  assert_true(r.where(1, 0) == Tier::disk);
+  assert_int_equal(r.cache->stats().demotions, 1);
+  r.now += 10;
+  r.cache->maintain();  // now it can: one more down, a quarter of the tier free
+  assert_true(r.where(1, 1) == Tier::disk);
+  assert_int_equal(r.cache->stats().demotions, 2);
+  for (uint32_t s : {1u, 2u}) {
+    for (size_t i = 0; i < (s == 1 ? 4u : 2u); ++i) assert_true(r.intact(s, i));
+  }
+  assert_true(r.intact(3, 0));
 }
 
 void pinned_chunks_are_never_evicted(void **) {
@@ -2367,6 +2486,7 @@ int main() {
       cmocka_unit_test(a_growing_index_holds_its_live_tables),
       cmocka_unit_test(large_tables_are_aligned_and_give_pages_back),
       cmocka_unit_test(host_regions_ask_for_huge_pages_when_told),
+      cmocka_unit_test(a_chunk_being_read_is_nobodys_victim),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
@@ -2376,6 +2496,7 @@ int main() {
       cmocka_unit_test(cache_evicts_in_the_exact_order),
       cmocka_unit_test(bytes_survive_every_tier_and_path),
       cmocka_unit_test(demotion_chain_ends_in_drop),
+      cmocka_unit_test(a_tier_being_read_keeps_its_chunks),
       cmocka_unit_test(pinned_chunks_are_never_evicted),
       cmocka_unit_test(lookup_reports_a_dropped_head),
       cmocka_unit_test(lookup_reports_the_longest_run),
