@@ -67,13 +67,35 @@ uint16_t EvictionOrder::stored_code(uint64_t bytes) noexcept {
   return static_cast<uint16_t>((e << 12) | units);
 }
 
+uint32_t EvictionOrder::take_free(uint32_t cls) noexcept {
+  if (free_[cls].head == kNoNode) {  // none of its class: the first class with one
+    cls = kClasses;
+    for (uint32_t w = 0; w < free_nonempty_.size() && cls == kClasses; ++w) {
+      if (free_nonempty_[w] != 0) {
+        cls = w * 64 + static_cast<uint32_t>(std::countr_zero(free_nonempty_[w]));
+      }
+    }
+    if (cls == kClasses) return kNoNode;
+  }
+  FreeList &f = free_[cls];
+  const uint32_t id = f.head;
+  f.head = nodes_[id].next;
+  if (f.head == kNoNode) {
+    f.tail = kNoNode;
+    free_nonempty_[cls / 64] &= ~(uint64_t{1} << (cls % 64));
+  }
+  return id;
+}
+
 uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tokens, uint64_t now,
                             uint64_t stored_bytes, uint16_t hits) {
-  uint32_t id = free_;
-  if (id != kNoNode) {
-    free_ = nodes_[id].next;
-    if (free_ == kNoNode) free_tail_ = kNoNode;
-  } else {
+  uint8_t cls = 0;
+  if (policy_ == EvictionPolicy::retention) {
+    const uint64_t s = tokens;
+    cls = static_cast<uint8_t>(cost_class(cost_.chunk_cost(s, (uint64_t{position} + 1) * s)));
+  }
+  uint32_t id = take_free(cls);
+  if (id == kNoNode) {
     if (nodes_.size() >= kNoNode) throw std::length_error("eviction order: too many chunks");
     id = static_cast<uint32_t>(nodes_.size());
     nodes_.emplace_back();
@@ -85,11 +107,7 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
   n.stored = stored_code(stored_bytes);
   n.prev = n.next = kNoNode;
   n.domain = 0;
-  n.cls = 0;
-  if (policy_ == EvictionPolicy::retention) {
-    const uint64_t s = tokens;
-    n.cls = static_cast<uint8_t>(cost_class(cost_.chunk_cost(s, (uint64_t{position} + 1) * s)));
-  }
+  n.cls = cls;
   n.list = kUnlinked;
   return id;
 }
@@ -97,17 +115,19 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
 void EvictionOrder::remove(uint32_t node) noexcept {
   unlink(node);
   Node &n = nodes_[node];
-  // Freed nodes are reused first in, first out: a full tier frees its victims in order and
-  // stores as many chunks, so a FIFO list keeps its nodes in order of their numbers and the
-  // victims to come lie ahead in memory (the walk along the oldest is sequential).
+  // Freed nodes are reused first in, first out, by class: a full tier frees its victims in
+  // order and stores as many chunks, so a FIFO list keeps its nodes in order of their numbers
+  // and the victims to come lie ahead in memory (the walk along the oldest is sequential).
   n.list = kFree;
   n.next = kNoNode;
-  if (free_tail_ == kNoNode) {
-    free_ = node;
+  FreeList &f = free_[n.cls];
+  if (f.tail == kNoNode) {
+    f.head = node;
+    free_nonempty_[n.cls / 64] |= uint64_t{1} << (n.cls % 64);
   } else {
-    nodes_[free_tail_].next = node;
+    nodes_[f.tail].next = node;
   }
-  free_tail_ = node;
+  f.tail = node;
 }
 
 EvictionOrder::Domain &EvictionOrder::domain(uint32_t d) {

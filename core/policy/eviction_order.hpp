@@ -198,7 +198,19 @@ class EvictionOrder {
   // Victims are read in the order of their last activity, which is not the order of the nodes
   // in memory (under retention, each class's oldest in turn): on huge pages.
   std::vector<Node, LargePageAllocator<Node>> nodes_;
-  uint32_t free_ = kNoNode, free_tail_ = kNoNode;  // freed nodes, oldest first
+  // Freed nodes, oldest first, one list per cost class (one under LRU): a class's victims
+  // leave in the order its chunks came, and the chunks that come next take their nodes in that
+  // order, so each class's list walks its nodes in the same order, memory order as they were
+  // first given, generation after generation. With one list for all classes, the classes'
+  // victims interleave as their values say, each generation in another order, and after a few
+  // the walk along a class's oldest is a cache miss a node. A chunk whose class has none free
+  // takes another class's, before the vector grows.
+  struct FreeList {
+    uint32_t head = kNoNode, tail = kNoNode;
+  };
+  std::array<FreeList, kClasses> free_{};
+  std::array<uint64_t, kClasses / 64> free_nonempty_{};  // a bit per class with free nodes
+  uint32_t take_free(uint32_t cls) noexcept;
   uint64_t tree_entries_ = 0;
   std::vector<std::unique_ptr<Domain>> domains_;
 };

@@ -575,6 +575,39 @@ void retention_prefers_idle_conversations_and_leading_chunks(void **) {
   assert_int_equal(o.victim(0, now), old);
 }
 
+// Freed nodes go back to chunks of their own cost class, oldest first, so that a class's list
+// keeps walking its nodes in one order generation after generation; a chunk whose class has none
+// free takes another class's before the order grows. Under LRU (one class), first in, first out.
+void freed_nodes_go_to_chunks_of_their_class(void **) {
+  swiftkv::RecomputeCost cost;  // s * (1 + l_mid / 1024): position 0 and 40 are classes apart
+  assert_true(swiftkv::EvictionOrder::cost_class(cost.chunk_cost(256, 256)) !=
+              swiftkv::EvictionOrder::cost_class(cost.chunk_cost(256, 41 * 256)));
+  swiftkv::EvictionOrder o(swiftkv::EvictionPolicy::retention, cost);
+  const uint32_t a0 = o.add({1, 0}, 0, 256, 1), b0 = o.add({1, 1}, 40, 256, 2);
+  const uint32_t a1 = o.add({2, 0}, 0, 256, 3), b1 = o.add({2, 1}, 40, 256, 4);
+  for (uint32_t n : {a0, b0, a1, b1}) o.link(n, 0);
+  for (uint32_t n : {a0, b0, a1, b1}) o.remove(n);  // freed with the classes interleaved
+  assert_int_equal(o.add({3, 1}, 40, 256, 5), b0);
+  assert_int_equal(o.add({4, 1}, 40, 256, 6), b1);
+  assert_int_equal(o.add({3, 0}, 0, 256, 7), a0);
+  const uint64_t bytes = o.memory_bytes();
+  // Class B has none free: it takes class A's, and the order holds no more nodes than before.
+  const uint32_t b2 = o.add({5, 1}, 40, 256, 8);
+  assert_int_equal(b2, a1);
+  assert_int_equal(o.memory_bytes(), bytes);
+  o.link(b2, 0);
+  assert_int_equal(o.victim(0, 100), b2);  // the reused node is its new chunk's, class and all
+  assert_true(o.key(b2) == (swiftkv::ChunkKey{5, 1}));
+  assert_int_equal(o.add({6, 0}, 0, 256, 9), 4);  // none free at all: a new node
+
+  swiftkv::EvictionOrder l(swiftkv::EvictionPolicy::lru, {});
+  const uint32_t x = l.add({1, 0}, 0, 256, 1), y = l.add({1, 1}, 40, 256, 2);
+  l.remove(y);
+  l.remove(x);
+  assert_int_equal(l.add({2, 0}, 0, 256, 3), y);
+  assert_int_equal(l.add({2, 1}, 40, 256, 4), x);
+}
+
 void cost_table_interpolates_between_powers_of_two(void **) {
   swiftkv::RecomputeCost c;
   c.token_cost = 0;
@@ -2489,6 +2522,7 @@ int main() {
       cmocka_unit_test(a_chunk_being_read_is_nobodys_victim),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
+      cmocka_unit_test(freed_nodes_go_to_chunks_of_their_class),
       cmocka_unit_test(cost_table_interpolates_between_powers_of_two),
       cmocka_unit_test(eviction_order_matches_a_scan),
       cmocka_unit_test(victims_in_one_pass_match_victims_in_turn),
