@@ -1,8 +1,9 @@
 // Host regions: a memfd sized to the region, mapped shared. Commit allocates the file's pages and
 // maps them (MADV_POPULATE_WRITE, on several threads for a large range), decommit punches them
-// out, so physical memory follows what the region uses. Or, granular: one memfd per granule mapped
-// into a reserved range, committed and passed to other processes granule by granule, the host twin
-// of VMM device memory.
+// out, so physical memory follows what the region uses. Or private anonymous memory, committed
+// and decommitted the same way, for what no other process maps. Or, granular: one memfd per granule
+// mapped into a reserved range, committed and passed to other processes granule by granule, the
+// host twin of VMM device memory.
 #include "core/memory/host_region.hpp"
 
 #include <fcntl.h>
@@ -29,6 +30,7 @@
 #include "core/common/error.hpp"
 #include "core/memory/granule_holds.hpp"
 #include "core/memory/host_memory.hpp"
+#include "core/memory/large_pages.hpp"
 #include "core/memory/region_registry.hpp"
 
 namespace swiftkv {
@@ -73,9 +75,9 @@ void check_passed_memfd(int fd, uint64_t size, const std::string &what) {
   }
 }
 
-// Binds the shared mapping [p, p + size) to NUMA node `node` (-1: nothing). mbind on a shared
-// mapping sets the memfd's own policy, so pages allocated through any mapping of it (an
-// importer's too) come from `node`.
+// Binds the mapping [p, p + size) to NUMA node `node` (-1: nothing). mbind on a shared mapping
+// sets the memfd's own policy, so pages allocated through any mapping of it (an importer's too)
+// come from `node`; on private memory, the mapping's.
 void bind_to_node(void *p, uint64_t size, int32_t node) {
   if (node < 0) return;
 #if defined(SWIFTKV_HAVE_NUMA)
@@ -121,10 +123,10 @@ unsigned populate_threads(uint64_t bytes) noexcept {
       std::max<uint64_t>(1, std::min({bytes / kPerThread, cores, uint64_t{8}})));
 }
 
-}  // namespace
-
-void populate_memfd(int fd, uint64_t file_offset, std::byte *at, uint64_t bytes,
-                    int32_t numa_node) {
+// Makes and maps the pages of [at, at + bytes) (MADV_POPULATE_WRITE), in pieces on several
+// threads for a large range. 0, EINVAL where the kernel lacks MADV_POPULATE_WRITE (nothing
+// done), or the error.
+int populate_range(std::byte *at, uint64_t bytes, int32_t numa_node) {
   const uint64_t page = page_size();
   // Threads place pages where they run unless a binding or a single node decides.
   const bool parallel = numa_node >= 0 || one_numa_node();
@@ -149,18 +151,46 @@ void populate_memfd(int fd, uint64_t file_offset, std::byte *at, uint64_t bytes,
   for (std::thread &t : threads) t.join();
   int error = 0;
   for (int e : errors) error = e != 0 && e != EINVAL ? e : error;
-  const bool unsupported =
-      error == 0 && std::any_of(errors.begin(), errors.end(), [](int e) { return e == EINVAL; });
-  if (unsupported &&
-      ::fallocate(fd, 0, static_cast<off_t>(file_offset), static_cast<off_t>(bytes)) != 0) {
-    error = errno;
+  if (error != 0) return error;
+  return std::any_of(errors.begin(), errors.end(), [](int e) { return e == EINVAL; }) ? EINVAL : 0;
+}
+
+[[noreturn]] void fail_populate(uint64_t bytes, int error) {
+  fail(SWIFTKV_ENOMEM,
+       "allocating " + std::to_string(bytes) + " bytes of host memory: " + std::strerror(error));
+}
+
+// populate_memfd for private anonymous memory: a kernel without MADV_POPULATE_WRITE gets each
+// page written (a fresh page reads as zeros, so a zero keeps it as it is).
+void populate_private(std::byte *at, uint64_t bytes, int32_t numa_node) {
+  int error = populate_range(at, bytes, numa_node);
+  if (error == EINVAL) {
+    const uint64_t page = page_size();
+    for (uint64_t o = 0; o < bytes; o += page) {
+      *static_cast<volatile std::byte *>(at + o) = std::byte{0};
+    }
+    error = 0;
+  }
+  if (error == 0) return;
+  (void)::madvise(at, bytes, MADV_DONTNEED);  // what was made goes back: the range stays empty
+  fail_populate(bytes, error);
+}
+
+}  // namespace
+
+void populate_memfd(int fd, uint64_t file_offset, std::byte *at, uint64_t bytes,
+                    int32_t numa_node) {
+  int error = populate_range(at, bytes, numa_node);
+  if (error == EINVAL) {
+    error = ::fallocate(fd, 0, static_cast<off_t>(file_offset), static_cast<off_t>(bytes)) != 0
+                ? errno
+                : 0;
   }
   if (error == 0) return;
   // What was allocated before the failure goes back, so the range stays uncommitted.
   (void)::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(file_offset),
                     static_cast<off_t>(bytes));
-  fail(SWIFTKV_ENOMEM,
-       "allocating " + std::to_string(bytes) + " bytes of host memory: " + std::strerror(error));
+  fail_populate(bytes, error);
 }
 
 namespace {
@@ -188,36 +218,89 @@ class MemfdMapping {
   uint64_t size_;
 };
 
-// The owner. Locking: commit/decommit/export take mu_; data() and size() are immutable.
+// Private anonymous memory of `size` bytes (whole pages) that a fork's child does not inherit.
+// Asked for huge pages, from 2 MiB on it starts on a 2 MiB boundary (allocate_large), so that
+// all of it can be whole huge pages.
+class PrivateMapping {
+ public:
+  PrivateMapping(uint64_t size, bool huge_pages)
+      : size_(size), large_(huge_pages && size >= kLargePageBytes) {
+    void *p = nullptr;
+    if (large_) {
+      try {
+        p = allocate_large(size);
+      } catch (const std::bad_alloc &) {
+        p = MAP_FAILED;
+      }
+    } else {
+      p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    }
+    if (p == MAP_FAILED) {
+      fail(SWIFTKV_ENOMEM, "mapping " + std::to_string(size) + " bytes of private host memory");
+    }
+    data_ = static_cast<std::byte *>(p);
+    // The child of a fork can make no call on the parent's context (ESTATE): without the pages
+    // it costs the fork nothing, and the parent's writes while the child lives copy no page.
+    (void)::madvise(p, size, MADV_DONTFORK);
+  }
+  PrivateMapping(const PrivateMapping &) = delete;
+  PrivateMapping &operator=(const PrivateMapping &) = delete;
+  ~PrivateMapping() {
+    if (large_) {
+      free_large(data_, size_);
+    } else {
+      ::munmap(data_, size_);
+    }
+  }
+
+  std::byte *data() const noexcept { return data_; }
+
+ private:
+  std::byte *data_ = nullptr;
+  uint64_t size_;
+  bool large_;
+};
+
+// The owner of a region in one piece: a memfd mapped shared, or private memory (o.shared false).
+// Locking: commit/decommit/export take mu_; data() and size() are immutable.
 // A page-locked region is never decommitted: the GPU's DMA mapping holds the physical pages,
-// and punching them out of the file would leave the GPU and the CPU on different pages.
+// and punching them out would leave the GPU and the CPU on different pages.
 class HostRegion final : public MemoryRegion {
  public:
   explicit HostRegion(const HostRegionOptions &o) {
     if (o.size == 0) fail_invalid("host region size is 0");
     const uint64_t page = page_size();
-    const uint64_t size = checked_mul(ceil_div(o.size, page), page, "host region size");
-    fd_ = sealed_memfd(o.name, size);
-    map_ = std::make_unique<MemfdMapping>(fd_.get(), size, o.huge_pages);
-    bind_to_node(map_->data(), size, o.numa_node);
-    numa_node_ = o.numa_node;
-    committed_.assign(size / page, 0);
-    if (o.page_lock) {
-      commit(0, size);  // cudaHostRegister faults every page in anyway; account for it
-      locked_ = page_lock(map_->data(), size);
+    size_ = checked_mul(ceil_div(o.size, page), page, "host region size");
+    if (o.shared) {
+      fd_ = sealed_memfd(o.name, size_);
+      map_ = std::make_unique<MemfdMapping>(fd_.get(), size_, o.huge_pages);
+      data_ = map_->data();
+      identity_ = memfd_identity(fd_.get());
+    } else {
+      private_ = std::make_unique<PrivateMapping>(size_, o.huge_pages);
+      data_ = private_->data();
+      identity_ = random_region_identity("host_private");
     }
-    identity_ = memfd_identity(fd_.get());
+    bind_to_node(data_, size_, o.numa_node);
+    numa_node_ = o.numa_node;
+    committed_.assign(size_ / page, 0);
+    if (o.page_lock) {
+      commit(0, size_);  // cudaHostRegister faults every page in anyway; account for it
+      locked_ = page_lock(data_, size_);
+    }
   }
 
   ~HostRegion() override {
-    if (locked_) page_unlock(map_->data());
+    if (locked_) page_unlock(data_);
   }
 
   const std::string &identity() const noexcept { return identity_; }
 
-  std::byte *data() const noexcept override { return map_->data(); }
-  uint64_t size() const noexcept override { return map_->size(); }
-  MemoryKind kind() const noexcept override { return MemoryKind::host_memfd; }
+  std::byte *data() const noexcept override { return data_; }
+  uint64_t size() const noexcept override { return size_; }
+  MemoryKind kind() const noexcept override {
+    return private_ ? MemoryKind::host_private : MemoryKind::host_memfd;
+  }
   int32_t device() const noexcept override { return -1; }
   void adopt(const RegionExport &) override {}
 
@@ -227,7 +310,11 @@ class HostRegion final : public MemoryRegion {
     std::lock_guard lock(mu_);
     for_each_run(offset, size, 0, [&](uint64_t first, uint64_t n) {
       const uint64_t page = page_size();
-      populate_memfd(fd_.get(), first * page, map_->data() + first * page, n * page, numa_node_);
+      if (private_) {
+        populate_private(data_ + first * page, n * page, numa_node_);
+      } else {
+        populate_memfd(fd_.get(), first * page, data_ + first * page, n * page, numa_node_);
+      }
       mark(first, n, 1);
     });
   }
@@ -238,10 +325,12 @@ class HostRegion final : public MemoryRegion {
     for_each_run(offset, size, 1, [&](uint64_t first, uint64_t n) {
       const uint64_t page = page_size();
       // A failed punch only keeps memory that is no longer needed; the region stays correct.
-      if (::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                      static_cast<off_t>(first * page), static_cast<off_t>(n * page)) == 0) {
-        mark(first, n, 0);
-      }
+      const bool gone =
+          private_
+              ? ::madvise(data_ + first * page, n * page, MADV_DONTNEED) == 0
+              : ::fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                            static_cast<off_t>(first * page), static_cast<off_t>(n * page)) == 0;
+      if (gone) mark(first, n, 0);
     });
   }
 
@@ -251,6 +340,7 @@ class HostRegion final : public MemoryRegion {
   }
 
   RegionExport export_range(uint64_t, uint64_t) const override {
+    if (private_) fail_invalid("a private host region is never exported: only its process maps it");
     RegionExport e;
     e.kind = MemoryKind::host_memfd;
     e.device = -1;
@@ -271,7 +361,7 @@ class HostRegion final : public MemoryRegion {
   template <class Fn>
   void for_each_run(uint64_t offset, uint64_t size, uint8_t want, Fn fn) {
     const uint64_t page = page_size();
-    if (offset % page != 0 || offset > map_->size() || size > map_->size() - offset) {
+    if (offset % page != 0 || offset > size_ || size > size_ - offset) {
       fail(SWIFTKV_EINTERNAL, "host region range [" + std::to_string(offset) + ", +" +
                                   std::to_string(size) + ") is not page-aligned or inside");
     }
@@ -291,8 +381,11 @@ class HostRegion final : public MemoryRegion {
     committed_pages_ = v ? committed_pages_ + n : committed_pages_ - n;
   }
 
-  UniqueFd fd_;
+  UniqueFd fd_;  // shared: the memfd and its mapping
   std::unique_ptr<MemfdMapping> map_;
+  std::unique_ptr<PrivateMapping> private_;  // or private memory
+  std::byte *data_ = nullptr;
+  uint64_t size_ = 0;
   std::string identity_;
   bool locked_ = false;
   int32_t numa_node_ = -1;
@@ -543,6 +636,10 @@ std::string memfd_identity(int fd) {
 }
 
 std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o) {
+  if (!o.shared) {
+    if (o.granule != 0) fail_invalid("a private host region has no granules (it is never shared)");
+    return std::make_shared<HostRegion>(o);  // nobody opens it: not in the registry
+  }
   if (o.granule == 0) {
     auto r = std::make_shared<HostRegion>(o);
     register_region(r->identity(), r);

@@ -1,5 +1,6 @@
 // The host memory backend: regions of shared memory from a memfd, so that another process can
-// map the same pages, placed on a NUMA node and page-locked for the GPU when one is in use.
+// map the same pages (or private memory, for what only this process reads), placed on a NUMA
+// node and page-locked for the GPU when one is in use.
 #pragma once
 
 #include <cstdint>
@@ -28,10 +29,17 @@ struct HostRegionOptions {
   // "advise" (or "within_size", "always"), and 4 KiB pages otherwise. For memory read at random
   // in small pieces (a host tier of small chunks); importers map it as they map any.
   bool huge_pages = false;
+  // false: private anonymous memory that only this process maps (MemoryKind::host_private), for
+  // memory nobody else reads (a host tier's slabs). export_range fails with EINVAL, a fork's
+  // child does not inherit the pages (MADV_DONTFORK: no copy-on-write of what the parent writes
+  // while the child lives), and huge pages come where transparent_hugepage/enabled is "always"
+  // or "madvise" (Debian's default), not under shmem_enabled. Not with a granule.
+  bool shared = true;
 };
 
-// Throws Error: EINVAL for a zero size or a granule that is not a multiple of the page size,
-// ENOMEM when the kernel refuses memory, ECUDA when page-locking fails.
+// Throws Error: EINVAL for a zero size, a granule that is not a multiple of the page size or a
+// granule of a private region, ENOMEM when the kernel refuses memory, ECUDA when page-locking
+// fails.
 std::shared_ptr<MemoryRegion> create_host_region(const HostRegionOptions &o);
 
 // Allocates bytes [file_offset, file_offset + bytes) of the memfd `fd`, which is mapped shared

@@ -14,12 +14,14 @@
 
 namespace swiftkv {
 
-// The numbers are those of the public swiftkv_memory_kind.
+// The numbers are those of the public swiftkv_memory_kind, but for host_private: the library's
+// own, a region no other process maps, never exported, so its number never leaves the process.
 enum class MemoryKind : int32_t {
   host_memfd = 0,  // host pages of a memfd; shared by passing the fd
   cuda_vmm = 1,    // device memory through cuMemCreate/cuMemMap; shared by one POSIX fd per granule
   cuda_ipc = 2,    // one cudaMalloc; shared by a cudaIpcMemHandle; never released before the end
-  host_granules = 3,  // host pages in granules of one memfd each; shared by one fd per granule
+  host_granules = 3,   // host pages in granules of one memfd each; shared by one fd per granule
+  host_private = 256,  // private anonymous host pages (a host tier's slabs); never shared
 };
 
 const char *memory_kind_name(MemoryKind kind) noexcept;

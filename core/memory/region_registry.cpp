@@ -36,6 +36,7 @@ const char *memory_kind_name(MemoryKind kind) noexcept {
     case MemoryKind::cuda_vmm: return "CUDA VMM";
     case MemoryKind::cuda_ipc: return "CUDA cudaMalloc + IPC handle";
     case MemoryKind::host_granules: return "host memfd granules";
+    case MemoryKind::host_private: return "private host memory";
   }
   return "unknown";
 }
@@ -73,6 +74,7 @@ std::shared_ptr<RegionMapping> open_region(const RegionExport &e, int32_t device
     case MemoryKind::host_granules: return open_host_region(e);
     case MemoryKind::cuda_vmm:
     case MemoryKind::cuda_ipc: return open_cuda_region(e, device);
+    case MemoryKind::host_private: break;  // never exported: an export of one is forged
   }
   fail_invalid("region export has an unknown memory kind " +
                std::to_string(static_cast<int32_t>(e.kind)));

@@ -68,9 +68,12 @@ std::shared_ptr<MemoryRegion> HostTier::make_slab_memory(const SlabPlan &plan) {
   o.numa_node = ctx_.host_numa_node();
   o.page_lock = ctx_.effective_device_mask() != 0;
   o.name = "swiftkv-host-tier";
-  // A full tier's new chunks go where its victims were, which under retention lie scattered
-  // over the slabs: on 4 KiB pages each small chunk's copy can cost a page walk.
+  // A full tier's new chunks go where its victims were, which under retention (or any order
+  // that reads change) lie scattered over the slabs: on 4 KiB pages each small chunk's copy can
+  // cost a page walk. No other process maps a tier's slabs, so they are private memory, which
+  // gets huge pages at the system's default setting (shared memory does not).
   o.huge_pages = true;
+  o.shared = false;
   try {
     std::shared_ptr<MemoryRegion> mem = create_host_region(o);
     mem->commit(0, plan.reserve);

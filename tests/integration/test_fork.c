@@ -1,9 +1,10 @@
 /* fork() with a live context. A context and its regions belong to the process that made them:
- * the child of a fork shares the parent's host slabs, lent memory and disk segments but has none
- * of its threads. Before, a child that stored two chunks through the inherited context wrote
- * them over the parent's newest chunks in the shared slabs (the parent's retrieve then returned
- * wrong bytes with success, and a reopen found them on disk), and a child that only destroyed the
- * context hung for ever in the destructor, waiting on conditions the parent's threads held.
+ * the child of a fork shares the parent's lent memory and disk segments but has none of its
+ * threads (nor, now, the host tier's slabs, which are private memory). Before, a child that
+ * stored two chunks through the inherited context wrote them over the parent's newest chunks in
+ * the then shared slabs (the parent's retrieve then returned wrong bytes with success, and a
+ * reopen found them on disk), and a child that only destroyed the context hung for ever in the
+ * destructor, waiting on conditions the parent's threads held.
  *
  * Here the child's every call on the parent's context and region returns SWIFTKV_ESTATE naming
  * the fork; its destroy calls return at once and release nothing (the parent then serves, lends

@@ -403,20 +403,79 @@ std::string vm_flags_of(const void *p) {
   return "";
 }
 
-// A host region asked for huge pages says so to the kernel (whether shared memory gets them
-// is the system's setting), and one not asked does not.
+// A host region asked for huge pages says so to the kernel (whether memory gets them is the
+// system's setting), and one not asked does not; shared or private.
 void host_regions_ask_for_huge_pages_when_told(void **) {
   // A kernel built without transparent huge pages refuses the advice.
   const bool thp = std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled");
-  for (const bool huge : {true, false}) {
-    swiftkv::HostRegionOptions o;
-    o.size = 8 << 20;
-    o.huge_pages = huge;
-    auto r = swiftkv::create_host_region(o);
-    const std::string flags = vm_flags_of(r->data());
-    assert_true(flags.rfind("VmFlags:", 0) == 0);
-    assert_int_equal(flags.find(" hg ") != std::string::npos, huge && thp);
+  for (const bool shared : {true, false}) {
+    for (const bool huge : {true, false}) {
+      swiftkv::HostRegionOptions o;
+      o.size = 8 << 20;
+      o.huge_pages = huge;
+      o.shared = shared;
+      auto r = swiftkv::create_host_region(o);
+      const std::string flags = vm_flags_of(r->data());
+      assert_true(flags.rfind("VmFlags:", 0) == 0);
+      assert_int_equal(flags.find(" hg ") != std::string::npos, huge && thp);
+      assert_int_equal(flags.find(" sh ") != std::string::npos, shared);
+      // "dc": not copied into a fork's child.
+      assert_int_equal(flags.find(" dc ") != std::string::npos, !shared);
+    }
   }
+}
+
+// The status of the Error fn throws; 0 when it throws none.
+template <class Fn>
+int expect_error(Fn fn) {
+  try {
+    fn();
+  } catch (const swiftkv::Error &e) {
+    return e.status();
+  }
+  return 0;
+}
+
+// Private host memory (a host tier's slabs): commit and decommit as a memfd region's, never
+// exported, no granules, and not in a fork's child, where a shared region is.
+void private_host_regions_stay_in_their_process(void **) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  swiftkv::HostRegionOptions o;
+  o.size = 3 * page + 1;  // whole pages: 4
+  o.shared = false;
+  auto r = swiftkv::create_host_region(o);
+  assert_true(r->kind() == swiftkv::MemoryKind::host_private);
+  assert_int_equal(r->size(), 4 * page);
+  assert_int_equal(r->committed_bytes(), 0);
+  r->commit(0, 4 * page);
+  assert_int_equal(r->committed_bytes(), 4 * page);
+  std::memset(r->data(), 0x5a, 4 * page);
+  r->decommit(page, page);
+  assert_int_equal(r->committed_bytes(), 3 * page);
+  assert_int_equal(static_cast<int>(r->data()[page]), 0);  // its page went back: zeros
+  assert_int_equal(static_cast<int>(r->data()[2 * page - 1]), 0);
+  assert_int_equal(static_cast<int>(r->data()[page - 1]), 0x5a);
+  assert_int_equal(static_cast<int>(r->data()[2 * page]), 0x5a);
+  r->commit(0, 4 * page);  // only the page that went is made again
+  assert_int_equal(r->committed_bytes(), 4 * page);
+  assert_int_equal(static_cast<int>(r->data()[page]), 0);
+  assert_int_equal(static_cast<int>(r->data()[0]), 0x5a);
+  assert_int_equal(expect_error([&] { (void)r->export_range(0, page); }), SWIFTKV_EINVAL);
+  o.granule = page;
+  assert_int_equal(expect_error([&] { (void)swiftkv::create_host_region(o); }), SWIFTKV_EINVAL);
+
+  swiftkv::HostRegionOptions so;
+  so.size = page;
+  auto shared = swiftkv::create_host_region(so);
+  const pid_t pid = fork();
+  if (pid == 0) {  // the child: the shared region mapped, the private one not at all
+    const bool ok = !vm_flags_of(shared->data()).empty() && vm_flags_of(r->data()).empty();
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_int_equal(static_cast<int>(r->data()[0]), 0x5a);  // the parent's pages as they were
 }
 
 // A move while readers read: the old copy is freed only after the last of them, the new copy is
@@ -2289,6 +2348,8 @@ void host_slabs_are_made_ahead(void **) {
   std::set<std::byte *> where;
   for (uint64_t s : slots) where.insert(tier.address(s, nullptr));
   assert_int_equal(where.size(), 64);
+  // Slabs are private memory, no fork's child's ("dc"; nobody else maps them).
+  assert_true(vm_flags_of(*where.begin()).find(" dc ") != std::string::npos);
   assert_int_equal(tier.slab_bytes_reserved(), 64 * bytes);
   assert_true(ctx.host_reserved() <= budget);
   for (uint64_t s : slots) tier.free(s);
@@ -2519,6 +2580,7 @@ int main() {
       cmocka_unit_test(a_growing_index_holds_its_live_tables),
       cmocka_unit_test(large_tables_are_aligned_and_give_pages_back),
       cmocka_unit_test(host_regions_ask_for_huge_pages_when_told),
+      cmocka_unit_test(private_host_regions_stay_in_their_process),
       cmocka_unit_test(a_chunk_being_read_is_nobodys_victim),
       cmocka_unit_test(lru_order),
       cmocka_unit_test(retention_prefers_idle_conversations_and_leading_chunks),
