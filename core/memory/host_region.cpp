@@ -277,9 +277,9 @@ class HostRegion final : public MemoryRegion {
       data_ = map_->data();
       identity_ = memfd_identity(fd_.get());
     } else {
+      // No identity: nobody registers or opens a private region.
       private_ = std::make_unique<PrivateMapping>(size_, o.huge_pages);
       data_ = private_->data();
-      identity_ = random_region_identity("host_private");
     }
     bind_to_node(data_, size_, o.numa_node);
     numa_node_ = o.numa_node;
