@@ -34,8 +34,17 @@ uint64_t EvictionOrder::memory_bytes() const noexcept {
 
 uint32_t EvictionOrder::cost_class(double cost) noexcept {
   if (!(cost > 0)) return 0;  // free to recompute (or a cost model that says nothing)
-  const double k = std::floor(kClassesPerOctave * std::log2(cost)) + kClasses / 2;
-  return static_cast<uint32_t>(std::clamp(k, 1.0, static_cast<double>(kClasses - 1)));
+  // The last class whose lower bound is at most the cost, told by the table of bounds itself
+  // (so a cost is never below its class's bound, which the retention bound relies on), without
+  // log2: a class is taken for every chunk stored, and log2 cost a full tier's store 6%.
+  if (cost >= class_cost(kClasses - 1)) return kClasses - 1;  // infinity too
+  if (cost < class_cost(2)) return 1;
+  // A normal number here, in [2^e, 2^(e+1)): class 128 + 4e has the bound 2^e, and the cost is
+  // in it or one of the three above it.
+  const auto e = static_cast<int32_t>((std::bit_cast<uint64_t>(cost) >> 52) & 0x7ff) - 1023;
+  uint32_t c = static_cast<uint32_t>(kClasses / 2 + kClassesPerOctave * e);
+  while (c + 1 < kClasses && class_cost(c + 1) <= cost) ++c;
+  return std::max<uint32_t>(c, 1);
 }
 
 double EvictionOrder::class_cost(uint32_t cls) noexcept {
@@ -67,9 +76,28 @@ uint16_t EvictionOrder::stored_code(uint64_t bytes) noexcept {
   return static_cast<uint16_t>((e << 12) | units);
 }
 
+uint32_t EvictionOrder::take_node(uint32_t cls) noexcept {
+  if (free_[cls].head != kNoNode) return take_free(cls);
+  Block &b = blocks_[cls];
+  if (b.next != b.end) return b.next++;
+  const size_t room = std::min<size_t>(nodes_.capacity(), kNoNode) - nodes_.size();
+  if (room != 0) {  // a new block: made in the room reserved, so no node moves
+    const auto first = static_cast<uint32_t>(nodes_.size());
+    const auto n = static_cast<uint32_t>(std::min<size_t>(kBlockNodes, room));
+    nodes_.resize(nodes_.size() + n);
+    b = Block{first + 1, first + n};
+    return first;
+  }
+  const uint32_t id = take_free(kClasses);  // the first class with free nodes
+  if (id != kNoNode) return id;
+  for (Block &other : blocks_) {
+    if (other.next != other.end) return other.next++;
+  }
+  return kNoNode;
+}
+
 uint32_t EvictionOrder::take_free(uint32_t cls) noexcept {
-  if (free_[cls].head == kNoNode) {  // none of its class: the first class with one
-    cls = kClasses;
+  if (cls == kClasses) {  // any class: the first with free nodes
     for (uint32_t w = 0; w < free_nonempty_.size() && cls == kClasses; ++w) {
       if (free_nonempty_[w] != 0) {
         cls = w * 64 + static_cast<uint32_t>(std::countr_zero(free_nonempty_[w]));
@@ -94,7 +122,7 @@ uint32_t EvictionOrder::add(const ChunkKey &key, uint32_t position, uint32_t tok
     const uint64_t s = tokens;
     cls = static_cast<uint8_t>(cost_class(cost_.chunk_cost(s, (uint64_t{position} + 1) * s)));
   }
-  uint32_t id = take_free(cls);
+  uint32_t id = take_node(cls);
   if (id == kNoNode) {
     if (nodes_.size() >= kNoNode) throw std::length_error("eviction order: too many chunks");
     id = static_cast<uint32_t>(nodes_.size());

@@ -198,19 +198,34 @@ class EvictionOrder {
   // Victims are read in the order of their last activity, which is not the order of the nodes
   // in memory (under retention, each class's oldest in turn): on huge pages.
   std::vector<Node, LargePageAllocator<Node>> nodes_;
-  // Freed nodes, oldest first, one list per cost class (one under LRU): a class's victims
-  // leave in the order its chunks came, and the chunks that come next take their nodes in that
-  // order, so each class's list walks its nodes in the same order, memory order as they were
-  // first given, generation after generation. With one list for all classes, the classes'
-  // victims interleave as their values say, each generation in another order, and after a few
-  // the walk along a class's oldest is a cache miss a node. A chunk whose class has none free
-  // takes another class's, before the vector grows.
+  // Where a chunk's node comes from, so that the walk along a class's oldest (its victims, one
+  // after another) goes forward through memory, where the hardware fetches ahead of it:
+  //  - Freed nodes, oldest first, one list per cost class (one under LRU): a class's victims
+  //    leave in the order its chunks came, and the chunks that come next take their nodes in
+  //    that order, so each class's list walks its nodes in the same order, generation after
+  //    generation. (With one list for all classes, the classes' victims interleave as their
+  //    values say, each generation in another order, and after a few the walk along a class's
+  //    oldest is a cache miss a node.)
+  //  - New nodes, in blocks of kBlockNodes per class: a store's chunks span several classes
+  //    (the cost grows with the position), and nodes given in store order would put each class's
+  //    next chunks a store's length further on, a miss at every jump.
+  // A class with neither takes a new block from the room reserved, then another class's freed
+  // nodes or the rest of its block, and only then does the vector grow: the order never holds
+  // more nodes than it has chunks while they fit the room reserved.
+  static constexpr uint32_t kBlockNodes = 256;
   struct FreeList {
     uint32_t head = kNoNode, tail = kNoNode;
   };
+  struct Block {
+    uint32_t next = 0, end = 0;  // nodes [next, end) are the class's, never used yet
+  };
   std::array<FreeList, kClasses> free_{};
   std::array<uint64_t, kClasses / 64> free_nonempty_{};  // a bit per class with free nodes
+  std::array<Block, kClasses> blocks_{};
   uint32_t take_free(uint32_t cls) noexcept;
+  // A node for a chunk of class cls, from where the comment above says; kNoNode when the vector
+  // must grow.
+  uint32_t take_node(uint32_t cls) noexcept;
   uint64_t tree_entries_ = 0;
   std::vector<std::unique_ptr<Domain>> domains_;
 };

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csetjmp>
 #include <cstdarg>
 #include <cstddef>
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -659,6 +661,33 @@ void freed_nodes_go_to_chunks_of_their_class(void **) {
   assert_true(o.key(b2) == (swiftkv::ChunkKey{5, 1}));
   assert_int_equal(o.add({6, 0}, 0, 256, 9), 4);  // none free at all: a new node
 
+  // New nodes come in blocks by class: two classes' chunks stored in turn each walk forward
+  // through memory, jumping only from block to block; and the blocks never take more nodes
+  // than the room reserved holds chunks (the last come from the other class's block).
+  swiftkv::EvictionOrder r(swiftkv::EvictionPolicy::retention, cost);
+  r.reserve(1000);
+  const uint64_t reserved = r.memory_bytes();
+  std::vector<uint32_t> ids[2];
+  std::set<uint32_t> all;
+  for (uint64_t i = 0; i < 500; ++i) {
+    for (uint64_t c = 0; c < 2; ++c) {
+      ids[c].push_back(r.add({7 + c, i}, c == 0 ? 0 : 40, 256, 1));
+      assert_true(ids[c].back() < 1000);
+      all.insert(ids[c].back());
+    }
+    if (i + 1 == 400) {  // 800 nodes: each class in two blocks of its own
+      for (const auto &v : ids) {
+        size_t jumps = 0;
+        for (size_t j = 1; j < v.size(); ++j) jumps += v[j] != v[j - 1] + 1;
+        assert_int_equal(jumps, 1);
+      }
+    }
+  }
+  assert_int_equal(all.size(), 1000);
+  assert_int_equal(r.memory_bytes(), reserved);
+  assert_int_equal(r.add({9, 0}, 0, 256, 1), 1000);  // past the room: the vector grows
+  assert_true(r.memory_bytes() > reserved);
+
   swiftkv::EvictionOrder l(swiftkv::EvictionPolicy::lru, {});
   const uint32_t x = l.add({1, 0}, 0, 256, 1), y = l.add({1, 1}, 40, 256, 2);
   l.remove(y);
@@ -781,6 +810,27 @@ void eviction_order_matches_a_scan(void **) {
   assert_int_equal(swiftkv::EvictionOrder::cost_class(1.19), 129);
   assert_int_equal(swiftkv::EvictionOrder::cost_class(0.5), 124);
   assert_true(swiftkv::EvictionOrder::class_cost(132) == 2.0);
+  // A cost is in the last class whose bound is at most the cost (the retention bound relies on
+  // it): at each bound, just below it, and at random costs; out of range, the end classes.
+  using swiftkv::EvictionOrder;
+  for (uint32_t c = 2; c < EvictionOrder::kClasses; ++c) {
+    const double b = EvictionOrder::class_cost(c);
+    assert_int_equal(EvictionOrder::cost_class(b), c);
+    assert_int_equal(EvictionOrder::cost_class(std::nextafter(b, 0.0)), c - 1);
+  }
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> octaves(-40, 40);
+  for (int i = 0; i < 100000; ++i) {
+    const double cost = std::exp2(octaves(rng));
+    const uint32_t c = EvictionOrder::cost_class(cost);
+    assert_true(c >= 1 && c < EvictionOrder::kClasses);
+    if (c > 1) assert_true(EvictionOrder::class_cost(c) <= cost);
+    if (c + 1 < EvictionOrder::kClasses) assert_true(cost < EvictionOrder::class_cost(c + 1));
+  }
+  assert_int_equal(EvictionOrder::cost_class(std::numeric_limits<double>::infinity()), 255);
+  assert_int_equal(EvictionOrder::cost_class(std::numeric_limits<double>::denorm_min()), 1);
+  assert_int_equal(EvictionOrder::cost_class(std::numeric_limits<double>::quiet_NaN()), 0);
+  assert_int_equal(EvictionOrder::cost_class(-1.0), 0);
 }
 
 // A batch of victims taken in one pass (EvictionOrder::Victims, how a full tier evicts a store's
