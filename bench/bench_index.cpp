@@ -141,6 +141,10 @@ IndexRow measure_index(uint64_t n, int reps, std::mt19937_64 &rng) {
   return IndexRow{n, stat_of(v[0]), stat_of(v[1]), stat_of(v[2]), stat_of(v[3]), stat_of(v[4])};
 }
 
+// The context's recompute_attention_cost for the full-tier rows (--attention-cost): how many
+// cost classes a prompt's 64 chunks span under retention (4 at the default of 1, 18 at 30).
+double g_attention_cost = 1.0;
+
 // A context whose host tier holds `capacity` chunks of the bench model, and its model.
 struct Cache {
   swiftkv_ctx *ctx = nullptr;
@@ -151,6 +155,7 @@ struct Cache {
     c.host_budget_bytes = (capacity * kChunkBytes + 4095) / 4096 * 4096;
     c.demote_free_percent = 0;  // evict when a store needs room, on the storing thread
     c.eviction_policy = policy;
+    c.recompute_attention_cost = g_attention_cost;
     swiftkv_model_desc d = SWIFTKV_MODEL_DESC_INIT;
     d.name = "bench";
     d.num_layers = 1;
@@ -367,6 +372,12 @@ int main(int argc, char **argv) {
         std::fprintf(stderr, "bench_index: --max-chunks needs a number >= 1024\n");
         return 2;
       }
+    } else if (std::strcmp(argv[i], "--attention-cost") == 0 && i + 1 < argc) {
+      g_attention_cost = std::strtod(argv[++i], &end);
+      if (*end != '\0' || !(g_attention_cost >= 0) || g_attention_cost > 1e6) {
+        std::fprintf(stderr, "bench_index: --attention-cost needs a number from 0 to 1e6\n");
+        return 2;
+      }
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = static_cast<int>(std::strtol(argv[++i], &end, 10));
       if (*end != '\0' || reps < 1 || reps > 1000) {
@@ -376,7 +387,7 @@ int main(int argc, char **argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_index [--max-chunks N] [--reps N] [--full-only] "
-                   "[--min-full-chunks N]\n");
+                   "[--min-full-chunks N] [--attention-cost X]\n");
       return 2;
     }
   }
@@ -413,10 +424,10 @@ int main(int argc, char **argv) {
         a.lookup.min);
   }
   std::printf(
-      "\nstore into a full host tier (each chunk evicts one; after %llu turnovers) vs the same "
-      "stores into a tier with room, ns per chunk, median/min; context switches per chunk; the "
-      "bar: full <= %.0f ns and <= %.1fx room (medians)\n",
-      static_cast<unsigned long long>(kTurnovers), kFullBarNs, kFullBarRatio);
+      "\nstore into a full host tier (each chunk evicts one; after %llu turnovers; attention "
+      "cost %g) vs the same stores into a tier with room, ns per chunk, median/min; context "
+      "switches per chunk; the bar: full <= %.0f ns and <= %.1fx room (medians)\n",
+      static_cast<unsigned long long>(kTurnovers), g_attention_cost, kFullBarNs, kFullBarRatio);
   std::printf("%9s %10s %15s %15s %9s %9s %9s %7s\n", "chunks", "policy", "full", "room",
               "full/room", "csw_full", "csw_room", "bar");
   bool all_meet = true;
@@ -455,7 +466,7 @@ int main(int argc, char **argv) {
         js(r.hit).c_str(), js(r.miss).c_str(), js(r.single_hit).c_str(), js(r.drop).c_str(),
         static_cast<unsigned long long>(a.chunks), js(a.store).c_str(), js(a.lookup).c_str());
   }
-  std::printf("],\"full_tier\":[");
+  std::printf("],\"attention_cost\":%g,\"full_tier\":[", g_attention_cost);
   for (size_t i = 0; i < full_rows.size(); ++i) {
     const FullRow &r = full_rows[i];
     std::printf(
