@@ -88,23 +88,45 @@ uint32_t EvictionOrder::take_node(uint32_t cls) noexcept {
     b = Block{first + 1, first + n};
     return first;
   }
-  const uint32_t id = take_free(kClasses);  // the first class with free nodes
-  if (id != kNoNode) return id;
+  // Another class's free nodes: a run of them moved to this class's list, so that this class's
+  // next chunks take nodes that lie together. One borrowed at a time, each is a jump in the
+  // class's walk, and under many classes (a long prompt's chunks span twenty) a store borrows
+  // for most of them.
+  const uint32_t donor = first_free_class();
+  if (donor != kClasses) {
+    FreeList &d = free_[donor];
+    FreeList &f = free_[cls];
+    uint32_t last = d.head;
+    for (uint32_t i = 1; i < kBorrowNodes && nodes_[last].next != kNoNode; ++i) {
+      last = nodes_[last].next;
+    }
+    f.head = d.head;
+    f.tail = last;
+    d.head = nodes_[last].next;
+    nodes_[last].next = kNoNode;
+    if (d.head == kNoNode) {
+      d.tail = kNoNode;
+      free_nonempty_[donor / 64] &= ~(uint64_t{1} << (donor % 64));
+    }
+    free_nonempty_[cls / 64] |= uint64_t{1} << (cls % 64);
+    return take_free(cls);
+  }
   for (Block &other : blocks_) {
     if (other.next != other.end) return other.next++;
   }
   return kNoNode;
 }
 
-uint32_t EvictionOrder::take_free(uint32_t cls) noexcept {
-  if (cls == kClasses) {  // any class: the first with free nodes
-    for (uint32_t w = 0; w < free_nonempty_.size() && cls == kClasses; ++w) {
-      if (free_nonempty_[w] != 0) {
-        cls = w * 64 + static_cast<uint32_t>(std::countr_zero(free_nonempty_[w]));
-      }
+uint32_t EvictionOrder::first_free_class() const noexcept {
+  for (uint32_t w = 0; w < free_nonempty_.size(); ++w) {
+    if (free_nonempty_[w] != 0) {
+      return w * 64 + static_cast<uint32_t>(std::countr_zero(free_nonempty_[w]));
     }
-    if (cls == kClasses) return kNoNode;
   }
+  return kClasses;
+}
+
+uint32_t EvictionOrder::take_free(uint32_t cls) noexcept {
   FreeList &f = free_[cls];
   const uint32_t id = f.head;
   f.head = nodes_[id].next;
@@ -385,8 +407,15 @@ void EvictionOrder::Victims::pop() noexcept {
     node_ = oldest_lru();
     return;
   }
-  if (!read(candidates_[chosen_].cls, &candidates_[chosen_])) {
+  Candidate &c = candidates_[chosen_];
+  const double idle = c.idle;
+  if (!read(c.cls, &c)) {
     candidates_.erase(candidates_.begin() + static_cast<std::ptrdiff_t>(chosen_));
+  } else if (c.idle == idle) {
+    // The class's new oldest is as old as the one that went (a store's chunks of one class share
+    // its time): the same value, so it is still the first of the smallest.
+    node_ = c.node;
+    return;
   }
   choose();
 }

@@ -209,9 +209,11 @@ class EvictionOrder {
   //  - New nodes, in blocks of kBlockNodes per class: a store's chunks span several classes
   //    (the cost grows with the position), and nodes given in store order would put each class's
   //    next chunks a store's length further on, a miss at every jump.
-  // A class with neither takes a new block from the room reserved, then another class's freed
-  // nodes or the rest of its block, and only then does the vector grow: the order never holds
-  // more nodes than it has chunks while they fit the room reserved.
+  // A class with neither takes a new block from the room reserved, then a run of up to
+  // kBorrowNodes of another class's freed nodes (moved to its own list: borrowed one at a time,
+  // each would be a jump in its walk, and classes' shares move all the time), then the rest of
+  // another class's block, and only then does the vector grow: the order never holds more nodes
+  // than it has chunks while they fit the room reserved.
   static constexpr uint32_t kBlockNodes = 256;
   struct FreeList {
     uint32_t head = kNoNode, tail = kNoNode;
@@ -222,7 +224,11 @@ class EvictionOrder {
   std::array<FreeList, kClasses> free_{};
   std::array<uint64_t, kClasses / 64> free_nonempty_{};  // a bit per class with free nodes
   std::array<Block, kClasses> blocks_{};
+  static constexpr uint32_t kBorrowNodes = 64;
+  // The first node of class cls's free list, which must have one.
   uint32_t take_free(uint32_t cls) noexcept;
+  // The first class with free nodes; kClasses when none has.
+  uint32_t first_free_class() const noexcept;
   // A node for a chunk of class cls, from where the comment above says; kNoNode when the vector
   // must grow.
   uint32_t take_node(uint32_t cls) noexcept;

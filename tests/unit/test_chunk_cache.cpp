@@ -685,6 +685,21 @@ void freed_nodes_go_to_chunks_of_their_class(void **) {
   }
   assert_int_equal(all.size(), 1000);
   assert_int_equal(r.memory_bytes(), reserved);
+
+  // A class with no node of its own borrows a run of another class's free nodes, so that its
+  // next chunks take nodes that lie together: class B and class A stored in turn, A's 200 nodes
+  // free, B takes A's first 64 one after another and A goes on from the 65th.
+  swiftkv::EvictionOrder w(swiftkv::EvictionPolicy::retention, cost);
+  w.reserve(200);
+  const uint64_t w_bytes = w.memory_bytes();
+  std::vector<uint32_t> a_nodes;
+  for (uint64_t i = 0; i < 200; ++i) a_nodes.push_back(w.add({10, i}, 0, 256, 1));
+  for (const uint32_t n : a_nodes) w.remove(n);
+  for (uint32_t i = 0; i < 10; ++i) {
+    assert_int_equal(w.add({11, i}, 40, 256, 2), a_nodes[i]);
+    assert_int_equal(w.add({12, i}, 0, 256, 2), a_nodes[64 + i]);
+  }
+  assert_int_equal(w.memory_bytes(), w_bytes);
   assert_int_equal(r.add({9, 0}, 0, 256, 1), 1000);  // past the room: the vector grows
   assert_true(r.memory_bytes() > reserved);
 
