@@ -215,6 +215,7 @@ class EvictionOrder {
   // another class's block, and only then does the vector grow: the order never holds more nodes
   // than it has chunks while they fit the room reserved.
   static constexpr uint32_t kBlockNodes = 256;
+  static constexpr uint32_t kBorrowNodes = 64;
   struct FreeList {
     uint32_t head = kNoNode, tail = kNoNode;
   };
@@ -224,7 +225,6 @@ class EvictionOrder {
   std::array<FreeList, kClasses> free_{};
   std::array<uint64_t, kClasses / 64> free_nonempty_{};  // a bit per class with free nodes
   std::array<Block, kClasses> blocks_{};
-  static constexpr uint32_t kBorrowNodes = 64;
   // The first node of class cls's free list, which must have one.
   uint32_t take_free(uint32_t cls) noexcept;
   // The first class with free nodes; kClasses when none has.
