@@ -310,11 +310,14 @@ void ChunkIndex::prefetch_for_erase(const ChunkKey &k) const noexcept {
   const Shard &s = shard(k);
   const Slot *t = s.table.load(std::memory_order_relaxed);
   const uint64_t cap = s.cap.load(std::memory_order_relaxed);
-  // The key's home and the three slots after it: the key may sit past its home, and erasing
-  // shifts the rest of its probe run back, reading on to the first empty slot (at 40% full a
-  // run seldom goes past four). And the shard's first three lines: its lock, table and counts.
+  // The key's home and the five slots after it: the key may sit past its home, and erasing
+  // shifts the rest of its probe run back, reading on to the first empty slot. Counted over
+  // victims at a million chunks (tables about 40% full), the lines from the home through that
+  // slot are two for 52% of them, up to four for 89%, up to six for 97%: four lines left one
+  // victim in nine a miss of its own, and six made a store into a full tier about 10 ns faster
+  // (eight no faster than six). And the shard's first three lines: its lock, table and counts.
   uint64_t h = home(k.hi, cap);
-  for (int i = 0; i < 4; ++i, h = next(h, cap)) __builtin_prefetch(t + h, 1, 1);
+  for (int i = 0; i < 6; ++i, h = next(h, cap)) __builtin_prefetch(t + h, 1, 1);
   const char *b = reinterpret_cast<const char *>(&s);
   for (size_t o = 0; o < 192; o += 64) __builtin_prefetch(b + o, 1, 1);
 }

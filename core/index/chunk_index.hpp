@@ -151,7 +151,7 @@ class ChunkIndex {
   uint64_t memory_bytes() const;
   // A hint that k is needed soon (insert or lookup); no effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
-  // The same for a key about to be erased: its home slot, the three after it, and the lines of
+  // The same for a key about to be erased: its home slot, the five after it, and the lines of
   // its shard that an erase writes (its lock, table and counts).
   void prefetch_for_erase(const ChunkKey &k) const noexcept;
   std::optional<Tier> peek(const ChunkKey &k) const;
