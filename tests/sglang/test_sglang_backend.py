@@ -474,3 +474,11 @@ def test_the_benchmark_runs():
     assert row["call_bytes"] == 128 * 2 * 32 * 16 * 2 * 128 * 2
     assert row["set_gbs"]["median"] > 0 and row["get_disk_gbs"]["median"] > 0
     assert line["exists"]["resident"] == 4096
+    # Each row is read against the design's bar (0.8x the memcpy, sets and host gets), in its
+    # JSON and at the end of its table line.
+    cp = row["memcpy_gbs"]["median"]
+    assert row["meets_bar"] == (row["set_gbs"]["median"] >= 0.8 * cp and
+                                row["get_host_gbs"]["median"] >= 0.8 * cp)
+    table_row = [ln for ln in out.splitlines() if ln.split()[:2] == ["page_first", "16"]]
+    assert len(table_row) == 1
+    assert table_row[0].split()[-1] == ("met" if row["meets_bar"] else "MISSED")
