@@ -45,7 +45,7 @@ uint64_t BorrowerSessions::next_due_ns() const noexcept {
     // backstop (the cache's maintenance writes the beats), unless it sends messages.
     const uint64_t beat = s->beat_on && !s->beat_overflow.load()
                               ? s->last_beat_ns.load() + beat_backstop_ns(*s)
-                              : s->next_heartbeat_ns.load();
+                              : message_due_ns(*s);
     due = std::min({due, beat, s->queue.next_deadline_ns()});
   }
   return due;
@@ -57,6 +57,16 @@ uint64_t BorrowerSessions::heartbeat_ns(const Session &s) const {
 
 uint64_t BorrowerSessions::beat_backstop_ns(const Session &s) const {
   return std::max(heartbeat_ns(s), s.info.lease_ns / 3);
+}
+
+uint64_t BorrowerSessions::message_due_ns(const Session &s) const {
+  // One heartbeat message in flight: a lender slower to answer than the period would otherwise
+  // get more than it answers, fall further behind at each, and its answers, to heartbeats sent
+  // ever longer ago, would at last renew the leases into the past. Unanswered for a third of a
+  // lease, the next goes anyway (the lender may never have had it).
+  const uint64_t due = s.next_heartbeat_ns.load();
+  if (s.hb_sent.empty()) return due;
+  return std::max(due, s.hb_sent.rbegin()->second.first + beat_backstop_ns(s));
 }
 
 void BorrowerSessions::stop_all() noexcept {
@@ -909,7 +919,7 @@ void BorrowerSessions::heartbeats(uint64_t now) {
       {
         std::lock_guard lock(st_.mu);
         const uint64_t due =
-            s.beat_overflow ? s.next_heartbeat_ns.load() : s.last_beat_ns + beat_backstop_ns(s);
+            s.beat_overflow ? message_due_ns(s) : s.last_beat_ns + beat_backstop_ns(s);
         notify = beat_round_locked(s, now, due, &ids);
         if (!ids.empty()) s.next_heartbeat_ns = now + heartbeat_ns(s);
       }
@@ -919,7 +929,7 @@ void BorrowerSessions::heartbeats(uint64_t now) {
       }
     } else {
       std::lock_guard lock(st_.mu);
-      if (now < s.next_heartbeat_ns) continue;
+      if (now < message_due_ns(s)) continue;
       ids = live_leases_locked(s, now, &notify);
       s.next_heartbeat_ns = now + heartbeat_ns(s);
     }

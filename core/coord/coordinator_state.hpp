@@ -414,6 +414,9 @@ class BorrowerSessions {
   // How long the thread lets a session's beat page go without a beat before it writes one
   // itself (the cache's maintenance pass writes them otherwise): a third of the lease.
   uint64_t beat_backstop_ns(const Session &s) const;
+  // When the session's next heartbeat message may go: a heartbeat after the last, and not while
+  // the last, sent less than beat_backstop_ns() ago, waits for its answer. The thread's alone.
+  uint64_t message_due_ns(const Session &s) const;
   // Says bye to every lender and closes every session's sockets. After the thread ends.
   void stop_all() noexcept;
 
