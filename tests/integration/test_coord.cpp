@@ -33,7 +33,6 @@
 #include <thread>
 #include <vector>
 
-#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 #include "core/coord/beat_page.hpp"
 #include "core/coord/coordinator.hpp"
@@ -1931,152 +1930,90 @@ void beats_keep_leases_without_messages(void **) {
   lender_down(&l);
 }
 
-// The longest wait between two answered heartbeats of a context, as a thread of its own sees
-// them (its own sleeps included, so that a stall of the whole process shows too). A lease lost
-// across such a wait was lost to the machine, not to the protocol.
-class AnswerGaps {
- public:
-  explicit AnswerGaps(swiftkv_ctx *ctx) : ctx_(ctx), thread_([this] { watch(); }) {}
-  ~AnswerGaps() { stop_ms(); }
-  uint64_t stop_ms() {
-    stop_ = true;
-    if (thread_.joinable()) thread_.join();
-    return max_ns_ / 1'000'000;
-  }
-
- private:
-  void watch() {
-    uint64_t answered = 0, at = swiftkv::monotonic_ns();
-    while (!stop_) {
-      swiftkv_coord_stats s = SWIFTKV_COORD_STATS_INIT;
-      const uint64_t now = swiftkv::monotonic_ns();
-      if (swiftkv_coord_stats_get(&s, ctx_) == SWIFTKV_OK && s.heartbeats_answered != answered) {
-        answered = s.heartbeats_answered;
-        at = now;
-      }
-      max_ns_ = std::max<uint64_t>(max_ns_, now - at);
-      sleep_ms(5);
-    }
-  }
-
-  swiftkv_ctx *ctx_;
-  std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> max_ns_{0};
-  std::thread thread_;
-};
-
 // The cache's maintenance pass writes the beats; with none in the window (its interval a minute),
-// the coordinator's thread writes one every third of the lease, so the lease of 300 ms holds. A
-// stall of the machine past half a lease without an answer, seen with a check failing, runs the
-// test once more (see AnswerGaps).
+// the coordinator's thread writes one every third of the lease, so the lease of 300 ms holds.
 void beats_outlive_a_stalled_maintenance(void **) {
-  for (int attempt = 1;; ++attempt) {
-    Lender l;
-    const std::string ep = fresh_endpoint("backstop", true);
-    assert_ok(lender_up(&l, ep, 300, "lender"));
-    swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
-    c.host_budget_bytes = 1 << 20;
-    c.demote_free_percent = 0;
-    c.coord_heartbeat_ms = 20;
-    c.maintenance_interval_ms = 60'000;
-    Borrower b;
-    assert_ok(swiftkv_ctx_create(&b.ctx, &c));
-    swiftkv_model_desc d = borrower_desc();
-    swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
-    mc.desc = &d;
-    assert_ok(swiftkv_model_register(&b.model, b.ctx, &mc));
-    uint64_t lease = 0;
-    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
-    sleep_ms(50);
-    AnswerGaps gaps(b.ctx);
-    const swiftkv_coord_stats a = coord_stats(b.ctx);
-    sleep_ms(1200);
-    const swiftkv_coord_stats e = coord_stats(b.ctx);
-    const uint64_t gap_ms = gaps.stop_ms();
-    const uint64_t sent = e.heartbeats_sent - a.heartbeats_sent;
-    const uint64_t answered = e.heartbeats_answered - a.heartbeats_answered;
-    const bool stalled =
-        gap_ms > 150 && (e.leases_lost != 0 || sent < 8 || answered < 8 || sent > 20);
-    if (!stalled || attempt == 2) {
-      assert_int_equal(e.leases_lost, 0);
-      assert_int_equal(e.messages_sent, a.messages_sent);
-      // About one beat per 100 ms, not one per 20 ms heartbeat: nobody else wrote them.
-      assert_true(sent >= 8);
-      assert_true(sent <= 20);
-      assert_true(answered >= 8);
-      assert_int_equal(elastic_stats(l.e).leases, 1);
-    } else {
-      print_message("no heartbeat answered for %llu ms, a stall: once more\n",
-                    static_cast<unsigned long long>(gap_ms));
-    }
-    swiftkv_ctx_destroy(b.ctx);
-    lender_down(&l);
-    if (!stalled) return;
-  }
+  Lender l;
+  const std::string ep = fresh_endpoint("backstop", true);
+  assert_ok(lender_up(&l, ep, 300, "lender"));
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = 1 << 20;
+  c.demote_free_percent = 0;
+  c.coord_heartbeat_ms = 20;
+  c.maintenance_interval_ms = 60'000;
+  Borrower b;
+  assert_ok(swiftkv_ctx_create(&b.ctx, &c));
+  swiftkv_model_desc d = borrower_desc();
+  swiftkv_model_config mc = SWIFTKV_MODEL_CONFIG_INIT;
+  mc.desc = &d;
+  assert_ok(swiftkv_model_register(&b.model, b.ctx, &mc));
+  uint64_t lease = 0;
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  sleep_ms(50);
+  const swiftkv_coord_stats a = coord_stats(b.ctx);
+  sleep_ms(1200);
+  const swiftkv_coord_stats e = coord_stats(b.ctx);
+  assert_int_equal(e.leases_lost, 0);
+  assert_int_equal(e.messages_sent, a.messages_sent);
+  // About one beat per 100 ms, not one per 20 ms heartbeat: nobody else wrote them.
+  assert_true(e.heartbeats_sent - a.heartbeats_sent >= 8);
+  assert_true(e.heartbeats_sent - a.heartbeats_sent <= 20);
+  assert_true(e.heartbeats_answered - a.heartbeats_answered >= 8);
+  assert_int_equal(elastic_stats(l.e).leases, 1);
+  swiftkv_ctx_destroy(b.ctx);
+  lender_down(&l);
 }
 
 // More live leases than a beat names (kBeatLeases): the session heartbeats by message, and its
-// leases of 1 s hold for two of them. A machine can stall every thread of a test for a lease:
-// a TSan build beside other tests on 2 cores lost all leases of 300 ms once, an ASan build all of
-// 1 s once. A loss across a wait of more than half a lease for any answer is such a stall, and
-// the test runs once more; a loss while answers kept coming fails it, as does a second stall.
+// leases of 1 s hold for two of them. (Under TSan beside other tests on 2 cores, the lender took
+// longer to answer 241 leases than the 20 ms period: with a heartbeat sent every period, its
+// answers fell behind until they renewed into the past, and all leases were lost. One heartbeat
+// in flight at a time keeps them; see a_slow_lender_gets_one_heartbeat_at_a_time.)
 void many_leases_heartbeat_by_message(void **) {
-  for (int attempt = 1;; ++attempt) {
-    const std::string ep = fresh_endpoint("many-leases", true);
-    swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
-    lc.host_budget_bytes = 64 << 20;
-    lc.coord_endpoint = ep.c_str();
-    lc.coord_heartbeat_ms = 20;
-    swiftkv_ctx *lctx = nullptr;
-    assert_ok(swiftkv_ctx_create(&lctx, &lc));
-    swiftkv_model_desc ld = lender_desc();
-    swiftkv_model_desc bd = borrower_desc();
-    swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
-    ec.lender = &ld;
-    ec.borrower = &bd;
-    ec.capacity_blocks = (co::kBeatLeases + 2) * kUnitBlocks;
-    ec.owned_blocks = kUnitBlocks;
-    ec.lease_ms = 1000;
-    swiftkv_elastic *e = nullptr;
-    assert_ok(swiftkv_elastic_create(&e, lctx, &ec));
-    assert_ok(swiftkv_elastic_offer(e, "lender"));
-    Borrower b;
-    borrower_up(&b, 1 << 20);
-    AnswerGaps gaps(b.ctx);
-    uint64_t lease = 0;
-    for (size_t i = 0; i < co::kBeatLeases; ++i) {
-      assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
-    }
-    sleep_ms(100);
-    swiftkv_coord_stats a = coord_stats(b.ctx);
-    sleep_ms(300);
-    swiftkv_coord_stats c = coord_stats(b.ctx);
-    assert_int_equal(c.messages_sent, a.messages_sent);  // 240 leases: still on the page
-    assert_true(c.heartbeats_answered > a.heartbeats_answered);
+  const std::string ep = fresh_endpoint("many-leases", true);
+  swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
+  lc.host_budget_bytes = 64 << 20;
+  lc.coord_endpoint = ep.c_str();
+  lc.coord_heartbeat_ms = 20;
+  swiftkv_ctx *lctx = nullptr;
+  assert_ok(swiftkv_ctx_create(&lctx, &lc));
+  swiftkv_model_desc ld = lender_desc();
+  swiftkv_model_desc bd = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  ec.capacity_blocks = (co::kBeatLeases + 2) * kUnitBlocks;
+  ec.owned_blocks = kUnitBlocks;
+  ec.lease_ms = 1000;
+  swiftkv_elastic *e = nullptr;
+  assert_ok(swiftkv_elastic_create(&e, lctx, &ec));
+  assert_ok(swiftkv_elastic_offer(e, "lender"));
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  uint64_t lease = 0;
+  for (size_t i = 0; i < co::kBeatLeases; ++i) {
     assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
-    sleep_ms(100);
-    a = coord_stats(b.ctx);
-    sleep_ms(2100);
-    c = coord_stats(b.ctx);
-    const uint64_t gap_ms = gaps.stop_ms();
-    const bool stalled = c.leases_lost != 0 && gap_ms > ec.lease_ms / 2;
-    if (!stalled || attempt == 2) {
-      assert_int_equal(c.leases_lost, 0);
-      assert_int_equal(c.messages_dropped, 0);
-      // A heartbeat message every 20 ms, each answered.
-      assert_true(c.messages_sent - a.messages_sent >= 30);
-      assert_true(c.heartbeats_answered - a.heartbeats_answered >= 30);
-      assert_int_equal(elastic_stats(e).leases, co::kBeatLeases + 1);
-    } else {
-      print_message("no heartbeat answered for %llu ms: %llu leases lost to a stall; once more\n",
-                    static_cast<unsigned long long>(gap_ms),
-                    static_cast<unsigned long long>(c.leases_lost));
-    }
-    swiftkv_ctx_destroy(b.ctx);
-    swiftkv_elastic_destroy(e);
-    swiftkv_ctx_destroy(lctx);
-    if (!stalled) return;
   }
+  sleep_ms(100);
+  swiftkv_coord_stats a = coord_stats(b.ctx);
+  sleep_ms(300);
+  swiftkv_coord_stats c = coord_stats(b.ctx);
+  assert_int_equal(c.messages_sent, a.messages_sent);  // 240 leases: still on the page
+  assert_true(c.heartbeats_answered > a.heartbeats_answered);
+  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  sleep_ms(100);
+  a = coord_stats(b.ctx);
+  sleep_ms(2100);
+  c = coord_stats(b.ctx);
+  assert_int_equal(c.leases_lost, 0);
+  assert_int_equal(c.messages_dropped, 0);
+  // A heartbeat message every 20 ms, each answered.
+  assert_true(c.messages_sent - a.messages_sent >= 30);
+  assert_true(c.heartbeats_answered - a.heartbeats_answered >= 30);
+  assert_int_equal(elastic_stats(e).leases, co::kBeatLeases + 1);
+  swiftkv_ctx_destroy(b.ctx);
+  swiftkv_elastic_destroy(e);
+  swiftkv_ctx_destroy(lctx);
 }
 
 // A lender that answers on the page, played by the test, with two leases: the first asked back
