@@ -2340,7 +2340,6 @@ int main(int argc, char **argv) {
   if (argc == 3 && std::strcmp(argv[1], "--borrower") == 0) return borrower_main(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "--puller") == 0) return borrower_main(argv[2], true);
   signal(SIGPIPE, SIG_IGN);
-  if (const char *f = std::getenv("DIAG_FILTER")) cmocka_set_test_filter(f);
   if (g_ucx) {
     if (!swiftkv::transport::ucx_built()) {
       std::fprintf(stderr, "skipped: this build has no UCX\n");
