@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -319,12 +320,20 @@ class Endpoint final : public UcxEndpoint {
         ++w.pending;
       }
     };
+    // An op goes in pieces of at most kRmaPieceBytes, each its own UCX operation: the deadline
+    // below moves on when one completes, so one large op on a slow link shows its progress.
     for (size_t i = 0; i < ops.size() && w.status == UCS_OK; ++i) {
       const RmaOp &op = ops[i].op;
-      const uint64_t addr = on[i]->base + op.offset;
       ucp_rkey_h key = on[i]->rkey;
-      track(op.kind == RmaOp::Kind::get ? ucp_get_nbx(ep_, op.local, op.bytes, addr, key, &rp)
-                                        : ucp_put_nbx(ep_, op.local, op.bytes, addr, key, &rp));
+      uint64_t done = 0;
+      do {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(op.bytes - done, kRmaPieceBytes));
+        const uint64_t addr = on[i]->base + op.offset + done;
+        std::byte *local = op.local + done;
+        track(op.kind == RmaOp::Kind::get ? ucp_get_nbx(ep_, local, n, addr, key, &rp)
+                                          : ucp_put_nbx(ep_, local, n, addr, key, &rp));
+        done += n;
+      } while (done < op.bytes && w.status == UCS_OK);
     }
     n.ops.fetch_add(ops.size());
     // One flush: every op above is complete at the peer when it completes.

@@ -114,6 +114,11 @@ struct RemoteRange {
   uint64_t bytes = 0;
 };
 
+// The most bytes one UCX operation of a batch moves: a longer op goes in pieces this long. A
+// batch times out when no piece completes for its timeout, so a link is taken for a dead one only
+// when it moves less than a piece in that time (1 MiB in the default 2 s: 0.5 MB/s).
+inline constexpr uint64_t kRmaPieceBytes = 1 << 20;
+
 // One operation of a batch: `bytes` between local memory and the range's byte `offset`.
 struct RmaOp {
   enum class Kind { get, put } kind;
@@ -143,9 +148,10 @@ class UcxEndpoint {
   // Issues every op (each on its own range) at once, then one flush, and waits for all of them
   // and their remote completion. EINVAL (nothing issued): an unknown range, or an op outside
   // its range. EPEER: the peer failed or refused an op; ETIMEDOUT: timeout_ns passed with none
-  // of the batch's outstanding ops completing (a batch that keeps moving may take longer). After
-  // EPEER or ETIMEDOUT the endpoint is closed (failed() is true), no op can still touch the
-  // local buffers, and none of the batch's bytes may be trusted.
+  // of the batch's outstanding pieces completing (kRmaPieceBytes: a batch that keeps moving may
+  // take longer, however large its ops). After EPEER or ETIMEDOUT the endpoint is closed
+  // (failed() is true), no op can still touch the local buffers, and none of the batch's bytes
+  // may be trusted.
   virtual void run(std::span<const RangeOp> ops, uint64_t timeout_ns) = 0;
   // run() with every op on range `id`.
   void run(uint64_t id, std::span<const RmaOp> ops, uint64_t timeout_ns);

@@ -2,7 +2,8 @@
 // and gets bit-exact, operations outside the range refused before anything is issued, forged
 // remote keys and addresses refused and counted, the serving peer killed with SIGKILL in the
 // middle of a batch of gets (every batch either complete and correct or failed), and a peer that
-// stops answering (SIGSTOP) caught by the batch's timeout.
+// stops answering (SIGSTOP) caught by the batch's timeout. With --slow-link (ctest's
+// test_remote_slow_link), on a shaped link: ops that take longer than the timeout complete.
 //
 // The test binary is also its own peer: "--serve BYTES" registers a buffer filled with a known
 // pattern, prints its worker address and key, and serves until stdin closes or it is killed.
@@ -366,6 +367,51 @@ void killed_borrower_leaves_server_alive(void **) {
   for (size_t i = 0; i < kBytes; i += 4093) assert_true(got[i] == pattern(i));
 }
 
+// A link slower than the timeout per op (remote_slow_link.sh shapes the loopback of this
+// process's network namespace, which its peer shares, to SWIFTKV_TEST_LINK_BYTES_PER_S): a put and
+// a get of one op each, 32 pieces long, take twice the batch's timeout and complete bit-exact, for
+// a piece completes every sixteenth of it. A peer that then stops still times out.
+void slow_link_is_not_a_dead_one(void **) {
+  const char *r = std::getenv("SWIFTKV_TEST_LINK_BYTES_PER_S");
+  if (r == nullptr)
+    fail_msg("run by remote_slow_link.sh, which sets SWIFTKV_TEST_LINK_BYTES_PER_S");
+  const double rate = std::strtod(r, nullptr);
+  assert_true(rate > 0);
+  constexpr size_t kBytes = 32 * tr::kRmaPieceBytes;
+  const auto timeout_ns = static_cast<uint64_t>(kBytes / rate * 1e9 / 2);
+  Peer peer(kBytes);
+  auto ctx = tr::UcxContext::create(tcp());
+  auto ep = ctx->connect(peer.address);
+  ep->add_range(1, peer.range);
+  std::vector<std::byte> buf(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) buf[i] = pattern(i + 7);  // not what the peer holds
+  auto seconds_of = [&](tr::RmaOp::Kind kind) {
+    const std::vector<tr::RmaOp> one = {{kind, 0, buf.data(), kBytes}};
+    const auto t0 = std::chrono::steady_clock::now();
+    assert_int_equal(status_of([&] { ep->run(1, one, timeout_ns); }), SWIFTKV_OK);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  const double put_s = seconds_of(tr::RmaOp::Kind::put);
+  std::fill(buf.begin(), buf.end(), std::byte{0});
+  const double get_s = seconds_of(tr::RmaOp::Kind::get);
+  for (size_t i = 0; i < kBytes; i += 4093) assert_true(buf[i] == pattern(i + 7));
+  assert_true(buf[kBytes - 1] == pattern(kBytes - 1 + 7));
+  std::printf("%zu MiB at %.0f MB/s, timeout %.2f s: put %.2f s, get %.2f s\n", kBytes >> 20,
+              rate / 1e6, static_cast<double>(timeout_ns) / 1e9, put_s, get_s);
+  // The premise: the link really is slower than the timeout for the whole op.
+  assert_true(get_s * 1e9 > static_cast<double>(timeout_ns));
+  const tr::UcxStats st = ctx->stats();
+  assert_int_equal(st.batches_failed, 0);
+  assert_int_equal(st.ops, 2);  // ops as asked for, not pieces
+  assert_int_equal(st.bytes_read, kBytes);
+  assert_int_equal(st.bytes_written, kBytes);
+  ::kill(peer.pid, SIGSTOP);
+  const std::vector<tr::RmaOp> small = {{tr::RmaOp::Kind::get, 0, buf.data(), 4096}};
+  assert_int_equal(status_of([&] { ep->run(1, small, timeout_ns); }), SWIFTKV_ETIMEDOUT);
+  assert_true(ep->failed());
+  ::kill(peer.pid, SIGCONT);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -379,6 +425,10 @@ int main(int argc, char **argv) {
     return 77;
   }
   ::signal(SIGPIPE, SIG_IGN);
+  if (argc == 2 && std::strcmp(argv[1], "--slow-link") == 0) {
+    const struct CMUnitTest slow[] = {cmocka_unit_test(slow_link_is_not_a_dead_one)};
+    return cmocka_run_group_tests_name("on a slow link", slow, nullptr, nullptr);
+  }
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(batches_are_bit_exact),
       cmocka_unit_test(out_of_range_is_refused),
