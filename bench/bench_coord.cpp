@@ -26,7 +26,7 @@
 //      it out: about two minutes, within a GPU validation run's share.
 // Prints a table and a JSON line. --quick: a small run for the test suite; --heartbeats: only
 // the second part; --reclaims: only the first; --periods 1,10,100: the heartbeat periods in ms;
-// --reps N.
+// --leases 1,64: the lease counts of the second part; --reps N.
 #include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -399,15 +399,16 @@ std::vector<HeartbeatRow> heartbeat_rows(uint32_t period_ms, const std::vector<u
   return rows;
 }
 
-// "1,10,100" as periods in ms, each at least 1; false if it is not such a list.
-bool parse_periods(const char *text, std::vector<uint32_t> *out) {
+// "1,10,100" as numbers from 1 to `most`; false if it is not such a list.
+template <typename T>
+bool parse_list(const char *text, unsigned long most, std::vector<T> *out) {
   out->clear();
   for (const char *p = text;;) {
     if (*p < '0' || *p > '9') return false;
     char *end = nullptr;
     const unsigned long v = std::strtoul(p, &end, 10);
-    if (end == p || v < 1 || v > 60'000 || (*end != ',' && *end != '\0')) return false;
-    out->push_back(static_cast<uint32_t>(v));
+    if (end == p || v < 1 || v > most || (*end != ',' && *end != '\0')) return false;
+    out->push_back(static_cast<T>(v));
     if (*end == '\0') return true;
     p = end + 1;
   }
@@ -419,6 +420,7 @@ int main(int argc, char **argv) {
   bool quick = false, beats_only = false, reclaims_only = false;
   int reps = 5;
   std::vector<uint32_t> periods{1, 10};
+  std::vector<uint64_t> lease_counts{1, 64};
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
@@ -428,8 +430,13 @@ int main(int argc, char **argv) {
     } else if (std::strcmp(argv[i], "--reclaims") == 0) {
       reclaims_only = true;
     } else if (std::strcmp(argv[i], "--periods") == 0 && i + 1 < argc) {
-      if (!parse_periods(argv[++i], &periods)) {
+      if (!parse_list(argv[++i], 60'000, &periods)) {
         std::fprintf(stderr, "bench_coord: --periods takes periods in ms, 1 to 60000: 1,10,100\n");
+        return 2;
+      }
+    } else if (std::strcmp(argv[i], "--leases") == 0 && i + 1 < argc) {
+      if (!parse_list(argv[++i], 4096, &lease_counts)) {
+        std::fprintf(stderr, "bench_coord: --leases takes lease counts, 1 to 4096: 1,64,256\n");
         return 2;
       }
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
@@ -441,7 +448,7 @@ int main(int argc, char **argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_coord [--quick] [--heartbeats|--reclaims] [--periods MS,...] "
-                   "[--reps N]\n");
+                   "[--leases N,...] [--reps N]\n");
       return 2;
     }
   }
@@ -501,8 +508,7 @@ int main(int argc, char **argv) {
     if (reclaims_only) break;
     // Windows of at least 10 heartbeats and half a second.
     const double secs = quick ? 0.2 : std::max(0.5, 10 * period / 1000.0);
-    const std::vector<uint64_t> leases =
-        quick ? std::vector<uint64_t>{1} : std::vector<uint64_t>{1, 64};
+    const std::vector<uint64_t> leases = quick ? std::vector<uint64_t>{1} : lease_counts;
     for (const HeartbeatRow &h : heartbeat_rows(period, leases, secs, reps)) {
       hr.push_back(h);
       std::printf(
