@@ -426,6 +426,12 @@ void LenderService::on_lend(Served &srv, const Lend &l) {
     return deny(SWIFTKV_ESTATE, "the session's fd channel is not connected");
   }
   if (l.max_units == 0) return deny(SWIFTKV_EINVAL, "max_units is 0");
+  // A heartbeat message names at most kMaxLeasesPerMessage leases, and its answer as many: a
+  // lease past them would never be renewed, and would be lost at each lease's end.
+  if (srv.leases.size() >= kMaxLeasesPerMessage) {
+    return deny(SWIFTKV_ENOMEM, "a borrower holds at most " + std::to_string(kMaxLeasesPerMessage) +
+                                    " leases of one lender; borrow more units per lease");
+  }
   Lease lease;
   try {
     lease = region->lend(l.max_units);

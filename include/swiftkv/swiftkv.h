@@ -1306,7 +1306,8 @@ SWIFTKV_API swiftkv_status swiftkv_elastic_offer(swiftkv_elastic *e, const char 
  * remote tier when the lender is reached over UCX); the first call per endpoint and name makes
  * the handshake, later ones reuse it. *lease_id_out: the
  * lender's lease id. EINVAL: a malformed endpoint, or a region lending to another geometry;
- * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend; EPEER: nothing
+ * ENOTFOUND: nothing offered under that name; ENOMEM: nothing free to lend, or this context
+ * holds 1024 leases of that lender already (ask for more units per lease); EPEER: nothing
  * listens at the endpoint (the connection is refused or dropped during the handshake: the lender
  * is gone or not started; returned at once), or the lender broke the protocol or went away;
  * ETIMEDOUT: something accepted the connection but gave no answer within coord_timeout_ms;

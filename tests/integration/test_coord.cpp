@@ -330,6 +330,36 @@ void lender_down(Lender *l) {
   swiftkv_ctx_destroy(l->ctx);
 }
 
+// A lender in this process offering `units` lending units as "lender" over the fd channel, for
+// a borrower of many leases.
+void many_leases_lender_up(Lender *l, const std::string &endpoint, uint64_t host_bytes,
+                           uint32_t heartbeat_ms, uint64_t units, uint64_t lease_ms) {
+  swiftkv_ctx_config c = SWIFTKV_CTX_CONFIG_INIT;
+  c.host_budget_bytes = host_bytes;
+  c.coord_endpoint = endpoint.c_str();
+  c.coord_heartbeat_ms = heartbeat_ms;
+  assert_ok(swiftkv_ctx_create(&l->ctx, &c));
+  swiftkv_model_desc ld = lender_desc();
+  swiftkv_model_desc bd = borrower_desc();
+  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
+  ec.lender = &ld;
+  ec.borrower = &bd;
+  ec.capacity_blocks = units * kUnitBlocks;
+  ec.owned_blocks = kUnitBlocks;
+  ec.lease_ms = lease_ms;
+  assert_ok(swiftkv_elastic_create(&l->e, l->ctx, &ec));
+  assert_ok(swiftkv_elastic_offer(l->e, "lender"));
+  l->endpoint = endpoint;
+}
+
+// `leases` leases of one unit each from the lender "lender" at `endpoint`.
+void borrow_one_unit_leases(const Borrower &b, const std::string &endpoint, size_t leases) {
+  uint64_t lease = 0;
+  for (size_t i = 0; i < leases; ++i) {
+    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, endpoint.c_str(), "lender", 1));
+  }
+}
+
 swiftkv_elastic_stats elastic_stats(swiftkv_elastic *e) {
   swiftkv_elastic_stats s = SWIFTKV_ELASTIC_STATS_INIT;
   assert_ok(swiftkv_elastic_stats_get(&s, e));
@@ -1971,36 +2001,18 @@ void beats_outlive_a_stalled_maintenance(void **) {
 // in flight at a time keeps them; see a_slow_lender_gets_one_heartbeat_at_a_time.)
 void many_leases_heartbeat_by_message(void **) {
   const std::string ep = fresh_endpoint("many-leases", true);
-  swiftkv_ctx_config lc = SWIFTKV_CTX_CONFIG_INIT;
-  lc.host_budget_bytes = 64 << 20;
-  lc.coord_endpoint = ep.c_str();
-  lc.coord_heartbeat_ms = 20;
-  swiftkv_ctx *lctx = nullptr;
-  assert_ok(swiftkv_ctx_create(&lctx, &lc));
-  swiftkv_model_desc ld = lender_desc();
-  swiftkv_model_desc bd = borrower_desc();
-  swiftkv_elastic_config ec = SWIFTKV_ELASTIC_CONFIG_INIT;
-  ec.lender = &ld;
-  ec.borrower = &bd;
-  ec.capacity_blocks = (co::kBeatLeases + 2) * kUnitBlocks;
-  ec.owned_blocks = kUnitBlocks;
-  ec.lease_ms = 1000;
-  swiftkv_elastic *e = nullptr;
-  assert_ok(swiftkv_elastic_create(&e, lctx, &ec));
-  assert_ok(swiftkv_elastic_offer(e, "lender"));
+  Lender l;
+  many_leases_lender_up(&l, ep, 64 << 20, 20, co::kBeatLeases + 2, 1000);
   Borrower b;
   borrower_up(&b, 1 << 20);
-  uint64_t lease = 0;
-  for (size_t i = 0; i < co::kBeatLeases; ++i) {
-    assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
-  }
+  borrow_one_unit_leases(b, ep, co::kBeatLeases);
   sleep_ms(100);
   swiftkv_coord_stats a = coord_stats(b.ctx);
   sleep_ms(300);
   swiftkv_coord_stats c = coord_stats(b.ctx);
   assert_int_equal(c.messages_sent, a.messages_sent);  // 240 leases: still on the page
   assert_true(c.heartbeats_answered > a.heartbeats_answered);
-  assert_ok(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1));
+  borrow_one_unit_leases(b, ep, 1);
   sleep_ms(100);
   a = coord_stats(b.ctx);
   sleep_ms(2100);
@@ -2010,10 +2022,34 @@ void many_leases_heartbeat_by_message(void **) {
   // A heartbeat message every 20 ms, each answered.
   assert_true(c.messages_sent - a.messages_sent >= 30);
   assert_true(c.heartbeats_answered - a.heartbeats_answered >= 30);
-  assert_int_equal(elastic_stats(e).leases, co::kBeatLeases + 1);
+  assert_int_equal(elastic_stats(l.e).leases, co::kBeatLeases + 1);
   swiftkv_ctx_destroy(b.ctx);
-  swiftkv_elastic_destroy(e);
-  swiftkv_ctx_destroy(lctx);
+  lender_down(&l);
+}
+
+// A heartbeat message names at most kMaxLeasesPerMessage leases (1024), and so does its answer:
+// a lease past them would never be renewed and would be lost at every lease's end. The lender
+// refuses the lend past them with ENOMEM and a message that says why, and the leases held stay.
+void leases_past_a_heartbeat_message_are_refused(void **) {
+  const std::string ep = fresh_endpoint("leases-past", true);
+  Lender l;
+  many_leases_lender_up(&l, ep, 256 << 20, 50, co::kMaxLeasesPerMessage + 4, 1500);
+  Borrower b;
+  borrower_up(&b, 64 << 20);
+  borrow_one_unit_leases(b, ep, co::kMaxLeasesPerMessage);
+  uint64_t lease = 77;
+  assert_int_equal(swiftkv_borrow_remote(&lease, b.ctx, b.model, ep.c_str(), "lender", 1),
+                   SWIFTKV_ENOMEM);
+  assert_non_null(std::strstr(swiftkv_last_error_message(), "at most 1024 leases of one lender"));
+  assert_int_equal(lease, 77);
+  assert_int_equal(elastic_stats(l.e).leases, co::kMaxLeasesPerMessage);
+  // The leases held are renewed, each of them, for two lease periods.
+  sleep_ms(3200);
+  const swiftkv_coord_stats c = coord_stats(b.ctx);
+  assert_int_equal(c.leases_lost, 0);
+  assert_int_equal(elastic_stats(l.e).leases, co::kMaxLeasesPerMessage);
+  swiftkv_ctx_destroy(b.ctx);
+  lender_down(&l);
 }
 
 // A lender that answers on the page, played by the test, with two leases: the first asked back
@@ -2401,6 +2437,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(beats_keep_leases_without_messages),
       cmocka_unit_test(beats_outlive_a_stalled_maintenance),
       cmocka_unit_test(many_leases_heartbeat_by_message),
+      cmocka_unit_test(leases_past_a_heartbeat_message_are_refused),
       cmocka_unit_test(beat_answers_reclaim_and_lose),
       cmocka_unit_test(unanswered_beats_lose_the_lease),
   };
