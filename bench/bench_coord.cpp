@@ -435,8 +435,9 @@ int main(int argc, char **argv) {
         return 2;
       }
     } else if (std::strcmp(argv[i], "--leases") == 0 && i + 1 < argc) {
-      if (!parse_list(argv[++i], 4096, &lease_counts)) {
-        std::fprintf(stderr, "bench_coord: --leases takes lease counts, 1 to 4096: 1,64,256\n");
+      // A lender grants one borrower at most 1024 leases (what a heartbeat message names).
+      if (!parse_list(argv[++i], 1024, &lease_counts)) {
+        std::fprintf(stderr, "bench_coord: --leases takes lease counts, 1 to 1024: 1,64,256\n");
         return 2;
       }
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
