@@ -137,10 +137,12 @@ swiftkv::coord::CoordOptions coord_options(const swiftkv_ctx_config &c) {
   if (const char *e = std::getenv("SWIFTKV_COORD_HEARTBEAT"); e != nullptr && *e != '\0') {
     if (std::strcmp(e, "message") == 0) {
       o.beat_page = false;
+    } else if (std::strcmp(e, "narrow-page") == 0) {
+      o.beat_page_bytes = swiftkv::coord::kBeatPageBytes;  // as before wide pages
     } else if (std::strcmp(e, "page") != 0) {
       swiftkv::fail_invalid(std::string("SWIFTKV_COORD_HEARTBEAT is '") + e +
-                            "': it says how a borrower on its lender's host heartbeats, page or "
-                            "message (unset: page)");
+                            "': it says how a borrower on its lender's host heartbeats, page, "
+                            "narrow-page or message (unset: page)");
     }
   }
   return o;

@@ -408,7 +408,7 @@ void BorrowerSessions::on_welcome(Session &s, const Welcome &w) {
     // last packet, and heartbeats are written there from then on.
     std::vector<int> fds;
     if (st_.options.beat_page) {
-      s.beat = BeatPage::create();
+      s.beat = BeatPage::create(st_.options.beat_page_bytes);
       fds.push_back(s.beat.fd());
     }
     fd_send(s.fdconn.get(), encode_auth(FdAuth{w.session, w.token}), fds);
@@ -575,6 +575,7 @@ void BorrowerSessions::finish_handshake(const std::shared_ptr<Session> &sp) {
     }
     // The lender accepted the beat page before it sent the handshake's last packet, which is in.
     s.beat_on = s.beat && s.beat.accepted();
+    if (s.beat_on) s.beat_capacity = s.beat.capacity();
     std::lock_guard lock(st_.mu);
     s.mapping = std::move(m);
     s.phase = Phase::ready;
@@ -877,9 +878,9 @@ bool BorrowerSessions::beat_round_locked(Session &s, uint64_t now, uint64_t due_
                                          std::vector<uint64_t> *overflow) {
   bool notify = read_beat_answer_locked(s);
   std::vector<uint64_t> ids = live_leases_locked(s, now, &notify);
-  s.beat_overflow = ids.size() > kBeatLeases;
+  s.beat_overflow = ids.size() > s.beat_capacity;
   if (now < due_ns || ids.empty()) return notify;
-  if (ids.size() > kBeatLeases) {
+  if (ids.size() > s.beat_capacity) {
     if (overflow != nullptr) *overflow = std::move(ids);
     return notify;
   }

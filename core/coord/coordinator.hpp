@@ -31,6 +31,7 @@
 #include <string>
 
 #include "core/common/defaults.hpp"
+#include "core/coord/beat_page.hpp"
 #include "core/elastic/elastic_region.hpp"
 #include "core/geometry/model_geometry.hpp"
 #include "core/tiers/lender_link.hpp"
@@ -52,8 +53,10 @@ struct CoordOptions {
   // One UCX batch's longest wait.
   uint64_t rma_timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_rma_timeout_ms);
   // As a borrower on the lender's host: heartbeats through a shared page (beat_page.hpp) rather
-  // than messages. The environment's SWIFTKV_COORD_HEARTBEAT=message turns it off.
+  // than messages, of beat_page_bytes (a wide page, or the narrow page of the versions before
+  // it). The environment's SWIFTKV_COORD_HEARTBEAT says message, page or narrow-page.
   bool beat_page = true;
+  size_t beat_page_bytes = kWideBeatPageBytes;
 };
 
 struct CoordStats {
