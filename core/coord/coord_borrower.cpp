@@ -575,7 +575,6 @@ void BorrowerSessions::finish_handshake(const std::shared_ptr<Session> &sp) {
     }
     // The lender accepted the beat page before it sent the handshake's last packet, which is in.
     s.beat_on = s.beat && s.beat.accepted();
-    if (s.beat_on) s.beat_capacity = s.beat.capacity();
     std::lock_guard lock(st_.mu);
     s.mapping = std::move(m);
     s.phase = Phase::ready;
@@ -878,9 +877,10 @@ bool BorrowerSessions::beat_round_locked(Session &s, uint64_t now, uint64_t due_
                                          std::vector<uint64_t> *overflow) {
   bool notify = read_beat_answer_locked(s);
   std::vector<uint64_t> ids = live_leases_locked(s, now, &notify);
-  s.beat_overflow = ids.size() > s.beat_capacity;
+  const bool overflow_now = ids.size() > s.beat.capacity();
+  s.beat_overflow = overflow_now;
   if (now < due_ns || ids.empty()) return notify;
-  if (ids.size() > s.beat_capacity) {
+  if (overflow_now) {
     if (overflow != nullptr) *overflow = std::move(ids);
     return notify;
   }

@@ -53,7 +53,7 @@ struct CoordOptions {
   // One UCX batch's longest wait.
   uint64_t rma_timeout_ns = defaults::ns_of_ms(defaults::kCtx.coord_rma_timeout_ms);
   // As a borrower on the lender's host: heartbeats through a shared page (beat_page.hpp) rather
-  // than messages, of beat_page_bytes (a wide page, or the narrow page of the versions before
+  // than messages, of beat_page_bytes (a wide page, or the narrow page of the builds before
   // it). The environment's SWIFTKV_COORD_HEARTBEAT says message, page or narrow-page.
   bool beat_page = true;
   size_t beat_page_bytes = kWideBeatPageBytes;

@@ -258,13 +258,12 @@ struct Session {
   // The beat page passed with the fd channel's auth (beat_page.hpp), and whether the lender
   // accepted it (set by the thread before the session is ready): then heartbeats are beats
   // written there, on the cache's maintenance pass (RemoteLender::renew_many), not messages,
-  // while they name at most beat_capacity leases (kWideBeatLeases when the lender accepted the
+  // while they name at most beat.capacity() leases (kWideBeatLeases when the lender accepted the
   // page wide, else kBeatLeases). Under mu: beats written and not yet answered, seq -> (ns,
   // ids); the last answered; when the last beat was written; whether the live leases are more
   // than a beat names (the thread then sends heartbeat messages).
   BeatPage beat;
   bool beat_on = false;
-  size_t beat_capacity = kBeatLeases;
   std::map<uint64_t, std::pair<uint64_t, std::vector<uint64_t>>> beats_sent;
   uint64_t beat_answered = 0;
   std::atomic<uint64_t> last_beat_ns{0};
@@ -408,7 +407,7 @@ class BorrowerSessions {
   uint64_t next_due_ns() const noexcept;
   // Under mu, for a ready session whose beat page the lender accepted: the page's newest answer
   // applied, leases past their deadline lost and, once `now` reaches `due_ns`, a beat naming
-  // every live lease written (none with no lease; with more than beat_capacity, their ids are
+  // every live lease written (none with no lease; with more than the page names, their ids are
   // left in *overflow, when given, for a heartbeat message). True when the engine is due a call.
   // The coordinator's thread and the cache's (through the link) both call it.
   bool beat_round_locked(Session &s, uint64_t now, uint64_t due_ns,

@@ -208,6 +208,19 @@ swiftkv_coord_stats coord_stats(swiftkv_ctx *ctx) {
   return s;
 }
 
+// The coordinator's counters at the start and the end of a window of `window_ms`, which begins
+// `settle_ms` from now (what came before, a borrow's first beats, left out).
+struct StatsWindow {
+  swiftkv_coord_stats start, end;
+};
+StatsWindow coord_stats_over(swiftkv_ctx *ctx, uint32_t settle_ms, uint32_t window_ms) {
+  sleep_ms(settle_ms);
+  StatsWindow w{coord_stats(ctx), {}};
+  sleep_ms(window_ms);
+  w.end = coord_stats(ctx);
+  return w;
+}
+
 // Retrieves conversation `conv` from chunk 0 on and checks every returned chunk's bytes.
 uint64_t retrieve_checked(const Borrower &b, uint32_t conv, size_t chunks) {
   const auto tokens = tokens_of(conv, chunks);
@@ -2005,10 +2018,7 @@ void many_leases_stay_on_the_beat_page(void **) {
   Borrower b;
   borrower_up(&b, 1 << 20);
   borrow_one_unit_leases(b, ep, kLeases);
-  sleep_ms(100);
-  const swiftkv_coord_stats a = coord_stats(b.ctx);
-  sleep_ms(2100);
-  const swiftkv_coord_stats c = coord_stats(b.ctx);
+  const auto [a, c] = coord_stats_over(b.ctx, 100, 2100);
   assert_int_equal(c.leases_lost, 0);
   assert_int_equal(c.messages_sent, a.messages_sent);
   assert_int_equal(c.messages_dropped, 0);
@@ -2021,7 +2031,7 @@ void many_leases_stay_on_the_beat_page(void **) {
   lender_down(&l);
 }
 
-// A narrow page (what a borrower of a version before wide pages passes; here
+// A narrow page (what a borrower of a build before wide pages passes; here
 // SWIFTKV_COORD_HEARTBEAT=narrow-page) names at most kBeatLeases leases: past them the session
 // heartbeats by message, and its leases of 1 s hold for two of them. (Under TSan beside other tests
 // on 2 cores, the lender took longer to answer 241 leases than the 20 ms period: with a heartbeat
@@ -2037,17 +2047,11 @@ void many_leases_on_a_narrow_page_heartbeat_by_message(void **) {
   borrower_up(&b, 1 << 20);
   unsetenv("SWIFTKV_COORD_HEARTBEAT");
   borrow_one_unit_leases(b, ep, co::kBeatLeases);
-  sleep_ms(100);
-  swiftkv_coord_stats a = coord_stats(b.ctx);
-  sleep_ms(300);
-  swiftkv_coord_stats c = coord_stats(b.ctx);
-  assert_int_equal(c.messages_sent, a.messages_sent);  // 240 leases: still on the page
-  assert_true(c.heartbeats_answered > a.heartbeats_answered);
+  const StatsWindow page = coord_stats_over(b.ctx, 100, 300);
+  assert_int_equal(page.end.messages_sent, page.start.messages_sent);  // 240: still on the page
+  assert_true(page.end.heartbeats_answered > page.start.heartbeats_answered);
   borrow_one_unit_leases(b, ep, 1);
-  sleep_ms(100);
-  a = coord_stats(b.ctx);
-  sleep_ms(2100);
-  c = coord_stats(b.ctx);
+  const auto [a, c] = coord_stats_over(b.ctx, 100, 2100);
   assert_int_equal(c.leases_lost, 0);
   assert_int_equal(c.messages_dropped, 0);
   // A heartbeat message every 20 ms, each answered.
