@@ -162,9 +162,9 @@ uint64_t BeatPage::write_beat(const std::vector<uint64_t> &leases) {
   return seq;
 }
 
-bool BeatPage::read_beat(Beat *out) const {
+bool BeatPage::read_beat(Beat *out, uint64_t newer_than) const {
   const uint64_t s1 = load(kBeatSeq);
-  if (s1 == 0 || (s1 & 1) != 0) return false;
+  if (s1 == 0 || (s1 & 1) != 0 || s1 <= newer_than) return false;
   const uint64_t n = load(kBeatCount);
   if (n > mapped_leases()) return false;
   out->seq = s1;
@@ -196,12 +196,14 @@ void BeatPage::write_answer(const BeatAnswer &answer) {
   answer_seq_ = seq;
 }
 
-bool BeatPage::read_answer(BeatAnswer *out) const {
+bool BeatPage::read_answer(BeatAnswer *out, uint64_t newer_than) const {
   const uint64_t s1 = load(kAnswerSeq);
   if (s1 == 0 || (s1 & 1) != 0) return false;
+  const uint64_t echo = load(kEcho);
+  if (echo <= newer_than) return false;
   const uint64_t n = load(kAnswerCount);
   if (n > mapped_leases()) return false;
-  out->echo = load(kEcho);
+  out->echo = echo;
   out->leases.resize(n);
   for (size_t i = 0; i < n; ++i) {
     const uint64_t v = load(answer_word(i) + 1);

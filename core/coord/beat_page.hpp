@@ -88,8 +88,9 @@ class BeatPage {
   // sequence number.
   uint64_t write_beat(const std::vector<uint64_t> &leases);
   // The lender's half, read: the newest beat, or false when none is there yet, the borrower is
-  // writing it, or what is there does not add up (a count past the page).
-  bool read_beat(Beat *out) const;
+  // writing it, or what is there does not add up (a count past the page). False too, reading
+  // none of its ids, when its sequence number is not past `newer_than` (one already read).
+  bool read_beat(Beat *out, uint64_t newer_than = 0) const;
 
   // The lender's half. The lender says it reads the page (before the handshake's last packet
   // leaves), and reads it wide if it mapped it wide, then answers beats.
@@ -99,8 +100,9 @@ class BeatPage {
   // below 2^63).
   void write_answer(const BeatAnswer &answer);
   // The borrower's half, read: the newest answer, or false when there is none, or it is being
-  // written, or it does not add up.
-  bool read_answer(BeatAnswer *out) const;
+  // written, or it does not add up. False too, reading none of its leases, when the beat it
+  // answers is not past `newer_than` (an answer already applied).
+  bool read_answer(BeatAnswer *out, uint64_t newer_than = 0) const;
 
   // For tests of torn reads: make a half's sequence odd, as a writer that stopped mid-write.
   void tear_beat_for_test();

@@ -239,6 +239,7 @@ void BorrowerSessions::lose_lender(const std::shared_ptr<Session> &s, const std:
       if (!l.lost) ++n;
       l.lost = true;
     }
+    s->live_stale = true;
     st_.stats.leases_lost += n;
     ++st_.stats.lenders_lost;
     // Lends still waiting fail with the cause, not a bare "went away".
@@ -740,6 +741,7 @@ void BorrowerSessions::record_grant(Session &s, const Grant &g,
   l.deadline_ns = sent_ns + s.info.lease_ns;  // the lender's lease began after the lend was sent
   l.reclaim = reclaim;
   s.leases[g.lease] = l;
+  s.live_stale = true;
   it->second.done = true;
   it->second.grant.lease_id = g.lease;
   it->second.grant.chunks = g.units * s.info.unit_chunks;
@@ -813,7 +815,7 @@ bool BorrowerSessions::on_ack(Session &s, const HeartbeatAck &a) {
 
 bool BorrowerSessions::read_beat_answer_locked(Session &s) {
   BeatAnswer a;
-  if (!s.beat_on || s.beats_sent.empty() || !s.beat.read_answer(&a) || a.echo <= s.beat_answered) {
+  if (!s.beat_on || s.beats_sent.empty() || !s.beat.read_answer(&a, s.beat_answered)) {
     return false;
   }
   const auto sent = s.beats_sent.find(a.echo);
@@ -834,23 +836,37 @@ bool BorrowerSessions::read_beat_answer_locked(Session &s) {
 bool BorrowerSessions::apply_table_locked(Session &s, uint64_t sent_ns,
                                           const std::vector<uint64_t> &listed,
                                           const std::vector<LeaseState> &leases) {
-  std::map<uint64_t, const LeaseState *> table;
-  for (const LeaseState &l : leases) table[l.lease] = &l;
+  // The answer by lease id, walked beside the session's leases (both ascending): a lender
+  // answers in the order of the ids it was sent, which are listed ascending, so the sort is
+  // only a check, and the walk allocates nothing per lease.
+  std::vector<const LeaseState *> table(leases.size());
+  for (size_t i = 0; i < leases.size(); ++i) table[i] = &leases[i];
+  const auto by_id = [](const LeaseState *a, const LeaseState *b) { return a->lease < b->lease; };
+  if (!std::is_sorted(table.begin(), table.end(), by_id)) {
+    std::sort(table.begin(), table.end(), by_id);
+  }
+  const bool listed_sorted = std::is_sorted(listed.begin(), listed.end());
+  const auto was_listed = [&](uint64_t id) {
+    return listed_sorted ? std::binary_search(listed.begin(), listed.end(), id)
+                         : std::find(listed.begin(), listed.end(), id) != listed.end();
+  };
   bool notify = false;
   ++st_.stats.heartbeats_answered;
+  auto next = table.begin();
   for (auto &[id, l] : s.leases) {
+    while (next != table.end() && (*next)->lease < id) ++next;
     if (l.lost) continue;
-    const auto it = table.find(id);
-    if (it != table.end()) {
-      const uint64_t span = std::min(it->second->remaining_ns, s.info.lease_ns);
+    if (next != table.end() && (*next)->lease == id) {
+      const uint64_t span = std::min((*next)->remaining_ns, s.info.lease_ns);
       l.deadline_ns = std::max(l.deadline_ns, sent_ns + span);
-      if (it->second->reclaim && !l.reclaim) {
+      if ((*next)->reclaim && !l.reclaim) {
         l.reclaim = true;
         notify = true;
       }
-    } else if (std::find(listed.begin(), listed.end(), id) != listed.end()) {
+    } else if (was_listed(id)) {
       // The lender no longer holds it: it expired there. Its bytes may be reused now.
       l.lost = true;
+      s.live_stale = true;
       ++st_.stats.leases_lost;
       notify = true;
     }
@@ -859,7 +875,9 @@ bool BorrowerSessions::apply_table_locked(Session &s, uint64_t sent_ns,
 }
 
 std::vector<uint64_t> BorrowerSessions::live_leases_locked(Session &s, uint64_t now, bool *notify) {
+  if (!s.live_stale && now < s.live_due_ns) return s.live_ids;
   std::vector<uint64_t> ids;
+  uint64_t due = UINT64_MAX;
   for (auto &[id, l] : s.leases) {
     if (l.lost) continue;
     if (now >= l.deadline_ns) {  // no answer in time: the lease may be the lender's again
@@ -869,7 +887,11 @@ std::vector<uint64_t> BorrowerSessions::live_leases_locked(Session &s, uint64_t 
       continue;
     }
     ids.push_back(id);
+    due = std::min(due, l.deadline_ns);
   }
+  s.live_ids = ids;
+  s.live_due_ns = due;
+  s.live_stale = false;
   return ids;
 }
 

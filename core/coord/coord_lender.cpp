@@ -526,7 +526,7 @@ void LenderService::scan_beats(uint64_t now) {
     if (!srv.beat || srv.gone) continue;
     period = std::min(period, srv.beat_period_ns);
     // A beat being written is read at the next scan; an old one is answered already.
-    if (!srv.beat.read_beat(&beat) || beat.seq == srv.beat_seen) continue;
+    if (!srv.beat.read_beat(&beat, srv.beat_seen)) continue;
     srv.beat_seen = beat.seq;
     srv.beat.write_answer(
         BeatAnswer{beat.seq, renew_leases(srv, beat.leases, /*whole_table=*/false)});

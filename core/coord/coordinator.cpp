@@ -169,6 +169,7 @@ class RemoteLender final : public LenderLink {
       Command c{Command::Kind::release,  s_,  lease_id, it->second.first_unit * unit,
                 it->second.units * unit, tell};
       s_->leases.erase(it);
+      s_->live_stale = true;
       st_->commands.push_back(std::move(c));
       st_->wake();
     } catch (...) {

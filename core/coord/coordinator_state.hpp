@@ -240,6 +240,14 @@ struct Session {
   Welcome info;
   std::shared_ptr<RegionMapping> mapping;
   std::map<uint64_t, MirrorLease> leases;
+  // The ids of the leases not lost, ascending, and the earliest of their deadlines, as
+  // live_leases_locked listed them last: every heartbeat lists them, and walking a map of a
+  // thousand leases each time was a third of a beat's cost. Listed again when a deadline may
+  // have passed (deadlines only move later) or live_stale says the set changed: whatever adds
+  // or erases a lease, or marks one lost, sets it.
+  std::vector<uint64_t> live_ids;
+  uint64_t live_due_ns = 0;
+  bool live_stale = true;
   std::map<uint64_t, LendWait> lends;
   uint64_t next_request = 1;
 

@@ -376,9 +376,17 @@ std::map<uint64_t, Lease>::iterator ElasticRegion::find_lease_locked(uint64_t id
 }
 
 void ElasticRegion::set_expiry_locked(Lease &l, uint64_t expires_ns) {
-  deadlines_.erase({l.expires_ns, l.id});
+  // The lease's entry moves rather than being freed and made again (a borrower's beat renews
+  // all its leases at once), and goes in from the end: a renewal's deadline, now plus the
+  // lease's length, is nearly always the latest, found there without a search.
+  auto entry = deadlines_.extract({l.expires_ns, l.id});
   l.expires_ns = expires_ns;
-  deadlines_.emplace(expires_ns, l.id);
+  if (entry.empty()) {
+    deadlines_.emplace(expires_ns, l.id);
+    return;
+  }
+  entry.value() = {expires_ns, l.id};
+  deadlines_.insert(deadlines_.end(), std::move(entry));
 }
 
 void ElasticRegion::ask_back_locked(Lease &l, uint64_t t) {

@@ -2031,6 +2031,32 @@ void many_leases_stay_on_the_beat_page(void **) {
   lender_down(&l);
 }
 
+// A beat lists the session's live leases from a copy kept between beats: leases borrowed after
+// beats began join it (else they would expire at the lender after 1 s and be lost here), on the
+// page and with no message.
+void leases_borrowed_later_join_the_beats(void **) {
+  const std::string ep = fresh_endpoint("later-beats", true);
+  Lender l;
+  many_leases_lender_up(&l, ep, 64 << 20, 20, 16, 1000);
+  Borrower b;
+  borrower_up(&b, 1 << 20);
+  borrow_one_unit_leases(b, ep, 3);
+  const StatsWindow first = coord_stats_over(b.ctx, 100, 300);
+  assert_true(first.end.heartbeats_answered > first.start.heartbeats_answered);
+  for (int round = 0; round < 3; ++round) {
+    borrow_one_unit_leases(b, ep, 2);
+    sleep_ms(150);  // beats in between: the list is made again for each change
+  }
+  const auto [a, c] = coord_stats_over(b.ctx, 0, 2100);
+  assert_int_equal(c.leases_lost, 0);
+  assert_int_equal(c.messages_sent, a.messages_sent);
+  assert_true(c.heartbeats_answered - a.heartbeats_answered >= 10);
+  assert_int_equal(elastic_stats(l.e).leases, 9);
+  assert_int_equal(elastic_stats(l.e).leases_expired, 0);
+  swiftkv_ctx_destroy(b.ctx);
+  lender_down(&l);
+}
+
 // A narrow page (what a borrower of a build before wide pages passes; here
 // SWIFTKV_COORD_HEARTBEAT=narrow-page) names at most kBeatLeases leases: past them the session
 // heartbeats by message, and its leases of 1 s hold for two of them. (Under TSan beside other tests
@@ -2472,6 +2498,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(beats_keep_leases_without_messages),
       cmocka_unit_test(beats_outlive_a_stalled_maintenance),
       cmocka_unit_test(many_leases_stay_on_the_beat_page),
+      cmocka_unit_test(leases_borrowed_later_join_the_beats),
       cmocka_unit_test(many_leases_on_a_narrow_page_heartbeat_by_message),
       cmocka_unit_test(leases_past_a_heartbeat_message_are_refused),
       cmocka_unit_test(beat_answers_reclaim_and_lose),

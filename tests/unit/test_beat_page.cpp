@@ -76,6 +76,39 @@ void beats_and_answers_cross_mappings(void **) {
   assert_false(a.leases[2].reclaim);
 }
 
+// A reader that says what it read last gets false for it, and what it holds is left as it was:
+// the lender reads a beat, the borrower an answer, only when one is new.
+void only_new_beats_and_answers_are_read(void **) {
+  co::BeatPage b = co::BeatPage::create();
+  co::BeatPage l = lender_view(b);
+  l.accept();
+  const uint64_t s1 = b.write_beat({3, 4});
+  co::Beat beat{7, {1}};
+  assert_false(l.read_beat(&beat, s1));
+  assert_int_equal(beat.seq, 7);
+  assert_int_equal(beat.leases.size(), 1);
+  assert_true(l.read_beat(&beat, s1 - 1));
+  assert_int_equal(beat.seq, s1);
+  assert_int_equal(beat.leases.size(), 2);
+  const uint64_t s2 = b.write_beat({3, 4, 5});
+  assert_true(l.read_beat(&beat, s1));
+  assert_int_equal(beat.seq, s2);
+  assert_int_equal(beat.leases.size(), 3);
+  assert_false(l.read_beat(&beat, s2));
+
+  l.write_answer(co::BeatAnswer{s1, {{3, 10, false}, {4, 20, true}}});
+  co::BeatAnswer a{99, {{1, 1, false}}};
+  assert_false(b.read_answer(&a, s1));
+  assert_int_equal(a.leases.size(), 1);
+  assert_int_equal(a.leases[0].lease, 1);
+  assert_false(b.read_answer(&a, s2));  // an answer to an older beat than one applied
+  assert_true(b.read_answer(&a, s1 - 1));
+  assert_int_equal(a.echo, s1);
+  assert_int_equal(a.leases.size(), 2);
+  assert_int_equal(a.leases[1].remaining_ns, 20);
+  assert_true(a.leases[1].reclaim);
+}
+
 std::vector<uint64_t> ids_from(uint64_t first, size_t n) {
   std::vector<uint64_t> ids(n);
   for (size_t i = 0; i < n; ++i) ids[i] = first + i;
@@ -270,6 +303,7 @@ void concurrent_reads_are_whole(void **) {
 int main() {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(beats_and_answers_cross_mappings),
+      cmocka_unit_test(only_new_beats_and_answers_are_read),
       cmocka_unit_test(the_most_a_beat_names),
       cmocka_unit_test(narrow_pages_and_narrow_lenders),
       cmocka_unit_test(a_half_being_written_is_not_read),
