@@ -1091,6 +1091,7 @@ uint64_t ChunkCache::borrow(const ChunkKey &model, const GeometrySizes &sizes,
     lent_chunk_bytes_[model] = sizes.full_chunk_bytes;
   }
   keep_evacuation_room();
+  nudge();  // the thread may sleep with nothing due: from now on it renews this lease
   return local;
 }
 
@@ -1223,21 +1224,43 @@ void ChunkCache::wake() noexcept {
   thread_cv_.notify_all();
 }
 
+bool ChunkCache::passes_due() const {
+  return disk_ != nullptr || demote_short_.load(std::memory_order_relaxed) ||
+         !peer_->holds_nothing() || !remote_->holds_nothing();
+}
+
+void ChunkCache::nudge() noexcept {
+  {
+    std::lock_guard lock(thread_mu_);
+    if (woken_ || stop_) return;
+    woken_ = true;
+  }
+  thread_cv_.notify_one();
+}
+
 void ChunkCache::run_thread() {
   const auto interval = std::chrono::milliseconds(options_.maintenance_interval_ms);
-  std::unique_lock lock(thread_mu_);
-  while (!stop_) {
-    thread_cv_.wait_for(lock, interval, [this] { return stop_ || woken_; });
+  const auto asked = [this] { return stop_ || woken_; };
+  for (;;) {
+    // Asked before the lock: whatever makes work due (a borrow) then asks for a pass, which the
+    // wait below sees, so nothing is missed between the two.
+    const bool due = passes_due();
+    std::unique_lock lock(thread_mu_);
+    if (due) {
+      thread_cv_.wait_for(lock, interval, asked);
+    } else {
+      thread_cv_.wait(lock, asked);
+    }
     if (stop_) break;
     woken_ = false;
     lock.unlock();
+    thread_passes_.fetch_add(1, std::memory_order_relaxed);
     try {
       maintain();
     } catch (...) {
       // A failed pass (a lender's region refusing, memory short) is retried on the next one;
       // what it could not do shows in the stats.
     }
-    lock.lock();
   }
 }
 

@@ -264,6 +264,8 @@ class ChunkCache {
   void after_stores(const ChunkKey &model);
   // How many times stores woke the background thread (after_stores; what the tests count).
   uint64_t store_wakes() const noexcept { return store_wakes_.load(std::memory_order_relaxed); }
+  // Maintenance passes the background thread ran.
+  uint64_t thread_passes() const noexcept { return thread_passes_.load(std::memory_order_relaxed); }
 
   // Marks a load out of tier t as pending for as long as the scope lives: background demotion
   // out of t waits for it (loads first on a link). retrieve() holds one per chunk it reads.
@@ -401,6 +403,14 @@ class ChunkCache {
   uint64_t free_target(Tier t, const ChunkKey &model) const;
   // Whether the host tier demotes ahead: some tier below it can take its victims.
   bool host_demotes_ahead() const;
+  // Whether the background thread has work that comes due by itself: leases to renew (their
+  // beats, evacuation room and demotion ride the same pass), a disk tier's group commits and
+  // demotions into it, or a demotion that fell short and retries. Without any it sleeps until
+  // woken (a borrow, a lender asking a lease back, stores past a demotion target, the end), so
+  // an idle context makes no wake-up. Not under thread_mu_ (a lease's tier lock comes first).
+  bool passes_due() const;
+  // Asks the thread for a pass without renewing every lease (wake() does both).
+  void nudge() noexcept;
   // Makes room in t down to its free target; whether the target was reached.
   bool demote_ahead(Tier t, const ChunkKey &model);
   // Asks the host tier to keep free slots for every chunk the lent tiers can hold.
@@ -450,6 +460,7 @@ class ChunkCache {
   std::atomic<bool> leases_signalled_{false};  // a lender may have asked a lease back
   std::atomic<bool> demote_short_{false};      // the last pass left a tier below its target
   std::atomic<uint64_t> store_wakes_{0};
+  std::atomic<uint64_t> thread_passes_{0};
   std::mutex thread_mu_;  // guards stop_ and woken_
   std::condition_variable thread_cv_;
   bool stop_ = false;

@@ -302,6 +302,11 @@ std::vector<ChunkKey> PeerTier::keys_in(uint64_t local_id) const {
   return out;
 }
 
+bool PeerTier::holds_nothing() const {
+  std::lock_guard lock(mu_);
+  return leases_.empty() && draining_.empty();
+}
+
 bool PeerTier::has_leases(const ChunkKey &model) const {
   // Asked for every chunk a store places: no lock while nothing is lent to anyone.
   if (usable_leases_.load(std::memory_order_relaxed) == 0) return false;

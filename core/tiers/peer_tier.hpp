@@ -75,6 +75,8 @@ class PeerTier final : public TierStore {
   // The keys the used slots of a lease were allocated for.
   std::vector<ChunkKey> keys_in(uint64_t local_id) const;
   bool has_leases(const ChunkKey &model) const;
+  // Whether the tier holds no lease at all, draining or not: nothing of it to renew.
+  bool holds_nothing() const;
   // Stops a lease from taking new chunks, as a reclaim would.
   void retire_later(uint64_t local_id) noexcept;
   uint64_t used_slots(uint64_t local_id) const;

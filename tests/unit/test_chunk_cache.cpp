@@ -2471,6 +2471,45 @@ void stores_wake_the_thread_only_for_work(void **) {
   assert_int_equal(alone.cache->stats().evictions, 32);
 }
 
+// The background thread runs its passes only while something comes due by itself. A cache with
+// no lease and no disk tier makes no pass at all (it used to wake every interval, 100 times a
+// second by default, for nothing); a borrow starts the passes that renew the lease, and once the
+// last lease is given back the thread sleeps again.
+void an_idle_cache_makes_no_pass(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  Rig r(g, 8, 0, 0, swiftkv::EvictionPolicy::lru, 0, 5);
+  ::usleep(200 * 1000);
+  assert_int_equal(r.cache->thread_passes(), 0);
+  assert_int_equal(r.store(1, 4), 4);  // stores with room want nothing of the thread
+  ::usleep(50 * 1000);
+  assert_int_equal(r.cache->thread_passes(), 0);
+
+  swiftkv::ElasticConfig e;
+  e.lender = g;
+  e.borrower = g;
+  const swiftkv::LendUnit u = swiftkv::lend_unit(r.sizes, r.sizes);
+  e.capacity_blocks = 8 / u.borrower_chunks * u.lender_blocks;
+  e.owned_blocks = 0;
+  e.lease_ns = 300'000'000;  // lost within a second unless the passes renew it
+  swiftkv::HostRegionOptions ho;
+  ho.size = swiftkv::ElasticRegion::required_bytes(e);
+  auto lender = std::make_shared<swiftkv::ElasticRegion>(e, swiftkv::create_host_region(ho));
+  r.cache->borrow(r.fp, r.sizes, swiftkv::local_lender(lender), UINT64_MAX);
+  ::usleep(1000 * 1000);
+  assert_true(r.cache->thread_passes() >= 20);  // every 5 ms, give or take a loaded machine
+  assert_int_equal(lender->stats().leases, 1);
+  assert_int_equal(lender->stats().leases_expired, 0);
+
+  // Asked back: the cache evacuates and releases it, then has nothing due.
+  lender->reclaim(swiftkv::ElasticRegion::kAllLeases);
+  for (int i = 0; i < 5000 && lender->stats().leases != 0; ++i) ::usleep(1000);
+  assert_int_equal(lender->stats().leases, 0);
+  ::usleep(100 * 1000);  // the pass that saw the last lease go
+  const uint64_t settled = r.cache->thread_passes();
+  ::usleep(200 * 1000);
+  assert_int_equal(r.cache->thread_passes(), settled);
+}
+
 // The room kept for evacuations: keep_room has the thread make slabs until that many slots are
 // free (with or without slabs ahead), no further than the budget; allocations taking the room do
 // not make more on their own (an evacuation is taking it), a later keep_room does.
@@ -2688,6 +2727,7 @@ int main() {
       cmocka_unit_test(a_batch_of_victims_takes_what_the_bytes_need),
       cmocka_unit_test(a_store_from_an_eviction_callback_evicts_in_a_pass_of_its_own),
       cmocka_unit_test(stores_wake_the_thread_only_for_work),
+      cmocka_unit_test(an_idle_cache_makes_no_pass),
       cmocka_unit_test(empty_slabs_give_their_budget_back),
       cmocka_unit_test(a_store_takes_the_budget_of_a_slab_made_meanwhile),
       cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
