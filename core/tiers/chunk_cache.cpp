@@ -1184,14 +1184,7 @@ void ChunkCache::after_stores(const ChunkKey &model) {
   if (!below && host_demotes_ahead()) {
     below = store_of(Tier::host)->free_bytes(ChunkKey{}) < free_target(Tier::host, ChunkKey{}) / 2;
   }
-  if (!below) return;
-  {
-    std::lock_guard lock(thread_mu_);
-    if (woken_ || stop_) return;  // a pass is asked for already
-    woken_ = true;
-  }
-  store_wakes_.fetch_add(1, std::memory_order_relaxed);
-  thread_cv_.notify_one();
+  if (below && nudge()) store_wakes_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ChunkCache::maintain() {
@@ -1229,13 +1222,14 @@ bool ChunkCache::passes_due() const {
          !peer_->holds_nothing() || !remote_->holds_nothing();
 }
 
-void ChunkCache::nudge() noexcept {
+bool ChunkCache::nudge() noexcept {
   {
     std::lock_guard lock(thread_mu_);
-    if (woken_ || stop_) return;
+    if (woken_ || stop_) return false;  // a pass is asked for already
     woken_ = true;
   }
   thread_cv_.notify_one();
+  return true;
 }
 
 void ChunkCache::run_thread() {

@@ -409,8 +409,9 @@ class ChunkCache {
   // woken (a borrow, a lender asking a lease back, stores past a demotion target, the end), so
   // an idle context makes no wake-up. Not under thread_mu_ (a lease's tier lock comes first).
   bool passes_due() const;
-  // Asks the thread for a pass without renewing every lease (wake() does both).
-  void nudge() noexcept;
+  // Asks the thread for a pass without renewing every lease (wake() does both); false when a
+  // pass was asked for already (or the thread is stopping) and nothing was signalled.
+  bool nudge() noexcept;
   // Makes room in t down to its free target; whether the target was reached.
   bool demote_ahead(Tier t, const ChunkKey &model);
   // Asks the host tier to keep free slots for every chunk the lent tiers can hold.
