@@ -69,12 +69,16 @@ ChunkCache::ChunkCache(Context &ctx, CacheOptions options)
       if (!kept) duplicates.push_back(SlotRef{Tier::disk, f.slot});
     });
     free_slots(duplicates);
+    // The first record written after a group commit makes one due: a thread asleep with
+    // nothing due learns when (a pass, which waits for it).
+    disk_->on_due([this] { nudge(); });
   }
   if (options_.maintenance_interval_ms != 0) thread_ = std::thread([this] { run_thread(); });
 }
 
 ChunkCache::~ChunkCache() {
   stop_thread();
+  if (disk_) disk_->on_due(nullptr);  // its last sync, at its end, wakes nobody
   // The leases go first, with the lenders' watches that would wake this cache.
   peer_.reset();
   remote_.reset();
@@ -1218,8 +1222,8 @@ void ChunkCache::wake() noexcept {
 }
 
 bool ChunkCache::passes_due() const {
-  return disk_ != nullptr || demote_short_.load(std::memory_order_relaxed) ||
-         !peer_->holds_nothing() || !remote_->holds_nothing();
+  return demote_short_.load(std::memory_order_relaxed) || !peer_->holds_nothing() ||
+         !remote_->holds_nothing();
 }
 
 bool ChunkCache::nudge() noexcept {
@@ -1238,10 +1242,16 @@ void ChunkCache::run_thread() {
   for (;;) {
     // Asked before the lock: whatever makes work due (a borrow) then asks for a pass, which the
     // wait below sees, so nothing is missed between the two.
-    const bool due = passes_due();
+    const bool periodic = passes_due();
+    const uint64_t disk_due = periodic || !disk_ ? 0 : disk_->due_ns();
     std::unique_lock lock(thread_mu_);
-    if (due) {
+    if (periodic) {
       thread_cv_.wait_for(lock, interval, asked);
+    } else if (disk_due != 0) {
+      // A group commit: no pass before it (a pass has nothing else to do), as woken.
+      const uint64_t now_ns = monotonic_ns();
+      thread_cv_.wait_for(lock, std::chrono::nanoseconds(disk_due > now_ns ? disk_due - now_ns : 0),
+                          asked);
     } else {
       thread_cv_.wait(lock, asked);
     }

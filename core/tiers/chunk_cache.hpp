@@ -403,11 +403,12 @@ class ChunkCache {
   uint64_t free_target(Tier t, const ChunkKey &model) const;
   // Whether the host tier demotes ahead: some tier below it can take its victims.
   bool host_demotes_ahead() const;
-  // Whether the background thread has work that comes due by itself: leases to renew (their
-  // beats, evacuation room and demotion ride the same pass), a disk tier's group commits and
-  // demotions into it, or a demotion that fell short and retries. Without any it sleeps until
-  // woken (a borrow, a lender asking a lease back, stores past a demotion target, the end), so
-  // an idle context makes no wake-up. Not under thread_mu_ (a lease's tier lock comes first).
+  // Whether the background thread has work that comes due every period: leases to renew (their
+  // beats, evacuation room and demotion ride the same pass), or a demotion that fell short and
+  // retries. Without any it sleeps until the disk tier's next group commit, if one is pending,
+  // or until woken (a borrow, a lender asking a lease back, stores past a demotion target, the
+  // first record written after a group commit, the end), so an idle context makes no wake-up.
+  // Not under thread_mu_ (a lease's tier lock comes first).
   bool passes_due() const;
   // Asks the thread for a pass without renewing every lease (wake() does both); false when a
   // pass was asked for already (or the thread is stopping) and nothing was signalled.

@@ -456,7 +456,9 @@ DiskTier::Segment *DiskTier::new_segment_locked() {
 void DiskTier::disk_full_locked(const std::string &what) {
   ++counters_.full_refusals;
   max_segments_ = std::min(max_segments_, segment_files_);
+  const bool was_due = due_locked() != 0;
   full_since_ns_ = std::max<uint64_t>(1, monotonic_ns());
+  if (!was_due && on_due_) on_due_();
   full_log_.warn("disk tier: " + what + "; the tier keeps to the " +
                  std::to_string(segment_files_) + " segments it has (" +
                  std::to_string(capacity_bytes({})) + " bytes of records) and asks again in " +
@@ -484,7 +486,7 @@ void DiskTier::open_segment_locked(Segment &s) {
   s.live = 0;
   s.pending.clear();
   s.slots.clear();
-  s.dirty = true;  // the header
+  dirty_locked(s);  // the header
   recount_locked(s);
   open_ = &s;
 }
@@ -629,7 +631,7 @@ void DiskTier::settle_moves_locked(Segment &c, Segment &d, const std::vector<Rel
       }
     }
   }
-  d.dirty = true;
+  dirty_locked(d);
   --c.readers;
   --d.readers;
   c.cleaning = false;
@@ -787,7 +789,7 @@ void DiskTier::write(uint64_t slot, const ChunkKey &key, const ChunkMeta &meta,
   r.state = RecState::live;
   r.sequence = h.sequence;
   r.written_ns = h.written_ns;
-  s.dirty = true;
+  dirty_locked(s);
   recount_locked(s);
 }
 
@@ -961,6 +963,7 @@ void DiskTier::sync() {
   std::vector<Job> jobs;
   {
     std::lock_guard lock(mu_);
+    commit_due_ns_ = 0;  // what was written so far is in the jobs; a later write starts the clock
     for (const auto &s : segments_) {
       if (!s->dirty || s->state == SegState::gone || !s->fd) continue;
       s->dirty = false;
@@ -975,7 +978,7 @@ void DiskTier::sync() {
     Segment &s = *j.s;
     if (!j.ok) {
       log_warn("disk tier: syncing " + path_of(s.number) + " failed: " + errno_text(errno));
-      s.dirty = true;
+      dirty_locked(s);  // tried again at the next commit
     } else if (s.generation == j.generation && j.covered > s.synced_to) {
       s.synced_to = j.covered;
       append_commit_locked(s, j.covered);
@@ -989,19 +992,38 @@ void DiskTier::sync() {
 void DiskTier::maintain(uint64_t now_ns) {
   {
     std::lock_guard lock(mu_);
-    if (full_since_ns_ != 0 && monotonic_ns() - full_since_ns_ >= kFullRetryNs) {
+    if (full_since_ns_ != 0 && now_ns >= full_since_ns_ + kFullRetryNs) {
       full_since_ns_ = 0;
       max_segments_ =
           budget_segments_;  // the next segment asked for tells whether it is still full
     }
-  }
-  if (options_.sync_ns == 0) return;
-  {
-    std::lock_guard lock(mu_);
-    if (now_ns < next_sync_ns_) return;
-    next_sync_ns_ = now_ns + options_.sync_ns;
+    if (commit_due_ns_ == 0 || now_ns < commit_due_ns_) return;
   }
   sync();
+}
+
+uint64_t DiskTier::due_locked() const noexcept {
+  const uint64_t retry = full_since_ns_ == 0 ? 0 : full_since_ns_ + kFullRetryNs;
+  if (commit_due_ns_ == 0) return retry;
+  return retry == 0 ? commit_due_ns_ : std::min(retry, commit_due_ns_);
+}
+
+uint64_t DiskTier::due_ns() const {
+  std::lock_guard lock(mu_);
+  return due_locked();
+}
+
+void DiskTier::on_due(std::function<void()> fn) {
+  std::lock_guard lock(mu_);
+  on_due_ = std::move(fn);
+}
+
+void DiskTier::dirty_locked(Segment &s) {
+  s.dirty = true;
+  if (options_.sync_ns == 0 || commit_due_ns_ != 0) return;
+  const bool was_due = due_locked() != 0;
+  commit_due_ns_ = monotonic_ns() + options_.sync_ns;
+  if (!was_due && on_due_) on_due_();
 }
 
 void DiskTier::rebuild(const std::function<void(const Found &)> &found) {

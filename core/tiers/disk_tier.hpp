@@ -104,8 +104,18 @@ class DiskTier final : public TierStore {
   // What allocate() can provide now, cleaning included.
   uint64_t free_bytes(const ChunkKey &) const override;
 
-  // Group commit when it is due (now_ns on CLOCK_MONOTONIC); sync() at once.
+  // Group commit when it is due, and the retry for more segments after the filesystem refused
+  // one (now_ns on CLOCK_MONOTONIC); sync() at once.
   void maintain(uint64_t now_ns);
+  // When maintain() next has work, on CLOCK_MONOTONIC: the group commit of the records written
+  // since the last one (sync_ns after the first of them), or the retry after a refusal, the
+  // earlier; 0 when neither is pending, and nothing comes due until a record is written or a
+  // segment is refused.
+  uint64_t due_ns() const;
+  // Called when due_ns() goes from 0 to a time (the first record written after a group commit,
+  // a refusal), so that an owner whose thread sleeps with nothing due knows to wait for it.
+  // Called under the tier's lock: it may take no lock that is held while calling the tier.
+  void on_due(std::function<void()> fn);
   void sync();
   DiskStats stats() const;
   uint64_t segment_bytes() const noexcept { return segment_bytes_; }
@@ -260,7 +270,12 @@ class DiskTier final : public TierStore {
   uint64_t cleanable_gain_ = 0;  // the bytes cleaning them all would give back
   uint32_t next_number_ = 0;
   uint64_t sequence_ = 1;
-  uint64_t next_sync_ns_ = 0;
+  // sync_ns after the first record written since the last group commit; 0: nothing to commit.
+  uint64_t commit_due_ns_ = 0;
+  std::function<void()> on_due_;
+  uint64_t due_locked() const noexcept;
+  // Marks a segment written since the last sync, and starts the group commit's clock.
+  void dirty_locked(Segment &s);
   DiskStats counters_;
 };
 

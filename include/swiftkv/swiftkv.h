@@ -327,8 +327,8 @@ typedef struct swiftkv_ctx_config {
   uint32_t attention_cost_entries;    /* entries in the table (0 to 63) */
   uint32_t maintenance_interval_ms;   /* period of the background thread that renews leases,
                                          answers reclaims and demotes ahead (default 10; >= 1),
-                                         while the context holds a lease or a disk tier; it
-                                         sleeps without either */
+                                         while the context holds a lease; it sleeps without
+                                         one, waking for the disk tier's group commits */
   /* Version 3. */
   swiftkv_clock_fn clock; /* the chunk cache's time (last activity, the retention policy's idle
                              time); NULL (default): CLOCK_MONOTONIC. Elastic regions keep their

@@ -35,6 +35,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/common/clock.hpp"
 #include "core/common/error.hpp"
 #include "core/elastic/elastic_region.hpp"
 #include "core/index/chunk_key.hpp"
@@ -109,7 +110,8 @@ struct Rig {
   Rig(swiftkv::ModelGeometry geo, uint64_t host_chunks, uint64_t disk_chunks, uint64_t peer_chunks,
       swiftkv::EvictionPolicy policy = swiftkv::EvictionPolicy::lru, uint32_t demote_pct = 0,
       uint64_t interval_ms = 0, std::string reuse_dir = "",
-      std::array<Tier, swiftkv::kTierCount> chain = swiftkv::kDefaultChain)
+      std::array<Tier, swiftkv::kTierCount> chain = swiftkv::kDefaultChain,
+      uint64_t disk_sync_ns = swiftkv::ContextConfig{}.disk_sync_ns)
       : g(geo), sizes(swiftkv::geometry_sizes(geo, "g")), fp(swiftkv::model_fingerprint("m", geo)) {
     swiftkv::ContextConfig c;
     // Host slabs are whole pages: the budget is in pages, each holding whole chunks here.
@@ -122,6 +124,7 @@ struct Rig {
       // One record per segment: the tier then holds exactly disk_chunks chunks.
       c.disk_budget_bytes = swiftkv::DiskTier::budget_for(disk_chunks, sizes.full_chunk_bytes);
       c.disk_segment_bytes = swiftkv::DiskTier::segment_for(sizes.full_chunk_bytes);
+      c.disk_sync_ns = disk_sync_ns;
     }
     ctx = std::make_unique<swiftkv::Context>(c);
     CacheOptions o;
@@ -2510,6 +2513,45 @@ void an_idle_cache_makes_no_pass(void **) {
   assert_int_equal(r.cache->thread_passes(), settled);
 }
 
+// A disk tier makes passes due only while records wait for their group commit: the first
+// record written after a commit wakes the thread, which sleeps until the commit is due (not a
+// pass every interval before it, nor after it). It used to pass every interval for as long as
+// the context had a disk tier, idle or not.
+void a_disk_tier_wakes_the_thread_for_its_commits_only(void **) {
+  const auto g = geometry(2, 8, SWIFTKV_DTYPE_F16);
+  constexpr uint64_t kSyncNs = 50'000'000;
+  Rig r(g, 0, 8, 0, swiftkv::EvictionPolicy::lru, 0, 5, "", swiftkv::kDefaultChain, kSyncNs);
+  const swiftkv::DiskTier &disk = *r.cache->disk();
+  // Whatever opening the tier wrote is committed once; then nothing is due.
+  for (int i = 0; i < 5000 && disk.due_ns() != 0; ++i) ::usleep(1000);
+  assert_int_equal(disk.due_ns(), 0);
+  ::usleep(20 * 1000);
+  const uint64_t idle = r.cache->thread_passes();
+  const uint64_t syncs = disk.stats().syncs;
+  ::usleep(200 * 1000);  // 40 intervals
+  assert_int_equal(r.cache->thread_passes(), idle);
+
+  for (uint32_t round = 1; round <= 2; ++round) {
+    const uint64_t before = swiftkv::monotonic_ns();
+    assert_int_equal(r.store(round, 4), 4);  // on disk: the host tier has no budget
+    const uint64_t due = disk.due_ns();
+    assert_true(due >= before + kSyncNs);  // the clock starts at the first record written
+    assert_true(due <= swiftkv::monotonic_ns() + kSyncNs);
+    for (int i = 0; i < 5000 && disk.stats().syncs == syncs + round - 1; ++i) ::usleep(1000);
+    assert_int_equal(disk.stats().syncs, syncs + round);  // one commit for the four records
+    assert_true(swiftkv::monotonic_ns() >= due);
+    assert_int_equal(disk.due_ns(), 0);
+    // The pass the first record asked for, the one at the commit, and at most one more on a
+    // loaded machine; an interval's passes until the commit would be ten.
+    ::usleep(20 * 1000);
+    const uint64_t passes = r.cache->thread_passes();
+    assert_true(passes - idle <= 3 * round);
+    ::usleep(200 * 1000);
+    assert_int_equal(r.cache->thread_passes(), passes);
+    assert_int_equal(disk.stats().syncs, syncs + round);
+  }
+}
+
 // The room kept for evacuations: keep_room has the thread make slabs until that many slots are
 // free (with or without slabs ahead), no further than the budget; allocations taking the room do
 // not make more on their own (an evacuation is taking it), a later keep_room does.
@@ -2728,6 +2770,7 @@ int main() {
       cmocka_unit_test(a_store_from_an_eviction_callback_evicts_in_a_pass_of_its_own),
       cmocka_unit_test(stores_wake_the_thread_only_for_work),
       cmocka_unit_test(an_idle_cache_makes_no_pass),
+      cmocka_unit_test(a_disk_tier_wakes_the_thread_for_its_commits_only),
       cmocka_unit_test(empty_slabs_give_their_budget_back),
       cmocka_unit_test(a_store_takes_the_budget_of_a_slab_made_meanwhile),
       cmocka_unit_test(borrowing_makes_room_for_the_evacuation),
