@@ -1213,12 +1213,10 @@ void ChunkCache::maintain() {
 }
 
 void ChunkCache::wake() noexcept {
+  // Set before the pass is asked for: a pass already asked for reads it too (it clears woken_
+  // under thread_mu_ before its leases are renewed).
   leases_signalled_.store(true, std::memory_order_relaxed);
-  {
-    std::lock_guard lock(thread_mu_);
-    woken_ = true;
-  }
-  thread_cv_.notify_all();
+  nudge();
 }
 
 bool ChunkCache::passes_due() const {
