@@ -149,7 +149,8 @@ class ChunkIndex {
   uint64_t capacity() const noexcept;
   // Bytes of memory the index holds: its tables, its shards and its eviction order.
   uint64_t memory_bytes() const;
-  // A hint that k is needed soon (insert or lookup); no effect on the index.
+  // A hint that k is needed soon (insert or lookup): its home slot and the one after it; no
+  // effect on the index.
   void prefetch(const ChunkKey &k) const noexcept;
   // The same for a key about to be erased: its home slot, the five after it, and the lines of
   // its shard that an erase writes (its lock, table and counts).
